@@ -1,0 +1,40 @@
+# Two commands matter: `make demo` and `make test`. Both create .venv when it is absent.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck pytest services bench all clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,redis,sqlalchemy,celery]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m agentflow.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check agentflow tests bench
+	$(VENV)/bin/ruff format --check agentflow tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy agentflow
+
+services:
+	@scripts/services.sh
+
+pytest: $(STAMP) services
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+all: test
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""agentflow: durable execution for agent work."""

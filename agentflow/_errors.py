@@ -1,0 +1,94 @@
+"""The errors agentflow raises, under one root.
+
+```
+AgentflowError
+├── CheckpointError
+│   ├── CheckpointNotFound
+│   ├── CheckpointConflict
+│   └── CheckpointStoreCorrupt
+├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
+├── IdentityMismatch               (also a PermissionError)
+├── FlowError
+└── ToolError
+    ├── UnknownTool
+    ├── ToolArgumentsInvalid
+    ├── ToolTimeout
+    └── ApprovalDenied
+```
+
+Every error keeps all of its state in ``args`` and that state is JSON-able, so a Celery
+result backend can carry it and ``type(e)(*e.args)`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AgentflowError(Exception):
+    """Raised for every failure agentflow itself detects."""
+
+
+class CheckpointError(AgentflowError):
+    """Raised when the checkpoint store cannot do what was asked."""
+
+
+class CheckpointNotFound(CheckpointError):
+    """Raised when nothing is stored for a run id."""
+
+
+class CheckpointConflict(CheckpointError):
+    """Raised when another worker holds the run, the run ended, or it is another flow's."""
+
+
+class CheckpointStoreCorrupt(CheckpointError):
+    """Raised when a stored row is unreadable, out of place, or its signature does not match."""
+
+
+class RecoveryNeedsDecision(AgentflowError):
+    """Raised when a call is in doubt and its tool is not idempotent.
+
+    ``calls`` lists ``(tool, why)`` pairs: check each at its system, then recover with
+    ``rerun_in_doubt=True`` or fix the state by hand.
+    """
+
+    def __init__(self, run_id: str, calls: Sequence[Sequence[str]]) -> None:
+        pairs = [(str(tool), str(why)) for tool, why in calls]
+        super().__init__(run_id, [list(p) for p in pairs])
+        self.run_id = run_id
+        self.calls: list[tuple[str, str]] = pairs
+
+    def __str__(self) -> str:
+        listed = "; ".join(f"{tool}: {why}" for tool, why in self.calls)
+        return (
+            f"run {self.run_id!r} has calls in doubt ({listed}); check them at their system, "
+            "then recover with rerun_in_doubt=True"
+        )
+
+
+class IdentityMismatch(AgentflowError, PermissionError):
+    """Raised when a run is continued for another user or thread, or without its principal."""
+
+
+class FlowError(AgentflowError):
+    """Raised when a flow is built wrongly, its graph changed since a checkpoint, or it cannot go on."""
+
+
+class ToolError(AgentflowError):
+    """Raised when a tool call cannot be made."""
+
+
+class UnknownTool(ToolError, LookupError):
+    """Raised when a call names a tool the registry does not have."""
+
+
+class ToolArgumentsInvalid(ToolError, ValueError):
+    """Raised when a call's arguments do not match the tool's signature."""
+
+
+class ToolTimeout(ToolError, TimeoutError):
+    """Raised when a tool did not finish within its timeout on its last attempt."""
+
+
+class ApprovalDenied(ToolError):
+    """Raised inside a node when a call that needed approval was denied."""

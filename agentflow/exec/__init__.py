@@ -1,0 +1,1 @@
+"""Tools, the executor, the call log and the tool loop."""

@@ -1,0 +1,53 @@
+"""The current tool call, as seen from inside the tool, and `idempotency_key()`."""
+
+from __future__ import annotations
+
+import hashlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What a running tool may know about its own call."""
+
+    run_id: str
+    """The run the call belongs to."""
+    call_id: str
+    """The call's deterministic identity: superstep, node, ordinal and argument digest."""
+    tool: str
+    """The tool's name."""
+    attempt: int
+    """1 for the first attempt, then 2, 3, ... on retries."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key that is the same for this call on every worker and after every recovery."""
+        return "af-" + hashlib.sha256(f"{self.run_id}\n{self.call_id}".encode()).hexdigest()[:40]
+
+
+_current: ContextVar[CallInfo | None] = ContextVar("agentflow_current_call", default=None)
+
+
+def current_call() -> CallInfo:
+    """Return the call being run.
+
+    Raises:
+        RuntimeError: not called from inside a tool that agentflow is running.
+    """
+    info = _current.get()
+    if info is None:
+        raise RuntimeError("idempotency_key() and current_call() work only inside a tool run by agentflow")
+    return info
+
+
+def idempotency_key() -> str:
+    """Return the current call's idempotency key, for an external API that takes one.
+
+    The key depends only on the run id and the call's identity, so it is the same when
+    the call is made again by another worker or after a recovery.
+
+    Raises:
+        RuntimeError: not called from inside a tool that agentflow is running.
+    """
+    return current_call().idempotency_key

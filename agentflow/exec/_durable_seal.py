@@ -1,0 +1,185 @@
+"""Signing: canonical encoding, the checkpoint envelope, each call record, the run's identity.
+
+Invariants:
+- Encoding is canonical JSON (sorted keys, no spaces, UTF-8). Nothing is ever pickled.
+- The MAC covers a header built from every field the store keeps in clear (run id, step or
+  segment and sequence number, flow, status, time) followed by the payload. A genuine row
+  copied to another run, step or position therefore fails the check.
+- A row is checked before its payload is parsed: `open_checkpoint` and `open_call` run
+  `json.loads` only on bytes whose MAC matched.
+- Key rotation: the first key signs, every key verifies; each row names its key by id.
+- A principal (a credential) is never stored: only an HMAC of it, which proves a later ctx
+  carries the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from agentflow._errors import CheckpointStoreCorrupt
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+
+#: The shortest key accepted, in bytes (HMAC-SHA256's block of output).
+MIN_KEY_BYTES = 32
+
+_CHECKPOINT_DOMAIN = "agentflow/checkpoint/1"
+_CALL_DOMAIN = "agentflow/call/1"
+_PRINCIPAL_DOMAIN = b"agentflow/principal/1\n"
+
+
+def canonical(value: Any) -> bytes:
+    """Encode a JSON-able value canonically (sorted keys, compact, UTF-8).
+
+    Raises:
+        TypeError: the value holds something JSON cannot carry.
+        ValueError: the value holds NaN or infinity, or a circular reference.
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def digest(value: Any) -> str:
+    """Return the SHA-256 (hex) of a value's canonical encoding."""
+    return hashlib.sha256(canonical(value)).hexdigest()
+
+
+def key_id(key: bytes) -> str:
+    """Return the short public id of a key (never the key, never reversible)."""
+    return hashlib.sha256(b"agentflow/kid\n" + key).hexdigest()[:12]
+
+
+def _check_keys(keys: bytes | Sequence[bytes]) -> list[bytes]:
+    listed = [keys] if isinstance(keys, bytes | bytearray) else list(keys)
+    if not listed:
+        raise ValueError("checkpoint_key: give at least one key (bytes of 32 or more)")
+    out: list[bytes] = []
+    for key in listed:
+        if not isinstance(key, bytes | bytearray):
+            raise TypeError(f"checkpoint_key: each key must be bytes, not {type(key).__name__}")
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(
+                f"checkpoint_key: a key of {len(key)} bytes is too short; use at least {MIN_KEY_BYTES} "
+                "random bytes (e.g. secrets.token_bytes(32)), the same on every worker"
+            )
+        out.append(bytes(key))
+    return out
+
+
+class Sealer:
+    """Signs and checks rows under a key ring (the first key signs, any key verifies)."""
+
+    def __init__(self, keys: bytes | Sequence[bytes]) -> None:
+        """Build a sealer.
+
+        Args:
+            keys: one key, or a list for rotation (newest first). Each at least 32 bytes.
+
+        Raises:
+            TypeError: a key is not bytes.
+            ValueError: no key, or a key shorter than 32 bytes.
+        """
+        ring = _check_keys(keys)
+        self._signing_key = ring[0]
+        self._kid = key_id(ring[0])
+        self._keys = {key_id(k): k for k in ring}
+
+    @property
+    def kid(self) -> str:
+        """Id of the signing key."""
+        return self._kid
+
+    def _mac(self, key: bytes, header: bytes, payload: bytes) -> str:
+        return hmac.new(key, header + b"\n" + payload, hashlib.sha256).hexdigest()
+
+    def _verify(self, what: str, kid: str, sig: str, header: bytes, payload: bytes) -> None:
+        key = self._keys.get(kid)
+        if key is None:
+            raise CheckpointStoreCorrupt(f"{what} is signed with key id {kid!r}, which this worker does not have")
+        if not hmac.compare_digest(self._mac(key, header, payload), sig):
+            raise CheckpointStoreCorrupt(f"{what}: signature does not match (changed, moved or forged)")
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    @staticmethod
+    def _checkpoint_header(run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float) -> bytes:
+        return canonical([_CHECKPOINT_DOMAIN, run_id, step, flow, status, segment, repr(saved_at)])
+
+    def seal_checkpoint(
+        self, run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float, body: dict[str, Any]
+    ) -> SealedCheckpoint:
+        """Encode and sign a checkpoint body."""
+        payload = canonical(body)
+        header = self._checkpoint_header(run_id, step, flow, status, segment, saved_at)
+        sig = self._mac(self._signing_key, header, payload)
+        return SealedCheckpoint(run_id, step, flow, status, segment, saved_at, payload, self._kid, sig)
+
+    def open_checkpoint(self, row: SealedCheckpoint, run_id: str) -> dict[str, Any]:
+        """Check a checkpoint row, then decode its body.
+
+        Raises:
+            CheckpointStoreCorrupt: the row belongs to another run, its signature does not
+                match, or its payload is not a JSON object.
+        """
+        what = f"checkpoint {row.step} of run {run_id!r}"
+        if row.run_id != run_id:
+            raise CheckpointStoreCorrupt(f"{what}: the store returned a row of run {row.run_id!r}")
+        header = self._checkpoint_header(row.run_id, row.step, row.flow, row.status, row.segment, row.saved_at)
+        self._verify(what, row.kid, row.sig, header, row.payload)
+        return _decode(what, row.payload)
+
+    # -- call records ------------------------------------------------------------------
+
+    @staticmethod
+    def _call_header(run_id: str, segment: int, seq: int, kind: str) -> bytes:
+        return canonical([_CALL_DOMAIN, run_id, segment, seq, kind])
+
+    def seal_call(self, run_id: str, segment: int, seq: int, kind: str, body: dict[str, Any]) -> SealedCall:
+        """Encode and sign a call record body.
+
+        Raises:
+            TypeError, ValueError: the body holds something JSON cannot carry.
+        """
+        payload = canonical(body)
+        sig = self._mac(self._signing_key, self._call_header(run_id, segment, seq, kind), payload)
+        return SealedCall(run_id, segment, seq, kind, payload, self._kid, sig)
+
+    def open_call(self, row: SealedCall, run_id: str) -> dict[str, Any]:
+        """Check a call record, then decode its body.
+
+        Raises:
+            CheckpointStoreCorrupt: the record belongs to another run, or its signature does not match.
+        """
+        what = f"call record {row.segment}.{row.seq} of run {run_id!r}"
+        if row.run_id != run_id:
+            raise CheckpointStoreCorrupt(f"{what}: the store returned a record of run {row.run_id!r}")
+        self._verify(what, row.kid, row.sig, self._call_header(row.run_id, row.segment, row.seq, row.kind), row.payload)
+        return _decode(what, row.payload)
+
+    # -- identity ----------------------------------------------------------------------
+
+    def principal_proof(self, run_id: str, principal: str) -> str:
+        """Return what is stored instead of a principal: an HMAC bound to the run."""
+        msg = _PRINCIPAL_DOMAIN + run_id.encode() + b"\n" + principal.encode()
+        return f"{self._kid}:{hmac.new(self._signing_key, msg, hashlib.sha256).hexdigest()}"
+
+    def principal_matches(self, run_id: str, proof: str, principal: str) -> bool:
+        """Whether `principal` is the one `proof` was made from (under any key of the ring)."""
+        kid, _, mac = proof.partition(":")
+        key = self._keys.get(kid)
+        if key is None:
+            return False
+        msg = _PRINCIPAL_DOMAIN + run_id.encode() + b"\n" + principal.encode()
+        return hmac.compare_digest(hmac.new(key, msg, hashlib.sha256).hexdigest(), mac)
+
+
+def _decode(what: str, payload: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(payload)
+    except ValueError as exc:
+        raise CheckpointStoreCorrupt(f"{what}: payload is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise CheckpointStoreCorrupt(f"{what}: payload is not a JSON object")
+    return body

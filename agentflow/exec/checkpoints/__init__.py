@@ -1,0 +1,54 @@
+"""Checkpoint stores: the port and its four backends.
+
+The Redis and SQLAlchemy stores need extras; they are imported on first use and say which
+extra to install when their driver is missing.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from agentflow.exec._context import idempotency_key
+from agentflow.exec.checkpoints._errors import (
+    CheckpointConflict,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointStoreCorrupt,
+    RecoveryNeedsDecision,
+)
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
+from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
+
+if TYPE_CHECKING:
+    from agentflow.exec.checkpoints.redis import RedisCheckpointStore
+    from agentflow.exec.checkpoints.sqlalchemy import SQLAlchemyCheckpointStore
+
+__all__ = [
+    "CheckpointConflict",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointStore",
+    "CheckpointStoreCorrupt",
+    "MemoryCheckpointStore",
+    "RecoveryNeedsDecision",
+    "RedisCheckpointStore",
+    "SQLAlchemyCheckpointStore",
+    "SQLiteCheckpointStore",
+    "SealedCall",
+    "SealedCheckpoint",
+    "idempotency_key",
+]
+
+_OPTIONAL = {
+    "RedisCheckpointStore": ("agentflow.exec.checkpoints.redis", "redis"),
+    "SQLAlchemyCheckpointStore": ("agentflow.exec.checkpoints.sqlalchemy", "sqlalchemy"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    from agentflow.exec.checkpoints._optional import load_optional
+
+    if name in _OPTIONAL:
+        module, extra = _OPTIONAL[name]
+        return load_optional(module, name, extra)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

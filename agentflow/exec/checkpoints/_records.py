@@ -1,0 +1,69 @@
+"""The sealed rows a checkpoint store keeps: one per checkpoint, one per call record.
+
+A store never looks inside ``payload``: it keeps the row and reads only the fields in
+clear, which it needs for the compare-and-set, the fencing check and the run listing.
+Every field in clear is also covered by the signature, so changing one of them in the
+store is detected exactly like changing the payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+#: Statuses a checkpoint can carry. ``done`` and ``failed`` end the run.
+Status = Literal["running", "paused", "done", "failed"]
+ENDED: Final = frozenset({"done", "failed"})
+UNFINISHED: Final = frozenset({"running", "paused"})
+
+#: Kinds of call record. ``started`` comes first; the others close it.
+CallKind = Literal["started", "done", "failed", "pending", "denied", "unrecordable"]
+
+
+@dataclass(frozen=True, slots=True)
+class SealedCheckpoint:
+    """One signed checkpoint of a run, as a store keeps it."""
+
+    run_id: str
+    """The run this checkpoint belongs to."""
+    step: int
+    """Position in the run's checkpoint sequence: 0 for the first, then +1 per save."""
+    flow: str
+    """The flow's name (``loop:<name>`` for tool loops); a run never changes flow."""
+    status: str
+    """One of ``running``, ``paused``, ``done``, ``failed``."""
+    segment: int
+    """The call-log segment of the worker that holds the run: the step at which it claimed it."""
+    saved_at: float
+    """Wall-clock time of the save (seconds since the epoch), for listings."""
+    payload: bytes
+    """Canonical JSON of the checkpoint body; decoded only after the signature checks."""
+    kid: str
+    """Id of the key that signed this row."""
+    sig: str
+    """HMAC-SHA256 (hex) over the fields above and the payload."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run ended with this checkpoint."""
+        return self.status in ENDED
+
+
+@dataclass(frozen=True, slots=True)
+class SealedCall:
+    """One signed call-log record, as a store keeps it."""
+
+    run_id: str
+    """The run this record belongs to."""
+    segment: int
+    """The segment of the worker that wrote it (see `SealedCheckpoint.segment`)."""
+    seq: int
+    """Position within the segment: 0, 1, 2, ... with no gaps."""
+    kind: str
+    """One of ``started``, ``done``, ``failed``, ``pending``, ``denied``, ``unrecordable``."""
+    payload: bytes
+    """Canonical JSON of the record body; decoded only after the signature checks."""
+    kid: str
+    """Id of the key that signed this row."""
+    sig: str
+    """HMAC-SHA256 (hex) over the fields above and the payload."""

@@ -1,0 +1,78 @@
+"""The compare-and-set and fencing rules, written once for stores that check them in Python.
+
+The memory and SQLite stores call these inside their critical section; Redis checks the
+same rules in Lua and SQL stores in a transaction, with the same messages.
+"""
+
+from __future__ import annotations
+
+from agentflow._errors import CheckpointConflict, CheckpointNotFound
+from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
+
+
+def check_row(run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+    """Refuse a checkpoint whose own run id or step disagrees with the arguments."""
+    if checkpoint.run_id != run_id or checkpoint.step != step:
+        raise ValueError(
+            f"save({run_id!r}, {step}) was given the checkpoint of run {checkpoint.run_id!r} step {checkpoint.step}"
+        )
+
+
+def check_save(run_id: str, step: int, flow: str, latest: tuple[int, str, str] | None) -> None:
+    """Apply the compare-and-set rule.
+
+    Args:
+        run_id: the run being saved.
+        step: the step being saved.
+        flow: the flow of the checkpoint being saved.
+        latest: ``(step, flow, status)`` of the stored latest checkpoint, or None.
+
+    Raises:
+        CheckpointConflict: the save breaks the rule; the message says which part.
+    """
+    if latest is None:
+        if step != 0:
+            raise CheckpointConflict(f"run {run_id!r}: step {step} saved but the store has no step 0")
+        return
+    last_step, last_flow, last_status = latest
+    if last_flow != flow:
+        raise CheckpointConflict(f"run {run_id!r} belongs to flow {last_flow!r}, not {flow!r}")
+    if last_status in ENDED:
+        raise CheckpointConflict(f"run {run_id!r} ended ({last_status}) at step {last_step}")
+    if step != last_step + 1:
+        raise CheckpointConflict(
+            f"run {run_id!r}: step {step} is not next (latest is {last_step}); another worker holds the run"
+        )
+
+
+def check_call(run_id: str, record: SealedCall, latest: tuple[int, str, int] | None, next_seq: int) -> None:
+    """Apply the numbering and fencing rules to a call record.
+
+    Args:
+        run_id: the run the record is for.
+        record: the record being appended.
+        latest: ``(step, status, segment)`` of the run's latest checkpoint, or None.
+        next_seq: how many records the record's segment already has.
+
+    Raises:
+        CheckpointNotFound: the run has no checkpoint.
+        CheckpointConflict: the record is out of sequence, fenced, or the run ended.
+    """
+    if record.run_id != run_id:
+        raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
+    if latest is None:
+        raise CheckpointNotFound(f"run {run_id!r} has no checkpoint; a call cannot be logged before step 0")
+    _, status, segment = latest
+    if record.kind == "started":
+        if status in ENDED:
+            raise CheckpointConflict(f"run {run_id!r} ended ({status}); no call may start")
+        if record.segment != segment:
+            raise CheckpointConflict(
+                f"run {run_id!r}: segment {record.segment} was fenced off by segment {segment}; "
+                "another worker holds the run"
+            )
+    if record.seq != next_seq:
+        raise CheckpointConflict(
+            f"run {run_id!r}: call record {record.segment}.{record.seq} is out of sequence "
+            f"(next is {record.segment}.{next_seq})"
+        )

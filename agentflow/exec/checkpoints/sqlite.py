@@ -1,0 +1,1 @@
+"""`SQLiteCheckpointStore`: placeholder until the backend lands (being written now)."""

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Make sure the Redis and PostgreSQL servers the tests use answer on 127.0.0.1.
+# Starts them when they are installed but stopped; says so when they are missing (the
+# tests then skip locally, and fail when CI is set).
+set -u
+if command -v redis-cli >/dev/null 2>&1; then
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    echo "services: starting redis-server on 127.0.0.1:6379"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null || true
+    for _ in $(seq 1 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
+  fi
+else
+  echo "services: redis-server is not installed; Redis tests will skip (or fail under CI)"
+fi
+if command -v pg_isready >/dev/null 2>&1; then
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    echo "services: starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start 2>/dev/null \
+      || pg_ctlcluster "$(ls /etc/postgresql | head -1)" main start || true
+    for _ in $(seq 1 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+  fi
+else
+  echo "services: PostgreSQL is not installed; PostgreSQL tests will skip (or fail under CI)"
+fi
+exit 0
