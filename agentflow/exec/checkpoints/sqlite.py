@@ -1,1 +1,0 @@
-"""`SQLiteCheckpointStore`: placeholder until the backend lands (being written now)."""
