@@ -1,1 +1,18 @@
 """Tools, the executor, the call log and the tool loop."""
+
+from agentflow.exec._context import CallInfo, current_call, idempotency_key
+from agentflow.exec._executor import ApprovalRequest, Approver, Executor
+from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
+
+__all__ = [
+    "ApprovalPolicy",
+    "ApprovalRequest",
+    "Approver",
+    "CallInfo",
+    "Executor",
+    "Registry",
+    "RetryPolicy",
+    "Tool",
+    "current_call",
+    "idempotency_key",
+]

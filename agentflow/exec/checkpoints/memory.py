@@ -7,6 +7,7 @@ atomic by construction.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 from agentflow._errors import CheckpointNotFound
@@ -20,6 +21,8 @@ class MemoryCheckpointStore:
     in_process = True
 
     def __init__(self) -> None:
+        #: Signs this store's rows when the runner is given no key (nothing leaves the process).
+        self.local_key = secrets.token_bytes(32)
         self._checkpoints: dict[str, list[SealedCheckpoint]] = {}
         self._calls: dict[str, dict[int, list[SealedCall]]] = {}
 
@@ -44,7 +47,9 @@ class MemoryCheckpointStore:
 
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
-        return [rid for rid, rows in self._checkpoints.items() if rows[-1].flow == flow and rows[-1].status in UNFINISHED]
+        return [
+            rid for rid, rows in self._checkpoints.items() if rows[-1].flow == flow and rows[-1].status in UNFINISHED
+        ]
 
     async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
         """Return the latest checkpoint of each run, newest first."""

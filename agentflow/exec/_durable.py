@@ -1,0 +1,273 @@
+"""The call log: ``started`` before a tool can run, then how it ended; replay and in-doubt checks.
+
+Moving parts:
+- `Journal`: one worker's pen on a run's log. It writes signed records numbered within
+  its segment, one at a time (concurrent nodes queue on a lock), so the store can refuse
+  a gap or a fenced writer.
+- `read_log`: loads every record of a run, checks each signature and the numbering, and
+  returns the decoded bodies. Nothing is decoded before its signature checks.
+- `analyze`: folds one superstep's records into a `CallState` per call identity.
+- `CallLog`: what a node's tool calls go through. For each call it replays a finished
+  result, pauses for an approval, or logs ``started``, runs the tool and logs the end.
+
+Invariants:
+- A tool never runs unless its ``started`` record is in the store (accepted, not fenced).
+- Call identity is ``superstep/node/ordinal/argument digest``: the same on every worker.
+- A started call with no end record, or an ``unrecordable`` one, is in doubt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentflow._errors import ApprovalDenied, CheckpointStoreCorrupt, RecoveryNeedsDecision, ToolError
+from agentflow._identity import RunContext
+from agentflow.exec._context import CallInfo
+from agentflow.exec._durable_seal import Sealer, canonical, digest
+from agentflow.exec._executor import ApprovalRequest, Executor
+from agentflow.exec._registry import Registry, Tool
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+
+#: Record kinds that close a call for good.
+FINAL = frozenset({"done", "failed", "denied"})
+
+
+class PauseForApproval(Exception):
+    """Internal signal: a call needs approval and no port can give it now."""
+
+    def __init__(self, request: ApprovalRequest) -> None:
+        super().__init__(request.call_id)
+        self.request = request
+
+
+class ToolFailed(ToolError):
+    """Raised on replay of a call whose tool failed before the crash."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An approval decision stored with a checkpoint until it is spent."""
+
+    approve: bool
+    note: str | None = None
+
+
+class Journal:
+    """Writes one worker's records of a run, numbered within its segment."""
+
+    def __init__(self, store: CheckpointStore, sealer: Sealer, run_id: str, segment: int, next_seq: int = 0) -> None:
+        self.store = store
+        self.sealer = sealer
+        self.run_id = run_id
+        self.segment = segment
+        self.next_seq = next_seq
+        self._lock = asyncio.Lock()
+
+    async def write(self, kind: str, body: dict[str, Any]) -> None:
+        """Sign and append one record.
+
+        Raises:
+            CheckpointConflict: the store refused it (fenced, or out of sequence).
+            TypeError, ValueError: the body cannot be encoded.
+        """
+        async with self._lock:
+            record = self.sealer.seal_call(self.run_id, self.segment, self.next_seq, kind, body)
+            await self.store.record_call(self.run_id, record)
+            self.next_seq += 1
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRecord:
+    """A checked, decoded call record."""
+
+    segment: int
+    seq: int
+    kind: str
+    body: dict[str, Any]
+
+
+async def read_log(
+    store: CheckpointStore, sealer: Sealer, run_id: str, expect: tuple[int, int] | None = None
+) -> list[LoggedRecord]:
+    """Load and check every call record of a run.
+
+    Args:
+        store: where the run lives.
+        sealer: checks signatures.
+        run_id: the run.
+        expect: ``(segment, count)``: that segment must hold at least `count` records
+            (what the latest checkpoint saw), so records cut from before it are caught.
+
+    Raises:
+        CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
+    """
+    out: list[LoggedRecord] = []
+    counts: dict[int, int] = {}
+    for row in await store.calls(run_id):
+        body = sealer.open_call(row, run_id)
+        want = counts.get(row.segment, 0)
+        if row.seq != want:
+            raise CheckpointStoreCorrupt(
+                f"call log of run {run_id!r}: record {row.segment}.{want} is missing (found {row.segment}.{row.seq})"
+            )
+        counts[row.segment] = want + 1
+        out.append(LoggedRecord(row.segment, row.seq, row.kind, body))
+    if expect is not None and counts.get(expect[0], 0) < expect[1]:
+        raise CheckpointStoreCorrupt(
+            f"call log of run {run_id!r}: segment {expect[0]} has {counts.get(expect[0], 0)} records, "
+            f"the checkpoint saw {expect[1]}"
+        )
+    return out
+
+
+@dataclass(slots=True)
+class CallState:
+    """Where one call stood when the log was read."""
+
+    call_id: str
+    tool: str
+    node: str
+    args: dict[str, Any]
+    kind: str
+    """``started`` (in doubt), ``unrecordable`` (in doubt), ``pending``, or a final kind."""
+    result: Any = None
+    error: str | None = None
+
+    @property
+    def in_doubt(self) -> bool:
+        """Whether the call may or may not have had its effect."""
+        return self.kind in ("started", "unrecordable")
+
+
+def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:
+    """Fold the records of one superstep into the state of each call, by call identity."""
+    states: dict[str, CallState] = {}
+    for rec in records:
+        body = rec.body
+        if body.get("superstep") != superstep:
+            continue
+        cid = str(body["call_id"])
+        state = states.get(cid)
+        if rec.kind in ("started", "pending"):
+            if state is None or state.kind not in FINAL:
+                states[cid] = CallState(cid, body["tool"], body["node"], body.get("args", {}), rec.kind)
+            continue
+        if state is None:
+            raise CheckpointStoreCorrupt(f"call record {rec.segment}.{rec.seq} closes call {cid!r} that never started")
+        state.kind = rec.kind
+        state.result = body.get("result")
+        state.error = body.get("error")
+    return states
+
+
+def calls_in_doubt(run_id: str, states: Mapping[str, CallState], registry: Registry, rerun_in_doubt: bool) -> list[str]:
+    """Return the in-doubt calls that will run again, or refuse to go on.
+
+    Raises:
+        RecoveryNeedsDecision: a call is in doubt, its tool is not idempotent, and
+            `rerun_in_doubt` is False.
+    """
+    doubtful = [s for s in states.values() if s.in_doubt]
+    blocked = [s for s in doubtful if not rerun_in_doubt and not _idempotent(registry, s.tool)]
+    if blocked:
+        raise RecoveryNeedsDecision(run_id, [(s.tool, _why(s)) for s in blocked])
+    return [s.call_id for s in doubtful]
+
+
+def _idempotent(registry: Registry, tool: str) -> bool:
+    return tool in registry and registry.get(tool).idempotent
+
+
+def _why(state: CallState) -> str:
+    if state.kind == "unrecordable":
+        return f"call {state.call_id} ran but its result could not be stored"
+    return f"call {state.call_id} was started and has no result"
+
+
+@dataclass
+class CallLog:
+    """What every tool call of one superstep goes through (with or without a store)."""
+
+    executor: Executor
+    run_id: str
+    superstep: int
+    ctx: RunContext | None = None
+    journal: Journal | None = None
+    seeds: Mapping[str, CallState] = field(default_factory=dict)
+    decisions: Mapping[str, Decision] = field(default_factory=dict)
+    replayed: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)
+    unreplayed: list[str] = field(default_factory=list)
+    pending: list[ApprovalRequest] = field(default_factory=list)
+
+    async def call(self, node: str, ordinal: int, tool_name: str, args: Mapping[str, Any]) -> Any:
+        """Make (or replay) one call of `node`.
+
+        Raises:
+            PauseForApproval: the call needs approval and no port is configured.
+            ApprovalDenied: the call needed approval and was denied.
+            CheckpointConflict: the store refused the ``started`` record (fenced).
+        """
+        tool = self.executor.registry.get(tool_name)
+        kwargs = tool.validate(args)
+        encoded = tool.encode_args(kwargs)
+        prefix = f"{self.superstep}/{node}/{ordinal}/"
+        call_id = prefix + digest(encoded)[:16]
+        seed = self.seeds.get(call_id)
+        if seed is not None and seed.kind in FINAL:
+            return self._replay(tool, seed)
+        if seed is not None and seed.in_doubt:
+            self.rerun.append(call_id)
+        elif seed is None and any(k.startswith(prefix) for k in self.seeds):
+            self.unreplayed.append(call_id)
+        request = ApprovalRequest(call_id, tool.name, encoded, node, self.ctx)
+        decision = self.decisions.get(call_id)
+        asks_port = False
+        if decision is None and tool.needs_approval(kwargs, self.ctx):
+            if self.executor.approver is None:
+                await self._write("pending", request, tool=tool.name, node=node, args=encoded)
+                self.pending.append(request)
+                raise PauseForApproval(request)
+            asks_port = True
+        if decision is not None and not decision.approve:
+            await self._write("denied", request, note=decision.note)
+            raise ApprovalDenied(f"call of {tool.name!r} was denied" + (f": {decision.note}" if decision.note else ""))
+        await self._write("started", request, tool=tool.name, node=node, args=encoded, idempotent=tool.idempotent)
+        return await self._run(tool, kwargs, request, asks_port)
+
+    async def _run(self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, asks_port: bool) -> Any:
+        if asks_port and not await self.executor.ask_approver(request):
+            await self._write("denied", request, note="denied by the approval port")
+            raise ApprovalDenied(f"call of {tool.name!r} was denied by the approval port")
+        info = CallInfo(self.run_id, request.call_id, tool.name, 1)
+        try:
+            result = await self.executor.run(tool, kwargs, call=info, validated=True)
+        except Exception as exc:
+            await self._write("failed", request, error=f"{type(exc).__name__}: {exc}")
+            raise
+        if self.journal is not None:
+            try:
+                stored = tool.encode_result(result)
+                canonical(stored)  # JSON-able through and through, or unrecordable
+            except Exception as exc:  # the value cannot be carried as JSON
+                await self._write("unrecordable", request, why=f"{type(exc).__name__}: {exc}")
+                return result
+            await self._write("done", request, result=stored)
+        return result
+
+    def _replay(self, tool: Tool, seed: CallState) -> Any:
+        self.replayed.append(seed.call_id)
+        self.executor.events.emit("tool.replayed", self.run_id, tool=tool.name, call_id=seed.call_id)
+        if seed.kind == "failed":
+            raise ToolFailed(f"tool {tool.name!r} failed before the crash: {seed.error}")
+        if seed.kind == "denied":
+            raise ApprovalDenied(f"call of {tool.name!r} was denied")
+        return tool.revive_result(seed.result)
+
+    async def _write(self, kind: str, request: ApprovalRequest, **fields: Any) -> None:
+        if self.journal is None:
+            return
+        await self.journal.write(kind, {"call_id": request.call_id, "superstep": self.superstep, **fields})

@@ -1,0 +1,153 @@
+"""`Executor`: runs one tool call (validation, approval port, timeout, retries, events).
+
+The executor knows nothing about durability: the call log (`_durable.py`) wraps each call
+with its records. Sync tools run off the event loop on the executor the caller chose
+(default: `asyncio.to_thread`'s pool); the current call's `CallInfo` is visible inside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentflow._errors import ApprovalDenied, ToolTimeout
+from agentflow._events import Events
+from agentflow._identity import RunContext
+from agentflow.exec._context import CallInfo, _current
+from agentflow.exec._registry import Registry, Tool
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A call waiting for a person (or a policy) to allow it."""
+
+    call_id: str
+    """The call's deterministic identity."""
+    tool: str
+    """The tool that would run."""
+    args: dict[str, Any]
+    """Its validated arguments, in JSON form."""
+    node: str
+    """The flow node (or loop stage) that made the call."""
+    ctx: RunContext | None = None
+    """Who the run acts for."""
+
+
+#: A synchronous approval port: asked inline, may block (a prompt, a chat message). Returns the decision.
+Approver = Callable[[ApprovalRequest], bool | Awaitable[bool]]
+
+
+class Executor:
+    """Runs tool calls from a `Registry`."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        approver: Approver | None = None,
+        sync_executor: concurrent.futures.Executor | None = None,
+        events: Events | None = None,
+    ) -> None:
+        """Build an executor.
+
+        Args:
+            registry: where tools are looked up by name.
+            approver: a synchronous approval port; without one, a call that needs approval
+                pauses the run instead.
+            sync_executor: where sync tools run (default: the event loop's default executor).
+            events: the hub to report to (a new one by default).
+        """
+        self.registry = registry
+        self.approver = approver
+        self.events = events if events is not None else Events()
+        self._sync_executor = sync_executor
+
+    async def ask_approver(self, request: ApprovalRequest) -> bool:
+        """Ask the approval port about a call (a sync port runs off the event loop)."""
+        if self.approver is None:
+            raise RuntimeError("no approval port is configured")
+        if inspect.iscoroutinefunction(self.approver):
+            return bool(await self.approver(request))
+        answer = await self._off_loop(self.approver, request)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return bool(answer)
+
+    async def run(
+        self,
+        tool: Tool | str,
+        args: Mapping[str, Any],
+        *,
+        call: CallInfo | None = None,
+        validated: bool = False,
+    ) -> Any:
+        """Run one call: validate, then attempt it with its timeout and retry policy.
+
+        Args:
+            tool: the tool or its name.
+            args: keyword arguments.
+            call: the call's identity (for `idempotency_key()` and events).
+            validated: `args` already went through `Tool.validate`.
+
+        Raises:
+            UnknownTool, ToolArgumentsInvalid: before anything runs.
+            ToolTimeout: the last attempt timed out.
+            Exception: whatever the tool raised on its last attempt.
+        """
+        spec = self.registry.get(tool) if isinstance(tool, str) else tool
+        kwargs = dict(args) if validated else spec.validate(args)
+        run_id = call.run_id if call else None
+        call_id = call.call_id if call else None
+        attempt = 1
+        while True:
+            info = CallInfo(run_id or "", call_id or spec.name, spec.name, attempt)
+            self.events.emit("tool.started", run_id, tool=spec.name, call_id=call_id, attempt=attempt)
+            began = time.perf_counter()
+            try:
+                result = await self._attempt(spec, kwargs, info)
+            except ApprovalDenied:
+                raise
+            except Exception as exc:
+                retryable = isinstance(exc, spec.retry.retry_on) and attempt < spec.retry.attempts
+                if not retryable:
+                    self.events.emit("tool.failed", run_id, tool=spec.name, call_id=call_id, error=repr(exc))
+                    raise
+                delay = spec.retry.delay(attempt)
+                self.events.emit(
+                    "tool.retrying", run_id, tool=spec.name, call_id=call_id, attempt=attempt, delay_s=delay
+                )
+                await asyncio.sleep(delay)
+                attempt += 1
+                continue
+            ms = (time.perf_counter() - began) * 1000
+            self.events.emit("tool.finished", run_id, tool=spec.name, call_id=call_id, ms=round(ms, 3))
+            return result
+
+    async def _attempt(self, spec: Tool, kwargs: dict[str, Any], info: CallInfo) -> Any:
+        token = _current.set(info)
+        try:
+            if spec.is_async:
+                work: Awaitable[Any] = spec.fn(**kwargs)
+            else:
+                work = self._off_loop(functools.partial(spec.fn, **kwargs))
+            if spec.timeout_s is None:
+                return await work
+            try:
+                async with asyncio.timeout(spec.timeout_s):
+                    return await work
+            except TimeoutError:
+                raise ToolTimeout(f"tool {spec.name!r} did not finish within {spec.timeout_s}s") from None
+        finally:
+            _current.reset(token)
+
+    def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._sync_executor, functools.partial(context.run, fn, *args))

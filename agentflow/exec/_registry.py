@@ -1,0 +1,240 @@
+"""Tools: a function plus what agentflow needs to call it safely, and the `Registry` of them.
+
+A tool's arguments are validated by a pydantic model built from its signature before it
+runs. Its options say how to run it (timeout, retries) and how to treat it after a crash
+(`idempotent`) or before it runs (`approval`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+
+from agentflow._errors import ToolArgumentsInvalid, UnknownTool
+from agentflow._identity import RunContext
+
+#: Decides per call whether it needs approval, from its validated arguments and the run's identity.
+ApprovalPolicy = Callable[[Mapping[str, Any], RunContext | None], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently to retry a tool that raised."""
+
+    attempts: int = 1
+    """Total attempts, the first included (1 means no retry)."""
+    backoff_s: float = 0.2
+    """Delay before the first retry."""
+    multiplier: float = 2.0
+    """Factor applied to the delay after each retry."""
+    max_backoff_s: float = 30.0
+    """Upper bound of any one delay."""
+    retry_on: tuple[type[Exception], ...] = (Exception,)
+    """Exception types worth retrying; anything else fails at once."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be at least 1 (1 means: no retry)")
+        if self.backoff_s < 0 or self.multiplier < 1 or self.max_backoff_s < 0:
+            raise ValueError("RetryPolicy: delays must be >= 0 and multiplier >= 1")
+
+    def delay(self, attempt: int) -> float:
+        """Delay before attempt number `attempt + 1` (attempts count from 1)."""
+        return float(min(self.max_backoff_s, self.backoff_s * self.multiplier ** (attempt - 1)))
+
+
+_ARGS_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+
+
+def _args_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
+    hints = get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {name!r}: *args and **kwargs cannot be validated; name every parameter")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(f"tool {name!r}: positional-only parameters are not supported (tools take keywords)")
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model: type[BaseModel] = create_model(f"{name}_args", __config__=_ARGS_CONFIG, **fields)
+    return model
+
+
+@dataclass(frozen=True, eq=False)
+class Tool:
+    """A registered tool. Build these with `Registry.tool`."""
+
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    idempotent: bool
+    """Safe to run again after a crash left it in doubt."""
+    approval: bool | ApprovalPolicy
+    """True: every call needs approval; a function decides per call; False: never."""
+    retry: RetryPolicy
+    timeout_s: float | None
+    """Per-attempt timeout. A sync tool that overruns is abandoned, not stopped."""
+    args_model: type[BaseModel] = field(repr=False)
+    returns: TypeAdapter[Any] = field(repr=False)
+    is_async: bool = False
+
+    def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate `args`, returning the keyword arguments to call the tool with.
+
+        Raises:
+            ToolArgumentsInvalid: naming the tool and every bad field.
+        """
+        try:
+            model = self.args_model.model_validate(dict(args))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}" for err in exc.errors()
+            )
+            raise ToolArgumentsInvalid(f"tool {self.name!r} got bad arguments: {problems}") from None
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    def encode_args(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The JSON form of validated arguments (what the call log stores and digests)."""
+        encoded: dict[str, Any] = self.args_model.model_validate(kwargs).model_dump(mode="json")
+        return encoded
+
+    def needs_approval(self, kwargs: Mapping[str, Any], ctx: RunContext | None) -> bool:
+        """Whether this call must be approved before it runs."""
+        if callable(self.approval):
+            return bool(self.approval(kwargs, ctx))
+        return bool(self.approval)
+
+    def encode_result(self, value: Any) -> Any:
+        """The JSON form of a result, for the call log.
+
+        Raises:
+            Exception: the value cannot be encoded (the call is then logged unrecordable).
+        """
+        return self.returns.dump_python(value, mode="json")
+
+    def revive_result(self, stored: Any) -> Any:
+        """Turn a stored result back into the tool's declared return type."""
+        return self.returns.validate_python(stored)
+
+    def schema(self) -> dict[str, Any]:
+        """JSON schema of the tool, as model adapters hand it to a model."""
+        params = self.args_model.model_json_schema()
+        params.pop("title", None)
+        return {"name": self.name, "description": self.description, "parameters": params}
+
+
+class Registry:
+    """The tools a worker can run, by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        idempotent: bool = False,
+        approval: bool | ApprovalPolicy = False,
+        retries: int = 0,
+        backoff_s: float = 0.2,
+        retry_on: tuple[type[Exception], ...] = (Exception,),
+        timeout_s: float | None = None,
+        description: str | None = None,
+    ) -> Any:
+        """Register a sync or async function as a tool (usable bare or with options).
+
+        Args:
+            fn: the function (when used as ``@registry.tool`` without parentheses).
+            name: the tool's name; defaults to the function's.
+            idempotent: running it twice has the effect of running it once.
+            approval: True, or a policy ``(args, ctx) -> bool``, to pause for approval first.
+            retries: extra attempts after a failure (0: none).
+            backoff_s: first delay between attempts; it doubles each time.
+            retry_on: exception types to retry.
+            timeout_s: per-attempt timeout in seconds.
+            description: for the model; defaults to the docstring's first paragraph.
+
+        Raises:
+            ValueError: the name is taken, or an option is out of range.
+        """
+
+        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+            self.add(
+                func,
+                name=name,
+                idempotent=idempotent,
+                approval=approval,
+                retry=RetryPolicy(attempts=retries + 1, backoff_s=backoff_s, retry_on=retry_on),
+                timeout_s=timeout_s,
+                description=description,
+            )
+            return func
+
+        return register(fn) if fn is not None else register
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        idempotent: bool = False,
+        approval: bool | ApprovalPolicy = False,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        description: str | None = None,
+    ) -> Tool:
+        """Register `fn` and return its `Tool` (the non-decorator form of `tool`)."""
+        tool_name = name or getattr(fn, "__name__", None)
+        if not tool_name or not isinstance(tool_name, str):
+            raise ValueError("a tool needs a name: pass name=...")
+        if tool_name in self._tools:
+            raise ValueError(f"a tool named {tool_name!r} is already registered")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"tool {tool_name!r}: timeout_s must be positive")
+        hints = get_type_hints(fn)
+        doc = inspect.getdoc(fn) or ""
+        tool = Tool(
+            name=tool_name,
+            fn=fn,
+            description=description if description is not None else doc.split("\n\n")[0],
+            idempotent=idempotent,
+            approval=approval,
+            retry=retry or RetryPolicy(),
+            timeout_s=timeout_s,
+            args_model=_args_model(fn, tool_name),
+            returns=TypeAdapter(hints.get("return", Any)),
+            is_async=inspect.iscoroutinefunction(fn),
+        )
+        self._tools[tool_name] = tool
+        return tool
+
+    def get(self, name: str) -> Tool:
+        """Return the tool called `name`.
+
+        Raises:
+            UnknownTool: no tool has that name.
+        """
+        try:
+            return self._tools[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tools)) or "none"
+            raise UnknownTool(f"no tool named {name!r} is registered (registered: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """JSON schemas of every tool."""
+        return [tool.schema() for tool in self._tools.values()]

@@ -1,0 +1,245 @@
+"""`Flow`: the graph builder, its node kinds, build-time validation and the graph digest.
+
+A flow is nodes joined by edges over one pydantic state. The first node added is the
+entry. A plain edge is always followed; an edge with ``when=`` only when its condition
+holds on the state after the superstep. ``.end(name)`` marks a node where the run may
+stop; an end node may still have conditional edges (a loop that ends when its condition
+fails), but no plain ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from agentflow._errors import FlowError
+from agentflow.exec._durable_seal import digest
+from agentflow.exec._registry import Registry
+
+S = TypeVar("S", bound=BaseModel)
+
+#: Default limit of runs per node in one run (a cycle past it stops with FlowError).
+DEFAULT_MAX_VISITS = 25
+
+_RAISE: Any = object()
+
+
+@dataclass(frozen=True)
+class Call:
+    """A node that makes one tool call and (optionally) stores its result in a state field.
+
+    Args:
+        tool: the tool's name.
+        args: a function of the state returning the keyword arguments, or a fixed mapping.
+        into: the state field that receives the result (None: the result is dropped).
+        on_deny: if given, the value put into `into` when an approval is denied (so the
+            flow can branch on it); otherwise a denial fails the run.
+    """
+
+    tool: str
+    args: Callable[[Any], Mapping[str, Any]] | Mapping[str, Any] | None = None
+    into: str | None = None
+    on_deny: Any = field(default=_RAISE)
+
+    def arguments(self, state: BaseModel) -> dict[str, Any]:
+        """The call's arguments for `state`."""
+        if self.args is None:
+            return {}
+        if callable(self.args):
+            return dict(self.args(state))
+        return dict(self.args)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a flow."""
+
+    name: str
+    action: Call | Callable[..., Any]
+    max_visits: int
+    takes_handle: bool = False
+    is_async: bool = False
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An edge; `when` None means always followed."""
+
+    src: str
+    dst: str
+    when: Callable[[Any], bool] | None = None
+
+
+def _label(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _reducers(state: type[BaseModel]) -> dict[str, Callable[[Any, Any], Any]]:
+    found: dict[str, Callable[[Any, Any], Any]] = {}
+    for name, info in state.model_fields.items():
+        for meta in info.metadata:
+            if callable(meta) and not isinstance(meta, type):
+                found[name] = meta
+                break
+    return found
+
+
+class Flow(Generic[S]):
+    """A graph of nodes over a pydantic state, built with `node`, `edge` and `end`."""
+
+    def __init__(self, name: str, state: type[S], *, max_visits: int = DEFAULT_MAX_VISITS) -> None:
+        """Start a flow.
+
+        Args:
+            name: the flow's name; checkpoints and `recover_all` find runs by it.
+            state: the pydantic model of the run's state.
+            max_visits: default limit of runs per node in one run.
+        """
+        if not name or not isinstance(name, str):
+            raise FlowError("a flow needs a non-empty name")
+        if not (isinstance(state, type) and issubclass(state, BaseModel)):
+            raise FlowError(f"flow {name!r}: state must be a pydantic BaseModel class, not {state!r}")
+        self.name = name
+        self.state = state
+        self.max_visits = max_visits
+        self.nodes: dict[str, Node] = {}
+        self.edges: list[Edge] = []
+        self.ends: set[str] = set()
+        self.reducers = _reducers(state)
+        self._checked: str | None = None
+
+    @property
+    def entry(self) -> str:
+        """The first node added."""
+        if not self.nodes:
+            raise FlowError(f"flow {self.name!r} has no nodes; add one with .node(name, action)")
+        return next(iter(self.nodes))
+
+    def node(self, name: str, action: Call | Callable[..., Any], *, max_visits: int | None = None) -> Flow[S]:
+        """Add a node: a `Call`, or a function ``(state)`` or ``(state, handle)``, sync or async.
+
+        A function returns a dict of the fields it changes (or None).
+
+        Raises:
+            FlowError: the name is taken, or a `Call` names a field the state lacks.
+        """
+        if name in self.nodes:
+            raise FlowError(f"flow {self.name!r}: a node named {name!r} already exists; give each node its own name")
+        limit = max_visits if max_visits is not None else self.max_visits
+        if isinstance(action, Call):
+            if action.into is not None and action.into not in self.state.model_fields:
+                fields = ", ".join(self.state.model_fields) or "none"
+                raise FlowError(
+                    f"flow {self.name!r}, node {name!r}: Call(into={action.into!r}) names a field "
+                    f"{self.state.__name__} does not have (fields: {fields})"
+                )
+            self.nodes[name] = Node(name, action, limit)
+        elif callable(action):
+            params = len(inspect.signature(action).parameters)
+            if params not in (1, 2):
+                raise FlowError(f"flow {self.name!r}, node {name!r}: a node function takes (state) or (state, handle)")
+            self.nodes[name] = Node(name, action, limit, params == 2, inspect.iscoroutinefunction(action))
+        else:
+            raise FlowError(f"flow {self.name!r}, node {name!r}: the action must be a Call or a function")
+        self._checked = None
+        return self
+
+    def edge(self, src: str, dst: str, *, when: Callable[[S], bool] | None = None) -> Flow[S]:
+        """Add an edge from `src` to `dst`, followed always or only `when` the condition holds."""
+        self.edges.append(Edge(src, dst, when))
+        self._checked = None
+        return self
+
+    def end(self, *names: str) -> Flow[S]:
+        """Mark nodes where the run may end."""
+        self.ends.update(names)
+        self._checked = None
+        return self
+
+    def validate(self, registry: Registry | None = None) -> None:
+        """Check the whole graph (and, given a registry, that every `Call`'s tool exists).
+
+        Raises:
+            FlowError: saying what to fix.
+        """
+        self._check_structure()
+        if registry is not None:
+            for node in self.nodes.values():
+                if isinstance(node.action, Call) and node.action.tool not in registry:
+                    raise FlowError(
+                        f"flow {self.name!r}, node {node.name!r} calls tool {node.action.tool!r}, "
+                        "which the registry does not have; register it with @registry.tool"
+                    )
+
+    def _check_structure(self) -> None:
+        if self._checked is not None:
+            return
+        self._check_names()
+        self._check_exits()
+        self._check_reachable()
+        self._checked = self._digest()
+
+    def _check_names(self) -> None:
+        where = f"flow {self.name!r}"
+        self.entry  # noqa: B018 - raises FlowError when the flow has no node
+        for edge in self.edges:
+            for end in (edge.src, edge.dst):
+                if end not in self.nodes:
+                    raise FlowError(f"{where}: edge {edge.src!r} -> {edge.dst!r} names unknown node {end!r}")
+        for name in self.ends:
+            if name not in self.nodes:
+                raise FlowError(f"{where}: .end({name!r}) names an unknown node")
+
+    def _check_exits(self) -> None:
+        where = f"flow {self.name!r}"
+        if not self.ends:
+            raise FlowError(f"{where} has no end; mark the last node with .end(name)")
+        for edge in self.edges:
+            if edge.src in self.ends and edge.when is None:
+                raise FlowError(f"{where}: end node {edge.src!r} has a plain edge to {edge.dst!r}; make it conditional")
+        outgoing = {e.src for e in self.edges}
+        for name in self.nodes:
+            if name not in self.ends and name not in outgoing:
+                raise FlowError(f"{where}: node {name!r} has no edge out and is not an end; add an edge or .end()")
+
+    def _check_reachable(self) -> None:
+        seen, todo = {self.entry}, [self.entry]
+        while todo:
+            here = todo.pop()
+            for edge in self.edges:
+                if edge.src == here and edge.dst not in seen:
+                    seen.add(edge.dst)
+                    todo.append(edge.dst)
+        unreachable = [n for n in self.nodes if n not in seen]
+        if unreachable:
+            names = ", ".join(map(repr, unreachable))
+            raise FlowError(f"flow {self.name!r}: node(s) {names} cannot be reached from {self.entry!r}")
+
+    @property
+    def digest(self) -> str:
+        """Digest of the graph's structure and state schema (checked on recovery)."""
+        self._check_structure()
+        assert self._checked is not None
+        return self._checked
+
+    def _digest(self) -> str:
+        nodes = []
+        for node in self.nodes.values():
+            if isinstance(node.action, Call):
+                nodes.append([node.name, "call", node.action.tool, node.action.into, node.max_visits])
+            else:
+                nodes.append([node.name, "function", _label(node.action), node.max_visits])
+        edges = [[e.src, e.dst, _label(e.when) if e.when else None] for e in self.edges]
+        return digest(
+            {
+                "flow": self.name,
+                "nodes": nodes,
+                "edges": edges,
+                "ends": sorted(self.ends),
+                "state": self.state.model_json_schema(),
+            }
+        )

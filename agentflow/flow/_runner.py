@@ -1,0 +1,234 @@
+"""`FlowRunner`: runs flows superstep by superstep, with or without a checkpoint store.
+
+Without a store a run lives only in this process. With one, step 0 is saved before the
+first superstep and a checkpoint after each superstep; every tool call goes through the
+call log. `recover`, `recover_all` and `resume` live in `_recover.py` and share the same
+superstep loop (`drive`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from agentflow._errors import CheckpointError, FlowError
+from agentflow._identity import RunContext, identity_body
+from agentflow.exec._durable import CallLog, CallState
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._executor import Executor
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.flow import _recover
+from agentflow.flow._durable import Checkpointer, Cursor
+from agentflow.flow._graph import Flow
+from agentflow.flow._result import RunResult, RunStatus
+from agentflow.flow._superstep import run_superstep
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def new_run_id() -> str:
+    """An unguessable run id (a run id is the only key a shared store has)."""
+    return "run-" + secrets.token_urlsafe(16)
+
+
+def _sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:
+    if key is None:
+        if store is None:
+            return None
+        local = getattr(store, "local_key", None)
+        if getattr(store, "in_process", False) and isinstance(local, bytes):
+            return Sealer(local)
+        raise ValueError(
+            f"{type(store).__name__} is shared with other processes, so it needs checkpoint_key= "
+            "(32+ random bytes, the same on every worker) to sign and check what it stores"
+        )
+    return Sealer(key)
+
+
+class FlowRunner:
+    """Runs flows; with `checkpoints`, every run survives the death of its worker."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_key: bytes | Sequence[bytes] | None = None,
+        recover_concurrency: int = 8,
+    ) -> None:
+        """Build a runner.
+
+        Args:
+            executor: runs the tool calls (its `events` hub is the runner's too).
+            checkpoints: a checkpoint store; None runs without durability.
+            checkpoint_key: the signing key (32+ bytes), or a list for rotation (newest
+                first). Required with any store but the memory one.
+            recover_concurrency: how many runs `recover_all` recovers at once.
+
+        Raises:
+            ValueError, TypeError: a missing or short key.
+        """
+        self.executor = executor
+        self.events = executor.events
+        self.checkpoints = checkpoints
+        self.sealer = _sealer_for(checkpoints, checkpoint_key)
+        self.recover_concurrency = recover_concurrency
+        self._ckpt = Checkpointer(checkpoints, self.sealer, self.events)
+
+    async def run(
+        self,
+        flow: Flow[S],
+        state: S | Mapping[str, Any],
+        *,
+        run_id: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> RunResult[S]:
+        """Start a run and drive it until it ends or pauses.
+
+        Raises:
+            FlowError: the flow is invalid, the state does not fit, or the run cannot go on.
+            CheckpointConflict: the run id is taken, or another worker took the run over.
+        """
+        flow.validate(self.executor.registry)
+        start = _coerce_state(flow, state)
+        rid = run_id if run_id is not None else new_run_id()
+        if not rid or not isinstance(rid, str):
+            raise ValueError("run_id must be a non-empty string")
+        cur = Cursor(
+            flow=flow,
+            run_id=rid,
+            state=start,
+            frontier=[flow.entry],
+            visits={},
+            superstep=0,
+            identity=identity_body(self.sealer, rid, ctx),
+            ctx=ctx,
+        )
+        self.events.emit("run.started", rid, flow=flow.name)
+        await self._ckpt.save(cur, RunStatus.RUNNING, segment=0)
+        return await self.drive(cur)
+
+    async def drive(self, cur: Cursor, seeds: Mapping[str, CallState] | None = None) -> RunResult[Any]:
+        """Run supersteps from the cursor until the run ends or pauses.
+
+        Args:
+            cur: the run, claimed by this worker.
+            seeds: the call states of the superstep being recovered (replay and reruns).
+        """
+        recovering = seeds is not None
+        while True:
+            log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds or {}, cur.decisions)
+            try:
+                out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events)
+            except CheckpointError:
+                raise  # the store refused a write or failed: this worker must not go on, nor mark the run
+            except FlowError as exc:
+                await self._fail(cur, exc)
+                raise
+            except Exception as exc:
+                return await self._fail(cur, exc)
+            recovered = {"replayed": log.replayed, "rerun": log.rerun} if recovering else None
+            if recovering:
+                self.events.emit(
+                    "run.recovered", cur.run_id, kind="flow", step=cur.step, replayed=log.replayed, rerun=log.rerun
+                )
+            if out.paused:
+                cur.pending = list(log.pending)
+                await self._ckpt.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
+                self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
+                return self._result(cur, RunStatus.PAUSED, log)
+            cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
+            cur.superstep += 1
+            cur.decisions, cur.pending = {}, []
+            status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
+            await self._ckpt.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
+            if status is RunStatus.DONE:
+                self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
+                return self._result(cur, status, log if recovering else None)
+            seeds, recovering = None, False
+
+    async def _fail(self, cur: Cursor, exc: BaseException) -> RunResult[Any]:
+        cur.error = f"{type(exc).__name__}: {exc}"
+        cur.pending = []
+        await self._ckpt.save(cur, RunStatus.FAILED)
+        self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status="failed", error=cur.error)
+        return self._result(cur, RunStatus.FAILED, None)
+
+    @staticmethod
+    def _result(cur: Cursor, status: RunStatus, log: CallLog | None) -> RunResult[Any]:
+        return RunResult(
+            run_id=cur.run_id,
+            status=status,
+            state=cur.state,
+            step=cur.step,
+            pending=list(cur.pending),
+            error=cur.error,
+            replayed=list(log.replayed) if log else [],
+            rerun=list(log.rerun) if log else [],
+        )
+
+    async def recover(
+        self, flow: Flow[S], run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None
+    ) -> RunResult[S]:
+        """Continue a run whose worker died, from its latest checkpoint.
+
+        Finished calls of the cut-off superstep replay from the log; calls in doubt rerun
+        if their tool is idempotent (or `rerun_in_doubt`), else nothing runs.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+            CheckpointConflict: the run ended, or another worker claimed it first.
+            CheckpointStoreCorrupt: a checkpoint or call record fails its check.
+            RecoveryNeedsDecision: a call is in doubt and its tool is not idempotent.
+            IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
+            FlowError: the flow's graph changed since the checkpoint.
+        """
+        return await _recover.recover(self, flow, run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx)
+
+    async def recover_all(
+        self, flow: Flow[S], *, rerun_in_doubt: bool = False
+    ) -> dict[str, RunResult[S] | BaseException]:
+        """Recover every unfinished run of `flow`: each run id maps to its result or its error."""
+        return await _recover.recover_all(self, flow, rerun_in_doubt=rerun_in_doubt)
+
+    async def resume(
+        self,
+        flow: Flow[S],
+        run_id: str,
+        *,
+        approve: bool | Mapping[str, bool] = True,
+        ctx: RunContext | None = None,
+        note: str | None = None,
+    ) -> RunResult[S]:
+        """Decide a paused run's pending approvals and carry the run on.
+
+        Args:
+            flow: the run's flow.
+            run_id: the paused run.
+            approve: one decision for every pending call, or one per call id.
+            ctx: who resumes (checked against the run's identity).
+            note: a note stored with the decision.
+
+        Raises:
+            CheckpointConflict: the run is not paused, or another resume won.
+            IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
+        """
+        return await _recover.resume(self, flow, run_id, approve=approve, ctx=ctx, note=note)
+
+
+def _coerce_state(flow: Flow[S], state: S | Mapping[str, Any]) -> S:
+    if isinstance(state, flow.state):
+        return state.model_copy(deep=True)
+    if isinstance(state, Mapping):
+        try:
+            return flow.state.model_validate(dict(state))
+        except ValidationError as exc:
+            raise FlowError(
+                f"flow {flow.name!r}: the initial state does not fit {flow.state.__name__}: {exc}"
+            ) from None
+    raise FlowError(
+        f"flow {flow.name!r}: the state must be a {flow.state.__name__} or a dict, not {type(state).__name__}"
+    )
