@@ -10,12 +10,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
 from agentflow._errors import ToolArgumentsInvalid, UnknownTool
 from agentflow._identity import RunContext
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Decides per call whether it needs approval, from its validated arguments and the run's identity.
 ApprovalPolicy = Callable[[Mapping[str, Any], RunContext | None], bool]
@@ -134,9 +136,29 @@ class Registry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
 
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        idempotent: bool = False,
+        approval: bool | ApprovalPolicy = False,
+        retries: int = 0,
+        backoff_s: float = 0.2,
+        retry_on: tuple[type[Exception], ...] = (Exception,),
+        timeout_s: float | None = None,
+        description: str | None = None,
+    ) -> Callable[[F], F]: ...
+
     def tool(
         self,
         fn: Callable[..., Any] | None = None,
+        /,
         *,
         name: str | None = None,
         idempotent: bool = False,
