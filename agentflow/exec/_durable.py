@@ -23,7 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow._errors import ApprovalDenied, CheckpointStoreCorrupt, RecoveryNeedsDecision, ToolError
+from agentflow._errors import (
+    AgentflowError,
+    ApprovalDenied,
+    CheckpointError,
+    CheckpointStoreCorrupt,
+    RecoveryNeedsDecision,
+    ToolError,
+)
 from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo
 from agentflow.exec._durable_seal import Sealer, canonical, digest
@@ -75,7 +82,16 @@ class Journal:
         """
         async with self._lock:
             record = self.sealer.seal_call(self.run_id, self.segment, self.next_seq, kind, body)
-            await self.store.record_call(self.run_id, record)
+            try:
+                await self.store.record_call(self.run_id, record)
+            except AgentflowError:
+                raise
+            except Exception as exc:
+                # A store failure is not the tool's failure: the run must stay recoverable,
+                # so it surfaces as a CheckpointError and the runner does not mark it failed.
+                raise CheckpointError(
+                    f"{type(self.store).__name__} could not log a {kind!r} record of run {self.run_id!r}: {exc}"
+                ) from exc
             self.next_seq += 1
 
 

@@ -17,7 +17,7 @@ from agentflow.exec.checkpoints._errors import (
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
-# SQLiteCheckpointStore: import added when the backend lands
+from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
 if TYPE_CHECKING:
     from agentflow.exec.checkpoints.redis import RedisCheckpointStore
@@ -33,6 +33,7 @@ __all__ = [
     "RecoveryNeedsDecision",
     "RedisCheckpointStore",
     "SQLAlchemyCheckpointStore",
+    "SQLiteCheckpointStore",
     "SealedCall",
     "SealedCheckpoint",
     "idempotency_key",

@@ -1,0 +1,396 @@
+"""`SQLiteCheckpointStore`: the store protocol on one SQLite file shared by every process on a host.
+
+This module owns the SQLite schema (`MIGRATIONS`), the connection and the thread it lives on.
+
+- Every write runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT``. SQLite's write lock is taken
+  before the compare-and-set read, so that read and the insert that follows are atomic
+  against every other connection to the file, in this process or in another one. WAL lets
+  readers carry on meanwhile, and ``busy_timeout`` makes writers queue instead of failing.
+- Every checkpoint is kept (``checkpoints``); ``runs`` holds one row per run pointing at its
+  latest step, updated in the same transaction, so listings stay cheap.
+- Blocking work runs on one worker thread per store, which owns the connection. The event
+  loop only awaits that thread, so the store is bound to no loop and outlives ``asyncio.run``.
+- Payloads are opaque: rows go in and come out exactly as given, checked only for types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, TypeVar
+
+from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+
+_T = TypeVar("_T")
+
+#: The schema, one SQL script per version: a database at version N has run the first N.
+#: Append only; never edit a script that has shipped.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE checkpoints (
+        run_id TEXT NOT NULL, step INTEGER NOT NULL, flow TEXT NOT NULL, status TEXT NOT NULL,
+        segment INTEGER NOT NULL, saved_at REAL NOT NULL,
+        payload BLOB NOT NULL, kid TEXT NOT NULL, sig TEXT NOT NULL,
+        PRIMARY KEY (run_id, step)
+    );
+    CREATE TABLE runs (
+        run_id TEXT NOT NULL PRIMARY KEY, flow TEXT NOT NULL, status TEXT NOT NULL,
+        step INTEGER NOT NULL, saved_at REAL NOT NULL
+    );
+    CREATE INDEX runs_by_flow_status ON runs (flow, status);
+    CREATE INDEX runs_by_saved_at ON runs (saved_at);
+    CREATE TABLE calls (
+        run_id TEXT NOT NULL, segment INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+        payload BLOB NOT NULL, kid TEXT NOT NULL, sig TEXT NOT NULL,
+        PRIMARY KEY (run_id, segment, seq)
+    );
+    """,
+]
+
+#: Columns of a checkpoint row, in `SealedCheckpoint` field order, and the type each must hold.
+_CHECKPOINT_COLUMNS: Final = ("run_id", "step", "flow", "status", "segment", "saved_at", "payload", "kid", "sig")
+_CHECKPOINT_TYPES: Final = (str, int, str, str, int, float, bytes, str, str)
+#: Columns of a call row, in `SealedCall` field order, and the type each must hold.
+_CALL_COLUMNS: Final = ("run_id", "segment", "seq", "kind", "payload", "kid", "sig")
+_CALL_TYPES: Final = (str, int, int, str, bytes, str, str)
+
+_SELECT_CHECKPOINT: Final = f"SELECT {', '.join(_CHECKPOINT_COLUMNS)} FROM checkpoints"
+_SELECT_CALL: Final = f"SELECT {', '.join(_CALL_COLUMNS)} FROM calls"
+_LATEST_OF_RUN: Final = "WHERE run_id = ? ORDER BY step DESC LIMIT 1"
+_INSERT_CHECKPOINT: Final = f"INSERT INTO checkpoints ({', '.join(_CHECKPOINT_COLUMNS)}) VALUES (?,?,?,?,?,?,?,?,?)"
+_INSERT_CALL: Final = f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES (?,?,?,?,?,?,?)"
+
+
+def _checked(row: Sequence[Any], columns: Sequence[str], types: Sequence[type], what: str) -> tuple[Any, ...]:
+    """Return `row` as a tuple once each value has its column's type.
+
+    Raises:
+        CheckpointStoreCorrupt: a value is NULL or of another type; the message names `what`.
+    """
+    for column, value, expected in zip(columns, row, types, strict=True):
+        if not isinstance(value, expected):
+            found = "NULL" if value is None else type(value).__name__
+            raise CheckpointStoreCorrupt(f"{what}: column {column} holds {found}, not {expected.__name__}")
+    return tuple(row)
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a migration script into statements (``executescript`` would commit our transaction)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\r\n;"):
+                yield pending.strip()
+            pending = ""
+
+
+def _immediate(conn: sqlite3.Connection, job: Callable[[sqlite3.Connection], _T]) -> _T:
+    """Run `job` between ``BEGIN IMMEDIATE`` and ``COMMIT``; roll back if anything fails."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = job(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
+    """Return the schema version recorded in the database (0 for a database agentflow never used)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agentflow_meta'").fetchone() is None:
+        return 0
+    row = conn.execute("SELECT value FROM agentflow_meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        return 0
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise CheckpointStoreCorrupt(f"{path}: schema_version {row[0]!r} is not a number") from None
+
+
+def _apply_migrations(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring the schema up to date; the caller holds the write lock, so one process does it."""
+    conn.execute("CREATE TABLE IF NOT EXISTS agentflow_meta (key TEXT PRIMARY KEY, value TEXT)")
+    version = _schema_version(conn, path)
+    if version > len(MIGRATIONS):
+        raise CheckpointStoreCorrupt(
+            f"{path} was written by a newer agentflow (schema version {version}; this one knows up to "
+            f"{len(MIGRATIONS)}): upgrade agentflow on this worker"
+        )
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        try:
+            for statement in _statements(script):
+                conn.execute(statement)
+        except sqlite3.OperationalError as exc:
+            raise CheckpointError(f"{path}: schema migration {number} failed ({exc})") from exc
+    conn.execute(
+        "INSERT OR REPLACE INTO agentflow_meta (key, value) VALUES ('schema_version', ?)", (str(len(MIGRATIONS)),)
+    )
+
+
+def _enable_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """Switch the database to WAL, retrying while another connection holds it busy.
+
+    Changing the journal mode can fail with ``SQLITE_BUSY`` without calling the busy
+    handler (seen when several processes open a new file at once), so wait here instead.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
+
+
+def _connect(path: Path, busy_timeout_s: float, synchronous: str) -> sqlite3.Connection:
+    """Open the database, configure the connection and bring the schema up to date.
+
+    Raises:
+        FileNotFoundError: the database's directory does not exist.
+        IsADirectoryError: the path is a directory.
+        CheckpointStoreCorrupt: the file is not an SQLite database, or a newer agentflow wrote it.
+    """
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "the checkpoint database path is a directory", str(path))
+    if not path.parent.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT, f"directory {path.parent} does not exist (create it before using the store)", str(path)
+        )
+    # The timeout is SQLite's busy timeout: a writer waits this long for another's lock.
+    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+    try:
+        _enable_wal(conn, busy_timeout_s)
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        # Take the write lock only when the schema needs work, not on every connect.
+        if _schema_version(conn, path) != len(MIGRATIONS):
+            _immediate(conn, partial(_apply_migrations, path=path))
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, sqlite3.DatabaseError) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+            raise CheckpointStoreCorrupt(
+                f"{path} is not an SQLite database (or is encrypted); give the store a new file"
+            ) from exc
+        raise
+    return conn
+
+
+class _Worker:
+    """One thread and the connection living on it; created on first use, dropped by `aclose`."""
+
+    def __init__(self, opener: Callable[[], sqlite3.Connection]) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentflow-sqlite")
+        self._opener = opener
+        self._conn: sqlite3.Connection | None = None
+
+    def run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `job` on the worker thread, opening the connection first if needed."""
+        if self._conn is None:
+            self._conn = self._opener()
+        return job(self._conn)
+
+    def close(self) -> None:
+        """Close the connection (on the worker thread, which owns it)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+class SQLiteCheckpointStore:
+    """Keeps checkpoints and call logs in one SQLite file that every process on the host can share.
+
+    Args:
+        path: the database file; it is created on first use, its directory must exist.
+        busy_timeout_s: how long a write waits for another writer's lock before failing.
+        synchronous: SQLite's ``synchronous`` setting; ``FULL`` survives power loss, ``NORMAL``
+            in WAL mode may lose the last commits on power loss (not on a process crash).
+
+    Raises:
+        ValueError: `path` is ``:memory:`` or empty, or a setting is out of range.
+    """
+
+    in_process = False
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout_s: float = 30.0,
+        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+    ) -> None:
+        if os.fspath(path) in ("", ":memory:"):
+            raise ValueError(
+                "an in-memory SQLite database belongs to one connection, so other processes cannot "
+                "share it: use MemoryCheckpointStore instead"
+            )
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+        if not (math.isfinite(busy_timeout_s) and busy_timeout_s >= 0):
+            raise ValueError(f"busy_timeout_s must be a finite number >= 0, not {busy_timeout_s!r}")
+        self.path = Path(path).absolute()
+        self._busy_timeout_s = busy_timeout_s
+        self._synchronous = synchronous
+        # Guards `_worker` so a store shared across threads never loses a job to a closed pool.
+        self._lock = threading.Lock()
+        self._worker: _Worker | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+    async def __aenter__(self) -> SQLiteCheckpointStore:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    async def _run(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `job` with the connection on the store's worker thread and await its result."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._worker is None:
+                self._worker = _Worker(partial(_connect, self.path, self._busy_timeout_s, self._synchronous))
+            # The job is queued before the lock is released, so `aclose` always comes after it.
+            future = loop.run_in_executor(self._worker.pool, partial(self._worker.run, job))
+        return await future
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run one read-only statement and return its rows."""
+        return await self._run(lambda conn: conn.execute(sql, params).fetchall())
+
+    def _checkpoint(self, row: Sequence[Any]) -> SealedCheckpoint:
+        what = f"checkpoint row (run {row[0]!r}, step {row[1]!r}) in {self.path}"
+        return SealedCheckpoint(*_checked(row, _CHECKPOINT_COLUMNS, _CHECKPOINT_TYPES, what))
+
+    def _call(self, row: Sequence[Any]) -> SealedCall:
+        what = f"call row (run {row[0]!r}, record {row[1]!r}.{row[2]!r}) in {self.path}"
+        return SealedCall(*_checked(row, _CALL_COLUMNS, _CALL_TYPES, what))
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
+        check_row(run_id, step, checkpoint)
+        await self._run(partial(_immediate, job=partial(self._insert_checkpoint, checkpoint)))
+
+    def _insert_checkpoint(self, row: SealedCheckpoint, conn: sqlite3.Connection) -> None:
+        """Check the compare-and-set rule and insert `row`; runs inside the write transaction."""
+        last = conn.execute(f"SELECT step, flow, status FROM checkpoints {_LATEST_OF_RUN}", (row.run_id,)).fetchone()
+        if last is not None:
+            what = f"latest checkpoint row of run {row.run_id!r} in {self.path}"
+            last = _checked(last, ("step", "flow", "status"), (int, str, str), what)
+        check_save(row.run_id, row.step, row.flow, last)
+        values = (row.run_id, row.step, row.flow, row.status, row.segment, row.saved_at, row.payload, row.kid, row.sig)
+        try:
+            conn.execute(_INSERT_CHECKPOINT, values)
+        except sqlite3.IntegrityError as exc:
+            raise CheckpointConflict(f"run {row.run_id!r}: step {row.step} is already stored") from exc
+        conn.execute(
+            "INSERT OR REPLACE INTO runs (run_id, flow, status, step, saved_at) VALUES (?, ?, ?, ?, ?)",
+            (row.run_id, row.flow, row.status, row.step, row.saved_at),
+        )
+
+    async def latest(self, run_id: str) -> SealedCheckpoint:
+        """Return the newest checkpoint of the run."""
+        rows = await self._fetch(f"{_SELECT_CHECKPOINT} {_LATEST_OF_RUN}", (run_id,))
+        if not rows:
+            raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
+        return self._checkpoint(rows[0])
+
+    async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
+        """Return every checkpoint of the run, oldest first."""
+        rows = await self._fetch(f"{_SELECT_CHECKPOINT} WHERE run_id = ? ORDER BY step", (run_id,))
+        return [self._checkpoint(row) for row in rows]
+
+    async def list_unfinished(self, flow: str) -> Sequence[str]:
+        """Return the ids of the flow's running and paused runs."""
+        marks = ", ".join("?" * len(UNFINISHED))
+        rows = await self._fetch(
+            f"SELECT run_id FROM runs WHERE flow = ? AND status IN ({marks}) ORDER BY saved_at",
+            (flow, *sorted(UNFINISHED)),
+        )
+        return [_checked(row, ("run_id",), (str,), f"runs row of flow {flow!r} in {self.path}")[0] for row in rows]
+
+    async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
+        """Return the latest checkpoint of each run, newest first."""
+        columns = ", ".join(f"c.{column}" for column in _CHECKPOINT_COLUMNS)
+        where, params = ("WHERE r.flow = ?", (flow,)) if flow is not None else ("", ())
+        rows = await self._fetch(
+            f"SELECT {columns} FROM runs AS r JOIN checkpoints AS c ON c.run_id = r.run_id AND c.step = r.step "
+            f"{where} ORDER BY r.saved_at DESC LIMIT ?",
+            (*params, max(limit, 0)),
+        )
+        return [self._checkpoint(row) for row in rows]
+
+    async def delete(self, run_id: str) -> None:
+        """Forget the run: its checkpoints, its listing row and its call log."""
+
+        def job(conn: sqlite3.Connection) -> None:
+            for table in ("checkpoints", "runs", "calls"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+
+        await self._run(partial(_immediate, job=job))
+
+    # -- call records ------------------------------------------------------------------
+
+    async def record_call(self, run_id: str, record: SealedCall) -> None:
+        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
+        await self._run(partial(_immediate, job=partial(self._insert_call, run_id, record)))
+
+    def _insert_call(self, run_id: str, record: SealedCall, conn: sqlite3.Connection) -> None:
+        """Check numbering and fencing and insert `record`; runs inside the write transaction."""
+        last = conn.execute(f"SELECT step, status, segment FROM checkpoints {_LATEST_OF_RUN}", (run_id,)).fetchone()
+        if last is not None:
+            what = f"latest checkpoint row of run {run_id!r} in {self.path}"
+            last = _checked(last, ("step", "status", "segment"), (int, str, int), what)
+        (count,) = conn.execute(
+            "SELECT COUNT(*) FROM calls WHERE run_id = ? AND segment = ?", (run_id, record.segment)
+        ).fetchone()
+        check_call(run_id, record, last, count)
+        values = (run_id, record.segment, record.seq, record.kind, record.payload, record.kid, record.sig)
+        try:
+            conn.execute(_INSERT_CALL, values)
+        except sqlite3.IntegrityError as exc:
+            raise CheckpointConflict(
+                f"run {run_id!r}: call record {record.segment}.{record.seq} is already stored"
+            ) from exc
+
+    async def calls(self, run_id: str) -> Sequence[SealedCall]:
+        """Return the run's call records by segment, then sequence number."""
+        rows = await self._fetch(f"{_SELECT_CALL} WHERE run_id = ? ORDER BY segment, seq", (run_id,))
+        return [self._call(row) for row in rows]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the worker thread; the next call opens them again."""
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        try:
+            # Queued after every job already submitted, so those finish on the connection first.
+            await asyncio.get_running_loop().run_in_executor(worker.pool, worker.close)
+        finally:
+            worker.pool.shutdown(wait=False)
