@@ -1,5 +1,6 @@
 """agentflow: durable execution for agent work (tool-call graphs and LLM tool loops)."""
 
+from agentflow._app import FlowApp
 from agentflow._errors import AgentflowError
 from agentflow._events import Event, Events
 from agentflow._identity import RunContext
@@ -13,6 +14,7 @@ __all__ = [
     "Events",
     "Executor",
     "Flow",
+    "FlowApp",
     "FlowRunner",
     "Registry",
     "RunContext",

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentflow import Call, Flow, Registry
+from agentflow import Call, Flow, FlowApp, Registry
 from agentflow.exec import current_call, idempotency_key
 
 registry = Registry()
@@ -90,3 +90,6 @@ flow = (
     .edge("pay", "send")
     .end("send")
 )
+
+#: The demo's app: ``--app agentflow.demo.tickets:app`` on the command line.
+app = FlowApp(registry, [flow])

@@ -15,6 +15,4 @@ def load_optional(module: str, name: str, extra: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        raise ImportError(
-            f"{name} needs the {extra!r} extra: pip install 'agentflow[{extra}]' ({exc})"
-        ) from exc
+        raise ImportError(f"{name} needs the {extra!r} extra: pip install 'agentflow[{extra}]' ({exc})") from exc

@@ -1,0 +1,78 @@
+"""`FlowApp`: the flows and tools one deployment runs, found by import path.
+
+The command line (``--app module:attr``), the Celery tasks and the run viewer all need
+the same two things to act on a stored run: its flow, by name, and the registry of its
+tools. A `FlowApp` bundles them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from agentflow._errors import FlowError
+from agentflow.exec._executor import Approver, Executor
+from agentflow.exec._registry import Registry
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.flow._graph import Flow
+from agentflow.flow._runner import FlowRunner
+
+
+class FlowApp:
+    """A registry of tools and the flows that use them."""
+
+    def __init__(self, registry: Registry, flows: Iterable[Flow[Any]]) -> None:
+        """Bundle `flows` with their `registry`.
+
+        Raises:
+            FlowError: two flows share a name, or a flow calls a tool the registry lacks.
+        """
+        self.registry = registry
+        self.flows: dict[str, Flow[Any]] = {}
+        for flow in flows:
+            if flow.name in self.flows:
+                raise FlowError(f"two flows are named {flow.name!r}; flow names must be unique in an app")
+            flow.validate(registry)
+            self.flows[flow.name] = flow
+
+    def flow(self, name: str) -> Flow[Any]:
+        """Return the flow called `name`.
+
+        Raises:
+            FlowError: no flow has that name (the message lists the known ones).
+        """
+        try:
+            return self.flows[name]
+        except KeyError:
+            known = ", ".join(sorted(self.flows)) or "none"
+            raise FlowError(f"unknown flow {name!r} (this app has: {known})") from None
+
+    def runner(
+        self,
+        store: CheckpointStore | None,
+        checkpoint_key: bytes | Sequence[bytes] | None,
+        *,
+        approver: Approver | None = None,
+    ) -> FlowRunner:
+        """A `FlowRunner` over this app's tools."""
+        return FlowRunner(Executor(self.registry, approver=approver), checkpoints=store, checkpoint_key=checkpoint_key)
+
+
+def load_app(path: str) -> FlowApp:
+    """Import a `FlowApp` from ``"package.module:attribute"``.
+
+    Raises:
+        ValueError: the path is malformed, cannot be imported, or does not name a FlowApp.
+    """
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--app {path!r}: write it as package.module:attribute, e.g. workers.flows:app")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--app {path!r}: cannot import {module_name!r} ({exc})") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, FlowApp):
+        raise ValueError(f"--app {path!r}: {attr!r} in {module_name!r} is not a FlowApp")
+    return app

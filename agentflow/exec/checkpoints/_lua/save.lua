@@ -1,0 +1,57 @@
+-- save.lua: store one checkpoint of a run, as a compare-and-set.
+--
+-- Key layout (P = store prefix, R = run id; "{R}" is the hash tag, so all four keys of a
+-- run live in one Redis Cluster slot):
+--   KEYS[1]  P:run:{R}:cp       list    checkpoint rows; list index = step
+--   KEYS[2]  P:run:{R}:latest   hash    step, flow, status, segment, saved_at of the newest row
+--   KEYS[3]  P:run:{R}:calls    hash    "<segment>:<seq>" -> call-record row
+--   KEYS[4]  P:run:{R}:next     hash    "<segment>" -> number of records in that segment
+--
+-- ARGV[1] step      ARGV[2] flow      ARGV[3] status     ARGV[4] segment
+-- ARGV[5] saved_at  ARGV[6] row (the encoded checkpoint, bytes as given)
+-- ARGV[7] ttl in seconds; "0" means the run's keys never expire
+--
+-- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
+-- a run the store does not have; otherwise the run must be of the same flow, must not have
+-- ended (done/failed), and step must be exactly latest + 1.
+--
+-- Expiry: every key of the run expires ttl seconds after this write, except while the
+-- run is paused, when its keys are made persistent.
+--
+-- Returns:
+--   {"ok"}
+--   {"refused"}                              no run stored and step is not 0
+--   {"refused", step, flow, status}          the stored latest, which the save breaks
+--   {"corrupt", rows, step}                  the row list does not end at the latest step
+
+local last = redis.call('HMGET', KEYS[2], 'step', 'flow', 'status')
+
+if not last[1] then
+  if ARGV[1] ~= '0' then
+    return {'refused'}
+  end
+  -- A new run: clear anything a partly evicted earlier run with this id left behind.
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
+else
+  local ended = last[3] == 'done' or last[3] == 'failed'
+  if last[2] ~= ARGV[2] or ended or tonumber(ARGV[1]) ~= tonumber(last[1]) + 1 then
+    return {'refused', last[1], last[2], last[3]}
+  end
+  local rows = redis.call('LLEN', KEYS[1])
+  if rows ~= tonumber(last[1]) + 1 then
+    return {'corrupt', tostring(rows), last[1]}
+  end
+end
+
+redis.call('RPUSH', KEYS[1], ARGV[6])
+redis.call('HSET', KEYS[2], 'step', ARGV[1], 'flow', ARGV[2], 'status', ARGV[3],
+  'segment', ARGV[4], 'saved_at', ARGV[5])
+
+for i = 1, #KEYS do
+  if ARGV[3] == 'paused' or ARGV[7] == '0' then
+    redis.call('PERSIST', KEYS[i])
+  else
+    redis.call('EXPIRE', KEYS[i], ARGV[7])
+  end
+end
+return {'ok'}

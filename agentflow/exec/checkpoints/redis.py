@@ -1,0 +1,401 @@
+"""`RedisCheckpointStore`: checkpoints and call logs in plain Redis, guarded by Lua scripts.
+
+Key layout (``P`` is the store's prefix, one per tenant; ``R`` the run id). The ``{R}`` hash
+tag puts every key of a run in one Redis Cluster slot, so each script touches one slot::
+
+    P:run:{R}:cp          list   checkpoint rows; list index = step
+    P:run:{R}:latest      hash   step, flow, status, segment, saved_at of the newest checkpoint
+    P:run:{R}:calls       hash   "<segment>:<seq>" -> call-record row
+    P:run:{R}:next        hash   "<segment>" -> number of records the segment has
+    P:runs                zset   run id -> saved_at of its newest save (every flow)
+    P:runs:<flow>         zset   run id -> saved_at of its newest save
+    P:unfinished:<flow>   zset   run id -> saved_at, for runs last saved running or paused
+
+A row is one JSON header line and then the payload bytes exactly as given::
+
+    checkpoint   [1, run_id, step, flow, status, segment, saved_at, kid, sig] LF payload
+    call record  [1, run_id, segment, seq, kind, kid, sig] LF payload
+
+`save` and `record_call` run ``_lua/save.lua`` and ``_lua/record_call.lua`` (EVALSHA, loaded
+again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
+every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
+
+The three indexes are not in the run's slot, so on Redis Cluster no script may update them
+together with the run. Separate commands do: before a step 0 the run is added to them (a
+crash right after the script then cannot hide a new run), and after every save its scores
+are updated and an ended run leaves ``unfinished``. An index can therefore name a run that
+has since ended, expired, been deleted or never been saved. The listings read each named
+run's latest state in one pipelined round trip, skip such entries and remove them with
+``_lua/prune.lua``: ended runs at once, runs without keys only `_STALE_AFTER_S` after their
+index score, since a step 0 may sit between its index update and its script. Nothing ever
+uses KEYS or SCAN. (So tenants stay apart, no prefix may be another's plus ``:run...``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, TypeAlias
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
+
+from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+
+Client: TypeAlias = "Redis | RedisCluster"
+
+#: Version written first in every row header.
+_FORMAT = 1
+#: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
+_STALE_AFTER_S = 300.0
+#: The run keys, in the order the scripts take them as KEYS.
+_RUN_PARTS = ("cp", "latest", "calls", "next")
+_LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in ("save", "record_call", "prune")}
+#: Types of the row header fields.
+_CHECKPOINT_HEAD = (int, str, int, str, str, int, (int, float), str, str)
+_CALL_HEAD = (int, str, int, int, str, str, str)
+
+#: Driver errors that mean Redis did not answer.
+_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError)
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Bound:
+    """A client made for one event loop, with the scripts registered on it."""
+
+    loop: asyncio.AbstractEventLoop
+    client: Client
+    save: AsyncScript
+    record: AsyncScript
+    prune: AsyncScript
+    closer: AsyncGenerator[None, None] | None = None
+
+
+class RedisCheckpointStore:
+    """Keeps checkpoints and call logs in Redis (standalone or Cluster), shared by every client."""
+
+    in_process = False
+
+    def __init__(
+        self,
+        client_factory: Callable[[], Client],
+        *,
+        prefix: str = "agentflow",
+        ttl_s: int | None = 7 * 24 * 3600,
+    ) -> None:
+        """Make a store; no connection is opened until the first call.
+
+        Args:
+            client_factory: makes a ``redis.asyncio.Redis`` or ``RedisCluster`` (with
+                ``decode_responses=False``); called once per event loop that uses the store.
+            prefix: first part of every key; one per tenant. No ``{`` or ``}``.
+            ttl_s: seconds after a run's last write until its keys expire (not while it is
+                paused); None keeps runs forever.
+
+        Raises:
+            ValueError: `prefix` or `ttl_s` is not acceptable.
+            TypeError: `client_factory` is not callable.
+        """
+        if not callable(client_factory):
+            raise TypeError(f"client_factory must be a callable that returns a Redis client, not {client_factory!r}")
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError(
+                f"prefix must be a non-empty string without '{{' or '}}' (they would break the "
+                f"run's hash tag), e.g. 'agentflow' or 'tenant-7'; got {prefix!r}"
+            )
+        if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s <= 0):
+            raise ValueError(
+                f"ttl_s must be a positive whole number of seconds, or None to never expire; got {ttl_s!r}"
+            )
+        self._factory = client_factory
+        self._prefix = prefix
+        self._ttl = str(ttl_s or 0)
+        self._bound: dict[int, _Bound] = {}
+
+    async def __aenter__(self) -> RedisCheckpointStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
+        check_row(run_id, step, checkpoint)
+        cp = checkpoint
+        row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
+        args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
+        async with self._redis() as bound:
+            if step == 0:
+                await self._index(bound, run_id, cp, before=True)
+            reply = [_text(part) for part in await bound.save(keys=self._run_keys(run_id), args=args)]
+            if reply[0] == "corrupt":
+                raise CheckpointStoreCorrupt(
+                    f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but its latest step is {reply[2]}"
+                )
+            if reply[0] != "ok":
+                check_save(run_id, step, cp.flow, (int(reply[1]), reply[2], reply[3]) if len(reply) > 1 else None)
+                raise CheckpointConflict(f"run {run_id!r}: the store refused step {step} ({reply})")
+            try:
+                await self._index(bound, run_id, cp, before=False)
+            except redis_errors.RedisError as exc:
+                # The save itself is durable; the listings skip and repair stale entries.
+                _log.warning("run %r: step %d saved, but its index update failed: %s", run_id, step, exc)
+
+    async def latest(self, run_id: str) -> SealedCheckpoint:
+        """Return the newest checkpoint of the run."""
+        async with self._redis() as bound:
+            raw = await bound.client.lindex(self._run_keys(run_id)[0], -1)
+        if raw is None:
+            raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
+        return _decode_checkpoint(run_id, raw, "the latest checkpoint")
+
+    async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
+        """Return every checkpoint of the run, oldest first."""
+        async with self._redis() as bound:
+            rows = await bound.client.lrange(self._run_keys(run_id)[0], 0, -1)
+        found = [_decode_checkpoint(run_id, raw, f"checkpoint row {i}") for i, raw in enumerate(rows)]
+        for i, cp in enumerate(found):
+            if cp.step != i:
+                raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint row {i} holds step {cp.step}")
+        return found
+
+    async def list_unfinished(self, flow: str) -> Sequence[str]:
+        """Return the ids of the flow's running and paused runs (oldest index entry first)."""
+        index = f"{self._prefix}:unfinished:{flow}"
+        async with self._redis() as bound:
+            entries = _scored(await bound.client.zrange(index, 0, -1, withscores=True))
+            pipe = bound.client.pipeline(transaction=False)
+            for run_id, _ in entries:
+                pipe.hmget(self._run_keys(run_id)[1], ["flow", "status"])
+            states: list[list[Any]] = await pipe.execute() if entries else []
+            found, stale = [], []
+            for (run_id, score), (run_flow, status) in zip(entries, states, strict=True):
+                if run_flow is None:
+                    if score < time.time() - _STALE_AFTER_S:
+                        stale.append((run_id, score))
+                elif _text(run_flow) == flow and _text(status) in UNFINISHED:
+                    found.append(run_id)
+                else:
+                    stale.append((run_id, score))
+            await self._prune(bound, index, stale)
+        return found
+
+    async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
+        """Return the latest checkpoint of up to `limit` runs (of one flow, or all), newest first."""
+        index = f"{self._prefix}:runs" if flow is None else f"{self._prefix}:runs:{flow}"
+        found: dict[str, SealedCheckpoint] = {}
+        stale: list[tuple[str, float]] = []
+        start, page = 0, max(limit, 100)
+        async with self._redis() as bound:
+            while len(found) < limit:
+                entries = _scored(await bound.client.zrevrange(index, start, start + page - 1, withscores=True))
+                if not entries:
+                    break
+                start += len(entries)
+                pipe = bound.client.pipeline(transaction=False)
+                for run_id, _ in entries:
+                    pipe.lindex(self._run_keys(run_id)[0], -1)
+                for (run_id, score), raw in zip(entries, await pipe.execute(), strict=True):
+                    if raw is None:
+                        if score < time.time() - _STALE_AFTER_S:
+                            stale.append((run_id, score))
+                        continue
+                    cp = _decode_checkpoint(run_id, raw, "the latest checkpoint")
+                    if flow is not None and cp.flow != flow:
+                        stale.append((run_id, score))
+                    else:
+                        found[run_id] = cp
+            await self._prune(bound, index, stale)
+        return sorted(found.values(), key=lambda cp: cp.saved_at, reverse=True)[: max(limit, 0)]
+
+    async def delete(self, run_id: str) -> None:
+        """Remove every key of the run and its index entries."""
+        keys = self._run_keys(run_id)
+        async with self._redis() as bound:
+            flow = await bound.client.hget(keys[1], "flow")
+            await bound.client.delete(*keys)
+            pipe = bound.client.pipeline(transaction=False)
+            pipe.zrem(f"{self._prefix}:runs", run_id)
+            if flow is not None:
+                pipe.zrem(f"{self._prefix}:runs:{_text(flow)}", run_id)
+                pipe.zrem(f"{self._prefix}:unfinished:{_text(flow)}", run_id)
+            await pipe.execute()
+
+    async def record_call(self, run_id: str, record: SealedCall) -> None:
+        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
+        if record.run_id != run_id:
+            raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
+        r = record
+        row = _encode([r.run_id, r.segment, r.seq, r.kind, r.kid, r.sig], r.payload)
+        args: list[str | int | bytes] = [r.segment, r.seq, r.kind, row, self._ttl]
+        async with self._redis() as bound:
+            reply = [_text(part) for part in await bound.record(keys=self._run_keys(run_id), args=args)]
+        if reply[0] == "missing":
+            check_call(run_id, record, None, 0)
+        elif reply[0] != "ok":
+            check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
+            raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
+
+    async def calls(self, run_id: str) -> Sequence[SealedCall]:
+        """Return the run's call records by segment, then sequence number."""
+        async with self._redis() as bound:
+            fields = await bound.client.hgetall(self._run_keys(run_id)[2])
+        found = []
+        for field, raw in fields.items():
+            record = _decode_call(run_id, raw, f"call record {field!r}")
+            if field != f"{record.segment}:{record.seq}".encode():
+                raise CheckpointStoreCorrupt(
+                    f"run {run_id!r}: call record {field!r} holds {record.segment}.{record.seq}"
+                )
+            found.append(record)
+        return sorted(found, key=lambda r: (r.segment, r.seq))
+
+    async def aclose(self) -> None:
+        """Close this event loop's client; the store connects again when used afterwards.
+
+        Clients that other event loops made are closed when those loops shut down.
+        """
+        bound = self._bound.get(id(asyncio.get_running_loop()))
+        if bound is not None and bound.closer is not None:
+            await bound.closer.aclose()
+
+    def _run_keys(self, run_id: str) -> list[str]:
+        if not isinstance(run_id, str) or not run_id or run_id.startswith("}"):
+            raise ValueError(
+                f"run id {run_id!r} makes no Redis hash tag: use a non-empty id that does not start with '}}'"
+            )
+        return [f"{self._prefix}:run:{{{run_id}}}:{part}" for part in _RUN_PARTS]
+
+    async def _index(self, bound: _Bound, run_id: str, cp: SealedCheckpoint, *, before: bool) -> None:
+        """Add the run to the indexes before its step 0 (`before`), or bring them up to date after a save."""
+        score = {run_id: cp.saved_at}
+        unfinished = f"{self._prefix}:unfinished:{cp.flow}"
+        pipe = bound.client.pipeline(transaction=False)
+        pipe.zadd(f"{self._prefix}:runs", score, nx=before)
+        pipe.zadd(f"{self._prefix}:runs:{cp.flow}", score, nx=before)
+        if cp.status in UNFINISHED:
+            pipe.zadd(unfinished, score, nx=before)
+        elif not before:
+            pipe.zrem(unfinished, run_id)
+        await pipe.execute()
+
+    async def _prune(self, bound: _Bound, index: str, stale: list[tuple[str, float]]) -> None:
+        if stale:
+            await bound.prune(keys=[index], args=[part for run_id, score in stale for part in (run_id, repr(score))])
+
+    @contextlib.asynccontextmanager
+    async def _redis(self) -> AsyncIterator[_Bound]:
+        """Yield this loop's client; turn a connection failure into a `CheckpointError`."""
+        bound = await self._bind()
+        try:
+            yield bound
+        except (*_UNREACHABLE, redis_errors.RedisClusterException) as exc:
+            if not isinstance(exc, _UNREACHABLE) and not isinstance(exc.__cause__, _UNREACHABLE):
+                raise  # a cluster error other than "no node answers"
+            where = _address(bound.client)
+            raise CheckpointError(f"RedisCheckpointStore cannot reach Redis at {where}: {exc}") from exc
+
+    async def _bind(self) -> _Bound:
+        """Return the running loop's client, making it (and registering the scripts) on first use."""
+        loop = asyncio.get_running_loop()
+        for key, old in list(self._bound.items()):
+            if old.loop.is_closed():  # it ended without shutting its async generators down
+                self._bound.pop(key, None)
+        bound = self._bound.get(id(loop))
+        if bound is not None and bound.loop is loop:
+            return bound
+        client = self._factory()
+        if client.get_encoder().decode_responses:
+            await client.aclose()
+            raise ValueError(
+                "RedisCheckpointStore needs a client made with decode_responses=False (payloads are "
+                "bytes); the client_factory returned one with decode_responses=True"
+            )
+        save, record, prune = (client.register_script(_LUA[name]) for name in ("save", "record_call", "prune"))
+        bound = _Bound(loop, client, save, record, prune)
+        bound.closer = self._close_at_shutdown(bound)
+        self._bound[id(loop)] = bound
+        await anext(bound.closer)
+        return bound
+
+    async def _close_at_shutdown(self, bound: _Bound) -> AsyncGenerator[None, None]:
+        """Close `bound`'s client when its loop shuts down its async generators.
+
+        ``asyncio.run`` does that before closing the loop, so a store used from several
+        ``asyncio.run`` calls in a row leaves no connection open behind each of them.
+        """
+        try:
+            yield
+        finally:
+            if self._bound.get(id(bound.loop)) is bound:
+                del self._bound[id(bound.loop)]
+            await bound.client.aclose()
+
+
+def _encode(fields: list[Any], payload: bytes) -> bytes:
+    """Make a row: the header (JSON escapes every newline, so the first LF ends it), then the payload."""
+    return json.dumps([_FORMAT, *fields], separators=(",", ":")).encode() + b"\n" + payload
+
+
+def _split(run_id: str, raw: object, what: str, shape: tuple[Any, ...]) -> tuple[list[Any], bytes]:
+    """Split a row into its checked header fields and its payload.
+
+    Raises:
+        CheckpointStoreCorrupt: the row is not one this store wrote.
+    """
+    try:
+        if not isinstance(raw, bytes):
+            raise TypeError(f"it is a {type(raw).__name__}, not bytes")
+        head, newline, payload = raw.partition(b"\n")
+        fields = json.loads(head) if newline else None
+        if not isinstance(fields, list) or len(fields) != len(shape) or fields[0] != _FORMAT:
+            raise ValueError(f"its header {head[:120]!r} is not a version {_FORMAT} row header")
+        for value, kind in zip(fields, shape, strict=True):
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ValueError(f"its header {head[:120]!r} has a field of the wrong type")
+    except (TypeError, ValueError) as exc:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: {what} cannot be read: {exc}") from exc
+    if fields[1] != run_id:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: {what} belongs to run {fields[1]!r}")
+    return fields, payload
+
+
+def _decode_checkpoint(run_id: str, raw: object, what: str) -> SealedCheckpoint:
+    f, payload = _split(run_id, raw, what, _CHECKPOINT_HEAD)
+    return SealedCheckpoint(f[1], f[2], f[3], f[4], f[5], float(f[6]), payload, f[7], f[8])
+
+
+def _decode_call(run_id: str, raw: object, what: str) -> SealedCall:
+    f, payload = _split(run_id, raw, what, _CALL_HEAD)
+    return SealedCall(f[1], f[2], f[3], f[4], payload, f[5], f[6])
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _scored(entries: Any) -> list[tuple[str, float]]:
+    """Decode a sorted-set range read with scores."""
+    return [(_text(member), float(score)) for member, score in entries]
+
+
+def _address(client: Client) -> str:
+    """Say where `client` connects, for error messages."""
+    kwargs = client.get_connection_kwargs()
+    if kwargs.get("path"):
+        return f"unix:{kwargs['path']}"
+    if kwargs.get("host"):
+        return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+    nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None)
+    return ", ".join(map(str, nodes or ())) or "an unknown address"
