@@ -9,6 +9,7 @@ AgentflowError
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── IdentityMismatch               (also a PermissionError)
 ├── FlowError
+├── ModelError
 └── ToolError
     ├── UnknownTool
     ├── ToolArgumentsInvalid
@@ -72,6 +73,10 @@ class IdentityMismatch(AgentflowError, PermissionError):
 
 class FlowError(AgentflowError):
     """Raised when a flow is built wrongly, its graph changed since a checkpoint, or it cannot go on."""
+
+
+class ModelError(AgentflowError):
+    """Raised when a model's reply cannot be used, or the model cannot be reached."""
 
 
 class ToolError(AgentflowError):

@@ -1,6 +1,7 @@
 """Tools, the executor, the call log and the tool loop."""
 
 from agentflow.exec._context import CallInfo, current_call, idempotency_key
+from agentflow.exec._durable_loop import LoopResult, recover_tool_loop, run_tool_loop
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
 
@@ -10,9 +11,12 @@ __all__ = [
     "Approver",
     "CallInfo",
     "Executor",
+    "LoopResult",
     "Registry",
     "RetryPolicy",
     "Tool",
     "current_call",
     "idempotency_key",
+    "recover_tool_loop",
+    "run_tool_loop",
 ]

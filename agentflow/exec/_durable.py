@@ -165,6 +165,8 @@ def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallSt
         body = rec.body
         if body.get("superstep") != superstep:
             continue
+        if body.get("model"):
+            continue  # a tool loop's model-call marker: counted by the loop, never in doubt
         cid = str(body["call_id"])
         state = states.get(cid)
         if rec.kind in ("started", "pending"):
