@@ -5,6 +5,7 @@ AgentflowError
 ├── CheckpointError
 │   ├── CheckpointNotFound
 │   ├── CheckpointConflict
+│   │   └── Stale
 │   └── CheckpointStoreCorrupt
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── IdentityMismatch               (also a PermissionError)
@@ -40,6 +41,10 @@ class CheckpointNotFound(CheckpointError):
 
 class CheckpointConflict(CheckpointError):
     """Raised when another worker holds the run, the run ended, or it is another flow's."""
+
+
+class Stale(CheckpointConflict):
+    """Raised when a worker is asked to advance a run from a step it has already left."""
 
 
 class CheckpointStoreCorrupt(CheckpointError):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointConflict
+from agentflow._errors import CheckpointConflict, Stale
 from agentflow._identity import RunContext, restore_identity
 from agentflow.exec._durable import CallState, Decision, analyze, calls_in_doubt, read_log
 from agentflow.flow._durable import Cursor
@@ -112,6 +112,7 @@ async def resume(
     approve: bool | Mapping[str, bool],
     ctx: RunContext | None,
     note: str | None,
+    limit: int | None = None,
 ) -> RunResult[S]:
     """See `FlowRunner.resume`."""
     cur, body, status = await _load(runner, flow, run_id, ctx)
@@ -123,5 +124,27 @@ async def resume(
     assert cur.step is not None
     # The decision is stored with the claim; it is spent only after this save succeeded.
     await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
-    result: RunResult[S] = await runner.drive(cur, seeds)
+    result: RunResult[S] = await runner.drive(cur, seeds, limit=limit)
+    return result
+
+
+async def advance(
+    runner: FlowRunner,
+    flow: Flow[S],
+    run_id: str,
+    *,
+    expected_step: int | None,
+    rerun_in_doubt: bool,
+    handoff: bool,
+) -> RunResult[S]:
+    """See `FlowRunner.advance`."""
+    cur, body, status = await _load(runner, flow, run_id, None)
+    if expected_step is not None and cur.step != expected_step:
+        raise Stale(f"run {run_id!r} is at step {cur.step}, not {expected_step}: this message is late or a duplicate")
+    if status != RunStatus.RUNNING:
+        raise CheckpointConflict(f"run {run_id!r} is {status}; only a running run can be advanced")
+    seeds = await _seeds(runner, cur, body, rerun_in_doubt)
+    assert cur.step is not None
+    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
+    result: RunResult[S] = await runner.drive(cur, seeds, limit=1, recovering=not handoff)
     return result

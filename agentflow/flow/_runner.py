@@ -85,8 +85,17 @@ class FlowRunner:
         *,
         run_id: str | None = None,
         ctx: RunContext | None = None,
+        max_supersteps: int | None = None,
     ) -> RunResult[S]:
         """Start a run and drive it until it ends or pauses.
+
+        Args:
+            flow: the flow to run.
+            state: its initial state (a model instance or a dict).
+            run_id: the run's id; unguessable by default.
+            ctx: who the run acts for.
+            max_supersteps: stop after this many supersteps, leaving the run ``running``
+                for another worker (0: only save step 0).
 
         Raises:
             FlowError: the flow is invalid, the state does not fit, or the run cannot go on.
@@ -109,17 +118,30 @@ class FlowRunner:
         )
         self.events.emit("run.started", rid, flow=flow.name)
         await self._ckpt.save(cur, RunStatus.RUNNING, segment=0)
-        return await self.drive(cur)
+        return await self.drive(cur, limit=max_supersteps)
 
-    async def drive(self, cur: Cursor, seeds: Mapping[str, CallState] | None = None) -> RunResult[Any]:
-        """Run supersteps from the cursor until the run ends or pauses.
+    async def drive(
+        self,
+        cur: Cursor,
+        seeds: Mapping[str, CallState] | None = None,
+        *,
+        limit: int | None = None,
+        recovering: bool | None = None,
+    ) -> RunResult[Any]:
+        """Run supersteps from the cursor until the run ends, pauses, or `limit` supersteps ran.
 
         Args:
             cur: the run, claimed by this worker.
             seeds: the call states of the superstep being recovered (replay and reruns).
+            limit: stop after this many supersteps (the result is then ``running``).
+            recovering: report the first superstep as a recovery (default: seeds were given).
         """
-        recovering = seeds is not None
+        recovering = seeds is not None if recovering is None else recovering or bool(seeds)
+        ran = 0
         while True:
+            if limit is not None and ran >= limit:
+                return self._result(cur, RunStatus.RUNNING, None)
+            ran += 1
             log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds or {}, cur.decisions)
             try:
                 out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events)
@@ -170,6 +192,48 @@ class FlowRunner:
             rerun=list(log.rerun) if log else [],
         )
 
+    async def start(
+        self, flow: Flow[S], state: S | Mapping[str, Any], *, run_id: str | None = None, ctx: RunContext | None = None
+    ) -> RunResult[S]:
+        """Save a new run's step 0 without running it (a worker then advances it).
+
+        Raises:
+            ValueError: the runner has no store.
+            CheckpointConflict: the run id is taken.
+        """
+        if self.checkpoints is None:
+            raise ValueError("start needs a FlowRunner with a checkpoint store")
+        return await self.run(flow, state, run_id=run_id, ctx=ctx, max_supersteps=0)
+
+    async def advance(
+        self,
+        flow: Flow[S],
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        rerun_in_doubt: bool = False,
+        handoff: bool = False,
+    ) -> RunResult[S]:
+        """Claim a run and run exactly one superstep of it (what a distributed worker does).
+
+        Args:
+            flow: the run's flow.
+            run_id: the run.
+            expected_step: the step the caller saw; if the latest differs, nothing happens
+                and `Stale` is raised (a duplicate or late message).
+            rerun_in_doubt: rerun calls in doubt even if their tools are not idempotent.
+            handoff: the previous superstep ended cleanly and handed the run over; the
+                superstep is then not reported as a recovery unless it finds calls to replay.
+
+        Raises:
+            Stale: the latest step is not `expected_step`.
+            CheckpointConflict: the run ended, is paused, or another worker claimed it first.
+            (and the errors of `recover`)
+        """
+        return await _recover.advance(
+            self, flow, run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff
+        )
+
     async def recover(
         self, flow: Flow[S], run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None
     ) -> RunResult[S]:
@@ -202,6 +266,7 @@ class FlowRunner:
         approve: bool | Mapping[str, bool] = True,
         ctx: RunContext | None = None,
         note: str | None = None,
+        max_supersteps: int | None = None,
     ) -> RunResult[S]:
         """Decide a paused run's pending approvals and carry the run on.
 
@@ -211,12 +276,14 @@ class FlowRunner:
             approve: one decision for every pending call, or one per call id.
             ctx: who resumes (checked against the run's identity).
             note: a note stored with the decision.
+            max_supersteps: stop after this many supersteps (0: only store the decision,
+                and let a worker spend it).
 
         Raises:
             CheckpointConflict: the run is not paused, or another resume won.
             IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
         """
-        return await _recover.resume(self, flow, run_id, approve=approve, ctx=ctx, note=note)
+        return await _recover.resume(self, flow, run_id, approve=approve, ctx=ctx, note=note, limit=max_supersteps)
 
 
 def _coerce_state(flow: Flow[S], state: S | Mapping[str, Any]) -> S:

@@ -236,9 +236,8 @@ class RedisCheckpointStore:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
         if record.run_id != run_id:
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
-        r = record
-        row = _encode([r.run_id, r.segment, r.seq, r.kind, r.kid, r.sig], r.payload)
-        args: list[str | int | bytes] = [r.segment, r.seq, r.kind, row, self._ttl]
+        row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
+        args: list[str | int | bytes] = [record.segment, record.seq, record.kind, row, self._ttl]
         async with self._redis() as bound:
             reply = [_text(part) for part in await bound.record(keys=self._run_keys(run_id), args=args)]
         if reply[0] == "missing":

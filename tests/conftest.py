@@ -1,0 +1,64 @@
+"""Servers the tests use, read from the environment: skipped locally when absent, a failure under CI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+REDIS_URL = os.environ.get("AGENTFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get("AGENTFLOW_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+
+
+def _unavailable(what: str, exc: BaseException) -> None:
+    reason = f"{what} is not reachable ({type(exc).__name__}: {exc})"
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must start it", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        _unavailable(f"Redis at {REDIS_URL}", exc)
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    import asyncpg
+
+    async def ping() -> None:
+        conn = await asyncpg.connect(asyncpg_dsn(POSTGRES_URL), timeout=3)
+        await conn.close()
+
+    try:
+        # On a thread of its own: a fixture may ask for this one while an event loop runs.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(lambda: asyncio.run(ping())).result()
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+        _unavailable(f"PostgreSQL at {POSTGRES_URL}", exc)
+    return POSTGRES_URL
+
+
+def asyncpg_dsn(url: str) -> str:
+    """The SQLAlchemy URL without its driver name, as asyncpg takes it."""
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+@pytest.fixture
+def unique_prefix() -> Callable[[], str]:
+    """Make names no other test uses (Redis key prefixes, SQL table prefixes): ``t`` and 16 hex digits."""
+    # 16 hex digits: unique enough, and short enough that prefixed Postgres index names stay under 63 bytes.
+    return lambda: f"t{uuid.uuid4().hex[:16]}"
