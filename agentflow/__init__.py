@@ -1,7 +1,23 @@
 """agentflow: durable execution for agent work (tool-call graphs and LLM tool loops)."""
 
 from agentflow._app import FlowApp
-from agentflow._errors import AgentflowError
+from agentflow._errors import (
+    AgentflowError,
+    ApprovalDenied,
+    CheckpointConflict,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointStoreCorrupt,
+    FlowError,
+    IdentityMismatch,
+    ModelError,
+    RecoveryNeedsDecision,
+    Stale,
+    ToolArgumentsInvalid,
+    ToolError,
+    ToolTimeout,
+    UnknownTool,
+)
 from agentflow._events import Event, Events
 from agentflow._identity import RunContext
 from agentflow.exec import Executor, Registry
@@ -9,15 +25,29 @@ from agentflow.flow import Call, Flow, FlowRunner, RunResult, RunStatus
 
 __all__ = [
     "AgentflowError",
+    "ApprovalDenied",
     "Call",
+    "CheckpointConflict",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointStoreCorrupt",
     "Event",
     "Events",
     "Executor",
     "Flow",
     "FlowApp",
+    "FlowError",
     "FlowRunner",
+    "IdentityMismatch",
+    "ModelError",
+    "RecoveryNeedsDecision",
     "Registry",
     "RunContext",
     "RunResult",
     "RunStatus",
+    "Stale",
+    "ToolArgumentsInvalid",
+    "ToolError",
+    "ToolTimeout",
+    "UnknownTool",
 ]

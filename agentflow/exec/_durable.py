@@ -262,7 +262,7 @@ class CallLog:
             raise ApprovalDenied(f"call of {tool.name!r} was denied by the approval port")
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
         try:
-            result = await self.executor.run(tool, kwargs, call=info, validated=True)
+            result = await self.executor.run(tool, kwargs, call=info, validated=True, approved=True)
         except Exception as exc:
             await self._write("failed", request, error=f"{type(exc).__name__}: {exc}")
             raise

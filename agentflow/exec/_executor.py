@@ -87,17 +87,22 @@ class Executor:
         *,
         call: CallInfo | None = None,
         validated: bool = False,
+        approved: bool = False,
     ) -> Any:
-        """Run one call: validate, then attempt it with its timeout and retry policy.
+        """Run one call: validate, ask the approval port if needed, then attempt it.
 
         Args:
             tool: the tool or its name.
             args: keyword arguments.
             call: the call's identity (for `idempotency_key()` and events).
             validated: `args` already went through `Tool.validate`.
+            approved: the call's approval was already settled (the call log asks the
+                port itself, after logging ``started``).
 
         Raises:
             UnknownTool, ToolArgumentsInvalid: before anything runs.
+            ApprovalDenied: the call needs approval and the port denied it, or there is no
+                port (outside a flow nothing can pause for a person).
             ToolTimeout: the last attempt timed out.
             Exception: whatever the tool raised on its last attempt.
         """
@@ -105,6 +110,12 @@ class Executor:
         kwargs = dict(args) if validated else spec.validate(args)
         run_id = call.run_id if call else None
         call_id = call.call_id if call else None
+        if not approved and spec.needs_approval(kwargs, None):
+            request = ApprovalRequest(call_id or spec.name, spec.name, spec.encode_args(kwargs), "")
+            if self.approver is None:
+                raise ApprovalDenied(f"tool {spec.name!r} needs approval and this executor has no approval port")
+            if not await self.ask_approver(request):
+                raise ApprovalDenied(f"call of {spec.name!r} was denied by the approval port")
         attempt = 1
         while True:
             info = CallInfo(run_id or "", call_id or spec.name, spec.name, attempt)

@@ -241,5 +241,6 @@ class Flow(Generic[S]):
                 "edges": edges,
                 "ends": sorted(self.ends),
                 "state": self.state.model_json_schema(),
+                "reducers": {name: _label(fn) for name, fn in sorted(self.reducers.items())},
             }
         )

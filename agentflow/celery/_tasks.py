@@ -1,0 +1,160 @@
+"""`register_tasks`: adds agentflow's tasks to a user's Celery app (no global app, no shared_task).
+
+Tasks (messages carry ids only: flow name, run id, step; never state or secrets):
+- ``agentflow.start_run`` / ``agentflow.superstep`` ``(flow, run_id, step, cause)``: one
+  superstep; enqueues the next one when the run goes on.
+- ``agentflow.resume`` ``(flow, run_id, approve, note)``: store the decision on a paused
+  run (compare-and-set), then enqueue the superstep that spends it.
+- ``agentflow.recover_all`` ``()``: enqueue a superstep for every stranded run.
+
+Reliability settings are set on the tasks themselves (late acks, requeue when a pool
+process dies, time limits, JSON), because the user's app defaults may differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, Task
+from celery.signals import worker_process_shutdown, worker_ready
+
+from agentflow._app import FlowApp
+from agentflow.celery._bridge import LoopBridge
+from agentflow.celery._lease import Leases
+from agentflow.celery._worker import Worker, WorkerSettings
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+
+log = logging.getLogger("agentflow.celery")
+
+#: Causes a superstep message can carry. ``next`` is the normal handoff between supersteps.
+CAUSES = ("start", "next", "recover", "rerun", "resume")
+
+
+@dataclass
+class AgentflowTasks:
+    """Handles of the registered tasks, and the worker state behind them."""
+
+    start_run: Task
+    superstep: Task
+    resume: Task
+    recover_all: Task
+    worker: Worker
+    bridge: LoopBridge
+
+    def send_superstep(self, flow: str, run_id: str, step: int, cause: str) -> str:
+        """Enqueue one superstep; returns the task id."""
+        task_id = f"af-{run_id}-{step}" if cause == "next" else f"af-{run_id}-{step}-{cause}-{uuid.uuid4().hex[:6]}"
+        task = self.start_run if cause == "start" else self.superstep
+        task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue)
+        return task_id
+
+
+def _task_options(settings: WorkerSettings) -> dict[str, Any]:
+    return {
+        "bind": True,
+        "acks_late": True,
+        "acks_on_failure": True,
+        "acks_on_timeout": True,
+        "reject_on_worker_lost": True,
+        "retry_on_worker_lost": True,
+        "time_limit": settings.time_limit_s,
+        "soft_time_limit": settings.soft_time_limit_s,
+        "max_retries": settings.max_retries,
+        "default_retry_delay": 2,
+        "serializer": "json",
+        "queue": settings.queue,
+    }
+
+
+def register_tasks(
+    app: Celery,
+    flow_app: FlowApp,
+    *,
+    store_factory: Callable[[], CheckpointStore],
+    checkpoint_key: bytes | Sequence[bytes],
+    redis_factory: Callable[[], Any],
+    prefix: str = "agentflow",
+    settings: WorkerSettings | None = None,
+) -> AgentflowTasks:
+    """Register agentflow's tasks on `app`.
+
+    Args:
+        app: the user's Celery app.
+        flow_app: the flows and tools the workers run.
+        store_factory: makes the checkpoint store (called once per worker process).
+        checkpoint_key: the signing key(s), the same on every worker.
+        redis_factory: makes a ``redis.asyncio.Redis`` for leases and locks.
+        prefix: Redis key prefix of leases and locks (one per deployment or tenant).
+        settings: leases, time limits, queue, beat period.
+
+    Returns:
+        The task handles (`send_superstep` enqueues a superstep).
+    """
+    settings = settings or WorkerSettings()
+    bridge = LoopBridge()
+    leases = Leases(redis_factory, prefix=prefix, lease_s=settings.lease_s)
+    worker = Worker(flow_app, store_factory, checkpoint_key, leases, settings)
+    options = _task_options(settings)
+    handles: dict[str, Task] = {}
+
+    def superstep(task: Task, flow: str, run_id: str, step: int, cause: str = "next") -> dict[str, Any]:
+        redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
+        handoff = cause in ("next", "start", "resume") and not redelivered
+        outcome = bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, rerun=cause == "rerun"))
+        if outcome.done == "ran" and (outcome.recovered or not handoff):
+            # Flower shows the task as RECOVERED while it runs on; the result lists the calls.
+            task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
+        if outcome.next_step is not None:
+            tasks.send_superstep(flow, run_id, outcome.next_step, "next")
+        return outcome.as_dict()
+
+    def resume(task: Task, flow: str, run_id: str, approve: bool, note: str | None = None) -> dict[str, Any]:
+        result = bridge.run(
+            worker.runner.resume(flow_app.flow(flow), run_id, approve=approve, note=note, max_supersteps=0)
+        )
+        assert result.step is not None
+        tasks.send_superstep(flow, run_id, result.step, "resume")
+        return {"run_id": run_id, "decided": "approved" if approve else "denied", "step": result.step}
+
+    def recover_all(task: Task) -> dict[str, Any]:
+        found = bridge.run(worker.stranded())
+        if found is None:
+            return {"skipped": "another recover_all holds the lock"}
+        for flow, run_id, step in found:
+            tasks.send_superstep(flow, run_id, step, "recover")
+        return {"enqueued": [run_id for _, run_id, _ in found]}
+
+    handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)
+    handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
+    handles["resume"] = app.task(name="agentflow.resume", **options)(resume)
+    handles["recover_all"] = app.task(name="agentflow.recover_all", **{**options, "acks_late": False})(recover_all)
+    tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
+    _connect_signals(app, tasks, settings)
+    return tasks
+
+
+def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSettings) -> None:
+    expires = max(5.0, (settings.recover_interval_s or 60.0) - 5)
+
+    def recover_on_start(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            tasks.recover_all.apply_async(queue=settings.queue, expires=expires)
+
+    def close_loop(**_: Any) -> None:
+        tasks.bridge.close()
+
+    worker_ready.connect(recover_on_start, weak=False)
+    worker_process_shutdown.connect(close_loop, weak=False)
+
+    if settings.recover_interval_s:
+        schedule = dict(app.conf.beat_schedule or {})
+        schedule["agentflow-recover-all"] = {
+            "task": "agentflow.recover_all",
+            "schedule": settings.recover_interval_s,
+            "options": {"expires": expires, "queue": settings.queue},
+        }
+        app.conf.beat_schedule = schedule

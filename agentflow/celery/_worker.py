@@ -1,0 +1,152 @@
+"""What a worker does for each task, as plain async code (the Celery wiring is in `_tasks`).
+
+- `superstep`: take the run's lease (a live holder means: do nothing), claim the next step
+  with a new segment, run or replay one superstep, save, release the lease. The caller
+  enqueues the next superstep after that. A duplicate or late message finds the run at
+  another step (`Stale`) or leased, and does nothing.
+- `recover_all`: under a lock, find every unfinished run that nobody holds, that is not
+  paused or waiting for a decision, and whose last save is older than `stale_after_s`;
+  return them so the caller enqueues a superstep for each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentflow._app import FlowApp
+from agentflow._errors import CheckpointConflict, RecoveryNeedsDecision, Stale
+from agentflow.celery._lease import Leases
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.flow._runner import FlowRunner
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How distributed runs are paced and guarded."""
+
+    lease_s: float = 30.0
+    """A run's lease lapses this long after its worker stopped renewing it."""
+    stale_after_s: float = 10.0
+    """recover_all leaves runs saved more recently than this alone (a handoff in flight)."""
+    recover_lock_s: float = 60.0
+    """How long one recover_all may hold the lock."""
+    recover_interval_s: float | None = 60.0
+    """Beat period of recover_all (None: no beat entry)."""
+    time_limit_s: int = 900
+    """Hard time limit of one superstep task."""
+    soft_time_limit_s: int = 840
+    """Soft time limit of one superstep task."""
+    queue: str = "agentflow"
+    """Queue of the superstep tasks."""
+    max_retries: int = 3
+    """Retries of a task whose pool process died."""
+
+    def __post_init__(self) -> None:
+        if self.soft_time_limit_s >= self.time_limit_s:
+            raise ValueError("soft_time_limit_s must be below time_limit_s")
+        if self.lease_s >= self.time_limit_s:
+            raise ValueError("lease_s must be below time_limit_s (the lease is renewed while a superstep runs)")
+
+
+@dataclass
+class Outcome:
+    """What a superstep task did (returned as the task's result, so Flower shows it)."""
+
+    run_id: str
+    flow: str
+    done: str
+    """``ran``, ``skipped``, ``decision`` (calls in doubt) or ``conflict``."""
+    status: str | None = None
+    step: int | None = None
+    replayed: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)
+    why: str | None = None
+
+    @property
+    def next_step(self) -> int | None:
+        """The step the next superstep starts from, if the run goes on."""
+        return self.step if self.done == "ran" and self.status == "running" else None
+
+    @property
+    def recovered(self) -> bool:
+        """Whether this superstep replayed or reran calls of a cut-off one."""
+        return bool(self.replayed or self.rerun)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (the task's result)."""
+        return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
+
+
+class Worker:
+    """The state one worker process keeps: its runner, store and leases."""
+
+    def __init__(
+        self,
+        flow_app: FlowApp,
+        store_factory: Callable[[], CheckpointStore],
+        checkpoint_key: bytes | Sequence[bytes],
+        leases: Leases,
+        settings: WorkerSettings,
+    ) -> None:
+        self.flow_app = flow_app
+        self.leases = leases
+        self.settings = settings
+        self._store_factory = store_factory
+        self._key = checkpoint_key
+        self._runner: FlowRunner | None = None
+
+    @property
+    def runner(self) -> FlowRunner:
+        """This process's runner (made on first use, in the process that uses it)."""
+        if self._runner is None:
+            self._runner = self.flow_app.runner(self._store_factory(), self._key)
+        return self._runner
+
+    @property
+    def store(self) -> CheckpointStore:
+        """This process's store."""
+        store = self.runner.checkpoints
+        assert store is not None
+        return store
+
+    async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, rerun: bool) -> Outcome:
+        """Run one superstep of the run under its lease (see the module docstring)."""
+        flow = self.flow_app.flow(flow_name)
+        async with self.leases.hold(run_id) as held:
+            if not held:
+                return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
+            try:
+                result = await self.runner.advance(
+                    flow, run_id, expected_step=step, rerun_in_doubt=rerun, handoff=handoff
+                )
+            except Stale as exc:
+                return Outcome(run_id, flow_name, "skipped", why=str(exc))
+            except RecoveryNeedsDecision as exc:
+                await self.leases.mark_decision(run_id, exc.calls)
+                return Outcome(run_id, flow_name, "decision", why=str(exc))
+            except CheckpointConflict as exc:
+                return Outcome(run_id, flow_name, "conflict", why=str(exc))
+        return Outcome(
+            run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
+        )
+
+    async def stranded(self) -> list[tuple[str, str, int]] | None:
+        """Unfinished runs nobody works on, as ``(flow, run_id, step)``; None if another recover_all runs."""
+        async with self.leases.lock("recover_all", self.settings.recover_lock_s) as got:
+            if not got:
+                return None
+            found: list[tuple[str, str, int]] = []
+            now = time.time()
+            for name in self.flow_app.flows:
+                run_ids = list(await self.store.list_unfinished(name))
+                busy = await self.leases.leased(run_ids)
+                for run_id in run_ids:
+                    if run_id in busy:
+                        continue
+                    row = await self.store.latest(run_id)
+                    if row.status == "running" and now - row.saved_at >= self.settings.stale_after_s:
+                        found.append((name, run_id, row.step))
+            return found

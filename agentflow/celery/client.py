@@ -1,0 +1,141 @@
+"""`FlowClient`: what a web app or script uses to start, watch and resume distributed runs.
+
+It writes step 0 itself (so the message carries only ids), enqueues the first superstep,
+and reads status and results from the checkpoint store, never from Celery results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentflow._errors import CheckpointConflict
+from agentflow._identity import RunContext
+from agentflow.celery._tasks import AgentflowTasks
+from agentflow.exec._executor import ApprovalRequest
+from agentflow.flow._runner import FlowRunner
+
+
+@dataclass
+class RunView:
+    """A run as its latest checkpoint shows it."""
+
+    run_id: str
+    flow: str
+    status: str
+    """``running``, ``paused``, ``done`` or ``failed``."""
+    step: int
+    state: BaseModel
+    pending: list[ApprovalRequest] = field(default_factory=list)
+    error: str | None = None
+    waiting_for_decision: str | None = None
+    """Why the run waits for an operator (calls in doubt), or None."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether the run stopped moving on its own (ended, paused, or waiting for a decision)."""
+        return self.status in ("done", "failed", "paused") or self.waiting_for_decision is not None
+
+
+class FlowClient:
+    """Starts and follows runs that Celery workers carry out."""
+
+    def __init__(self, tasks: AgentflowTasks, runner: FlowRunner) -> None:
+        """Build a client.
+
+        Args:
+            tasks: the handles `register_tasks` returned (on the client's copy of the app).
+            runner: a runner over the same store and key as the workers (it only saves
+                step 0 and decisions; it never runs a superstep).
+        """
+        if runner.checkpoints is None:
+            raise ValueError("FlowClient needs a runner with the workers' checkpoint store")
+        self.tasks = tasks
+        self.runner = runner
+        self.flow_app = tasks.worker.flow_app
+
+    async def start(
+        self,
+        flow_name: str,
+        state: BaseModel | Mapping[str, Any],
+        *,
+        run_id: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> str:
+        """Save the run's step 0 and enqueue its first superstep; return the run id.
+
+        Raises:
+            FlowError: unknown flow, or a state that does not fit.
+            ValueError: `ctx` carries a principal (credentials never travel to workers).
+            CheckpointConflict: the run id is taken.
+        """
+        if ctx is not None and ctx.principal is not None:
+            raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
+        flow = self.flow_app.flow(flow_name)
+        result = await self.runner.start(flow, state, run_id=run_id, ctx=ctx)
+        await asyncio.to_thread(self.tasks.send_superstep, flow_name, result.run_id, 0, "start")
+        return result.run_id
+
+    async def status(self, run_id: str) -> RunView:
+        """Read the run from the store (signature and flow checked).
+
+        Raises:
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a row fails its check.
+        """
+        assert self.runner.checkpoints is not None
+        row = await self.runner.checkpoints.latest(run_id)
+        flow = self.flow_app.flow(row.flow)
+        row, body = await self.runner._ckpt.load(flow, run_id)
+        cur = self.runner._ckpt.cursor(flow, row, body, None)
+        waiting = await self.tasks.worker.leases.decision(run_id) if row.status == "running" else None
+        return RunView(run_id, row.flow, row.status, row.step, cur.state, cur.pending, cur.error, waiting)
+
+    async def wait(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
+        """Poll the store until the run is settled (ended, paused, or waiting for a decision).
+
+        Raises:
+            TimeoutError: it did not settle in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = await self.status(run_id)
+            if view.settled:
+                return view
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id!r} is still {view.status} at step {view.step} after {timeout_s}s")
+            await asyncio.sleep(poll_s)
+
+    async def resume(
+        self, run_id: str, *, approve: bool | Mapping[str, bool], note: str | None = None, ctx: RunContext | None = None
+    ) -> int:
+        """Store the decision on a paused run (one of racing resumes wins), then enqueue its superstep.
+
+        Raises:
+            CheckpointConflict: the run is not paused, or another resume won.
+        """
+        view = await self.status(run_id)
+        flow = self.flow_app.flow(view.flow)
+        result = await self.runner.resume(flow, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0)
+        assert result.step is not None
+        await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, result.step, "resume")
+        return result.step
+
+    async def decide_in_doubt(self, run_id: str, *, rerun: bool = True) -> None:
+        """After checking the calls in doubt at their systems, let the run go on (rerunning them).
+
+        Raises:
+            CheckpointConflict: the run is not waiting for a decision.
+        """
+        view = await self.status(run_id)
+        if view.waiting_for_decision is None:
+            raise CheckpointConflict(f"run {run_id!r} is not waiting for a decision")
+        if not rerun:
+            raise ValueError("to skip a call in doubt, repair the state by hand; agentflow only reruns it")
+        await self.tasks.worker.leases.clear_decision(run_id)
+        await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, view.step, "rerun")

@@ -1,0 +1,5 @@
+"""Deployment settings, read from the environment (see settings.py)."""
+
+from config.settings import Settings, load_settings
+
+__all__ = ["Settings", "load_settings"]

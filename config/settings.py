@@ -1,0 +1,114 @@
+"""Settings of the runnable workers, from ``AGENTFLOW_*`` environment variables (or ``.env``).
+
+The checkpoint key has no default: outside ``AGENTFLOW_MODE=demo`` or ``test`` a missing or
+short key stops the worker at start with a message saying how to make one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agentflow._keys import parse_keys
+
+#: Used only when AGENTFLOW_MODE is demo or test: it is public, so it protects nothing.
+DEMO_KEY = "agentflow-demo-key-not-for-production!"
+
+
+class Settings(BaseSettings):
+    """Everything a worker, beat or Flower process needs to know."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTFLOW_", env_file=".env", extra="ignore")
+
+    mode: Literal["production", "demo", "test"] = "production"
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    """Broker, leases and the checkpoint store (may hold a password: never logged)."""
+    checkpoint_keys: SecretStr | None = None
+    """One key or a comma-separated list, newest first: ``hex:...``, ``base64:...`` or text."""
+    key_prefix: str = "agentflow"
+    """Prefix of every Redis key (checkpoints, leases, broker): one per tenant."""
+    queue: str = "agentflow"
+    lease_s: float = 30.0
+    ttl_s: int = 7 * 24 * 3600
+    visibility_timeout_s: int = 3600
+    time_limit_s: int = 900
+    soft_time_limit_s: int = 840
+    recover_interval_s: float = 60.0
+    stale_after_s: float = 10.0
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.visibility_timeout_s < 2 * self.time_limit_s:
+            raise ValueError(
+                "AGENTFLOW_VISIBILITY_TIMEOUT_S must be at least twice AGENTFLOW_TIME_LIMIT_S, "
+                "or Redis redelivers supersteps that are still running"
+            )
+        self.keys()
+        return self
+
+    def keys(self) -> list[bytes]:
+        """The checkpoint keys (the demo key only in demo or test mode).
+
+        Raises:
+            ValueError: no key, or a bad or short one.
+        """
+        if self.checkpoint_keys is None:
+            if self.mode in ("demo", "test"):
+                return [DEMO_KEY.encode()]
+            raise ValueError(
+                "AGENTFLOW_CHECKPOINT_KEYS is not set: give every worker the same secret of 32+ bytes, e.g. "
+                "hex:$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            )
+        return parse_keys(self.checkpoint_keys.get_secret_value(), source="AGENTFLOW_CHECKPOINT_KEYS")
+
+    def celery(self) -> dict[str, Any]:
+        """The Celery configuration (JSON only, late acks, prefixes, events for Flower)."""
+        url = self.redis_url.get_secret_value()
+        transport = {
+            "visibility_timeout": self.visibility_timeout_s,
+            "global_keyprefix": f"{self.key_prefix}:celery:",
+            "socket_timeout": 30,
+            "socket_connect_timeout": 5,
+            "socket_keepalive": True,
+            "health_check_interval": 25,
+            "unacked_restore_interval": 10,
+            "unacked_restore_throttle": 1,
+        }
+        return {
+            "broker_url": url,
+            "result_backend": url,
+            "task_serializer": "json",
+            "result_serializer": "json",
+            "event_serializer": "json",
+            "accept_content": ["json"],
+            "result_accept_content": ["json"],
+            "task_acks_late": True,
+            "task_acks_on_failure": True,
+            "task_acks_on_timeout": True,
+            "task_reject_on_worker_lost": True,
+            "worker_prefetch_multiplier": 1,
+            "worker_cancel_long_running_tasks_on_connection_loss": True,
+            "broker_connection_retry_on_startup": True,
+            "broker_transport_options": transport,
+            "result_backend_transport_options": {"global_keyprefix": f"{self.key_prefix}:celery:"},
+            "result_expires": 86400,
+            "worker_send_task_events": True,
+            "task_send_sent_event": True,
+            "task_default_queue": self.queue,
+            "timezone": "UTC",
+        }
+
+
+def load_settings() -> Settings:
+    """Read the settings, turning a validation failure into one clear message.
+
+    Raises:
+        SystemExit: the settings are invalid (the message says what to fix).
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())
+        raise SystemExit(f"agentflow settings: {problems}") from None

@@ -1,0 +1,277 @@
+"""The public API that DESIGN.md promises: its import list, the error tree, and what each package exports."""
+
+import importlib
+import inspect
+import json
+
+import pytest
+
+import agentflow
+import agentflow.exec
+import agentflow.exec.checkpoints
+import agentflow.flow
+from agentflow import _errors
+from agentflow._errors import AgentflowError
+
+DESIGN_TOP_LEVEL = ["Flow", "Call", "Registry", "Executor", "FlowRunner", "RunContext"]
+DESIGN_CHECKPOINTS = [
+    "CheckpointStore",
+    "MemoryCheckpointStore",
+    "SQLiteCheckpointStore",
+    "RedisCheckpointStore",
+    "SQLAlchemyCheckpointStore",
+    "CheckpointNotFound",
+    "CheckpointConflict",
+    "CheckpointStoreCorrupt",
+    "RecoveryNeedsDecision",
+    "idempotency_key",
+]
+
+
+def test_design_top_level_imports():
+    from agentflow import Call, Executor, Flow, FlowRunner, Registry, RunContext
+
+    assert [obj.__name__ for obj in (Flow, Call, Registry, Executor, FlowRunner, RunContext)] == DESIGN_TOP_LEVEL
+    assert all(inspect.isclass(obj) for obj in (Flow, Call, Registry, Executor, FlowRunner, RunContext))
+
+
+def test_design_flow_error_import():
+    from agentflow.flow import FlowError
+
+    assert FlowError is _errors.FlowError
+
+
+def test_design_checkpoints_imports():
+    from agentflow.exec.checkpoints import (
+        CheckpointConflict,
+        CheckpointNotFound,
+        CheckpointStore,
+        CheckpointStoreCorrupt,
+        MemoryCheckpointStore,
+        RecoveryNeedsDecision,
+        RedisCheckpointStore,
+        SQLAlchemyCheckpointStore,
+        SQLiteCheckpointStore,
+        idempotency_key,
+    )
+
+    stores = [MemoryCheckpointStore, SQLiteCheckpointStore, RedisCheckpointStore, SQLAlchemyCheckpointStore]
+    assert [s.__name__ for s in stores] == DESIGN_CHECKPOINTS[1:5]
+    assert all(inspect.isclass(s) for s in stores)
+    assert getattr(CheckpointStore, "_is_protocol", False)
+    assert (CheckpointNotFound, CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision) == (
+        _errors.CheckpointNotFound,
+        _errors.CheckpointConflict,
+        _errors.CheckpointStoreCorrupt,
+        _errors.RecoveryNeedsDecision,
+    )
+    assert idempotency_key is agentflow.exec.idempotency_key
+
+
+def test_design_tool_loop_imports():
+    from agentflow.exec import recover_tool_loop, run_tool_loop
+
+    assert inspect.iscoroutinefunction(run_tool_loop)
+    assert inspect.iscoroutinefunction(recover_tool_loop)
+
+
+@pytest.mark.parametrize("name", ["RedisCheckpointStore", "SQLAlchemyCheckpointStore"])
+def test_optional_backends_resolve_lazily_to_their_modules_class(name: str) -> None:
+    # Given the lazy names, which the package does not import up front
+    backend = {"RedisCheckpointStore": "redis", "SQLAlchemyCheckpointStore": "sqlalchemy"}[name]
+
+    # When one is looked up on the package
+    resolved = getattr(agentflow.exec.checkpoints, name)
+
+    # Then it is the class defined in its backend module
+    module = importlib.import_module(f"agentflow.exec.checkpoints.{backend}")
+    assert resolved is getattr(module, name)
+
+
+def test_an_unknown_checkpoints_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="NoSuchStore"):
+        agentflow.exec.checkpoints.NoSuchStore  # noqa: B018
+
+
+# --- what each package exports ----------------------------------------------------------
+
+
+def public_names(module: object) -> set[str]:
+    """Names a module binds that a user could import: not private, not submodules."""
+    return {name for name, value in vars(module).items() if not name.startswith("_") and not inspect.ismodule(value)}
+
+
+def test_agentflow_all_lists_exactly_what_it_exports():
+    assert sorted(agentflow.__all__) == sorted(public_names(agentflow))
+    assert len(agentflow.__all__) == len(set(agentflow.__all__))
+
+
+def test_agentflow_all_contains_the_design_names_and_the_root_error():
+    assert set(DESIGN_TOP_LEVEL) | {"AgentflowError"} <= set(agentflow.__all__)
+    assert agentflow.AgentflowError is AgentflowError
+
+
+@pytest.mark.parametrize(
+    "module", [agentflow, agentflow.exec, agentflow.flow, agentflow.exec.checkpoints], ids=lambda m: m.__name__
+)
+def test_every_name_in_all_resolves(module: object) -> None:
+    missing = [name for name in module.__all__ if not hasattr(module, name)]  # type: ignore[attr-defined]
+    assert missing == []
+
+
+def test_checkpoints_all_contains_the_design_names():
+    assert set(DESIGN_CHECKPOINTS) <= set(agentflow.exec.checkpoints.__all__)
+
+
+def test_flow_all_contains_flow_error():
+    assert "FlowError" in agentflow.flow.__all__
+
+
+# --- the error tree ---------------------------------------------------------------------
+
+#: The tree STYLE.md and DESIGN.md require (more errors may hang under it).
+REQUIRED_TREE = {
+    "CheckpointError": "AgentflowError",
+    "CheckpointNotFound": "CheckpointError",
+    "CheckpointConflict": "CheckpointError",
+    "CheckpointStoreCorrupt": "CheckpointError",
+    "RecoveryNeedsDecision": "AgentflowError",
+    "IdentityMismatch": "AgentflowError",
+    "FlowError": "AgentflowError",
+}
+
+
+def drawn_tree(doc: str) -> dict[str, str]:
+    """Parse the tree drawn in `agentflow._errors`' docstring into {error: parent}."""
+    parents: dict[str, str] = {}
+    stack: list[str] = []
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped == "AgentflowError":
+            stack = ["AgentflowError"]
+            continue
+        if not stack or not ("├── " in line or "└── " in line):
+            continue
+        depth = max(line.find("├── "), line.find("└── ")) // 4
+        name = line.split("── ", 1)[1].split()[0]
+        del stack[depth + 1 :]
+        parents[name] = stack[depth]
+        stack.append(name)
+    return parents
+
+
+DRAWN = drawn_tree(_errors.__doc__ or "")
+ERRORS = {
+    name: value
+    for name, value in vars(_errors).items()
+    if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == _errors.__name__
+}
+
+
+def test_the_docstring_draws_the_error_tree():
+    assert len(DRAWN) >= len(REQUIRED_TREE)
+
+
+@pytest.mark.parametrize(("name", "parent"), REQUIRED_TREE.items(), ids=list(REQUIRED_TREE))
+def test_the_required_error_tree(name: str, parent: str) -> None:
+    error = getattr(_errors, name)
+
+    assert issubclass(error, getattr(_errors, parent))
+    assert DRAWN[name] == parent
+
+
+@pytest.mark.parametrize("name", sorted(set(ERRORS) - {"AgentflowError"}))
+def test_every_error_subclasses_agentflow_error_where_the_tree_draws_it(name: str) -> None:
+    error = ERRORS[name]
+
+    assert issubclass(error, AgentflowError)
+    assert name in DRAWN, f"{name} is missing from the tree in agentflow/_errors.py's docstring"
+    assert issubclass(error, ERRORS[DRAWN[name]])
+
+
+def test_the_drawn_tree_names_only_real_errors():
+    assert set(DRAWN) <= set(ERRORS)
+
+
+def test_identity_mismatch_is_a_permission_error():
+    assert issubclass(_errors.IdentityMismatch, PermissionError)
+    with pytest.raises(PermissionError):
+        raise _errors.IdentityMismatch("run 'r' belongs to another user")
+
+
+def test_tool_errors_are_also_the_matching_builtin_errors():
+    assert issubclass(_errors.UnknownTool, LookupError)
+    assert issubclass(_errors.ToolArgumentsInvalid, ValueError)
+    assert issubclass(_errors.ToolTimeout, TimeoutError)
+
+
+def test_recovery_needs_decision_carries_its_calls_as_pairs():
+    exc = _errors.RecoveryNeedsDecision("order-7", [["email_tickets", "started, no result"], ("charge_card", "x")])
+
+    assert exc.calls == [("email_tickets", "started, no result"), ("charge_card", "x")]
+    assert exc.run_id == "order-7"
+    assert "email_tickets: started, no result" in str(exc)
+    assert "rerun_in_doubt=True" in str(exc)
+
+
+SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
+    "RecoveryNeedsDecision": ("order-7", [("email_tickets", "call 0/send/0/ab was started and has no result")]),
+}
+
+
+def sample(error: type[BaseException]) -> BaseException:
+    if error.__name__ in SAMPLE_ARGS:
+        return error(*SAMPLE_ARGS[error.__name__])
+    own_init = [c for c in error.__mro__ if c.__module__.startswith("agentflow") and "__init__" in vars(c)]
+    assert not own_init, f"{error.__qualname__} has its own __init__: add sample arguments for it to SAMPLE_ARGS"
+    return error(f"{error.__name__} happened: run 'order-7'")
+
+
+def round_trips(original: BaseException) -> BaseException:
+    """Rebuild an error as a Celery result backend does: its type, and its args carried as JSON."""
+    return type(original)(*json.loads(json.dumps(original.args)))
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_each_error_round_trips_through_its_args(name: str) -> None:
+    # Given an error of each kind
+    original = sample(ERRORS[name])
+
+    # When it is rebuilt from its JSON-carried args
+    rebuilt = round_trips(original)
+
+    # Then it is the same error, saying the same thing
+    assert type(rebuilt) is type(original)
+    assert str(rebuilt) == str(original)
+    assert rebuilt.args == original.args or json.dumps(rebuilt.args) == json.dumps(original.args)
+
+
+def test_recovery_needs_decision_keeps_its_calls_through_a_round_trip():
+    original = _errors.RecoveryNeedsDecision("order-7", [("email_tickets", "started, no result")])
+
+    rebuilt = round_trips(original)
+
+    assert isinstance(rebuilt, _errors.RecoveryNeedsDecision)
+    assert rebuilt.calls == original.calls
+    assert rebuilt.run_id == "order-7"
+
+
+def all_agentflow_errors() -> list[type[BaseException]]:
+    found: list[type[BaseException]] = []
+    todo: list[type[BaseException]] = [AgentflowError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_agentflow_error_anywhere_round_trips():
+    # Given every subclass of AgentflowError defined once the packages are imported (internal ones too)
+    errors = all_agentflow_errors()
+    assert len(errors) >= len(ERRORS)
+
+    # Then each rebuilds from its JSON-able args with the same message
+    for error in errors:
+        original = sample(error)
+        assert str(round_trips(original)) == str(original), error.__qualname__
