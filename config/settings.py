@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTFLOW_", env_file=".env", extra="ignore")
 
     mode: Literal["production", "demo", "test"] = "production"
+    app: str = "agentflow.demo.tickets:app"
+    """Import path of the `FlowApp` (flows and tools) the workers run."""
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
     """Broker, leases and the checkpoint store (may hold a password: never logged)."""
     checkpoint_keys: SecretStr | None = None

@@ -1,9 +1,21 @@
-"""The flows and tools these workers run. Add yours here (or point WORKERS at your module).
+"""The flows and tools these workers run.
 
-A deployment registers its own tools on a `Registry`, builds its flows, and bundles them in
-a `FlowApp`; the ticket flow of the demo is the example.
+By default the demo's ticket flow. Point ``AGENTFLOW_APP`` at your own `FlowApp`
+(``package.module:attribute``): register your tools on a `Registry`, build your flows,
+and bundle them with ``FlowApp(registry, [flow, ...])``.
 """
 
-from agentflow.demo.tickets import app
+from agentflow import FlowApp
+from agentflow._app import load_app
 
-__all__ = ["app"]
+
+def load_flow_app(path: str) -> FlowApp:
+    """Import the app the settings name.
+
+    Raises:
+        SystemExit: it cannot be imported (the message says why).
+    """
+    try:
+        return load_app(path)
+    except ValueError as exc:
+        raise SystemExit(f"AGENTFLOW_APP: {exc}") from None

@@ -66,7 +66,6 @@ def _task_options(settings: WorkerSettings) -> dict[str, Any]:
         "max_retries": settings.max_retries,
         "default_retry_delay": 2,
         "serializer": "json",
-        "queue": settings.queue,
     }
 
 
@@ -132,6 +131,8 @@ def register_tasks(
     handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
     handles["resume"] = app.task(name="agentflow.resume", **options)(resume)
     handles["recover_all"] = app.task(name="agentflow.recover_all", **{**options, "acks_late": False})(recover_all)
+    routes = dict(app.conf.task_routes or {}) if isinstance(app.conf.task_routes, dict) else {}
+    app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}
     tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
     _connect_signals(app, tasks, settings)
     return tasks

@@ -45,14 +45,16 @@ class RunView:
 class FlowClient:
     """Starts and follows runs that Celery workers carry out."""
 
-    def __init__(self, tasks: AgentflowTasks, runner: FlowRunner) -> None:
+    def __init__(self, tasks: AgentflowTasks, runner: FlowRunner | None = None) -> None:
         """Build a client.
 
         Args:
             tasks: the handles `register_tasks` returned (on the client's copy of the app).
             runner: a runner over the same store and key as the workers (it only saves
-                step 0 and decisions; it never runs a superstep).
+                step 0 and decisions; it never runs a superstep). Default: the one the
+                registered tasks would use.
         """
+        runner = runner or tasks.worker.runner
         if runner.checkpoints is None:
             raise ValueError("FlowClient needs a runner with the workers' checkpoint store")
         self.tasks = tasks

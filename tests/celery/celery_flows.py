@@ -1,0 +1,85 @@
+"""Flows the test workers run: the ticket flow with a shared ledger and tunable delays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+
+from pydantic import BaseModel
+
+from agentflow import Call, Flow, FlowApp, Registry
+from agentflow.exec import current_call, idempotency_key
+
+registry = Registry()
+
+
+def _effect(tool: str) -> str:
+    info = current_call()
+    with open(os.environ["AGENTFLOW_TEST_LEDGER"], "a") as fh:
+        fh.write(json.dumps([tool, info.run_id, idempotency_key()]) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return f"{tool} ok"
+
+
+async def _pause() -> None:
+    low, high = (float(x) for x in os.environ.get("AGENTFLOW_TEST_DELAY", "0,0").split(","))
+    await asyncio.sleep(random.uniform(low, high))
+
+
+@registry.tool(idempotent=True)
+async def hold_seats(show: str, seats: int) -> str:
+    await _pause()
+    return _effect("hold_seats")
+
+
+@registry.tool
+async def charge_card(show: str, seats: int) -> str:
+    await _pause()
+    out = _effect("charge_card")
+    await _pause()
+    return out
+
+
+@registry.tool
+async def email_tickets(show: str) -> str:
+    await _pause()
+    return _effect("email_tickets")
+
+
+@registry.tool(idempotent=True)
+async def slow_report(show: str, seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return _effect("slow_report")
+
+
+class Order(BaseModel):
+    show: str
+    seats: int = 2
+    note: str = ""
+    seconds: float = 0.0
+
+
+def args(order: Order) -> dict[str, object]:
+    return {"show": order.show, "seats": order.seats}
+
+
+tickets = (
+    Flow("tickets", state=Order)
+    .node("hold", Call("hold_seats", args=args, into="note"))
+    .node("pay", Call("charge_card", args=args, into="note"))
+    .node("send", Call("email_tickets", args=lambda o: {"show": o.show}, into="note"))
+    .edge("hold", "pay")
+    .edge("pay", "send")
+    .end("send")
+)
+
+slow = (
+    Flow("slow", state=Order)
+    .node("report", Call("slow_report", args=lambda o: {"show": o.show, "seconds": o.seconds}, into="note"))
+    .end("report")
+)
+
+app = FlowApp(registry, [tickets, slow])

@@ -1,0 +1,134 @@
+"""A real deployment per test: Celery worker processes on the machine's Redis, own prefix and queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+class Deployment:
+    """Workers, beat and Flower of one test, and a client to drive them."""
+
+    def __init__(self, tmp_path: Path, redis_url: str) -> None:
+        from agentflow.celery import FlowClient
+        from config import Settings
+        from workers.build import build
+
+        self.prefix = f"t{uuid.uuid4().hex[:12]}"
+        self.ledger = tmp_path / "ledger.jsonl"
+        self.ledger.touch()
+        self.values = {
+            "mode": "test",
+            "app": "celery_flows:app",
+            "redis_url": redis_url,
+            "key_prefix": self.prefix,
+            "queue": f"q-{self.prefix}",
+            "lease_s": 2.0,
+            "stale_after_s": 1.0,
+            "recover_interval_s": 2.0,
+            "time_limit_s": 60,
+            "soft_time_limit_s": 50,
+            "visibility_timeout_s": 120,
+        }
+        self.env = {
+            **os.environ,
+            **{f"AGENTFLOW_{k.upper()}": str(v) for k, v in self.values.items()},
+            "AGENTFLOW_TEST_LEDGER": str(self.ledger),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+        }
+        sys.path.insert(0, str(HERE))
+        self.celery_app, self.tasks = build(Settings(**self.values))
+        self.client = FlowClient(self.tasks)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.redis_url = redis_url
+        self.logs = tmp_path
+
+    def set_delay(self, low: float, high: float) -> None:
+        self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "workers", *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, name: str, concurrency: int = 2) -> subprocess.Popen[bytes]:
+        proc = self._spawn(
+            name, "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h",
+            "-Q", self.values["queue"], "-E", "--without-mingle", "--without-gossip", "-l", "INFO",
+        )  # fmt: skip
+        self.wait_ready(name)
+        return proc
+
+    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
+        target = f"{name}@{socket.gethostname()}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise AssertionError(f"worker {name} exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
+            if self.celery_app.control.ping(destination=[target], timeout=0.5):
+                return
+        raise AssertionError(f"worker {name} did not answer a ping within {timeout}s")
+
+    def start_beat(self) -> subprocess.Popen[bytes]:
+        return self._spawn("beat", "beat", "-s", str(self.logs / "beat-schedule"), "-l", "INFO")
+
+    def children(self, name: str) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.procs[name].pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def effects(self) -> Counter[tuple[str, str]]:
+        lines = [json.loads(x) for x in self.ledger.read_text().splitlines() if x.strip()]
+        return Counter((tool, run_id) for tool, run_id, _ in lines)
+
+    async def wait_all(self, run_ids: list[str], timeout_s: float = 120.0) -> dict[str, object]:
+        views = await asyncio.gather(*(self.client.wait(r, timeout_s=timeout_s, poll_s=0.2) for r in run_ids))
+        return dict(zip(run_ids, views, strict=True))
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        client = redis.Redis.from_url(self.redis_url)
+        keys = list(client.scan_iter(match=f"{self.prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+        client.close()
+        sys.path.remove(str(HERE))
+
+
+@pytest.fixture
+def deployment(tmp_path, redis_url):
+    dep = Deployment(tmp_path, redis_url)
+    yield dep
+    dep.close()

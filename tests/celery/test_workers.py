@@ -1,0 +1,118 @@
+"""Distributed mode with real worker processes on the machine's Redis, killed with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(300)]
+
+NON_IDEMPOTENT = ("charge_card", "email_tickets")
+
+
+async def test_runs_enqueued_as_tasks_finish_on_two_workers(deployment):
+    # Given two worker processes
+    deployment.start_worker("w1")
+    deployment.start_worker("w2")
+    # When ten ticket runs are started through the client
+    run_ids = [await deployment.client.start("tickets", {"show": f"show-{i}"}) for i in range(10)]
+    views = await deployment.wait_all(run_ids, timeout_s=60)
+    # Then every run is done, read from the store, and each tool ran once per run
+    assert {v.status for v in views.values()} == {"done"}
+    assert all(v.state.note == "email_tickets ok" for v in views.values())
+    effects = deployment.effects()
+    assert all(effects[(t, r)] == 1 for r in run_ids for t in ("hold_seats", *NON_IDEMPOTENT))
+
+
+async def test_killed_workers_lose_no_run_and_repeat_no_finished_call(deployment):
+    # Given two workers with slow-ish tools and 50 runs in flight
+    deployment.set_delay(0.02, 0.15)
+    deployment.start_worker("w1")
+    deployment.start_worker("w2")
+    deployment.start_beat()
+    run_ids = [await deployment.client.start("tickets", {"show": f"show-{i}"}) for i in range(50)]
+    await asyncio.sleep(1.5)
+    # When one worker's main process and the other's pool child are SIGKILLed mid-run
+    child = deployment.children("w2")[0]
+    deployment.kill("w1")
+    import os
+    import signal
+
+    os.kill(child, signal.SIGKILL)
+    # and a fresh worker starts (it runs recover_all on start-up; beat repeats it)
+    deployment.start_worker("w3")
+    views = await deployment.wait_all(run_ids, timeout_s=150)
+    # Then runs in doubt surface as decisions; once decided they finish too
+    decided = [r for r, v in views.items() if v.waiting_for_decision]
+    for run_id in decided:
+        await deployment.client.decide_in_doubt(run_id)
+    if decided:
+        views.update(await deployment.wait_all(decided, timeout_s=60))
+    assert {v.status for v in views.values()} == {"done"}, {r: v.status for r, v in views.items()}
+    # and no non-idempotent call ran twice unless an operator decided to rerun it
+    effects = deployment.effects()
+    for run_id in run_ids:
+        for tool in NON_IDEMPOTENT:
+            assert effects[(tool, run_id)] >= 1
+            if run_id not in decided:
+                assert effects[(tool, run_id)] == 1, (tool, run_id, effects[(tool, run_id)])
+            else:
+                assert effects[(tool, run_id)] <= 2
+
+
+async def test_a_run_stranded_between_save_and_enqueue_is_picked_up_by_recover_all(deployment):
+    # Given a run whose step 0 was saved but whose message was never sent (its sender died)
+    runner = deployment.tasks.worker.runner
+    flow = deployment.tasks.worker.flow_app.flow("tickets")
+    stranded = await runner.start(flow, {"show": "lost"}, run_id=f"{deployment.prefix}-stranded")
+    await asyncio.sleep(1.1)  # older than stale_after_s
+    # When a worker starts (worker_ready runs recover_all)
+    deployment.start_worker("w1")
+    view = await deployment.client.wait(stranded.run_id, timeout_s=30)
+    # Then the run finished
+    assert view.status == "done"
+    assert deployment.effects()[("email_tickets", stranded.run_id)] == 1
+
+
+async def test_a_duplicate_superstep_message_does_nothing(deployment):
+    # Given a worker (its start-up recover_all done) and a run saved at step 0, not yet enqueued
+    deployment.start_worker("w1")
+    await asyncio.sleep(1.0)
+    runner = deployment.tasks.worker.runner
+    flow = deployment.tasks.worker.flow_app.flow("tickets")
+    run = await runner.start(flow, {"show": "dup"}, run_id=f"{deployment.prefix}-dup")
+    # When the same superstep message is delivered twice
+    first = deployment.tasks.superstep.apply_async(
+        args=("tickets", run.run_id, 0, "next"), queue=deployment.values["queue"]
+    )
+    second = deployment.tasks.superstep.apply_async(
+        args=("tickets", run.run_id, 0, "next"), queue=deployment.values["queue"]
+    )
+    outcomes = [first.get(timeout=30), second.get(timeout=30)]
+    view = await deployment.client.wait(run.run_id, timeout_s=30)
+    # Then exactly one ran the superstep; the other was skipped; each tool ran once
+    assert sorted(o["done"] for o in outcomes) == ["ran", "skipped"]
+    assert view.status == "done"
+    assert deployment.effects()[("hold_seats", run.run_id)] == 1
+    assert deployment.effects()[("charge_card", run.run_id)] == 1
+
+
+async def test_a_live_slow_superstep_is_not_stolen_by_recover_all(deployment):
+    # Given a worker running a superstep that lasts 3x the lease
+    deployment.start_worker("w1", concurrency=2)
+    run_id = await deployment.client.start("slow", {"show": "long", "seconds": 6.0})
+    await asyncio.sleep(1.0)
+    # When recover_all runs again and again while it works
+    deadline = time.monotonic() + 6.0
+    results = []
+    while time.monotonic() < deadline:
+        res = deployment.tasks.recover_all.apply_async(queue=deployment.values["queue"])
+        results.append(res.get(timeout=10))
+        await asyncio.sleep(0.7)
+    view = await deployment.client.wait(run_id, timeout_s=30)
+    # Then it never enqueued the live run, and the tool ran once
+    assert all(run_id not in r.get("enqueued", []) for r in results), results
+    assert view.status == "done"
+    assert deployment.effects()[("slow_report", run_id)] == 1

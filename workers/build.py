@@ -1,0 +1,39 @@
+"""Wiring: settings -> Celery app -> agentflow tasks on it (imported without side effects)."""
+
+from __future__ import annotations
+
+import redis.asyncio
+from celery import Celery
+
+from agentflow.celery import AgentflowTasks, WorkerSettings, register_tasks
+from agentflow.exec.checkpoints import RedisCheckpointStore
+from config import Settings
+from workers.flows import load_flow_app
+
+
+def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
+    """Make the Celery app and register agentflow's tasks on it."""
+    url = settings.redis_url.get_secret_value()
+
+    def connect() -> redis.asyncio.Redis:
+        return redis.asyncio.Redis.from_url(url)
+
+    celery_app = Celery("agentflow-workers")
+    celery_app.conf.update(settings.celery())
+    registered = register_tasks(
+        celery_app,
+        load_flow_app(settings.app),
+        store_factory=lambda: RedisCheckpointStore(connect, prefix=settings.key_prefix, ttl_s=settings.ttl_s),
+        checkpoint_key=settings.keys(),
+        redis_factory=connect,
+        prefix=settings.key_prefix,
+        settings=WorkerSettings(
+            lease_s=settings.lease_s,
+            stale_after_s=settings.stale_after_s,
+            recover_interval_s=settings.recover_interval_s,
+            time_limit_s=settings.time_limit_s,
+            soft_time_limit_s=settings.soft_time_limit_s,
+            queue=settings.queue,
+        ),
+    )
+    return celery_app, registered
