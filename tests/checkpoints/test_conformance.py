@@ -1,0 +1,125 @@
+"""Every store set-up keeps every rule of `CheckpointStore` (the checks live in `conformance.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import check_row
+from agentflow.exec.checkpoints.conformance import CHECKS, SEALER, Check, validate
+
+RACE_WORKER = Path(__file__).with_name("race_worker.py")
+RACERS = 4
+RACE_ROUNDS = 5
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__.removeprefix("check_") for c in CHECKS])
+async def test_store_keeps_rule(store: CheckpointStore, check: Check) -> None:
+    # Given an empty store of one set-up
+    # When the check exercises its rule (named in the test id and the check's docstring)
+    # Then the store keeps it: the check raises nothing
+    await check(store)
+
+
+class LastWriterWins(MemoryCheckpointStore):
+    """A broken store: `save` overwrites whatever is there instead of comparing and setting."""
+
+    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        check_row(run_id, step, checkpoint)
+        rows = self._checkpoints.setdefault(run_id, [])
+        del rows[step:]
+        rows.append(checkpoint)
+
+
+async def test_validate_passes_a_correct_store() -> None:
+    # Given the reference store
+    # When validate runs every check, each on a fresh store
+    report = await validate(MemoryCheckpointStore)
+    # Then every check is reported, and none failed
+    assert list(report) == [c.__name__ for c in CHECKS]
+    assert {name: why for name, why in report.items() if why} == {}
+
+
+async def test_validate_fails_a_store_without_compare_and_set() -> None:
+    # Given a store whose save is last-writer-wins
+    # When validate runs every check
+    report = await validate(LastWriterWins)
+    # Then exactly the compare-and-set checks fail, each with a message saying what went wrong
+    failed = {name for name, why in report.items() if why}
+    assert failed == {
+        "check_new_run_starts_at_step_zero",
+        "check_second_step_zero_conflicts",
+        "check_save_is_exactly_latest_plus_one",
+        "check_ended_run_takes_no_save",
+        "check_run_never_changes_flow",
+        "check_concurrent_first_saves",
+        "check_concurrent_next_saves",
+    }
+    assert "but the store accepted it" in str(report["check_second_step_zero_conflicts"])
+    assert "20 of 20 racers won" in str(report["check_concurrent_next_saves"])
+
+
+async def _start_racer(spec: dict[str, object], worker: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(RACE_WORKER),
+        json.dumps({**spec, "worker": worker}),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def _line(racer: asyncio.subprocess.Process) -> str:
+    assert racer.stdout is not None and racer.stderr is not None
+    line = await asyncio.wait_for(racer.stdout.readline(), timeout=60)
+    if not line:
+        err = (await racer.stderr.read()).decode(errors="replace")
+        raise AssertionError(f"racer exited early:\n{err}")
+    return line.decode().strip()
+
+
+@pytest.mark.slow
+async def test_processes_race_for_one_step(store_factory) -> None:
+    if store_factory.spec is None:
+        pytest.skip(f"{store_factory.name} is not shared between processes")
+    # Given a run at step 0 and four processes connected to the same store
+    store = await store_factory()
+    run_id = f"race-{uuid.uuid4().hex}"
+    await store.save(run_id, 0, SEALER.seal_checkpoint(run_id, 0, "race", "running", 0, time.time(), {"step": 0}))
+    spec = {**store_factory.spec, "run_id": run_id, "flow": "race"}
+    racers = [await _start_racer(spec, worker) for worker in range(RACERS)]
+    try:
+        assert [await _line(r) for r in racers] == ["ready"] * RACERS
+        for step in range(1, RACE_ROUNDS + 1):
+            # When all of them try to save the same next step at once
+            for racer in racers:
+                assert racer.stdin is not None
+                racer.stdin.write(f"go {step}\n".encode())
+            await asyncio.gather(*(r.stdin.drain() for r in racers if r.stdin is not None))
+            results = [json.loads(await _line(r)) for r in racers]
+            # Then exactly one wins, the others get CheckpointConflict, and the winner's row is stored
+            outcomes = sorted(r["result"] for r in results)
+            assert outcomes == ["conflict"] * (RACERS - 1) + ["won"], f"step {step}: {results}"
+            winner = next(i for i, r in enumerate(results) if r["result"] == "won")
+            latest = await store.latest(run_id)
+            assert latest.step == step
+            assert SEALER.open_checkpoint(latest, run_id)["worker"] == winner
+    finally:
+        for racer in racers:
+            if racer.stdin is not None:
+                racer.stdin.close()
+        for racer in racers:
+            try:
+                await asyncio.wait_for(racer.wait(), timeout=30)
+            except TimeoutError:
+                racer.kill()
+                await racer.wait()
+    assert [r.returncode for r in racers] == [0] * RACERS
