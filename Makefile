@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck pytest services bench all clean
+.PHONY: demo test lint typecheck docs pytest services bench all clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,13 +22,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy agentflow
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(SITE_DIR),site)
+
 services:
 	@scripts/services.sh
 
 pytest: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 all: test
 

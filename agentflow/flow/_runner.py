@@ -228,7 +228,8 @@ class FlowRunner:
         Raises:
             Stale: the latest step is not `expected_step`.
             CheckpointConflict: the run ended, is paused, or another worker claimed it first.
-            (and the errors of `recover`)
+            RecoveryNeedsDecision: a call is in doubt (as for `recover`).
+            CheckpointStoreCorrupt: a row fails its check (as for `recover`).
         """
         return await _recover.advance(
             self, flow, run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff
