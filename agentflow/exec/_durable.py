@@ -51,7 +51,17 @@ class PauseForApproval(Exception):
 
 
 class ToolFailed(ToolError):
-    """Raised on replay of a call whose tool failed before the crash."""
+    """Raised on replay of a call whose tool failed before the crash (its text is the stored failure)."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """How a tool's failure is stored and shown: ``Type: message`` (a replayed one as stored)."""
+    return str(exc) if isinstance(exc, ToolFailed) else f"{type(exc).__name__}: {exc}"
+
+
+def denial(tool: str, note: str | None) -> ApprovalDenied:
+    """The error a node (or model) sees for a denied call, the same live and on replay."""
+    return ApprovalDenied(f"call of {tool!r} was denied" + (f": {note}" if note else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +168,28 @@ class CallState:
         return self.kind in ("started", "unrecordable")
 
 
+def check_no_later_records(
+    run_id: str, records: Sequence[LoggedRecord], superstep: int, *, model_ahead: int = 0
+) -> None:
+    """Refuse a log holding records of a superstep past the latest checkpoint's.
+
+    A worker logs a call of superstep k+1 only after the checkpoint ending superstep k was
+    stored, so such a record proves that checkpoints were removed (the run rolled back).
+    A tool loop logs its model-call marker one turn ahead (`model_ahead`).
+
+    Raises:
+        CheckpointStoreCorrupt: naming the record.
+    """
+    for rec in records:
+        step = rec.body.get("superstep")
+        limit = superstep + (model_ahead if rec.body.get("model") else 0)
+        if isinstance(step, int) and step > limit:
+            raise CheckpointStoreCorrupt(
+                f"call record {rec.segment}.{rec.seq} of run {run_id!r} belongs to superstep {step}, past the "
+                f"latest checkpoint's {superstep}: checkpoints are missing"
+            )
+
+
 def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:
     """Fold the records of one superstep into the state of each call, by call identity."""
     states: dict[str, CallState] = {}
@@ -177,7 +209,7 @@ def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallSt
             raise CheckpointStoreCorrupt(f"call record {rec.segment}.{rec.seq} closes call {cid!r} that never started")
         state.kind = rec.kind
         state.result = body.get("result")
-        state.error = body.get("error")
+        state.error = body.get("error") if rec.kind != "denied" else body.get("note")
     return states
 
 
@@ -252,19 +284,19 @@ class CallLog:
             asks_port = True
         if decision is not None and not decision.approve:
             await self._write("denied", request, note=decision.note)
-            raise ApprovalDenied(f"call of {tool.name!r} was denied" + (f": {decision.note}" if decision.note else ""))
+            raise denial(tool.name, decision.note)
         await self._write("started", request, tool=tool.name, node=node, args=encoded, idempotent=tool.idempotent)
         return await self._run(tool, kwargs, request, asks_port)
 
     async def _run(self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, asks_port: bool) -> Any:
         if asks_port and not await self.executor.ask_approver(request):
             await self._write("denied", request, note="denied by the approval port")
-            raise ApprovalDenied(f"call of {tool.name!r} was denied by the approval port")
+            raise denial(tool.name, "denied by the approval port")
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
         try:
             result = await self.executor.run(tool, kwargs, call=info, validated=True, approved=True)
         except Exception as exc:
-            await self._write("failed", request, error=f"{type(exc).__name__}: {exc}")
+            await self._write("failed", request, error=describe_failure(exc))
             raise
         if self.journal is not None:
             try:
@@ -280,9 +312,9 @@ class CallLog:
         self.replayed.append(seed.call_id)
         self.executor.events.emit("tool.replayed", self.run_id, tool=tool.name, call_id=seed.call_id)
         if seed.kind == "failed":
-            raise ToolFailed(f"tool {tool.name!r} failed before the crash: {seed.error}")
+            raise ToolFailed(seed.error or f"tool {tool.name!r} failed")
         if seed.kind == "denied":
-            raise ApprovalDenied(f"call of {tool.name!r} was denied")
+            raise denial(tool.name, seed.error)
         return tool.revive_result(seed.result)
 
     async def _write(self, kind: str, request: ApprovalRequest, **fields: Any) -> None:

@@ -33,7 +33,8 @@ from agentflow._errors import (
     CheckpointNotFound,
     CheckpointStoreCorrupt,
     ModelError,
-    ToolError,
+    ToolArgumentsInvalid,
+    UnknownTool,
 )
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body, restore_identity
@@ -45,14 +46,15 @@ from agentflow.exec._durable import (
     PauseForApproval,
     analyze,
     calls_in_doubt,
+    check_no_later_records,
+    describe_failure,
     read_log,
 )
-from agentflow.exec._durable_seal import Sealer, canonical
+from agentflow.exec._durable_seal import Sealer, canonical, sealer_for
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._result import RunStatus
-from agentflow.flow._runner import _sealer_for
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 
@@ -211,22 +213,26 @@ class _LoopEngine:
 
     async def drive(self, lp: _Loop, seeds: Mapping[str, CallState] | None = None) -> LoopResult:
         recovering = seeds is not None
+        replayed: list[str] = []
+        rerun: list[str] = []
         while True:
             if lp.stage in ("start", "tools"):
                 if lp.model_calls >= lp.max_steps:
                     lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
                     await self.save(lp, RunStatus.FAILED)
-                    return self._result(lp, RunStatus.FAILED, None)
+                    return self._result(lp, RunStatus.FAILED, replayed, rerun)
                 reply = await self._ask_model(lp)
                 lp.history.append(reply)
                 lp.stage = "model"
                 status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
                 await self.save(lp, status)
                 if status is RunStatus.DONE:
-                    return self._result(lp, status, None)
+                    return self._result(lp, status, replayed, rerun)
                 continue
             log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds or {}, lp.decisions)
             results = await self._run_tools(lp, log)
+            replayed += log.replayed
+            rerun += log.rerun
             recovered = {"replayed": log.replayed, "rerun": log.rerun} if recovering else None
             if recovering:
                 self.events.emit(
@@ -235,7 +241,7 @@ class _LoopEngine:
             if results is None:
                 lp.pending = list(log.pending)
                 await self.save(lp, RunStatus.PAUSED, recovered=recovered)
-                return self._result(lp, RunStatus.PAUSED, log)
+                return self._result(lp, RunStatus.PAUSED, replayed, rerun)
             lp.history.extend(results)
             lp.stage, lp.decisions, lp.pending = "tools", {}, []
             await self.save(lp, RunStatus.RUNNING, recovered=recovered)
@@ -268,17 +274,19 @@ class _LoopEngine:
             return f"denied: {exc}"
         except CheckpointError:
             raise
-        except ToolError as exc:  # unknown tool, bad arguments, timeout: the model can correct itself
+        except (UnknownTool, ToolArgumentsInvalid) as exc:  # refused before logging: the model can correct it
             return f"error: {exc}"
-        except Exception as exc:
-            return f"error: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # the same text live and when replayed after a crash
+            return f"error: {describe_failure(exc)}"
         if isinstance(value, str):
             return value
         tool = self.executor.registry.get(call.name)
         return json.dumps(tool.encode_result(value), sort_keys=True)
 
     @staticmethod
-    def _result(lp: _Loop, status: RunStatus, log: CallLog | None) -> LoopResult:
+    def _result(
+        lp: _Loop, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
+    ) -> LoopResult:
         return LoopResult(
             run_id=lp.run_id,
             status=status,
@@ -287,8 +295,8 @@ class _LoopEngine:
             step=lp.step,
             pending=list(lp.pending),
             error=lp.error,
-            replayed=list(log.replayed) if log else [],
-            rerun=list(log.rerun) if log else [],
+            replayed=list(replayed or []),
+            rerun=list(rerun or []),
         )
 
 
@@ -296,6 +304,7 @@ async def _seeds(engine: _LoopEngine, lp: _Loop, body: dict[str, Any], rerun_in_
     assert engine.store is not None and engine.sealer is not None
     marker = body.get("log")
     records = await read_log(engine.store, engine.sealer, lp.run_id, (marker[0], marker[1]) if marker else None)
+    check_no_later_records(lp.run_id, records, lp.turn, model_ahead=1)
     lp.model_calls = max(lp.model_calls, sum(1 for r in records if r.body.get("model")))
     states = analyze(records, lp.turn) if lp.stage == "model" else {}
     calls_in_doubt(lp.run_id, states, engine.executor.registry, rerun_in_doubt)
@@ -311,7 +320,7 @@ def _engine(
     events: Events | None,
 ) -> _LoopEngine:
     executor = Executor(registry, approver=approver, events=events)
-    return _LoopEngine(model, executor, checkpoints, _sealer_for(checkpoints, checkpoint_key))
+    return _LoopEngine(model, executor, checkpoints, sealer_for(checkpoints, checkpoint_key))
 
 
 async def run_tool_loop(
@@ -390,7 +399,7 @@ async def _resume(
         hint = "use recover_tool_loop" if status == RunStatus.RUNNING else "it ended"
         raise CheckpointConflict(f"run {run_id!r} exists and is {status}, not paused ({hint})")
     if approve is None:
-        return engine._result(lp, RunStatus.PAUSED, None)
+        return engine._result(lp, RunStatus.PAUSED)
     if isinstance(approve, bool):
         lp.decisions = {p.call_id: Decision(approve, note) for p in lp.pending}
     else:
@@ -429,7 +438,7 @@ async def recover_tool_loop(
     engine = _engine(model, registry, checkpoints, checkpoint_key, approver, events)
     lp, status, body = await engine.load(run_id, f"loop:{name}", ctx)
     if status == RunStatus.PAUSED:
-        return engine._result(lp, RunStatus.PAUSED, None)
+        return engine._result(lp, RunStatus.PAUSED)
     if status != RunStatus.RUNNING:
         raise CheckpointConflict(f"run {run_id!r} already ended ({status}); there is nothing to recover")
     seeds = await _seeds(engine, lp, body, rerun_in_doubt)

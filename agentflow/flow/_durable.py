@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointStoreCorrupt, FlowError
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError
 from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec._durable import Decision, Journal
@@ -135,7 +135,8 @@ class Checkpointer:
         Raises:
             CheckpointNotFound: nothing is stored for the run.
             CheckpointStoreCorrupt: the row fails its signature.
-            FlowError: the run belongs to another flow, or the graph changed since.
+            CheckpointConflict: the run belongs to another flow.
+            FlowError: the graph changed since the checkpoint.
         """
         assert self.store is not None and self.sealer is not None
         row = await self.store.latest(run_id)
@@ -143,7 +144,7 @@ class Checkpointer:
         if body.get("kind") != "flow":
             raise FlowError(f"run {run_id!r} is a {body.get('kind')!r} run, not a flow run")
         if row.flow != flow.name:
-            raise FlowError(f"run {run_id!r} belongs to flow {row.flow!r}, not {flow.name!r}")
+            raise CheckpointConflict(f"run {run_id!r} belongs to flow {row.flow!r}, not {flow.name!r}")
         if body.get("digest") != flow.digest:
             raise FlowError(
                 f"flow {flow.name!r} changed since run {run_id!r} was checkpointed (graph digest differs); "

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from agentflow._errors import CheckpointConflict, Stale
 from agentflow._identity import RunContext, restore_identity
-from agentflow.exec._durable import CallState, Decision, analyze, calls_in_doubt, read_log
+from agentflow.exec._durable import CallState, Decision, analyze, calls_in_doubt, check_no_later_records, read_log
 from agentflow.flow._durable import Cursor
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult, RunStatus
@@ -50,6 +50,7 @@ async def _seeds(runner: FlowRunner, cur: Cursor, body: dict[str, Any], rerun_in
     marker = body.get("log")
     expect = (int(marker[0]), int(marker[1])) if marker else None
     records = await read_log(runner.checkpoints, runner.sealer, cur.run_id, expect)
+    check_no_later_records(cur.run_id, records, cur.superstep)
     states = analyze(records, cur.superstep)
     calls_in_doubt(cur.run_id, states, runner.executor.registry, rerun_in_doubt)
     return states
@@ -67,7 +68,7 @@ async def recover(
     seeds = await _seeds(runner, cur, body, rerun_in_doubt)
     assert cur.step is not None
     await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
-    result: RunResult[S] = await runner.drive(cur, seeds)
+    result: RunResult[S] = await runner.drive(cur, seeds, recovering=True)
     return result
 
 
@@ -124,7 +125,8 @@ async def resume(
     assert cur.step is not None
     # The decision is stored with the claim; it is spent only after this save succeeded.
     await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
-    result: RunResult[S] = await runner.drive(cur, seeds, limit=limit)
+    # A paused run did not crash: continuing it is not a recovery.
+    result: RunResult[S] = await runner.drive(cur, seeds, limit=limit, recovering=False)
     return result
 
 
@@ -146,5 +148,7 @@ async def advance(
     seeds = await _seeds(runner, cur, body, rerun_in_doubt)
     assert cur.step is not None
     await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
-    result: RunResult[S] = await runner.drive(cur, seeds, limit=1, recovering=not handoff)
+    # After a clean handoff the superstep has no records yet; if it has some, a worker died in it.
+    recovering = not handoff or bool(seeds)
+    result: RunResult[S] = await runner.drive(cur, seeds, limit=1, recovering=recovering)
     return result

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import CheckpointError, FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._durable import CallLog, CallState
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover
@@ -32,20 +32,6 @@ S = TypeVar("S", bound=BaseModel)
 def new_run_id() -> str:
     """An unguessable run id (a run id is the only key a shared store has)."""
     return "run-" + secrets.token_urlsafe(16)
-
-
-def _sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:
-    if key is None:
-        if store is None:
-            return None
-        local = getattr(store, "local_key", None)
-        if getattr(store, "in_process", False) and isinstance(local, bytes):
-            return Sealer(local)
-        raise ValueError(
-            f"{type(store).__name__} is shared with other processes, so it needs checkpoint_key= "
-            "(32+ random bytes, the same on every worker) to sign and check what it stores"
-        )
-    return Sealer(key)
 
 
 class FlowRunner:
@@ -74,7 +60,7 @@ class FlowRunner:
         self.executor = executor
         self.events = executor.events
         self.checkpoints = checkpoints
-        self.sealer = _sealer_for(checkpoints, checkpoint_key)
+        self.sealer = sealer_for(checkpoints, checkpoint_key)
         self.recover_concurrency = recover_concurrency
         self._ckpt = Checkpointer(checkpoints, self.sealer, self.events)
 
@@ -126,21 +112,21 @@ class FlowRunner:
         seeds: Mapping[str, CallState] | None = None,
         *,
         limit: int | None = None,
-        recovering: bool | None = None,
+        recovering: bool = False,
     ) -> RunResult[Any]:
         """Run supersteps from the cursor until the run ends, pauses, or `limit` supersteps ran.
 
         Args:
             cur: the run, claimed by this worker.
-            seeds: the call states of the superstep being recovered (replay and reruns).
+            seeds: the call states of the superstep being continued (replay and reruns).
             limit: stop after this many supersteps (the result is then ``running``).
-            recovering: report the first superstep as a recovery (default: seeds were given).
+            recovering: the first superstep continues one a dead worker cut short: it is
+                reported with ``run.recovered`` and marked in its checkpoint.
         """
-        recovering = seeds is not None if recovering is None else recovering or bool(seeds)
+        replayed: list[str] = []
+        rerun: list[str] = []
         ran = 0
-        while True:
-            if limit is not None and ran >= limit:
-                return self._result(cur, RunStatus.RUNNING, None)
+        while limit is None or ran < limit:
             ran += 1
             log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds or {}, cur.decisions)
             try:
@@ -151,7 +137,9 @@ class FlowRunner:
                 await self._fail(cur, exc)
                 raise
             except Exception as exc:
-                return await self._fail(cur, exc)
+                return await self._fail(cur, exc, replayed + log.replayed, rerun + log.rerun)
+            replayed += log.replayed
+            rerun += log.rerun
             recovered = {"replayed": log.replayed, "rerun": log.rerun} if recovering else None
             if recovering:
                 self.events.emit(
@@ -161,7 +149,7 @@ class FlowRunner:
                 cur.pending = list(log.pending)
                 await self._ckpt.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
                 self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
-                return self._result(cur, RunStatus.PAUSED, log)
+                return self._result(cur, RunStatus.PAUSED, replayed, rerun)
             cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
             cur.superstep += 1
             cur.decisions, cur.pending = {}, []
@@ -169,18 +157,21 @@ class FlowRunner:
             await self._ckpt.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
             if status is RunStatus.DONE:
                 self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
-                return self._result(cur, status, log if recovering else None)
+                return self._result(cur, status, replayed, rerun)
             seeds, recovering = None, False
+        return self._result(cur, RunStatus.RUNNING, replayed, rerun)
 
-    async def _fail(self, cur: Cursor, exc: BaseException) -> RunResult[Any]:
+    async def _fail(
+        self, cur: Cursor, exc: BaseException, replayed: list[str] | None = None, rerun: list[str] | None = None
+    ) -> RunResult[Any]:
         cur.error = f"{type(exc).__name__}: {exc}"
         cur.pending = []
         await self._ckpt.save(cur, RunStatus.FAILED)
         self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status="failed", error=cur.error)
-        return self._result(cur, RunStatus.FAILED, None)
+        return self._result(cur, RunStatus.FAILED, replayed or [], rerun or [])
 
     @staticmethod
-    def _result(cur: Cursor, status: RunStatus, log: CallLog | None) -> RunResult[Any]:
+    def _result(cur: Cursor, status: RunStatus, replayed: list[str], rerun: list[str]) -> RunResult[Any]:
         return RunResult(
             run_id=cur.run_id,
             status=status,
@@ -188,8 +179,8 @@ class FlowRunner:
             step=cur.step,
             pending=list(cur.pending),
             error=cur.error,
-            replayed=list(log.replayed) if log else [],
-            rerun=list(log.rerun) if log else [],
+            replayed=replayed,
+            rerun=rerun,
         )
 
     async def start(

@@ -1,0 +1,306 @@
+"""Approvals in durable runs: a pause is not a crash; a resume is stored, then spent; a port wait is in doubt."""
+
+from __future__ import annotations
+
+import asyncio
+
+import durable_kit as kit
+import pytest
+from durable_kit import REFUNDS, TICKETS, WIRES, Crash, Refund, body
+
+from agentflow import RunContext
+from agentflow._errors import IdentityMismatch
+from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision
+from agentflow.flow import RunResult
+
+BIG = Refund(amount=500)
+SMALL = Refund(amount=50)
+
+
+@pytest.fixture(params=kit.STORE_KINDS)
+async def env(request, tmp_path):
+    async with kit.open_env(request.param, tmp_path) as opened:
+        yield opened
+
+
+async def paused_refund(env: kit.Env, run_id: str = "refund-1", ctx: RunContext | None = None) -> RunResult:
+    result = await env.runner().run(REFUNDS, BIG, run_id=run_id, ctx=ctx)
+    assert result.status == "paused"
+    return result
+
+
+async def test_tool_needing_approval_pauses_the_run_and_nothing_is_in_doubt(env):
+    # Given a refund over 100 (its tool's policy asks for approval) and no approval port
+    runner = env.runner()
+
+    # When the run reaches the call
+    result = await runner.run(REFUNDS, BIG, run_id="refund-1")
+
+    # Then the run pauses with the request, the checkpoint says paused, a `pending` record is logged
+    assert result.status == "paused"
+    (request,) = result.pending
+    assert (request.tool, request.args, request.node) == ("refund", {"amount": 500}, "refund")
+    assert request.call_id.startswith("0/refund/0/")
+    history = await env.history("refund-1")
+    assert [c.status for c in history] == ["running", "paused"]
+    records = await env.calls("refund-1")
+    assert [r.kind for r in records] == ["pending"]
+    assert body(records[0])["call_id"] == request.call_id
+    assert kit.LEDGER["refund"] == 0
+    assert list(await env.raw.list_unfinished("refunds")) == ["refund-1"]
+
+    # When a worker recovers it (no decision given)
+    recovered = await env.runner().recover(REFUNDS, "refund-1")
+
+    # Then it comes back as the same paused result: nothing in doubt, nothing run, nothing claimed
+    assert recovered.status == "paused"
+    assert [p.call_id for p in recovered.pending] == [request.call_id]
+    assert kit.LEDGER["refund"] == 0
+    assert len(await env.history("refund-1")) == 2
+
+
+async def test_recover_all_gives_paused_runs_back_as_paused(env):
+    # Given a paused refund
+    paused = await paused_refund(env)
+
+    # When a worker starting up recovers every unfinished run of the flow
+    out = await env.runner().recover_all(REFUNDS)
+
+    # Then the paused run comes back paused with its request; nothing ran
+    result = out["refund-1"]
+    assert isinstance(result, RunResult) and result.status == "paused"
+    assert [p.call_id for p in result.pending] == [p.call_id for p in paused.pending]
+    assert kit.LEDGER == {}
+
+
+async def test_plain_resume_is_not_reported_as_a_recovery(env):
+    # Given a paused refund (paused, not crashed)
+    await paused_refund(env)
+
+    # When it is resumed
+    await env.runner().resume(REFUNDS, "refund-1", approve=True)
+
+    # Then no run.recovered event says it was recovered
+    assert env.named("run.recovered") == []
+
+
+async def test_approval_policy_pauses_only_the_calls_it_picks(env):
+    # Given the refund tool's policy `amount > 100`
+    runner = env.runner()
+
+    # When a small and a big refund run
+    small = await runner.run(REFUNDS, SMALL, run_id="small")
+    big = await runner.run(REFUNDS, BIG, run_id="big")
+
+    # Then only the big one pauses; the small one ran and finished
+    assert small.status == "done" and small.state.outcome == "refunded 50"
+    assert big.status == "paused"
+    assert kit.LEDGER == {"refund": 1, "notify": 1}
+
+
+async def test_resume_with_approval_runs_the_call_once_and_finishes(env):
+    # Given a paused refund
+    await paused_refund(env)
+
+    # When it is resumed with approve=True (by another worker)
+    result = await env.runner().resume(REFUNDS, "refund-1", approve=True)
+
+    # Then the refund ran once and the run finished
+    assert result.status == "done"
+    assert (result.state.outcome, result.state.after) == ("refunded 500", "notified 500")
+    assert kit.LEDGER == {"refund": 1, "notify": 1}
+    assert [r.kind for r in await env.calls("refund-1")] == ["pending", "started", "done", "started", "done"]
+    assert (await env.history("refund-1"))[-1].status == "done"
+
+
+async def test_resume_with_denial_does_not_run_the_tool_and_on_deny_lets_the_flow_branch(env):
+    # Given a paused refund whose Call has on_deny="denied"
+    await paused_refund(env)
+
+    # When it is resumed with approve=False
+    result = await env.runner().resume(REFUNDS, "refund-1", approve=False)
+
+    # Then the refund never ran, its field got "denied" and the flow took the apologize branch
+    assert result.status == "done"
+    assert (result.state.outcome, result.state.after) == ("denied", "apologized 500")
+    assert kit.LEDGER == {"apologize": 1}
+    assert "denied" in [r.kind for r in await env.calls("refund-1")]
+
+
+async def test_denial_without_on_deny_fails_the_run_with_approval_denied(env):
+    # Given a paused wire (always needs approval; its Call has no on_deny)
+    paused = await env.runner().run(WIRES, Refund(amount=10), run_id="wire-1")
+    assert paused.status == "paused"
+
+    # When it is resumed with approve=False
+    result = await env.runner().resume(WIRES, "wire-1", approve=False)
+
+    # Then the run failed with ApprovalDenied and the wire never ran
+    assert result.status == "failed"
+    assert result.error is not None and "ApprovalDenied" in result.error
+    assert kit.LEDGER == {}
+    assert (await env.history("wire-1"))[-1].status == "failed"
+
+
+@pytest.mark.parametrize("state", ["done", "running", "resumed"])
+async def test_resume_of_a_run_that_is_not_paused_is_a_conflict(env, state):
+    # Given a run that is not paused: finished, crashed while running, or paused and already resumed
+    if state == "done":
+        flow = TICKETS
+        await env.runner().run(TICKETS, kit.ORDER, run_id="run-1")
+    elif state == "running":
+        flow = TICKETS
+        first = env.runner()
+        first.checkpoints.crash("save", step=2)
+        with pytest.raises(Crash):
+            await first.run(TICKETS, kit.ORDER, run_id="run-1")
+    else:
+        flow = REFUNDS
+        await paused_refund(env, "run-1")
+        await env.runner().resume(REFUNDS, "run-1", approve=True)
+    before, steps = kit.snapshot(), len(await env.history("run-1"))
+
+    # When someone resumes it
+    # Then CheckpointConflict, and nothing ran or was saved
+    with pytest.raises(CheckpointConflict):
+        await env.runner().resume(flow, "run-1", approve=True)
+    assert kit.LEDGER == before
+    assert len(await env.history("run-1")) == steps
+
+
+async def test_two_racing_resumes_exactly_one_wins(env):
+    # Given a paused refund and two workers that both read it before either claims
+    await paused_refund(env)
+    one, two = env.runner(), env.runner()
+    one.checkpoints.rendezvous = two.checkpoints.rendezvous = asyncio.Barrier(2)
+
+    # When both resume it at once
+    outcomes = await asyncio.gather(
+        one.resume(REFUNDS, "refund-1", approve=True),
+        two.resume(REFUNDS, "refund-1", approve=True),
+        return_exceptions=True,
+    )
+
+    # Then exactly one wins, the other gets CheckpointConflict, and the refund ran once
+    assert sorted(type(o).__name__ for o in outcomes) == ["CheckpointConflict", "RunResult"], outcomes
+    (won,) = [o for o in outcomes if isinstance(o, RunResult)]
+    assert won.status == "done"
+    assert kit.LEDGER == {"refund": 1, "notify": 1}
+
+
+@pytest.mark.parametrize(
+    ("approve", "record", "outcome", "ledger"),
+    [
+        (True, "started", "refunded 500", {"refund": 1, "notify": 1}),
+        (False, "denied", "denied", {"apologize": 1}),
+    ],
+    ids=["approved", "denied"],
+)
+async def test_crash_after_the_resume_save_is_recovered_by_spending_the_stored_decision(
+    env, approve, record, outcome, ledger
+):
+    # Given a paused refund, resumed by a worker that dies right after saving the decision
+    # (before it writes the call's next record)
+    await paused_refund(env)
+    resumer = env.runner()
+    resumer.checkpoints.crash("record_call", kind=record, node="refund")
+    with pytest.raises(Crash):
+        await resumer.resume(REFUNDS, "refund-1", approve=approve)
+    latest = (await env.history("refund-1"))[-1]
+    assert latest.status == "running"
+    assert kit.LEDGER == {}
+
+    # When another worker recovers it, giving no decision
+    result = await env.runner().recover(REFUNDS, "refund-1")
+
+    # Then the stored decision is spent without asking again, once
+    assert result.status == "done"
+    assert result.state.outcome == outcome
+    assert kit.LEDGER == ledger
+
+
+async def test_crash_before_the_resume_save_leaves_the_run_paused_and_resumable(env):
+    # Given a paused refund, resumed by a worker that dies before saving the decision
+    await paused_refund(env)
+    resumer = env.runner()
+    resumer.checkpoints.crash("save")
+    with pytest.raises(Crash):
+        await resumer.resume(REFUNDS, "refund-1", approve=True)
+
+    # Then the run is still paused, nothing ran
+    assert (await env.history("refund-1"))[-1].status == "paused"
+    assert (await env.runner().recover(REFUNDS, "refund-1")).status == "paused"
+    assert kit.LEDGER == {}
+
+    # And it can be resumed again
+    result = await env.runner().resume(REFUNDS, "refund-1", approve=True)
+    assert result.status == "done"
+    assert kit.LEDGER == {"refund": 1, "notify": 1}
+
+
+async def test_sync_approval_port_is_asked_after_the_call_is_logged_started(env):
+    # Given a synchronous approval port that looks at the call log when it is asked
+    seen: list[list[tuple[str, str | None]]] = []
+
+    async def approver(request):
+        seen.append([(r.kind, body(r).get("tool")) for r in await env.calls("wire-1")])
+        return True
+
+    runner = env.runner(approver=approver)
+
+    # When a run makes a call that needs approval
+    result = await runner.run(WIRES, Refund(amount=10), run_id="wire-1")
+
+    # Then the port was asked once, with the call already logged `started`; the run did not pause
+    assert seen == [[("started", "wire")]]
+    assert result.status == "done"
+    assert kit.LEDGER == {"wire": 1, "notify": 1}
+
+
+async def test_crash_while_the_approval_port_waits_leaves_the_call_in_doubt(env):
+    # Given a synchronous approval port during whose wait the worker dies
+    def dying_approver(request):
+        raise Crash("the worker died while the approver was waiting")
+
+    with pytest.raises(Crash):
+        await env.runner(approver=dying_approver).run(WIRES, Refund(amount=10), run_id="wire-1")
+    assert [r.kind for r in await env.calls("wire-1")] == ["started"]
+
+    # When a worker recovers it without a decision
+    # Then the call is in doubt (the wire is not idempotent) and nothing ran
+    with pytest.raises(RecoveryNeedsDecision) as caught:
+        await env.runner(approver=lambda request: True).recover(WIRES, "wire-1")
+    assert [tool for tool, _ in caught.value.calls] == ["wire"]
+    assert kit.LEDGER == {}
+
+    # And after checking, it can be rerun (and approved again)
+    result = await env.runner(approver=lambda request: True).recover(WIRES, "wire-1", rerun_in_doubt=True)
+    assert result.status == "done"
+    assert kit.LEDGER == {"wire": 1, "notify": 1}
+
+
+@pytest.mark.parametrize(
+    ("owner", "intruder"),
+    [
+        (RunContext(user="alice", thread="t1"), RunContext(user="mallory", thread="t1")),
+        (RunContext(user="alice", thread="t1"), RunContext(user="alice", thread="t2")),
+        (RunContext(user="alice", thread="t1", principal="tok-alice"), None),
+        (RunContext(user="alice", thread="t1", principal="tok-alice"), RunContext(principal="tok-mallory")),
+    ],
+    ids=["other-user", "other-thread", "missing-principal", "wrong-principal"],
+)
+async def test_resume_applies_the_identity_rules(env, owner, intruder):
+    # Given a refund paused for its owner
+    await paused_refund(env, ctx=owner)
+
+    # When someone else resumes it
+    # Then IdentityMismatch, nothing ran, the run is still paused
+    with pytest.raises(IdentityMismatch):
+        await env.runner().resume(REFUNDS, "refund-1", approve=True, ctx=intruder)
+    assert kit.LEDGER == {}
+    assert (await env.history("refund-1"))[-1].status == "paused"
+
+    # And its owner can resume it
+    result = await env.runner().resume(REFUNDS, "refund-1", approve=True, ctx=owner)
+    assert result.status == "done"
+    assert kit.LEDGER == {"refund": 1, "notify": 1}
