@@ -51,5 +51,7 @@ class LoopBridge:
     def close(self) -> None:
         """Close the loop (at process shutdown)."""
         if self._loop is not None and not self._loop.is_closed() and self._pid == os.getpid():
+            # Stores close their clients from async generators the loop finalizes here.
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
         self._loop = None
