@@ -18,25 +18,10 @@ import pytest
 
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
 
-# ---------------------------------------------------------------------------------------
-# TEMPORARY, remove once sqlite.py, redis.py and sqlalchemy.py have all landed: a backend
-# whose module is not written yet is skipped instead of failing. Afterwards this becomes a
-# plain import (a missing backend must fail the suite).
-# ---------------------------------------------------------------------------------------
-
 
 def backend_class(module: str, name: str) -> Any:
-    """Import a store class from `agentflow.exec.checkpoints.<module>`, or skip if it is not written yet."""
-    qualified = f"agentflow.exec.checkpoints.{module}"
-    try:
-        loaded = importlib.import_module(qualified)
-    except ModuleNotFoundError as exc:
-        if exc.name != qualified:  # the module exists but something it imports does not: a real failure
-            raise
-        pytest.skip(f"backend not written yet: {qualified}")
-    if not hasattr(loaded, name):
-        pytest.skip(f"backend not written yet: {qualified} has no {name}")
-    return getattr(loaded, name)
+    """Import a store class from `agentflow.exec.checkpoints.<module>` (a missing one fails the suite)."""
+    return getattr(importlib.import_module(f"agentflow.exec.checkpoints.{module}"), name)
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,14 +7,17 @@ RecoveryNeedsDecision, and after the operator's ``rerun_in_doubt`` the run compl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 from crashkit import POINTS, TOOLS, Ledger
 
 HERE = Path(__file__).parent
@@ -74,11 +77,42 @@ def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, dec
         assert counts[tool] == 1  # finished before the crash: replayed, never rerun
 
 
-@pytest.mark.parametrize("crash", crash_cases())
-def test_sqlite_worker_killed_at_each_boundary_recovers(tmp_path: Path, crash: str) -> None:
-    # Given a worker process running the ticket flow on SQLite
-    store, ledger = f"sqlite:{tmp_path / 'runs.db'}", Ledger(tmp_path / "ledger.jsonl")
-    # When it is SIGKILLed at the boundary
+@pytest.fixture
+def shared_store(request, tmp_path):
+    """A store spec the worker processes share: SQLite, or (param) Redis / PostgreSQL with their own prefix."""
+    kind = getattr(request, "param", "sqlite")
+    prefix = f"t{uuid.uuid4().hex[:16]}"
+    if kind == "sqlite":
+        yield f"sqlite:{tmp_path / 'runs.db'}"
+    elif kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        yield f"redis:{url}#{prefix}"
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=500))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    else:
+        url = request.getfixturevalue("postgres_url")
+        yield f"sql:{url}#{prefix}_"
+        asyncio.run(_drop_tables(url, f"{prefix}_"))
+
+
+async def _drop_tables(url: str, prefix: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    try:
+        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE starts_with(tablename, $1)", prefix)
+        for row in rows:
+            await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
+    finally:
+        await conn.close()
+
+
+def check_boundary(store: str, tmp_path: Path, crash: str) -> None:
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    # When the worker is SIGKILLed at the boundary
     first = worker(store, ledger.path, "order-1", "run", crash)
     assert first is None, f"the worker should have been killed at {crash}, got {first}"
     if crash == "in_save:0":
@@ -90,6 +124,26 @@ def test_sqlite_worker_killed_at_each_boundary_recovers(tmp_path: Path, crash: s
     # Then a new worker process recovers it to the end with the invariants intact
     outcome, decisions = recover_until_done(store, ledger.path, "order-1")
     check_invariants(crash, ledger, "order-1", outcome, decisions)
+
+
+@pytest.mark.parametrize("crash", crash_cases())
+def test_sqlite_worker_killed_at_each_boundary_recovers(shared_store: str, tmp_path: Path, crash: str) -> None:
+    # Given a worker process running the ticket flow on SQLite, killed at the boundary
+    check_boundary(shared_store, tmp_path, crash)
+
+
+SERVER_CASES = [c for c in crash_cases() if c.endswith(":charge_card") or c.startswith(("in_save", "between"))]
+
+
+@pytest.mark.parametrize("crash", SERVER_CASES)
+@pytest.mark.parametrize(
+    "shared_store",
+    [pytest.param("redis", marks=pytest.mark.redis), pytest.param("sql", marks=pytest.mark.postgres)],
+    indirect=True,
+)
+def test_server_store_worker_killed_at_each_boundary_recovers(shared_store: str, tmp_path: Path, crash: str) -> None:
+    # Given worker processes sharing Redis or PostgreSQL, one killed at each boundary of a non-idempotent call
+    check_boundary(shared_store, tmp_path, crash)
 
 
 def test_random_kills_over_many_runs_keep_the_invariants(tmp_path: Path) -> None:
