@@ -1,6 +1,6 @@
 """agentflow: durable execution for agent work (tool-call graphs and LLM tool loops)."""
 
-from agentflow._app import FlowApp
+from agentflow._app import FlowApp, LoopSpec
 from agentflow._errors import (
     AgentflowError,
     ApprovalDenied,
@@ -39,6 +39,7 @@ __all__ = [
     "FlowError",
     "FlowRunner",
     "IdentityMismatch",
+    "LoopSpec",
     "ModelError",
     "RecoveryNeedsDecision",
     "Registry",

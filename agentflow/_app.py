@@ -8,7 +8,8 @@ tools. A `FlowApp` bundles them.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentflow._errors import FlowError
@@ -17,18 +18,34 @@ from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._graph import Flow
 from agentflow.flow._runner import FlowRunner
+from agentflow.models._protocol import Model
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """A tool loop a deployment runs: its model, its tools, its budget."""
+
+    model_factory: Callable[[], Model]
+    """Makes the model (once per worker process)."""
+    registry: Registry
+    """The tools the model may call."""
+    max_steps: int = 10
+    """Model calls the whole run may make."""
 
 
 class FlowApp:
-    """A registry of tools and the flows that use them."""
+    """A registry of tools, the flows that use them, and (optionally) tool loops."""
 
-    def __init__(self, registry: Registry, flows: Iterable[Flow[Any]]) -> None:
-        """Bundle `flows` with their `registry`.
+    def __init__(
+        self, registry: Registry, flows: Iterable[Flow[Any]], *, loops: Mapping[str, LoopSpec] | None = None
+    ) -> None:
+        """Bundle `flows` with their `registry`, and name the tool loops.
 
         Raises:
             FlowError: two flows share a name, or a flow calls a tool the registry lacks.
         """
         self.registry = registry
+        self.loops: dict[str, LoopSpec] = dict(loops or {})
         self.flows: dict[str, Flow[Any]] = {}
         for flow in flows:
             if flow.name in self.flows:

@@ -3,6 +3,8 @@
 Tasks (messages carry ids only: flow name, run id, step; never state or secrets):
 - ``agentflow.start_run`` / ``agentflow.superstep`` ``(flow, run_id, step, cause)``: one
   superstep; enqueues the next one when the run goes on.
+- ``agentflow.loop_stage`` ``(loop:<name>, run_id, step, cause)``: one stage of a tool loop
+  (a model call, or one round of tools), then the next.
 - ``agentflow.resume`` ``(flow, run_id, approve, note)``: store the decision on a paused
   run (compare-and-set), then enqueue the superstep that spends it.
 - ``agentflow.recover_all`` ``()``: enqueue a superstep for every stranded run.
@@ -25,7 +27,7 @@ from celery.signals import worker_process_shutdown, worker_ready
 from agentflow._app import FlowApp
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._lease import Leases
-from agentflow.celery._worker import Worker, WorkerSettings
+from agentflow.celery._worker import LOOP_PREFIX, Worker, WorkerSettings
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 log = logging.getLogger("agentflow.celery")
@@ -42,6 +44,7 @@ class AgentflowTasks:
     superstep: Task
     resume: Task
     recover_all: Task
+    loop_stage: Task
     worker: Worker
     bridge: LoopBridge
 
@@ -49,6 +52,8 @@ class AgentflowTasks:
         """Enqueue one superstep; returns the task id."""
         task_id = f"af-{run_id}-{step}" if cause == "next" else f"af-{run_id}-{step}-{cause}-{uuid.uuid4().hex[:6]}"
         task = self.start_run if cause == "start" else self.superstep
+        if flow.startswith(LOOP_PREFIX):
+            task = self.loop_stage
         task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue)
         return task_id
 
@@ -83,7 +88,7 @@ def register_tasks(
 
     Args:
         app: the user's Celery app.
-        flow_app: the flows and tools the workers run.
+        flow_app: the flows, tools and tool loops the workers run.
         store_factory: makes the checkpoint store (called once per worker process).
         checkpoint_key: the signing key(s), the same on every worker.
         redis_factory: makes a ``redis.asyncio.Redis`` for leases and locks.
@@ -130,6 +135,7 @@ def register_tasks(
     handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)
     handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
     handles["resume"] = app.task(name="agentflow.resume", **options)(resume)
+    handles["loop_stage"] = app.task(name="agentflow.loop_stage", **options)(superstep)
     handles["recover_all"] = app.task(name="agentflow.recover_all", **{**options, "acks_late": False})(recover_all)
     routes = dict(app.conf.task_routes or {}) if isinstance(app.conf.task_routes, dict) else {}
     app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}

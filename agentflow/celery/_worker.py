@@ -12,15 +12,20 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow._app import FlowApp
-from agentflow._errors import CheckpointConflict, RecoveryNeedsDecision, Stale
+from agentflow._app import FlowApp, LoopSpec
+from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
 from agentflow.celery._lease import Leases
+from agentflow.exec._durable_loop import advance_tool_loop
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
+from agentflow.models._protocol import Model
+
+#: Prefix of a tool loop's flow column (``loop:<name>``).
+LOOP_PREFIX = "loop:"
 
 
 @dataclass(frozen=True)
@@ -92,17 +97,19 @@ class Worker:
         settings: WorkerSettings,
     ) -> None:
         self.flow_app = flow_app
+        self.loops = flow_app.loops
+        self._models: dict[str, Model] = {}
         self.leases = leases
         self.settings = settings
         self._store_factory = store_factory
-        self._key = checkpoint_key
+        self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
 
     @property
     def runner(self) -> FlowRunner:
         """This process's runner (made on first use, in the process that uses it)."""
         if self._runner is None:
-            self._runner = self.flow_app.runner(self._store_factory(), self._key)
+            self._runner = self.flow_app.runner(self._store_factory(), self.checkpoint_key)
         return self._runner
 
     @property
@@ -112,23 +119,59 @@ class Worker:
         assert store is not None
         return store
 
+    def loop(self, name: str) -> LoopSpec:
+        """The tool loop called `name`.
+
+        Raises:
+            FlowError: no loop has that name.
+        """
+        try:
+            return self.loops[name]
+        except KeyError:
+            known = ", ".join(sorted(self.loops)) or "none"
+            raise FlowError(f"unknown tool loop {name!r} (registered: {known})") from None
+
+    def _model(self, name: str) -> Model:
+        if name not in self._models:
+            self._models[name] = self.loop(name).model_factory()
+        return self._models[name]
+
     async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, rerun: bool) -> Outcome:
-        """Run one superstep of the run under its lease (see the module docstring)."""
-        flow = self.flow_app.flow(flow_name)
-        async with self.leases.hold(run_id) as held:
-            if not held:
-                return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
-            try:
-                result = await self.runner.advance(
-                    flow, run_id, expected_step=step, rerun_in_doubt=rerun, handoff=handoff
-                )
-            except Stale as exc:
-                return Outcome(run_id, flow_name, "skipped", why=str(exc))
-            except RecoveryNeedsDecision as exc:
-                await self.leases.mark_decision(run_id, exc.calls)
-                return Outcome(run_id, flow_name, "decision", why=str(exc))
-            except CheckpointConflict as exc:
-                return Outcome(run_id, flow_name, "conflict", why=str(exc))
+        """Run one superstep of the run (one stage of a loop) under its lease."""
+        if flow_name.startswith(LOOP_PREFIX):
+            name = flow_name.removeprefix(LOOP_PREFIX)
+            advance: Coroutine[Any, Any, Any] = advance_tool_loop(
+                self._model(name),
+                self.loop(name).registry,
+                run_id,
+                checkpoints=self.store,
+                checkpoint_key=self.checkpoint_key,
+                expected_step=step,
+                handoff=handoff,
+                rerun_in_doubt=rerun,
+                name=name,
+            )
+        else:
+            flow = self.flow_app.flow(flow_name)
+            advance = self.runner.advance(flow, run_id, expected_step=step, rerun_in_doubt=rerun, handoff=handoff)
+        return await self._under_lease(flow_name, run_id, advance)
+
+    async def _under_lease(self, flow_name: str, run_id: str, advance: Coroutine[Any, Any, Any]) -> Outcome:
+        try:
+            async with self.leases.hold(run_id) as held:
+                if not held:
+                    return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
+                try:
+                    result = await advance
+                except Stale as exc:
+                    return Outcome(run_id, flow_name, "skipped", why=str(exc))
+                except RecoveryNeedsDecision as exc:
+                    await self.leases.mark_decision(run_id, exc.calls)
+                    return Outcome(run_id, flow_name, "decision", why=str(exc))
+                except CheckpointConflict as exc:
+                    return Outcome(run_id, flow_name, "conflict", why=str(exc))
+        finally:
+            advance.close()  # a no-op once it ran; frees it if the lease was never held
         return Outcome(
             run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
         )
@@ -140,7 +183,7 @@ class Worker:
                 return None
             found: list[tuple[str, str, int]] = []
             now = time.time()
-            for name in self.flow_app.flows:
+            for name in [*self.flow_app.flows, *(LOOP_PREFIX + n for n in self.loops)]:
                 run_ids = list(await self.store.list_unfinished(name))
                 busy = await self.leases.leased(run_ids)
                 for run_id in run_ids:

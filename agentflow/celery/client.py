@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +17,10 @@ from pydantic import BaseModel
 from agentflow._errors import CheckpointConflict
 from agentflow._identity import RunContext
 from agentflow.celery._tasks import AgentflowTasks
+from agentflow.exec._durable_loop import LoopResult, read_tool_loop, start_tool_loop
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.flow._runner import FlowRunner
+from agentflow.models._messages import Message
 
 
 @dataclass
@@ -128,16 +130,62 @@ class FlowClient:
         await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, result.step, "resume")
         return result.step
 
+    async def start_loop(
+        self, name: str, messages: Sequence[Message], *, run_id: str | None = None, ctx: RunContext | None = None
+    ) -> str:
+        """Save a tool loop's step 0 (its messages) and enqueue its first stage; return the run id.
+
+        Raises:
+            FlowError: no loop has that name.
+            ValueError: `ctx` carries a principal.
+        """
+        if ctx is not None and ctx.principal is not None:
+            raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
+        worker = self.tasks.worker
+        spec = worker.loop(name)
+        started = await start_tool_loop(
+            spec.registry,
+            messages,
+            run_id=run_id,
+            checkpoints=worker.store,
+            checkpoint_key=worker.checkpoint_key,
+            max_steps=spec.max_steps,
+            ctx=ctx,
+            name=name,
+        )
+        await asyncio.to_thread(self.tasks.send_superstep, f"loop:{name}", started.run_id, 0, "start")
+        return started.run_id
+
+    async def loop_status(self, name: str, run_id: str) -> LoopResult:
+        """Read a tool loop from the store (history checked)."""
+        worker = self.tasks.worker
+        return await read_tool_loop(run_id, checkpoints=worker.store, checkpoint_key=worker.checkpoint_key, name=name)
+
+    async def wait_loop(self, name: str, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> LoopResult:
+        """Poll until the loop ended, paused, or waits for a decision.
+
+        Raises:
+            TimeoutError: it did not settle in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = await self.loop_status(name, run_id)
+            if result.status != "running" or await self.tasks.worker.leases.decision(run_id):
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"loop {run_id!r} is still running after {timeout_s}s")
+            await asyncio.sleep(poll_s)
+
     async def decide_in_doubt(self, run_id: str, *, rerun: bool = True) -> None:
         """After checking the calls in doubt at their systems, let the run go on (rerunning them).
 
         Raises:
             CheckpointConflict: the run is not waiting for a decision.
         """
-        view = await self.status(run_id)
-        if view.waiting_for_decision is None:
+        if await self.tasks.worker.leases.decision(run_id) is None:
             raise CheckpointConflict(f"run {run_id!r} is not waiting for a decision")
         if not rerun:
             raise ValueError("to skip a call in doubt, repair the state by hand; agentflow only reruns it")
+        row = await self.tasks.worker.store.latest(run_id)
         await self.tasks.worker.leases.clear_decision(run_id)
-        await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, view.step, "rerun")
+        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, row.step, "rerun")

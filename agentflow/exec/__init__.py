@@ -1,7 +1,14 @@
 """Tools, the executor, the call log and the tool loop."""
 
 from agentflow.exec._context import CallInfo, current_call, idempotency_key
-from agentflow.exec._durable_loop import LoopResult, recover_tool_loop, run_tool_loop
+from agentflow.exec._durable_loop import (
+    LoopResult,
+    advance_tool_loop,
+    read_tool_loop,
+    recover_tool_loop,
+    run_tool_loop,
+    start_tool_loop,
+)
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
 
@@ -15,8 +22,11 @@ __all__ = [
     "Registry",
     "RetryPolicy",
     "Tool",
+    "advance_tool_loop",
     "current_call",
     "idempotency_key",
+    "read_tool_loop",
     "recover_tool_loop",
     "run_tool_loop",
+    "start_tool_loop",
 ]

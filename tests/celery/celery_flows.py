@@ -9,8 +9,9 @@ import random
 
 from pydantic import BaseModel
 
-from agentflow import Call, Flow, FlowApp, Registry
+from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
 from agentflow.exec import current_call, idempotency_key
+from agentflow.models import Message, ToolCall
 
 registry = Registry()
 
@@ -82,4 +83,26 @@ slow = (
     .end("report")
 )
 
-app = FlowApp(registry, [tickets, slow])
+
+class ForecastModel:
+    """A stateless model (the same answer in every worker process): ask the tool, then answer."""
+
+    async def complete(self, messages, tools):
+        results = [m for m in messages if m.role == "tool"]
+        if not results:
+            city = messages[-1].content
+            return Message.assistant(tool_calls=[ToolCall(id="c1", name="forecast", arguments={"city": city})])
+        return Message.assistant(f"answer: {results[-1].content}")
+
+
+loop_tools = Registry()
+
+
+@loop_tools.tool
+async def forecast(city: str) -> str:
+    await _pause()
+    _effect("forecast")
+    return f"sunny in {city}"
+
+
+app = FlowApp(registry, [tickets, slow], loops={"forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools)})

@@ -116,3 +116,18 @@ async def test_a_live_slow_superstep_is_not_stolen_by_recover_all(deployment):
     assert all(run_id not in r.get("enqueued", []) for r in results), results
     assert view.status == "done"
     assert deployment.effects()[("slow_report", run_id)] == 1
+
+
+async def test_a_tool_loop_runs_stage_by_stage_as_tasks(deployment):
+    from agentflow.models import Message
+
+    # Given a worker and a tool loop registered on the app
+    deployment.start_worker("w1")
+    # When a loop is started through the client
+    run_id = await deployment.client.start_loop("forecast", [Message.user("Oslo")])
+    result = await deployment.client.wait_loop("forecast", run_id, timeout_s=30)
+    # Then each stage ran as a task and the loop finished with the tool's answer
+    assert result.status == "done"
+    assert result.text == "answer: sunny in Oslo"
+    assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
+    assert deployment.effects()[("forecast", run_id)] == 1
