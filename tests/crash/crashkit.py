@@ -29,6 +29,9 @@ from pydantic import BaseModel
 from agentflow import Call, Executor, Flow, FlowRunner, Registry
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, idempotency_key
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from storespec import make_store
+
 KEY = b"crash-kit-key-0123456789abcdef-01"
 TOOLS = ("hold_seats", "charge_card", "email_tickets")
 POINTS = ("before_started", "after_started", "in_tool", "before_done", "after_done", "in_save", "between")
@@ -136,27 +139,6 @@ class CrashingStore:
         await self.inner.record_call(run_id, record)
         if hit and (self.point, record.kind) in {("after_started", "started"), ("after_done", "done")}:
             self.kill()
-
-
-def make_store(spec: str) -> Any:
-    kind, _, rest = spec.partition(":")
-    if kind == "sqlite":
-        from agentflow.exec.checkpoints import SQLiteCheckpointStore
-
-        return SQLiteCheckpointStore(rest)
-    if kind == "redis":
-        import redis.asyncio
-
-        from agentflow.exec.checkpoints import RedisCheckpointStore
-
-        url, _, prefix = rest.rpartition("#")
-        return RedisCheckpointStore(lambda: redis.asyncio.Redis.from_url(url), prefix=prefix)
-    if kind == "sql":
-        from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore
-
-        url, _, prefix = rest.rpartition("#")
-        return SQLAlchemyCheckpointStore(url, table_prefix=prefix)
-    raise ValueError(f"unknown store spec {spec!r}")
 
 
 async def act(runner: FlowRunner, flow: Flow[Order], action: str, run_id: str) -> dict[str, Any]:

@@ -7,17 +7,14 @@ RecoveryNeedsDecision, and after the operator's ``rerun_in_doubt`` the run compl
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
-import redis
 from crashkit import POINTS, TOOLS, Ledger
 
 HERE = Path(__file__).parent
@@ -75,39 +72,6 @@ def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, dec
         assert decisions == []
     if point == "after_done":
         assert counts[tool] == 1  # finished before the crash: replayed, never rerun
-
-
-@pytest.fixture
-def shared_store(request, tmp_path):
-    """A store spec the worker processes share: SQLite, or (param) Redis / PostgreSQL with their own prefix."""
-    kind = getattr(request, "param", "sqlite")
-    prefix = f"t{uuid.uuid4().hex[:16]}"
-    if kind == "sqlite":
-        yield f"sqlite:{tmp_path / 'runs.db'}"
-    elif kind == "redis":
-        url = request.getfixturevalue("redis_url")
-        yield f"redis:{url}#{prefix}"
-        client = redis.Redis.from_url(url)
-        keys = list(client.scan_iter(match=f"{prefix}*", count=500))
-        if keys:
-            client.delete(*keys)
-        client.close()
-    else:
-        url = request.getfixturevalue("postgres_url")
-        yield f"sql:{url}#{prefix}_"
-        asyncio.run(_drop_tables(url, f"{prefix}_"))
-
-
-async def _drop_tables(url: str, prefix: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-    try:
-        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE starts_with(tablename, $1)", prefix)
-        for row in rows:
-            await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
-    finally:
-        await conn.close()
 
 
 def check_boundary(store: str, tmp_path: Path, crash: str) -> None:

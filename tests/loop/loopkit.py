@@ -40,6 +40,9 @@ from agentflow.exec import ApprovalRequest, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
 from agentflow.models import Message, ScriptedModel, ToolCall
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from storespec import make_store
+
 KEY = b"loop-crash-kit-key-0123456789abcdef"
 #: The model may be called this often over the whole run (the conversation needs 3 calls).
 MAX_STEPS = 4
@@ -198,7 +201,8 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
     ledger = Ledger(Path(opts.ledger))
     registry = build(ledger, opts.run_id, crash_in=what if point == "in_tool" else None, approval=opts.approver)
     model = LedgerModel(ledger, opts.run_id, die_on=int(what) if point == "model" else None)
-    store = CrashingStore(SQLiteCheckpointStore(opts.db), point or None, what or None)
+    inner = make_store(opts.store) if opts.store else SQLiteCheckpointStore(opts.db)
+    store = CrashingStore(inner, point or None, what or None)
     events = Events()
     if point in ("after_reply", "after_tools"):
         kill_after_saves(events, point, what)
@@ -231,6 +235,7 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", required=True)
+    parser.add_argument("--store", default=None, help="a store spec (tests/storespec.py) instead of --db")
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--action", choices=["run", "recover", "recover_rerun"], required=True)

@@ -22,16 +22,19 @@ HERE = Path(__file__).parent
 
 
 class Worker:
-    """Starts loopkit.py worker processes on one database and ledger."""
+    """Starts loopkit.py worker processes on one database (or store spec) and ledger."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, store: str | None = None) -> None:
         self.db = tmp_path / "loops.db"
+        self.store = store
         self.ledger = Ledger(tmp_path / "ledger.jsonl")
 
     def __call__(self, run_id: str, action: str, crash: str | None = None, approver: bool = False) -> dict | None:
         """Run one worker; None if it was killed."""
         cmd = [sys.executable, str(HERE / "loopkit.py"), "--db", str(self.db), "--ledger", str(self.ledger.path)]
         cmd += ["--run-id", run_id, "--action", action]
+        if self.store:
+            cmd += ["--store", self.store]
         if crash:
             cmd += ["--crash", crash]
         if approver:
@@ -102,7 +105,26 @@ def check_finished(worker: Worker, run_id: str, crash: str, out: dict, decisions
 @pytest.mark.parametrize("crash", CASES)
 def test_loop_worker_killed_at_each_boundary_is_recovered_by_another_process(tmp_path: Path, crash: str) -> None:
     # Given a worker process running the loop on SQLite
-    worker = Worker(tmp_path)
+    check_boundary(Worker(tmp_path), crash)
+
+
+@pytest.mark.parametrize(
+    "crash",
+    ["model:2", "after_reply:1", "after_started:charge", "in_tool:charge", "after_done:charge", "after_tools:1"],
+)
+@pytest.mark.parametrize(
+    "shared_store",
+    [pytest.param("redis", marks=pytest.mark.redis), pytest.param("sql", marks=pytest.mark.postgres)],
+    indirect=True,
+)
+def test_loop_worker_on_a_server_store_killed_at_a_boundary_is_recovered(
+    tmp_path: Path, shared_store: str, crash: str
+) -> None:
+    # Given worker processes sharing Redis or PostgreSQL
+    check_boundary(Worker(tmp_path, shared_store), crash)
+
+
+def check_boundary(worker: Worker, crash: str) -> None:
     # When it is SIGKILLed at the boundary
     first = worker("chat-1", "run", crash)
     assert first is None, f"the worker should have been killed at {crash}, got {first}"
