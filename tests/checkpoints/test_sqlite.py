@@ -477,3 +477,43 @@ def test_processes_appending_calls_at_once_lose_nothing(db_path: Path, tmp_path:
     # Then all 200 are there, each segment numbered 0..49 without gaps
     records = asyncio.run(read())
     assert [(r.segment, r.seq) for r in records] == [(seg, seq) for seg in range(4) for seq in range(50)]
+
+
+async def test_a_free_database_is_written_inline_without_a_thread_hop(db_path: Path) -> None:
+    # Given a store whose schema is in place
+    store = SQLiteCheckpointStore(db_path)
+    await store.save("r", 0, checkpoint("r", 0))
+    # When it writes while nobody else holds the lock, Then the statement runs on the calling thread
+    seen: list[threading.Thread] = []
+    await store._do(lambda conn: seen.append(threading.current_thread()))
+    assert seen == [threading.current_thread()]
+    await store.aclose()
+
+
+async def test_a_write_that_must_wait_for_a_lock_does_not_block_the_event_loop(db_path: Path) -> None:
+    # Given a store in use, and another connection (another process, say) holding the write lock
+    store = SQLiteCheckpointStore(db_path)
+    await store.save("r", 0, checkpoint("r", 0))
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    running = asyncio.get_running_loop().create_task(ticker())
+    # When the store writes, it waits for the lock on its own thread
+    write = asyncio.get_running_loop().create_task(store.record_call("r", call("r", 0, 0)))
+    await asyncio.sleep(0.3)
+    # Then the loop kept running meanwhile, and the write completes once the lock is released
+    assert not write.done()
+    assert ticks >= 10
+    other.execute("COMMIT")
+    other.close()
+    await asyncio.wait_for(write, timeout=5)
+    running.cancel()
+    assert [c.seq for c in await store.calls("r")] == [0]
+    await store.aclose()
