@@ -18,8 +18,9 @@ def parse_keys(text: str, *, source: str = "the key") -> list[bytes]:
             `source` and never contains the key.
     """
     keys: list[bytes] = []
-    for i, part in enumerate(p.strip() for p in text.split(",")):
-        where = f"{source} (key {i + 1})"
+    parts = [p.strip() for p in text.split(",")]
+    for i, part in enumerate(parts):
+        where = source if len(parts) == 1 else f"{source} (key {i + 1})"
         if not part:
             raise ValueError(f"{where} is empty")
         try:

@@ -12,9 +12,7 @@ from pydantic import SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import parse_keys
-
-#: Used only when AGENTFLOW_MODE is demo or test: it is public, so it protects nothing.
-DEMO_KEY = "agentflow-demo-key-not-for-production!"
+from agentflow.demo.worker import DEMO_KEY  # used only in demo or test mode: public, it protects nothing
 
 
 class Settings(BaseSettings):
@@ -58,7 +56,7 @@ class Settings(BaseSettings):
         """
         if self.checkpoint_keys is None:
             if self.mode in ("demo", "test"):
-                return [DEMO_KEY.encode()]
+                return [DEMO_KEY]
             raise ValueError(
                 "AGENTFLOW_CHECKPOINT_KEYS is not set: give every worker the same secret of 32+ bytes, e.g. "
                 "hex:$(python -c 'import secrets; print(secrets.token_hex(32))')"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.demo.tickets import LEDGER_ENV, SLOW_ENV, ledger
+from agentflow.demo.worker import DEMO_KEY
 
 RUN_IDS = ["order-1", "order-2", "order-3"]
 VICTIM = "order-2"
@@ -74,6 +75,7 @@ def _narrate(proc: subprocess.Popen[str], kill_when: str | None = None) -> list[
             proc.send_signal(signal.SIGKILL)
             say(f"  !! worker {proc.pid} killed with SIGKILL while {kill_when} was sending its mail")
     proc.wait()
+    proc.stdout.close()
     return lines
 
 
@@ -111,6 +113,9 @@ def _summary(folder: Path) -> int:
         ok = ok and row[1] == 1 and row[2] == 1
         say(f"  {run_id:<10}{row[0]:>12}{row[1]:>13}{row[2]:>15}")
     say()
-    say("Inspect the runs (checkpoint history, call log, the recovered mark):")
-    say(f"  .venv/bin/agentflow viewer --store sqlite:///{folder / 'runs.db'}")
+    key = f"AGENTFLOW_CHECKPOINT_KEYS=hex:{DEMO_KEY.hex()}"
+    store = f"--store sqlite:///{(folder / 'runs.db').absolute()}"
+    say("The runs are signed with the demo's public key. Inspect them (history, call log, recovered mark):")
+    say(f"  {key} .venv/bin/agentflow runs show {VICTIM} {store}")
+    say(f"  {key} .venv/bin/agentflow viewer {store} --app agentflow.demo.tickets:app")
     return 0 if ok else 1

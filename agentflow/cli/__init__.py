@@ -1,0 +1,1 @@
+"""The ``agentflow`` command: list, show, verify, recover and resume stored runs; serve the viewer."""

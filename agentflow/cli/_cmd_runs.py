@@ -1,0 +1,74 @@
+"""``agentflow runs list`` and ``agentflow runs show``: what the store holds, checked row by row."""
+
+from __future__ import annotations
+
+import click
+
+from agentflow.cli import _errors
+from agentflow.cli._inspect import ALL_RUNS, read_run, read_runs
+from agentflow.cli._report import CORRUPT, RunReport
+from agentflow.cli._show import corrupt_text, run_text
+from agentflow.cli._target import open_target, store_options
+from agentflow.cli._text import short, table, when
+
+#: Statuses ``--status`` accepts.
+STATUSES = ("running", "paused", "done", "failed", CORRUPT)
+
+
+@click.group("runs")
+def runs() -> None:
+    """List the runs of a store, or show one run."""
+
+
+def keep(report: RunReport, status: str | None) -> bool:
+    """Whether a run passes the ``--status`` filter (``corrupt`` picks the runs that failed their check)."""
+    if status is None:
+        return True
+    if status == CORRUPT:
+        return report.corrupt
+    return not report.corrupt and report.status == status
+
+
+def list_row(report: RunReport) -> list[str]:
+    """One line of the listing; a corrupt run shows its reason and nothing read from it."""
+    if report.corrupt:
+        return [report.run_id, "-", CORRUPT, "-", "-", "CORRUPT: " + short(report.problems[0], 100)]
+    marks = ", ".join(report.marks)
+    return [report.run_id, report.flow, report.status, str(report.step), when(report.saved_at), marks]
+
+
+@runs.command("list")
+@store_options
+@click.option("--flow", help="Only the runs of this flow.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@click.option("--limit", default=200, show_default=True, help="At most this many runs, newest first.")
+def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None, limit: int) -> None:
+    """List runs: id, flow, status, step, last update and marks (recovered, in doubt, paused, CORRUPT)."""
+    target = open_target(store_url, key_env)
+    reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(max(limit, 0), ALL_RUNS)))
+    wrong = target.wrong_key(reports)
+    if wrong:
+        raise _errors.CliError(wrong)
+    shown = [rep for rep in reports if keep(rep, status)]
+    if not shown:
+        click.echo("no runs" + (" match" if flow or status else " in this store"))
+        return
+    headers = ["run", "flow", "status", "step", "updated", "marks"]
+    click.echo(table(headers, [list_row(rep) for rep in shown], colour=2))
+    click.echo(f"{len(shown)} run(s)")
+
+
+@runs.command("show")
+@store_options
+@click.argument("run_id")
+def show_run(store_url: str, key_env: str, run_id: str) -> None:
+    """Show one run: checkpoints, segments, calls and their states, recoveries, approvals, state."""
+    target = open_target(store_url, key_env)
+    report = target.run(lambda: read_run(target.store, target.sealer, run_id))
+    wrong = target.wrong_key([report])
+    if wrong:
+        raise _errors.CliError(wrong)
+    if report.corrupt:
+        click.echo(corrupt_text(report))
+        raise _errors.ProblemsFound(f"run {run_id!r} has rows that fail their check")
+    click.echo(run_text(report))

@@ -1,0 +1,236 @@
+"""Read a stored run and check every row of it: signatures, numbering, segments, log markers.
+
+Each checkpoint is opened with `Sealer.open_checkpoint` and the call log is read with
+`read_log`, so a row is never decoded before its signature checks. Problems are collected
+(not raised) so a listing can show a corrupt run next to healthy ones; `RunReport` then
+carries no data of that run at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow.cli import _report as r
+from agentflow.exec._durable import FINAL, LoggedRecord, read_log
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCheckpoint
+
+#: How many runs ``verify --all`` and listings read at most.
+ALL_RUNS = 1_000_000
+#: How `Sealer` says that a row names a key id the ring does not hold.
+UNKNOWN_KEY = "which this worker does not have"
+
+
+def _open_history(
+    sealer: Sealer, run_id: str, rows: Sequence[SealedCheckpoint], problems: list[str]
+) -> list[dict[str, Any] | None]:
+    """Check each checkpoint row, its place in the numbering and its segment."""
+    bodies: list[dict[str, Any] | None] = []
+    expected, segment = 0, 0
+    for row in rows:
+        if row.step != expected:
+            problems.append(f"checkpoint {expected} of run {run_id!r} is missing (the next one stored is {row.step})")
+        expected = row.step + 1
+        try:
+            body: dict[str, Any] | None = sealer.open_checkpoint(row, run_id)
+        except CheckpointStoreCorrupt as exc:
+            problems.append(str(exc))
+            body = None
+        if body is not None and row.segment not in (segment, row.step):
+            problems.append(
+                f"checkpoint {row.step} of run {run_id!r}: segment {row.segment} is neither the previous "
+                f"segment ({segment}) nor a claim at this step"
+            )
+        segment = row.segment
+        bodies.append(body)
+    return bodies
+
+
+def _marker(body: dict[str, Any] | None) -> tuple[int, int] | None:
+    mark = body.get("log") if body else None
+    if isinstance(mark, list) and len(mark) == 2 and all(isinstance(v, int) for v in mark):
+        return mark[0], mark[1]
+    return None
+
+
+async def _open_log(
+    store: CheckpointStore, sealer: Sealer, run_id: str, bodies: list[dict[str, Any] | None], problems: list[str]
+) -> list[LoggedRecord]:
+    """Read and check the call log against every checkpoint's record count."""
+    try:
+        records = await read_log(store, sealer, run_id, _marker(bodies[-1]) if bodies else None)
+    except CheckpointStoreCorrupt as exc:
+        problems.append(str(exc))
+        return []
+    counts: dict[int, int] = {}
+    for rec in records:
+        counts[rec.segment] = counts.get(rec.segment, 0) + 1
+    for step, body in enumerate(bodies):
+        mark = _marker(body)
+        if mark is not None and counts.get(mark[0], 0) < mark[1]:
+            problems.append(
+                f"call log of run {run_id!r}: segment {mark[0]} has {counts.get(mark[0], 0)} records, "
+                f"checkpoint {step} saw {mark[1]}"
+            )
+    return records
+
+
+def _what(row: SealedCheckpoint, previous: SealedCheckpoint | None) -> str:
+    if previous is None:
+        return "start"
+    if row.segment == row.step:
+        return "claim (resume)" if previous.status == "paused" else "claim (recovery)"
+    return row.status if row.status in ("paused", "done", "failed") else "superstep"
+
+
+def _superstep(body: dict[str, Any]) -> int | None:
+    value = body.get("superstep", body.get("turn"))
+    return value if isinstance(value, int) else None
+
+
+def _segments(rows: Sequence[SealedCheckpoint], records: Sequence[LoggedRecord]) -> list[r.SegmentView]:
+    out: list[r.SegmentView] = []
+    for i, row in enumerate(rows):
+        if i == 0 or row.segment == row.step:
+            how = "start" if i == 0 else ("resume" if rows[i - 1].status == "paused" else "recovery")
+            count = sum(1 for rec in records if rec.segment == row.segment)
+            out.append(r.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count))
+        else:
+            last = out[-1]
+            out[-1] = r.SegmentView(
+                last.segment, last.how, last.first_step, row.step, last.since, row.saved_at, last.records
+            )
+    return out
+
+
+def _fold_calls(records: Sequence[LoggedRecord]) -> list[r.CallView]:
+    """One view per call identity, in the order calls first appear (as `analyze` folds them)."""
+    calls: dict[str, r.CallView] = {}
+    for rec in records:
+        body = rec.body
+        if body.get("model"):
+            continue  # a tool loop's marker before a model call, not a tool call
+        cid = str(body.get("call_id"))
+        view = calls.get(cid)
+        if view is None:
+            superstep = body.get("superstep")
+            view = calls[cid] = r.CallView(
+                cid, str(body.get("tool", "?")), str(body.get("node", "?")),
+                superstep if isinstance(superstep, int) else -1, rec.kind, body.get("args"),
+            )  # fmt: skip
+        if rec.segment not in view.segments:
+            view.segments.append(rec.segment)
+        if rec.kind in ("started", "pending"):
+            if view.kind not in FINAL:
+                view.kind = rec.kind
+            continue
+        view.kind = rec.kind
+        view.result = body.get("result")
+        view.error = body.get("error") or body.get("why") or body.get("note")
+    return list(calls.values())
+
+
+def _label(calls: list[r.CallView], recoveries: list[r.Recovery]) -> None:
+    replayed = {cid for rec in recoveries for cid in rec.replayed}
+    rerun = {cid for rec in recoveries for cid in rec.rerun}
+    for call in calls:
+        if call.kind == "done":
+            call.state = r.REPLAYED if call.call_id in replayed else r.DONE
+            call.note = "rerun after recovery (it was in doubt)" if call.call_id in rerun else ""
+        elif call.kind in ("started", "unrecordable"):
+            call.state = r.IN_DOUBT
+            why = "ran, but its result could not be stored" if call.kind == "unrecordable" else "started, no result"
+            call.note = why
+        else:
+            call.state = {"pending": r.PENDING, "failed": r.FAILED, "denied": r.DENIED}.get(call.kind, call.kind)
+
+
+def _state(body: dict[str, Any]) -> Any:
+    if body.get("kind") == "loop":
+        keys = ("stage", "turn", "model_calls", "max_steps")
+        return {k: body.get(k) for k in keys} | {"messages": (body.get("history") or {}).get("len")}
+    return body.get("state")
+
+
+def _fill(
+    report: r.RunReport, rows: Sequence[SealedCheckpoint], bodies: list[dict[str, Any]], records: Sequence[LoggedRecord]
+) -> None:
+    """Build the views of a run whose every row checked."""
+    segments = _segments(rows, records)
+    hows = {s.segment: s.how for s in segments}
+    for i, (row, body) in enumerate(zip(rows, bodies, strict=True)):
+        what = _what(row, rows[i - 1] if i else None)
+        report.checkpoints.append(
+            r.CheckpointView(row.step, row.saved_at, row.status, row.segment, _superstep(body), what)
+        )
+        done = body.get("recovered")
+        if isinstance(done, dict):
+            how = hows.get(row.segment, "recovery")
+            report.recoveries.append(
+                r.Recovery(row.step, how, list(done.get("replayed", [])), list(done.get("rerun", [])))
+            )
+    latest = bodies[-1]
+    ident = latest.get("identity") or {}
+    report.identity = r.Identity(ident.get("user"), ident.get("thread"), bool(ident.get("principal")))
+    report.segments = segments
+    report.calls = _fold_calls(records)
+    _label(report.calls, report.recoveries)
+    report.pending = [dict(p) for p in latest.get("pending") or []]
+    report.state = _state(latest)
+    report.error = latest.get("error")
+    report.records = len(records)
+
+
+async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> r.RunReport:
+    """Read and check one run.
+
+    Raises:
+        CheckpointNotFound: nothing is stored for `run_id`.
+        CheckpointError: the store failed (unreachable, or a row it cannot even read).
+    """
+    rows = list(await store.history(run_id))
+    if not rows:
+        raise CheckpointNotFound(f"no run {run_id!r} in this store")
+    last = rows[-1]
+    report = r.RunReport(run_id, last.flow, last.status, last.step, last.saved_at)
+    bodies = _open_history(sealer, run_id, rows, report.problems)
+    records = await _open_log(store, sealer, run_id, bodies, report.problems)
+    if report.problems:
+        report.checkpoints = [_bare(row, report.problems) for row in rows]
+        return report
+    checked = [b for b in bodies if b is not None]
+    try:
+        _fill(report, rows, checked, records)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # Signed with our key but not shaped like any body agentflow writes.
+        report.problems.append(f"run {run_id!r}: a checked row does not have the expected fields ({exc!r})")
+        report.checkpoints = [_bare(row, report.problems) for row in rows]
+    return report
+
+
+def _bare(row: SealedCheckpoint, problems: list[str]) -> r.CheckpointView:
+    """A row of a corrupt run: its position and its problem, none of its fields (they are unproven)."""
+    own = next((p for p in problems if p.startswith(f"checkpoint {row.step} ")), None)
+    return r.CheckpointView(row.step, 0.0, "", -1, None, "", own)
+
+
+async def read_runs(
+    store: CheckpointStore, sealer: Sealer, flow: str | None = None, limit: int = ALL_RUNS
+) -> list[r.RunReport]:
+    """Read and check the latest `limit` runs (of one flow, or all), newest first."""
+    reports = []
+    for row in await store.list_runs(flow, limit):
+        try:
+            reports.append(await read_run(store, sealer, row.run_id))
+        except CheckpointNotFound:
+            continue  # deleted since it was listed
+    return reports
+
+
+def signed_with_other_keys(reports: Sequence[r.RunReport]) -> bool:
+    """Whether some runs failed, and only because no key of the ring signed their rows (a wrong key)."""
+    problems = [p for rep in reports for p in rep.problems]
+    return bool(problems) and all(UNKNOWN_KEY in p for p in problems)

@@ -1,0 +1,104 @@
+"""The text of ``agentflow runs show``: history, segments, calls, recoveries, approvals, state."""
+
+from __future__ import annotations
+
+import json
+
+from agentflow.cli._report import RunReport
+from agentflow.cli._text import paint, short, table, when
+
+
+def _heading(title: str) -> list[str]:
+    return ["", title]
+
+
+def _indent(block: str) -> list[str]:
+    return ["  " + line for line in block.splitlines()]
+
+
+def corrupt_text(report: RunReport) -> str:
+    """A run with rows that failed their check: the problems and each row's result, no data."""
+    lines = [f"run {report.run_id}   {paint('CORRUPT')}: rows failed their check; nothing of this run is shown"]
+    lines += _heading("Problems")
+    lines += [f"  - {problem}" for problem in report.problems]
+    lines += _heading("Checkpoints")
+    rows = [[str(c.step), "CORRUPT" if c.problem else "checks"] for c in report.checkpoints]
+    lines += _indent(table(["step", "check"], rows, colour=1))
+    return "\n".join(lines)
+
+
+def _history(report: RunReport) -> list[str]:
+    rows = [
+        [str(c.step), c.status, str(c.superstep), str(c.segment), when(c.saved_at), c.what] for c in report.checkpoints
+    ]
+    return _heading("Checkpoints") + _indent(
+        table(["step", "status", "superstep", "segment", "saved", "what"], rows, 1)
+    )
+
+
+def _segments(report: RunReport) -> list[str]:
+    lines = _heading("Segments (who held the run)")
+    for seg in report.segments:
+        how = {"start": "started the run", "recovery": "claimed it (recovery)", "resume": "claimed it (resume)"}
+        lines.append(
+            f"  segment {seg.segment}: {how.get(seg.how, seg.how)} at step {seg.first_step}, held it to step "
+            f"{seg.last_step} ({when(seg.since)} to {when(seg.until)}), {seg.records} call records"
+        )
+    return lines
+
+
+def _calls(report: RunReport) -> list[str]:
+    if not report.calls:
+        return [*_heading("Calls"), "  none"]
+    rows = []
+    for call in report.calls:
+        outcome = short(call.result, 40) if call.kind == "done" else short(call.error or "", 40)
+        segments = ",".join(str(s) for s in call.segments)
+        rows.append([call.call_id, call.tool, call.node, call.state, segments, outcome, call.note])
+    return _heading("Calls") + _indent(table(["call", "tool", "node", "state", "segment", "outcome", "note"], rows, 3))
+
+
+def _recoveries(report: RunReport) -> list[str]:
+    if not report.recoveries:
+        return []
+    lines = _heading("Recovered")
+    for rec in report.recoveries:
+        replayed = ", ".join(rec.replayed) or "nothing"
+        rerun = ", ".join(rec.rerun) or "nothing"
+        lines.append(f"  {rec.how} (checkpoint {rec.step}): replayed {replayed}; rerun {rerun}")
+    return lines
+
+
+def _pending(report: RunReport) -> list[str]:
+    if not report.pending:
+        return []
+    lines = _heading("Waiting for approval")
+    for p in report.pending:
+        lines.append(f"  {p.get('call_id')}: {p.get('tool')} {short(p.get('args'), 60)} (node {p.get('node')})")
+    if report.flow.startswith("loop:"):
+        return [*lines, f"  decide with: run_tool_loop(..., run_id={report.run_id!r}, approve=True or False)"]
+    return [*lines, f"  decide with: agentflow resume {report.run_id} --app module:attr --approve|--deny"]
+
+
+def run_text(report: RunReport) -> str:
+    """The whole report of a run whose rows all checked."""
+    ident = report.identity
+    marks = ", ".join(paint(m) for m in report.marks) or "none"
+    lines = [
+        f"run {report.run_id}   flow {report.flow}   status {paint(report.status)}   step {report.step}   "
+        f"updated {when(report.saved_at)}",
+        f"marks: {marks}",
+    ]
+    if ident is not None:
+        principal = "set" if ident.principal else "none"
+        lines.append(f"identity: user {ident.user or '-'}, thread {ident.thread or '-'}, principal: {principal}")
+    if report.error:
+        lines.append(f"error: {report.error}")
+    if report.in_doubt:
+        tools = ", ".join(call.tool for call in report.in_doubt)
+        then = f"agentflow recover {report.flow} --app ... --rerun-in-doubt"
+        lines.append(f"in doubt: {tools}; check at their system, then: {then}")
+    lines += _history(report) + _segments(report) + _calls(report) + _recoveries(report) + _pending(report)
+    lines += _heading(f"State (checkpoint {report.step})")
+    lines += _indent(json.dumps(report.state, indent=2, sort_keys=True, default=str))
+    return "\n".join(lines)

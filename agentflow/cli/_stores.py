@@ -1,0 +1,153 @@
+"""Store URLs: one place that turns ``--store URL`` into a `CheckpointStore`.
+
+Accepted forms (the error for anything else lists them):
+
+- ``sqlite:///runs.db`` (relative path) or ``sqlite:////abs/path.db``: `SQLiteCheckpointStore`;
+- ``redis://host:6379/0?prefix=agentflow&ttl_s=604800`` (also ``rediss://``): `RedisCheckpointStore`;
+- ``postgresql+asyncpg://user@host/db`` and ``sqlite+aiosqlite:///runs.db``, with an optional
+  ``?table_prefix=agentflow_``: `SQLAlchemyCheckpointStore`.
+
+The parameters agentflow reads (``prefix``, ``ttl_s``, ``table_prefix``) are taken out of the
+URL before the rest goes to the driver. Passwords never appear in messages (`redact`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+#: What ``--store`` accepts, for error messages.
+ACCEPTED: Final = (
+    "sqlite:///relative.db, sqlite:////abs/path.db, redis://host:6379/0?prefix=agentflow, "
+    "postgresql+asyncpg://user@host/db or sqlite+aiosqlite:///runs.db (SQL: ?table_prefix=...)"
+)
+
+
+class StoreURLError(ValueError):
+    """Raised when a store URL is not one of the accepted forms."""
+
+
+def redact(url: str) -> str:
+    """Return `url` with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    netloc = f"{parts.username or ''}:***@{host}{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _bad(url: str, why: str) -> StoreURLError:
+    return StoreURLError(f"--store {redact(url)!r}: {why}; use {ACCEPTED}")
+
+
+def _take(url: str, allowed: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """Split agentflow's own query parameters off `url`; the driver's stay in the URL."""
+    parts = urlsplit(url)
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in allowed:
+            ours[name] = value
+        else:
+            theirs.append((name, value))
+    # Rebuilt by hand: urlunsplit drops the "//" of schemes it does not know (sqlite+aiosqlite:///x.db).
+    base = url.split("?", 1)[0]
+    return (f"{base}?{urlencode(theirs)}" if theirs else base), ours
+
+
+def sqlite_path(url: str) -> Path:
+    """Return the file a ``sqlite:///`` or ``sqlite+aiosqlite:///`` URL names.
+
+    Raises:
+        StoreURLError: the URL names a host, no file, or an in-memory database.
+    """
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise _bad(url, "a SQLite URL has three slashes (sqlite:///file.db) and no host")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path or path == ":memory:":
+        raise _bad(url, "name a database file; an in-memory database cannot be shared")
+    return Path(path)
+
+
+def _check_exists(url: str, path: Path) -> None:
+    if not path.is_file():
+        raise StoreURLError(f"--store {url!r}: there is no database file at {path.absolute()}")
+
+
+def _sqlite(url: str, must_exist: bool) -> CheckpointStore:
+    from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
+
+    if urlsplit(url).query:
+        raise _bad(url, "a sqlite:/// URL takes no parameters")
+    path = sqlite_path(url)
+    if must_exist:
+        _check_exists(url, path)
+    return SQLiteCheckpointStore(path)
+
+
+def _redis(url: str) -> CheckpointStore:
+    from agentflow.exec.checkpoints import RedisCheckpointStore  # ImportError names the extra
+
+    clean, ours = _take(url, ("prefix", "ttl_s"))
+    ttl_s: int | None = 7 * 24 * 3600
+    if "ttl_s" in ours:
+        raw = ours["ttl_s"]
+        if raw.lower() != "none" and not raw.isdigit():
+            raise _bad(url, f"ttl_s must be a number of seconds or 'none', not {raw!r}")
+        ttl_s = None if raw.lower() == "none" else int(raw)
+
+    def client() -> Redis:
+        from redis.asyncio import Redis
+
+        return Redis.from_url(clean)
+
+    store: CheckpointStore = RedisCheckpointStore(client, prefix=ours.get("prefix", "agentflow"), ttl_s=ttl_s)
+    return store
+
+
+def _sql(url: str, must_exist: bool) -> CheckpointStore:
+    from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore  # ImportError names the extra
+
+    clean, ours = _take(url, ("table_prefix",))
+    if must_exist and url.startswith("sqlite+aiosqlite:"):
+        _check_exists(url, sqlite_path(clean))
+    store: CheckpointStore = SQLAlchemyCheckpointStore(clean, table_prefix=ours.get("table_prefix", "agentflow_"))
+    return store
+
+
+def open_store(url: str, *, must_exist: bool = True) -> CheckpointStore:
+    """Make the checkpoint store that `url` names (no connection is opened yet).
+
+    Args:
+        url: a store URL in one of the `ACCEPTED` forms.
+        must_exist: refuse a SQLite file that does not exist yet (a typo would otherwise
+            create an empty database and show no runs).
+
+    Raises:
+        StoreURLError: the URL is not an accepted form, or its SQLite file is missing.
+        ImportError: the backend's extra is not installed (the message names it).
+    """
+    scheme = urlsplit(url).scheme if "://" in url else ""
+    try:
+        if scheme == "sqlite":
+            return _sqlite(url, must_exist)
+        if scheme in ("redis", "rediss"):
+            return _redis(url)
+        if scheme in ("postgresql+asyncpg", "sqlite+aiosqlite"):
+            return _sql(url, must_exist)
+    except StoreURLError:
+        raise
+    except ValueError as exc:  # a store refused its settings (prefix, table_prefix, ...)
+        raise _bad(url, str(exc)) from None
+    if scheme.startswith("postgres"):
+        raise _bad(url, "PostgreSQL needs the asyncpg driver: write postgresql+asyncpg://")
+    raise _bad(url, "not a store URL")

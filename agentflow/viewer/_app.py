@@ -1,0 +1,39 @@
+"""`create_app`: the viewer's routes, static files and shutdown.
+
+Pages read the store on every request and check every row they show, as
+``agentflow runs show`` does (`agentflow.cli._inspect`). Nothing is cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from agentflow.viewer._pages import list_page, run_page
+from agentflow.viewer._resume import resume_endpoint
+from agentflow.viewer._settings import Viewer, ViewerSettings
+
+__all__ = ["ViewerSettings", "create_app"]
+
+
+def create_app(settings: ViewerSettings) -> Starlette:
+    """Build the viewer's ASGI app (serve it with any ASGI server; `serve` uses uvicorn)."""
+    viewer = Viewer(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await settings.store.aclose()
+
+    routes = [
+        Route("/", list_page(viewer), name="runs"),
+        # Before the run page: its {run_id:path} would match ".../resume" too.
+        Route("/runs/{run_id:path}/resume", resume_endpoint(viewer), methods=["POST"], name="resume"),
+        Route("/runs/{run_id:path}", run_page(viewer), name="run"),
+        Mount("/static", StaticFiles(packages=[("agentflow.viewer", "static")]), name="static"),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+import runs_kit
+from click.testing import CliRunner
+
+from agentflow.cli._group import cli
+
+
+@pytest.fixture(scope="session")
+def built_db(tmp_path_factory):
+    return runs_kit.build_once(tmp_path_factory)
+
+
+@pytest.fixture
+def db(built_db, tmp_path):
+    """A fresh copy of the runs store for one test."""
+    runs_kit.REFUNDS.clear()
+    return runs_kit.copy_db(built_db, tmp_path / "runs.db")
+
+
+@pytest.fixture
+def url(db):
+    return f"sqlite:///{db}"
+
+
+class Agentflow:
+    """Runs the ``agentflow`` command in-process with the kit's key in the environment."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str, key: str | None = runs_kit.KEY_TEXT, store: bool = True, env=None):
+        environ = {"AGENTFLOW_CHECKPOINT_KEYS": key, "AGENTFLOW_STORE": self.url if store else None}
+        environ.update(env or {})
+        result = self.runner.invoke(cli, list(args), env=environ, catch_exceptions=False)
+        return result
+
+
+@pytest.fixture
+def agentflow(url):
+    return Agentflow(url)

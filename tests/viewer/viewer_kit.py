@@ -1,0 +1,97 @@
+"""Helpers of the viewer tests: apps over a copy of the runs store, clients, a uvicorn server.
+
+Imported as ``viewer_kit`` (tests/viewer is on ``sys.path`` under pytest's prepend import mode).
+``runs_kit`` is tests/cli/runs_kit.py, loaded by path under the name the CLI tests use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import uvicorn
+from starlette.testclient import TestClient
+
+from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.viewer import ViewerSettings, create_app
+
+
+def _load_kit():
+    """tests/cli/runs_kit.py, as the module ``runs_kit`` (the CLI tests import it under that name)."""
+    if "runs_kit" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("runs_kit", Path(__file__).parents[1] / "cli" / "runs_kit.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["runs_kit"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["runs_kit"]
+
+
+runs_kit = _load_kit()
+
+LOCAL = ("127.0.0.1", 50000)
+TOKEN = "viewer-token-0123456789abcdef"
+SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def make_app(db: Path, *, flows=runs_kit.app, token: str | None = None, key: bytes = runs_kit.KEY, refresh_s: int = 5):
+    store = SQLiteCheckpointStore(db)
+    settings = ViewerSettings(store, [key], flows=flows, token=token, label=f"sqlite:///{db}", refresh_s=refresh_s)
+    return create_app(settings)
+
+
+@contextmanager
+def client_for(app, client=LOCAL) -> Iterator[TestClient]:
+    with TestClient(app, client=client, follow_redirects=False) as test_client:
+        yield test_client
+
+
+def csrf_of(page_html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page_html)
+    assert found, "the page has no resume form"
+    return found.group(1)
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must provide it", pytrace=False)
+    pytest.skip(reason)
+
+
+@contextmanager
+def served(app) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free loopback port, in a thread; yield its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
