@@ -86,10 +86,19 @@ async def _line(racer: asyncio.subprocess.Process) -> str:
     return line.decode().strip()
 
 
+#: The set-ups several processes can share (memory and fakeredis live inside one process).
+SHARED = [
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    "sqlalchemy-sqlite",
+    pytest.param("sqlalchemy-pg", marks=pytest.mark.postgres),
+]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("store_factory", SHARED, indirect=True)
 async def test_processes_race_for_one_step(store_factory) -> None:
-    if store_factory.spec is None:
-        pytest.skip(f"{store_factory.name} is not shared between processes")
+    assert store_factory.spec is not None
     # Given a run at step 0 and four processes connected to the same store
     store = await store_factory()
     run_id = f"race-{uuid.uuid4().hex}"
