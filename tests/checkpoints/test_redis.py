@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -587,3 +588,21 @@ async def test_store_works_on_redis_cluster(redis_cluster):
         for run_id in run_ids:
             await s.delete(run_id)
         assert await s.list_runs() == []
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+async def test_the_conformance_suite_passes_on_redis_cluster(redis_cluster):
+    from agentflow.exec.checkpoints.conformance import CHECKS, validate
+
+    # Given a fresh store (its own prefix) on the three-node cluster for every check
+    def fresh() -> RedisCheckpointStore:
+        prefix = f"c{uuid.uuid4().hex[:12]}"
+        return RedisCheckpointStore(
+            lambda: redis.asyncio.RedisCluster(host="127.0.0.1", port=redis_cluster[0]), prefix=prefix
+        )
+
+    # When the whole conformance suite runs, Then every check passes
+    report = await validate(fresh)
+    assert len(report) == len(CHECKS)
+    assert {name: why for name, why in report.items() if why is not None} == {}
