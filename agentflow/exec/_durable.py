@@ -262,8 +262,7 @@ class CallLog:
             CheckpointConflict: the store refused the ``started`` record (fenced).
         """
         tool = self.executor.registry.get(tool_name)
-        kwargs = tool.validate(args)
-        encoded = tool.encode_args(kwargs)
+        kwargs, encoded = tool.prepare(args)
         prefix = f"{self.superstep}/{node}/{ordinal}/"
         call_id = prefix + digest(encoded)[:16]
         seed = self.seeds.get(call_id)

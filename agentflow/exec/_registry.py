@@ -91,6 +91,14 @@ class Tool:
         Raises:
             ToolArgumentsInvalid: naming the tool and every bad field.
         """
+        return self.prepare(args)[0]
+
+    def prepare(self, args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Validate `args` once; return the keyword arguments and their JSON form (for the log).
+
+        Raises:
+            ToolArgumentsInvalid: naming the tool and every bad field.
+        """
         try:
             model = self.args_model.model_validate(dict(args))
         except ValidationError as exc:
@@ -98,7 +106,8 @@ class Tool:
                 f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}" for err in exc.errors()
             )
             raise ToolArgumentsInvalid(f"tool {self.name!r} got bad arguments: {problems}") from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        kwargs = {name: getattr(model, name) for name in self.args_model.model_fields}
+        return kwargs, model.model_dump(mode="json")
 
     def encode_args(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The JSON form of validated arguments (what the call log stores and digests)."""

@@ -121,14 +121,18 @@ async def run_superstep(
             paused.add(node.name)
             return {}
 
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(guarded(flow.nodes[name])) for name in frontier]
-    except BaseExceptionGroup as group_error:
-        raise _first_error(group_error) from None
+    if len(frontier) == 1:  # nothing to run beside it: no task needed
+        results = [await guarded(flow.nodes[frontier[0]])]
+    else:
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(guarded(flow.nodes[name])) for name in frontier]
+        except BaseExceptionGroup as group_error:
+            raise _first_error(group_error) from None
+        results = [task.result() for task in tasks]
     if paused or log.pending:
         return Outcome(state, frontier, dict(visits), paused=True)
-    updates = [(name, task.result()) for name, task in zip(frontier, tasks, strict=True)]
+    updates = list(zip(frontier, results, strict=True))
     merged = merge(flow, state, updates)
     return Outcome(merged, next_frontier(flow, merged, frontier), counted, ran=list(frontier))
 
