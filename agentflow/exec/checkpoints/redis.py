@@ -20,8 +20,9 @@ A row is one JSON header line and then the payload bytes exactly as given::
 again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
 every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
 
-The three indexes are not in the run's slot, so on Redis Cluster no script may update them
-together with the run. Separate commands do: before a step 0 the run is added to them (a
+On one Redis server the save script updates the three indexes itself, atomically. On Redis
+Cluster they are not in the run's slot, so no script may update them together with the
+run; separate commands do: before a step 0 the run is added to them (a
 crash right after the script then cannot hide a new run), and after every save its scores
 are updated and an ended run leaves ``unfinished``. An index can therefore name a run that
 has since ended, expired, been deleted or never been saved. The listings read each named
@@ -136,9 +137,20 @@ class RedisCheckpointStore:
         row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
         args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
         async with self._redis() as bound:
-            if step == 0:
+            keys = self._run_keys(run_id)
+            # On Cluster the indexes live in other slots: separate commands keep them up to date.
+            # On one server the script updates them itself, in the same atomic step.
+            cluster = isinstance(bound.client, RedisCluster)
+            if cluster and step == 0:
                 await self._index(bound, run_id, cp, before=True)
-            reply = [_text(part) for part in await bound.save(keys=self._run_keys(run_id), args=args)]
+            if not cluster:
+                keys += [
+                    f"{self._prefix}:runs",
+                    f"{self._prefix}:runs:{cp.flow}",
+                    f"{self._prefix}:unfinished:{cp.flow}",
+                ]
+                args.append(run_id)
+            reply = [_text(part) for part in await bound.save(keys=keys, args=args)]
             if reply[0] == "corrupt":
                 raise CheckpointStoreCorrupt(
                     f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but its latest step is {reply[2]}"
@@ -147,7 +159,8 @@ class RedisCheckpointStore:
                 check_save(run_id, step, cp.flow, (int(reply[1]), reply[2], reply[3]) if len(reply) > 1 else None)
                 raise CheckpointConflict(f"run {run_id!r}: the store refused step {step} ({reply})")
             try:
-                await self._index(bound, run_id, cp, before=False)
+                if cluster:
+                    await self._index(bound, run_id, cp, before=False)
             except redis_errors.RedisError as exc:
                 # The save itself is durable; the listings skip and repair stale entries.
                 _log.warning("run %r: step %d saved, but its index update failed: %s", run_id, step, exc)
@@ -276,13 +289,17 @@ class RedisCheckpointStore:
             )
         return [f"{self._prefix}:run:{{{run_id}}}:{part}" for part in _RUN_PARTS]
 
+    def _index_keys(self, flow: str) -> list[str]:
+        """The listing indexes a run of `flow` is in: all runs, the flow's runs, its unfinished runs."""
+        return [f"{self._prefix}:runs", f"{self._prefix}:runs:{flow}", f"{self._prefix}:unfinished:{flow}"]
+
     async def _index(self, bound: _Bound, run_id: str, cp: SealedCheckpoint, *, before: bool) -> None:
         """Add the run to the indexes before its step 0 (`before`), or bring them up to date after a save."""
         score = {run_id: cp.saved_at}
-        unfinished = f"{self._prefix}:unfinished:{cp.flow}"
+        every, of_flow, unfinished = self._index_keys(cp.flow)
         pipe = bound.client.pipeline(transaction=False)
-        pipe.zadd(f"{self._prefix}:runs", score, nx=before)
-        pipe.zadd(f"{self._prefix}:runs:{cp.flow}", score, nx=before)
+        pipe.zadd(every, score, nx=before)
+        pipe.zadd(of_flow, score, nx=before)
         if cp.status in UNFINISHED:
             pipe.zadd(unfinished, score, nx=before)
         elif not before:

@@ -6,10 +6,15 @@
 --   KEYS[2]  P:run:{R}:latest   hash    step, flow, status, segment, saved_at of the newest row
 --   KEYS[3]  P:run:{R}:calls    hash    "<segment>:<seq>" -> call-record row
 --   KEYS[4]  P:run:{R}:next     hash    "<segment>" -> number of records in that segment
+-- On a standalone server (not Cluster) the indexes come too, so the save updates them atomically:
+--   KEYS[5]  P:runs             zset    run id -> saved_at
+--   KEYS[6]  P:runs:<flow>      zset    run id -> saved_at
+--   KEYS[7]  P:unfinished:<flow> zset   run id -> saved_at while running or paused
 --
 -- ARGV[1] step      ARGV[2] flow      ARGV[3] status     ARGV[4] segment
 -- ARGV[5] saved_at  ARGV[6] row (the encoded checkpoint, bytes as given)
 -- ARGV[7] ttl in seconds; "0" means the run's keys never expire
+-- ARGV[8] run id (with KEYS[5..7] only)
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
@@ -47,7 +52,17 @@ redis.call('RPUSH', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'step', ARGV[1], 'flow', ARGV[2], 'status', ARGV[3],
   'segment', ARGV[4], 'saved_at', ARGV[5])
 
-for i = 1, #KEYS do
+if #KEYS == 7 then
+  redis.call('ZADD', KEYS[5], ARGV[5], ARGV[8])
+  redis.call('ZADD', KEYS[6], ARGV[5], ARGV[8])
+  if ARGV[3] == 'running' or ARGV[3] == 'paused' then
+    redis.call('ZADD', KEYS[7], ARGV[5], ARGV[8])
+  else
+    redis.call('ZREM', KEYS[7], ARGV[8])
+  end
+end
+
+for i = 1, 4 do
   if ARGV[3] == 'paused' or ARGV[7] == '0' then
     redis.call('PERSIST', KEYS[i])
   else
