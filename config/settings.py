@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     soft_time_limit_s: int = 840
     recover_interval_s: float = 60.0
     stale_after_s: float = 10.0
+    recover_lock_s: float = 60.0
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -98,6 +99,7 @@ class Settings(BaseSettings):
             "task_send_sent_event": True,
             "task_default_queue": self.queue,
             "timezone": "UTC",
+            "beat_enable_remote_control": True,
         }
 
 

@@ -20,6 +20,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+#: How long a decision marker lives (a person may take days; it must not outlive the run for ever).
+MARKER_TTL_S = 30 * 24 * 3600
+
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 
@@ -98,13 +101,26 @@ class Leases:
         return busy
 
     async def mark_decision(self, run_id: str, calls: Sequence[Sequence[str]]) -> None:
-        """Note that the run waits for a decision (recover_all leaves it alone)."""
+        """Note that the run waits for a decision (recover_all leaves it alone meanwhile)."""
         text = "; ".join(f"{tool}: {why}" for tool, why in calls)
-        await self._client().set(self._key("decision", run_id), text)
+        await self._client().set(self._key("decision", run_id), text, ex=MARKER_TTL_S)
 
     async def clear_decision(self, run_id: str) -> None:
-        """Forget the decision marker (the operator decided)."""
+        """Forget the decision marker (the operator decided, or the run moved on)."""
         await self._client().delete(self._key("decision", run_id))
+
+    async def allow_rerun(self, run_id: str, step: int) -> None:
+        """Record an operator's decision to rerun the calls in doubt of the run at `step`."""
+        client = self._client()
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.set(self._key("rerun", run_id), str(step), ex=MARKER_TTL_S)
+            pipe.delete(self._key("decision", run_id))
+            await pipe.execute()
+
+    async def take_rerun(self, run_id: str, step: int) -> bool:
+        """Spend a recorded decision to rerun at `step` (a message alone grants nothing)."""
+        value = await self._client().getdel(self._key("rerun", run_id))
+        return value is not None and int(value) == step
 
     async def decision(self, run_id: str) -> str | None:
         """What the run waits for a decision about, or None."""

@@ -108,9 +108,11 @@ def register_tasks(
     def superstep(task: Task, flow: str, run_id: str, step: int, cause: str = "next") -> dict[str, Any]:
         redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
         handoff = cause in ("next", "start", "resume") and not redelivered
+        if not handoff:
+            # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
+            task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
         outcome = bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, rerun=cause == "rerun"))
-        if outcome.done == "ran" and (outcome.recovered or not handoff):
-            # Flower shows the task as RECOVERED while it runs on; the result lists the calls.
+        if handoff and outcome.recovered:  # a clean-looking handoff found a cut-off superstep
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
         if outcome.next_step is not None:
             tasks.send_superstep(flow, run_id, outcome.next_step, "next")

@@ -37,7 +37,7 @@ class WorkerSettings:
     stale_after_s: float = 10.0
     """recover_all leaves runs saved more recently than this alone (a handoff in flight)."""
     recover_lock_s: float = 60.0
-    """How long one recover_all may hold the lock."""
+    """How long one recover_all may hold the lock (a dead holder blocks recovery this long)."""
     recover_interval_s: float | None = 60.0
     """Beat period of recover_all (None: no beat entry)."""
     time_limit_s: int = 900
@@ -137,7 +137,13 @@ class Worker:
         return self._models[name]
 
     async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, rerun: bool) -> Outcome:
-        """Run one superstep of the run (one stage of a loop) under its lease."""
+        """Run one superstep of the run (one stage of a loop) under its lease.
+
+        `rerun` asks to rerun calls in doubt; it is granted only with an operator's decision
+        recorded for this step (`Leases.allow_rerun`), never by a message alone.
+        """
+        if rerun:
+            rerun = await self.leases.take_rerun(run_id, step)
         if flow_name.startswith(LOOP_PREFIX):
             name = flow_name.removeprefix(LOOP_PREFIX)
             advance: Coroutine[Any, Any, Any] = advance_tool_loop(
@@ -172,6 +178,7 @@ class Worker:
                     return Outcome(run_id, flow_name, "conflict", why=str(exc))
         finally:
             advance.close()  # a no-op once it ran; frees it if the lease was never held
+        await self.leases.clear_decision(run_id)  # it moved on: no decision is awaited any more
         return Outcome(
             run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
         )

@@ -187,5 +187,5 @@ class FlowClient:
         if not rerun:
             raise ValueError("to skip a call in doubt, repair the state by hand; agentflow only reruns it")
         row = await self.tasks.worker.store.latest(run_id)
-        await self.tasks.worker.leases.clear_decision(run_id)
+        await self.tasks.worker.leases.allow_rerun(run_id, row.step)
         await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, row.step, "rerun")

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -61,12 +62,12 @@ class Deployment:
     def set_delay(self, low: float, high: float) -> None:
         self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(self.logs / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "workers", *args],
                 cwd=ROOT,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -74,12 +75,13 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
-    def start_worker(self, name: str, concurrency: int = 2) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, concurrency: int = 2, *, wait: bool = True) -> subprocess.Popen[bytes]:
         proc = self._spawn(
             name, "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h",
             "-Q", self.values["queue"], "-E", "--without-mingle", "--without-gossip", "-l", "INFO",
         )  # fmt: skip
-        self.wait_ready(name)
+        if wait:
+            self.wait_ready(name)
         return proc
 
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
@@ -94,6 +96,29 @@ class Deployment:
 
     def start_beat(self) -> subprocess.Popen[bytes]:
         return self._spawn("beat", "beat", "-s", str(self.logs / "beat-schedule"), "-l", "INFO")
+
+    def start_flower(self, basic_auth: str, timeout: float = 30.0) -> str:
+        """Start Flower on a free loopback port with basic auth; return its base URL once it answers."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        name = "flower"
+        self._spawn(
+            name, "flower", "--address=127.0.0.1", f"--port={port}", env={"FLOWER_BASIC_AUTH": basic_auth}
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise AssertionError(f"flower exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
+            try:
+                direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+                with direct.open(f"{url}/healthcheck", timeout=1) as resp:
+                    if resp.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"flower did not answer /healthcheck within {timeout}s")
 
     def children(self, name: str) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.procs[name].pid)], capture_output=True, text=True)

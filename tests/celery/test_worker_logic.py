@@ -1,0 +1,96 @@
+"""The worker's decisions about one superstep, in-process (fakeredis leases, memory store)."""
+
+from __future__ import annotations
+
+import fakeredis
+from pydantic import BaseModel
+
+from agentflow import Call, Flow, FlowApp, Registry
+from agentflow.celery import Leases, Worker, WorkerSettings
+from agentflow.exec.checkpoints import MemoryCheckpointStore
+
+KEY = b"worker-logic-test-key-0123456789ab"
+
+
+class Died(BaseException):
+    """Stands in for a worker process killed inside a tool."""
+
+
+class Job(BaseModel):
+    note: str = ""
+
+
+def build(effects: list[str], die: list[bool]) -> tuple[FlowApp, MemoryCheckpointStore]:
+    registry = Registry()
+
+    @registry.tool
+    async def send(to: str) -> str:
+        effects.append(to)
+        if die and die.pop():
+            raise Died()
+        return "sent"
+
+    flow = Flow("mail", state=Job).node("send", Call("send", args={"to": "a@b"}, into="note")).end("send")
+    return FlowApp(registry, [flow]), MemoryCheckpointStore()
+
+
+async def make_worker(effects, die):
+    app, store = build(effects, die)
+    server = fakeredis.FakeServer()
+    leases = Leases(lambda: fakeredis.FakeAsyncRedis(server=server), prefix="t", lease_s=5)
+    worker = Worker(app, lambda: store, KEY, leases, WorkerSettings())
+    return worker, app.flow("mail")
+
+
+async def in_doubt_run(worker, flow) -> int:
+    """A run whose worker died inside `send`: the call is in doubt. Returns its step."""
+    started = await worker.runner.start(flow, {}, run_id="r1")
+    try:
+        await worker.superstep("mail", "r1", started.step, handoff=True, rerun=False)
+    except Died:
+        pass
+    return (await worker.store.latest("r1")).step
+
+
+async def test_a_rerun_message_without_a_recorded_decision_reruns_nothing():
+    effects: list[str] = []
+    worker, flow = await make_worker(effects, [True])
+    step = await in_doubt_run(worker, flow)
+    # When a message with cause "rerun" arrives, but no operator decided
+    out = await worker.superstep("mail", "r1", step, handoff=False, rerun=True)
+    # Then the run waits for a decision and the tool did not run again
+    assert out.done == "decision"
+    assert effects == ["a@b"]
+    assert await worker.leases.decision("r1") is not None
+
+
+async def test_a_recorded_decision_is_spent_by_the_rerun_and_the_marker_goes():
+    effects: list[str] = []
+    worker, flow = await make_worker(effects, [True])
+    step = await in_doubt_run(worker, flow)
+    await worker.superstep("mail", "r1", step, handoff=False, rerun=False)  # marks: decision needed
+    # When the operator decides for this step, and the rerun message comes
+    await worker.leases.allow_rerun("r1", step)
+    out = await worker.superstep("mail", "r1", step, handoff=False, rerun=True)
+    # Then the call reran once, the run finished, and no decision marker is left behind
+    assert (out.done, out.status) == ("ran", "done")
+    assert effects == ["a@b", "a@b"]
+    assert await worker.leases.decision("r1") is None
+    # and the decision was spent: a second rerun message grants nothing
+    assert not await worker.leases.take_rerun("r1", step)
+
+
+async def test_a_run_that_moved_on_clears_a_stale_decision_marker():
+    effects: list[str] = []
+    worker, flow = await make_worker(effects, [])
+    started = await worker.runner.start(flow, {}, run_id="r2")
+    # Given a stale marker (set by an earlier message for this run)
+    await worker.leases.mark_decision("r2", [("send", "old")])
+    await worker.leases.clear_decision("r2")
+    await worker.leases.mark_decision("r2", [("send", "old")])
+    # When a superstep of the run runs
+    out = await worker.superstep("mail", "r2", started.step, handoff=True, rerun=False)
+    # Then the marker is gone: the run is not reported as waiting, and recover_all may see it
+    assert out.done == "ran"
+    assert await worker.leases.decision("r2") is None
+    assert await worker.leases.leased(["r2"]) == set()
