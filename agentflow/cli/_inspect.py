@@ -78,11 +78,19 @@ async def _open_log(
     return records
 
 
-def _what(row: SealedCheckpoint, previous: SealedCheckpoint | None) -> str:
+def _claim(row: SealedCheckpoint, previous: SealedCheckpoint, body: dict[str, Any]) -> str:
+    """Why a worker claimed the run: as the claim says, or (older rows) from what came before."""
+    said = body.get("claim")
+    if said in ("recovery", "resume", "handoff"):
+        return str(said)
+    return "resume" if previous.status == "paused" else "recovery"
+
+
+def _what(row: SealedCheckpoint, previous: SealedCheckpoint | None, body: dict[str, Any]) -> str:
     if previous is None:
         return "start"
     if row.segment == row.step:
-        return "claim (resume)" if previous.status == "paused" else "claim (recovery)"
+        return f"claim ({_claim(row, previous, body)})"
     return row.status if row.status in ("paused", "done", "failed") else "superstep"
 
 
@@ -91,11 +99,13 @@ def _superstep(body: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _segments(rows: Sequence[SealedCheckpoint], records: Sequence[LoggedRecord]) -> list[r.SegmentView]:
+def _segments(
+    rows: Sequence[SealedCheckpoint], bodies: Sequence[dict[str, Any]], records: Sequence[LoggedRecord]
+) -> list[r.SegmentView]:
     out: list[r.SegmentView] = []
     for i, row in enumerate(rows):
         if i == 0 or row.segment == row.step:
-            how = "start" if i == 0 else ("resume" if rows[i - 1].status == "paused" else "recovery")
+            how = "start" if i == 0 else _claim(row, rows[i - 1], bodies[i])
             count = sum(1 for rec in records if rec.segment == row.segment)
             out.append(r.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count))
         else:
@@ -159,10 +169,10 @@ def _fill(
     report: r.RunReport, rows: Sequence[SealedCheckpoint], bodies: list[dict[str, Any]], records: Sequence[LoggedRecord]
 ) -> None:
     """Build the views of a run whose every row checked."""
-    segments = _segments(rows, records)
+    segments = _segments(rows, bodies, records)
     hows = {s.segment: s.how for s in segments}
     for i, (row, body) in enumerate(zip(rows, bodies, strict=True)):
-        what = _what(row, rows[i - 1] if i else None)
+        what = _what(row, rows[i - 1] if i else None, body)
         report.checkpoints.append(
             r.CheckpointView(row.step, row.saved_at, row.status, row.segment, _superstep(body), what)
         )

@@ -53,7 +53,7 @@ class CheckpointView:
     superstep: int | None = None
     """Supersteps done (a tool loop's turn), from the checked body."""
     what: str = ""
-    """``start``, ``superstep``, ``claim (recovery)``, ``claim (resume)``, ``paused``, ``done``, ``failed``."""
+    """``start``, ``superstep``, ``claim (recovery|resume|handoff)``, ``paused``, ``done``, ``failed``."""
     problem: str | None = None
     """Why the row failed its check (then nothing else of it is shown)."""
 

@@ -39,7 +39,12 @@ def _history(report: RunReport) -> list[str]:
 def _segments(report: RunReport) -> list[str]:
     lines = _heading("Segments (who held the run)")
     for seg in report.segments:
-        how = {"start": "started the run", "recovery": "claimed it (recovery)", "resume": "claimed it (resume)"}
+        how = {
+            "start": "started the run",
+            "recovery": "claimed it (recovery)",
+            "resume": "claimed it (resume)",
+            "handoff": "took it over (the next superstep)",
+        }
         lines.append(
             f"  segment {seg.segment}: {how.get(seg.how, seg.how)} at step {seg.first_step}, held it to step "
             f"{seg.last_step} ({when(seg.since)} to {when(seg.until)}), {seg.records} call records"

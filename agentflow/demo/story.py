@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -23,9 +24,9 @@ RUN_IDS = ["order-1", "order-2", "order-3"]
 VICTIM = "order-2"
 
 
-def say(text: str = "") -> None:
-    """Print one line of the story."""
-    print(text, flush=True)
+def say(text: str = "", end: str = "\n") -> None:
+    """Print one line of the story (or the start of one, with ``end=""``)."""
+    print(text, end=end, flush=True)
 
 
 def _worker(folder: Path, *args: str, slow: str = "") -> subprocess.Popen[str]:
@@ -79,11 +80,12 @@ def _narrate(proc: subprocess.Popen[str], kill_when: str | None = None) -> list[
     return lines
 
 
-def main(folder: Path) -> int:
-    """Tell the whole story in `folder`; return the exit code."""
+def main(folder: Path, why: str = "") -> int:
+    """Tell the whole story in `folder`; return the exit code. `why` says why this mode was chosen."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    say("agentflow demo, embedded mode: SQLite store and worker processes on this machine (no server needed)")
+    reason = f"; {why}" if why else ""
+    say(f"agentflow demo, embedded mode: SQLite store and worker processes on this machine (no server needed{reason})")
     say(f"  store: {folder / 'runs.db'}   outside world (ledger of effects): {folder / 'ledger.jsonl'}")
     say()
     say(f"1. Worker A starts {len(RUN_IDS)} ticket orders: hold_seats -> charge_card -> email_tickets")
@@ -95,16 +97,25 @@ def main(folder: Path) -> int:
     if doubts:
         say()
         say("3. A call in doubt may or may not have had its effect, so agentflow ran nothing for that run.")
-        mails = [e for e in ledger(folder / "ledger.jsonl") if e["tool"] == "email_tickets" and e["run_id"] == VICTIM]
-        say(f"   We check the mail system: {len(mails)} mail(s) sent for {VICTIM}. None went out, so it may run again:")
+        mails = mails_sent(folder / "ledger.jsonl")
+        say(f"   We check the mail system: {mails} mail(s) sent for {VICTIM}. None went out, so it may run again:")
         say("   recover_all(flow, rerun_in_doubt=True)")
         _narrate(_worker(folder, "recover", "--rerun-in-doubt"))
     say()
-    return _summary(folder)
+    ok = effects_table(folder / "ledger.jsonl")
+    say()
+    inspect_commands(f"sqlite:///{(folder / 'runs.db').absolute()}")
+    return 0 if ok else 1
 
 
-def _summary(folder: Path) -> int:
-    effects = Counter((e["run_id"], e["tool"]) for e in ledger(folder / "ledger.jsonl"))
+def mails_sent(ledger_path: Path, run_id: str = VICTIM, tool: str = "email_tickets") -> int:
+    """How often the outside world saw `tool`'s effect for `run_id` (by default: mails sent)."""
+    return sum(1 for e in ledger(ledger_path) if e["tool"] == tool and e["run_id"] == run_id)
+
+
+def effects_table(ledger_path: Path) -> bool:
+    """Print how often each effect happened per run; True if every charge and mail happened once."""
+    effects = Counter((e["run_id"], e["tool"]) for e in ledger(ledger_path))
     say("What happened in the outside world (each effect once, though a worker died):")
     say(f"  {'run':<10}{'hold_seats':>12}{'charge_card':>13}{'email_tickets':>15}")
     ok = True
@@ -112,10 +123,13 @@ def _summary(folder: Path) -> int:
         row = [effects[(run_id, t)] for t in ("hold_seats", "charge_card", "email_tickets")]
         ok = ok and row[1] == 1 and row[2] == 1
         say(f"  {run_id:<10}{row[0]:>12}{row[1]:>13}{row[2]:>15}")
-    say()
+    return ok
+
+
+def inspect_commands(store_url: str) -> None:
+    """Print the commands that show the runs just told about (the viewer's last)."""
     key = f"AGENTFLOW_CHECKPOINT_KEYS=hex:{DEMO_KEY.hex()}"
-    store = f"--store sqlite:///{(folder / 'runs.db').absolute()}"
+    store = f"--store {shlex.quote(store_url)}"
     say("The runs are signed with the demo's public key. Inspect them (history, call log, recovered mark):")
     say(f"  {key} .venv/bin/agentflow runs show {VICTIM} {store}")
     say(f"  {key} .venv/bin/agentflow viewer {store} --app agentflow.demo.tickets:app")
-    return 0 if ok else 1

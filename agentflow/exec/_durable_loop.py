@@ -156,7 +156,7 @@ async def _resume(
     lp.pending = []
     seeds = await _seeds(engine, lp, body, rerun_in_doubt=False)
     assert lp.step is not None
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1)
+    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
     return await engine.drive(lp, seeds, recovering=False)
 
 
@@ -190,7 +190,7 @@ async def recover_tool_loop(
         raise CheckpointConflict(f"run {run_id!r} already ended ({status}); there is nothing to recover")
     seeds = await _seeds(engine, lp, body, rerun_in_doubt)
     assert lp.step is not None
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1)
+    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="recovery")
     return await engine.drive(lp, seeds)
 
 
@@ -249,8 +249,10 @@ async def advance_tool_loop(
         raise CheckpointConflict(f"loop {run_id!r} is {status}; only a running loop can be advanced")
     seeds = await _seeds(engine, lp, body, rerun_in_doubt)
     assert lp.step is not None
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1)
-    return await engine.drive(lp, seeds, limit=1, recovering=not handoff or bool(seeds))
+    recovering = not handoff or bool(seeds)
+    claim = "recovery" if recovering else "handoff"
+    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim=claim)
+    return await engine.drive(lp, seeds, limit=1, recovering=recovering)
 
 
 class _NoModel:

@@ -125,7 +125,13 @@ class LoopEngine:
         return body
 
     async def save(
-        self, lp: LoopCursor, status: str, *, segment: int | None = None, recovered: dict[str, Any] | None = None
+        self,
+        lp: LoopCursor,
+        status: str,
+        *,
+        segment: int | None = None,
+        claim: str | None = None,
+        recovered: dict[str, Any] | None = None,
     ) -> None:
         if self.store is None or self.sealer is None:
             return
@@ -134,6 +140,8 @@ class LoopEngine:
             lp.journal = Journal(self.store, self.sealer, lp.run_id, segment)
         assert lp.journal is not None
         body = self._body(lp, recovered)
+        if claim is not None:
+            body["claim"] = claim
         row = self.sealer.seal_checkpoint(lp.run_id, step, lp.flow, status, lp.journal.segment, time.time(), body)
         await self.store.save(lp.run_id, step, row)
         lp.step, lp.chain, lp.saved_len = step, body["history"]["chain"], len(lp.history)

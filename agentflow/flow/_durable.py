@@ -91,6 +91,7 @@ class Checkpointer:
         status: str,
         *,
         segment: int | None = None,
+        claim: str | None = None,
         unreplayed: list[str] | None = None,
         recovered: dict[str, Any] | None = None,
     ) -> None:
@@ -100,6 +101,8 @@ class Checkpointer:
             cur: the run; its `step` advances on success.
             status: the checkpoint's status.
             segment: open a new segment (a claim); by default the journal's segment.
+            claim: why the run is claimed: ``recovery``, ``resume`` or ``handoff`` (signed
+                into the checkpoint, so viewers can tell a recovery from routine).
             unreplayed: calls whose arguments changed since the crash (reported in the event).
             recovered: what the first superstep after a recovery replayed and reran.
 
@@ -114,6 +117,8 @@ class Checkpointer:
             cur.journal = self.journal(cur.run_id, segment)
         assert cur.journal is not None
         body = self.body(cur, recovered)
+        if claim is not None:
+            body["claim"] = claim
         row = self.sealer.seal_checkpoint(
             cur.run_id, step, cur.flow.name, str(status), cur.journal.segment, time.time(), body
         )

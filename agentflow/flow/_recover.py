@@ -67,7 +67,7 @@ async def recover(
         raise CheckpointConflict(f"run {run_id!r} already ended ({status}); there is nothing to recover")
     seeds = await _seeds(runner, cur, body, rerun_in_doubt)
     assert cur.step is not None
-    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
+    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1, claim="recovery")
     result: RunResult[S] = await runner.drive(cur, seeds, recovering=True)
     return result
 
@@ -124,7 +124,7 @@ async def resume(
     seeds = await _seeds(runner, cur, body, rerun_in_doubt=False)
     assert cur.step is not None
     # The decision is stored with the claim; it is spent only after this save succeeded.
-    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
+    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1, claim="resume")
     # A paused run did not crash: continuing it is not a recovery.
     result: RunResult[S] = await runner.drive(cur, seeds, limit=limit, recovering=False)
     return result
@@ -147,8 +147,9 @@ async def advance(
         raise CheckpointConflict(f"run {run_id!r} is {status}; only a running run can be advanced")
     seeds = await _seeds(runner, cur, body, rerun_in_doubt)
     assert cur.step is not None
-    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1)
     # After a clean handoff the superstep has no records yet; if it has some, a worker died in it.
     recovering = not handoff or bool(seeds)
+    claim = "recovery" if recovering else "handoff"
+    await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1, claim=claim)
     result: RunResult[S] = await runner.drive(cur, seeds, limit=1, recovering=recovering)
     return result

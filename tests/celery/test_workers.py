@@ -24,6 +24,14 @@ async def test_runs_enqueued_as_tasks_finish_on_two_workers(deployment):
     assert all(v.state.note == "email_tickets ok" for v in views.values())
     effects = deployment.effects()
     assert all(effects[(t, r)] == 1 for r in run_ids for t in ("hold_seats", *NON_IDEMPOTENT))
+    # and each superstep's claim says it was a routine handoff, so no run is marked recovered
+    from agentflow.cli._inspect import read_run
+
+    worker = deployment.tasks.worker
+    for run_id in run_ids:
+        report = await read_run(worker.store, worker.runner.sealer, run_id)
+        assert {seg.how for seg in report.segments} == {"start", "handoff"}
+        assert "recovered" not in report.marks
 
 
 async def test_killed_workers_lose_no_run_and_repeat_no_finished_call(deployment):
