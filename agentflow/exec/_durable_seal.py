@@ -32,6 +32,10 @@ _CALL_DOMAIN = "agentflow/call/1"
 _PRINCIPAL_DOMAIN = b"agentflow/principal/1\n"
 
 
+#: One encoder for every canonical encoding (building one per call costs as much as encoding).
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical(value: Any) -> bytes:
     """Encode a JSON-able value canonically (sorted keys, compact, UTF-8).
 
@@ -39,7 +43,7 @@ def canonical(value: Any) -> bytes:
         TypeError: the value holds something JSON cannot carry.
         ValueError: the value holds NaN or infinity, or a circular reference.
     """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def digest(value: Any) -> str:
@@ -86,20 +90,25 @@ class Sealer:
         self._signing_key = ring[0]
         self._kid = key_id(ring[0])
         self._keys = {key_id(k): k for k in ring}
+        # Keyed once; each row copies the keyed state instead of hashing the key again.
+        self._keyed = {kid: hmac.new(k, digestmod=hashlib.sha256) for kid, k in self._keys.items()}
 
     @property
     def kid(self) -> str:
         """Id of the signing key."""
         return self._kid
 
-    def _mac(self, key: bytes, header: bytes, payload: bytes) -> str:
-        return hmac.new(key, header + b"\n" + payload, hashlib.sha256).hexdigest()
+    def _mac(self, kid: str, header: bytes, payload: bytes) -> str:
+        mac = self._keyed[kid].copy()
+        mac.update(header)
+        mac.update(b"\n")
+        mac.update(payload)
+        return mac.hexdigest()
 
     def _verify(self, what: str, kid: str, sig: str, header: bytes, payload: bytes) -> None:
-        key = self._keys.get(kid)
-        if key is None:
+        if kid not in self._keyed:
             raise CheckpointStoreCorrupt(f"{what} is signed with key id {kid!r}, which this worker does not have")
-        if not hmac.compare_digest(self._mac(key, header, payload), sig):
+        if not hmac.compare_digest(self._mac(kid, header, payload), sig):
             raise CheckpointStoreCorrupt(f"{what}: signature does not match (changed, moved or forged)")
 
     # -- checkpoints -------------------------------------------------------------------
@@ -114,7 +123,7 @@ class Sealer:
         """Encode and sign a checkpoint body."""
         payload = canonical(body)
         header = self._checkpoint_header(run_id, step, flow, status, segment, saved_at)
-        sig = self._mac(self._signing_key, header, payload)
+        sig = self._mac(self._kid, header, payload)
         return SealedCheckpoint(run_id, step, flow, status, segment, saved_at, payload, self._kid, sig)
 
     def open_checkpoint(self, row: SealedCheckpoint, run_id: str) -> dict[str, Any]:
@@ -144,7 +153,7 @@ class Sealer:
             TypeError, ValueError: the body holds something JSON cannot carry.
         """
         payload = canonical(body)
-        sig = self._mac(self._signing_key, self._call_header(run_id, segment, seq, kind), payload)
+        sig = self._mac(self._kid, self._call_header(run_id, segment, seq, kind), payload)
         return SealedCall(run_id, segment, seq, kind, payload, self._kid, sig)
 
     def open_call(self, row: SealedCall, run_id: str) -> dict[str, Any]:
