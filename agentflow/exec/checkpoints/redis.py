@@ -11,10 +11,8 @@ tag puts every key of a run in one Redis Cluster slot, so each script touches on
     P:runs:<flow>         zset   run id -> saved_at of its newest save
     P:unfinished:<flow>   zset   run id -> saved_at, for runs last saved running or paused
 
-A row is one JSON header line and then the payload bytes exactly as given::
-
-    checkpoint   [1, run_id, step, flow, status, segment, saved_at, kid, sig] LF payload
-    call record  [1, run_id, segment, seq, kind, kid, sig] LF payload
+A row is one JSON header line and then the payload bytes exactly as given; the format and
+its codec live in `_redis_rows`.
 
 `save` and `record_call` run ``_lua/save.lua`` and ``_lua/record_call.lua`` (EVALSHA, loaded
 again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
@@ -36,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -50,20 +47,16 @@ from redis.commands.core import AsyncScript
 
 from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _scored, _text
 from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
 
 Client: TypeAlias = "Redis | RedisCluster"
 
-#: Version written first in every row header.
-_FORMAT = 1
 #: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
 _STALE_AFTER_S = 300.0
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in ("save", "record_call", "prune")}
-#: Types of the row header fields.
-_CHECKPOINT_HEAD = (int, str, int, str, str, int, (int, float), str, str)
-_CALL_HEAD = (int, str, int, int, str, str, str)
 
 #: Driver errors that mean Redis did not answer.
 _UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError)
@@ -357,53 +350,6 @@ class RedisCheckpointStore:
             if self._bound.get(id(bound.loop)) is bound:
                 del self._bound[id(bound.loop)]
             await bound.client.aclose()
-
-
-def _encode(fields: list[Any], payload: bytes) -> bytes:
-    """Make a row: the header (JSON escapes every newline, so the first LF ends it), then the payload."""
-    return json.dumps([_FORMAT, *fields], separators=(",", ":")).encode() + b"\n" + payload
-
-
-def _split(run_id: str, raw: object, what: str, shape: tuple[Any, ...]) -> tuple[list[Any], bytes]:
-    """Split a row into its checked header fields and its payload.
-
-    Raises:
-        CheckpointStoreCorrupt: the row is not one this store wrote.
-    """
-    try:
-        if not isinstance(raw, bytes):
-            raise TypeError(f"it is a {type(raw).__name__}, not bytes")
-        head, newline, payload = raw.partition(b"\n")
-        fields = json.loads(head) if newline else None
-        if not isinstance(fields, list) or len(fields) != len(shape) or fields[0] != _FORMAT:
-            raise ValueError(f"its header {head[:120]!r} is not a version {_FORMAT} row header")
-        for value, kind in zip(fields, shape, strict=True):
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise ValueError(f"its header {head[:120]!r} has a field of the wrong type")
-    except (TypeError, ValueError) as exc:
-        raise CheckpointStoreCorrupt(f"run {run_id!r}: {what} cannot be read: {exc}") from exc
-    if fields[1] != run_id:
-        raise CheckpointStoreCorrupt(f"run {run_id!r}: {what} belongs to run {fields[1]!r}")
-    return fields, payload
-
-
-def _decode_checkpoint(run_id: str, raw: object, what: str) -> SealedCheckpoint:
-    f, payload = _split(run_id, raw, what, _CHECKPOINT_HEAD)
-    return SealedCheckpoint(f[1], f[2], f[3], f[4], f[5], float(f[6]), payload, f[7], f[8])
-
-
-def _decode_call(run_id: str, raw: object, what: str) -> SealedCall:
-    f, payload = _split(run_id, raw, what, _CALL_HEAD)
-    return SealedCall(f[1], f[2], f[3], f[4], payload, f[5], f[6])
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _scored(entries: Any) -> list[tuple[str, float]]:
-    """Decode a sorted-set range read with scores."""
-    return [(_text(member), float(score)) for member, score in entries]
 
 
 def _address(client: Client) -> str:

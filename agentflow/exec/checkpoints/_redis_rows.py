@@ -1,0 +1,74 @@
+"""The row codec of `RedisCheckpointStore`: how a checkpoint or call record is one Redis value.
+
+A row is one JSON header line and then the payload bytes exactly as given::
+
+    checkpoint   [1, run_id, step, flow, status, segment, saved_at, kid, sig] LF payload
+    call record  [1, run_id, segment, seq, kind, kid, sig] LF payload
+
+The first header field is the row format version (`_FORMAT`); JSON escapes every newline,
+so the first LF ends the header. Reading a row checks the version, the number and type of
+the header fields (`_CHECKPOINT_HEAD`, `_CALL_HEAD`) and that the row belongs to the run
+asked for; anything else is `CheckpointStoreCorrupt`. This module also decodes the plain
+values Redis replies with (`_text`, `_scored`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentflow._errors import CheckpointStoreCorrupt
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+
+#: Version written first in every row header.
+_FORMAT = 1
+#: Types of the row header fields.
+_CHECKPOINT_HEAD = (int, str, int, str, str, int, (int, float), str, str)
+_CALL_HEAD = (int, str, int, int, str, str, str)
+
+
+def _encode(fields: list[Any], payload: bytes) -> bytes:
+    """Make a row: the header (JSON escapes every newline, so the first LF ends it), then the payload."""
+    return json.dumps([_FORMAT, *fields], separators=(",", ":")).encode() + b"\n" + payload
+
+
+def _split(run_id: str, raw: object, what: str, shape: tuple[Any, ...]) -> tuple[list[Any], bytes]:
+    """Split a row into its checked header fields and its payload.
+
+    Raises:
+        CheckpointStoreCorrupt: the row is not one this store wrote.
+    """
+    try:
+        if not isinstance(raw, bytes):
+            raise TypeError(f"it is a {type(raw).__name__}, not bytes")
+        head, newline, payload = raw.partition(b"\n")
+        fields = json.loads(head) if newline else None
+        if not isinstance(fields, list) or len(fields) != len(shape) or fields[0] != _FORMAT:
+            raise ValueError(f"its header {head[:120]!r} is not a version {_FORMAT} row header")
+        for value, kind in zip(fields, shape, strict=True):
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ValueError(f"its header {head[:120]!r} has a field of the wrong type")
+    except (TypeError, ValueError) as exc:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: {what} cannot be read: {exc}") from exc
+    if fields[1] != run_id:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: {what} belongs to run {fields[1]!r}")
+    return fields, payload
+
+
+def _decode_checkpoint(run_id: str, raw: object, what: str) -> SealedCheckpoint:
+    f, payload = _split(run_id, raw, what, _CHECKPOINT_HEAD)
+    return SealedCheckpoint(f[1], f[2], f[3], f[4], f[5], float(f[6]), payload, f[7], f[8])
+
+
+def _decode_call(run_id: str, raw: object, what: str) -> SealedCall:
+    f, payload = _split(run_id, raw, what, _CALL_HEAD)
+    return SealedCall(f[1], f[2], f[3], f[4], payload, f[5], f[6])
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _scored(entries: Any) -> list[tuple[str, float]]:
+    """Decode a sorted-set range read with scores."""
+    return [(_text(member), float(score)) for member, score in entries]
