@@ -1,0 +1,138 @@
+"""``python -m bench [--quick] [--only NAME ...]``: run the benchmark suite.
+
+Prints each benchmark's tables and targets, writes ``bench/results/<name>.json`` (plus
+``summary.json`` and ``summary.md``, the tables in Markdown for docs/benchmarks.md), and
+draws the plots into ``docs/img/bench-*.png``. A ``--quick`` run writes everything under
+``bench/results/quick/`` instead, so a smoke run never replaces what the docs show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench._env import machine, probe_services, versions
+from bench._report import Report, targets_table, write_json
+from bench._suite import BENCHMARKS, Context, load
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+#: Where a ``--quick`` run writes, so a smoke run never replaces a full run's results or plots.
+QUICK = RESULTS / "quick"
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run (small sizes, few repetitions)")
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="NAME", help="run only this benchmark (repeatable, or a,b)"
+    )
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument("--no-plots", action="store_true", help="do not draw the PNGs")
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw the PNGs from bench/results/<name>.json (no measuring)"
+    )
+    return parser.parse_args(argv)
+
+
+def _out(quick: bool) -> Path:
+    return QUICK if quick else RESULTS
+
+
+def _run_one(name: str, quick: bool, services: Any, env: dict[str, Any]) -> Report | None:
+    tmp = Path(tempfile.mkdtemp(prefix=f"agentflow-bench-{name}-"))
+    ctx = Context(quick=quick, tmp=tmp, services=services)
+    started = time.perf_counter()
+    try:
+        report: Report = asyncio.run(load(name).run(ctx))
+        report.name = name
+    except Exception:
+        print(f"== {name}: FAILED\n{traceback.format_exc()}", flush=True)
+        return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report.data["wall_s"] = time.perf_counter() - started
+    print(report.text(), flush=True)
+    print(f"({name} took {report.data['wall_s']:.1f} s)\n", flush=True)
+    write_json(report, env, _out(quick) / f"{name}.json")
+    return report
+
+
+def _plot(reports: list[Report], out_dir: Path) -> list[Path]:
+    drawn: list[Path] = []
+    for report in reports:
+        plot = getattr(load(report.name), "plot", None)
+        if plot is None:
+            continue
+        try:
+            drawn += plot(report, out_dir)
+        except Exception:
+            print(f"plot of {report.name} failed:\n{traceback.format_exc()}", flush=True)
+    return drawn
+
+
+def _replot(chosen: list[str]) -> int:
+    """Redraw the plots of the last full run from its JSON files (into docs/img)."""
+    reports = []
+    for name in chosen:
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            saved = json.loads(path.read_text())
+            reports.append(Report(name, saved["title"], data=saved["data"]))
+    for path in _plot(reports, ROOT / "docs" / "img"):
+        print(f"plot: {path.relative_to(ROOT)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    if args.list:
+        for name in BENCHMARKS:
+            print(f"{name:14} {load(name).TITLE}")
+        return 0
+    chosen = [n for item in args.only for n in item.split(",") if n] or BENCHMARKS
+    if args.replot:
+        return _replot(chosen)
+    services = asyncio.run(probe_services())
+    env = {"machine": machine(Path(tempfile.gettempdir())), "versions": versions(services), "quick": args.quick}
+    print("machine: " + json.dumps(env["machine"]), "versions: " + json.dumps(env["versions"]), sep="\n")
+    for what, why in (("Redis", services.redis_why), ("PostgreSQL", services.pg_why)):
+        if why:
+            print(f"{what}: {why}; the parts that need it are skipped")
+    print(flush=True)
+    reports = [r for r in (_run_one(name, args.quick, services, env) for name in chosen) if r is not None]
+    env["machine"]["load_average_at_end"] = os.getloadavg()
+    targets = [t for r in reports for t in r.targets]
+    if targets:
+        print(targets_table(targets).text(), flush=True)
+    out = _out(args.quick)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "env": env,
+        "benchmarks": [r.name for r in reports],
+        "targets": [t.__dict__ | {"met": t.met} for t in targets],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    md = "\n\n".join([r.markdown() for r in reports] + ([targets_table(targets).markdown()] if targets else []))
+    (out / "summary.md").write_text(md + "\n")
+    if not args.no_plots:
+        out_dir = QUICK / "img" if args.quick else ROOT / "docs" / "img"
+        for path in _plot(reports, out_dir):
+            print(f"plot: {path.relative_to(ROOT)}")
+    failed = [n for n in chosen if n not in {r.name for r in reports}]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
