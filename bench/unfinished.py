@@ -68,8 +68,10 @@ def _redis_filler(store: Any, client: Any, prefix: str) -> Filler:
             pipe.expire(cp_key, 3600)
             pipe.expire(latest_key, 3600)
         scores = {cp.run_id: cp.saved_at for cp in rows}
-        for index in ("runs", f"runs:{_flows.flow.name}", f"unfinished:{_flows.flow.name}"):
+        for index in ("runs", f"runs:{_flows.flow.name}"):
             pipe.zadd(f"{prefix}:{index}", scores)
+        # On one server the unfinished index is scored by when each run's keys expire.
+        pipe.zadd(f"{prefix}:unfinished:{_flows.flow.name}", {cp.run_id: time.time() + 3600 for cp in rows})
         await pipe.execute()
 
     return fill

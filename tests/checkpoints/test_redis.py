@@ -318,21 +318,37 @@ async def test_listings_send_no_keys_or_scan(backend):
 
 
 async def test_listings_skip_and_prune_stale_index_entries(store, raw, backend):
-    # Given a run that ended but is still in the unfinished index (as after a crash
-    # between the save script and the index update), and runs whose keys are gone
+    # Given a run that ended but is still in the unfinished index (as after a crash between
+    # a save and a separate index update), and runs whose keys expired
     await store.save("ended", 0, cp("ended", 0))
     await store.save("ended", 1, cp("ended", 1, status="done"))
     await raw.zadd(f"{backend.prefix}:unfinished:orders", {"ended": 1.0})
     await store.save("old", 0, cp("old", 0, saved_at=time.time() - 3600))
     await store.save("fresh", 0, cp("fresh", 0))
-    await raw.delete(*backend.run_keys("old"), *backend.run_keys("fresh"))  # as if expired
+    # (expiry, as the indexes see it: the keys are gone, and the unfinished entry's expiry time passed)
+    await raw.delete(*backend.run_keys("old"), *backend.run_keys("fresh"))
+    await raw.zadd(f"{backend.prefix}:unfinished:orders", {"old": time.time() - 5, "fresh": time.time() - 1})
     # When listed, Then none of them is listed as unfinished and no gone run is listed at all
     assert list(await store.list_unfinished("orders")) == []
     assert [c.run_id for c in await store.list_runs()] == ["ended"]
-    # And the entries that are surely stale were removed; the recent one is kept, since a
-    # step 0 could be between its index update and its script
-    assert await raw.zrange(f"{backend.prefix}:unfinished:orders", 0, -1) == [b"fresh"]
+    # And the expired entries left the unfinished index; list_runs removed the surely stale
+    # ones and kept the recent one, since a step 0 could be between its index update and its script
+    assert await raw.zrange(f"{backend.prefix}:unfinished:orders", 0, -1) == []
     assert sorted(await raw.zrange(f"{backend.prefix}:runs", 0, -1)) == [b"ended", b"fresh"]
+
+
+async def test_the_unfinished_index_is_scored_by_expiry_and_listed_in_one_round_trip(store, raw, backend):
+    # Given a running run (its keys expire in ttl_s) and a paused one (its keys never expire)
+    await store.save("run", 0, cp("run", 0))
+    await store.save("wait", 0, cp("wait", 0, status="paused"))
+    index = f"{backend.prefix}:unfinished:orders"
+    # Then the index scores each by when its keys expire, paused runs never
+    expires = dict(await raw.zrange(index, 0, -1, withscores=True))
+    ttl = await raw.ttl(backend.run_keys("run")[1])
+    assert abs(expires[b"run"] - (time.time() + ttl)) < 5
+    assert expires[b"wait"] == float("inf")
+    # And listing them reads the index only
+    assert sorted(await store.list_unfinished("orders")) == ["run", "wait"]
 
 
 async def test_list_runs_newest_first_per_flow_and_limited(store):
@@ -582,7 +598,9 @@ async def test_store_works_on_redis_cluster(redis_cluster):
                 await s.record_call(run_id, rec(run_id, 0, 1))
             assert len(await s.history(run_id)) == 2 and len(await s.calls(run_id)) == 1
             assert 0 < await cluster.ttl(f"cl:run:{{{run_id}}}:latest") <= 600
-        # Then the listings read across nodes
+        # Then the listings read across nodes, checking each indexed run (the indexes are
+        # updated by separate commands on Cluster): an ended run left in the index is not listed
+        await cluster.zadd("cl:unfinished:orders", {run_ids[1]: 1.0})
         assert sorted(await s.list_unfinished("orders")) == sorted(run_ids[::2])
         assert {c.run_id for c in await s.list_runs("orders")} == set(run_ids)
         for run_id in run_ids:

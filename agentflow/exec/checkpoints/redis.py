@@ -18,7 +18,9 @@ its codec live in `_redis_rows`.
 again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
 every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
 
-On one Redis server the save script updates the three indexes itself, atomically. On Redis
+On one Redis server the save script updates the three indexes itself, atomically, and scores
+``unfinished`` entries by when the run's keys expire, so listing them is one script
+(``_lua/unfinished.lua``) with no per-run read. On Redis
 Cluster they are not in the run's slot, so no script may update them together with the
 run; separate commands do: before a step 0 the run is added to them (a
 crash right after the script then cannot hide a new run), and after every save its scores
@@ -56,7 +58,9 @@ Client: TypeAlias = "Redis | RedisCluster"
 _STALE_AFTER_S = 300.0
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
-_LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in ("save", "record_call", "prune")}
+#: The Lua scripts, in `_Bound` field order.
+_SCRIPTS = ("save", "record_call", "prune", "unfinished")
+_LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 
 #: Driver errors that mean Redis did not answer.
 _UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError)
@@ -73,6 +77,7 @@ class _Bound:
     save: AsyncScript
     record: AsyncScript
     prune: AsyncScript
+    unfinished: AsyncScript
     closer: AsyncGenerator[None, None] | None = None
 
 
@@ -177,9 +182,11 @@ class RedisCheckpointStore:
         return found
 
     async def list_unfinished(self, flow: str) -> Sequence[str]:
-        """Return the ids of the flow's running and paused runs (oldest index entry first)."""
+        """Return the ids of the flow's running and paused runs."""
         index = f"{self._prefix}:unfinished:{flow}"
         async with self._redis() as bound:
+            if not isinstance(bound.client, RedisCluster):  # the index is exact: one round trip
+                return [_text(run_id) for run_id in await bound.unfinished(keys=[index], args=[])]
             entries = _scored(await bound.client.zrange(index, 0, -1, withscores=True))
             pipe = bound.client.pipeline(transaction=False)
             for run_id, _ in entries:
@@ -331,8 +338,8 @@ class RedisCheckpointStore:
                 "RedisCheckpointStore needs a client made with decode_responses=False (payloads are "
                 "bytes); the client_factory returned one with decode_responses=True"
             )
-        save, record, prune = (client.register_script(_LUA[name]) for name in ("save", "record_call", "prune"))
-        bound = _Bound(loop, client, save, record, prune)
+        save, record, prune, unfinished = (client.register_script(_LUA[name]) for name in _SCRIPTS)
+        bound = _Bound(loop, client, save, record, prune, unfinished)
         bound.closer = self._close_at_shutdown(bound)
         self._bound[id(loop)] = bound
         await anext(bound.closer)

@@ -9,7 +9,7 @@
 -- On a standalone server (not Cluster) the indexes come too, so the save updates them atomically:
 --   KEYS[5]  P:runs             zset    run id -> saved_at
 --   KEYS[6]  P:runs:<flow>      zset    run id -> saved_at
---   KEYS[7]  P:unfinished:<flow> zset   run id -> saved_at while running or paused
+--   KEYS[7]  P:unfinished:<flow> zset   run id -> when its keys expire (+inf while paused)
 --
 -- ARGV[1] step      ARGV[2] flow      ARGV[3] status     ARGV[4] segment
 -- ARGV[5] saved_at  ARGV[6] row (the encoded checkpoint, bytes as given)
@@ -56,7 +56,13 @@ if #KEYS == 7 then
   redis.call('ZADD', KEYS[5], ARGV[5], ARGV[8])
   redis.call('ZADD', KEYS[6], ARGV[5], ARGV[8])
   if ARGV[3] == 'running' or ARGV[3] == 'paused' then
-    redis.call('ZADD', KEYS[7], ARGV[5], ARGV[8])
+    -- Scored by when the run's keys expire (server clock), so listing needs no per-run read.
+    local expires = '+inf'
+    if ARGV[3] ~= 'paused' and ARGV[7] ~= '0' then
+      local t = redis.call('TIME')
+      expires = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[7])
+    end
+    redis.call('ZADD', KEYS[7], expires, ARGV[8])
   else
     redis.call('ZREM', KEYS[7], ARGV[8])
   end
