@@ -29,6 +29,7 @@ def open_store(spec: dict[str, Any]) -> CheckpointStore:
         return SQLiteCheckpointStore(Path(spec["path"]))
     if backend == "redis":
         import redis.asyncio
+
         from agentflow.exec.checkpoints.redis import RedisCheckpointStore
 
         url = spec["url"]
