@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 from agentflow._app import FlowApp, LoopSpec
 from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
 from agentflow.celery._lease import Leases
+from agentflow.exec._durable import read_snapshot
 from agentflow.exec._durable_loop import advance_tool_loop
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
@@ -159,7 +161,20 @@ class Worker:
             )
         else:
             flow = self.flow_app.flow(flow_name)
-            advance = self.runner.advance(flow, run_id, expected_step=step, rerun_in_doubt=rerun, handoff=handoff)
+            # Read the run while the lease is being taken: two round trips in flight at once.
+            # Read before holding the lease, the snapshot may be a step behind; then the
+            # claim's compare-and-set refuses it, and nothing runs.
+            snapshot = asyncio.ensure_future(read_snapshot(self.store, run_id))
+            advance = self.runner.advance(
+                flow, run_id, expected_step=step, rerun_in_doubt=rerun, handoff=handoff, snapshot=snapshot
+            )
+            try:
+                return await self._under_lease(flow_name, run_id, advance)
+            finally:
+                if not snapshot.done():
+                    snapshot.cancel()
+                elif not snapshot.cancelled():
+                    snapshot.exception()  # retrieved, so an unused failure is not reported as lost
         return await self._under_lease(flow_name, run_id, advance)
 
     async def _under_lease(self, flow_name: str, run_id: str, advance: Coroutine[Any, Any, Any]) -> Outcome:

@@ -37,6 +37,7 @@ from agentflow.exec._durable_seal import Sealer, canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Registry, Tool
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 
 #: Record kinds that close a call for good.
 FINAL = frozenset({"done", "failed", "denied"})
@@ -130,9 +131,20 @@ async def read_log(
     Raises:
         CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
     """
+    return check_log(sealer, run_id, await store.calls(run_id), expect)
+
+
+def check_log(
+    sealer: Sealer, run_id: str, rows: Sequence[SealedCall], expect: tuple[int, int] | None = None
+) -> list[LoggedRecord]:
+    """Check and decode call records already read (see `read_log`).
+
+    Raises:
+        CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
+    """
     out: list[LoggedRecord] = []
     counts: dict[int, int] = {}
-    for row in await store.calls(run_id):
+    for row in rows:
         body = sealer.open_call(row, run_id)
         want = counts.get(row.segment, 0)
         if row.seq != want:
@@ -147,6 +159,23 @@ async def read_log(
             f"the checkpoint saw {expect[1]}"
         )
     return out
+
+
+async def read_snapshot(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoint, Sequence[SealedCall]]:
+    """The run's latest checkpoint and its call log, read together.
+
+    One atomic read where the store has ``snapshot`` (Redis), else the checkpoint first and
+    then the log.
+
+    Raises:
+        CheckpointNotFound: nothing is stored for the run.
+    """
+    reader = getattr(store, "snapshot", None)
+    if callable(reader):
+        snapshot: tuple[SealedCheckpoint, Sequence[SealedCall]] = await reader(run_id)
+        return snapshot
+    latest = await store.latest(run_id)
+    return latest, await store.calls(run_id)
 
 
 @dataclass(slots=True)

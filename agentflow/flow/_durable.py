@@ -134,8 +134,10 @@ class Checkpointer:
             unreplayed=list(unreplayed or ()),
         )
 
-    async def load(self, flow: Flow[Any], run_id: str) -> tuple[SealedCheckpoint, dict[str, Any]]:
-        """Load, check and decode the run's latest checkpoint, and check it is this flow's.
+    async def load(
+        self, flow: Flow[Any], run_id: str, row: SealedCheckpoint | None = None
+    ) -> tuple[SealedCheckpoint, dict[str, Any]]:
+        """Load (unless `row` was read already), check and decode the run's latest checkpoint.
 
         Raises:
             CheckpointNotFound: nothing is stored for the run.
@@ -144,7 +146,8 @@ class Checkpointer:
             FlowError: the graph changed since the checkpoint.
         """
         assert self.store is not None and self.sealer is not None
-        row = await self.store.latest(run_id)
+        if row is None:
+            row = await self.store.latest(run_id)
         body = self.sealer.open_checkpoint(row, run_id)
         if body.get("kind") != "flow":
             raise FlowError(f"run {run_id!r} is a {body.get('kind')!r} run, not a flow run")

@@ -15,14 +15,24 @@ Order of a recovery (nothing runs before the claim is saved):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from agentflow._errors import CheckpointConflict, Stale
 from agentflow._identity import RunContext, restore_identity
-from agentflow.exec._durable import CallState, Decision, analyze, calls_in_doubt, check_no_later_records, read_log
+from agentflow.exec._durable import (
+    CallState,
+    Decision,
+    analyze,
+    calls_in_doubt,
+    check_log,
+    check_no_later_records,
+    read_log,
+    read_snapshot,
+)
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.flow._durable import Cursor
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult, RunStatus
@@ -34,22 +44,31 @@ S = TypeVar("S", bound=BaseModel)
 
 
 async def _load(
-    runner: FlowRunner, flow: Flow[Any], run_id: str, ctx: RunContext | None
+    runner: FlowRunner, flow: Flow[Any], run_id: str, ctx: RunContext | None, row: SealedCheckpoint | None = None
 ) -> tuple[Cursor, dict[str, Any], str]:
     if runner.checkpoints is None or runner.sealer is None:
         raise ValueError("recover and resume need a FlowRunner with a checkpoint store")
     flow.validate(runner.executor.registry)
-    row, body = await runner._ckpt.load(flow, run_id)
+    row, body = await runner._ckpt.load(flow, run_id, row)
     restored = restore_identity(runner.sealer, run_id, body.get("identity") or {}, ctx)
     cur = runner._ckpt.cursor(flow, row, body, restored)
     return cur, body, row.status
 
 
-async def _seeds(runner: FlowRunner, cur: Cursor, body: dict[str, Any], rerun_in_doubt: bool) -> dict[str, CallState]:
+async def _seeds(
+    runner: FlowRunner,
+    cur: Cursor,
+    body: dict[str, Any],
+    rerun_in_doubt: bool,
+    rows: Sequence[SealedCall] | None = None,
+) -> dict[str, CallState]:
     assert runner.checkpoints is not None and runner.sealer is not None
     marker = body.get("log")
     expect = (int(marker[0]), int(marker[1])) if marker else None
-    records = await read_log(runner.checkpoints, runner.sealer, cur.run_id, expect)
+    if rows is None:
+        records = await read_log(runner.checkpoints, runner.sealer, cur.run_id, expect)
+    else:
+        records = check_log(runner.sealer, cur.run_id, rows, expect)
     check_no_later_records(cur.run_id, records, cur.superstep)
     states = analyze(records, cur.superstep)
     calls_in_doubt(cur.run_id, states, runner.executor.registry, rerun_in_doubt)
@@ -138,14 +157,17 @@ async def advance(
     expected_step: int | None,
     rerun_in_doubt: bool,
     handoff: bool,
+    snapshot: Awaitable[tuple[SealedCheckpoint, Sequence[SealedCall]]] | None,
 ) -> RunResult[S]:
     """See `FlowRunner.advance`."""
-    cur, body, status = await _load(runner, flow, run_id, None)
+    assert runner.checkpoints is not None
+    row, rows = await (snapshot or read_snapshot(runner.checkpoints, run_id))
+    cur, body, status = await _load(runner, flow, run_id, None, row)
     if expected_step is not None and cur.step != expected_step:
         raise Stale(f"run {run_id!r} is at step {cur.step}, not {expected_step}: this message is late or a duplicate")
     if status != RunStatus.RUNNING:
         raise CheckpointConflict(f"run {run_id!r} is {status}; only a running run can be advanced")
-    seeds = await _seeds(runner, cur, body, rerun_in_doubt)
+    seeds = await _seeds(runner, cur, body, rerun_in_doubt, rows)
     assert cur.step is not None
     # After a clean handoff the superstep has no records yet; if it has some, a worker died in it.
     recovering = not handoff or bool(seeds)

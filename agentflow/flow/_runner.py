@@ -9,7 +9,7 @@ superstep loop (`drive`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -20,6 +20,7 @@ from agentflow.exec._durable import CallLog, CallState
 from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.flow import _recover
 from agentflow.flow._durable import Checkpointer, Cursor
 from agentflow.flow._graph import Flow
@@ -204,6 +205,7 @@ class FlowRunner:
         expected_step: int | None = None,
         rerun_in_doubt: bool = False,
         handoff: bool = False,
+        snapshot: Awaitable[tuple[SealedCheckpoint, Sequence[SealedCall]]] | None = None,
     ) -> RunResult[S]:
         """Claim a run and run exactly one superstep of it (what a distributed worker does).
 
@@ -215,6 +217,8 @@ class FlowRunner:
             rerun_in_doubt: rerun calls in doubt even if their tools are not idempotent.
             handoff: the previous superstep ended cleanly and handed the run over; the
                 superstep is then not reported as a recovery unless it finds calls to replay.
+            snapshot: the run's latest checkpoint and call log, being read already (a
+                worker starts the read while it takes the run's lease).
 
         Raises:
             Stale: the latest step is not `expected_step`.
@@ -223,7 +227,13 @@ class FlowRunner:
             CheckpointStoreCorrupt: a row fails its check (as for `recover`).
         """
         return await _recover.advance(
-            self, flow, run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff
+            self,
+            flow,
+            run_id,
+            expected_step=expected_step,
+            rerun_in_doubt=rerun_in_doubt,
+            handoff=handoff,
+            snapshot=snapshot,
         )
 
     async def recover(

@@ -624,3 +624,20 @@ async def test_the_conformance_suite_passes_on_redis_cluster(redis_cluster):
     report = await validate(fresh)
     assert len(report) == len(CHECKS)
     assert {name: why for name, why in report.items() if why is not None} == {}
+
+
+async def test_snapshot_reads_the_latest_checkpoint_and_the_log_in_one_go(store):
+    from agentflow.exec._durable import read_snapshot
+
+    # Given a run with two checkpoints and records in two segments
+    await store.save("s1", 0, cp("s1", 0))
+    await store.record_call("s1", rec("s1", 0, 0))
+    await store.save("s1", 1, cp("s1", 1, segment=1))
+    await store.record_call("s1", rec("s1", 1, 0))
+    # When it is read as one snapshot, Then it equals the latest checkpoint and the whole log
+    latest, calls = await read_snapshot(store, "s1")
+    assert latest == await store.latest("s1")
+    assert list(calls) == list(await store.calls("s1"))
+    # And an unknown run is not found
+    with pytest.raises(CheckpointNotFound):
+        await store.snapshot("nobody")

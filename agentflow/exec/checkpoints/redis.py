@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeAlias
@@ -259,19 +259,27 @@ class RedisCheckpointStore:
             check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
             raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
 
+    async def snapshot(self, run_id: str) -> tuple[SealedCheckpoint, Sequence[SealedCall]]:
+        """Return the latest checkpoint and the call log as of one instant, in one round trip.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+        """
+        keys = self._run_keys(run_id)
+        async with self._redis() as bound:
+            async with bound.client.pipeline(transaction=True) as pipe:  # MULTI/EXEC: one instant
+                pipe.lindex(keys[0], -1)
+                pipe.hgetall(keys[2])
+                raw, fields = await pipe.execute()
+        if raw is None:
+            raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
+        return _decode_checkpoint(run_id, raw, "the latest checkpoint"), _calls_of(run_id, fields)
+
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
         async with self._redis() as bound:
             fields = await bound.client.hgetall(self._run_keys(run_id)[2])
-        found = []
-        for field, raw in fields.items():
-            record = _decode_call(run_id, raw, f"call record {field!r}")
-            if field != f"{record.segment}:{record.seq}".encode():
-                raise CheckpointStoreCorrupt(
-                    f"run {run_id!r}: call record {field!r} holds {record.segment}.{record.seq}"
-                )
-            found.append(record)
-        return sorted(found, key=lambda r: (r.segment, r.seq))
+        return _calls_of(run_id, fields)
 
     async def aclose(self) -> None:
         """Close this event loop's client; the store connects again when used afterwards.
@@ -368,3 +376,14 @@ def _address(client: Client) -> str:
         return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
     nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None)
     return ", ".join(map(str, nodes or ())) or "an unknown address"
+
+
+def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:
+    """Decode a run's call-record hash, checking each record sits under its own field."""
+    found = []
+    for field, raw in fields.items():
+        record = _decode_call(run_id, raw, f"call record {field!r}")
+        if _text(field) != f"{record.segment}:{record.seq}":
+            raise CheckpointStoreCorrupt(f"run {run_id!r}: call record {field!r} holds {record.segment}.{record.seq}")
+        found.append(record)
+    return sorted(found, key=lambda r: (r.segment, r.seq))
