@@ -178,6 +178,33 @@ async def read_snapshot(store: CheckpointStore, run_id: str) -> tuple[SealedChec
     return latest, await store.calls(run_id)
 
 
+def envelope(
+    identity: dict[str, Any],
+    pending: Sequence[ApprovalRequest],
+    decisions: Mapping[str, Decision],
+    journal: Journal | None,
+    error: str | None,
+) -> dict[str, Any]:
+    """The fields every checkpoint body carries, of a flow or of a tool loop."""
+    return {
+        "identity": identity,
+        "pending": [{"call_id": p.call_id, "tool": p.tool, "args": p.args, "node": p.node} for p in pending],
+        "decisions": {k: {"approve": d.approve, "note": d.note} for k, d in decisions.items()},
+        "log": [journal.segment, journal.next_seq] if journal else None,
+        "error": error,
+    }
+
+
+def read_decisions(body: Mapping[str, Any]) -> dict[str, Decision]:
+    """The decisions a checkpoint body stores, not yet spent."""
+    return {k: Decision(bool(v["approve"]), v.get("note")) for k, v in body["decisions"].items()}
+
+
+def read_pending(body: Mapping[str, Any], ctx: RunContext | None) -> list[ApprovalRequest]:
+    """The approval requests a checkpoint body holds."""
+    return [ApprovalRequest(p["call_id"], p["tool"], p["args"], p["node"], ctx) for p in body["pending"]]
+
+
 @dataclass(slots=True)
 class CallState:
     """Where one call stood when the log was read."""

@@ -23,7 +23,17 @@ from agentflow._errors import (
 )
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
-from agentflow.exec._durable import CallLog, CallState, Decision, Journal, PauseForApproval, describe_failure
+from agentflow.exec._durable import (
+    CallLog,
+    CallState,
+    Decision,
+    Journal,
+    PauseForApproval,
+    describe_failure,
+    envelope,
+    read_decisions,
+    read_pending,
+)
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -114,11 +124,7 @@ class LoopEngine:
             "max_steps": lp.max_steps,
             "new": [m.model_dump(mode="json") for m in new],
             "history": {"len": len(lp.history), "chain": digest},
-            "identity": lp.identity,
-            "pending": [{"call_id": p.call_id, "tool": p.tool, "args": p.args, "node": p.node} for p in lp.pending],
-            "decisions": {k: {"approve": d.approve, "note": d.note} for k, d in lp.decisions.items()},
-            "log": [lp.journal.segment, lp.journal.next_seq] if lp.journal else None,
-            "error": lp.error,
+            **envelope(lp.identity, lp.pending, lp.decisions, lp.journal, lp.error),
         }
         if recovered is not None:
             body["recovered"] = recovered
@@ -184,8 +190,8 @@ class LoopEngine:
             step=last.step,
             chain=digest,
             saved_len=len(history),
-            decisions={k: Decision(bool(v["approve"]), v.get("note")) for k, v in body["decisions"].items()},
-            pending=[ApprovalRequest(p["call_id"], p["tool"], p["args"], p["node"], restored) for p in body["pending"]],
+            decisions=read_decisions(body),
+            pending=read_pending(body, restored),
             error=body.get("error"),
         )
         return lp, last.status, body

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError
 from agentflow._events import Events
 from agentflow._identity import RunContext
-from agentflow.exec._durable import Decision, Journal
+from agentflow.exec._durable import Decision, Journal, envelope, read_decisions, read_pending
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -75,11 +75,7 @@ class Checkpointer:
             "frontier": cur.frontier,
             "visits": cur.visits,
             "superstep": cur.superstep,
-            "identity": cur.identity,
-            "pending": [{"call_id": p.call_id, "tool": p.tool, "args": p.args, "node": p.node} for p in cur.pending],
-            "decisions": {k: {"approve": d.approve, "note": d.note} for k, d in cur.decisions.items()},
-            "log": [cur.journal.segment, cur.journal.next_seq] if cur.journal else None,
-            "error": cur.error,
+            **envelope(cur.identity, cur.pending, cur.decisions, cur.journal, cur.error),
         }
         if recovered is not None:
             body["recovered"] = recovered
@@ -173,8 +169,8 @@ class Checkpointer:
                 identity=dict(body["identity"]),
                 ctx=ctx,
                 step=row.step,
-                decisions={k: Decision(bool(v["approve"]), v.get("note")) for k, v in body["decisions"].items()},
-                pending=[ApprovalRequest(p["call_id"], p["tool"], p["args"], p["node"], ctx) for p in body["pending"]],
+                decisions=read_decisions(body),
+                pending=read_pending(body, ctx),
                 error=body.get("error"),
             )
         except (KeyError, TypeError, ValueError) as exc:
