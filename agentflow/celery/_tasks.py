@@ -111,7 +111,7 @@ def register_tasks(
         if not handoff:
             # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
             task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
-        outcome = bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, rerun=cause == "rerun"))
+        outcome = bridge.run(worker.superstep(flow, run_id, step, handoff=handoff))
         if handoff and outcome.recovered:  # a clean-looking handoff found a cut-off superstep
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
         if outcome.next_step is not None:

@@ -138,61 +138,69 @@ class Worker:
             self._models[name] = self.loop(name).model_factory()
         return self._models[name]
 
-    async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, rerun: bool) -> Outcome:
+    async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool) -> Outcome:
         """Run one superstep of the run (one stage of a loop) under its lease.
 
-        `rerun` asks to rerun calls in doubt; it is granted only with an operator's decision
-        recorded for this step (`Leases.allow_rerun`), never by a message alone.
+        Calls in doubt rerun only when their tools are idempotent, or when an operator's
+        decision to rerun them is recorded for this step (`Leases.allow_rerun`); whichever
+        message next advances the run spends it. A message alone grants nothing.
         """
-        if rerun:
-            rerun = await self.leases.take_rerun(run_id, step)
+        snapshot: asyncio.Future[Any] | None = None
         if flow_name.startswith(LOOP_PREFIX):
             name = flow_name.removeprefix(LOOP_PREFIX)
-            advance: Coroutine[Any, Any, Any] = advance_tool_loop(
-                self._model(name),
-                self.loop(name).registry,
-                run_id,
-                checkpoints=self.store,
-                checkpoint_key=self.checkpoint_key,
-                expected_step=step,
-                handoff=handoff,
-                rerun_in_doubt=rerun,
-                name=name,
-            )
+
+            def advance(granted: bool) -> Coroutine[Any, Any, Any]:
+                return advance_tool_loop(
+                    self._model(name),
+                    self.loop(name).registry,
+                    run_id,
+                    checkpoints=self.store,
+                    checkpoint_key=self.checkpoint_key,
+                    expected_step=step,
+                    handoff=handoff,
+                    rerun_in_doubt=granted,
+                    name=name,
+                )
+
         else:
             flow = self.flow_app.flow(flow_name)
             # Read the run while the lease is being taken: two round trips in flight at once.
-            # Read before holding the lease, the snapshot may be a step behind; then the
+            # Read before the lease is held, the snapshot may be a step behind; then the
             # claim's compare-and-set refuses it, and nothing runs.
             snapshot = asyncio.ensure_future(read_snapshot(self.store, run_id))
-            advance = self.runner.advance(
-                flow, run_id, expected_step=step, rerun_in_doubt=rerun, handoff=handoff, snapshot=snapshot
-            )
-            try:
-                return await self._under_lease(flow_name, run_id, advance)
-            finally:
-                if not snapshot.done():
-                    snapshot.cancel()
-                elif not snapshot.cancelled():
-                    snapshot.exception()  # retrieved, so an unused failure is not reported as lost
-        return await self._under_lease(flow_name, run_id, advance)
 
-    async def _under_lease(self, flow_name: str, run_id: str, advance: Coroutine[Any, Any, Any]) -> Outcome:
+            def advance(granted: bool) -> Coroutine[Any, Any, Any]:
+                return self.runner.advance(
+                    flow, run_id, expected_step=step, rerun_in_doubt=granted, handoff=handoff, snapshot=snapshot
+                )
+
         try:
-            async with self.leases.hold(run_id) as held:
-                if not held:
-                    return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
-                try:
-                    result = await advance
-                except Stale as exc:
-                    return Outcome(run_id, flow_name, "skipped", why=str(exc))
-                except RecoveryNeedsDecision as exc:
-                    await self.leases.mark_decision(run_id, exc.calls)
-                    return Outcome(run_id, flow_name, "decision", why=str(exc))
-                except CheckpointConflict as exc:
-                    return Outcome(run_id, flow_name, "conflict", why=str(exc))
+            return await self._under_lease(flow_name, run_id, step, advance)
         finally:
-            advance.close()  # a no-op once it ran; frees it if the lease was never held
+            if snapshot is not None and not snapshot.done():
+                snapshot.cancel()
+            elif snapshot is not None and not snapshot.cancelled():
+                snapshot.exception()  # retrieved, so an unused failure is not reported as lost
+
+    async def _under_lease(
+        self, flow_name: str, run_id: str, step: int, advance: Callable[[bool], Coroutine[Any, Any, Any]]
+    ) -> Outcome:
+        async with self.leases.hold(run_id) as held:
+            if not held:
+                return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
+            try:
+                try:
+                    result = await advance(False)
+                except RecoveryNeedsDecision as exc:
+                    # Raised before anything was written: with a recorded decision, go again rerunning.
+                    if not await self.leases.take_rerun(run_id, step):
+                        await self.leases.mark_decision(run_id, exc.calls)
+                        return Outcome(run_id, flow_name, "decision", why=str(exc))
+                    result = await advance(True)
+            except Stale as exc:
+                return Outcome(run_id, flow_name, "skipped", why=str(exc))
+            except CheckpointConflict as exc:
+                return Outcome(run_id, flow_name, "conflict", why=str(exc))
         await self.leases.clear_decision(run_id)  # it moved on: no decision is awaited any more
         return Outcome(
             run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error

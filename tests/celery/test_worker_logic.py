@@ -46,7 +46,7 @@ async def in_doubt_run(worker, flow) -> int:
     """A run whose worker died inside `send`: the call is in doubt. Returns its step."""
     started = await worker.runner.start(flow, {}, run_id="r1")
     try:
-        await worker.superstep("mail", "r1", started.step, handoff=True, rerun=False)
+        await worker.superstep("mail", "r1", started.step, handoff=True)
     except Died:
         pass
     return (await worker.store.latest("r1")).step
@@ -56,8 +56,8 @@ async def test_a_rerun_message_without_a_recorded_decision_reruns_nothing():
     effects: list[str] = []
     worker, flow = await make_worker(effects, [True])
     step = await in_doubt_run(worker, flow)
-    # When a message with cause "rerun" arrives, but no operator decided
-    out = await worker.superstep("mail", "r1", step, handoff=False, rerun=True)
+    # When a message arrives (a rerun asked for, say), but no operator decided
+    out = await worker.superstep("mail", "r1", step, handoff=False)
     # Then the run waits for a decision and the tool did not run again
     assert out.done == "decision"
     assert effects == ["a@b"]
@@ -68,16 +68,29 @@ async def test_a_recorded_decision_is_spent_by_the_rerun_and_the_marker_goes():
     effects: list[str] = []
     worker, flow = await make_worker(effects, [True])
     step = await in_doubt_run(worker, flow)
-    await worker.superstep("mail", "r1", step, handoff=False, rerun=False)  # marks: decision needed
+    await worker.superstep("mail", "r1", step, handoff=False)  # marks: decision needed
     # When the operator decides for this step, and the rerun message comes
     await worker.leases.allow_rerun("r1", step)
-    out = await worker.superstep("mail", "r1", step, handoff=False, rerun=True)
+    out = await worker.superstep("mail", "r1", step, handoff=False)
     # Then the call reran once, the run finished, and no decision marker is left behind
     assert (out.done, out.status) == ("ran", "done")
     assert effects == ["a@b", "a@b"]
     assert await worker.leases.decision("r1") is None
-    # and the decision was spent: a second rerun message grants nothing
+    # and the decision was spent: nothing is left to grant another rerun
     assert not await worker.leases.take_rerun("r1", step)
+
+
+async def test_a_recorded_decision_is_spent_by_whichever_message_advances_the_run_first():
+    effects: list[str] = []
+    worker, flow = await make_worker(effects, [True])
+    step = await in_doubt_run(worker, flow)
+    await worker.superstep("mail", "r1", step, handoff=False)  # marks: decision needed
+    # Given the operator's decision is recorded, When a recovery message (not the rerun one) comes first
+    await worker.leases.allow_rerun("r1", step)
+    out = await worker.superstep("mail", "r1", step, handoff=False)
+    # Then it spends the decision: the call reruns once and the run finishes
+    assert (out.done, out.status) == ("ran", "done")
+    assert effects == ["a@b", "a@b"]
 
 
 async def test_a_run_that_moved_on_clears_a_stale_decision_marker():
@@ -89,7 +102,7 @@ async def test_a_run_that_moved_on_clears_a_stale_decision_marker():
     await worker.leases.clear_decision("r2")
     await worker.leases.mark_decision("r2", [("send", "old")])
     # When a superstep of the run runs
-    out = await worker.superstep("mail", "r2", started.step, handoff=True, rerun=False)
+    out = await worker.superstep("mail", "r2", started.step, handoff=True)
     # Then the marker is gone: the run is not reported as waiting, and recover_all may see it
     assert out.done == "ran"
     assert await worker.leases.decision("r2") is None
