@@ -3,8 +3,9 @@
 The OpenAI-compatible adapter needs the ``openai`` extra (httpx); it is imported on use.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agentflow._optional import lazy_attributes
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 from agentflow.models.scripted import ScriptedModel
@@ -15,9 +16,4 @@ if TYPE_CHECKING:
 __all__ = ["Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "OpenAIChatModel":
-        from agentflow.exec.checkpoints._optional import load_optional
-
-        return load_optional("agentflow.models.openai", name, "openai")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {"OpenAIChatModel": ("agentflow.models.openai", "openai")})

@@ -4,8 +4,9 @@ The Redis and SQLAlchemy stores need extras; they are imported on first use and 
 extra to install when their driver is missing.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agentflow._optional import lazy_attributes
 from agentflow.exec._context import idempotency_key
 from agentflow.exec.checkpoints._errors import (
     CheckpointConflict,
@@ -45,10 +46,4 @@ _OPTIONAL = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    from agentflow.exec.checkpoints._optional import load_optional
-
-    if name in _OPTIONAL:
-        module, extra = _OPTIONAL[name]
-        return load_optional(module, name, extra)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _OPTIONAL)
