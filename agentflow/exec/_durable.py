@@ -91,8 +91,16 @@ class Journal:
             CheckpointConflict: the store refused it (fenced, or out of sequence).
             TypeError, ValueError: the body cannot be encoded.
         """
+        await self.write_encoded(kind, canonical(body))
+
+    async def write_encoded(self, kind: str, payload: bytes) -> None:
+        """Sign and append one record whose body is already canonical JSON.
+
+        Raises:
+            CheckpointConflict: the store refused it (fenced, or out of sequence).
+        """
         async with self._lock:
-            record = self.sealer.seal_call(self.run_id, self.segment, self.next_seq, kind, body)
+            record = self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload)
             try:
                 await self.store.record_call(self.run_id, record)
             except AgentflowError:
@@ -354,13 +362,12 @@ class CallLog:
             await self._write("failed", request, error=describe_failure(exc))
             raise
         if self.journal is not None:
-            try:
-                stored = tool.encode_result(result)
-                canonical(stored)  # JSON-able through and through, or unrecordable
-            except Exception as exc:  # the value cannot be carried as JSON
+            try:  # encoded once: here, where a value JSON cannot carry makes the call unrecordable
+                payload = canonical(self._body(request, result=tool.encode_result(result)))
+            except Exception as exc:
                 await self._write("unrecordable", request, why=f"{type(exc).__name__}: {exc}")
                 return result
-            await self._write("done", request, result=stored)
+            await self.journal.write_encoded("done", payload)
         return result
 
     def _replay(self, tool: Tool, seed: CallState) -> Any:
@@ -372,7 +379,10 @@ class CallLog:
             raise denial(tool.name, seed.error)
         return tool.revive_result(seed.result)
 
+    def _body(self, request: ApprovalRequest, **fields: Any) -> dict[str, Any]:
+        return {"call_id": request.call_id, "superstep": self.superstep, **fields}
+
     async def _write(self, kind: str, request: ApprovalRequest, **fields: Any) -> None:
         if self.journal is None:
             return
-        await self.journal.write(kind, {"call_id": request.call_id, "superstep": self.superstep, **fields})
+        await self.journal.write(kind, self._body(request, **fields))

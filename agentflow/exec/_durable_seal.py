@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Sequence
+from json.encoder import encode_basestring as _json_str
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
@@ -115,7 +116,12 @@ class Sealer:
 
     @staticmethod
     def _checkpoint_header(run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float) -> bytes:
-        return canonical([_CHECKPOINT_DOMAIN, run_id, step, flow, status, segment, repr(saved_at)])
+        # The canonical encoding of [domain, run_id, step, flow, status, segment, repr(saved_at)],
+        # spelled out: a tenth of the encoder's time, byte for byte the same (tested).
+        return (
+            f'["{_CHECKPOINT_DOMAIN}",{_json_str(run_id)},{int(step)},{_json_str(flow)},'
+            f"{_json_str(status)},{int(segment)},{_json_str(repr(saved_at))}]"
+        ).encode()
 
     def seal_checkpoint(
         self, run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float, body: dict[str, Any]
@@ -144,7 +150,8 @@ class Sealer:
 
     @staticmethod
     def _call_header(run_id: str, segment: int, seq: int, kind: str) -> bytes:
-        return canonical([_CALL_DOMAIN, run_id, segment, seq, kind])
+        # The canonical encoding of [domain, run_id, segment, seq, kind], spelled out (as above).
+        return f'["{_CALL_DOMAIN}",{_json_str(run_id)},{int(segment)},{int(seq)},{_json_str(kind)}]'.encode()
 
     def seal_call(self, run_id: str, segment: int, seq: int, kind: str, body: dict[str, Any]) -> SealedCall:
         """Encode and sign a call record body.
@@ -152,7 +159,10 @@ class Sealer:
         Raises:
             TypeError, ValueError: the body holds something JSON cannot carry.
         """
-        payload = canonical(body)
+        return self.seal_encoded_call(run_id, segment, seq, kind, canonical(body))
+
+    def seal_encoded_call(self, run_id: str, segment: int, seq: int, kind: str, payload: bytes) -> SealedCall:
+        """Sign a call record whose body is already canonical JSON (`canonical`)."""
         sig = self._mac(self._kid, self._call_header(run_id, segment, seq, kind), payload)
         return SealedCall(run_id, segment, seq, kind, payload, self._kid, sig)
 
