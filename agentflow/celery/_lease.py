@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,7 +25,23 @@ from redis.asyncio import Redis
 MARKER_TTL_S = 30 * 24 * 3600
 
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# Releases a run's lease (if still held) and, when ARGV[2] is 1, forgets its decision
+# marker in the same round trip (both keys carry the run's hash tag: one slot).
+_RELEASE_RUN = """
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then released = redis.call('DEL', KEYS[1]) end
+if ARGV[2] == '1' then redis.call('DEL', KEYS[2]) end
+return released
+"""
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+
+
+@dataclass
+class Hold:
+    """A run's lease, held for the length of a block (`Leases.hold`)."""
+
+    clear_decision: bool = False
+    """Forget the run's decision marker when the lease is released (the run moved on)."""
 
 
 class Leases:
@@ -62,21 +79,27 @@ class Leases:
         await self._client().eval(_RELEASE, 1, key, token)
 
     @contextlib.asynccontextmanager
-    async def hold(self, run_id: str) -> AsyncIterator[bool]:
-        """Hold the run's lease while the block runs, renewing it; yields False if it is taken."""
+    async def hold(self, run_id: str) -> AsyncIterator[Hold | None]:
+        """Hold the run's lease while the block runs, renewing it; yields None if it is taken.
+
+        The block may set `Hold.clear_decision`: the run's decision marker is then deleted
+        with the release, in the same round trip.
+        """
         key = self._key("lease", run_id)
         token = await self.take(key, self.lease_s)
         if token is None:
-            yield False
+            yield None
             return
+        held = Hold()
         renewer = asyncio.get_running_loop().create_task(self._renew(key, token))
         try:
-            yield True
+            yield held
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
-            await self.give_back(key, token)
+            marker = self._key("decision", run_id)
+            await self._client().eval(_RELEASE_RUN, 2, key, marker, token, "1" if held.clear_decision else "0")
 
     async def _renew(self, key: str, token: str) -> None:
         while True:

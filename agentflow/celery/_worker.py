@@ -1,9 +1,11 @@
 """What a worker does for each task, as plain async code (the Celery wiring is in `_tasks`).
 
-- `superstep`: take the run's lease (a live holder means: do nothing), claim the next step
-  with a new segment, run or replay one superstep, save, release the lease. The caller
-  enqueues the next superstep after that. A duplicate or late message finds the run at
-  another step (`Stale`) or leased, and does nothing.
+- `superstep`: take the run's lease (a live holder means: do nothing; the run's checkpoint
+  and call log are read meanwhile), claim the run with a new segment unless it was handed
+  over cleanly (`FlowRunner.advance`), run or replay one superstep, save, release the
+  lease (and the decision marker with it). The caller enqueues the next superstep after
+  that. A duplicate or late message finds the run at another step (`Stale`) or leased,
+  and does nothing.
 - `recover_all`: under a lock, find every unfinished run that nobody holds, that is not
   paused or waiting for a decision, and whose last save is older than `stale_after_s`;
   return them so the caller enqueues a superstep for each.
@@ -186,7 +188,7 @@ class Worker:
         self, flow_name: str, run_id: str, step: int, advance: Callable[[bool], Coroutine[Any, Any, Any]]
     ) -> Outcome:
         async with self.leases.hold(run_id) as held:
-            if not held:
+            if held is None:
                 return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
             try:
                 try:
@@ -201,7 +203,7 @@ class Worker:
                 return Outcome(run_id, flow_name, "skipped", why=str(exc))
             except CheckpointConflict as exc:
                 return Outcome(run_id, flow_name, "conflict", why=str(exc))
-        await self.leases.clear_decision(run_id)  # it moved on: no decision is awaited any more
+            held.clear_decision = True  # it moved on: no decision is awaited any more
         return Outcome(
             run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
         )

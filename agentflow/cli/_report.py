@@ -60,7 +60,10 @@ class CheckpointView:
 
 @dataclass(frozen=True, slots=True)
 class SegmentView:
-    """One worker's tenure on the run."""
+    """One segment of the run: from its start or a claim to the next claim.
+
+    Distributed workers that hand the run over cleanly share a segment (no claim is made).
+    """
 
     segment: int
     """Its number: the step at which the worker claimed the run (0: the worker that started it)."""

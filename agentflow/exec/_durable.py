@@ -254,6 +254,21 @@ def check_no_later_records(
             )
 
 
+def untouched_since(records: Sequence[LoggedRecord], marker: Sequence[int] | None) -> int | None:
+    """The segment's record count if nothing was logged since the checkpoint that saw it.
+
+    `marker` is a checkpoint's ``log`` field, ``(segment, count)``. When the segment holds
+    exactly `count` records, no worker has written anything since that checkpoint: the
+    next superstep may continue the segment, numbering from `count`, without a claim.
+    Otherwise (None) a worker wrote and may still be alive, so the run must be claimed.
+    """
+    if not marker:
+        return None
+    segment, count = int(marker[0]), int(marker[1])
+    held = sum(1 for rec in records if rec.segment == segment)
+    return count if held == count else None
+
+
 def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:
     """Fold the records of one superstep into the state of each call, by call identity."""
     states: dict[str, CallState] = {}

@@ -25,7 +25,16 @@ from typing import Any
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, Stale
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
-from agentflow.exec._durable import CallState, Decision, analyze, calls_in_doubt, check_no_later_records, read_log
+from agentflow.exec._durable import (
+    CallState,
+    Decision,
+    Journal,
+    analyze,
+    calls_in_doubt,
+    check_no_later_records,
+    read_log,
+    untouched_since,
+)
 from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopEngine, LoopResult
@@ -47,7 +56,8 @@ __all__ = [
 
 async def _seeds(
     engine: LoopEngine, lp: LoopCursor, body: dict[str, Any], rerun_in_doubt: bool
-) -> dict[str, CallState]:
+) -> tuple[dict[str, CallState], int | None]:
+    """The call states of the cut-off stage, and `untouched_since` of the log."""
     assert engine.store is not None and engine.sealer is not None
     marker = body.get("log")
     records = await read_log(engine.store, engine.sealer, lp.run_id, (marker[0], marker[1]) if marker else None)
@@ -55,7 +65,7 @@ async def _seeds(
     lp.model_calls = max(lp.model_calls, sum(1 for r in records if r.body.get("model")))
     states = analyze(records, lp.turn) if lp.stage == "model" else {}
     calls_in_doubt(lp.run_id, states, engine.executor.registry, rerun_in_doubt)
-    return states
+    return states, untouched_since(records, marker)
 
 
 def _engine(
@@ -154,7 +164,7 @@ async def _resume(
         if len(lp.decisions) != len(lp.pending):
             raise ValueError(f"run {run_id!r}: decide every pending call ({[p.call_id for p in lp.pending]})")
     lp.pending = []
-    seeds = await _seeds(engine, lp, body, rerun_in_doubt=False)
+    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt=False)
     assert lp.step is not None
     await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
     return await engine.drive(lp, seeds, recovering=False)
@@ -188,7 +198,7 @@ async def recover_tool_loop(
         return engine._result(lp, RunStatus.PAUSED)
     if status != RunStatus.RUNNING:
         raise CheckpointConflict(f"run {run_id!r} already ended ({status}); there is nothing to recover")
-    seeds = await _seeds(engine, lp, body, rerun_in_doubt)
+    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt)
     assert lp.step is not None
     await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="recovery")
     return await engine.drive(lp, seeds)
@@ -247,12 +257,14 @@ async def advance_tool_loop(
         raise Stale(f"loop {run_id!r} is at step {lp.step}, not {expected_step}: this message is late or a duplicate")
     if status != RunStatus.RUNNING:
         raise CheckpointConflict(f"loop {run_id!r} is {status}; only a running loop can be advanced")
-    seeds = await _seeds(engine, lp, body, rerun_in_doubt)
-    assert lp.step is not None
-    recovering = not handoff or bool(seeds)
-    claim = "recovery" if recovering else "handoff"
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim=claim)
-    return await engine.drive(lp, seeds, limit=1, recovering=recovering)
+    seeds, next_seq = await _seeds(engine, lp, body, rerun_in_doubt)
+    assert lp.step is not None and engine.store is not None and engine.sealer is not None
+    # As for flows (`agentflow.flow._recover`): a clean handoff continues the segment unclaimed.
+    if handoff and not seeds and next_seq is not None:
+        lp.journal = Journal(engine.store, engine.sealer, run_id, int(body["log"][0]), next_seq)
+        return await engine.drive(lp, seeds, limit=1, recovering=False)
+    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="recovery")
+    return await engine.drive(lp, seeds, limit=1, recovering=True)
 
 
 class _NoModel:

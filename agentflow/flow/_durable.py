@@ -55,11 +55,11 @@ class Checkpointer:
         self.sealer = sealer
         self.events = events
 
-    def journal(self, run_id: str, segment: int) -> Journal | None:
-        """A journal for a new segment of the run (None without a store)."""
+    def journal(self, run_id: str, segment: int, next_seq: int = 0) -> Journal | None:
+        """A journal for a segment of the run, new or continued at `next_seq` (None without a store)."""
         if self.store is None or self.sealer is None:
             return None
-        return Journal(self.store, self.sealer, run_id, segment)
+        return Journal(self.store, self.sealer, run_id, segment, next_seq)
 
     def body(self, cur: Cursor, recovered: dict[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint body for the cursor as it stands."""

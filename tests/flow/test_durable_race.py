@@ -135,6 +135,69 @@ async def test_cut_off_worker_has_its_next_save_refused(env):
     assert kit.LEDGER == {"slow_lookup": 2, "charge_card": 1, "email_tickets": 1}
 
 
+# -- distributed handoffs (FlowRunner.advance) ----------------------------------------------
+
+
+async def test_a_clean_handoff_continues_the_segment_with_one_checkpoint_per_superstep(env):
+    # Given a run whose step 0 is saved and that workers advance one superstep at a time
+    await env.runner().run(TICKETS, ORDER, run_id="order-1", max_supersteps=0)
+
+    # When three workers in turn each take a clean handoff
+    for step in range(3):
+        result = await env.runner().advance(TICKETS, "order-1", expected_step=step, handoff=True)
+
+    # Then the run is done with one checkpoint per superstep and no claim: one segment throughout
+    assert result.status == "done" and result.replayed == []
+    history = await env.history("order-1")
+    assert [(c.step, c.segment) for c in history] == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert not any("claim" in kit.body(c) for c in history)
+    # and the call records of all three workers are numbered on, without a gap
+    calls = await env.calls("order-1")
+    assert [(c.segment, c.seq) for c in calls] == [(0, n) for n in range(6)]
+    assert kit.LEDGER == {"hold_seats": 1, "charge_card": 1, "email_tickets": 1}
+
+
+async def test_two_workers_taking_one_clean_handoff_act_once(env):
+    # Given a handed-over run, and two workers that both read it before either writes
+    # (a duplicate delivery whose lease lapsed: the case the lease is there to prevent)
+    await env.runner().run(TICKETS, ORDER, run_id="order-1", max_supersteps=0)
+    one, two = env.runner(), env.runner()
+    one.checkpoints.rendezvous = two.checkpoints.rendezvous = asyncio.Barrier(2)
+
+    # When both advance it, continuing the same segment without a claim
+    outcomes = await asyncio.gather(
+        one.advance(TICKETS, "order-1", expected_step=0, handoff=True),
+        two.advance(TICKETS, "order-1", expected_step=0, handoff=True),
+        return_exceptions=True,
+    )
+
+    # Then the numbering fences: one saves the superstep, the other's first record is refused
+    won = [o for o in outcomes if isinstance(o, RunResult)]
+    lost = [o for o in outcomes if isinstance(o, CheckpointConflict)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    loser = (one, two)[outcomes.index(lost[0])]
+    assert loser.checkpoints.writes == []
+    assert [op for op, _ in loser.checkpoints.refused] == ["record_call:started"]
+    # and the tool ran once
+    assert kit.LEDGER == {"hold_seats": 1}
+
+
+async def test_a_handoff_to_a_superstep_with_records_is_claimed_as_a_recovery(env):
+    # Given a run whose worker logged hold_seats (started, done) and died before saving step 1
+    first = env.runner()
+    first.checkpoints.crash("save", step=1)
+    with pytest.raises(Crash):
+        await first.run(TICKETS, ORDER, run_id="order-1")
+
+    # When a worker takes the handoff message for step 0 (a redelivery)
+    result = await env.runner().advance(TICKETS, "order-1", expected_step=0, handoff=True)
+
+    # Then it claims the run with a new segment as a recovery and replays the finished call
+    history = await env.history("order-1")
+    assert (history[1].segment, kit.body(history[1])["claim"]) == (1, "recovery")
+    assert result.replayed and kit.LEDGER == {"hold_seats": 1}
+
+
 _RACER = """
 import asyncio, json, sys
 import durable_kit
