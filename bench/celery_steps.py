@@ -8,7 +8,8 @@ acks_late, reject/retry on worker lost, time limits), on 2 worker processes each
 
 - agentflow: a 10-node linear flow of one trivial idempotent tool. `FlowClient.start`
   saves step 0 and enqueues the first superstep; each superstep task takes the run's
-  lease, claims the step, logs the call ``started``/``done``, saves a signed checkpoint,
+  lease (reading the checkpoint and call log meanwhile), continues the segment after a
+  clean handoff, logs the call ``started``/``done``, saves a signed checkpoint,
   releases the lease and enqueues the next superstep.
 - bare Celery: chains of 10 tasks, each enqueueing its successor (same deterministic
   task ids), the last one counting the chain as done.

@@ -22,7 +22,7 @@ from typing import Any
 from agentflow._app import FlowApp, LoopSpec
 from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
 from agentflow.celery._lease import Leases
-from agentflow.exec._durable import read_snapshot
+from agentflow.exec._durable import read_head
 from agentflow.exec._durable_loop import advance_tool_loop
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
@@ -169,11 +169,11 @@ class Worker:
             # Read the run while the lease is being taken: two round trips in flight at once.
             # Read before the lease is held, the snapshot may be a step behind; then the
             # claim's compare-and-set refuses it, and nothing runs.
-            snapshot = asyncio.ensure_future(read_snapshot(self.store, run_id))
+            snapshot = asyncio.ensure_future(read_head(self.store, run_id))
 
             def advance(granted: bool) -> Coroutine[Any, Any, Any]:
                 return self.runner.advance(
-                    flow, run_id, expected_step=step, rerun_in_doubt=granted, handoff=handoff, snapshot=snapshot
+                    flow, run_id, expected_step=step, rerun_in_doubt=granted, handoff=handoff, head=snapshot
                 )
 
         try:

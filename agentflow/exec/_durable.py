@@ -169,21 +169,33 @@ def check_log(
     return out
 
 
-async def read_snapshot(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoint, Sequence[SealedCall]]:
-    """The run's latest checkpoint and its call log, read together.
+async def read_head(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int] | None]:
+    """The run's latest checkpoint and, where the store counts them, its records per segment.
 
-    One atomic read where the store has ``snapshot`` (Redis), else the checkpoint first and
-    then the log.
+    One atomic read where the store has ``head`` (Redis); else only the checkpoint (None).
 
     Raises:
         CheckpointNotFound: nothing is stored for the run.
     """
-    reader = getattr(store, "snapshot", None)
+    reader = getattr(store, "head", None)
     if callable(reader):
-        snapshot: tuple[SealedCheckpoint, Sequence[SealedCall]] = await reader(run_id)
-        return snapshot
-    latest = await store.latest(run_id)
-    return latest, await store.calls(run_id)
+        head: tuple[SealedCheckpoint, Mapping[int, int]] = await reader(run_id)
+        return head
+    return await store.latest(run_id), None
+
+
+def clean_by_counts(counts: Mapping[int, int] | None, marker: Sequence[int] | None) -> int | None:
+    """`untouched_since` from per-segment counts alone, without reading the log (None: unknown).
+
+    Clean when the marker's segment holds exactly the marker's count and no later segment
+    has any record (a later segment's records would mean a claim whose checkpoint is gone).
+    """
+    if counts is None or not marker:
+        return None
+    segment, count = int(marker[0]), int(marker[1])
+    if counts.get(segment, 0) != count or any(s > segment and n for s, n in counts.items()):
+        return None
+    return count
 
 
 def envelope(

@@ -23,7 +23,7 @@ This saves a checkpoint write and a round trip on every distributed superstep.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -36,13 +36,13 @@ from agentflow.exec._durable import (
     LoggedRecord,
     analyze,
     calls_in_doubt,
-    check_log,
     check_no_later_records,
+    clean_by_counts,
+    read_head,
     read_log,
-    read_snapshot,
     untouched_since,
 )
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._durable import Cursor
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult, RunStatus
@@ -70,15 +70,11 @@ async def _seeds(
     cur: Cursor,
     body: dict[str, Any],
     rerun_in_doubt: bool,
-    rows: Sequence[SealedCall] | None = None,
 ) -> tuple[dict[str, CallState], list[LoggedRecord]]:
     assert runner.checkpoints is not None and runner.sealer is not None
     marker = body.get("log")
     expect = (int(marker[0]), int(marker[1])) if marker else None
-    if rows is None:
-        records = await read_log(runner.checkpoints, runner.sealer, cur.run_id, expect)
-    else:
-        records = check_log(runner.sealer, cur.run_id, rows, expect)
+    records = await read_log(runner.checkpoints, runner.sealer, cur.run_id, expect)
     check_no_later_records(cur.run_id, records, cur.superstep)
     states = analyze(records, cur.superstep)
     calls_in_doubt(cur.run_id, states, runner.executor.registry, rerun_in_doubt)
@@ -167,21 +163,25 @@ async def advance(
     expected_step: int | None,
     rerun_in_doubt: bool,
     handoff: bool,
-    snapshot: Awaitable[tuple[SealedCheckpoint, Sequence[SealedCall]]] | None,
+    head: Awaitable[tuple[SealedCheckpoint, Mapping[int, int] | None]] | None,
 ) -> RunResult[S]:
     """See `FlowRunner.advance`."""
     assert runner.checkpoints is not None
-    row, rows = await (snapshot or read_snapshot(runner.checkpoints, run_id))
+    row, counts = await (head or read_head(runner.checkpoints, run_id))
     cur, body, status = await _load(runner, flow, run_id, None, row)
     if expected_step is not None and cur.step != expected_step:
         raise Stale(f"run {run_id!r} is at step {cur.step}, not {expected_step}: this message is late or a duplicate")
     if status != RunStatus.RUNNING:
         raise CheckpointConflict(f"run {run_id!r} is {status}; only a running run can be advanced")
-    seeds, records = await _seeds(runner, cur, body, rerun_in_doubt, rows)
     assert cur.step is not None
     # A clean handoff: the worker before saved the last superstep and logged nothing since,
     # so this one continues its segment without a claim of its own (see `untouched_since`).
-    next_seq = untouched_since(records, body.get("log")) if handoff and not seeds else None
+    # Where the store counts records per segment, that shows without reading the log.
+    next_seq = clean_by_counts(counts, body.get("log")) if handoff else None
+    seeds: dict[str, CallState] = {}
+    if next_seq is None:
+        seeds, records = await _seeds(runner, cur, body, rerun_in_doubt)
+        next_seq = untouched_since(records, body.get("log")) if handoff and not seeds else None
     if next_seq is not None:
         cur.journal = runner._ckpt.journal(run_id, int(body["log"][0]), next_seq)
     else:  # something was logged after the checkpoint: a worker died in the superstep

@@ -20,7 +20,7 @@ from agentflow.exec._durable import CallLog, CallState
 from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow import _recover
 from agentflow.flow._durable import Checkpointer, Cursor
 from agentflow.flow._graph import Flow
@@ -205,7 +205,7 @@ class FlowRunner:
         expected_step: int | None = None,
         rerun_in_doubt: bool = False,
         handoff: bool = False,
-        snapshot: Awaitable[tuple[SealedCheckpoint, Sequence[SealedCall]]] | None = None,
+        head: Awaitable[tuple[SealedCheckpoint, Mapping[int, int] | None]] | None = None,
     ) -> RunResult[S]:
         """Claim a run and run exactly one superstep of it (what a distributed worker does).
 
@@ -217,8 +217,8 @@ class FlowRunner:
             rerun_in_doubt: rerun calls in doubt even if their tools are not idempotent.
             handoff: the previous superstep ended cleanly and handed the run over; the
                 superstep is then not reported as a recovery unless it finds calls to replay.
-            snapshot: the run's latest checkpoint and call log, being read already (a
-                worker starts the read while it takes the run's lease).
+            head: the run's latest checkpoint and records per segment (`read_head`), being
+                read already (a worker starts the read while it takes the run's lease).
 
         Raises:
             Stale: the latest step is not `expected_step`.
@@ -233,7 +233,7 @@ class FlowRunner:
             expected_step=expected_step,
             rerun_in_doubt=rerun_in_doubt,
             handoff=handoff,
-            snapshot=snapshot,
+            head=head,
         )
 
     async def recover(

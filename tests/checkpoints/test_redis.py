@@ -626,18 +626,19 @@ async def test_the_conformance_suite_passes_on_redis_cluster(redis_cluster):
     assert {name: why for name, why in report.items() if why is not None} == {}
 
 
-async def test_snapshot_reads_the_latest_checkpoint_and_the_log_in_one_go(store):
-    from agentflow.exec._durable import read_snapshot
+async def test_head_reads_the_latest_checkpoint_and_the_records_per_segment_in_one_go(store):
+    from agentflow.exec._durable import read_head
 
-    # Given a run with two checkpoints and records in two segments
+    # Given a run with two checkpoints, two records in segment 0 and one in segment 1
     await store.save("s1", 0, cp("s1", 0))
     await store.record_call("s1", rec("s1", 0, 0))
+    await store.record_call("s1", rec("s1", 0, 1))
     await store.save("s1", 1, cp("s1", 1, segment=1))
     await store.record_call("s1", rec("s1", 1, 0))
-    # When it is read as one snapshot, Then it equals the latest checkpoint and the whole log
-    latest, calls = await read_snapshot(store, "s1")
+    # When its head is read, Then it is the latest checkpoint and the count of each segment
+    latest, counts = await read_head(store, "s1")
     assert latest == await store.latest("s1")
-    assert list(calls) == list(await store.calls("s1"))
+    assert counts == {0: 2, 1: 1}
     # And an unknown run is not found
     with pytest.raises(CheckpointNotFound):
-        await store.snapshot("nobody")
+        await store.head("nobody")

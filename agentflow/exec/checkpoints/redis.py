@@ -259,21 +259,29 @@ class RedisCheckpointStore:
             check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
             raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
 
-    async def snapshot(self, run_id: str) -> tuple[SealedCheckpoint, Sequence[SealedCall]]:
-        """Return the latest checkpoint and the call log as of one instant, in one round trip.
+    async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
+        """Return the latest checkpoint and how many call records each segment holds, in one round trip.
+
+        What a distributed superstep reads first: after a clean handoff the counts show that
+        nothing was logged since the checkpoint, and the log itself need not be read.
 
         Raises:
             CheckpointNotFound: nothing is stored for the run.
+            CheckpointStoreCorrupt: a count is not a number.
         """
         keys = self._run_keys(run_id)
         async with self._redis() as bound:
             async with bound.client.pipeline(transaction=True) as pipe:  # MULTI/EXEC: one instant
                 pipe.lindex(keys[0], -1)
-                pipe.hgetall(keys[2])
+                pipe.hgetall(keys[3])
                 raw, fields = await pipe.execute()
         if raw is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-        return _decode_checkpoint(run_id, raw, "the latest checkpoint"), _calls_of(run_id, fields)
+        try:
+            counts = {int(segment): int(count) for segment, count in fields.items()}
+        except ValueError:
+            raise CheckpointStoreCorrupt(f"run {run_id!r}: its per-segment record counts are not numbers") from None
+        return _decode_checkpoint(run_id, raw, "the latest checkpoint"), counts
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
