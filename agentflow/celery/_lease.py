@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+
+_log = logging.getLogger(__name__)
 
 #: How long a decision marker lives (a person may take days; it must not outlive the run for ever).
 MARKER_TTL_S = 30 * 24 * 3600
@@ -91,20 +95,31 @@ class Leases:
             yield None
             return
         held = Hold()
-        renewer = asyncio.get_running_loop().create_task(self._renew(key, token))
+        stop = asyncio.Event()
+        renewer = asyncio.get_running_loop().create_task(self._renew(key, token, stop))
         try:
             yield held
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            # Stopped between renewals, never cancelled inside one: a command cut off half-way
+            # would leave its connection to be torn down under the release that follows.
+            stop.set()
+            await renewer
             marker = self._key("decision", run_id)
             await self._client().eval(_RELEASE_RUN, 2, key, marker, token, "1" if held.clear_decision else "0")
 
-    async def _renew(self, key: str, token: str) -> None:
+    async def _renew(self, key: str, token: str, stop: asyncio.Event) -> None:
         while True:
-            await asyncio.sleep(self.lease_s / 3)
-            await self._client().eval(_RENEW, 1, key, token, int(self.lease_s * 1000))
+            try:
+                await asyncio.wait_for(stop.wait(), self.lease_s / 3)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self._client().eval(_RENEW, 1, key, token, int(self.lease_s * 1000))
+            except redis_errors.RedisError as exc:
+                # The superstep goes on: if the lease lapses meanwhile, the step's compare-and-set
+                # and the record numbering still keep a second worker from acting twice.
+                _log.warning("could not renew lease %s: %s", key, exc)
 
     async def leased(self, run_ids: Sequence[str]) -> set[str]:
         """Which of `run_ids` have a live lease or wait for a decision."""
