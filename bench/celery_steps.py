@@ -348,6 +348,73 @@ async def run(ctx: Context) -> Report:
     return report
 
 
+def _series(value: Any) -> Series:
+    return value if isinstance(value, Series) else Series.of(value["blocks"])
+
+
+def plot(report: Report, out_dir: Path) -> list[Path]:
+    """Steps per second, agentflow next to bare Celery, per pool size, with the ratio over each pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = report.data.get("levels") or {}
+    if not levels:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    width = 0.36
+    for i, (_c, found) in enumerate(sorted(levels.items(), key=lambda kv: int(kv[0]))):
+        pair = [("agentflow supersteps", found["agentflow_steps_s"]), ("bare Celery tasks", found["bare_steps_s"])]
+        for j, (label, raw) in enumerate(pair):
+            series = _series(raw)
+            x = i + (j - 0.5) * width
+            err = [[series.median - series.lo], [series.hi - series.median]]
+            ax.bar(
+                x,
+                series.median,
+                width,
+                yerr=err,
+                capsize=4,
+                color=("tab:blue", "tab:gray")[j],
+                label=label if i == 0 else None,
+            )
+            ax.annotate(
+                f"{series.median:.0f}/s",
+                (x, series.median),
+                textcoords="offset points",
+                xytext=(0, 4),
+                ha="center",
+                fontsize=8,
+            )
+        ratio = _series(found["ratio"]).median
+        top = max(_series(found["bare_steps_s"]).hi, _series(found["agentflow_steps_s"]).hi)
+        ax.annotate(
+            f"{ratio:.2f}x of bare",
+            (i, top),
+            textcoords="offset points",
+            xytext=(0, 16),
+            ha="center",
+            fontsize=10,
+            weight="bold",
+        )
+    ax.set_xticks(range(len(levels)), [f"2 workers x -c {c}" for c in sorted(levels, key=int)])
+    ax.set_ylabel("steps per second (median, min..max over rounds)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    ax.set_title(
+        f"P3: {report.data.get('runs')} runs of {report.data.get('steps')} supersteps vs bare chained Celery tasks",
+        fontsize=10,
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "bench-celery-steps.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [path]
+
+
 def _fmt_rate(series: Series) -> str:
     return f"{series.median:.0f} ({series.lo:.0f}..{series.hi:.0f})"
 
