@@ -22,8 +22,8 @@ from typing import Any
 from agentflow._app import FlowApp, LoopSpec
 from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
 from agentflow.celery._lease import Leases
-from agentflow.exec._durable import read_head
 from agentflow.exec._durable_loop import advance_tool_loop
+from agentflow.exec._durable_read import read_head
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model

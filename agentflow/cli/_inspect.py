@@ -13,7 +13,7 @@ from typing import Any
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.cli import _report as r
-from agentflow.exec._durable import FINAL, LoggedRecord, read_log
+from agentflow.exec._durable_read import FINAL, LoggedRecord, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint

@@ -25,10 +25,9 @@ from typing import Any
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, Stale
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
-from agentflow.exec._durable import (
+from agentflow.exec._durable import Decision, Journal
+from agentflow.exec._durable_read import (
     CallState,
-    Decision,
-    Journal,
     analyze,
     calls_in_doubt,
     check_no_later_records,

@@ -25,7 +25,6 @@ from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow.exec._durable import (
     CallLog,
-    CallState,
     Decision,
     Journal,
     PauseForApproval,
@@ -34,6 +33,7 @@ from agentflow.exec._durable import (
     read_decisions,
     read_pending,
 )
+from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore

@@ -30,9 +30,9 @@ from pydantic import BaseModel
 
 from agentflow._errors import CheckpointConflict, Stale
 from agentflow._identity import RunContext, restore_identity
-from agentflow.exec._durable import (
+from agentflow.exec._durable import Decision
+from agentflow.exec._durable_read import (
     CallState,
-    Decision,
     LoggedRecord,
     analyze,
     calls_in_doubt,

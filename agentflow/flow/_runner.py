@@ -16,7 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 from agentflow._errors import CheckpointError, FlowError
 from agentflow._identity import RunContext, identity_body
-from agentflow.exec._durable import CallLog, CallState
+from agentflow.exec._durable import CallLog
+from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore

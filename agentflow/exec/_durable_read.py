@@ -1,0 +1,216 @@
+"""Reading a run's call log: check every record, fold a superstep's, decide what may rerun.
+
+Moving parts:
+- `read_log` / `check_log`: load every record of a run, check each signature and the
+  numbering, and return the decoded bodies. Nothing is decoded before its signature checks.
+- `read_head`: the latest checkpoint and the records per segment, where the store counts
+  them (one read); `clean_by_counts` and `untouched_since` tell from counts or records
+  whether anything was logged after a checkpoint (a clean handoff, or a cut-off superstep).
+- `analyze`: folds one superstep's records into a `CallState` per call identity;
+  `calls_in_doubt` decides which of them may run again.
+
+Invariants:
+- A started call with no end record, or an ``unrecordable`` one, is in doubt.
+- Records of a superstep past the latest checkpoint's prove a rollback and are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._registry import Registry
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+
+#: Record kinds that close a call for good.
+FINAL = frozenset({"done", "failed", "denied"})
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRecord:
+    """A checked, decoded call record."""
+
+    segment: int
+    seq: int
+    kind: str
+    body: dict[str, Any]
+
+
+async def read_log(
+    store: CheckpointStore, sealer: Sealer, run_id: str, expect: tuple[int, int] | None = None
+) -> list[LoggedRecord]:
+    """Load and check every call record of a run.
+
+    Args:
+        store: where the run lives.
+        sealer: checks signatures.
+        run_id: the run.
+        expect: ``(segment, count)``: that segment must hold at least `count` records
+            (what the latest checkpoint saw), so records cut from before it are caught.
+
+    Raises:
+        CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
+    """
+    return check_log(sealer, run_id, await store.calls(run_id), expect)
+
+
+def check_log(
+    sealer: Sealer, run_id: str, rows: Sequence[SealedCall], expect: tuple[int, int] | None = None
+) -> list[LoggedRecord]:
+    """Check and decode call records already read (see `read_log`).
+
+    Raises:
+        CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
+    """
+    out: list[LoggedRecord] = []
+    counts: dict[int, int] = {}
+    for row in rows:
+        body = sealer.open_call(row, run_id)
+        want = counts.get(row.segment, 0)
+        if row.seq != want:
+            raise CheckpointStoreCorrupt(
+                f"call log of run {run_id!r}: record {row.segment}.{want} is missing (found {row.segment}.{row.seq})"
+            )
+        counts[row.segment] = want + 1
+        out.append(LoggedRecord(row.segment, row.seq, row.kind, body))
+    if expect is not None and counts.get(expect[0], 0) < expect[1]:
+        raise CheckpointStoreCorrupt(
+            f"call log of run {run_id!r}: segment {expect[0]} has {counts.get(expect[0], 0)} records, "
+            f"the checkpoint saw {expect[1]}"
+        )
+    return out
+
+
+async def read_head(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int] | None]:
+    """The run's latest checkpoint and, where the store counts them, its records per segment.
+
+    One atomic read where the store has ``head`` (Redis); else only the checkpoint (None).
+
+    Raises:
+        CheckpointNotFound: nothing is stored for the run.
+    """
+    reader = getattr(store, "head", None)
+    if callable(reader):
+        head: tuple[SealedCheckpoint, Mapping[int, int]] = await reader(run_id)
+        return head
+    return await store.latest(run_id), None
+
+
+def clean_by_counts(counts: Mapping[int, int] | None, marker: Sequence[int] | None) -> int | None:
+    """`untouched_since` from per-segment counts alone, without reading the log (None: unknown).
+
+    Clean when the marker's segment holds exactly the marker's count and no later segment
+    has any record (a later segment's records would mean a claim whose checkpoint is gone).
+    """
+    if counts is None or not marker:
+        return None
+    segment, count = int(marker[0]), int(marker[1])
+    if counts.get(segment, 0) != count or any(s > segment and n for s, n in counts.items()):
+        return None
+    return count
+
+
+@dataclass(slots=True)
+class CallState:
+    """Where one call stood when the log was read."""
+
+    call_id: str
+    tool: str
+    node: str
+    args: dict[str, Any]
+    kind: str
+    """``started`` (in doubt), ``unrecordable`` (in doubt), ``pending``, or a final kind."""
+    result: Any = None
+    error: str | None = None
+
+    @property
+    def in_doubt(self) -> bool:
+        """Whether the call may or may not have had its effect."""
+        return self.kind in ("started", "unrecordable")
+
+
+def check_no_later_records(
+    run_id: str, records: Sequence[LoggedRecord], superstep: int, *, model_ahead: int = 0
+) -> None:
+    """Refuse a log holding records of a superstep past the latest checkpoint's.
+
+    A worker logs a call of superstep k+1 only after the checkpoint ending superstep k was
+    stored, so such a record proves that checkpoints were removed (the run rolled back).
+    A tool loop logs its model-call marker one turn ahead (`model_ahead`).
+
+    Raises:
+        CheckpointStoreCorrupt: naming the record.
+    """
+    for rec in records:
+        step = rec.body.get("superstep")
+        limit = superstep + (model_ahead if rec.body.get("model") else 0)
+        if isinstance(step, int) and step > limit:
+            raise CheckpointStoreCorrupt(
+                f"call record {rec.segment}.{rec.seq} of run {run_id!r} belongs to superstep {step}, past the "
+                f"latest checkpoint's {superstep}: checkpoints are missing"
+            )
+
+
+def untouched_since(records: Sequence[LoggedRecord], marker: Sequence[int] | None) -> int | None:
+    """The segment's record count if nothing was logged since the checkpoint that saw it.
+
+    `marker` is a checkpoint's ``log`` field, ``(segment, count)``. When the segment holds
+    exactly `count` records, no worker has written anything since that checkpoint: the
+    next superstep may continue the segment, numbering from `count`, without a claim.
+    Otherwise (None) a worker wrote and may still be alive, so the run must be claimed.
+    """
+    counts: dict[int, int] = {}
+    for rec in records:
+        counts[rec.segment] = counts.get(rec.segment, 0) + 1
+    return clean_by_counts(counts, marker)
+
+
+def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:
+    """Fold the records of one superstep into the state of each call, by call identity."""
+    states: dict[str, CallState] = {}
+    for rec in records:
+        body = rec.body
+        if body.get("superstep") != superstep:
+            continue
+        if body.get("model"):
+            continue  # a tool loop's model-call marker: counted by the loop, never in doubt
+        cid = str(body["call_id"])
+        state = states.get(cid)
+        if rec.kind in ("started", "pending"):
+            if state is None or state.kind not in FINAL:
+                states[cid] = CallState(cid, body["tool"], body["node"], body.get("args", {}), rec.kind)
+            continue
+        if state is None:
+            raise CheckpointStoreCorrupt(f"call record {rec.segment}.{rec.seq} closes call {cid!r} that never started")
+        state.kind = rec.kind
+        state.result = body.get("result")
+        state.error = body.get("error") if rec.kind != "denied" else body.get("note")
+    return states
+
+
+def calls_in_doubt(run_id: str, states: Mapping[str, CallState], registry: Registry, rerun_in_doubt: bool) -> list[str]:
+    """Return the in-doubt calls that will run again, or refuse to go on.
+
+    Raises:
+        RecoveryNeedsDecision: a call is in doubt, its tool is not idempotent, and
+            `rerun_in_doubt` is False.
+    """
+    doubtful = [s for s in states.values() if s.in_doubt]
+    blocked = [s for s in doubtful if not rerun_in_doubt and not _idempotent(registry, s.tool)]
+    if blocked:
+        raise RecoveryNeedsDecision(run_id, [(s.tool, _why(s)) for s in blocked])
+    return [s.call_id for s in doubtful]
+
+
+def _idempotent(registry: Registry, tool: str) -> bool:
+    return tool in registry and registry.get(tool).idempotent
+
+
+def _why(state: CallState) -> str:
+    if state.kind == "unrecordable":
+        return f"call {state.call_id} ran but its result could not be stored"
+    return f"call {state.call_id} was started and has no result"
