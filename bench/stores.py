@@ -106,12 +106,13 @@ async def run(ctx: Context) -> Report:
         ref = REFERENCE[name]
         if ref is not None and ref in theirs:
             ratio = ours[name].ratio(theirs[ref])
+            measurable = ours[name].median > 0 and theirs[ref].median > 0
             table.add(
                 name,
                 fmt_span(times[name]),
                 fmt_span(ours[name]),
                 f"{fmt_span(theirs[ref])} ({ref})",
-                f"{ratio.median:.2f}x ({ratio.lo:.2f}..{ratio.hi:.2f})",
+                f"{ratio.median:.2f}x ({ratio.lo:.2f}..{ratio.hi:.2f})" if measurable else "below the noise here (P1)",
             )
         else:
             table.add(

@@ -95,6 +95,9 @@ def _pg_filler(url: str, table_prefix: str) -> Filler:
                 records=[(r.run_id, r.flow, r.status, r.step, r.segment, r.saved_at) for r in rows],
                 columns=["run_id", "flow", "status", "step", "segment", "saved_at"],
             )
+            # What autovacuum does after this many new rows in a live database: without fresh
+            # statistics the planner guesses, and a run's timing depends on its guess.
+            await conn.execute(f"ANALYZE {table_prefix}runs")
         finally:
             await conn.close()
 
