@@ -147,7 +147,7 @@ class Worker:
         decision to rerun them is recorded for this step (`Leases.allow_rerun`); whichever
         message next advances the run spends it. A message alone grants nothing.
         """
-        snapshot: asyncio.Future[Any] | None = None
+        head: asyncio.Future[Any] | None = None
         if flow_name.startswith(LOOP_PREFIX):
             name = flow_name.removeprefix(LOOP_PREFIX)
 
@@ -166,23 +166,23 @@ class Worker:
 
         else:
             flow = self.flow_app.flow(flow_name)
-            # Read the run while the lease is being taken: two round trips in flight at once.
-            # Read before the lease is held, the snapshot may be a step behind; then the
-            # claim's compare-and-set refuses it, and nothing runs.
-            snapshot = asyncio.ensure_future(read_head(self.store, run_id))
+            # Read the run's head while the lease is being taken: two round trips in flight at
+            # once. Read before the lease is held, the head may be a step behind; then the
+            # first record (its position is taken) or the save (its step is taken) is refused.
+            head = asyncio.ensure_future(read_head(self.store, run_id))
 
             def advance(granted: bool) -> Coroutine[Any, Any, Any]:
                 return self.runner.advance(
-                    flow, run_id, expected_step=step, rerun_in_doubt=granted, handoff=handoff, head=snapshot
+                    flow, run_id, expected_step=step, rerun_in_doubt=granted, handoff=handoff, head=head
                 )
 
         try:
             return await self._under_lease(flow_name, run_id, step, advance)
         finally:
-            if snapshot is not None and not snapshot.done():
-                snapshot.cancel()
-            elif snapshot is not None and not snapshot.cancelled():
-                snapshot.exception()  # retrieved, so an unused failure is not reported as lost
+            if head is not None and not head.done():
+                head.cancel()
+            elif head is not None and not head.cancelled():
+                head.exception()  # retrieved, so an unused failure is not reported as lost
 
     async def _under_lease(
         self, flow_name: str, run_id: str, step: int, advance: Callable[[bool], Coroutine[Any, Any, Any]]
