@@ -161,3 +161,36 @@ async def check_concurrent_records(store: CheckpointStore) -> None:
     rows = [_call(run_id, 0, 0, worker=i) for i in range(RACERS)]
     winner = await _race([store.record_call(run_id, row) for row in rows], "racing call record 0.0")
     _expect(list(await store.calls(run_id)) == [rows[winner]], "calls after racing record 0.0")
+
+
+async def check_save_after_calls_is_all_or_nothing(store: CheckpointStore) -> None:
+    """`save_after_calls` (optional) stores the records and the checkpoint together, or nothing.
+
+    A store without the method has nothing to check here: its callers write the records
+    and the checkpoint one after the other.
+    """
+    combined = getattr(store, "save_after_calls", None)
+    if combined is None:
+        return
+    run_id, flow = _ids()
+    await _save_steps(store, run_id, flow, "running")
+    # Both records and the checkpoint land together.
+    await combined(run_id, 1, _checkpoint(run_id, 1, flow), [_call(run_id, 0, 0), _call(run_id, 0, 1, "done")])
+    got = [(c.segment, c.seq) for c in await store.calls(run_id)]
+    _expect(got == [(0, 0), (0, 1)], f"after save_after_calls the log is {got}, expected 0.0 0.1")
+    _expect((await store.latest(run_id)).step == 1, "save_after_calls did not store its checkpoint")
+    # A refused checkpoint (a skipped step) writes none of the records.
+    await _expect_raises(
+        CheckpointConflict,
+        combined(run_id, 3, _checkpoint(run_id, 3, flow), [_call(run_id, 0, 2)]),
+        "save_after_calls with step 3 after step 1",
+    )
+    # A refused record (a gap in the numbering) writes neither the others nor the checkpoint.
+    await _expect_raises(
+        CheckpointConflict,
+        combined(run_id, 2, _checkpoint(run_id, 2, flow), [_call(run_id, 0, 2), _call(run_id, 0, 4)]),
+        "save_after_calls with records 0.2 then 0.4",
+    )
+    got = [(c.segment, c.seq) for c in await store.calls(run_id)]
+    _expect(got == [(0, 0), (0, 1)], f"a refused save_after_calls left the log as {got}")
+    _expect((await store.latest(run_id)).step == 1, "a refused save_after_calls stored its checkpoint")

@@ -12,6 +12,13 @@ Rules every backend keeps (the conformance suite in `conformance.py` checks each
   memory store; every process on the host for SQLite; every client for Redis and SQL).
 - Stores keep rows exactly as given and never decode payloads; checking signatures is the
   caller's job (`agentflow.exec._durable_seal`).
+
+Optional: a store may offer ``save_after_calls(run_id, step, checkpoint, calls)``: append
+`calls` in order, each under `record_call`'s rules, then save `checkpoint` under `save`'s,
+as one atomic write: all of it or, if any rule refuses, nothing (`CheckpointConflict`).
+A superstep whose last call finished just before its checkpoint uses it to store the
+``done`` record and the checkpoint in one commit or round trip; without it, the caller
+writes them one after the other. The memory, SQLite and Redis stores offer it.
 """
 
 from __future__ import annotations

@@ -71,6 +71,24 @@ class MemoryCheckpointStore:
         check_call(run_id, record, (last.step, last.status, last.segment) if last else None, len(seg))
         segments.setdefault(record.segment, seg).append(record)
 
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
+        """Append `calls`, then save `checkpoint`, all or nothing (see the protocol's optional part)."""
+        check_row(run_id, step, checkpoint)
+        rows = self._checkpoints.get(run_id)
+        last = rows[-1] if rows else None
+        latest = (last.step, last.status, last.segment) if last else None
+        counts = {seg: len(recs) for seg, recs in self._calls.get(run_id, {}).items()}
+        for record in calls:  # every rule is checked before anything is written
+            check_call(run_id, record, latest, counts.get(record.segment, 0))
+            counts[record.segment] = counts.get(record.segment, 0) + 1
+        check_save(run_id, step, checkpoint.flow, (last.step, last.flow, last.status) if last else None)
+        segments = self._calls.setdefault(run_id, {})
+        for record in calls:
+            segments.setdefault(record.segment, []).append(record)
+        self._checkpoints.setdefault(run_id, []).append(checkpoint)
+
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
         segments = self._calls.get(run_id, {})

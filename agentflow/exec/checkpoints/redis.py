@@ -130,10 +130,22 @@ class RedisCheckpointStore:
 
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
+        await self.save_after_calls(run_id, step, checkpoint, ())
+
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
+        """Append `calls`, then save `checkpoint`, in one script: one round trip, all or nothing."""
         check_row(run_id, step, checkpoint)
         cp = checkpoint
         row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
         args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
+        args += [run_id, len(calls)]
+        for record in calls:
+            if record.run_id != run_id:
+                raise ValueError(f"save_after_calls({run_id!r}) was given a record of run {record.run_id!r}")
+            encoded = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
+            args += [record.segment, record.seq, record.kind, encoded]
         async with self._redis() as bound:
             keys = self._run_keys(run_id)
             # On Cluster the indexes live in other slots: separate commands keep them up to date.
@@ -147,8 +159,13 @@ class RedisCheckpointStore:
                     f"{self._prefix}:runs:{cp.flow}",
                     f"{self._prefix}:unfinished:{cp.flow}",
                 ]
-                args.append(run_id)
             reply = [_text(part) for part in await bound.save(keys=keys, args=args)]
+            if reply[0] in ("call", "call-missing"):
+                record = calls[int(reply[1]) - 1]
+                if reply[0] == "call-missing":
+                    check_call(run_id, record, None, 0)
+                check_call(run_id, record, (int(reply[2]), reply[3], int(reply[4])), int(reply[5]))
+                raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
             if reply[0] == "corrupt":
                 raise CheckpointStoreCorrupt(
                     f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but its latest step is {reply[2]}"

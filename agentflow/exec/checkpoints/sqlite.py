@@ -260,6 +260,19 @@ class SQLiteCheckpointStore:
                 f"run {run_id!r}: call record {record.segment}.{record.seq} is already stored"
             ) from exc
 
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
+        """Append `calls`, then save `checkpoint`, in one transaction (one commit, one fsync)."""
+        check_row(run_id, step, checkpoint)
+
+        def job(conn: sqlite3.Connection) -> None:
+            for record in calls:
+                self._insert_call(run_id, record, conn)
+            self._insert_checkpoint(checkpoint, conn)
+
+        await self._do(partial(_immediate, job=job))
+
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
         rows = await self._fetch(f"{_SELECT_CALL} WHERE run_id = ? ORDER BY segment, seq", (run_id,))

@@ -14,7 +14,9 @@
 -- ARGV[1] step      ARGV[2] flow      ARGV[3] status     ARGV[4] segment
 -- ARGV[5] saved_at  ARGV[6] row (the encoded checkpoint, bytes as given)
 -- ARGV[7] ttl in seconds; "0" means the run's keys never expire
--- ARGV[8] run id (with KEYS[5..7] only)
+-- ARGV[8] run id
+-- ARGV[9] n: how many call records to append before the checkpoint (0 for a plain save);
+--         then four values per record: segment, seq, kind, row
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
@@ -23,13 +25,41 @@
 -- Expiry: every key of the run expires ttl seconds after this write, except while the
 -- run is paused, when its keys are made persistent.
 --
+-- The records follow record_call.lua's rules, checked against the latest checkpoint as it
+-- stands before this save, and are all checked before anything is written: the records and
+-- the checkpoint are stored together or not at all.
+--
 -- Returns:
 --   {"ok"}
 --   {"refused"}                              no run stored and step is not 0
 --   {"refused", step, flow, status}          the stored latest, which the save breaks
 --   {"corrupt", rows, step}                  the row list does not end at the latest step
+--   {"call", i, step, status, segment, next} record i is refused (as record_call.lua would)
+--   {"call-missing", i}                      record i is for a run with no checkpoint
 
 local last = redis.call('HMGET', KEYS[2], 'step', 'flow', 'status')
+
+local n = tonumber(ARGV[9] or '0')
+if n > 0 then
+  if not last[1] then
+    return {'call-missing', '1'}
+  end
+  local segment_of_latest = redis.call('HGET', KEYS[2], 'segment')
+  local ended = last[3] == 'done' or last[3] == 'failed'
+  local counts = {}
+  for i = 1, n do
+    local base = 9 + (i - 1) * 4
+    local segment, seq, kind = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
+    if counts[segment] == nil then
+      counts[segment] = tonumber(redis.call('HGET', KEYS[4], segment) or '0')
+    end
+    local fenced = kind == 'started' and (ended or segment_of_latest ~= segment)
+    if fenced or tonumber(seq) ~= counts[segment] then
+      return {'call', tostring(i), last[1], last[3], segment_of_latest, tostring(counts[segment])}
+    end
+    counts[segment] = counts[segment] + 1
+  end
+end
 
 if not last[1] then
   if ARGV[1] ~= '0' then
@@ -46,6 +76,12 @@ else
   if rows ~= tonumber(last[1]) + 1 then
     return {'corrupt', tostring(rows), last[1]}
   end
+end
+
+for i = 1, n do
+  local base = 9 + (i - 1) * 4
+  redis.call('HSET', KEYS[3], ARGV[base + 1] .. ':' .. ARGV[base + 2], ARGV[base + 4])
+  redis.call('HINCRBY', KEYS[4], ARGV[base + 1], 1)
 end
 
 redis.call('RPUSH', KEYS[1], ARGV[6])
