@@ -18,6 +18,7 @@ Reading the log back (checking, folding, deciding what may rerun) is `_durable_r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from agentflow._errors import (
     AgentflowError,
     ApprovalDenied,
+    CheckpointConflict,
     CheckpointError,
     ToolError,
 )
@@ -35,6 +37,7 @@ from agentflow.exec._durable_seal import Sealer, canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 
 
 class PauseForApproval(Exception):
@@ -68,7 +71,13 @@ class Decision:
 
 
 class Journal:
-    """Writes one worker's records of a run, numbered within its segment."""
+    """Writes one worker's records of a run, numbered within its segment.
+
+    A record may also be *held* (`hold_encoded`): sealed and numbered now, stored with the
+    next checkpoint in one atomic write (`save`). A superstep holds the ``done`` record of
+    a call that is the last thing before its checkpoint, so the two cost one commit or
+    round trip. Any other record written meanwhile stores the held ones first, in order.
+    """
 
     def __init__(self, store: CheckpointStore, sealer: Sealer, run_id: str, segment: int, next_seq: int = 0) -> None:
         self.store = store
@@ -76,6 +85,7 @@ class Journal:
         self.run_id = run_id
         self.segment = segment
         self.next_seq = next_seq
+        self._held: list[SealedCall] = []
         self._lock = asyncio.Lock()
 
     async def write(self, kind: str, body: dict[str, Any]) -> None:
@@ -94,18 +104,56 @@ class Journal:
             CheckpointConflict: the store refused it (fenced, or out of sequence).
         """
         async with self._lock:
+            held, self._held = self._held, []
+            for record in held:
+                await self._append(record)
             record = self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload)
-            try:
-                await self.store.record_call(self.run_id, record)
-            except AgentflowError:
-                raise
-            except Exception as exc:
-                # A store failure is not the tool's failure: the run must stay recoverable,
-                # so it surfaces as a CheckpointError and the runner does not mark it failed.
-                raise CheckpointError(
-                    f"{type(self.store).__name__} could not log a {kind!r} record of run {self.run_id!r}: {exc}"
-                ) from exc
+            await self._append(record)
             self.next_seq += 1
+
+    async def hold_encoded(self, kind: str, payload: bytes) -> None:
+        """Seal and number a record now; it is stored with the next checkpoint (`save`)."""
+        async with self._lock:
+            self._held.append(self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload))
+            self.next_seq += 1
+
+    async def save(self, step: int, checkpoint: SealedCheckpoint) -> None:
+        """Store the held records and then `checkpoint`, atomically where the store can.
+
+        Raises:
+            CheckpointConflict: the store refused the checkpoint or a record. The held
+                records are then still stored on their own where they fit: a finished
+                call's result is true whoever holds the run now.
+        """
+        async with self._lock:
+            held, self._held = self._held, []
+            combined = getattr(self.store, "save_after_calls", None)
+            if not held:
+                await self.store.save(self.run_id, step, checkpoint)
+            elif combined is None:
+                for record in held:
+                    await self._append(record)
+                await self.store.save(self.run_id, step, checkpoint)
+            else:
+                try:
+                    await combined(self.run_id, step, checkpoint, held)
+                except CheckpointConflict:
+                    for record in held:
+                        with contextlib.suppress(CheckpointConflict):
+                            await self._append(record)
+                    raise
+
+    async def _append(self, record: SealedCall) -> None:
+        try:
+            await self.store.record_call(self.run_id, record)
+        except AgentflowError:
+            raise
+        except Exception as exc:
+            # A store failure is not the tool's failure: the run must stay recoverable,
+            # so it surfaces as a CheckpointError and the runner does not mark it failed.
+            raise CheckpointError(
+                f"{type(self.store).__name__} could not log a {record.kind!r} record of run {self.run_id!r}: {exc}"
+            ) from exc
 
 
 def envelope(
@@ -150,6 +198,8 @@ class CallLog:
     rerun: list[str] = field(default_factory=list)
     unreplayed: list[str] = field(default_factory=list)
     pending: list[ApprovalRequest] = field(default_factory=list)
+    defer_done: bool = False
+    """Hold a call's ``done`` record for the checkpoint (the call is the last thing before it)."""
 
     async def call(self, node: str, ordinal: int, tool_name: str, args: Mapping[str, Any]) -> Any:
         """Make (or replay) one call of `node`.
@@ -201,7 +251,10 @@ class CallLog:
             except Exception as exc:
                 await self._write("unrecordable", request, why=f"{type(exc).__name__}: {exc}")
                 return result
-            await self.journal.write_encoded("done", payload)
+            if self.defer_done:
+                await self.journal.hold_encoded("done", payload)
+            else:
+                await self.journal.write_encoded("done", payload)
         return result
 
     def _replay(self, tool: Tool, seed: CallState) -> Any:

@@ -149,7 +149,7 @@ class LoopEngine:
         if claim is not None:
             body["claim"] = claim
         row = self.sealer.seal_checkpoint(lp.run_id, step, lp.flow, status, lp.journal.segment, time.time(), body)
-        await self.store.save(lp.run_id, step, row)
+        await lp.journal.save(step, row)
         lp.step, lp.chain, lp.saved_len = step, body["history"]["chain"], len(lp.history)
         self.events.emit(
             "checkpoint.saved", lp.run_id, kind="loop", step=step, status=status, stage=lp.stage, unreplayed=[]

@@ -118,7 +118,7 @@ class Checkpointer:
         row = self.sealer.seal_checkpoint(
             cur.run_id, step, cur.flow.name, str(status), cur.journal.segment, time.time(), body
         )
-        await self.store.save(cur.run_id, step, row)
+        await cur.journal.save(step, row)  # with a held ``done`` record, if the superstep left one
         cur.step = step
         self.events.emit(
             "checkpoint.saved",

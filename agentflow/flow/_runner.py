@@ -24,7 +24,7 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow import _recover
 from agentflow.flow._durable import Checkpointer, Cursor
-from agentflow.flow._graph import Flow
+from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult, RunStatus
 from agentflow.flow._superstep import run_superstep
 
@@ -131,6 +131,9 @@ class FlowRunner:
         while limit is None or ran < limit:
             ran += 1
             log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds or {}, cur.decisions)
+            # A lone `Call` node returns as soon as its call does: nothing but the merge lies
+            # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
+            log.defer_done = len(cur.frontier) == 1 and isinstance(cur.flow.nodes[cur.frontier[0]].action, Call)
             try:
                 out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events)
             except CheckpointError:

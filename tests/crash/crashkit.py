@@ -129,15 +129,34 @@ class CrashingStore:
             self.kill()
 
     async def record_call(self, run_id: str, record: Any) -> None:
+        self._at_record("before", record)
+        await self.inner.record_call(run_id, record)
+        self._at_record("after", record)
+
+    def _at_record(self, when: str, record: Any) -> None:
         body = json.loads(record.payload)
         if record.kind == "started":
             self._tool_of[body["call_id"]] = body["tool"]
-        tool = self._tool_of.get(body["call_id"])
-        hit = tool == self.what
-        if hit and (self.point, record.kind) in {("before_started", "started"), ("before_done", "done")}:
+        if self._tool_of.get(body["call_id"]) == self.what and self.point == f"{when}_{record.kind}":
             self.kill()
-        await self.inner.record_call(run_id, record)
-        if hit and (self.point, record.kind) in {("after_started", "started"), ("after_done", "done")}:
+
+
+class CombiningCrashingStore(CrashingStore):
+    """The same, for a store that writes a held ``done`` and the checkpoint in one go.
+
+    Its boundaries fold together: before that one write is before ``done`` and before the
+    save (``before_done`` = ``in_save``); after it is after both (``after_done`` = ``between``).
+    """
+
+    async def save_after_calls(self, run_id: str, step: int, checkpoint: Any, calls: Any) -> None:
+        for record in calls:
+            self._at_record("before", record)
+        if self.point == "in_save" and str(step) == self.what:
+            self.kill()
+        await self.inner.save_after_calls(run_id, step, checkpoint, calls)
+        for record in calls:
+            self._at_record("after", record)
+        if self.point == "between" and str(step) == self.what:
             self.kill()
 
 
@@ -170,7 +189,9 @@ def main(argv: list[str]) -> None:
     point, _, what = (opts.crash or "").partition(":")
     ledger = Ledger(Path(opts.ledger))
     registry, flow = build(ledger, crash_in=what if point == "in_tool" else None)
-    store = CrashingStore(make_store(opts.store), point or None, what or None)
+    inner = make_store(opts.store)
+    wrapper = CombiningCrashingStore if hasattr(inner, "save_after_calls") else CrashingStore
+    store = wrapper(inner, point or None, what or None)
     runner = FlowRunner(Executor(registry), checkpoints=store, checkpoint_key=KEY)
 
     async def go() -> dict[str, Any]:
