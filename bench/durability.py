@@ -70,9 +70,32 @@ def _commit_floor(path: Path, level: str, stack: AsyncExitStack) -> dict[str, An
     }
 
 
-async def _agentflow_rows(store: Any, runner: Any) -> tuple[int, int]:
-    result = await runner.run(_flows.flow, _flows.ORDER)
-    return len(await store.history(result.run_id)), len(await store.calls(result.run_id))
+#: The store methods that each make one write transaction.
+WRITES = ("save", "record_call", "save_after_calls")
+
+
+async def _agentflow_rows(store: Any, runner: Any) -> tuple[int, int, int]:
+    """One probe run: (checkpoints, call records, write transactions), the last counted at the store."""
+    made: list[str] = []
+
+    def counting(name: str) -> Any:
+        method = getattr(store, name)
+
+        async def call(*args: Any) -> Any:
+            made.append(name)
+            return await method(*args)
+
+        return call
+
+    for name in WRITES:
+        if hasattr(store, name):
+            setattr(store, name, counting(name))
+    try:
+        result = await runner.run(_flows.flow, _flows.ORDER)
+    finally:
+        for name in WRITES:
+            store.__dict__.pop(name, None)
+    return len(await store.history(result.run_id)), len(await store.calls(result.run_id)), len(made)
 
 
 #: The two groups of cases, each interleaved on its own with its own baselines. The memory
@@ -208,7 +231,7 @@ async def run(ctx: Context) -> Report:
             found = rows.get(name.removesuffix(" (invoke)").removesuffix(", durability=sync"))
             shown = ""
             if found and name.startswith("agentflow"):
-                shown = f"{found[0]} checkpoints + {found[1]} call records"
+                shown = f"{found[0]} checkpoints + {found[1]} call records in {found[2]} writes"
             elif found:
                 shown = f"{found[0]} checkpoints" + (f" + {found[1]} writes" if found[1] is not None else "")
             per_run.add(group, name, fmt_span(series), shown)
@@ -235,7 +258,7 @@ async def run(ctx: Context) -> Report:
         ["level", "floor", "one commit", "commits per superstep", "floor per superstep", "agentflow overhead / floor"],
     )
     for level in LEVELS:
-        commits = sum(rows[f"agentflow SQLite {level}"]) / _flows.SUPERSTEPS
+        commits = rows[f"agentflow SQLite {level}"][2] / _flows.SUPERSTEPS
         ours = over[f"agentflow SQLite {level}"]
         for way in FLOOR_WAYS:
             one = times[f"floor: one SQLite commit {level}, {way}"]
