@@ -4,6 +4,10 @@ Prints each benchmark's tables and targets, writes ``bench/results/<name>.json``
 ``summary.json`` and ``summary.md``, the tables in Markdown for docs/benchmarks.md), and
 draws the plots into ``docs/img/bench-*.png``. A ``--quick`` run writes everything under
 ``bench/results/quick/`` instead, so a smoke run never replaces what the docs show.
+
+Each benchmark runs in a fresh Python process of its own (``--one NAME``), so none pays for
+the objects another left behind: CPython's full garbage collections walk every object a
+process holds, and one benchmark's heap would slow the next one's allocations.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._env import machine, probe_services, versions
-from bench._report import Report, targets_table, write_json
+from bench._report import Report, read_json, targets_table, write_json
 from bench._suite import BENCHMARKS, Context, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +46,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--replot", action="store_true", help="only redraw the PNGs from bench/results/<name>.json (no measuring)"
     )
+    parser.add_argument("--one", metavar="NAME", help=argparse.SUPPRESS)  # internal: run one benchmark here
     return parser.parse_args(argv)
 
 
@@ -64,6 +70,18 @@ def _run_one(name: str, quick: bool, services: Any, env: dict[str, Any]) -> Repo
     print(report.text(), flush=True)
     print(f"({name} took {report.data['wall_s']:.1f} s)\n", flush=True)
     write_json(report, env, _out(quick) / f"{name}.json")
+    return report
+
+
+def _isolated(name: str, quick: bool) -> Report | None:
+    """Run one benchmark in a fresh process (``--one``) and read its report back from its JSON."""
+    path = _out(quick) / f"{name}.json"
+    path.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "bench", "--one", name, *(["--quick"] if quick else [])], cwd=ROOT)
+    if proc.returncode != 0 or not path.exists():
+        return None
+    report = read_json(path)
+    report.name = name
     return report
 
 
@@ -104,12 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         return _replot(chosen)
     services = asyncio.run(probe_services())
     env = {"machine": machine(Path(tempfile.gettempdir())), "versions": versions(services), "quick": args.quick}
+    if args.one:
+        return 0 if _run_one(args.one, args.quick, services, env) is not None else 1
     print("machine: " + json.dumps(env["machine"]), "versions: " + json.dumps(env["versions"]), sep="\n")
     for what, why in (("Redis", services.redis_why), ("PostgreSQL", services.pg_why)):
         if why:
             print(f"{what}: {why}; the parts that need it are skipped")
     print(flush=True)
-    reports = [r for r in (_run_one(name, args.quick, services, env) for name in chosen) if r is not None]
+    reports = [r for r in (_isolated(name, args.quick) for name in chosen) if r is not None]
     env["machine"]["load_average_at_end"] = os.getloadavg()
     targets = [t for r in reports for t in r.targets]
     if targets:

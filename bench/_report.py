@@ -127,3 +127,17 @@ def write_json(report: Report, env: dict[str, Any], path: Path) -> None:
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_clean(body), indent=2, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path) -> Report:
+    """Read back a report `write_json` wrote (how the suite collects a benchmark run in its own process)."""
+    saved = json.loads(path.read_text())
+    fields = {f for f in Target.__dataclass_fields__}
+    return Report(
+        saved["benchmark"],
+        saved["title"],
+        tables=[Table(**t) for t in saved["tables"]],
+        targets=[Target(**{k: v for k, v in t.items() if k in fields}) for t in saved["targets"]],
+        data=saved["data"],
+        notes=saved["notes"],
+    )
