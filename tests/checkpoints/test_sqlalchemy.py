@@ -566,3 +566,19 @@ def test_processes_racing_for_one_step_one_wins(backend: Backend, tmp_path: Path
             assert [c.step for c in await fresh.history("new")] == [0]
 
     asyncio.run(check())
+
+
+async def test_head_is_the_latest_checkpoint_and_the_records_per_segment(store: SQLAlchemyCheckpointStore) -> None:
+    # Given a run with two checkpoints, two records in segment 0 and one in segment 1
+    await store.save("h1", 0, checkpoint("h1", 0))
+    await store.record_call("h1", record("h1", 0, 0))
+    await store.record_call("h1", record("h1", 0, 1, "done"))
+    await store.save("h1", 1, checkpoint("h1", 1, segment=1))
+    await store.record_call("h1", record("h1", 1, 0))
+    # When its head is read, Then it is the latest checkpoint and the count of each segment
+    latest, counts = await store.head("h1")
+    assert latest == await store.latest("h1")
+    assert counts == {0: 2, 1: 1}
+    # And an unknown run is not found
+    with pytest.raises(CheckpointNotFound):
+        await store.head("nobody")

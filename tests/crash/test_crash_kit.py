@@ -55,24 +55,19 @@ def crash_cases() -> list[str]:
 ENDS_WITH = {1: "hold_seats", 2: "charge_card", 3: "email_tickets"}
 
 
-def combines(store: str) -> bool:
-    """Whether the store writes a superstep's last ``done`` together with its checkpoint."""
-    return store.startswith(("sqlite:", "redis:"))
-
-
-def doubted(crash: str, store: str) -> str | None:
+def doubted(crash: str) -> str | None:
     """The non-idempotent call a kill at `crash` leaves in doubt, if any.
 
-    On a store that writes the last ``done`` with the checkpoint, a kill before that save
-    is a kill before the ``done``: the call ran and its result is not stored.
+    Every store writes a lone Call node's ``done`` with the superstep's checkpoint, so a kill
+    before that save is a kill before the ``done``: the call ran, its result is not stored.
     """
     point, _, what = crash.partition(":")
-    tool = ENDS_WITH.get(int(what)) if point == "in_save" and combines(store) else what
-    in_doubt = point in ("after_started", "in_tool", "before_done") or (point == "in_save" and combines(store))
+    tool = ENDS_WITH.get(int(what)) if point == "in_save" else what
+    in_doubt = point in ("after_started", "in_tool", "before_done", "in_save")
     return tool if in_doubt and tool in NON_IDEMPOTENT else None
 
 
-def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, decisions: list, store: str) -> None:
+def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, decisions: list) -> None:
     point, _, tool = crash.partition(":")
     assert outcome["outcome"] == "done", outcome
     assert outcome["note"] == "email_tickets ok"
@@ -82,7 +77,7 @@ def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, dec
         assert counts[name] >= 1, (name, counts)
         if name in NON_IDEMPOTENT and counts[name] > 1:
             assert any(t == name for t, _ in decisions), (name, counts, decisions)
-    left = doubted(crash, store)
+    left = doubted(crash)
     if left is not None:
         assert [t for t, _ in decisions] == [left]
     else:
@@ -102,7 +97,7 @@ def check_boundary(store: str, tmp_path: Path, crash: str) -> None:
         assert outcome is not None and outcome["error"] == "CheckpointNotFound"
         assert ledger.counts() == {}
         return
-    if combines(store) and crash == "after_done:email_tickets":
+    if crash == "after_done:email_tickets":
         # Then (the last `done` went with the final checkpoint) the run had ended: nothing to recover
         outcome = worker(store, ledger.path, "order-1", "recover")
         assert outcome is not None and outcome["error"] == "CheckpointConflict" and "ended" in outcome["message"]
@@ -110,7 +105,7 @@ def check_boundary(store: str, tmp_path: Path, crash: str) -> None:
         return
     # Then a new worker process recovers it to the end with the invariants intact
     outcome, decisions = recover_until_done(store, ledger.path, "order-1")
-    check_invariants(crash, ledger, "order-1", outcome, decisions, store)
+    check_invariants(crash, ledger, "order-1", outcome, decisions)
 
 
 @pytest.mark.parametrize("crash", crash_cases())

@@ -18,7 +18,11 @@ Optional: a store may offer ``save_after_calls(run_id, step, checkpoint, calls)`
 as one atomic write: all of it or, if any rule refuses, nothing (`CheckpointConflict`).
 A superstep whose last call finished just before its checkpoint uses it to store the
 ``done`` record and the checkpoint in one commit or round trip; without it, the caller
-writes them one after the other. The memory, SQLite and Redis stores offer it.
+writes them one after the other. Every store agentflow ships offers it.
+
+Optional: ``head(run_id)`` returns the latest checkpoint and the number of call records
+in each segment, read no earlier than the checkpoint (Redis, SQL). A distributed
+superstep uses it to see a clean handoff without reading the log.
 """
 
 from __future__ import annotations

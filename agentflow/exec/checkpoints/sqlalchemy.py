@@ -304,18 +304,32 @@ class SQLAlchemyCheckpointStore:
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
+        async with self._tx(write=True) as conn:
+            await self._save_in(conn, run_id, step, checkpoint)
+
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
+        """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
+        check_row(run_id, step, checkpoint)
+        async with self._tx(write=True) as conn:
+            for record in calls:
+                await self._record_in(conn, run_id, record)
+            await self._save_in(conn, run_id, step, checkpoint)
+
+    async def _save_in(self, conn: AsyncConnection, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        """The compare-and-set and the insert of a save, inside an open write transaction."""
         runs = self._t.runs
         latest = {c: getattr(checkpoint, c) for c in ("flow", "status", "step", "segment", "saved_at")}
-        async with self._tx(write=True) as conn:
-            query = sa.select(runs.c.step, runs.c.flow, runs.c.status).where(runs.c.run_id == run_id)
-            row = (await conn.execute(query.with_for_update())).one_or_none()
-            check_save(run_id, step, checkpoint.flow, (row.step, row.flow, row.status) if row else None)
-            if row is None:  # no row to lock yet: the primary key decides between two writers of step 0
-                await _insert(conn, runs, {"run_id": run_id, **latest}, f"run {run_id!r} step 0")
-            else:
-                await conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(**latest))
-            values = {f: getattr(checkpoint, f) for f in self._t.checkpoints.c.keys()}
-            await _insert(conn, self._t.checkpoints, values, f"run {run_id!r} step {step}")
+        query = sa.select(runs.c.step, runs.c.flow, runs.c.status).where(runs.c.run_id == run_id)
+        row = (await conn.execute(query.with_for_update())).one_or_none()
+        check_save(run_id, step, checkpoint.flow, (row.step, row.flow, row.status) if row else None)
+        if row is None:  # no row to lock yet: the primary key decides between two writers of step 0
+            await _insert(conn, runs, {"run_id": run_id, **latest}, f"run {run_id!r} step 0")
+        else:
+            await conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(**latest))
+        values = {f: getattr(checkpoint, f) for f in self._t.checkpoints.c.keys()}
+        await _insert(conn, self._t.checkpoints, values, f"run {run_id!r} step {step}")
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
@@ -363,15 +377,35 @@ class SQLAlchemyCheckpointStore:
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
-        runs, calls = self._t.runs, self._t.calls
         async with self._tx(write=True) as conn:
-            query = sa.select(runs.c.step, runs.c.status, runs.c.segment).where(runs.c.run_id == run_id)
-            row = (await conn.execute(query.with_for_update())).one_or_none()
-            count = sa.select(sa.func.count()).where(calls.c.run_id == run_id, calls.c.segment == record.segment)
-            next_seq = (await conn.execute(count)).scalar_one() if row else 0
-            check_call(run_id, record, (row.step, row.status, row.segment) if row else None, next_seq)
-            values = {f: getattr(record, f) for f in calls.c.keys()}
-            await _insert(conn, calls, values, f"call record {record.segment}.{record.seq} of run {run_id!r}")
+            await self._record_in(conn, run_id, record)
+
+    async def _record_in(self, conn: AsyncConnection, run_id: str, record: SealedCall) -> None:
+        """The numbering and fencing checks and the insert of a record, inside an open write transaction."""
+        runs, calls = self._t.runs, self._t.calls
+        query = sa.select(runs.c.step, runs.c.status, runs.c.segment).where(runs.c.run_id == run_id)
+        row = (await conn.execute(query.with_for_update())).one_or_none()
+        count = sa.select(sa.func.count()).where(calls.c.run_id == run_id, calls.c.segment == record.segment)
+        next_seq = (await conn.execute(count)).scalar_one() if row else 0
+        check_call(run_id, record, (row.step, row.status, row.segment) if row else None, next_seq)
+        values = {f: getattr(record, f) for f in calls.c.keys()}
+        await _insert(conn, calls, values, f"call record {record.segment}.{record.seq} of run {run_id!r}")
+
+    async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
+        """Return the latest checkpoint and how many call records each segment holds.
+
+        The counts are read after the checkpoint, so they can only show more records than
+        it saw, never fewer: a handoff never looks cleaner than it is.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+        """
+        latest = await self.latest(run_id)
+        calls = self._t.calls
+        query = sa.select(calls.c.segment, sa.func.count()).where(calls.c.run_id == run_id).group_by(calls.c.segment)
+        async with self._tx() as conn:
+            rows = (await conn.execute(query)).all()
+        return latest, {int(segment): int(count) for segment, count in rows}
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
