@@ -20,14 +20,17 @@ def redis_parser() -> str:
 
 
 def redis_factory(url: str, *, pure_python: bool = False) -> Any:
-    """A client factory; `pure_python` forces redis-py's own RESP3 parser even when hiredis is installed."""
+    """A client factory as the workers make them (no socket timeout: the store's deadline bounds each
+    command); `pure_python` forces redis-py's own RESP3 parser even when hiredis is installed."""
     import redis.asyncio as aioredis
 
     if pure_python:
         from redis._parsers.resp3 import _AsyncRESP3Parser
 
-        return lambda: aioredis.Redis.from_url(url, parser_class=_AsyncRESP3Parser, protocol=3)
-    return lambda: aioredis.Redis.from_url(url)
+        return lambda: aioredis.Redis.from_url(
+            url, parser_class=_AsyncRESP3Parser, protocol=3, socket_timeout=None, socket_connect_timeout=5
+        )
+    return lambda: aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=5)
 
 
 async def redis_unlink_prefix(url: str, prefix: str) -> int:

@@ -106,8 +106,6 @@ async def run(ctx: Context) -> Report:
     if url is None:
         report.notes.append(f"skipped: {ctx.services.redis_why}")
         return report
-    import redis.asyncio as aioredis
-
     flow, order = _flows.flow, _flows.ORDER
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(_services.redis_store(url, ctx.tag))
@@ -123,7 +121,7 @@ async def run(ctx: Context) -> Report:
         log.clear()
         await probe.run(flow, order)
         ops = list(log)
-        client = aioredis.Redis.from_url(url)
+        client = _services.redis_factory(url)()  # the store's kind of client
         stack.push_async_callback(client.aclose)
         floor = Floor(client, ops, ctx.tag)
         plain = _flows.runner()

@@ -16,7 +16,8 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
     url = settings.redis_url.get_secret_value()
 
     def connect() -> redis.asyncio.Redis:
-        return redis.asyncio.Redis.from_url(url)
+        # No socket timeout: the store and the leases give each command a deadline of their own.
+        return redis.asyncio.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=5)
 
     celery_app = Celery("agentflow-workers")
     celery_app.conf.update(settings.celery())

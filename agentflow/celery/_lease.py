@@ -8,6 +8,12 @@
   do the work; it expires on its own if its holder dies.
 - A decision marker (``P:decision:{run}``) says the run waits for a person to decide about
   a call in doubt, so recover_all does not re-enqueue it every tick.
+
+Every command has a deadline of its own (``op_timeout_s``, `asyncio.timeout`), so the
+client may be made with ``socket_timeout=None``: redis-py then skips the per-command
+``asyncio.wait_for`` that, on Python 3.11, costs a task and extra loop turns for each
+command. A renewal is a timer, not a task: a superstep shorter than a third of the lease
+starts none.
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 _log = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ return released
 """
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 
+T = TypeVar("T")
+
 
 @dataclass
 class Hold:
@@ -48,26 +57,68 @@ class Hold:
     """Forget the run's decision marker when the lease is released (the run moved on)."""
 
 
+@dataclass(eq=False)
+class _Bound:
+    """One event loop's client, with the scripts registered on it (sent by SHA after the first time)."""
+
+    client: Redis
+    release: AsyncScript
+    release_run: AsyncScript
+    renew: AsyncScript
+
+
 class Leases:
     """Leases and locks for one deployment (one key prefix)."""
 
     def __init__(
-        self, client_factory: Callable[[], Redis], *, prefix: str = "agentflow", lease_s: float = 30.0
+        self,
+        client_factory: Callable[[], Redis],
+        *,
+        prefix: str = "agentflow",
+        lease_s: float = 30.0,
+        op_timeout_s: float | None = 10.0,
     ) -> None:
+        """Leases under `prefix`.
+
+        Args:
+            client_factory: makes a ``redis.asyncio.Redis`` (called once per event loop).
+            prefix: first part of every key.
+            lease_s: a lease lapses this long after its holder stopped renewing it.
+            op_timeout_s: deadline of each command (None: the client's own timeouts only).
+
+        Raises:
+            ValueError: `lease_s` or `op_timeout_s` is not positive.
+        """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
+        if op_timeout_s is not None and op_timeout_s <= 0:
+            raise ValueError("op_timeout_s must be positive, or None for no deadline")
         self._factory = client_factory
-        self._clients: dict[asyncio.AbstractEventLoop, Redis] = {}
+        self._bound: dict[asyncio.AbstractEventLoop, _Bound] = {}
         self.prefix = prefix
         self.lease_s = lease_s
+        self.op_timeout_s = op_timeout_s
+
+    def _bind(self) -> _Bound:
+        loop = asyncio.get_running_loop()
+        for old in [lp for lp in self._bound if lp.is_closed()]:
+            del self._bound[old]
+        if loop not in self._bound:
+            client = self._factory()
+            scripts = (client.register_script(text) for text in (_RELEASE, _RELEASE_RUN, _RENEW))
+            self._bound[loop] = _Bound(client, *scripts)
+        return self._bound[loop]
 
     def _client(self) -> Redis:
-        loop = asyncio.get_running_loop()
-        for old in [lp for lp in self._clients if lp.is_closed()]:
-            del self._clients[old]
-        if loop not in self._clients:
-            self._clients[loop] = self._factory()
-        return self._clients[loop]
+        return self._bind().client
+
+    async def _answer(self, command: Awaitable[T]) -> T:
+        """Await one command within `op_timeout_s` (a lapsed deadline is redis-py's TimeoutError)."""
+        try:
+            async with asyncio.timeout(self.op_timeout_s):
+                return await command
+        except TimeoutError:
+            raise redis_errors.TimeoutError(f"Redis did not answer within {self.op_timeout_s} s") from None
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}:{kind}:{{{name}}}"
@@ -75,12 +126,12 @@ class Leases:
     async def take(self, key: str, ttl_s: float) -> str | None:
         """Take `key` for `ttl_s` seconds if nobody holds it; return the token, or None."""
         token = secrets.token_hex(16)
-        ok = await self._client().set(key, token, nx=True, px=max(1, int(ttl_s * 1000)))
+        ok = await self._answer(self._client().set(key, token, nx=True, px=max(1, int(ttl_s * 1000))))
         return token if ok else None
 
     async def give_back(self, key: str, token: str) -> None:
         """Release `key` if `token` still holds it."""
-        await self._client().eval(_RELEASE, 1, key, token)
+        await self._answer(self._bind().release(keys=[key], args=[token]))
 
     @contextlib.asynccontextmanager
     async def hold(self, run_id: str) -> AsyncIterator[Hold | None]:
@@ -95,31 +146,18 @@ class Leases:
             yield None
             return
         held = Hold()
-        stop = asyncio.Event()
-        renewer = asyncio.get_running_loop().create_task(self._renew(key, token, stop))
+        renewer = _Renewer(self, key, token)
         try:
             yield held
         finally:
-            # Stopped between renewals, never cancelled inside one: a command cut off half-way
-            # would leave its connection to be torn down under the release that follows.
-            stop.set()
-            await renewer
+            await renewer.stop()
             marker = self._key("decision", run_id)
-            await self._client().eval(_RELEASE_RUN, 2, key, marker, token, "1" if held.clear_decision else "0")
+            flag = "1" if held.clear_decision else "0"
+            await self._answer(self._bind().release_run(keys=[key, marker], args=[token, flag]))
 
-    async def _renew(self, key: str, token: str, stop: asyncio.Event) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(stop.wait(), self.lease_s / 3)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self._client().eval(_RENEW, 1, key, token, int(self.lease_s * 1000))
-            except redis_errors.RedisError as exc:
-                # The superstep goes on: if the lease lapses meanwhile, the step's compare-and-set
-                # and the record numbering still keep a second worker from acting twice.
-                _log.warning("could not renew lease %s: %s", key, exc)
+    async def renew(self, key: str, token: str) -> None:
+        """Push the lease `key` back to `lease_s` from now, if `token` still holds it."""
+        await self._answer(self._bind().renew(keys=[key], args=[token, int(self.lease_s * 1000)]))
 
     async def leased(self, run_ids: Sequence[str]) -> set[str]:
         """Which of `run_ids` have a live lease or wait for a decision."""
@@ -133,7 +171,7 @@ class Leases:
             async with client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.exists(key)
-                found: list[Any] = await pipe.execute()
+                found: list[Any] = await self._answer(pipe.execute())
             n = len(chunk)
             busy.update(r for i, r in enumerate(chunk) if found[i] or found[n + i])
         return busy
@@ -141,11 +179,11 @@ class Leases:
     async def mark_decision(self, run_id: str, calls: Sequence[Sequence[str]]) -> None:
         """Note that the run waits for a decision (recover_all leaves it alone meanwhile)."""
         text = "; ".join(f"{tool}: {why}" for tool, why in calls)
-        await self._client().set(self._key("decision", run_id), text, ex=MARKER_TTL_S)
+        await self._answer(self._client().set(self._key("decision", run_id), text, ex=MARKER_TTL_S))
 
     async def clear_decision(self, run_id: str) -> None:
         """Forget the decision marker (the operator decided, or the run moved on)."""
-        await self._client().delete(self._key("decision", run_id))
+        await self._answer(self._client().delete(self._key("decision", run_id)))
 
     async def allow_rerun(self, run_id: str, step: int) -> None:
         """Record an operator's decision to rerun the calls in doubt of the run at `step`."""
@@ -153,16 +191,16 @@ class Leases:
         async with client.pipeline(transaction=True) as pipe:
             pipe.set(self._key("rerun", run_id), str(step), ex=MARKER_TTL_S)
             pipe.delete(self._key("decision", run_id))
-            await pipe.execute()
+            await self._answer(pipe.execute())
 
     async def take_rerun(self, run_id: str, step: int) -> bool:
         """Spend a recorded decision to rerun at `step` (a message alone grants nothing)."""
-        value = await self._client().getdel(self._key("rerun", run_id))
+        value = await self._answer(self._client().getdel(self._key("rerun", run_id)))
         return value is not None and int(value) == step
 
     async def decision(self, run_id: str) -> str | None:
         """What the run waits for a decision about, or None."""
-        value = await self._client().get(self._key("decision", run_id))
+        value = await self._answer(self._client().get(self._key("decision", run_id)))
         return value.decode() if isinstance(value, bytes) else value
 
     @contextlib.asynccontextmanager
@@ -179,6 +217,41 @@ class Leases:
     async def aclose(self) -> None:
         """Close this loop's client."""
         loop = asyncio.get_running_loop()
-        client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.aclose()
+        bound = self._bound.pop(loop, None)
+        if bound is not None:
+            await bound.client.aclose()
+
+
+class _Renewer:
+    """Renews a held lease every third of `lease_s`, from a timer: no task until one is due.
+
+    `stop` waits for a renewal in flight instead of cancelling it: a command cut off
+    half-way would leave its connection to be torn down under the release that follows.
+    """
+
+    def __init__(self, leases: Leases, key: str, token: str) -> None:
+        self._leases, self._key, self._token = leases, key, token
+        self._loop = asyncio.get_running_loop()
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(leases.lease_s / 3, self._due)
+
+    def _due(self) -> None:
+        self._task = self._loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        try:
+            await self._leases.renew(self._key, self._token)
+        except redis_errors.RedisError as exc:
+            # The superstep goes on: if the lease lapses meanwhile, the step's compare-and-set
+            # and the record numbering still keep a second worker from acting twice.
+            _log.warning("could not renew lease %s: %s", self._key, exc)
+        if not self._stopped:
+            self._timer = self._loop.call_later(self._leases.lease_s / 3, self._due)
+
+    async def stop(self) -> None:
+        """Renew no more; wait for a renewal that is under way."""
+        self._stopped = True
+        self._timer.cancel()
+        if self._task is not None:
+            await self._task

@@ -6,7 +6,8 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
 - ``agentflow.loop_stage`` ``(loop:<name>, run_id, step, cause)``: one stage of a tool loop
   (a model call, or one round of tools), then the next.
 - ``agentflow.resume`` ``(flow, run_id, approve, note)``: store the decision on a paused
-  run (compare-and-set), then enqueue the superstep that spends it.
+  run or tool loop (``loop:<name>``; compare-and-set), then enqueue the superstep or stage
+  that spends it.
 - ``agentflow.recover_all`` ``()``: enqueue a superstep for every stranded run.
 
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
@@ -119,9 +120,12 @@ def register_tasks(
         return outcome.as_dict()
 
     def resume(task: Task, flow: str, run_id: str, approve: bool, note: str | None = None) -> dict[str, Any]:
-        result = bridge.run(
-            worker.runner.resume(flow_app.flow(flow), run_id, approve=approve, note=note, max_supersteps=0)
-        )
+        if flow.startswith(LOOP_PREFIX):
+            result: Any = bridge.run(worker.decide_loop(flow.removeprefix(LOOP_PREFIX), run_id, approve, note))
+        else:
+            result = bridge.run(
+                worker.runner.resume(flow_app.flow(flow), run_id, approve=approve, note=note, max_supersteps=0)
+            )
         assert result.step is not None
         tasks.send_superstep(flow, run_id, result.step, "resume")
         return {"run_id": run_id, "decided": "approved" if approve else "denied", "step": result.step}

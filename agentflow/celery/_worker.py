@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentflow._app import FlowApp, LoopSpec
 from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
+from agentflow._identity import RunContext
 from agentflow.celery._lease import Leases
-from agentflow.exec._durable_loop import advance_tool_loop
+from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
@@ -139,6 +140,26 @@ class Worker:
         if name not in self._models:
             self._models[name] = self.loop(name).model_factory()
         return self._models[name]
+
+    async def decide_loop(
+        self,
+        name: str,
+        run_id: str,
+        approve: bool | Mapping[str, bool],
+        note: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> LoopResult:
+        """Store the decision on the tool loop `name` paused for approval (see `decide_tool_loop`)."""
+        return await decide_tool_loop(
+            self.loop(name).registry,
+            run_id,
+            approve=approve,
+            note=note,
+            checkpoints=self.store,
+            checkpoint_key=self.checkpoint_key,
+            ctx=ctx,
+            name=name,
+        )
 
     async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool) -> Outcome:
         """Run one superstep of the run (one stage of a loop) under its lease.

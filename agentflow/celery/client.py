@@ -176,6 +176,30 @@ class FlowClient:
                 raise TimeoutError(f"loop {run_id!r} is still running after {timeout_s}s")
             await asyncio.sleep(poll_s)
 
+    async def resume_loop(
+        self,
+        name: str,
+        run_id: str,
+        *,
+        approve: bool | Mapping[str, bool],
+        note: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> int:
+        """Store the decision on a tool loop paused for approval, then enqueue its next stage.
+
+        Returns the step the loop goes on from. The decision is a compare-and-set save: of
+        racing decisions one wins, and a worker spends it (an approved call runs once).
+
+        Raises:
+            FlowError: no loop has that name.
+            CheckpointConflict: the loop is not paused, or another decision won.
+            ValueError: `approve` maps call ids and leaves a pending call undecided.
+        """
+        decided = await self.tasks.worker.decide_loop(name, run_id, approve, note, ctx)
+        assert decided.step is not None
+        await asyncio.to_thread(self.tasks.send_superstep, f"loop:{name}", run_id, decided.step, "resume")
+        return decided.step
+
     async def decide_in_doubt(self, run_id: str, *, rerun: bool = True) -> None:
         """After checking the calls in doubt at their systems, let the run go on (rerunning them).
 

@@ -14,13 +14,10 @@ URL before the rest goes to the driver. Passwords never appear in messages (`red
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
 
 #: What ``--store`` accepts, for error messages.
 ACCEPTED: Final = (
@@ -105,12 +102,7 @@ def _redis(url: str) -> CheckpointStore:
             raise _bad(url, f"ttl_s must be a number of seconds or 'none', not {raw!r}")
         ttl_s = None if raw.lower() == "none" else int(raw)
 
-    def client() -> Redis:
-        from redis.asyncio import Redis
-
-        return Redis.from_url(clean)
-
-    store: CheckpointStore = RedisCheckpointStore(client, prefix=ours.get("prefix", "agentflow"), ttl_s=ttl_s)
+    store: CheckpointStore = RedisCheckpointStore.from_url(clean, prefix=ours.get("prefix", "agentflow"), ttl_s=ttl_s)
     return store
 
 

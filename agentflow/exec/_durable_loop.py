@@ -150,12 +150,30 @@ async def _resume(
     note: str | None,
     ctx: RunContext | None,
 ) -> LoopResult:
+    lp, body = await _decide(engine, run_id, flow, approve, note, ctx)
+    if approve is None:
+        return engine._result(lp, RunStatus.PAUSED)
+    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt=False)
+    assert lp.step is not None
+    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
+    return await engine.drive(lp, seeds, recovering=False)
+
+
+async def _decide(
+    engine: LoopEngine,
+    run_id: str,
+    flow: str,
+    approve: bool | Mapping[str, bool] | None,
+    note: str | None,
+    ctx: RunContext | None,
+) -> tuple[LoopCursor, dict[str, Any]]:
+    """Load a paused loop and put the decision on it (`approve` None: leave it undecided)."""
     lp, status, body = await engine.load(run_id, flow, ctx)
     if status != RunStatus.PAUSED:
         hint = "use recover_tool_loop" if status == RunStatus.RUNNING else "it ended"
         raise CheckpointConflict(f"run {run_id!r} exists and is {status}, not paused ({hint})")
     if approve is None:
-        return engine._result(lp, RunStatus.PAUSED)
+        return lp, body
     if isinstance(approve, bool):
         lp.decisions = {p.call_id: Decision(approve, note) for p in lp.pending}
     else:
@@ -163,10 +181,34 @@ async def _resume(
         if len(lp.decisions) != len(lp.pending):
             raise ValueError(f"run {run_id!r}: decide every pending call ({[p.call_id for p in lp.pending]})")
     lp.pending = []
-    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt=False)
+    return lp, body
+
+
+async def decide_tool_loop(
+    registry: Registry,
+    run_id: str,
+    *,
+    approve: bool | Mapping[str, bool],
+    note: str | None = None,
+    checkpoints: CheckpointStore,
+    checkpoint_key: bytes | Sequence[bytes] | None = None,
+    ctx: RunContext | None = None,
+    name: str = "tool_loop",
+) -> LoopResult:
+    """Store the decision on a paused loop without running it; a worker then goes on from it.
+
+    The decision is saved as the loop's next checkpoint (compare-and-set: of two racing
+    decisions one wins). The returned result's `step` is the step to advance from.
+
+    Raises:
+        CheckpointConflict: the loop is not paused, or another decision won.
+        ValueError: `approve` is a mapping that leaves a pending call undecided.
+    """
+    engine = LoopEngine(_NoModel(), Executor(registry), checkpoints, sealer_for(checkpoints, checkpoint_key))
+    lp, _ = await _decide(engine, run_id, f"loop:{name}", approve, note, ctx)
     assert lp.step is not None
     await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
-    return await engine.drive(lp, seeds, recovering=False)
+    return engine._result(lp, RunStatus.RUNNING)
 
 
 async def recover_tool_loop(

@@ -105,4 +105,30 @@ async def forecast(city: str) -> str:
     return f"sunny in {city}"
 
 
-app = FlowApp(registry, [tickets, slow], loops={"forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools)})
+class RefundModel:
+    """A stateless model: ask for a refund (which needs approval), then report the tool's answer."""
+
+    async def complete(self, messages, tools):
+        results = [m for m in messages if m.role == "tool"]
+        if not results:
+            return Message.assistant(tool_calls=[ToolCall(id="r1", name="refund", arguments={"amount": 250})])
+        return Message.assistant(f"answer: {results[-1].content}")
+
+
+refund_tools = Registry()
+
+
+@refund_tools.tool(approval=True)
+async def refund(amount: int) -> str:
+    _effect("refund")
+    return f"refunded {amount}"
+
+
+app = FlowApp(
+    registry,
+    [tickets, slow],
+    loops={
+        "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
+        "refunds": LoopSpec(model_factory=RefundModel, registry=refund_tools),
+    },
+)

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from agentflow import CheckpointConflict
+
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(300)]
 
 NON_IDEMPOTENT = ("charge_card", "email_tickets")
@@ -140,3 +142,24 @@ async def test_a_tool_loop_runs_stage_by_stage_as_tasks(deployment):
     assert result.text == "answer: sunny in Oslo"
     assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
     assert deployment.effects()[("forecast", run_id)] == 1
+
+
+async def test_a_tool_loop_paused_for_approval_is_resumed_through_the_client(deployment):
+    from agentflow.models import Message
+
+    # Given a worker and a loop whose model asks for a refund, a tool that needs approval
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start_loop("refunds", [Message.user("refund order 7")])
+    paused = await deployment.client.wait_loop("refunds", run_id, timeout_s=30)
+    assert paused.status == "paused" and [p.tool for p in paused.pending] == ["refund"]
+    assert deployment.effects()[("refund", run_id)] == 0
+    # When someone approves it through the client
+    step = await deployment.client.resume_loop("refunds", run_id, approve=True, note="ok")
+    # Then a worker spends the decision: the refund runs once and the loop finishes
+    result = await deployment.client.wait_loop("refunds", run_id, timeout_s=30)
+    assert result.status == "done" and result.text == "answer: refunded 250"
+    assert result.step is not None and result.step > step
+    assert deployment.effects()[("refund", run_id)] == 1
+    # And a second decision on the finished loop is refused
+    with pytest.raises(CheckpointConflict, match="not paused"):
+        await deployment.client.resume_loop("refunds", run_id, approve=True)

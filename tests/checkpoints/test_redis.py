@@ -476,6 +476,53 @@ async def test_unreachable_server_gives_a_clear_error():
     await s.aclose()
 
 
+async def test_a_server_that_never_answers_gives_a_clear_error_at_the_deadline():
+    # Given a server that accepts connections and then says nothing, and a store whose
+    # client has no socket timeout (as from_url makes them) and a deadline of 0.3 s
+    heard = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)
+        heard.set()
+        await reader.read()  # until the client hangs up
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    s = RedisCheckpointStore(
+        lambda: redis.asyncio.Redis(host="127.0.0.1", port=port, socket_timeout=None), op_timeout_s=0.3
+    )
+    # When a checkpoint is saved, Then it fails at the deadline, naming the server and the deadline
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match=rf"Redis at 127\.0\.0\.1:{port} did not answer within 0\.3 s"):
+        await s.save("r1", 0, cp("r1", 0))
+    assert time.monotonic() - started < 5
+    assert heard.is_set()  # the command reached the server: the deadline, not the connect, ended it
+    await s.aclose()
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.mark.redis
+async def test_from_url_makes_a_working_store_and_refuses_other_urls(redis_url: str, unique_prefix) -> None:
+    # Given a store made from a URL
+    prefix = unique_prefix()
+    s = RedisCheckpointStore.from_url(redis_url, prefix=prefix, ttl_s=60)
+    try:
+        # When a checkpoint is saved and read back, Then it round-trips
+        await s.save("r1", 0, cp("r1", 0))
+        assert (await s.latest("r1")).step == 0
+        await s.delete("r1")
+    finally:
+        await s.aclose()
+    # And a URL of another kind, or a bad deadline, is refused with what to give instead
+    with pytest.raises(ValueError, match="redis://, rediss:// or unix:// URL"):
+        RedisCheckpointStore.from_url("postgresql://localhost/db")
+    for bad in (0, -1.0, True):
+        with pytest.raises(ValueError, match="op_timeout_s must be a positive number"):
+            RedisCheckpointStore(lambda: None, op_timeout_s=bad)  # type: ignore[arg-type,return-value]
+
+
 def test_store_is_usable_from_asyncio_run_calls_in_a_row(backend: Backend) -> None:
     # Given one store, used by two asyncio.run calls one after another (no aclose between)
     s = backend.store()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agentflow import Event, Events, IdentityMismatch, Registry, RunContext
-from agentflow.exec import LoopResult, recover_tool_loop, run_tool_loop
+from agentflow.exec import LoopResult, advance_tool_loop, decide_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import (
     CheckpointConflict,
     CheckpointStore,
@@ -712,3 +712,51 @@ async def test_crash_after_the_resume_save_is_recovered_by_spending_the_stored_d
     result = await recover(ScriptedModel([answer("Paid.")]), other)
     # Then the stored decision is spent: the tool runs once and the loop finishes
     assert result.status == "done" and LEDGER == {"pay": 1}
+
+
+# -- deciding without running (what a distributed resume does) -----------------------------
+
+
+async def decide(store: CheckpointStore, approve: Any, **kw: Any) -> LoopResult:
+    return await decide_tool_loop(REGISTRY, "chat-1", approve=approve, checkpoints=store, checkpoint_key=KEY, **kw)
+
+
+async def test_a_stored_decision_is_spent_by_the_next_worker_stage(store, other):
+    # Given a loop paused on a large refund after a small one already ran in the same round
+    refunds = ask(("s", "refund", {"amount": 20}), ("l", "refund", {"amount": 500}))
+    assert (await run(ScriptedModel([refunds]), store)).status == "paused"
+    # When the decision is stored without running anything
+    decided = await decide(store, True, note="ok by ops")
+    assert decided.status == "running" and LEDGER == {"refund": 1}
+    # And a worker advances the loop from the step it names, one stage at a time
+    model = ScriptedModel([answer("Refunded both.")])
+    step, result = decided.step, decided
+    while result.status == "running":
+        result = await advance_tool_loop(
+            model, REGISTRY, "chat-1", checkpoints=other, checkpoint_key=KEY, expected_step=step, handoff=True
+        )
+        step = result.step
+    # Then the approved refund ran once, the earlier one was not run again, and the loop finished
+    assert result.status == "done" and result.text == "Refunded both."
+    assert LEDGER == {"refund": 2}
+    assert [m.content for m in result.messages if m.role == "tool"] == ["refunded 20 EUR", "refunded 500 EUR"]
+
+
+async def test_of_two_racing_decisions_one_wins(store, other):
+    # Given a loop paused on pay
+    await run(ScriptedModel([ask(PAY)]), store)
+    # When two people decide at once, one approving and one denying
+    outcomes = await asyncio.gather(decide(store, True), decide(other, False), return_exceptions=True)
+    # Then exactly one decision is stored; the other is told the loop is no longer paused
+    assert sorted(type(o).__name__ for o in outcomes) == ["CheckpointConflict", "LoopResult"]
+    assert LEDGER == {}
+
+
+async def test_deciding_on_a_loop_that_is_not_paused_is_refused(store):
+    # Given a loop that finished
+    await run(ScriptedModel([answer("Hi.")]), store)
+    # When a decision is given, Then it is refused, saying why, and nothing is saved
+    before = len(await store.history("chat-1"))
+    with pytest.raises(CheckpointConflict, match="not paused"):
+        await decide(store, True)
+    assert len(await store.history("chat-1")) == before
