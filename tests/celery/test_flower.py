@@ -98,15 +98,17 @@ async def test_flower_lists_recovered_supersteps_with_what_they_reran(deployment
     flower = deployment.start_flower(f"{USER}:{PASSWORD}")
     deployment.start_worker("w1")
     deployment.start_beat()
-    # and a run whose step 0 was saved but whose first message was never sent (its sender died)
-    runner = deployment.tasks.worker.runner
-    tickets = deployment.tasks.worker.flow_app.flow("tickets")
-    stranded = (await runner.start(tickets, {"show": "lost"}, run_id=f"{deployment.prefix}-stranded")).run_id
     # and a run whose worker is SIGKILLed in the middle of its (idempotent) slow tool
     slow = await deployment.client.start("slow", {"show": "long", "seconds": 2.0}, run_id=f"{deployment.prefix}-slow")
     await _until_leased(deployment, slow)
     await asyncio.sleep(0.5)
     deployment.kill("w1")
+    # and a run whose step 0 was saved but whose first message was never sent (its sender died).
+    # Saved after the kill: saved before, beat could hand it to w1, and w1 could die inside one
+    # of its supersteps, which the recovery would then rerun.
+    runner = deployment.tasks.worker.runner
+    tickets = deployment.tasks.worker.flow_app.flow("tickets")
+    stranded = (await runner.start(tickets, {"show": "lost"}, run_id=f"{deployment.prefix}-stranded")).run_id
     # When a new worker starts (recover_all on start-up, and from beat once the lease lapsed)
     deployment.start_worker("w2")
     views = await deployment.wait_all([stranded, slow], timeout_s=60)
