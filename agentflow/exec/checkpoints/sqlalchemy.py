@@ -1,12 +1,27 @@
 """`SQLAlchemyCheckpointStore`: checkpoints in PostgreSQL (asyncpg) or SQLite (aiosqlite).
 
 Tables (names start with ``table_prefix``): ``meta`` (``schema_version``), ``checkpoints``,
-``runs`` (each run's latest) and ``calls``. Each save and call record is one transaction that
-reads the run's ``runs`` row, applies `_rules` and writes: PostgreSQL locks the row (``FOR
-UPDATE``; for a new run the primary key picks the winner), SQLite takes its write lock first
-(``BEGIN IMMEDIATE``). A duplicate key anywhere is a `CheckpointConflict`. A pool belongs to
-the loop that opened its connections, so there is one engine per running loop, disposed when
-``asyncio.run`` ends that loop.
+``runs`` (each run's latest) and ``calls``. Every statement is built once per store
+(`_sql_statements`) and run with a dict of values, so a call builds and compiles nothing.
+
+Each save and call record is one transaction that reads the run's ``runs`` row once,
+applies `_rules` in Python, then writes. PostgreSQL locks the row (``FOR UPDATE``; for a
+new run the primary key picks the winner); SQLite takes its write lock first (``BEGIN
+IMMEDIATE``). The statements of each:
+
+- record: the row, the segment's record count, the INSERT. SQLite reads the count as a
+  subquery of the row read (a SQLite transaction reads one snapshot, taken under the write
+  lock); PostgreSQL counts in a statement of its own after the lock, because a statement's
+  snapshot predates its lock wait and would miss records the previous holder committed.
+- save: the row, then one INSERT of the checkpoint carrying the UPDATE (or, for step 0,
+  the INSERT) of ``runs`` in its WITH on PostgreSQL; SQLite, which allows no writes in a
+  WITH, runs the two.
+- save_after_calls: the row once (the lock keeps it unchanged), each record's count and
+  INSERT, then the save's writes.
+
+A duplicate key anywhere is a `CheckpointConflict`. A pool belongs to the loop that opened
+its connections, so there is one engine per running loop, disposed when ``asyncio.run``
+ends that loop.
 """
 
 from __future__ import annotations
@@ -15,7 +30,7 @@ import asyncio
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -24,8 +39,15 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._sql_statements import (
+    CALL_FIELDS,
+    SAVE_FIELDS,
+    Tables,
+    statements,
+    tables,
+)
 
 _R = TypeVar("_R", SealedCheckpoint, SealedCall)
 
@@ -45,54 +67,13 @@ _LAYOUT: Final[dict[type, list[tuple[str, type]]]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class _Tables:
-    """The tables of one tenant."""
-
-    metadata: sa.MetaData
-    meta: sa.Table
-    checkpoints: sa.Table
-    runs: sa.Table
-    calls: sa.Table
-
-
-def _tables(p: str) -> _Tables:
-    md = sa.MetaData()
-
-    def col(name: str, kind: type[sa.types.TypeEngine[Any]], **kw: Any) -> sa.Column[Any]:
-        return sa.Column(name, kind, nullable=False, **kw)
-
-    def sealed() -> list[sa.Column[Any]]:
-        return [col("payload", sa.LargeBinary), col("kid", sa.Text), col("sig", sa.Text)]
-
-    return _Tables(
-        md,
-        sa.Table(f"{p}meta", md, col("key", sa.Text, primary_key=True), col("value", sa.Text)),
-        sa.Table(
-            f"{p}checkpoints", md, col("run_id", sa.Text), col("step", sa.Integer), col("flow", sa.Text),
-            col("status", sa.Text), col("segment", sa.Integer), col("saved_at", sa.Double), *sealed(),
-            sa.PrimaryKeyConstraint("run_id", "step", name=f"{p}checkpoints_pk"),
-        ),
-        sa.Table(
-            f"{p}runs", md, col("run_id", sa.Text, primary_key=True), col("flow", sa.Text), col("status", sa.Text),
-            col("step", sa.Integer), col("segment", sa.Integer), col("saved_at", sa.Double),
-            sa.Index(f"{p}runs_flow_status", "flow", "status"), sa.Index(f"{p}runs_saved_at", "saved_at"),
-        ),
-        sa.Table(
-            f"{p}calls", md, col("run_id", sa.Text), col("segment", sa.Integer), col("seq", sa.Integer),
-            col("kind", sa.Text), *sealed(),
-            sa.PrimaryKeyConstraint("run_id", "segment", "seq", name=f"{p}calls_pk"),
-        ),
-    )  # fmt: skip
-
-
-def _v1_create_tables(conn: sa.Connection, t: _Tables) -> None:
+def _v1_create_tables(conn: sa.Connection, t: Tables) -> None:
     """Version 1: the checkpoint, latest-run and call tables with their indexes."""
     t.metadata.create_all(conn, tables=[t.checkpoints, t.runs, t.calls], checkfirst=True)
 
 
 #: Schema changes in order; ``schema_version`` counts how many a database has applied.
-MIGRATIONS: Final[list[Callable[[sa.Connection, _Tables], None]]] = [_v1_create_tables]
+MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [_v1_create_tables]
 
 
 def _check_url(url: str) -> sa.URL:
@@ -120,10 +101,10 @@ def _reason(exc: BaseException) -> str:
     return (lines[0] if lines else type(inner).__name__)[:300]
 
 
-async def _insert(conn: AsyncConnection, table: sa.Table, values: dict[str, Any], taken: str) -> None:
+async def _insert(conn: AsyncConnection, insert: sa.Insert, values: dict[str, Any], taken: str) -> None:
     """Insert a row; a duplicate key means another writer got there first."""
     try:
-        await conn.execute(sa.insert(table).values(**values))
+        await conn.execute(insert, values)
     except IntegrityError:
         raise CheckpointConflict(f"{taken} was written by another writer at the same time") from None
 
@@ -196,7 +177,12 @@ class SQLAlchemyCheckpointStore:
         self._prefix = table_prefix
         self._sqlite = self._url.get_backend_name() == "sqlite"
         self._options = dict(engine_options or {})
-        self._t = _tables(table_prefix)
+        self._t = tables(table_prefix)
+        self._q = statements(self._t)
+        # a SQLite file's folder, checked before each connection: aiosqlite's cleanup of a failed
+        # connect can outlive the event loop
+        local = self._sqlite and not self._url.query.get("uri")
+        self._folder = Path(self._url.database or ".").parent if local else None
         self._engines: dict[asyncio.AbstractEventLoop, _LoopEngine] = {}
         self._schema_ready = False
 
@@ -236,10 +222,8 @@ class SQLAlchemyCheckpointStore:
     @asynccontextmanager
     async def _begin(self, engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
         """Open a transaction; turn driver errors into one clear `CheckpointError` (`_insert` maps duplicates)."""
-        folder = Path(self._url.database or ".").parent
-        if self._sqlite and not self._url.query.get("uri") and not folder.is_dir():
-            # checked first: aiosqlite's cleanup of a failed connect can outlive the event loop
-            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self._shown}: no directory {folder}")
+        if self._folder is not None and not self._folder.is_dir():
+            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self._shown}: no directory {self._folder}")
         try:
             conn = await engine.connect()
         except (OSError, DBAPIError) as exc:
@@ -305,7 +289,8 @@ class SQLAlchemyCheckpointStore:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
         async with self._tx(write=True) as conn:
-            await self._save_in(conn, run_id, step, checkpoint)
+            row, _ = await self._lock_run(conn, run_id, None)
+            await self._save_in(conn, run_id, step, checkpoint, row)
 
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
@@ -313,31 +298,53 @@ class SQLAlchemyCheckpointStore:
         """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
         check_row(run_id, step, checkpoint)
         async with self._tx(write=True) as conn:
-            for record in calls:
-                await self._record_in(conn, run_id, record)
-            await self._save_in(conn, run_id, step, checkpoint)
+            row, next_seq = await self._lock_run(conn, run_id, calls[0].segment if calls else None)
+            for i, record in enumerate(calls):
+                if i:  # the row is locked and unchanged (records do not touch it); only the count moves
+                    next_seq = await self._count(conn, run_id, record.segment)
+                await self._record_in(conn, run_id, record, row, next_seq)
+            await self._save_in(conn, run_id, step, checkpoint, row)
 
-    async def _save_in(self, conn: AsyncConnection, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
-        """The compare-and-set and the insert of a save, inside an open write transaction."""
-        runs = self._t.runs
-        latest = {c: getattr(checkpoint, c) for c in ("flow", "status", "step", "segment", "saved_at")}
-        query = sa.select(runs.c.step, runs.c.flow, runs.c.status).where(runs.c.run_id == run_id)
-        row = (await conn.execute(query.with_for_update())).one_or_none()
+    async def _lock_run(
+        self, conn: AsyncConnection, run_id: str, segment: int | None
+    ) -> tuple[sa.Row[Any] | None, int]:
+        """Lock and read the run's row and, given a `segment`, count its records (0 without a row)."""
+        params = {"run_id": run_id, "segment": segment}
+        if segment is not None and self._sqlite:  # the write lock is held: one statement reads both
+            row = (await conn.execute(self._q.read_run_counted, params)).one_or_none()
+            return row, row.calls if row else 0
+        row = (await conn.execute(self._q.lock_run, params)).one_or_none()
+        return row, await self._count(conn, run_id, segment) if row and segment is not None else 0
+
+    async def _count(self, conn: AsyncConnection, run_id: str, segment: int) -> int:
+        """How many records the segment holds; trusted only under the run's lock."""
+        count: int = (await conn.execute(self._q.count_calls, {"run_id": run_id, "segment": segment})).scalar_one()
+        return count
+
+    async def _save_in(
+        self, conn: AsyncConnection, run_id: str, step: int, checkpoint: SealedCheckpoint, row: sa.Row[Any] | None
+    ) -> None:
+        """The compare-and-set and the writes of a save, given the run's row read under the lock.
+
+        Without a row there is nothing to lock yet: the primary key of ``runs`` decides
+        between two writers of step 0 (the only step `check_save` lets through then).
+        """
         check_save(run_id, step, checkpoint.flow, (row.step, row.flow, row.status) if row else None)
-        if row is None:  # no row to lock yet: the primary key decides between two writers of step 0
-            await _insert(conn, runs, {"run_id": run_id, **latest}, f"run {run_id!r} step 0")
+        values = {"run": run_id} | {f: getattr(checkpoint, f) for f in SAVE_FIELDS}
+        taken = f"run {run_id!r} step {step}"
+        if not self._sqlite:  # one statement writes both tables (SQLite has no INSERT or UPDATE in WITH)
+            await _insert(conn, self._q.save_first if row is None else self._q.save_next, values, taken)
+            return
+        if row is None:
+            await _insert(conn, self._q.insert_run, values, taken)
         else:
-            await conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(**latest))
-        values = {f: getattr(checkpoint, f) for f in self._t.checkpoints.c.keys()}
-        await _insert(conn, self._t.checkpoints, values, f"run {run_id!r} step {step}")
+            await conn.execute(self._q.update_run, values)
+        await _insert(conn, self._q.insert_checkpoint, values, taken)
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
-        runs, cps = self._t.runs, self._t.checkpoints
-        joined = runs.outerjoin(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
-        query = sa.select(runs.c.step.label("latest"), *cps.c).select_from(joined).where(runs.c.run_id == run_id)
         async with self._tx() as conn:
-            row = (await conn.execute(query)).one_or_none()
+            row = (await conn.execute(self._q.latest, {"run_id": run_id})).one_or_none()
         if row is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         if row.run_id is None:
@@ -346,50 +353,41 @@ class SQLAlchemyCheckpointStore:
 
     async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
         """Return every checkpoint of the run, oldest first."""
-        cps = self._t.checkpoints
         async with self._tx() as conn:
-            rows = (await conn.execute(sa.select(cps).where(cps.c.run_id == run_id).order_by(cps.c.step))).all()
+            rows = (await conn.execute(self._q.history, {"run_id": run_id})).all()
         return [self._sealed(SealedCheckpoint, row, run_id) for row in rows]
 
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
-        runs = self._t.runs
-        query = sa.select(runs.c.run_id).where(runs.c.flow == flow, runs.c.status.in_(sorted(UNFINISHED)))
-        async with self._tx() as conn:  # unordered: a sort of 100,000 ids would spill past work_mem
-            return list((await conn.scalars(query)).all())
+        async with self._tx() as conn:
+            return list((await conn.scalars(self._q.unfinished, {"flow": flow})).all())
 
     async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
         """Return the latest checkpoint of up to `limit` runs, newest first."""
-        runs, cps = self._t.runs, self._t.checkpoints
-        joined = runs.join(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
-        query = sa.select(cps).select_from(joined).order_by(runs.c.saved_at.desc(), runs.c.run_id).limit(max(limit, 0))
-        if flow is not None:
-            query = query.where(runs.c.flow == flow)
+        query = self._q.list_runs if flow is None else self._q.list_runs_of_flow
         async with self._tx() as conn:
-            rows = (await conn.execute(query)).all()
+            rows = (await conn.execute(query, {"flow": flow, "limit": max(limit, 0)})).all()
         return [self._sealed(SealedCheckpoint, row, row.run_id) for row in rows]
 
     async def delete(self, run_id: str) -> None:
         """Forget the run: its latest pointer, checkpoints and call records, in one transaction."""
         async with self._tx(write=True) as conn:
-            for table in (self._t.runs, self._t.checkpoints, self._t.calls):  # runs first: the lock order of save
-                await conn.execute(sa.delete(table).where(table.c.run_id == run_id))
+            for statement in self._q.delete:
+                await conn.execute(statement, {"run_id": run_id})
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
         async with self._tx(write=True) as conn:
-            await self._record_in(conn, run_id, record)
+            row, next_seq = await self._lock_run(conn, run_id, record.segment)
+            await self._record_in(conn, run_id, record, row, next_seq)
 
-    async def _record_in(self, conn: AsyncConnection, run_id: str, record: SealedCall) -> None:
-        """The numbering and fencing checks and the insert of a record, inside an open write transaction."""
-        runs, calls = self._t.runs, self._t.calls
-        query = sa.select(runs.c.step, runs.c.status, runs.c.segment).where(runs.c.run_id == run_id)
-        row = (await conn.execute(query.with_for_update())).one_or_none()
-        count = sa.select(sa.func.count()).where(calls.c.run_id == run_id, calls.c.segment == record.segment)
-        next_seq = (await conn.execute(count)).scalar_one() if row else 0
+    async def _record_in(
+        self, conn: AsyncConnection, run_id: str, record: SealedCall, row: sa.Row[Any] | None, next_seq: int
+    ) -> None:
+        """The numbering and fencing checks and the insert of a record, given the locked row and the count."""
         check_call(run_id, record, (row.step, row.status, row.segment) if row else None, next_seq)
-        values = {f: getattr(record, f) for f in calls.c.keys()}
-        await _insert(conn, calls, values, f"call record {record.segment}.{record.seq} of run {run_id!r}")
+        values = {f: getattr(record, f) for f in CALL_FIELDS}
+        await _insert(conn, self._q.insert_call, values, f"call record {record.segment}.{record.seq} of run {run_id!r}")
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
         """Return the latest checkpoint and how many call records each segment holds.
@@ -401,18 +399,14 @@ class SQLAlchemyCheckpointStore:
             CheckpointNotFound: nothing is stored for the run.
         """
         latest = await self.latest(run_id)
-        calls = self._t.calls
-        query = sa.select(calls.c.segment, sa.func.count()).where(calls.c.run_id == run_id).group_by(calls.c.segment)
         async with self._tx() as conn:
-            rows = (await conn.execute(query)).all()
+            rows = (await conn.execute(self._q.segment_counts, {"run_id": run_id})).all()
         return latest, {int(segment): int(count) for segment, count in rows}
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
-        calls = self._t.calls
-        query = sa.select(calls).where(calls.c.run_id == run_id).order_by(calls.c.segment, calls.c.seq)
         async with self._tx() as conn:
-            rows = (await conn.execute(query)).all()
+            rows = (await conn.execute(self._q.calls, {"run_id": run_id})).all()
         return [self._sealed(SealedCall, row, run_id) for row in rows]
 
     def _sealed(self, cls: type[_R], row: sa.Row[Any], run_id: str) -> _R:

@@ -1,0 +1,138 @@
+"""The tables of `SQLAlchemyCheckpointStore` and every statement it runs, built once per store.
+
+Each statement takes its values as bound parameters, mostly named after their columns, so
+a call passes a dict and SQLAlchemy finds the compiled form through the statement's
+memoized cache key: nothing is built, hashed or compiled per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+
+#: The parameters of a save besides ``run`` (the run's id): the checkpoint's other fields.
+SAVE_FIELDS: Final = tuple(f.name for f in fields(SealedCheckpoint) if f.name != "run_id")
+#: The columns of ``runs`` a save sets besides ``run_id``: the latest checkpoint's fields in clear.
+_LATEST_FIELDS: Final = ("flow", "status", "step", "segment", "saved_at")
+#: The parameters of a call record's insert.
+CALL_FIELDS: Final = tuple(f.name for f in fields(SealedCall))
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The tables of one tenant."""
+
+    metadata: sa.MetaData
+    meta: sa.Table
+    checkpoints: sa.Table
+    runs: sa.Table
+    calls: sa.Table
+
+
+def tables(p: str) -> Tables:
+    """Describe the tables whose names start with `p`."""
+    md = sa.MetaData()
+
+    def col(name: str, kind: type[sa.types.TypeEngine[Any]], **kw: Any) -> sa.Column[Any]:
+        return sa.Column(name, kind, nullable=False, **kw)
+
+    def sealed() -> list[sa.Column[Any]]:
+        return [col("payload", sa.LargeBinary), col("kid", sa.Text), col("sig", sa.Text)]
+
+    return Tables(
+        md,
+        sa.Table(f"{p}meta", md, col("key", sa.Text, primary_key=True), col("value", sa.Text)),
+        sa.Table(
+            f"{p}checkpoints", md, col("run_id", sa.Text), col("step", sa.Integer), col("flow", sa.Text),
+            col("status", sa.Text), col("segment", sa.Integer), col("saved_at", sa.Double), *sealed(),
+            sa.PrimaryKeyConstraint("run_id", "step", name=f"{p}checkpoints_pk"),
+        ),
+        sa.Table(
+            f"{p}runs", md, col("run_id", sa.Text, primary_key=True), col("flow", sa.Text), col("status", sa.Text),
+            col("step", sa.Integer), col("segment", sa.Integer), col("saved_at", sa.Double),
+            sa.Index(f"{p}runs_flow_status", "flow", "status"), sa.Index(f"{p}runs_saved_at", "saved_at"),
+        ),
+        sa.Table(
+            f"{p}calls", md, col("run_id", sa.Text), col("segment", sa.Integer), col("seq", sa.Integer),
+            col("kind", sa.Text), *sealed(),
+            sa.PrimaryKeyConstraint("run_id", "segment", "seq", name=f"{p}calls_pk"),
+        ),
+    )  # fmt: skip
+
+
+def _bound(*names: str) -> dict[str, sa.BindParameter[Any]]:
+    return {name: sa.bindparam(name) for name in names}
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """Every statement a store runs after setup, with the parameters it takes.
+
+    The save statements name the run's id ``run``: SQLAlchemy takes a parameter named after
+    a column that an INSERT or UPDATE does not set (``run_id`` of the UPDATE) as a value for it.
+    """
+
+    lock_run: sa.Select[Any]  # run_id: the run's latest (step, flow, status, segment), FOR UPDATE
+    read_run_counted: sa.Select[Any]  # run_id, segment: the same, no lock, and the segment's record count
+    count_calls: sa.Select[Any]  # run_id, segment: how many records the segment holds
+    insert_call: sa.Insert  # CALL_FIELDS
+    insert_run: sa.Insert  # run, SAVE_FIELDS: a new run's ``runs`` row
+    update_run: sa.Update  # run, SAVE_FIELDS: point ``runs`` at the new latest
+    insert_checkpoint: sa.Insert  # run, SAVE_FIELDS
+    save_first: sa.Insert  # run, SAVE_FIELDS: insert_run and insert_checkpoint in one (PostgreSQL)
+    save_next: sa.Insert  # run, SAVE_FIELDS: update_run and insert_checkpoint in one (PostgreSQL)
+    latest: sa.Select[Any]  # run_id: the latest step (``latest``) and its checkpoint (None if missing)
+    history: sa.Select[Any]  # run_id
+    unfinished: sa.Select[Any]  # flow
+    list_runs: sa.Select[Any]  # limit
+    list_runs_of_flow: sa.Select[Any]  # flow, limit
+    delete: tuple[sa.Delete, ...]  # run_id: runs first, the lock order of a save
+    segment_counts: sa.Select[Any]  # run_id
+    calls: sa.Select[Any]  # run_id
+
+
+def statements(t: Tables) -> Statements:
+    """Build every statement on the tables `t`."""
+    runs, cps, calls = t.runs, t.checkpoints, t.calls
+    run_id: sa.BindParameter[str] = sa.bindparam("run_id")
+    segment: sa.BindParameter[int] = sa.bindparam("segment")
+    limit = sa.bindparam("limit", type_=sa.Integer)
+    lock_run = sa.select(runs.c.step, runs.c.flow, runs.c.status, runs.c.segment).where(runs.c.run_id == run_id)
+    count = sa.select(sa.func.count()).where(calls.c.run_id == run_id, calls.c.segment == segment)
+    run: sa.BindParameter[str] = sa.bindparam("run")
+    latest = {"run_id": run} | _bound(*_LATEST_FIELDS)
+    insert_run = sa.insert(runs).values(latest)
+    update_run = sa.update(runs).where(runs.c.run_id == run).values(_bound(*_LATEST_FIELDS))
+    insert_checkpoint = sa.insert(cps).values({"run_id": run} | _bound(*SAVE_FIELDS))
+    current = runs.join(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
+    list_runs = sa.select(cps).select_from(current).order_by(runs.c.saved_at.desc(), runs.c.run_id)
+    pointed = runs.outerjoin(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
+    return Statements(
+        lock_run=lock_run.with_for_update(),
+        read_run_counted=lock_run.add_columns(count.scalar_subquery().label("calls")),
+        count_calls=count,
+        insert_call=sa.insert(calls).values(_bound(*CALL_FIELDS)),
+        insert_run=insert_run,
+        update_run=update_run,
+        insert_checkpoint=insert_checkpoint,
+        # PostgreSQL runs a data-modifying WITH to completion whether or not it is read
+        save_first=insert_checkpoint.add_cte(insert_run.cte("latest")),
+        save_next=insert_checkpoint.add_cte(update_run.cte("latest")),
+        latest=sa.select(runs.c.step.label("latest"), *cps.c).select_from(pointed).where(runs.c.run_id == run_id),
+        history=sa.select(cps).where(cps.c.run_id == run_id).order_by(cps.c.step),
+        # unordered: a sort of 100,000 ids would spill past work_mem
+        unfinished=sa.select(runs.c.run_id).where(
+            runs.c.flow == sa.bindparam("flow"), runs.c.status.in_(sorted(UNFINISHED))
+        ),
+        list_runs=list_runs.limit(limit),
+        list_runs_of_flow=list_runs.where(runs.c.flow == sa.bindparam("flow")).limit(limit),
+        delete=tuple(sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls)),
+        segment_counts=sa.select(calls.c.segment, sa.func.count())
+        .where(calls.c.run_id == run_id)
+        .group_by(calls.c.segment),
+        calls=sa.select(calls).where(calls.c.run_id == run_id).order_by(calls.c.segment, calls.c.seq),
+    )
