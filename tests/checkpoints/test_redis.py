@@ -538,7 +538,7 @@ def test_store_is_usable_from_asyncio_run_calls_in_a_row(backend: Backend) -> No
     # Then the second loop gets its own client and the run goes on
     assert asyncio.run(second()).step == 1
     # And the client of each loop was closed as its loop shut down (no connection left open)
-    assert s._bound == {}
+    assert s._clients.bound == {}
     gc.collect()
 
 

@@ -31,59 +31,36 @@ run's latest state in one pipelined round trip, skip such entries and remove the
 index score, since a step 0 may sit between its index update and its script. Nothing ever
 uses KEYS or SCAN. (So tenants stay apart, no prefix may be another's plus ``:run...``.)
 
-Each operation has a deadline of its own (``op_timeout_s``, `asyncio.timeout`), so the
-client may be made with ``socket_timeout=None`` and still never wait for ever; that spares
-redis-py's per-command ``asyncio.wait_for``, which on Python 3.11 costs a task and extra
-event-loop turns for every command (about a fifth of a distributed superstep's CPU).
+Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
+client: `_redis_clients`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
-from typing import Any, TypeAlias
+from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis, RedisCluster
-from redis.commands.core import AsyncScript
+from redis.asyncio import Redis
 
-from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._redis_clients import Bound, Client, LoopClients
 from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _scored, _text
 from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
-
-Client: TypeAlias = "Redis | RedisCluster"
 
 #: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
 _STALE_AFTER_S = 300.0
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
-#: The Lua scripts, in `_Bound` field order.
+#: The Lua scripts, by name (``_lua/<name>.lua``).
 _SCRIPTS = ("save", "record_call", "prune", "unfinished")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 
-#: Driver errors that mean Redis did not answer.
-_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError)
-
 _log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Bound:
-    """A client made for one event loop, with the scripts registered on it."""
-
-    loop: asyncio.AbstractEventLoop
-    client: Client
-    save: AsyncScript
-    record: AsyncScript
-    prune: AsyncScript
-    unfinished: AsyncScript
-    closer: AsyncGenerator[None, None] | None = None
 
 
 class RedisCheckpointStore:
@@ -127,11 +104,9 @@ class RedisCheckpointStore:
             )
         if op_timeout_s is not None and (isinstance(op_timeout_s, bool) or not op_timeout_s > 0):
             raise ValueError(f"op_timeout_s must be a positive number of seconds, or None; got {op_timeout_s!r}")
-        self._factory = client_factory
-        self._op_timeout = op_timeout_s
+        self._clients = LoopClients(client_factory, _LUA, op_timeout_s)
         self._prefix = prefix
         self._ttl = str(ttl_s or 0)
-        self._bound: dict[int, _Bound] = {}
 
     @classmethod
     def from_url(
@@ -174,11 +149,11 @@ class RedisCheckpointStore:
                 raise ValueError(f"save_after_calls({run_id!r}) was given a record of run {record.run_id!r}")
             encoded = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
             args += [record.segment, record.seq, record.kind, encoded]
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             keys = self._run_keys(run_id)
             # On Cluster the indexes live in other slots: separate commands keep them up to date.
             # On one server the script updates them itself, in the same atomic step.
-            cluster = isinstance(bound.client, RedisCluster)
+            cluster = bound.cluster
             if cluster and step == 0:
                 await self._index(bound, run_id, cp, before=True)
             if not cluster:
@@ -187,7 +162,7 @@ class RedisCheckpointStore:
                     f"{self._prefix}:runs:{cp.flow}",
                     f"{self._prefix}:unfinished:{cp.flow}",
                 ]
-            reply = [_text(part) for part in await bound.save(keys=keys, args=args)]
+            reply = [_text(part) for part in await bound.scripts["save"](keys=keys, args=args)]
             if reply[0] in ("call", "call-missing"):
                 record = calls[int(reply[1]) - 1]
                 if reply[0] == "call-missing":
@@ -210,7 +185,7 @@ class RedisCheckpointStore:
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             raw = await bound.client.lindex(self._run_keys(run_id)[0], -1)
         if raw is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
@@ -218,7 +193,7 @@ class RedisCheckpointStore:
 
     async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
         """Return every checkpoint of the run, oldest first."""
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             rows = await bound.client.lrange(self._run_keys(run_id)[0], 0, -1)
         found = [_decode_checkpoint(run_id, raw, f"checkpoint row {i}") for i, raw in enumerate(rows)]
         for i, cp in enumerate(found):
@@ -229,9 +204,9 @@ class RedisCheckpointStore:
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
         index = f"{self._prefix}:unfinished:{flow}"
-        async with self._redis() as bound:
-            if not isinstance(bound.client, RedisCluster):  # the index is exact: one round trip
-                return [_text(run_id) for run_id in await bound.unfinished(keys=[index], args=[])]
+        async with self._clients.use() as bound:
+            if not bound.cluster:  # the index is exact: one round trip
+                return [_text(run_id) for run_id in await bound.scripts["unfinished"](keys=[index], args=[])]
             entries = _scored(await bound.client.zrange(index, 0, -1, withscores=True))
             pipe = bound.client.pipeline(transaction=False)
             for run_id, _ in entries:
@@ -255,7 +230,7 @@ class RedisCheckpointStore:
         found: dict[str, SealedCheckpoint] = {}
         stale: list[tuple[str, float]] = []
         start, page = 0, max(limit, 100)
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             while len(found) < limit:
                 entries = _scored(await bound.client.zrevrange(index, start, start + page - 1, withscores=True))
                 if not entries:
@@ -280,7 +255,7 @@ class RedisCheckpointStore:
     async def delete(self, run_id: str) -> None:
         """Remove every key of the run and its index entries."""
         keys = self._run_keys(run_id)
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             flow = await bound.client.hget(keys[1], "flow")
             await bound.client.delete(*keys)
             pipe = bound.client.pipeline(transaction=False)
@@ -296,8 +271,8 @@ class RedisCheckpointStore:
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
         row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
         args: list[str | int | bytes] = [record.segment, record.seq, record.kind, row, self._ttl]
-        async with self._redis() as bound:
-            reply = [_text(part) for part in await bound.record(keys=self._run_keys(run_id), args=args)]
+        async with self._clients.use() as bound:
+            reply = [_text(part) for part in await bound.scripts["record_call"](keys=self._run_keys(run_id), args=args)]
         if reply[0] == "missing":
             check_call(run_id, record, None, 0)
         elif reply[0] != "ok":
@@ -315,7 +290,7 @@ class RedisCheckpointStore:
             CheckpointStoreCorrupt: a count is not a number.
         """
         keys = self._run_keys(run_id)
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             async with bound.client.pipeline(transaction=True) as pipe:  # MULTI/EXEC: one instant
                 pipe.lindex(keys[0], -1)
                 pipe.hgetall(keys[3])
@@ -330,7 +305,7 @@ class RedisCheckpointStore:
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
-        async with self._redis() as bound:
+        async with self._clients.use() as bound:
             fields = await bound.client.hgetall(self._run_keys(run_id)[2])
         return _calls_of(run_id, fields)
 
@@ -339,9 +314,7 @@ class RedisCheckpointStore:
 
         Clients that other event loops made are closed when those loops shut down.
         """
-        bound = self._bound.get(id(asyncio.get_running_loop()))
-        if bound is not None and bound.closer is not None:
-            await bound.closer.aclose()
+        await self._clients.aclose()
 
     def _run_keys(self, run_id: str) -> list[str]:
         if not isinstance(run_id, str) or not run_id or run_id.startswith("}"):
@@ -354,7 +327,7 @@ class RedisCheckpointStore:
         """The listing indexes a run of `flow` is in: all runs, the flow's runs, its unfinished runs."""
         return [f"{self._prefix}:runs", f"{self._prefix}:runs:{flow}", f"{self._prefix}:unfinished:{flow}"]
 
-    async def _index(self, bound: _Bound, run_id: str, cp: SealedCheckpoint, *, before: bool) -> None:
+    async def _index(self, bound: Bound, run_id: str, cp: SealedCheckpoint, *, before: bool) -> None:
         """Add the run to the indexes before its step 0 (`before`), or bring them up to date after a save."""
         score = {run_id: cp.saved_at}
         every, of_flow, unfinished = self._index_keys(cp.flow)
@@ -367,77 +340,10 @@ class RedisCheckpointStore:
             pipe.zrem(unfinished, run_id)
         await pipe.execute()
 
-    async def _prune(self, bound: _Bound, index: str, stale: list[tuple[str, float]]) -> None:
+    async def _prune(self, bound: Bound, index: str, stale: list[tuple[str, float]]) -> None:
         if stale:
-            await bound.prune(keys=[index], args=[part for run_id, score in stale for part in (run_id, repr(score))])
-
-    @contextlib.asynccontextmanager
-    async def _redis(self) -> AsyncIterator[_Bound]:
-        """Yield this loop's client for one operation, within the deadline.
-
-        A connection failure or a lapsed deadline becomes a `CheckpointError`.
-        """
-        bound = await self._bind()
-        try:
-            async with asyncio.timeout(self._op_timeout):
-                yield bound
-        except TimeoutError:  # the deadline (redis-py's own TimeoutError is not this class)
-            where = _address(bound.client)
-            raise CheckpointError(
-                f"RedisCheckpointStore: Redis at {where} did not answer within {self._op_timeout} s"
-            ) from None
-        except (*_UNREACHABLE, redis_errors.RedisClusterException) as exc:
-            if not isinstance(exc, _UNREACHABLE) and not isinstance(exc.__cause__, _UNREACHABLE):
-                raise  # a cluster error other than "no node answers"
-            where = _address(bound.client)
-            raise CheckpointError(f"RedisCheckpointStore cannot reach Redis at {where}: {exc}") from exc
-
-    async def _bind(self) -> _Bound:
-        """Return the running loop's client, making it (and registering the scripts) on first use."""
-        loop = asyncio.get_running_loop()
-        for key, old in list(self._bound.items()):
-            if old.loop.is_closed():  # it ended without shutting its async generators down
-                self._bound.pop(key, None)
-        bound = self._bound.get(id(loop))
-        if bound is not None and bound.loop is loop:
-            return bound
-        client = self._factory()
-        if client.get_encoder().decode_responses:
-            await client.aclose()
-            raise ValueError(
-                "RedisCheckpointStore needs a client made with decode_responses=False (payloads are "
-                "bytes); the client_factory returned one with decode_responses=True"
-            )
-        save, record, prune, unfinished = (client.register_script(_LUA[name]) for name in _SCRIPTS)
-        bound = _Bound(loop, client, save, record, prune, unfinished)
-        bound.closer = self._close_at_shutdown(bound)
-        self._bound[id(loop)] = bound
-        await anext(bound.closer)
-        return bound
-
-    async def _close_at_shutdown(self, bound: _Bound) -> AsyncGenerator[None, None]:
-        """Close `bound`'s client when its loop shuts down its async generators.
-
-        ``asyncio.run`` does that before closing the loop, so a store used from several
-        ``asyncio.run`` calls in a row leaves no connection open behind each of them.
-        """
-        try:
-            yield
-        finally:
-            if self._bound.get(id(bound.loop)) is bound:
-                del self._bound[id(bound.loop)]
-            await bound.client.aclose()
-
-
-def _address(client: Client) -> str:
-    """Say where `client` connects, for error messages."""
-    kwargs = client.get_connection_kwargs()
-    if kwargs.get("path"):
-        return f"unix:{kwargs['path']}"
-    if kwargs.get("host"):
-        return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
-    nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None)
-    return ", ".join(map(str, nodes or ())) or "an unknown address"
+            args = [part for run_id, score in stale for part in (run_id, repr(score))]
+            await bound.scripts["prune"](keys=[index], args=args)
 
 
 def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:

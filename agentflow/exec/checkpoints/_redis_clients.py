@@ -1,0 +1,127 @@
+"""One Redis client per event loop for `RedisCheckpointStore`, each operation under a deadline.
+
+redis.asyncio clients belong to the loop that made them, so `LoopClients` makes one per
+running loop (with the store's Lua scripts registered on it, sent by SHA after the first
+time) and closes it when that loop shuts down its async generators, which
+``asyncio.run`` does before it ends: a store used from several ``asyncio.run`` calls in
+a row leaves no connection open behind each of them.
+
+`LoopClients.use` bounds one store operation, connecting included, with ``op_timeout_s``
+(`asyncio.timeout`, a timer) and turns "Redis does not answer" into `CheckpointError`.
+With that deadline the client needs no socket timeout of its own, which spares redis-py's
+per-command ``asyncio.wait_for`` (on Python 3.11 a task and extra loop turns per command).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
+
+from agentflow._errors import CheckpointError
+
+Client: TypeAlias = "Redis | RedisCluster"
+
+#: Driver errors that mean Redis did not answer.
+_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError)
+
+
+@dataclass(eq=False)
+class Bound:
+    """A client made for one event loop, with the scripts registered on it by name."""
+
+    loop: asyncio.AbstractEventLoop
+    client: Client
+    scripts: dict[str, AsyncScript]
+    closer: AsyncGenerator[None, None] | None = field(default=None, repr=False)
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the client talks to a Redis Cluster."""
+        return isinstance(self.client, RedisCluster)
+
+
+class LoopClients:
+    """The clients of one store, one per running event loop."""
+
+    def __init__(self, factory: Callable[[], Client], scripts: Mapping[str, str], op_timeout_s: float | None) -> None:
+        self._factory = factory
+        self._scripts = dict(scripts)
+        self.op_timeout_s = op_timeout_s
+        self.bound: dict[int, Bound] = {}
+
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[Bound]:
+        """Yield this loop's client for one operation, within the deadline.
+
+        Raises:
+            CheckpointError: Redis cannot be reached, or did not answer in time.
+            ValueError: the factory made a client that decodes replies to str.
+        """
+        bound = await self._bind()
+        try:
+            async with asyncio.timeout(self.op_timeout_s):
+                yield bound
+        except TimeoutError:  # the deadline (redis-py's own TimeoutError is not this class)
+            raise CheckpointError(
+                f"RedisCheckpointStore: Redis at {address(bound.client)} did not answer within {self.op_timeout_s} s"
+            ) from None
+        except (*_UNREACHABLE, redis_errors.RedisClusterException) as exc:
+            if not isinstance(exc, _UNREACHABLE) and not isinstance(exc.__cause__, _UNREACHABLE):
+                raise  # a cluster error other than "no node answers"
+            raise CheckpointError(f"RedisCheckpointStore cannot reach Redis at {address(bound.client)}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        """Close this loop's client (the next operation makes a new one)."""
+        bound = self.bound.get(id(asyncio.get_running_loop()))
+        if bound is not None and bound.closer is not None:
+            await bound.closer.aclose()
+
+    async def _bind(self) -> Bound:
+        """Return the running loop's client, making it (and registering the scripts) on first use."""
+        loop = asyncio.get_running_loop()
+        for key, old in list(self.bound.items()):
+            if old.loop.is_closed():  # it ended without shutting its async generators down
+                self.bound.pop(key, None)
+        bound = self.bound.get(id(loop))
+        if bound is not None and bound.loop is loop:
+            return bound
+        client = self._factory()
+        if client.get_encoder().decode_responses:
+            await client.aclose()
+            raise ValueError(
+                "RedisCheckpointStore needs a client made with decode_responses=False (payloads are "
+                "bytes); the client_factory returned one with decode_responses=True"
+            )
+        scripts = {name: client.register_script(text) for name, text in self._scripts.items()}
+        bound = Bound(loop, client, scripts)
+        bound.closer = self._close_at_shutdown(bound)
+        self.bound[id(loop)] = bound
+        await anext(bound.closer)
+        return bound
+
+    async def _close_at_shutdown(self, bound: Bound) -> AsyncGenerator[None, None]:
+        """Close `bound`'s client when its loop shuts down its async generators."""
+        try:
+            yield
+        finally:
+            if self.bound.get(id(bound.loop)) is bound:
+                del self.bound[id(bound.loop)]
+            await bound.client.aclose()
+
+
+def address(client: Client) -> str:
+    """Say where `client` connects, for error messages."""
+    kwargs = client.get_connection_kwargs()
+    if kwargs.get("path"):
+        return f"unix:{kwargs['path']}"
+    if kwargs.get("host"):
+        return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+    nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None)
+    return ", ".join(map(str, nodes or ())) or "an unknown address"
