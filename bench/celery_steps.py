@@ -35,9 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from agentflow import Call, Flow, FlowApp, Registry
+from bench._celery_apps import STEPS, chain, make_bare_app
 from bench._report import Report, Table, Target
 from bench._suite import Context
 from bench._timing import Series, fmt_ratio, fmt_span
@@ -45,81 +43,7 @@ from bench._timing import Series, fmt_ratio, fmt_span
 TITLE = "P3: Celery supersteps/s end to end vs bare Celery chained tasks (2 prefork workers)"
 #: P3 targets: agentflow's rate at least this fraction of the bare chain's (issue 6, issue 8).
 TARGETS = {"issue 6": 0.6, "issue 8": 0.85}
-STEPS = 10
 ROOT = Path(__file__).resolve().parent.parent
-
-# ---- the flow the agentflow workers run (AGENTFLOW_APP=bench.celery_steps:app) -------------
-
-registry = Registry()
-
-
-@registry.tool(idempotent=True)
-async def bump(n: int) -> int:
-    """Add one (a trivial idempotent tool)."""
-    return n + 1
-
-
-class Count(BaseModel):
-    """The state of one run."""
-
-    n: int = 0
-
-
-def _chain() -> Flow[Count]:
-    flow = Flow("chain10", state=Count)
-    for i in range(STEPS):
-        flow = flow.node(f"s{i}", Call("bump", args=lambda c: {"n": c.n}, into="n"))
-        if i:
-            flow = flow.edge(f"s{i - 1}", f"s{i}")
-    return flow.end(f"s{STEPS - 1}")
-
-
-chain = _chain()
-app = FlowApp(registry, [chain])
-
-# ---- the bare Celery side (celery -A bench.celery_steps:bare worker) ----------------------
-
-_done_client: Any = None
-
-
-def make_bare_app(settings: Any) -> Any:
-    """A Celery app with agentflow's configuration and one chained task, `bench.chain_step`."""
-    import redis
-    from celery import Celery
-
-    from agentflow.celery._tasks import _task_options
-    from agentflow.celery._worker import WorkerSettings
-
-    bare = Celery("bench-bare")
-    bare.conf.update(settings.celery())
-    options = _task_options(
-        WorkerSettings(time_limit_s=settings.time_limit_s, soft_time_limit_s=settings.soft_time_limit_s)
-    )
-    queue, done_key, url = settings.queue, f"{settings.key_prefix}:bench:done", settings.redis_url.get_secret_value()
-
-    @bare.task(name="bench.chain_step", **options)
-    def chain_step(task: Any, chain_id: str, i: int, n: int) -> dict[str, Any]:
-        global _done_client
-        if i + 1 < n:
-            chain_step.apply_async((chain_id, i + 1, n), task_id=f"bc-{chain_id}-{i + 1}", queue=queue)
-        else:
-            if _done_client is None:
-                _done_client = redis.Redis.from_url(url)
-            _done_client.incr(done_key)
-        return {"chain": chain_id, "step": i, "done": "ran"}
-
-    bare.conf.task_routes = {"bench.*": {"queue": queue}}
-    return bare
-
-
-def __getattr__(name: str) -> Any:
-    if name == "bare":
-        from config import load_settings
-
-        globals()["bare"] = built = make_bare_app(load_settings())
-        return built
-    raise AttributeError(f"module 'bench.celery_steps' has no attribute {name!r}")
-
 
 # ---- the benchmark ----------------------------------------------------------------------
 
@@ -133,7 +57,7 @@ class _Side:
         self.name = name
         self.values = {
             "mode": "production",
-            "app": "bench.celery_steps:app",
+            "app": "bench._celery_apps:app",
             "redis_url": redis_url,
             "checkpoint_keys": "hex:" + key.hex(),
             "key_prefix": f"{tag}{name}",
@@ -232,7 +156,7 @@ class _Bench:
 
     def start(self) -> None:
         af_names = self.af.start_workers("workers")
-        bare_names = self.bare.start_workers("bench.celery_steps:bare")
+        bare_names = self.bare.start_workers("bench._celery_apps:bare")
         _wait_ready(self.af_app, af_names, self.af.procs, self.af.tmp)
         _wait_ready(self.bare_app, bare_names, self.bare.procs, self.bare.tmp)
 
