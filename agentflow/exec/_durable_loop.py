@@ -301,7 +301,9 @@ async def advance_tool_loop(
     seeds, next_seq = await _seeds(engine, lp, body, rerun_in_doubt)
     assert lp.step is not None and engine.store is not None and engine.sealer is not None
     # As for flows (`agentflow.flow._recover`): a clean handoff continues the segment unclaimed.
-    if handoff and not seeds and next_seq is not None:
+    # Nothing was logged since the checkpoint, so any seeds predate it: the finished calls of
+    # a round paused for approval, replayed after a stored decision (`decide_tool_loop`).
+    if handoff and next_seq is not None:
         lp.journal = Journal(engine.store, engine.sealer, run_id, int(body["log"][0]), next_seq)
         return await engine.drive(lp, seeds, limit=1, recovering=False)
     await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="recovery")

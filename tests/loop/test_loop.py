@@ -739,6 +739,10 @@ async def test_a_stored_decision_is_spent_by_the_next_worker_stage(store, other)
     # Then the approved refund ran once, the earlier one was not run again, and the loop finished
     assert result.status == "done" and result.text == "Refunded both."
     assert LEDGER == {"refund": 2}
+    # And going on from a stored decision is a handoff, not a recovery: no worker claimed a
+    # segment of its own after the decision's
+    after = [cp.segment for cp in await store.history("chat-1") if cp.step >= decided.step]
+    assert len(after) > 1 and set(after) == {after[0]}
     assert [m.content for m in result.messages if m.role == "tool"] == ["refunded 20 EUR", "refunded 500 EUR"]
 
 
