@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check agentflow tests bench
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy agentflow
+	$(VENV)/bin/mypy agentflow bench
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(SITE_DIR),site)

@@ -55,7 +55,9 @@ async def async_sqlite_saver(path: Path, synchronous: str) -> AsyncIterator[Any]
         await saver.setup()
         await conn.execute(f"PRAGMA synchronous = {synchronous}")
         async with conn.execute("PRAGMA synchronous") as cur:
-            level = (await cur.fetchone())[0]
+            row = await cur.fetchone()
+        assert row is not None
+        level = row[0]
         assert level == {"NORMAL": 1, "FULL": 2}[synchronous], level
         yield saver
     finally:

@@ -55,7 +55,7 @@ class _Side:
         from config import Settings
 
         self.name = name
-        self.values = {
+        self.values: dict[str, Any] = {
             "mode": "production",
             "app": "bench._celery_apps:app",
             "redis_url": redis_url,

@@ -107,7 +107,7 @@ GROUPS = ("memory", "SQLite")
 
 async def _setup(
     ctx: Context, stack: AsyncExitStack
-) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, int]], dict, Callable[[], Awaitable[None]]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, int]], dict[str, Any], Callable[[], Awaitable[None]]]:
     """Build every case: (group -> cases, LangGraph case -> (baseline, checkpoints per run), rows, emptier)."""
     order, flow = _flows.ORDER, _flows.flow
     lg_async, lg_sync = _flows.graph(), _flows.sync_graph()
@@ -259,11 +259,13 @@ async def run(ctx: Context) -> Report:
     )
     for level in LEVELS:
         commits = rows[f"agentflow SQLite {level}"][2] / _flows.SUPERSTEPS
-        ours = over[f"agentflow SQLite {level}"]
+        overhead = over[f"agentflow SQLite {level}"]
         for way in FLOOR_WAYS:
             one = times[f"floor: one SQLite commit {level}, {way}"]
             per_step = one * commits
-            floor.add(level, way, fmt_span(one), f"{commits:.2f}", fmt_span(per_step), fmt_ratio(ours.ratio(per_step)))
+            floor.add(
+                level, way, fmt_span(one), f"{commits:.2f}", fmt_span(per_step), fmt_ratio(overhead.ratio(per_step))
+            )
     report.tables += [per_run, table, floor]
     report.data = {
         "plans": {g: p.__dict__ for g, p in plans.items()},

@@ -36,8 +36,8 @@ async def run(ctx: Context) -> Report:
         ["case", "per run", "per superstep", "agentflow / this"],
     )
     for name, series in times.items():
-        ratio = "" if series is af else fmt_ratio(af.ratio(series))
-        table.add(name, fmt_span(series), fmt_span(series / _flows.SUPERSTEPS), ratio)
+        shown = "" if series is af else fmt_ratio(af.ratio(series))
+        table.add(name, fmt_span(series), fmt_span(series / _flows.SUPERSTEPS), shown)
     report.tables.append(table)
     best_name = min(("LangGraph ainvoke", "LangGraph invoke (sync nodes)"), key=lambda n: times[n].median)
     ratio = af.ratio(times[best_name])

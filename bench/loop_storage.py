@@ -140,6 +140,7 @@ def langgraph_bytes(path: Path, turns: int) -> tuple[int, int, int, int]:
 
     def tools(state: MessagesState) -> dict[str, Any]:
         last = state["messages"][-1]
+        assert isinstance(last, AIMessage), last  # the model node's reply
         return {
             "messages": [
                 ToolMessage(content=_tool_result(c["args"]["query"]), tool_call_id=c["id"], name=c["name"])
@@ -175,7 +176,9 @@ def langgraph_bytes(path: Path, turns: int) -> tuple[int, int, int, int]:
 def _file_bytes(path: Path) -> int:
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
+        pages: int = db.execute("PRAGMA page_count").fetchone()[0]
+        page_size: int = db.execute("PRAGMA page_size").fetchone()[0]
+        return pages * page_size
 
 
 async def run(ctx: Context) -> Report:

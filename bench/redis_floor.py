@@ -46,7 +46,8 @@ def _recording_factory(url: str, log: list[tuple[str, Any]]) -> Any:
     class Recording(aioredis.Redis):
         async def execute_command(self, *args: Any, **options: Any) -> Any:
             log.append(("cmd", args))
-            return await super().execute_command(*args, **options)
+            # redis-py leaves execute_command unannotated.
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
         def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
             pipe = super().pipeline(transaction, shard_hint)

@@ -143,16 +143,18 @@ def plot(report: Report, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ours: dict[str, dict[str, Any]] = report.data["agentflow_per_superstep_s"]
-    theirs: dict[str, dict[str, Any]] = report.data["langgraph_per_checkpoint_s"]
+    # Series from this run, or their JSON form ({"blocks": [...], ...}) when read back from a file.
+    ours: dict[str, Series | dict[str, Any]] = report.data["agentflow_per_superstep_s"]
+    theirs: dict[str, Series | dict[str, Any]] = report.data["langgraph_per_checkpoint_s"]
     labels, values, errors, colors = [], [], [], []
     for name, series in ours.items():
-        for label, s, color in [(f"agentflow · {name}", series, "#1f77b4")] + (
-            [(f"LangGraph · {REFERENCE[name].removeprefix('LangGraph ')}", theirs[REFERENCE[name]], "#ff7f0e")]
-            if REFERENCE.get(name) in theirs
+        ref = REFERENCE.get(name)
+        for label, raw, color in [(f"agentflow · {name}", series, "#1f77b4")] + (
+            [(f"LangGraph · {ref.removeprefix('LangGraph ')}", theirs[ref], "#ff7f0e")]
+            if ref is not None and ref in theirs
             else []
         ):
-            s = s if isinstance(s, Series) else Series.of(s["blocks"])
+            s = raw if isinstance(raw, Series) else Series.of(raw["blocks"])
             labels.append(label)
             values.append(s.median * 1e3)
             errors.append((max(s.median - s.lo, 0) * 1e3, max(s.hi - s.median, 0) * 1e3))

@@ -25,7 +25,7 @@ from agentflow.exec.checkpoints import MemoryCheckpointStore, SealedCheckpoint
 from bench import _flows, _services
 from bench._report import Report, Table, Target
 from bench._suite import Context
-from bench._timing import Series, fmt_span, repeat
+from bench._timing import Case, Series, fmt_span, repeat
 
 TITLE = "P4: list_unfinished(flow) at 1,000 / 10,000 / 100,000 unfinished runs, Redis and PostgreSQL"
 #: P4: at most this many seconds at the largest size.
@@ -40,7 +40,8 @@ async def _template() -> dict[str, Any]:
     """The body of a real step-0 checkpoint of the ticket flow."""
     store = MemoryCheckpointStore()
     started = await _flows.runner(store).start(_flows.flow, _flows.ORDER)
-    return json.loads((await store.latest(started.run_id)).payload)
+    body: dict[str, Any] = json.loads((await store.latest(started.run_id)).payload)
+    return body
 
 
 def _rows(sealer: Sealer, body: dict[str, Any], first: int, count: int, tag: str) -> list[SealedCheckpoint]:
@@ -53,14 +54,14 @@ def _rows(sealer: Sealer, body: dict[str, Any], first: int, count: int, tag: str
 
 def _redis_filler(store: Any, client: Any, prefix: str) -> Filler:
     """Write rows as ``save.lua`` and the store's index updates do (private layout, checked afterwards)."""
-    from agentflow.exec.checkpoints import redis as redis_store
+    from agentflow.exec.checkpoints._redis_rows import _encode
 
     async def fill(rows: list[SealedCheckpoint]) -> None:
         pipe = client.pipeline(transaction=False)
         for cp in rows:
             cp_key, latest_key = store._run_keys(cp.run_id)[:2]
             head = [cp.run_id, cp.step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig]
-            pipe.rpush(cp_key, redis_store._encode(head, cp.payload))
+            pipe.rpush(cp_key, _encode(head, cp.payload))
             pipe.hset(
                 latest_key,
                 mapping={"step": 0, "flow": cp.flow, "status": cp.status, "segment": 0, "saved_at": repr(cp.saved_at)},
@@ -78,7 +79,7 @@ def _redis_filler(store: Any, client: Any, prefix: str) -> Filler:
 
 
 def _pg_filler(url: str, table_prefix: str) -> Filler:
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
 
     async def fill(rows: list[SealedCheckpoint]) -> None:
         conn = await asyncpg.connect(url)
@@ -112,6 +113,11 @@ async def _check(store: Any, sealer: Sealer, ids: list[str], expected: int) -> N
         sealer.open_checkpoint(await store.latest(rid), rid)  # raises if the fill is not what save writes
 
 
+def _lister(store: Any) -> Case:
+    """One `list_unfinished(flow)` call on `store`, as a case to time."""
+    return lambda: store.list_unfinished(_flows.flow.name)
+
+
 async def _measure(
     stores: dict[str, Any], fill: Filler, sizes: list[int], ctx: Context, sealer: Sealer, body: dict[str, Any]
 ) -> dict[str, dict[int, dict[str, Any]]]:
@@ -127,9 +133,7 @@ async def _measure(
         fill_s = time.perf_counter() - started
         for name, store in stores.items():
             await _check(store, sealer, ids, size)
-            times = await repeat(
-                lambda s=store: s.list_unfinished(_flows.flow.name), warmup=1, times=5 if size < 100_000 else 3
-            )
+            times = await repeat(_lister(store), warmup=1, times=5 if size < 100_000 else 3)
             out[name][size] = {"seconds": times, "fill_s": fill_s}
     return out
 
