@@ -176,12 +176,18 @@ async def advance(
     assert cur.step is not None
     # A clean handoff: the worker before saved the last superstep and logged nothing since,
     # so this one continues its segment without a claim of its own (see `untouched_since`).
-    # Where the store counts records per segment, that shows without reading the log.
-    next_seq = clean_by_counts(counts, body.get("log")) if handoff else None
+    # Where the store counts records per segment, that shows without reading the log, but
+    # only after a checkpoint that ended a superstep. A claim (a stored decision, a recovery)
+    # is saved inside one: calls of that superstep finished before it, and their records
+    # must be read to replay them (a paused superstep's other calls, after a resume).
+    fresh = handoff and "claim" not in body
+    next_seq = clean_by_counts(counts, body.get("log")) if fresh else None
     seeds: dict[str, CallState] = {}
     if next_seq is None:
         seeds, records = await _seeds(runner, cur, body, rerun_in_doubt)
-        next_seq = untouched_since(records, body.get("log")) if handoff and not seeds else None
+        # Nothing logged since the checkpoint: any seeds predate it and are replayed as a
+        # resume replays them, without a claim.
+        next_seq = untouched_since(records, body.get("log")) if handoff else None
     if next_seq is not None:
         cur.journal = runner._ckpt.journal(run_id, int(body["log"][0]), next_seq)
     else:  # something was logged after the checkpoint: a worker died in the superstep

@@ -60,6 +60,7 @@ class Order(BaseModel):
     show: str
     seats: int = 2
     note: str = ""
+    wired: str = ""
     seconds: float = 0.0
 
 
@@ -75,6 +76,23 @@ tickets = (
     .edge("hold", "pay")
     .edge("pay", "send")
     .end("send")
+)
+
+
+@registry.tool(approval=True)
+async def wire_money(show: str, seats: int) -> str:
+    return _effect("wire_money")
+
+
+# hold fans out to charge_card (runs at once) and wire_money (waits for approval)
+fanout = (
+    Flow("fanout", state=Order)
+    .node("hold", Call("hold_seats", args=args, into="note"))
+    .node("pay", Call("charge_card", args=args, into="note"))
+    .node("wire", Call("wire_money", args=args, into="wired"))
+    .edge("hold", "pay")
+    .edge("hold", "wire")
+    .end("pay", "wire")
 )
 
 slow = (
@@ -126,7 +144,7 @@ async def refund(amount: int) -> str:
 
 app = FlowApp(
     registry,
-    [tickets, slow],
+    [tickets, slow, fanout],
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
         "refunds": LoopSpec(model_factory=RefundModel, registry=refund_tools),

@@ -163,3 +163,18 @@ async def test_a_tool_loop_paused_for_approval_is_resumed_through_the_client(dep
     # And a second decision on the finished loop is refused
     with pytest.raises(CheckpointConflict, match="not paused"):
         await deployment.client.resume_loop("refunds", run_id, approve=True)
+
+
+async def test_a_resumed_run_replays_the_calls_its_paused_superstep_finished(deployment):
+    # Given a worker and a run paused on wire_money, after charge_card ran in the same superstep
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("fanout", {"show": "Aida"})
+    paused = await deployment.client.wait(run_id, timeout_s=30)
+    assert paused.status == "paused" and [p.tool for p in paused.pending] == ["wire_money"]
+    # When someone approves it through the client
+    await deployment.client.resume(run_id, approve=True)
+    # Then the worker that spends the decision runs wire_money once and replays charge_card
+    done = await deployment.client.wait(run_id, timeout_s=30)
+    assert done.status == "done", done.error
+    effects = deployment.effects()
+    assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
