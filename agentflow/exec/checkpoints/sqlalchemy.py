@@ -19,28 +19,26 @@ IMMEDIATE``). The statements of each:
 - save_after_calls: the row once (the lock keeps it unchanged), each record's count and
   INSERT, then the save's writes.
 
-A duplicate key anywhere is a `CheckpointConflict`. A pool belongs to the loop that opened
-its connections, so there is one engine per running loop, disposed when ``asyncio.run``
-ends that loop.
+A duplicate key anywhere is a `CheckpointConflict`. URLs, the engine of each event loop and
+the transactions on it are `_sql_engines`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._sql_engines import Connector, check_url
 from agentflow.exec.checkpoints._sql_statements import (
     CALL_FIELDS,
     SAVE_FIELDS,
@@ -51,14 +49,8 @@ from agentflow.exec.checkpoints._sql_statements import (
 
 _R = TypeVar("_R", SealedCheckpoint, SealedCall)
 
-#: The async driver for each database this store supports.
-ASYNC_DRIVERS: Final = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
 #: Allowed table prefixes (40 characters at most keeps index names under PostgreSQL's 63).
 _PREFIX: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}")
-#: How long a SQLite writer waits for another process's write lock before giving up.
-_SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
-#: Execution option naming the statement that opens a SQLite transaction.
-_SQLITE_BEGIN: Final = "agentflow_sqlite_begin"
 #: Each sealed row's fields and their types (annotations are strings under postponed evaluation).
 _KINDS: Final[dict[str, type]] = {"str": str, "int": int, "float": float, "bytes": bytes}
 _LAYOUT: Final[dict[type, list[tuple[str, type]]]] = {
@@ -76,81 +68,12 @@ def _v1_create_tables(conn: sa.Connection, t: Tables) -> None:
 MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [_v1_create_tables]
 
 
-def _check_url(url: str) -> sa.URL:
-    """Parse `url` and refuse anything but the async drivers this store runs on."""
-    try:
-        parsed = sa.make_url(url)
-    except ArgumentError:
-        raise ValueError("SQLAlchemyCheckpointStore needs a database URL such as postgresql+asyncpg://...") from None
-    shown = parsed.render_as_string(hide_password=True)
-    backend = {"postgres": "postgresql"}.get(parsed.get_backend_name(), parsed.get_backend_name())
-    if backend not in ASYNC_DRIVERS:
-        raise ValueError(f"SQLAlchemyCheckpointStore supports PostgreSQL and SQLite, not {shown}")
-    if parsed.drivername != ASYNC_DRIVERS[backend]:
-        fixed = parsed.set(drivername=ASYNC_DRIVERS[backend]).render_as_string(hide_password=True)
-        raise ValueError(f"SQLAlchemyCheckpointStore needs an async driver: write {shown} as {fixed}")
-    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):  # in memory: MemoryCheckpointStore
-        raise ValueError(f"SQLAlchemyCheckpointStore needs a SQLite file path, not {shown}")
-    return parsed
-
-
-def _reason(exc: BaseException) -> str:
-    """Return a driver error's first line, without SQLAlchemy's wrapping."""
-    inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    lines = str(inner).strip().splitlines()
-    return (lines[0] if lines else type(inner).__name__)[:300]
-
-
 async def _insert(conn: AsyncConnection, insert: sa.Insert, values: dict[str, Any], taken: str) -> None:
     """Insert a row; a duplicate key means another writer got there first."""
     try:
         await conn.execute(insert, values)
     except IntegrityError:
         raise CheckpointConflict(f"{taken} was written by another writer at the same time") from None
-
-
-def _use_begin_immediate(engine: AsyncEngine) -> None:
-    """Take transaction control from sqlite3 (SQLAlchemy's documented recipe), with WAL and a busy timeout."""
-
-    @sa.event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # sqlite3 emits no BEGIN of its own
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.close()
-
-    @sa.event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql(conn.get_execution_options().get(_SQLITE_BEGIN, "BEGIN"))
-
-
-class _LoopEngine:
-    """One loop's engine, disposed by ``keeper``: ``asyncio.run`` closes open async generators before it ends."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-        self.setup_lock = asyncio.Lock()
-        self.abandoned = False
-        self.keeper = self._keep()
-
-    async def _keep(self) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            if not self.abandoned:
-                await self.engine.dispose()
-
-    async def abandon(self, *, sqlite: bool) -> None:
-        """Drop the engine of a loop that closed without shutting down its generators."""
-        self.abandoned = True
-        closing = self.keeper.aclose()
-        with suppress(StopIteration):  # with nothing to await in `finally`, it closes in one step, loop or not
-            closing.send(None)
-        if sqlite:  # aiosqlite connections run on threads of their own: any loop can close them
-            await self.engine.dispose()
-        else:  # asyncpg connections died with their loop; let them go
-            self.engine.sync_engine.dispose(close=False)
 
 
 class SQLAlchemyCheckpointStore:
@@ -170,20 +93,15 @@ class SQLAlchemyCheckpointStore:
     def __init__(
         self, url: str, *, table_prefix: str = "agentflow_", engine_options: Mapping[str, Any] | None = None
     ) -> None:
-        self._url = _check_url(url)
+        parsed = check_url(url)
         if not isinstance(table_prefix, str) or not _PREFIX.fullmatch(table_prefix):
             raise ValueError(f"table_prefix must match [a-z_][a-z0-9_]* (at most 40 characters), not {table_prefix!r}")
-        self._shown = self._url.render_as_string(hide_password=True)
+        self._db = Connector(parsed, engine_options or {})
+        self._shown = self._db.shown
         self._prefix = table_prefix
-        self._sqlite = self._url.get_backend_name() == "sqlite"
-        self._options = dict(engine_options or {})
+        self._sqlite = self._db.sqlite
         self._t = tables(table_prefix)
         self._q = statements(self._t)
-        # a SQLite file's folder, checked before each connection: aiosqlite's cleanup of a failed
-        # connect can outlive the event loop
-        local = self._sqlite and not self._url.query.get("uri")
-        self._folder = Path(self._url.database or ".").parent if local else None
-        self._engines: dict[asyncio.AbstractEventLoop, _LoopEngine] = {}
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -197,55 +115,16 @@ class SQLAlchemyCheckpointStore:
 
     async def aclose(self) -> None:
         """Dispose this loop's engine and drop those of closed loops; the store can be used again."""
-        await self._forget_closed_loops()
-        entry = self._engines.pop(asyncio.get_running_loop(), None)
-        if entry is not None:
-            await entry.keeper.aclose()  # its `finally` disposes the engine
-
-    async def _forget_closed_loops(self) -> None:
-        for loop in [loop for loop in self._engines if loop.is_closed()]:
-            if (entry := self._engines.pop(loop, None)) is not None:  # another thread may have dropped it
-                await entry.abandon(sqlite=self._sqlite)
-
-    async def _engine(self) -> _LoopEngine:
-        loop = asyncio.get_running_loop()
-        entry = self._engines.get(loop)
-        if entry is None:
-            engine = create_async_engine(self._url, **self._options)
-            if self._sqlite:
-                _use_begin_immediate(engine)
-            entry = self._engines[loop] = _LoopEngine(engine)
-            await anext(entry.keeper)  # registers it with the loop; reaches `yield` without suspending
-            await self._forget_closed_loops()
-        return entry
-
-    @asynccontextmanager
-    async def _begin(self, engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
-        """Open a transaction; turn driver errors into one clear `CheckpointError` (`_insert` maps duplicates)."""
-        if self._folder is not None and not self._folder.is_dir():
-            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self._shown}: no directory {self._folder}")
-        try:
-            conn = await engine.connect()
-        except (OSError, DBAPIError) as exc:
-            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self._shown}: {_reason(exc)}") from exc
-        try:
-            if write and self._sqlite:
-                await conn.execution_options(**{_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
-            async with conn.begin():
-                yield conn
-        except (OSError, DBAPIError) as exc:
-            raise CheckpointError(f"SQLAlchemyCheckpointStore at {self._shown} failed: {_reason(exc)}") from exc
-        finally:
-            await conn.close()
+        await self._db.aclose()
 
     @asynccontextmanager
     async def _tx(self, *, write: bool = False) -> AsyncIterator[AsyncConnection]:
-        entry = await self._engine()
+        entry = await self._db.engine()
         if not self._schema_ready:
             async with entry.setup_lock:
                 if not self._schema_ready:
                     await self.setup()
-        async with self._begin(entry.engine, write=write) as conn:
+        async with self._db.begin(entry.engine, write=write) as conn:
             yield conn
 
     async def setup(self) -> None:
@@ -258,8 +137,8 @@ class SQLAlchemyCheckpointStore:
             CheckpointStoreCorrupt: the tables were set up by a newer agentflow.
             CheckpointError: the database cannot be reached, or a migration failed.
         """
-        entry = await self._engine()
-        async with self._begin(entry.engine, write=True) as conn:
+        entry = await self._db.engine()
+        async with self._db.begin(entry.engine, write=True) as conn:
             if not self._sqlite:
                 lock = sa.text("SELECT pg_advisory_xact_lock(hashtext(coalesce(current_schema(), '') || :k))")
                 await conn.execute(lock, {"k": f":agentflow-setup:{self._prefix}"})
