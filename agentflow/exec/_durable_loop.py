@@ -31,6 +31,7 @@ from agentflow.exec._durable_read import (
     analyze,
     calls_in_doubt,
     check_no_later_records,
+    check_still_paused,
     read_log,
     untouched_since,
 )
@@ -54,12 +55,14 @@ __all__ = [
 
 
 async def _seeds(
-    engine: LoopEngine, lp: LoopCursor, body: dict[str, Any], rerun_in_doubt: bool
+    engine: LoopEngine, lp: LoopCursor, body: dict[str, Any], rerun_in_doubt: bool, *, resuming: bool = False
 ) -> tuple[dict[str, CallState], int | None]:
     """The call states of the cut-off stage, and `untouched_since` of the log."""
     assert engine.store is not None and engine.sealer is not None
     marker = body.get("log")
     records = await read_log(engine.store, engine.sealer, lp.run_id, (marker[0], marker[1]) if marker else None)
+    if resuming:
+        check_still_paused(lp.run_id, records, marker)
     check_no_later_records(lp.run_id, records, lp.turn, model_ahead=1)
     lp.model_calls = max(lp.model_calls, sum(1 for r in records if r.body.get("model")))
     states = analyze(records, lp.turn) if lp.stage == "model" else {}
@@ -153,7 +156,7 @@ async def _resume(
     lp, body = await _decide(engine, run_id, flow, approve, note, ctx)
     if approve is None:
         return engine._result(lp, RunStatus.PAUSED)
-    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt=False)
+    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt=False, resuming=True)
     assert lp.step is not None
     await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
     return await engine.drive(lp, seeds, recovering=False)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -167,6 +167,21 @@ def untouched_since(records: Sequence[LoggedRecord], marker: Sequence[int] | Non
     for rec in records:
         counts[rec.segment] = counts.get(rec.segment, 0) + 1
     return clean_by_counts(counts, marker)
+
+
+def check_still_paused(run_id: str, records: Sequence[LoggedRecord], marker: Sequence[int] | None) -> None:
+    """Refuse a resume when records follow the paused checkpoint: another resume won meanwhile.
+
+    A paused run logs nothing until a resume has stored its decision with a claim, so such
+    records are the winner's calls; read as this resume's, they would look in doubt.
+
+    Raises:
+        CheckpointConflict: something was logged since the paused checkpoint.
+    """
+    if untouched_since(records, marker) is None:
+        raise CheckpointConflict(
+            f"run {run_id!r} was resumed by another worker meanwhile (it logged calls after the paused checkpoint)"
+        )
 
 
 def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:

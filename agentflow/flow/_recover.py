@@ -37,6 +37,7 @@ from agentflow.exec._durable_read import (
     analyze,
     calls_in_doubt,
     check_no_later_records,
+    check_still_paused,
     clean_by_counts,
     read_head,
     read_log,
@@ -70,11 +71,15 @@ async def _seeds(
     cur: Cursor,
     body: dict[str, Any],
     rerun_in_doubt: bool,
+    *,
+    resuming: bool = False,
 ) -> tuple[dict[str, CallState], list[LoggedRecord]]:
     assert runner.checkpoints is not None and runner.sealer is not None
     marker = body.get("log")
     expect = (int(marker[0]), int(marker[1])) if marker else None
     records = await read_log(runner.checkpoints, runner.sealer, cur.run_id, expect)
+    if resuming:
+        check_still_paused(cur.run_id, records, marker)
     check_no_later_records(cur.run_id, records, cur.superstep)
     states = analyze(records, cur.superstep)
     calls_in_doubt(cur.run_id, states, runner.executor.registry, rerun_in_doubt)
@@ -146,7 +151,7 @@ async def resume(
         raise CheckpointConflict(f"run {run_id!r} is not paused ({status}); only a paused run can be resumed")
     cur.decisions = _decisions(cur, approve, note)
     cur.pending = []
-    seeds, _ = await _seeds(runner, cur, body, rerun_in_doubt=False)
+    seeds, _ = await _seeds(runner, cur, body, rerun_in_doubt=False, resuming=True)
     assert cur.step is not None
     # The decision is stored with the claim; it is spent only after this save succeeded.
     await runner._ckpt.save(cur, RunStatus.RUNNING, segment=cur.step + 1, claim="resume")

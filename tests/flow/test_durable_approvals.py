@@ -188,6 +188,29 @@ async def test_two_racing_resumes_exactly_one_wins(env):
     assert kit.LEDGER == {"refund": 1, "notify": 1}
 
 
+async def test_a_resume_that_reads_the_log_after_a_rival_resume_took_the_run_is_a_conflict(env):
+    # Given a paused refund, read (still paused) by a worker that is slow to go on
+    await paused_refund(env)
+    paused_row = await env.raw.latest("refund-1")
+    # and a rival resume that won the claim, logged `started` for the refund and died
+    rival = env.runner()
+    rival.checkpoints.crash("record_call", when="after", kind="started", node="refund")
+    with pytest.raises(Crash):
+        await rival.resume(REFUNDS, "refund-1", approve=True)
+    slow = env.runner()
+
+    async def as_read_earlier(run_id: str):
+        return paused_row
+
+    slow.checkpoints.latest = as_read_earlier
+    # When the slow worker goes on from the paused checkpoint it read, and reads the log
+    # Then it is told another resume won (not that a call is in doubt), and writes nothing
+    with pytest.raises(CheckpointConflict, match="resumed by another worker"):
+        await slow.resume(REFUNDS, "refund-1", approve=True)
+    assert slow.checkpoints.writes == []
+    assert kit.LEDGER == {}
+
+
 @pytest.mark.parametrize(
     ("approve", "record", "outcome", "ledger"),
     [

@@ -694,6 +694,44 @@ async def test_resume_of_a_paused_loop_for_another_user_is_refused(store):
     assert LEDGER == {} and (await store.latest("chat-1")).status == "paused"
 
 
+class ReadEarlier:
+    """The store as a worker saw it a moment ago: its checkpoints then, the call log now."""
+
+    def __init__(self, inner: CheckpointStore, rows: list[Any]) -> None:
+        self.inner, self.rows, self.in_process = inner, rows, inner.in_process
+        self.local_key = getattr(inner, "local_key", None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def history(self, run_id: str) -> list[Any]:
+        return self.rows
+
+    async def latest(self, run_id: str) -> Any:
+        return self.rows[-1]
+
+
+async def test_a_resume_that_reads_the_log_after_a_rival_resume_took_the_loop_is_a_conflict(store):
+    # Given a loop paused on pay, read (still paused) by a worker that is slow to go on
+    await run(ScriptedModel([ask(PAY)]), store)
+    paused_rows = list(await store.history("chat-1"))
+    # and a rival resume that won the claim and died inside pay (logged `started`, no result)
+    CRASH_IN.add("pay")
+    with pytest.raises(Crash):
+        await run_tool_loop(
+            ScriptedModel([]), REGISTRY, run_id="chat-1", checkpoints=store, checkpoint_key=KEY, approve=True
+        )
+    assert LEDGER == {"pay": 1}
+    # When the slow worker goes on from what it read, Then it is told another resume won
+    # (not that a call is in doubt), and pay does not run again
+    slow = ReadEarlier(store, paused_rows)
+    with pytest.raises(CheckpointConflict, match="resumed by another worker"):
+        await run_tool_loop(
+            ScriptedModel([]), REGISTRY, run_id="chat-1", checkpoints=slow, checkpoint_key=KEY, approve=True
+        )  # type: ignore[arg-type]
+    assert LEDGER == {"pay": 1}
+
+
 async def test_crash_after_the_resume_save_is_recovered_by_spending_the_stored_decision(store, other):
     # Given a loop paused on pay (steps 0-2), resumed with approve=True by a worker that died right after
     # saving the decision with its claim (step 3), before the tool ran
