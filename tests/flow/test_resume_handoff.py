@@ -101,3 +101,20 @@ async def test_a_worker_spending_a_stored_decision_replays_the_calls_that_finish
     # And it went on in the decision's segment: a resume, not a recovery claim
     after = [cp.segment for cp in await store.history("r1") if cp.step >= decided.step]
     assert len(after) > 1 and set(after) == {after[0]}
+
+
+@pytest.mark.parametrize(
+    "shared_store",
+    ["sqlite", pytest.param("redis", marks=pytest.mark.redis), pytest.param("sql", marks=pytest.mark.postgres)],
+    indirect=True,
+)
+async def test_a_worker_spending_a_stored_denial_never_runs_the_denied_call(store):
+    # Given a run paused on wire after charge ran, and a denial stored without running anything
+    await runner(store).run(FLOW, Order(), run_id="r1")
+    decided = await runner(store).resume(FLOW, "r1", approve=False, note="not today", max_supersteps=0)
+    # When a worker takes the resume message as a handoff
+    result = await runner(store).advance(FLOW, "r1", expected_step=decided.step, handoff=True)
+    # Then wire never ran, charge was not run again, and the run failed with the denial (wire has no on_deny)
+    assert RAN == {"charge": 1}
+    assert result.status == "failed"
+    assert result.error is not None and "denied" in result.error and "not today" in result.error
