@@ -178,3 +178,30 @@ async def test_a_resumed_run_replays_the_calls_its_paused_superstep_finished(dep
     assert done.status == "done", done.error
     effects = deployment.effects()
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
+
+
+async def test_the_resume_task_stores_a_decision_for_a_flow_and_for_a_tool_loop(deployment):
+    from agentflow.models import Message
+
+    # Given a worker, a flow run paused on wire_money and a loop paused on refund
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("fanout", {"show": "Tosca"})
+    loop_id = await deployment.client.start_loop("refunds", [Message.user("refund order 9")])
+    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "paused"
+    assert (await deployment.client.wait_loop("refunds", loop_id, timeout_s=30)).status == "paused"
+    # When a process that only has the Celery app sends agentflow.resume for each
+    queue = deployment.values["queue"]
+    deployment.tasks.resume.apply_async(("fanout", run_id, True, "ok"), queue=queue)
+    deployment.tasks.resume.apply_async(("loop:refunds", loop_id, True, "ok"), queue=queue)
+    # Then a worker stores each decision and spends it: each approved call runs once
+    deadline = time.monotonic() + 30
+    while (await deployment.client.status(run_id)).status == "paused" or (
+        await deployment.client.loop_status("refunds", loop_id)
+    ).status == "paused":
+        assert time.monotonic() < deadline, "the resume tasks did not store the decisions"
+        await asyncio.sleep(0.05)
+    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
+    assert (await deployment.client.wait_loop("refunds", loop_id, timeout_s=30)).status == "done"
+    effects = deployment.effects()
+    assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
+    assert effects[("refund", loop_id)] == 1
