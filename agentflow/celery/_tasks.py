@@ -113,10 +113,7 @@ def register_tasks(
             # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
             task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
         outcome = bridge.run(worker.superstep(flow, run_id, step, handoff=handoff))
-        # A clean-looking handoff that found a cut-off superstep. After a resume, replays are the
-        # paused superstep's finished calls, not a sign of one; a rerun always is.
-        cut_off = outcome.rerun or (outcome.replayed and cause != "resume")
-        if handoff and cut_off:
+        if handoff and outcome.cut_off(cause):  # a clean-looking handoff found a cut-off superstep
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
         if outcome.next_step is not None:
             tasks.send_superstep(flow, run_id, outcome.next_step, "next")

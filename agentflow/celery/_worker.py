@@ -80,10 +80,13 @@ class Outcome:
         """The step the next superstep starts from, if the run goes on."""
         return self.step if self.done == "ran" and self.status == "running" else None
 
-    @property
-    def recovered(self) -> bool:
-        """Whether this superstep replayed or reran calls of a cut-off one."""
-        return bool(self.replayed or self.rerun)
+    def cut_off(self, cause: str) -> bool:
+        """Whether this superstep, sent with `cause`, found a cut-off one (it replayed or reran calls).
+
+        After a resume, replays are the paused superstep's finished calls, not a sign of
+        one; a rerun always is.
+        """
+        return bool(self.rerun) or (bool(self.replayed) and cause != "resume")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form (the task's result)."""

@@ -95,3 +95,16 @@ async def test_a_run_that_moved_on_clears_a_stale_decision_marker():
     assert out.done == "ran"
     assert await worker.leases.decision("r2") is None
     assert await worker.leases.leased(["r2"]) == set()
+
+
+def test_flower_hears_of_a_cut_off_superstep_only_from_reruns_or_replays_not_due_to_a_resume():
+    from agentflow.celery._worker import Outcome
+
+    replayed = Outcome("r1", "mail", "ran", "running", 3, replayed=["1/send/0/x"])
+    rerun = Outcome("r1", "mail", "ran", "running", 3, rerun=["1/send/0/x"])
+    plain = Outcome("r1", "mail", "ran", "running", 3)
+    # A handoff that replayed calls found a cut-off superstep, unless it spent a resume's decision
+    assert replayed.cut_off("next") and not replayed.cut_off("resume")
+    # A rerun always means one; a superstep that replayed nothing found none
+    assert rerun.cut_off("next") and rerun.cut_off("resume")
+    assert not plain.cut_off("next") and not plain.cut_off("resume")
