@@ -177,11 +177,16 @@ class SQLAlchemyCheckpointStore:
         """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
         check_row(run_id, step, checkpoint)
         async with self._tx(write=True) as conn:
-            row, next_seq = await self._lock_run(conn, run_id, calls[0].segment if calls else None)
-            for i, record in enumerate(calls):
-                if i:  # the row is locked and unchanged (records do not touch it); only the count moves
-                    next_seq = await self._count(conn, run_id, record.segment)
-                await self._record_in(conn, run_id, record, row, next_seq)
+            first = calls[0].segment if calls else None
+            row, next_seq = await self._lock_run(conn, run_id, first)
+            # The row is locked and unchanged (records do not touch it); under the lock only this
+            # transaction adds records, so a segment's count moves by one per insert.
+            counts = {first: next_seq} if first is not None else {}
+            for record in calls:
+                if record.segment not in counts:
+                    counts[record.segment] = await self._count(conn, run_id, record.segment)
+                await self._record_in(conn, run_id, record, row, counts[record.segment])
+                counts[record.segment] += 1
             await self._save_in(conn, run_id, step, checkpoint, row)
 
     async def _lock_run(
