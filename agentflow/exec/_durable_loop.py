@@ -25,6 +25,7 @@ from typing import Any
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, Stale
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
+from agentflow._run_types import RunStatus
 from agentflow.exec._durable import Decision, Journal
 from agentflow.exec._durable_read import (
     CallState,
@@ -40,7 +41,6 @@ from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopEngine, LoopResult
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow._result import RunStatus
 from agentflow.models._messages import Message
 from agentflow.models._protocol import Model
 

@@ -23,6 +23,7 @@ from agentflow._errors import (
 )
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
+from agentflow._run_types import RunStatus
 from agentflow.exec._durable import (
     CallLog,
     Decision,
@@ -37,7 +38,6 @@ from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow._result import RunStatus
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 

@@ -1,8 +1,9 @@
 """Flows: the graph builder, supersteps, and the runner with its durability."""
 
 from agentflow._errors import FlowError
+from agentflow._run_types import RunStatus
 from agentflow.flow._graph import Call, Flow
-from agentflow.flow._result import RunResult, RunStatus
+from agentflow.flow._result import RunResult
 from agentflow.flow._runner import FlowRunner
 from agentflow.flow._superstep import NodeHandle
 

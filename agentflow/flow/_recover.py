@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from agentflow._errors import CheckpointConflict, Stale
 from agentflow._identity import RunContext, restore_identity
+from agentflow._run_types import RunStatus
 from agentflow.exec._durable import Decision
 from agentflow.exec._durable_read import (
     CallState,
@@ -46,7 +47,7 @@ from agentflow.exec._durable_read import (
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._durable import Cursor
 from agentflow.flow._graph import Flow
-from agentflow.flow._result import RunResult, RunStatus
+from agentflow.flow._result import RunResult
 
 if TYPE_CHECKING:
     from agentflow.flow._runner import FlowRunner

@@ -1,25 +1,16 @@
-"""What `FlowRunner` returns: `RunResult` and `RunStatus`."""
+"""What `FlowRunner` returns: `RunResult` (its status is `agentflow._run_types.RunStatus`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
+from agentflow._run_types import RunStatus
 from agentflow.exec._executor import ApprovalRequest
 
 S = TypeVar("S", bound=BaseModel)
-
-
-class RunStatus(StrEnum):
-    """Where a run stands (the values are also the checkpoint statuses)."""
-
-    RUNNING = "running"
-    PAUSED = "paused"
-    DONE = "done"
-    FAILED = "failed"
 
 
 @dataclass

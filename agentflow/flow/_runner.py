@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentflow._errors import CheckpointError, FlowError
 from agentflow._identity import RunContext, identity_body
+from agentflow._run_types import RunStatus
 from agentflow.exec._durable import CallLog
 from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import sealer_for
@@ -25,7 +26,7 @@ from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow import _recover
 from agentflow.flow._durable import Checkpointer, Cursor
 from agentflow.flow._graph import Call, Flow
-from agentflow.flow._result import RunResult, RunStatus
+from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
 
 S = TypeVar("S", bound=BaseModel)

@@ -1,0 +1,46 @@
+"""What every run is, whatever drives it: its status and its kind.
+
+Both are base types: the stores, the tool loop, flows, the workers and the surfaces read
+them, so they live below all of those and import nothing of agentflow.
+
+A run's kind is also written in the ``flow`` column every store keeps in clear: a flow run
+stores its flow's name, a tool loop stores ``loop:<name>``. `RunKind.of` and
+`RunKind.column` are the only places that spelling is known.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+_LOOP_PREFIX: Final = "loop:"
+
+
+class RunStatus(StrEnum):
+    """Where a run stands (the values are also the checkpoint statuses)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class RunKind(StrEnum):
+    """What drives a run: a flow's supersteps or a tool loop's stages."""
+
+    FLOW = "flow"
+    LOOP = "loop"
+
+    @classmethod
+    def of(cls, column: str) -> RunKind:
+        """The kind of a run from its stored ``flow`` column."""
+        return cls.LOOP if column.startswith(_LOOP_PREFIX) else cls.FLOW
+
+    def column(self, name: str) -> str:
+        """The ``flow`` column a run of this kind called `name` is stored under."""
+        return _LOOP_PREFIX + name if self is RunKind.LOOP else name
+
+    @staticmethod
+    def name_of(column: str) -> str:
+        """The flow's or loop's own name from a stored ``flow`` column."""
+        return column.removeprefix(_LOOP_PREFIX)
