@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from agentflow._app import FlowApp
+from agentflow._display import short
 from agentflow._errors import (
     AgentflowError,
     CheckpointConflict,
@@ -19,10 +20,11 @@ from agentflow._errors import (
     IdentityMismatch,
     RecoveryNeedsDecision,
 )
+from agentflow._run_types import RunKind
 from agentflow.cli import _errors
 from agentflow.cli._apps import import_app
 from agentflow.cli._target import open_target, store_options
-from agentflow.cli._text import paint, short, table
+from agentflow.cli._text import paint, table
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._runner import FlowRunner
@@ -103,7 +105,7 @@ async def _resume(runner: FlowRunner, app: FlowApp, run_id: str, approve: bool, 
     assert runner.checkpoints is not None and runner.sealer is not None
     row = await runner.checkpoints.latest(run_id)
     runner.sealer.open_checkpoint(row, run_id)  # the flow name is trusted only once the row checks
-    if row.flow.startswith("loop:"):
+    if RunKind.of(row.flow) is RunKind.LOOP:
         raise _errors.CliError(f"run {run_id!r} is a tool loop; resume it with run_tool_loop and the same run_id")
     try:
         flow = app.flow(row.flow)

@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import click
 
+from agentflow._display import short, when
 from agentflow.cli import _errors
-from agentflow.cli._inspect import ALL_RUNS, read_run, read_runs
-from agentflow.cli._report import CORRUPT, RunReport
 from agentflow.cli._show import corrupt_text, run_text
 from agentflow.cli._target import open_target, store_options
-from agentflow.cli._text import short, table, when
-
-#: Statuses ``--status`` accepts.
-STATUSES = ("running", "paused", "done", "failed", CORRUPT)
+from agentflow.cli._text import table
+from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs
+from agentflow.exec._run_view import CORRUPT, STATUSES, RunReport
 
 
 @click.group("runs")
 def runs() -> None:
     """List the runs of a store, or show one run."""
-
-
-def keep(report: RunReport, status: str | None) -> bool:
-    """Whether a run passes the ``--status`` filter (``corrupt`` picks the runs that failed their check)."""
-    if status is None:
-        return True
-    if status == CORRUPT:
-        return report.corrupt
-    return not report.corrupt and report.status == status
 
 
 def list_row(report: RunReport) -> list[str]:
@@ -49,7 +38,7 @@ def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None
     wrong = target.wrong_key(reports)
     if wrong:
         raise _errors.CliError(wrong)
-    shown = [rep for rep in reports if keep(rep, status)]
+    shown = [rep for rep in reports if rep.has_status(status)]
     if not shown:
         click.echo("no runs" + (" match" if flow or status else " in this store"))
         return

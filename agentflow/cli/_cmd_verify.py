@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from agentflow.cli import _errors
-from agentflow.cli._inspect import ALL_RUNS, read_run, read_runs
-from agentflow.cli._report import RunReport
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import paint
+from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs
+from agentflow.exec._run_view import RunReport
 
 
 @click.command("verify")

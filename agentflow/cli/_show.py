@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
-from agentflow.cli._report import RunReport
-from agentflow.cli._text import paint, short, table, when
+from agentflow._display import short, when
+from agentflow._run_types import RunKind
+from agentflow.cli._text import paint, table
+from agentflow.exec._run_view import RunReport
 
 
 def _heading(title: str) -> list[str]:
@@ -80,7 +82,7 @@ def _pending(report: RunReport) -> list[str]:
     lines = _heading("Waiting for approval")
     for p in report.pending:
         lines.append(f"  {p.get('call_id')}: {p.get('tool')} {short(p.get('args'), 60)} (node {p.get('node')})")
-    if report.flow.startswith("loop:"):
+    if report.kind is RunKind.LOOP:
         return [*lines, f"  decide with: run_tool_loop(..., run_id={report.run_id!r}, approve=True or False)"]
     return [*lines, f"  decide with: agentflow resume {report.run_id} --app module:attr --approve|--deny"]
 
@@ -102,6 +104,8 @@ def run_text(report: RunReport) -> str:
     if report.in_doubt:
         tools = ", ".join(call.tool for call in report.in_doubt)
         then = f"agentflow recover {report.flow} --app ... --rerun-in-doubt"
+        if report.kind is RunKind.LOOP:
+            then = f"recover_tool_loop(..., run_id={report.run_id!r}, rerun_in_doubt=True)"
         lines.append(f"in doubt: {tools}; check at their system, then: {then}")
     lines += _history(report) + _segments(report) + _calls(report) + _recoveries(report) + _pending(report)
     lines += _heading(f"State (checkpoint {report.step})")

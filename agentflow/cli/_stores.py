@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from agentflow._display import redact
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 #: What ``--store`` accepts, for error messages.
@@ -28,17 +29,6 @@ ACCEPTED: Final = (
 
 class StoreURLError(ValueError):
     """Raised when a store URL is not one of the accepted forms."""
-
-
-def redact(url: str) -> str:
-    """Return `url` with any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    netloc = f"{parts.username or ''}:***@{host}{port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _bad(url: str, why: str) -> StoreURLError:

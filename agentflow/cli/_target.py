@@ -9,11 +9,11 @@ from typing import TypeVar
 import click
 
 from agentflow.cli import _errors
-from agentflow.cli._inspect import signed_with_other_keys
 from agentflow.cli._keys import DEFAULT_KEY_ENV, KeyProblem, key_ids, read_keys
-from agentflow.cli._report import RunReport
 from agentflow.cli._stores import StoreURLError, open_store
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import signed_with_other_keys
+from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 T = TypeVar("T")

@@ -1,11 +1,9 @@
-"""Plain-text output: aligned tables, times, short values, status colours."""
+"""Terminal output: aligned tables and status colours (plain values are written by `agentflow._display`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, Final
+from typing import Final
 
 import click
 
@@ -24,18 +22,6 @@ COLOURS: Final = {
     "pending": "yellow",
     "denied": "red",
 }
-
-
-def when(ts: float) -> str:
-    """A save time as local ``YYYY-MM-DD HH:MM:SS``."""
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def short(value: Any, width: int = 60) -> str:
-    """A value as compact JSON on one line, cut to `width` characters."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def paint(text: str, word: str | None = None) -> str:

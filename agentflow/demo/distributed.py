@@ -26,14 +26,14 @@ from typing import Any
 
 import redis
 
+from agentflow._display import redact
 from agentflow.celery import FlowClient
-from agentflow.cli._inspect import read_run
-from agentflow.cli._report import CheckpointView, RunReport
-from agentflow.cli._stores import redact
 from agentflow.demo.story import RUN_IDS, VICTIM, effects_table, inspect_commands, mails_sent, say
 from agentflow.demo.tickets import LEDGER_ENV, SLOW_ENV, Order
 from agentflow.demo.worker import DEMO_KEY
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import CheckpointView, RunReport
 
 #: The repository: ``celery -A workers`` imports ``workers`` and ``config`` from here.
 ROOT = Path(__file__).resolve().parents[2]

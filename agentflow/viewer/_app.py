@@ -1,7 +1,7 @@
 """`create_app`: the viewer's routes, static files and shutdown.
 
 Pages read the store on every request and check every row they show, as
-``agentflow runs show`` does (`agentflow.cli._inspect`). Nothing is cached.
+``agentflow runs show`` does (`agentflow.exec._run_read`). Nothing is cached.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentflow._errors import CheckpointError, CheckpointNotFound
-from agentflow.cli._cmd_runs import STATUSES, keep
-from agentflow.cli._inspect import read_run, read_runs, signed_with_other_keys
-from agentflow.cli._report import RunReport
+from agentflow.exec._run_read import read_run, read_runs, signed_with_other_keys
+from agentflow.exec._run_view import STATUSES, RunReport
 from agentflow.viewer._resume import action
 from agentflow.viewer._settings import Viewer
 
@@ -43,7 +42,9 @@ def list_page(viewer: Viewer) -> Endpoint:
             return viewer.problem(request, 503, "The store cannot be read", str(exc))
         flows = sorted({rep.flow for rep in reports if not rep.corrupt})
         shown = [
-            rep for rep in reports if keep(rep, status) and (flow is None or (not rep.corrupt and rep.flow == flow))
+            rep
+            for rep in reports
+            if rep.has_status(status) and (flow is None or (not rep.corrupt and rep.flow == flow))
         ]
         context = {
             "runs": shown,

@@ -23,8 +23,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointNotFound, IdentityMismatch
-from agentflow.cli._inspect import read_run
-from agentflow.cli._report import RunReport
+from agentflow._run_types import RunKind
+from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import RunReport
 from agentflow.viewer._settings import Viewer, root_of
 
 #: Client addresses that are this machine.
@@ -60,7 +61,7 @@ def _run_refusal(viewer: Viewer, report: RunReport) -> str | None:
         return "only a paused run whose rows all check can be resumed"
     if flows is None:
         return "start the viewer with --app module:attr to approve or deny from here"
-    if report.flow.startswith("loop:"):
+    if report.kind is RunKind.LOOP:
         return "a paused tool loop resumes through run_tool_loop with the same run_id"
     if report.flow not in flows.flows:
         return f"the app given to the viewer has no flow {report.flow!r}"

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from agentflow._app import FlowApp
-from agentflow.cli._text import short, when
+from agentflow._display import short, when
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 

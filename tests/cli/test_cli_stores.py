@@ -7,7 +7,8 @@ import pytest
 import runs_kit
 from runs_kit import one_line_error
 
-from agentflow.cli._stores import StoreURLError, open_store, redact, sqlite_path
+from agentflow._display import redact
+from agentflow.cli._stores import StoreURLError, open_store, sqlite_path
 from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore, SQLiteCheckpointStore
 
 

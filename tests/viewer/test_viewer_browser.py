@@ -13,8 +13,8 @@ import runs_kit
 from playwright.sync_api import expect
 from viewer_kit import make_app, served
 
-from agentflow.cli._inspect import read_run
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
 pytestmark = pytest.mark.browser

@@ -5,8 +5,8 @@ from __future__ import annotations
 import runs_kit
 from viewer_kit import LOCAL, TOKEN, client_for, csrf_of, make_app
 
-from agentflow.cli._inspect import read_run
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
 REMOTE = ("192.0.2.7", 40000)

@@ -1,0 +1,281 @@
+"""Read a stored run into the read model (`agentflow.exec._run_view`), checking every row first.
+
+Two stages:
+1. `_check_rows`: every checkpoint is opened with `Sealer.open_checkpoint` (signature,
+   numbering, segment) and the call log with `read_log` (signatures, numbering, and the
+   record count each checkpoint saw). No row is decoded before its signature checks.
+2. The views (segments, calls and their states, recoveries, identity, state) are built
+   only when stage 1 found nothing wrong.
+
+Problems are collected, not raised, so a listing can show a corrupt run next to healthy
+ones; the `RunReport` of a corrupt run then carries no data read from that run at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow._run_types import RunKind
+from agentflow.exec import _run_view as v
+from agentflow.exec._durable_read import FINAL, LoggedRecord, read_log
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCheckpoint
+
+#: How many runs ``verify --all`` and a full listing read at most.
+ALL_RUNS: Final = 1_000_000
+#: How `Sealer` says that a row names a key id the ring does not hold.
+UNKNOWN_KEY: Final = "which this worker does not have"
+
+Body = dict[str, Any]
+
+# --- stage 1: the row checks -------------------------------------------------------------
+
+
+async def _check_rows(
+    store: CheckpointStore, sealer: Sealer, run_id: str, rows: Sequence[SealedCheckpoint]
+) -> tuple[list[Body | None], list[LoggedRecord], list[str]]:
+    """Check every row of a run: its checkpoints, then its call log against them.
+
+    Returns:
+        The opened body of each checkpoint (None where it failed), the checked call
+        records, and every problem found, each naming its row.
+
+    Raises:
+        CheckpointError: the store failed while reading the log.
+    """
+    problems: list[str] = []
+    bodies = _open_history(sealer, run_id, rows, problems)
+    records = await _open_log(store, sealer, run_id, bodies, problems)
+    return bodies, records, problems
+
+
+def _open_history(
+    sealer: Sealer, run_id: str, rows: Sequence[SealedCheckpoint], problems: list[str]
+) -> list[Body | None]:
+    """Check each checkpoint row, its place in the numbering and its segment."""
+    bodies: list[Body | None] = []
+    expected, segment = 0, 0
+    for row in rows:
+        if row.step != expected:
+            problems.append(f"checkpoint {expected} of run {run_id!r} is missing (the next one stored is {row.step})")
+        expected = row.step + 1
+        try:
+            body: Body | None = sealer.open_checkpoint(row, run_id)
+        except CheckpointStoreCorrupt as exc:
+            problems.append(str(exc))
+            body = None
+        if body is not None and row.segment not in (segment, row.step):
+            problems.append(
+                f"checkpoint {row.step} of run {run_id!r}: segment {row.segment} is neither the previous "
+                f"segment ({segment}) nor a claim at this step"
+            )
+        segment = row.segment
+        bodies.append(body)
+    return bodies
+
+
+def _marker(body: Body | None) -> tuple[int, int] | None:
+    """The ``(segment, record count)`` a checkpoint saw of its own segment's log, if it says."""
+    mark = body.get("log") if body else None
+    if isinstance(mark, list) and len(mark) == 2 and all(isinstance(n, int) for n in mark):
+        return mark[0], mark[1]
+    return None
+
+
+async def _open_log(
+    store: CheckpointStore, sealer: Sealer, run_id: str, bodies: list[Body | None], problems: list[str]
+) -> list[LoggedRecord]:
+    """Read and check the call log, and compare it with every checkpoint's record count."""
+    try:
+        records = await read_log(store, sealer, run_id, _marker(bodies[-1]) if bodies else None)
+    except CheckpointStoreCorrupt as exc:
+        problems.append(str(exc))
+        return []
+    counts: dict[int, int] = {}
+    for rec in records:
+        counts[rec.segment] = counts.get(rec.segment, 0) + 1
+    for step, body in enumerate(bodies):
+        mark = _marker(body)
+        if mark is not None and counts.get(mark[0], 0) < mark[1]:
+            problems.append(
+                f"call log of run {run_id!r}: segment {mark[0]} has {counts.get(mark[0], 0)} records, "
+                f"checkpoint {step} saw {mark[1]}"
+            )
+    return records
+
+
+# --- stage 2: the views of a run whose rows all checked -----------------------------------
+
+
+def _claim_cause(previous: SealedCheckpoint, body: Body) -> str:
+    """Why a worker claimed the run: as the claim says, or (older rows) from what came before it."""
+    said = body.get("claim")
+    if said in ("recovery", "resume", "handoff"):
+        return str(said)
+    return "resume" if previous.status == "paused" else "recovery"
+
+
+def _what(row: SealedCheckpoint, previous: SealedCheckpoint | None, body: Body) -> str:
+    if previous is None:
+        return "start"
+    if row.segment == row.step:
+        return f"claim ({_claim_cause(previous, body)})"
+    return row.status if row.status in ("paused", "done", "failed") else "superstep"
+
+
+def _superstep(body: Body) -> int | None:
+    value = body.get("superstep", body.get("turn"))
+    return value if isinstance(value, int) else None
+
+
+def _segments(
+    rows: Sequence[SealedCheckpoint], bodies: Sequence[Body], records: Sequence[LoggedRecord]
+) -> list[v.SegmentView]:
+    out: list[v.SegmentView] = []
+    for i, row in enumerate(rows):
+        if i == 0 or row.segment == row.step:
+            how = "start" if i == 0 else _claim_cause(rows[i - 1], bodies[i])
+            count = sum(1 for rec in records if rec.segment == row.segment)
+            out.append(v.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count))
+        else:
+            last = out[-1]
+            out[-1] = v.SegmentView(
+                last.segment, last.how, last.first_step, row.step, last.since, row.saved_at, last.records
+            )
+    return out
+
+
+def _fold_calls(records: Sequence[LoggedRecord]) -> list[v.CallView]:
+    """One view per call identity, in the order the calls first appear in the log."""
+    calls: dict[str, v.CallView] = {}
+    for rec in records:
+        body = rec.body
+        if body.get("model"):
+            continue  # a tool loop's marker before a model call, not a tool call
+        cid = str(body.get("call_id"))
+        view = calls.get(cid)
+        if view is None:
+            superstep = body.get("superstep")
+            view = calls[cid] = v.CallView(
+                cid, str(body.get("tool", "?")), str(body.get("node", "?")),
+                superstep if isinstance(superstep, int) else -1, rec.kind, body.get("args"),
+            )  # fmt: skip
+        if rec.segment not in view.segments:
+            view.segments.append(rec.segment)
+        if rec.kind in ("started", "pending"):
+            if view.kind not in FINAL:
+                view.kind = rec.kind
+            continue
+        view.kind = rec.kind
+        view.result = body.get("result")
+        view.error = body.get("error") or body.get("why") or body.get("note")
+    return list(calls.values())
+
+
+def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
+    """Set each call's shown state from its deciding record and what the recoveries say."""
+    replayed = {cid for rec in recoveries for cid in rec.replayed}
+    rerun = {cid for rec in recoveries for cid in rec.rerun}
+    for call in calls:
+        if call.kind == "done":
+            call.state = v.REPLAYED if call.call_id in replayed else v.DONE
+            call.note = "rerun after recovery (it was in doubt)" if call.call_id in rerun else ""
+        elif call.kind in ("started", "unrecordable"):
+            call.state = v.IN_DOUBT
+            why = "ran, but its result could not be stored" if call.kind == "unrecordable" else "started, no result"
+            call.note = why
+        else:
+            call.state = {"pending": v.PENDING, "failed": v.FAILED, "denied": v.DENIED}.get(call.kind, call.kind)
+
+
+def _state(body: Body) -> Any:
+    if body.get("kind") == RunKind.LOOP:
+        keys = ("stage", "turn", "model_calls", "max_steps")
+        return {k: body.get(k) for k in keys} | {"messages": (body.get("history") or {}).get("len")}
+    return body.get("state")
+
+
+def _fill(
+    report: v.RunReport, rows: Sequence[SealedCheckpoint], bodies: list[Body], records: Sequence[LoggedRecord]
+) -> None:
+    """Build the views of a run whose every row checked."""
+    segments = _segments(rows, bodies, records)
+    hows = {s.segment: s.how for s in segments}
+    for i, (row, body) in enumerate(zip(rows, bodies, strict=True)):
+        what = _what(row, rows[i - 1] if i else None, body)
+        report.checkpoints.append(
+            v.CheckpointView(row.step, row.saved_at, row.status, row.segment, _superstep(body), what)
+        )
+        done = body.get("recovered")
+        if isinstance(done, dict):
+            how = hows.get(row.segment, "recovery")
+            report.recoveries.append(
+                v.Recovery(row.step, how, list(done.get("replayed", [])), list(done.get("rerun", [])))
+            )
+    latest = bodies[-1]
+    ident = latest.get("identity") or {}
+    report.identity = v.Identity(ident.get("user"), ident.get("thread"), bool(ident.get("principal")))
+    report.segments = segments
+    report.calls = _fold_calls(records)
+    _label(report.calls, report.recoveries)
+    report.pending = [dict(p) for p in latest.get("pending") or []]
+    report.state = _state(latest)
+    report.error = latest.get("error")
+    report.records = len(records)
+
+
+def _bare(row: SealedCheckpoint, problems: list[str]) -> v.CheckpointView:
+    """A row of a corrupt run: its position and its own problem, none of its fields (they are unproven)."""
+    own = next((p for p in problems if p.startswith(f"checkpoint {row.step} ")), None)
+    return v.CheckpointView(row.step, 0.0, "", -1, None, "", own)
+
+
+# --- the entry points ---------------------------------------------------------------------
+
+
+async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.RunReport:
+    """Read and check one run.
+
+    Raises:
+        CheckpointNotFound: nothing is stored for `run_id`.
+        CheckpointError: the store failed (unreachable, or a row it cannot even read).
+    """
+    rows = list(await store.history(run_id))
+    if not rows:
+        raise CheckpointNotFound(f"no run {run_id!r} in this store")
+    last = rows[-1]
+    report = v.RunReport(run_id, last.flow, RunKind.of(last.flow), last.status, last.step, last.saved_at)
+    bodies, records, report.problems = await _check_rows(store, sealer, run_id, rows)
+    if report.problems:
+        report.checkpoints = [_bare(row, report.problems) for row in rows]
+        return report
+    checked = [b for b in bodies if b is not None]
+    try:
+        _fill(report, rows, checked, records)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # Signed with our key, but not shaped like any body agentflow writes.
+        report.problems.append(f"run {run_id!r}: a checked row does not have the expected fields ({exc!r})")
+        report.checkpoints = [_bare(row, report.problems) for row in rows]
+    return report
+
+
+async def read_runs(
+    store: CheckpointStore, sealer: Sealer, flow: str | None = None, limit: int = ALL_RUNS
+) -> list[v.RunReport]:
+    """Read and check the latest `limit` runs (of one ``flow`` column, or all), newest first."""
+    reports = []
+    for row in await store.list_runs(flow, limit):
+        try:
+            reports.append(await read_run(store, sealer, row.run_id))
+        except CheckpointNotFound:
+            continue  # deleted since it was listed
+    return reports
+
+
+def signed_with_other_keys(reports: Sequence[v.RunReport]) -> bool:
+    """Whether some runs failed, and only because no key of the ring signed their rows (a wrong key)."""
+    problems = [p for rep in reports for p in rep.problems]
+    return bool(problems) and all(UNKNOWN_KEY in p for p in problems)

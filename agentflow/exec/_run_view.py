@@ -1,0 +1,208 @@
+"""The run read model: what a person (or a program) is shown of a stored run.
+
+Every surface reads runs through these records: ``agentflow runs`` and ``agentflow verify``,
+the run viewer, `FlowClient.status` and the demo's narrator. `agentflow.exec._run_read`
+fills them, and only from rows whose signatures and numbering checked.
+
+A run with any problem carries its problems and the position of each row, nothing else:
+no state, no results, nothing decoded from a payload that failed its check. A principal is
+never kept, not even its proof: `Identity.principal` only says whether the run has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agentflow._run_types import RunKind, RunStatus
+
+#: Call states, as shown.
+DONE: Final = "done"
+REPLAYED: Final = "replayed"
+IN_DOUBT: Final = "in doubt"
+PENDING: Final = "pending"
+FAILED: Final = "failed"
+DENIED: Final = "denied"
+
+#: Marks a run can carry in listings.
+RECOVERED: Final = "recovered"
+RESUMED: Final = "resumed"
+PAUSED: Final = "paused"
+CORRUPT: Final = "corrupt"
+
+#: What a listing can be filtered by: a run's status, or ``corrupt`` (the runs that failed their check).
+STATUSES: Final = (*(str(s) for s in RunStatus), CORRUPT)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a run acts for, without its credential."""
+
+    user: str | None
+    """The end user, if the run was started with one."""
+    thread: str | None
+    """The conversation thread, if any."""
+    principal: bool
+    """Whether the run acts for a principal (a credential); the credential is never stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointView:
+    """One checkpoint row and whether it checked."""
+
+    step: int
+    """Its position in the run's history."""
+    saved_at: float
+    """When it was saved (seconds since the epoch; 0 when `problem` is set)."""
+    status: str
+    """``running``, ``paused``, ``done`` or ``failed`` (empty when `problem` is set)."""
+    segment: int
+    """The segment of the worker that saved it: the step at which that worker claimed the run."""
+    superstep: int | None = None
+    """Supersteps done (a tool loop's turn), from the checked body."""
+    what: str = ""
+    """``start``, ``superstep``, ``claim (recovery|resume|handoff)``, ``paused``, ``done`` or ``failed``."""
+    problem: str | None = None
+    """Why the row failed its check (then nothing else of it is shown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentView:
+    """One segment of a run: from its start or a claim up to the next claim.
+
+    Distributed workers that hand a run over cleanly share a segment (no claim is made).
+    """
+
+    segment: int
+    """Its number: the step at which the worker claimed the run (0: the worker that started it)."""
+    how: str
+    """Why it began: ``start``, ``recovery``, ``resume`` or ``handoff``."""
+    first_step: int
+    """The step of the claim (or 0)."""
+    last_step: int
+    """The last checkpoint saved in it."""
+    since: float
+    """When its first checkpoint was saved."""
+    until: float
+    """When its last checkpoint was saved."""
+    records: int
+    """How many call records it wrote."""
+
+
+@dataclass(slots=True)
+class CallView:
+    """One tool call, folded from its records."""
+
+    call_id: str
+    """The call's identity: ``superstep/node/ordinal/argument digest``."""
+    tool: str
+    """The tool it calls."""
+    node: str
+    """The node (or loop stage) that made it."""
+    superstep: int
+    """The superstep it belongs to."""
+    kind: str
+    """The kind of its deciding record: ``started``, ``pending``, ``done``, ``failed``, ..."""
+    args: Any = None
+    """Its arguments, as logged."""
+    segments: list[int] = field(default_factory=list)
+    """The segments that wrote its records."""
+    result: Any = None
+    """Its stored result (``done``)."""
+    error: str | None = None
+    """Why it failed, was denied, or could not be stored."""
+    state: str = ""
+    """As shown: ``done``, ``replayed``, ``in doubt``, ``pending``, ``failed`` or ``denied``."""
+    note: str = ""
+    """More about the state (``rerun after recovery``, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What the first checkpoint after a claim says was replayed and rerun."""
+
+    step: int
+    """The checkpoint that records it."""
+    how: str
+    """The claim's cause: ``recovery``, ``resume`` or ``handoff``."""
+    replayed: list[str]
+    """Calls whose stored results were used instead of running the tool."""
+    rerun: list[str]
+    """Calls in doubt that ran again."""
+
+
+@dataclass(slots=True)
+class RunReport:
+    """Everything shown about one run."""
+
+    run_id: str
+    """The run's id."""
+    flow: str
+    """Its stored ``flow`` column: the flow's name, or ``loop:<name>`` for a tool loop."""
+    kind: RunKind
+    """Whether a flow or a tool loop drives it (see `name` for its name without the column's prefix)."""
+    status: str
+    """The status of its latest checkpoint."""
+    step: int
+    """Its latest step."""
+    saved_at: float
+    """When its latest checkpoint was saved."""
+    problems: list[str] = field(default_factory=list)
+    """Every row that failed its check, by name; a run with problems shows no data."""
+    checkpoints: list[CheckpointView] = field(default_factory=list)
+    """Its history, oldest first."""
+    segments: list[SegmentView] = field(default_factory=list)
+    """Who held the run when."""
+    calls: list[CallView] = field(default_factory=list)
+    """Its tool calls in log order."""
+    recoveries: list[Recovery] = field(default_factory=list)
+    """Each recovery and resume, with what it replayed and reran."""
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """Calls waiting for approval (a paused run), as stored: call_id, tool, args, node."""
+    identity: Identity | None = None
+    """Who it acts for."""
+    state: Any = None
+    """The state at the latest checkpoint, as stored (a tool loop: its stage and sizes)."""
+    error: str | None = None
+    """Why it failed."""
+    records: int = 0
+    """How many call records it has."""
+
+    @property
+    def name(self) -> str:
+        """The flow's or the tool loop's own name."""
+        return RunKind.name_of(self.flow)
+
+    @property
+    def corrupt(self) -> bool:
+        """Whether any row failed its check."""
+        return bool(self.problems)
+
+    @property
+    def in_doubt(self) -> list[CallView]:
+        """Calls in doubt in the superstep an unfinished run is at."""
+        if self.corrupt or self.status != RunStatus.RUNNING or not self.checkpoints:
+            return []
+        current = self.checkpoints[-1].superstep
+        return [c for c in self.calls if c.state == IN_DOUBT and c.superstep == current]
+
+    @property
+    def marks(self) -> list[str]:
+        """The marks a listing shows: corrupt, recovered, resumed, in doubt, paused."""
+        if self.corrupt:
+            return [CORRUPT]
+        hows = {s.how for s in self.segments}
+        marks = [m for m, how in ((RECOVERED, "recovery"), (RESUMED, "resume")) if how in hows]
+        if self.in_doubt:
+            marks.append(IN_DOUBT)
+        if self.status == PAUSED:
+            marks.append(PAUSED)
+        return marks
+
+    def has_status(self, status: str | None) -> bool:
+        """Whether the run passes a status filter (None: every run; ``corrupt``: the runs that failed their check)."""
+        if status is None:
+            return True
+        if status == CORRUPT:
+            return self.corrupt
+        return not self.corrupt and self.status == status
