@@ -22,24 +22,14 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentflow._errors import CheckpointConflict, CheckpointNotFound, Stale
+from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import Decision, Journal
-from agentflow.exec._durable_read import (
-    CallState,
-    analyze,
-    calls_in_doubt,
-    check_no_later_records,
-    check_still_paused,
-    read_log,
-    untouched_since,
-)
-from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Approver, Executor
-from agentflow.exec._loop_engine import LoopCursor, LoopEngine, LoopResult
+from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
+from agentflow.exec._run_protocol import RunProtocol, sealer_for
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._messages import Message
 from agentflow.models._protocol import Model
@@ -54,32 +44,27 @@ __all__ = [
 ]
 
 
-async def _seeds(
-    engine: LoopEngine, lp: LoopCursor, body: dict[str, Any], rerun_in_doubt: bool, *, resuming: bool = False
-) -> tuple[dict[str, CallState], int | None]:
-    """The call states of the cut-off stage, and `untouched_since` of the log."""
-    assert engine.store is not None and engine.sealer is not None
-    marker = body.get("log")
-    records = await read_log(engine.store, engine.sealer, lp.run_id, (marker[0], marker[1]) if marker else None)
-    if resuming:
-        check_still_paused(lp.run_id, records, marker)
-    check_no_later_records(lp.run_id, records, lp.turn, model_ahead=1)
-    lp.model_calls = max(lp.model_calls, sum(1 for r in records if r.body.get("model")))
-    states = analyze(records, lp.turn) if lp.stage == "model" else {}
-    calls_in_doubt(lp.run_id, states, engine.executor.registry, rerun_in_doubt)
-    return states, untouched_since(records, marker)
-
-
-def _engine(
+def _protocol(
     model: Model,
     registry: Registry,
     checkpoints: CheckpointStore | None,
     checkpoint_key: bytes | Sequence[bytes] | None,
-    approver: Approver | None,
-    events: Events | None,
-) -> LoopEngine:
+    name: str,
+    approver: Approver | None = None,
+    events: Events | None = None,
+) -> LoopProtocol:
+    """The run protocol for the loop `name` over `checkpoints`."""
     executor = Executor(registry, approver=approver, events=events)
-    return LoopEngine(model, executor, checkpoints, sealer_for(checkpoints, checkpoint_key))
+    driver = LoopDriver(model, executor, name)
+    return RunProtocol(driver, checkpoints, sealer_for(checkpoints, checkpoint_key), registry, executor.events)
+
+
+def _cursor(
+    proto: LoopProtocol, run_id: str | None, messages: Sequence[Message], max_steps: int, ctx: RunContext | None
+) -> LoopCursor:
+    """A new loop's cursor, before its step 0 is saved."""
+    rid = run_id or "loop-" + secrets.token_urlsafe(16)
+    return LoopCursor(rid, identity_body(proto.sealer, rid, ctx), ctx, list(messages), max_steps)
 
 
 async def run_tool_loop(
@@ -125,16 +110,16 @@ async def run_tool_loop(
     """
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
-    engine = _engine(model, registry, checkpoints, checkpoint_key, approver, events)
-    flow = f"loop:{name}"
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events)
     if run_id is not None and checkpoints is not None and await _exists(checkpoints, run_id):
-        return await _resume(engine, run_id, flow, approve, note, ctx)
+        if approve is None:
+            return await _paused(proto, run_id, ctx)
+        return await proto.resume(run_id, approve=approve, note=note, ctx=ctx, limit=None)
     if not messages:
         raise ValueError("run_tool_loop needs the messages to start from")
-    rid = run_id or "loop-" + secrets.token_urlsafe(16)
-    lp = LoopCursor(rid, flow, list(messages), max_steps, identity_body(engine.sealer, rid, ctx), ctx)
-    await engine.save(lp, RunStatus.RUNNING, segment=0)
-    return await engine.drive(lp)
+    lp = _cursor(proto, run_id, messages, max_steps, ctx)
+    await proto.start(lp)
+    return await proto.driver.drive(proto, lp, {}, limit=None, recovering=False)
 
 
 async def _exists(store: CheckpointStore, run_id: str) -> bool:
@@ -145,46 +130,13 @@ async def _exists(store: CheckpointStore, run_id: str) -> bool:
     return True
 
 
-async def _resume(
-    engine: LoopEngine,
-    run_id: str,
-    flow: str,
-    approve: bool | Mapping[str, bool] | None,
-    note: str | None,
-    ctx: RunContext | None,
-) -> LoopResult:
-    lp, body = await _decide(engine, run_id, flow, approve, note, ctx)
-    if approve is None:
-        return engine._result(lp, RunStatus.PAUSED)
-    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt=False, resuming=True)
-    assert lp.step is not None
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
-    return await engine.drive(lp, seeds, recovering=False)
-
-
-async def _decide(
-    engine: LoopEngine,
-    run_id: str,
-    flow: str,
-    approve: bool | Mapping[str, bool] | None,
-    note: str | None,
-    ctx: RunContext | None,
-) -> tuple[LoopCursor, dict[str, Any]]:
-    """Load a paused loop and put the decision on it (`approve` None: leave it undecided)."""
-    lp, status, body = await engine.load(run_id, flow, ctx)
-    if status != RunStatus.PAUSED:
-        hint = "use recover_tool_loop" if status == RunStatus.RUNNING else "it ended"
-        raise CheckpointConflict(f"run {run_id!r} exists and is {status}, not paused ({hint})")
-    if approve is None:
-        return lp, body
-    if isinstance(approve, bool):
-        lp.decisions = {p.call_id: Decision(approve, note) for p in lp.pending}
-    else:
-        lp.decisions = {p.call_id: Decision(bool(approve[p.call_id]), note) for p in lp.pending if p.call_id in approve}
-        if len(lp.decisions) != len(lp.pending):
-            raise ValueError(f"run {run_id!r}: decide every pending call ({[p.call_id for p in lp.pending]})")
-    lp.pending = []
-    return lp, body
+async def _paused(proto: LoopProtocol, run_id: str, ctx: RunContext | None) -> LoopResult:
+    """A paused loop as it stands (`run_tool_loop` called again with no decision)."""
+    opened = await proto.open(run_id, ctx)
+    if opened.status != RunStatus.PAUSED:
+        hint = "use recover_tool_loop" if opened.status == RunStatus.RUNNING else "it ended"
+        raise CheckpointConflict(f"run {run_id!r} exists and is {opened.status}, not paused ({hint})")
+    return proto.driver.result(opened.cur, RunStatus.PAUSED)
 
 
 async def decide_tool_loop(
@@ -207,11 +159,8 @@ async def decide_tool_loop(
         CheckpointConflict: the loop is not paused, or another decision won.
         ValueError: `approve` is a mapping that leaves a pending call undecided.
     """
-    engine = LoopEngine(_NoModel(), Executor(registry), checkpoints, sealer_for(checkpoints, checkpoint_key))
-    lp, _ = await _decide(engine, run_id, f"loop:{name}", approve, note, ctx)
-    assert lp.step is not None
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="resume")
-    return engine._result(lp, RunStatus.RUNNING)
+    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name)
+    return await proto.resume(run_id, approve=approve, note=note, ctx=ctx, limit=0)
 
 
 async def recover_tool_loop(
@@ -236,16 +185,8 @@ async def recover_tool_loop(
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
         IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
     """
-    engine = _engine(model, registry, checkpoints, checkpoint_key, approver, events)
-    lp, status, body = await engine.load(run_id, f"loop:{name}", ctx)
-    if status == RunStatus.PAUSED:
-        return engine._result(lp, RunStatus.PAUSED)
-    if status != RunStatus.RUNNING:
-        raise CheckpointConflict(f"run {run_id!r} already ended ({status}); there is nothing to recover")
-    seeds, _ = await _seeds(engine, lp, body, rerun_in_doubt)
-    assert lp.step is not None
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="recovery")
-    return await engine.drive(lp, seeds)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events)
+    return await proto.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx)
 
 
 async def start_tool_loop(
@@ -268,11 +209,10 @@ async def start_tool_loop(
         raise ValueError("max_steps must be at least 1")
     if not messages:
         raise ValueError("start_tool_loop needs the messages to start from")
-    engine = LoopEngine(_NoModel(), Executor(registry), checkpoints, sealer_for(checkpoints, checkpoint_key))
-    rid = run_id or "loop-" + secrets.token_urlsafe(16)
-    lp = LoopCursor(rid, f"loop:{name}", list(messages), max_steps, identity_body(engine.sealer, rid, ctx), ctx)
-    await engine.save(lp, RunStatus.RUNNING, segment=0)
-    return engine._result(lp, RunStatus.RUNNING)
+    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name)
+    lp = _cursor(proto, run_id, messages, max_steps, ctx)
+    await proto.start(lp)
+    return proto.driver.result(lp, RunStatus.RUNNING)
 
 
 async def advance_tool_loop(
@@ -295,22 +235,10 @@ async def advance_tool_loop(
         CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
     """
-    engine = _engine(model, registry, checkpoints, checkpoint_key, None, events)
-    lp, status, body = await engine.load(run_id, f"loop:{name}", None)
-    if expected_step is not None and lp.step != expected_step:
-        raise Stale(f"loop {run_id!r} is at step {lp.step}, not {expected_step}: this message is late or a duplicate")
-    if status != RunStatus.RUNNING:
-        raise CheckpointConflict(f"loop {run_id!r} is {status}; only a running loop can be advanced")
-    seeds, next_seq = await _seeds(engine, lp, body, rerun_in_doubt)
-    assert lp.step is not None and engine.store is not None and engine.sealer is not None
-    # As for flows (`agentflow.flow._recover`): a clean handoff continues the segment unclaimed.
-    # Nothing was logged since the checkpoint, so any seeds predate it: the finished calls of
-    # a round paused for approval, replayed after a stored decision (`decide_tool_loop`).
-    if handoff and next_seq is not None:
-        lp.journal = Journal(engine.store, engine.sealer, run_id, int(body["log"][0]), next_seq)
-        return await engine.drive(lp, seeds, limit=1, recovering=False)
-    await engine.save(lp, RunStatus.RUNNING, segment=lp.step + 1, claim="recovery")
-    return await engine.drive(lp, seeds, limit=1, recovering=True)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events)
+    return await proto.advance(
+        run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, head=None
+    )
 
 
 class _NoModel:
@@ -333,6 +261,6 @@ async def read_tool_loop(
         CheckpointNotFound: unknown run.
         CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
     """
-    engine = LoopEngine(_NoModel(), Executor(Registry()), checkpoints, sealer_for(checkpoints, checkpoint_key))
-    lp, status, _ = await engine.load(run_id, f"loop:{name}", None)
-    return engine._result(lp, RunStatus(status))
+    proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name)
+    opened = await proto.open(run_id, None, identity=False)
+    return proto.driver.result(opened.cur, RunStatus(opened.status))

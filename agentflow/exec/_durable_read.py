@@ -3,15 +3,15 @@
 Moving parts:
 - `read_log` / `check_log`: load every record of a run, check each signature and the
   numbering, and return the decoded bodies. Nothing is decoded before its signature checks.
-- `read_head`: the latest checkpoint and the records per segment, where the store counts
-  them (one read); `clean_by_counts` and `untouched_since` tell from counts or records
-  whether anything was logged after a checkpoint (a clean handoff, or a cut-off superstep).
+- `read_head`: the latest checkpoint and the records per segment, in one read.
 - `analyze`: folds one superstep's records into a `CallState` per call identity;
   `calls_in_doubt` decides which of them may run again.
 
 Invariants:
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
-- Records of a superstep past the latest checkpoint's prove a rollback and are refused.
+
+What the log must hold against the latest checkpoint (markers, pins, nothing past it) is
+checked in `_run_checks`, the one set of checks every reader of a run makes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision
+from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -100,20 +100,6 @@ async def read_head(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoi
     return await store.latest(run_id), None
 
 
-def clean_by_counts(counts: Mapping[int, int] | None, marker: Sequence[int] | None) -> int | None:
-    """`untouched_since` from per-segment counts alone, without reading the log (None: unknown).
-
-    Clean when the marker's segment holds exactly the marker's count and no later segment
-    has any record (a later segment's records would mean a claim whose checkpoint is gone).
-    """
-    if counts is None or not marker:
-        return None
-    segment, count = int(marker[0]), int(marker[1])
-    if counts.get(segment, 0) != count or any(s > segment and n for s, n in counts.items()):
-        return None
-    return count
-
-
 @dataclass(slots=True)
 class CallState:
     """Where one call stood when the log was read."""
@@ -131,57 +117,6 @@ class CallState:
     def in_doubt(self) -> bool:
         """Whether the call may or may not have had its effect."""
         return self.kind in ("started", "unrecordable")
-
-
-def check_no_later_records(
-    run_id: str, records: Sequence[LoggedRecord], superstep: int, *, model_ahead: int = 0
-) -> None:
-    """Refuse a log holding records of a superstep past the latest checkpoint's.
-
-    A worker logs a call of superstep k+1 only after the checkpoint ending superstep k was
-    stored, so such a record proves that checkpoints were removed (the run rolled back).
-    A tool loop logs its model-call marker one turn ahead (`model_ahead`).
-
-    Raises:
-        CheckpointStoreCorrupt: naming the record.
-    """
-    for rec in records:
-        step = rec.body.get("superstep")
-        limit = superstep + (model_ahead if rec.body.get("model") else 0)
-        if isinstance(step, int) and step > limit:
-            raise CheckpointStoreCorrupt(
-                f"call record {rec.segment}.{rec.seq} of run {run_id!r} belongs to superstep {step}, past the "
-                f"latest checkpoint's {superstep}: checkpoints are missing"
-            )
-
-
-def untouched_since(records: Sequence[LoggedRecord], marker: Sequence[int] | None) -> int | None:
-    """The segment's record count if nothing was logged since the checkpoint that saw it.
-
-    `marker` is a checkpoint's ``log`` field, ``(segment, count)``. When the segment holds
-    exactly `count` records, no worker has written anything since that checkpoint: the
-    next superstep may continue the segment, numbering from `count`, without a claim.
-    Otherwise (None) a worker wrote and may still be alive, so the run must be claimed.
-    """
-    counts: dict[int, int] = {}
-    for rec in records:
-        counts[rec.segment] = counts.get(rec.segment, 0) + 1
-    return clean_by_counts(counts, marker)
-
-
-def check_still_paused(run_id: str, records: Sequence[LoggedRecord], marker: Sequence[int] | None) -> None:
-    """Refuse a resume when records follow the paused checkpoint: another resume won meanwhile.
-
-    A paused run logs nothing until a resume has stored its decision with a claim, so such
-    records are the winner's calls; read as this resume's, they would look in doubt.
-
-    Raises:
-        CheckpointConflict: something was logged since the paused checkpoint.
-    """
-    if untouched_since(records, marker) is None:
-        raise CheckpointConflict(
-            f"run {run_id!r} was resumed by another worker meanwhile (it logged calls after the paused checkpoint)"
-        )
 
 
 def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:

@@ -22,7 +22,6 @@ from json.encoder import encode_basestring as _json_str
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 
 #: The shortest key accepted, in bytes (HMAC-SHA256's block of output).
@@ -203,23 +202,3 @@ def _decode(what: str, payload: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise CheckpointStoreCorrupt(f"{what}: payload is not a JSON object")
     return body
-
-
-def sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:
-    """The sealer a runner over `store` uses: from `key`, or the memory store's own key.
-
-    Raises:
-        ValueError: a store shared with other processes and no key.
-        TypeError: a key is not bytes.
-    """
-    if key is None:
-        if store is None:
-            return None
-        local = getattr(store, "local_key", None)
-        if getattr(store, "in_process", False) and isinstance(local, bytes):
-            return Sealer(local)
-        raise ValueError(
-            f"{type(store).__name__} is shared with other processes, so it needs checkpoint_key= "
-            "(32+ random bytes, the same on every worker) to sign and check what it stores"
-        )
-    return Sealer(key)

@@ -1,16 +1,17 @@
-"""The tool loop's engine: the loop cursor, its checkpoints, and the model/tools cycle.
+"""Tool loops in the run protocol: the loop's cursor, its checkpoint body, and the model/tools cycle.
 
-See `_durable_loop` for the public functions and the storage layout.
+`LoopDriver` is what a tool loop plugs into `agentflow.exec._run_protocol.RunProtocol`; the
+protocol owns the durable sequence. See `_durable_loop` for the public functions and the
+storage layout (each checkpoint stores only the messages added since the previous one).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from agentflow._errors import (
     ApprovalDenied,
@@ -21,23 +22,17 @@ from agentflow._errors import (
     ToolArgumentsInvalid,
     UnknownTool,
 )
-from agentflow._events import Events
-from agentflow._identity import RunContext, restore_identity
-from agentflow._run_types import RunStatus
-from agentflow.exec._durable import (
-    CallLog,
-    Decision,
-    Journal,
-    PauseForApproval,
-    describe_failure,
-    envelope,
-    read_decisions,
-    read_pending,
-)
-from agentflow.exec._durable_read import CallState
+from agentflow._identity import RunContext
+from agentflow._run_types import RunKind, RunStatus
+from agentflow.exec._durable import CallLog, PauseForApproval, describe_failure
+from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
 from agentflow.exec._durable_seal import Sealer, canonical
-from agentflow.exec._executor import ApprovalRequest, Executor
+from agentflow.exec._executor import Executor
+from agentflow.exec._run_cursor import RunCursor, RunOutcome
+from agentflow.exec._run_driver import RunDriver
+from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 
@@ -50,20 +45,13 @@ def chain(prev: str, message: Message) -> str:
 
 
 @dataclass
-class LoopResult:
+class LoopResult(RunOutcome):
     """The outcome of `run_tool_loop` or `recover_tool_loop`."""
 
-    run_id: str
-    status: RunStatus
     messages: list[Message]
     """The whole conversation, initial messages included."""
     model_calls: int
     """Model calls made over the whole run."""
-    step: int | None = None
-    pending: list[ApprovalRequest] = field(default_factory=list)
-    error: str | None = None
-    replayed: list[str] = field(default_factory=list)
-    rerun: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -75,176 +63,186 @@ class LoopResult:
 
 
 @dataclass
-class LoopCursor:
-    run_id: str
-    flow: str
+class LoopCursor(RunCursor):
+    """One worker's hold on a tool loop between stages."""
+
     history: list[Message]
+    """The whole conversation so far."""
     max_steps: int
-    identity: dict[str, Any]
-    ctx: RunContext | None
+    """The most model calls the run may make."""
     stage: str = "start"
+    """``start``, ``model`` (a reply is waiting for its tools) or ``tools``."""
     turn: int = 0
+    """Model replies so far (the loop's superstep)."""
     model_calls: int = 0
-    step: int | None = None
-    journal: Journal | None = None
+    """Model calls made, recoveries included."""
     chain: str = _EMPTY_CHAIN
+    """The digest chain over the history saved so far."""
     saved_len: int = 0
-    decisions: dict[str, Decision] = field(default_factory=dict)
-    pending: list[ApprovalRequest] = field(default_factory=list)
-    error: str | None = None
+    """How many messages are saved already."""
 
 
-class LoopEngine:
-    def __init__(
-        self,
-        model: Model,
-        executor: Executor,
-        store: CheckpointStore | None,
-        sealer: Sealer | None,
-    ) -> None:
+LoopProtocol = RunProtocol[LoopCursor, LoopResult]
+
+
+class LoopDriver(RunDriver[LoopCursor, LoopResult]):
+    """A tool loop, as the run protocol drives it."""
+
+    kind: ClassVar[RunKind] = RunKind.LOOP
+    model_ahead: ClassVar[int] = 1
+
+    def __init__(self, model: Model, executor: Executor, name: str) -> None:
         self.model = model
         self.executor = executor
-        self.events: Events = executor.events
-        self.store = store
-        self.sealer = sealer
+        self.events = executor.events
+        self.name = name
+        self._loaded: tuple[str, list[Message]] | None = None
 
-    # -- checkpoints ----------------------------------------------------------------
+    @property
+    def column(self) -> str:
+        """``loop:<name>``."""
+        return RunKind.LOOP.column(self.name)
 
-    def _body(self, lp: LoopCursor, recovered: dict[str, Any] | None) -> dict[str, Any]:
-        new = lp.history[lp.saved_len :]
-        digest = lp.chain
-        for message in new:
-            digest = chain(digest, message)
-        body: dict[str, Any] = {
-            "v": 1,
-            "kind": "loop",
-            "stage": lp.stage,
-            "turn": lp.turn,
-            "model_calls": lp.model_calls,
-            "max_steps": lp.max_steps,
-            "new": [m.model_dump(mode="json") for m in new],
-            "history": {"len": len(lp.history), "chain": digest},
-            **envelope(lp.identity, lp.pending, lp.decisions, lp.journal, lp.error),
-        }
-        if recovered is not None:
-            body["recovered"] = recovered
-        return body
+    # -- the checkpoint body ----------------------------------------------------------
 
-    async def save(
-        self,
-        lp: LoopCursor,
-        status: str,
-        *,
-        segment: int | None = None,
-        claim: str | None = None,
-        recovered: dict[str, Any] | None = None,
-    ) -> None:
-        if self.store is None or self.sealer is None:
-            return
-        step = 0 if lp.step is None else lp.step + 1
-        if segment is not None:
-            lp.journal = Journal(self.store, self.sealer, lp.run_id, segment)
-        assert lp.journal is not None
-        body = self._body(lp, recovered)
-        if claim is not None:
-            body["claim"] = claim
-        row = self.sealer.seal_checkpoint(lp.run_id, step, lp.flow, status, lp.journal.segment, time.time(), body)
-        await lp.journal.save(step, row)
-        lp.step, lp.chain, lp.saved_len = step, body["history"]["chain"], len(lp.history)
-        self.events.emit(
-            "checkpoint.saved", lp.run_id, kind="loop", step=step, status=status, stage=lp.stage, unreplayed=[]
-        )
+    async def read(
+        self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
+    ) -> tuple[SealedCheckpoint, dict[str, Any]]:
+        """Read every checkpoint of the loop (its messages are spread over them) and check the chain.
 
-    async def load(self, run_id: str, flow: str, ctx: RunContext | None) -> tuple[LoopCursor, str, dict[str, Any]]:
-        assert self.store is not None and self.sealer is not None
-        rows = list(await self.store.history(run_id))
+        A latest row read already is not enough here: the history is rebuilt from all rows.
+        """
+        rows = list(await store.history(run_id))
         if not rows:
-            await self.store.latest(run_id)  # raises CheckpointNotFound with the store's message
+            await store.latest(run_id)  # raises CheckpointNotFound with the store's message
         history: list[Message] = []
         digest = _EMPTY_CHAIN
         body: dict[str, Any] = {}
-        for expected, row in enumerate(rows):
-            body = self.sealer.open_checkpoint(row, run_id)
-            if row.step != expected:
+        for expected, each in enumerate(rows):
+            body = sealer.open_checkpoint(each, run_id)
+            if each.step != expected:
                 raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint {expected} is missing from its history")
-            if body.get("kind") != "loop" or row.flow != flow:
-                raise CheckpointConflict(f"run {run_id!r} is not a tool loop named {flow!r} (it is {row.flow!r})")
+            if body.get("kind") != RunKind.LOOP or each.flow != self.column:
+                raise CheckpointConflict(f"run {run_id!r} is not a tool loop named {self.name!r} (it is {each.flow!r})")
             for raw in body["new"]:
                 message = Message.model_validate(raw)
                 history.append(message)
                 digest = chain(digest, message)
-        last = rows[-1]
         if body["history"] != {"len": len(history), "chain": digest}:
             raise CheckpointStoreCorrupt(f"run {run_id!r}: the stored history does not match its digest chain")
-        restored = restore_identity(self.sealer, run_id, body.get("identity") or {}, ctx)
-        lp = LoopCursor(
-            run_id=run_id,
-            flow=flow,
-            history=history,
-            max_steps=int(body["max_steps"]),
-            identity=dict(body["identity"]),
-            ctx=restored,
+        self._loaded = (run_id, history)  # for `cursor`, which the protocol calls next
+        return rows[-1], body
+
+    def cursor(self, row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None) -> LoopCursor:
+        """Rebuild a cursor from the checked checkpoint and the history `read` rebuilt."""
+        assert self._loaded is not None and self._loaded[0] == row.run_id
+        history = self._loaded[1]
+        return LoopCursor(
+            row.run_id,
+            dict(body["identity"]),
+            ctx,
+            history,
+            int(body["max_steps"]),
             stage=str(body["stage"]),
             turn=int(body["turn"]),
             model_calls=int(body["model_calls"]),
-            step=last.step,
-            chain=digest,
+            chain=str(body["history"]["chain"]),
             saved_len=len(history),
-            decisions=read_decisions(body),
-            pending=read_pending(body, restored),
-            error=body.get("error"),
         )
-        return lp, last.status, body
+
+    def fields(self, cur: LoopCursor) -> dict[str, Any]:
+        """Stage, turn, counts, and the messages added since the last checkpoint with the chain."""
+        new = cur.history[cur.saved_len :]
+        digest = cur.chain
+        for message in new:
+            digest = chain(digest, message)
+        return {
+            "stage": cur.stage,
+            "turn": cur.turn,
+            "model_calls": cur.model_calls,
+            "max_steps": cur.max_steps,
+            "new": [m.model_dump(mode="json") for m in new],
+            "history": {"len": len(cur.history), "chain": digest},
+        }
+
+    def after_save(self, cur: LoopCursor, body: Mapping[str, Any]) -> None:
+        """The saved messages are now part of the chain."""
+        cur.chain, cur.saved_len = body["history"]["chain"], len(cur.history)
+
+    def event_fields(self, cur: LoopCursor) -> dict[str, Any]:
+        """The loop's stage."""
+        return {"stage": cur.stage}
+
+    def superstep(self, cur: LoopCursor) -> int:
+        """The loop's turn."""
+        return cur.turn
+
+    def seeds(self, cur: LoopCursor, records: Sequence[LoggedRecord]) -> dict[str, CallState]:
+        """Model calls are counted from their markers (one cut off by a crash counts); tool calls as flows'."""
+        cur.model_calls = max(cur.model_calls, sum(1 for r in records if r.body.get("model")))
+        return analyze(records, cur.turn) if cur.stage == "model" else {}
+
+    def result(
+        self, cur: LoopCursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
+    ) -> LoopResult:
+        """The loop as it stands."""
+        return LoopResult(
+            cur.run_id,
+            status,
+            list(cur.history),
+            cur.model_calls,
+            step=cur.step,
+            pending=list(cur.pending),
+            error=cur.error,
+            replayed=list(replayed or []),
+            rerun=list(rerun or []),
+        )
 
     # -- the loop -------------------------------------------------------------------
 
     async def drive(
         self,
+        proto: LoopProtocol,
         lp: LoopCursor,
-        seeds: Mapping[str, CallState] | None = None,
+        seeds: Mapping[str, CallState],
         *,
-        limit: int | None = None,
-        recovering: bool | None = None,
+        limit: int | None,
+        recovering: bool,
     ) -> LoopResult:
         """Run stages (a model call, or a round of tools) until the loop ends, pauses, or `limit` ran."""
-        recovering = seeds is not None if recovering is None else recovering
         replayed: list[str] = []
         rerun: list[str] = []
         stages = 0
         while True:
             if limit is not None and stages >= limit:
-                return self._result(lp, RunStatus.RUNNING, replayed, rerun)
+                return self.result(lp, RunStatus.RUNNING, replayed, rerun)
             stages += 1
             if lp.stage in ("start", "tools"):
                 if lp.model_calls >= lp.max_steps:
                     lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
-                    await self.save(lp, RunStatus.FAILED)
-                    return self._result(lp, RunStatus.FAILED, replayed, rerun)
+                    await proto.save(lp, RunStatus.FAILED)
+                    return self.result(lp, RunStatus.FAILED, replayed, rerun)
                 reply = await self._ask_model(lp)
                 lp.history.append(reply)
                 lp.stage = "model"
                 status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
-                await self.save(lp, status)
+                await proto.save(lp, status)
                 if status is RunStatus.DONE:
-                    return self._result(lp, status, replayed, rerun)
+                    return self.result(lp, status, replayed, rerun)
                 continue
-            log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds or {}, lp.decisions)
+            log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
             results = await self._run_tools(lp, log)
             replayed += log.replayed
             rerun += log.rerun
-            recovered = {"replayed": log.replayed, "rerun": log.rerun} if recovering else None
-            if recovering:
-                self.events.emit(
-                    "run.recovered", lp.run_id, kind="loop", step=lp.step, replayed=log.replayed, rerun=log.rerun
-                )
+            recovered = proto.report_step(lp, log.replayed, log.rerun, recovering)
             if results is None:
                 lp.pending = list(log.pending)
-                await self.save(lp, RunStatus.PAUSED, recovered=recovered)
-                return self._result(lp, RunStatus.PAUSED, replayed, rerun)
+                await proto.save(lp, RunStatus.PAUSED, recovered=recovered)
+                return self.result(lp, RunStatus.PAUSED, replayed, rerun)
             lp.history.extend(results)
             lp.stage, lp.decisions, lp.pending = "tools", {}, []
-            await self.save(lp, RunStatus.RUNNING, recovered=recovered)
-            seeds, recovering = None, False
+            await proto.save(lp, RunStatus.RUNNING, recovered=recovered)
+            seeds, recovering = {}, False
 
     async def _ask_model(self, lp: LoopCursor) -> Message:
         if lp.journal is not None:
@@ -281,19 +279,3 @@ class LoopEngine:
             return value
         tool = self.executor.registry.get(call.name)
         return json.dumps(tool.encode_result(value), sort_keys=True)
-
-    @staticmethod
-    def _result(
-        lp: LoopCursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
-    ) -> LoopResult:
-        return LoopResult(
-            run_id=lp.run_id,
-            status=status,
-            messages=list(lp.history),
-            model_calls=lp.model_calls,
-            step=lp.step,
-            pending=list(lp.pending),
-            error=lp.error,
-            replayed=list(replayed or []),
-            rerun=list(rerun or []),
-        )

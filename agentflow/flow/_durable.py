@@ -1,179 +1,199 @@
-"""Flow checkpoints: what a worker holds of a run (`Cursor`) and how it is saved and loaded.
+"""Flow runs in the run protocol: the flow's cursor, its checkpoint body, and the superstep loop.
 
-A checkpoint body holds everything needed to go on from a superstep boundary: state,
-frontier, visits, superstep number, graph digest, identity (principal only as a proof),
-pending approval requests, decisions not yet spent, and ``log``: how many call records
-this segment had when it was saved (so records cut from before it are caught).
+A flow checkpoint body holds, besides the envelope every run carries (identity, pending
+approvals, decisions not yet spent, the log marker and pins): the state, the frontier,
+the visits, the superstep number and the graph digest. `FlowDriver` is what a flow plugs
+into `agentflow.exec._run_protocol.RunProtocol`; the protocol owns the rest.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError
-from agentflow._events import Events
+from agentflow._errors import CheckpointConflict, CheckpointError, FlowError
 from agentflow._identity import RunContext
-from agentflow.exec._durable import Decision, Journal, envelope, read_decisions, read_pending
+from agentflow._run_types import RunKind, RunStatus
+from agentflow.exec._durable import CallLog
+from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec._executor import Executor
+from agentflow.exec._run_cursor import RunCursor
+from agentflow.exec._run_driver import RunDriver
+from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
-from agentflow.flow._graph import Flow
-
-BODY_VERSION = 1
+from agentflow.flow._graph import Call, Flow
+from agentflow.flow._result import RunResult
+from agentflow.flow._superstep import run_superstep
 
 
 @dataclass
-class Cursor:
-    """One worker's hold on a run between supersteps."""
+class Cursor(RunCursor):
+    """One worker's hold on a flow run between supersteps."""
 
     flow: Flow[Any]
-    run_id: str
+    """The run's flow."""
     state: BaseModel
+    """The state after the last superstep."""
     frontier: list[str]
+    """The nodes of the next superstep."""
     visits: dict[str, int]
+    """How often each node ran."""
     superstep: int
-    identity: dict[str, Any]
-    ctx: RunContext | None
-    step: int | None = None
-    """The last step this worker saved or read (None before step 0)."""
-    journal: Journal | None = None
-    decisions: dict[str, Decision] = field(default_factory=dict)
-    pending: list[ApprovalRequest] = field(default_factory=list)
-    error: str | None = None
+    """Supersteps done."""
 
 
-class Checkpointer:
-    """Saves and loads a flow's checkpoints; without a store it saves nothing."""
+FlowProtocol = RunProtocol[Cursor, RunResult[Any]]
 
-    def __init__(self, store: CheckpointStore | None, sealer: Sealer | None, events: Events) -> None:
-        self.store = store
-        self.sealer = sealer
-        self.events = events
 
-    def journal(self, run_id: str, segment: int, next_seq: int = 0) -> Journal | None:
-        """A journal for a segment of the run, new or continued at `next_seq` (None without a store)."""
-        if self.store is None or self.sealer is None:
-            return None
-        return Journal(self.store, self.sealer, run_id, segment, next_seq)
+class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
+    """A flow, as the run protocol drives it."""
 
-    def body(self, cur: Cursor, recovered: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The checkpoint body for the cursor as it stands."""
-        try:
-            state = cur.state.model_dump(mode="json")
-        except Exception as exc:
-            raise FlowError(f"flow {cur.flow.name!r}: the state cannot be stored as JSON: {exc}") from None
-        body: dict[str, Any] = {
-            "v": BODY_VERSION,
-            "kind": "flow",
-            "digest": cur.flow.digest,
-            "state": state,
-            "frontier": cur.frontier,
-            "visits": cur.visits,
-            "superstep": cur.superstep,
-            **envelope(cur.identity, cur.pending, cur.decisions, cur.journal, cur.error),
-        }
-        if recovered is not None:
-            body["recovered"] = recovered
-        return body
+    kind: ClassVar[RunKind] = RunKind.FLOW
 
-    async def save(
-        self,
-        cur: Cursor,
-        status: str,
-        *,
-        segment: int | None = None,
-        claim: str | None = None,
-        unreplayed: list[str] | None = None,
-        recovered: dict[str, Any] | None = None,
-    ) -> None:
-        """Save the next checkpoint of the run (a compare-and-set on the step).
+    def __init__(self, flow: Flow[Any], executor: Executor) -> None:
+        self.flow = flow
+        self.executor = executor
+        self.events = executor.events
 
-        Args:
-            cur: the run; its `step` advances on success.
-            status: the checkpoint's status.
-            segment: open a new segment (a claim); by default the journal's segment.
-            claim: why the run is claimed: ``recovery``, ``resume`` or ``handoff`` (signed
-                into the checkpoint, so viewers can tell a recovery from routine).
-            unreplayed: calls whose arguments changed since the crash (reported in the event).
-            recovered: what the first superstep after a recovery replayed and reran.
+    @property
+    def column(self) -> str:
+        """The flow's name."""
+        return self.flow.name
 
-        Raises:
-            CheckpointConflict: another worker saved this step first, or the run ended.
-        """
-        step = 0 if cur.step is None else cur.step + 1
-        if self.store is None or self.sealer is None:
-            cur.step = None
-            return
-        if segment is not None:
-            cur.journal = self.journal(cur.run_id, segment)
-        assert cur.journal is not None
-        body = self.body(cur, recovered)
-        if claim is not None:
-            body["claim"] = claim
-        row = self.sealer.seal_checkpoint(
-            cur.run_id, step, cur.flow.name, str(status), cur.journal.segment, time.time(), body
-        )
-        await cur.journal.save(step, row)  # with a held ``done`` record, if the superstep left one
-        cur.step = step
-        self.events.emit(
-            "checkpoint.saved",
-            cur.run_id,
-            kind="flow",
-            step=step,
-            status=str(status),
-            flow=cur.flow.name,
-            unreplayed=list(unreplayed or ()),
-        )
+    # -- the checkpoint body ----------------------------------------------------------
 
-    async def load(
-        self, flow: Flow[Any], run_id: str, row: SealedCheckpoint | None = None
+    async def read(
+        self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
     ) -> tuple[SealedCheckpoint, dict[str, Any]]:
-        """Load (unless `row` was read already), check and decode the run's latest checkpoint.
-
-        Raises:
-            CheckpointNotFound: nothing is stored for the run.
-            CheckpointStoreCorrupt: the row fails its signature.
-            CheckpointConflict: the run belongs to another flow.
-            FlowError: the graph changed since the checkpoint.
-        """
-        assert self.store is not None and self.sealer is not None
+        """Load (unless given) and check the latest checkpoint: signature, kind, flow, graph digest."""
         if row is None:
-            row = await self.store.latest(run_id)
-        body = self.sealer.open_checkpoint(row, run_id)
-        if body.get("kind") != "flow":
-            raise FlowError(f"run {run_id!r} is a {body.get('kind')!r} run, not a flow run")
-        if row.flow != flow.name:
-            raise CheckpointConflict(f"run {run_id!r} belongs to flow {row.flow!r}, not {flow.name!r}")
-        if body.get("digest") != flow.digest:
+            row = await store.latest(run_id)
+        body = sealer.open_checkpoint(row, run_id)
+        if body.get("kind") != RunKind.FLOW:
+            raise CheckpointConflict(f"run {run_id!r} is a {body.get('kind')!r} run, not a flow run")
+        if row.flow != self.flow.name:
+            raise CheckpointConflict(f"run {run_id!r} belongs to flow {row.flow!r}, not {self.flow.name!r}")
+        if body.get("digest") != self.flow.digest:
             raise FlowError(
-                f"flow {flow.name!r} changed since run {run_id!r} was checkpointed (graph digest differs); "
+                f"flow {self.flow.name!r} changed since run {run_id!r} was checkpointed (graph digest differs); "
                 "recover it with the flow it was started with"
             )
         return row, body
 
-    def cursor(self, flow: Flow[Any], row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None) -> Cursor:
+    def cursor(self, row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None) -> Cursor:
         """Rebuild a cursor from a checked checkpoint."""
+        return Cursor(
+            row.run_id,
+            dict(body["identity"]),
+            ctx,
+            self.flow,
+            self.flow.state.model_validate(body["state"]),
+            [str(n) for n in body["frontier"]],
+            {str(k): int(v) for k, v in body["visits"].items()},
+            int(body["superstep"]),
+        )
+
+    def fields(self, cur: Cursor) -> dict[str, Any]:
+        """State, frontier, visits, superstep and graph digest."""
         try:
-            return Cursor(
-                flow=flow,
-                run_id=row.run_id,
-                state=flow.state.model_validate(body["state"]),
-                frontier=list(body["frontier"]),
-                visits=dict(body["visits"]),
-                superstep=int(body["superstep"]),
-                identity=dict(body["identity"]),
-                ctx=ctx,
-                step=row.step,
-                decisions=read_decisions(body),
-                pending=read_pending(body, ctx),
-                error=body.get("error"),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointStoreCorrupt(
-                f"checkpoint {row.step} of run {row.run_id!r} is signed but does not fit flow {flow.name!r}: {exc}"
-            ) from None
+            state = cur.state.model_dump(mode="json")
+        except Exception as exc:
+            raise FlowError(f"flow {self.flow.name!r}: the state cannot be stored as JSON: {exc}") from None
+        return {
+            "digest": self.flow.digest,
+            "state": state,
+            "frontier": cur.frontier,
+            "visits": cur.visits,
+            "superstep": cur.superstep,
+        }
+
+    def event_fields(self, cur: Cursor) -> dict[str, Any]:
+        """The flow's name."""
+        return {"flow": self.flow.name}
+
+    def superstep(self, cur: Cursor) -> int:
+        """Supersteps done."""
+        return cur.superstep
+
+    def result(
+        self, cur: Cursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
+    ) -> RunResult[Any]:
+        """The run as it stands."""
+        return RunResult(
+            cur.run_id,
+            status,
+            cur.state,
+            step=cur.step,
+            pending=list(cur.pending),
+            error=cur.error,
+            replayed=list(replayed or []),
+            rerun=list(rerun or []),
+        )
+
+    # -- the superstep loop -----------------------------------------------------------
+
+    async def drive(
+        self,
+        proto: FlowProtocol,
+        cur: Cursor,
+        seeds: Mapping[str, CallState],
+        *,
+        limit: int | None,
+        recovering: bool,
+    ) -> RunResult[Any]:
+        """Run supersteps from the cursor until the run ends, pauses, or `limit` supersteps ran."""
+        replayed: list[str] = []
+        rerun: list[str] = []
+        ran = 0
+        while limit is None or ran < limit:
+            ran += 1
+            log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
+            # A lone `Call` node returns as soon as its call does: nothing but the merge lies
+            # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
+            log.defer_done = len(cur.frontier) == 1 and isinstance(self.flow.nodes[cur.frontier[0]].action, Call)
+            try:
+                out = await run_superstep(self.flow, cur.state, cur.frontier, cur.visits, log, self.events)
+            except CheckpointError:
+                raise  # the store refused a write or failed: this worker must not go on, nor mark the run
+            except FlowError as exc:
+                await self._fail(proto, cur, exc)
+                raise
+            except Exception as exc:
+                return await self._fail(proto, cur, exc, replayed + log.replayed, rerun + log.rerun)
+            replayed += log.replayed
+            rerun += log.rerun
+            recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
+            if out.paused:
+                cur.pending = list(log.pending)
+                await proto.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
+                self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
+                return self.result(cur, RunStatus.PAUSED, replayed, rerun)
+            cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
+            cur.superstep += 1
+            cur.decisions, cur.pending = {}, []
+            status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
+            await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
+            if status is RunStatus.DONE:
+                self.events.emit("run.finished", cur.run_id, flow=self.flow.name, status=status.value)
+                return self.result(cur, status, replayed, rerun)
+            seeds, recovering = {}, False
+        return self.result(cur, RunStatus.RUNNING, replayed, rerun)
+
+    async def _fail(
+        self,
+        proto: FlowProtocol,
+        cur: Cursor,
+        exc: BaseException,
+        replayed: list[str] | None = None,
+        rerun: list[str] | None = None,
+    ) -> RunResult[Any]:
+        cur.error = f"{type(exc).__name__}: {exc}"
+        cur.pending = []
+        await proto.save(cur, RunStatus.FAILED)
+        self.events.emit("run.finished", cur.run_id, flow=self.flow.name, status="failed", error=cur.error)
+        return self.result(cur, RunStatus.FAILED, replayed, rerun)

@@ -2,8 +2,8 @@
 
 Without a store a run lives only in this process. With one, step 0 is saved before the
 first superstep and a checkpoint after each superstep; every tool call goes through the
-call log. `recover`, `recover_all` and `resume` live in `_recover.py` and share the same
-superstep loop (`drive`).
+call log. Every rule of the durable sequence (claim, checks, replay, decisions) lives in
+the run protocol (`agentflow.exec._run_protocol`); a flow plugs in `FlowDriver`.
 """
 
 from __future__ import annotations
@@ -14,20 +14,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentflow._errors import CheckpointError, FlowError
+from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
-from agentflow._run_types import RunStatus
-from agentflow.exec._durable import CallLog
-from agentflow.exec._durable_read import CallState
-from agentflow.exec._durable_seal import sealer_for
 from agentflow.exec._executor import Executor
+from agentflow.exec._run_protocol import Head, RunProtocol, sealer_for
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow import _recover
-from agentflow.flow._durable import Checkpointer, Cursor
-from agentflow.flow._graph import Call, Flow
+from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol
+from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
-from agentflow.flow._superstep import run_superstep
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -65,7 +60,16 @@ class FlowRunner:
         self.checkpoints = checkpoints
         self.sealer = sealer_for(checkpoints, checkpoint_key)
         self.recover_concurrency = recover_concurrency
-        self._ckpt = Checkpointer(checkpoints, self.sealer, self.events)
+
+    def protocol(self, flow: Flow[Any]) -> FlowProtocol:
+        """The run protocol for runs of `flow` on this runner's store.
+
+        Raises:
+            FlowError: the flow is invalid for this runner's registry.
+        """
+        flow.validate(self.executor.registry)
+        driver = FlowDriver(flow, self.executor)
+        return RunProtocol(driver, self.checkpoints, self.sealer, self.executor.registry, self.events)
 
     async def run(
         self,
@@ -90,104 +94,16 @@ class FlowRunner:
             FlowError: the flow is invalid, the state does not fit, or the run cannot go on.
             CheckpointConflict: the run id is taken, or another worker took the run over.
         """
-        flow.validate(self.executor.registry)
+        proto = self.protocol(flow)
         start = _coerce_state(flow, state)
         rid = run_id if run_id is not None else new_run_id()
         if not rid or not isinstance(rid, str):
             raise ValueError("run_id must be a non-empty string")
-        cur = Cursor(
-            flow=flow,
-            run_id=rid,
-            state=start,
-            frontier=[flow.entry],
-            visits={},
-            superstep=0,
-            identity=identity_body(self.sealer, rid, ctx),
-            ctx=ctx,
-        )
+        cur = Cursor(rid, identity_body(self.sealer, rid, ctx), ctx, flow, start, [flow.entry], {}, 0)
         self.events.emit("run.started", rid, flow=flow.name)
-        await self._ckpt.save(cur, RunStatus.RUNNING, segment=0)
-        return await self.drive(cur, limit=max_supersteps)
-
-    async def drive(
-        self,
-        cur: Cursor,
-        seeds: Mapping[str, CallState] | None = None,
-        *,
-        limit: int | None = None,
-        recovering: bool = False,
-    ) -> RunResult[Any]:
-        """Run supersteps from the cursor until the run ends, pauses, or `limit` supersteps ran.
-
-        Args:
-            cur: the run, claimed by this worker.
-            seeds: the call states of the superstep being continued (replay and reruns).
-            limit: stop after this many supersteps (the result is then ``running``).
-            recovering: the first superstep continues one a dead worker cut short: it is
-                reported with ``run.recovered`` and marked in its checkpoint.
-        """
-        replayed: list[str] = []
-        rerun: list[str] = []
-        ran = 0
-        while limit is None or ran < limit:
-            ran += 1
-            log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds or {}, cur.decisions)
-            # A lone `Call` node returns as soon as its call does: nothing but the merge lies
-            # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
-            log.defer_done = len(cur.frontier) == 1 and isinstance(cur.flow.nodes[cur.frontier[0]].action, Call)
-            try:
-                out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events)
-            except CheckpointError:
-                raise  # the store refused a write or failed: this worker must not go on, nor mark the run
-            except FlowError as exc:
-                await self._fail(cur, exc)
-                raise
-            except Exception as exc:
-                return await self._fail(cur, exc, replayed + log.replayed, rerun + log.rerun)
-            replayed += log.replayed
-            rerun += log.rerun
-            recovered = {"replayed": log.replayed, "rerun": log.rerun} if recovering else None
-            if recovering:
-                self.events.emit(
-                    "run.recovered", cur.run_id, kind="flow", step=cur.step, replayed=log.replayed, rerun=log.rerun
-                )
-            if out.paused:
-                cur.pending = list(log.pending)
-                await self._ckpt.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
-                self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
-                return self._result(cur, RunStatus.PAUSED, replayed, rerun)
-            cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
-            cur.superstep += 1
-            cur.decisions, cur.pending = {}, []
-            status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
-            await self._ckpt.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
-            if status is RunStatus.DONE:
-                self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
-                return self._result(cur, status, replayed, rerun)
-            seeds, recovering = None, False
-        return self._result(cur, RunStatus.RUNNING, replayed, rerun)
-
-    async def _fail(
-        self, cur: Cursor, exc: BaseException, replayed: list[str] | None = None, rerun: list[str] | None = None
-    ) -> RunResult[Any]:
-        cur.error = f"{type(exc).__name__}: {exc}"
-        cur.pending = []
-        await self._ckpt.save(cur, RunStatus.FAILED)
-        self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status="failed", error=cur.error)
-        return self._result(cur, RunStatus.FAILED, replayed or [], rerun or [])
-
-    @staticmethod
-    def _result(cur: Cursor, status: RunStatus, replayed: list[str], rerun: list[str]) -> RunResult[Any]:
-        return RunResult(
-            run_id=cur.run_id,
-            status=status,
-            state=cur.state,
-            step=cur.step,
-            pending=list(cur.pending),
-            error=cur.error,
-            replayed=replayed,
-            rerun=rerun,
-        )
+        await proto.start(cur)
+        result: RunResult[S] = await proto.driver.drive(proto, cur, {}, limit=max_supersteps, recovering=False)
+        return result
 
     async def start(
         self, flow: Flow[S], state: S | Mapping[str, Any], *, run_id: str | None = None, ctx: RunContext | None = None
@@ -210,7 +126,7 @@ class FlowRunner:
         expected_step: int | None = None,
         rerun_in_doubt: bool = False,
         handoff: bool = False,
-        head: Awaitable[tuple[SealedCheckpoint, Mapping[int, int] | None]] | None = None,
+        head: Awaitable[Head] | None = None,
     ) -> RunResult[S]:
         """Claim a run and run exactly one superstep of it (what a distributed worker does).
 
@@ -231,15 +147,10 @@ class FlowRunner:
             RecoveryNeedsDecision: a call is in doubt (as for `recover`).
             CheckpointStoreCorrupt: a row fails its check (as for `recover`).
         """
-        return await _recover.advance(
-            self,
-            flow,
-            run_id,
-            expected_step=expected_step,
-            rerun_in_doubt=rerun_in_doubt,
-            handoff=handoff,
-            head=head,
+        result: RunResult[S] = await self.protocol(flow).advance(
+            run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, head=head
         )
+        return result
 
     async def recover(
         self, flow: Flow[S], run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None
@@ -257,7 +168,8 @@ class FlowRunner:
             IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
             FlowError: the flow's graph changed since the checkpoint.
         """
-        return await _recover.recover(self, flow, run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx)
+        result: RunResult[S] = await self.protocol(flow).recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx)
+        return result
 
     async def recover_all(
         self, flow: Flow[S], *, rerun_in_doubt: bool = False
@@ -290,7 +202,10 @@ class FlowRunner:
             CheckpointConflict: the run is not paused, or another resume won.
             IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
         """
-        return await _recover.resume(self, flow, run_id, approve=approve, ctx=ctx, note=note, limit=max_supersteps)
+        result: RunResult[S] = await self.protocol(flow).resume(
+            run_id, approve=approve, note=note, ctx=ctx, limit=max_supersteps
+        )
+        return result
 
 
 def _coerce_state(flow: Flow[S], state: S | Mapping[str, Any]) -> S:

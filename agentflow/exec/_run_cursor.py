@@ -1,0 +1,62 @@
+"""What a worker holds of a run between steps (`RunCursor`) and what a run returns (`RunOutcome`).
+
+Flows and tool loops extend both: a flow's cursor adds its state, frontier and visits, a
+loop's its messages and stage. Everything the run protocol (`_run_protocol`) reads or
+writes lives on the base, so the protocol never needs to know which kind it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+from agentflow._identity import RunContext
+from agentflow._run_types import RunStatus
+from agentflow.exec._durable import Decision, Journal
+from agentflow.exec._executor import ApprovalRequest
+
+
+@dataclass
+class RunCursor:
+    """One worker's hold on a run: the fields every checkpoint envelope carries."""
+
+    run_id: str
+    """The run."""
+    identity: dict[str, Any]
+    """Who the run acts for, as signed into each checkpoint (a principal only as a proof)."""
+    ctx: RunContext | None
+    """Who the run acts for, restored (None: nobody)."""
+    _: KW_ONLY
+    step: int | None = None
+    """The last step this worker saved or read (None before step 0)."""
+    journal: Journal | None = None
+    """This worker's pen on the call log (None without a store)."""
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    """Approval decisions stored with the checkpoint and not yet spent."""
+    pending: list[ApprovalRequest] = field(default_factory=list)
+    """Calls waiting for an approval (a paused run)."""
+    error: str | None = None
+    """Why the run failed."""
+    pins: dict[int, int] = field(default_factory=dict)
+    """Record counts of earlier segments, pinned by the claim that opened this segment."""
+
+
+@dataclass
+class RunOutcome:
+    """What every run returns, a flow's or a loop's."""
+
+    run_id: str
+    """The run's id (pass it to recover or resume)."""
+    status: RunStatus
+    """``running`` (a step limit was reached), ``paused``, ``done`` or ``failed``."""
+    _: KW_ONLY
+    step: int | None = None
+    """The latest checkpoint's step (None without a store)."""
+    pending: list[ApprovalRequest] = field(default_factory=list)
+    """The calls waiting for approval when the run is paused."""
+    error: str | None = None
+    """Why the run failed."""
+    replayed: list[str] = field(default_factory=list)
+    """Calls whose stored results were replayed (after a recovery or resume)."""
+    rerun: list[str] = field(default_factory=list)
+    """Calls in doubt that ran again."""

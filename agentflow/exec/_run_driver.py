@@ -1,0 +1,106 @@
+"""What a kind of run plugs into the run protocol: its state codec and how it drives a step.
+
+`RunProtocol` (in `_run_protocol`) owns the sequence every run follows (open, check, claim,
+spend a decision, save); a `RunDriver` owns only what differs between flows and loops:
+- how its checkpoint body is read and written (`read`, `cursor`, `fields`, `after_save`),
+- where it stands (`superstep`) and which of the log's calls belong to that point (`seeds`),
+- how it runs steps (`drive`) and what it returns (`result`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from agentflow._identity import RunContext
+from agentflow._run_types import RunKind, RunStatus
+from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_cursor import RunCursor, RunOutcome
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCheckpoint
+
+if TYPE_CHECKING:
+    from agentflow.exec._run_protocol import RunProtocol
+
+C = TypeVar("C", bound=RunCursor)
+R = TypeVar("R", bound=RunOutcome)
+
+
+class RunDriver(ABC, Generic[C, R]):
+    """One kind of run (a flow, a tool loop), as the run protocol sees it."""
+
+    kind: ClassVar[RunKind]
+    #: How far ahead of its step the kind logs a model-call marker (a tool loop: one turn).
+    model_ahead: ClassVar[int] = 0
+
+    @property
+    @abstractmethod
+    def column(self) -> str:
+        """The ``flow`` column this driver's runs are stored under."""
+
+    @abstractmethod
+    async def read(
+        self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
+    ) -> tuple[SealedCheckpoint, dict[str, Any]]:
+        """Load (unless `row` was read already) and check the run's latest checkpoint.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+            CheckpointStoreCorrupt: a row fails its check.
+            CheckpointConflict: the run is another flow's, or another kind of run.
+            FlowError: the flow changed since the checkpoint.
+        """
+
+    @abstractmethod
+    def cursor(self, row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None) -> C:
+        """Rebuild a cursor from a checked checkpoint (the envelope fields are filled in by the caller).
+
+        Raises:
+            CheckpointStoreCorrupt: the body does not fit this kind of run.
+        """
+
+    @abstractmethod
+    def fields(self, cur: C) -> dict[str, Any]:
+        """The kind's own fields of the next checkpoint body (the envelope is added by the protocol)."""
+
+    def after_save(self, cur: C, body: Mapping[str, Any]) -> None:
+        """Note what the saved body made durable (a tool loop: its history chain)."""
+
+    @abstractmethod
+    def event_fields(self, cur: C) -> dict[str, Any]:
+        """What ``checkpoint.saved`` reports besides kind, step and status (``flow`` or ``stage``)."""
+
+    @abstractmethod
+    def superstep(self, cur: C) -> int:
+        """The superstep (a tool loop's turn) the cursor stands at."""
+
+    def seeds(self, cur: C, records: Sequence[LoggedRecord]) -> dict[str, CallState]:
+        """The call states of the step a worker goes on with: what replays, what is in doubt."""
+        return analyze(records, self.superstep(cur))
+
+    @abstractmethod
+    async def drive(
+        self,
+        proto: RunProtocol[C, R],
+        cur: C,
+        seeds: Mapping[str, CallState],
+        *,
+        limit: int | None,
+        recovering: bool,
+    ) -> R:
+        """Run steps from the cursor until the run ends, pauses, or `limit` steps ran.
+
+        Args:
+            proto: the protocol the driver saves its checkpoints through.
+            cur: the run, held by this worker (claimed, or continued after a clean handoff).
+            seeds: the call states of the step being continued (replay and reruns).
+            limit: stop after this many steps (the result is then ``running``).
+            recovering: the first step continues one a dead worker cut short: it is
+                reported with ``run.recovered`` and marked in its checkpoint.
+        """
+
+    @abstractmethod
+    def result(self, cur: C, status: RunStatus) -> R:
+        """The run as it stands, without running anything."""
