@@ -76,7 +76,7 @@ def pins_for(counts: Mapping[int, int], claim_step: int) -> dict[int, int]:
     return {s: n for s, n in counts.items() if n and s < claim_step}
 
 
-def _check_held(run_id: str, step: int, body: Mapping[str, Any], counts: Mapping[int, int]) -> None:
+def check_held(run_id: str, step: int, body: Mapping[str, Any], counts: Mapping[int, int]) -> None:
     """Refuse a log that lost records the checkpoint at `step` saw or pinned."""
     wanted = dict(pins_of(body))
     mark = marker_of(body)
@@ -128,7 +128,7 @@ def check_records(
         AheadOfCheckpoint: records belong past the checkpoint (removed checkpoints, or a race).
     """
     counts = counts_of(records)
-    _check_held(run_id, step, body, counts)
+    check_held(run_id, step, body, counts)
     _check_segments(run_id, step, list(counts))
     for rec in records:
         at = rec.body.get("superstep")
@@ -148,7 +148,7 @@ def check_counts(run_id: str, step: int, body: Mapping[str, Any], counts: Mappin
         CheckpointStoreCorrupt: records the checkpoint saw or pinned are missing.
         AheadOfCheckpoint: a segment opened past the checkpoint has records.
     """
-    _check_held(run_id, step, body, counts)
+    check_held(run_id, step, body, counts)
     _check_segments(run_id, step, [s for s, n in counts.items() if n])
 
 

@@ -2,8 +2,10 @@
 
 Two stages:
 1. `_check_rows`: every checkpoint is opened with `Sealer.open_checkpoint` (signature,
-   numbering, segment) and the call log with `read_log` (signatures, numbering, and the
-   record count each checkpoint saw). No row is decoded before its signature checks.
+   numbering, segment) and the call log with `read_log` (signatures, numbering); then the
+   log is held against the latest checkpoint with the same checks recovery makes
+   (`agentflow.exec._run_checks`), and against what every older checkpoint saw and pinned.
+   No row is decoded before its signature checks.
 2. The views (segments, calls and their states, recoveries, identity, state) are built
    only when stage 1 found nothing wrong.
 
@@ -21,6 +23,7 @@ from agentflow._run_types import RunKind
 from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import FINAL, LoggedRecord, read_log
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 
@@ -28,6 +31,8 @@ from agentflow.exec.checkpoints._records import SealedCheckpoint
 ALL_RUNS: Final = 1_000_000
 #: How `Sealer` says that a row names a key id the ring does not hold.
 UNKNOWN_KEY: Final = "which this worker does not have"
+#: How often a run that moves on while it is read is read again.
+_READS: Final = 3
 
 Body = dict[str, Any]
 
@@ -36,20 +41,21 @@ Body = dict[str, Any]
 
 async def _check_rows(
     store: CheckpointStore, sealer: Sealer, run_id: str, rows: Sequence[SealedCheckpoint]
-) -> tuple[list[Body | None], list[LoggedRecord], list[str]]:
+) -> tuple[list[Body | None], list[LoggedRecord], list[str], bool]:
     """Check every row of a run: its checkpoints, then its call log against them.
 
     Returns:
         The opened body of each checkpoint (None where it failed), the checked call
-        records, and every problem found, each naming its row.
+        records, every problem found (each naming its row), and whether the log holds
+        records past the latest checkpoint (removed checkpoints, or a run that moved on).
 
     Raises:
         CheckpointError: the store failed while reading the log.
     """
     problems: list[str] = []
     bodies = _open_history(sealer, run_id, rows, problems)
-    records = await _open_log(store, sealer, run_id, bodies, problems)
-    return bodies, records, problems
+    records, ahead = await _open_log(store, sealer, run_id, bodies, problems)
+    return bodies, records, problems, ahead
 
 
 def _open_history(
@@ -77,34 +83,39 @@ def _open_history(
     return bodies
 
 
-def _marker(body: Body | None) -> tuple[int, int] | None:
-    """The ``(segment, record count)`` a checkpoint saw of its own segment's log, if it says."""
-    mark = body.get("log") if body else None
-    if isinstance(mark, list) and len(mark) == 2 and all(isinstance(n, int) for n in mark):
-        return mark[0], mark[1]
-    return None
-
-
 async def _open_log(
     store: CheckpointStore, sealer: Sealer, run_id: str, bodies: list[Body | None], problems: list[str]
-) -> list[LoggedRecord]:
-    """Read and check the call log, and compare it with every checkpoint's record count."""
+) -> tuple[list[LoggedRecord], bool]:
+    """Read and check the call log: the checks every reader makes of the latest checkpoint, and more.
+
+    The latest checkpoint gets exactly the checks recovery, resume and a handoff make
+    (`check_records`: its marker, its pins, nothing past it); every older one, what it saw
+    and pinned of the log (`check_held`). A run's rows are checked only when every
+    checkpoint opened, so a body here is a checked one.
+    """
     try:
-        records = await read_log(store, sealer, run_id, _marker(bodies[-1]) if bodies else None)
+        records = await read_log(store, sealer, run_id)
     except CheckpointStoreCorrupt as exc:
         problems.append(str(exc))
-        return []
-    counts: dict[int, int] = {}
-    for rec in records:
-        counts[rec.segment] = counts.get(rec.segment, 0) + 1
+        return [], False
+    if not bodies or any(b is None for b in bodies):
+        return records, False
+    counts = counts_of(records)
+    ahead = False
+    last = len(bodies) - 1
     for step, body in enumerate(bodies):
-        mark = _marker(body)
-        if mark is not None and counts.get(mark[0], 0) < mark[1]:
-            problems.append(
-                f"call log of run {run_id!r}: segment {mark[0]} has {counts.get(mark[0], 0)} records, "
-                f"checkpoint {step} saw {mark[1]}"
-            )
-    return records
+        assert body is not None
+        try:
+            if step < last:
+                check_held(run_id, step, body, counts)
+                continue
+            at = _superstep(body)
+            marker_lead = 1 if body.get("kind") == RunKind.LOOP else 0
+            check_records(run_id, step, body, records, at if at is not None else 0, model_ahead=marker_lead)
+        except CheckpointStoreCorrupt as exc:
+            problems.append(str(exc))
+            ahead = ahead or isinstance(exc, AheadOfCheckpoint)
+    return records, ahead
 
 
 # --- stage 2: the views of a run whose rows all checked -----------------------------------
@@ -243,12 +254,17 @@ async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.Run
         CheckpointNotFound: nothing is stored for `run_id`.
         CheckpointError: the store failed (unreachable, or a row it cannot even read).
     """
-    rows = list(await store.history(run_id))
-    if not rows:
-        raise CheckpointNotFound(f"no run {run_id!r} in this store")
-    last = rows[-1]
-    report = v.RunReport(run_id, last.flow, RunKind.of(last.flow), last.status, last.step, last.saved_at)
-    bodies, records, report.problems = await _check_rows(store, sealer, run_id, rows)
+    for _ in range(_READS):
+        rows = list(await store.history(run_id))
+        if not rows:
+            raise CheckpointNotFound(f"no run {run_id!r} in this store")
+        last = rows[-1]
+        report = v.RunReport(run_id, last.flow, RunKind.of(last.flow), last.status, last.step, last.saved_at)
+        bodies, records, report.problems, ahead = await _check_rows(store, sealer, run_id, rows)
+        # Records past the latest checkpoint read: removed checkpoints, or a live run that moved
+        # on between the two reads. Read it again; only what persists is reported.
+        if not ahead or (await store.latest(run_id)).step == last.step:
+            break
     if report.problems:
         report.checkpoints = [_bare(row, report.problems) for row in rows]
         return report
