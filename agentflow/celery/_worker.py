@@ -22,15 +22,13 @@ from typing import Any
 from agentflow._app import FlowApp, LoopSpec
 from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
 from agentflow._identity import RunContext
+from agentflow._run_types import RunKind
 from agentflow.celery._lease import Leases
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model
-
-#: Prefix of a tool loop's flow column (``loop:<name>``).
-LOOP_PREFIX = "loop:"
 
 
 @dataclass(frozen=True)
@@ -172,8 +170,8 @@ class Worker:
         message next advances the run spends it. A message alone grants nothing.
         """
         head: asyncio.Future[Any] | None = None
-        if flow_name.startswith(LOOP_PREFIX):
-            name = flow_name.removeprefix(LOOP_PREFIX)
+        if RunKind.of(flow_name) is RunKind.LOOP:
+            name = RunKind.name_of(flow_name)
 
             def advance(granted: bool) -> Coroutine[Any, Any, Any]:
                 return advance_tool_loop(
@@ -239,7 +237,7 @@ class Worker:
                 return None
             found: list[tuple[str, str, int]] = []
             now = time.time()
-            for name in [*self.flow_app.flows, *(LOOP_PREFIX + n for n in self.loops)]:
+            for name in [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]:
                 run_ids = list(await self.store.list_unfinished(name))
                 busy = await self.leases.leased(run_ids)
                 for run_id in run_ids:
