@@ -124,6 +124,10 @@ class Rows:
         """Every byte the set-up holds (files, keys or table rows), to search for what must not be stored."""
         raise NotImplementedError
 
+    async def counts(self, run_id: str) -> tuple[int, int]:
+        """How many checkpoints and call records of the run are stored (read raw: no check can refuse)."""
+        raise NotImplementedError
+
 
 class MemoryRows(Rows):
     """The memory store's dicts (its private attributes: tests only)."""
@@ -159,6 +163,10 @@ class MemoryRows(Rows):
 
     async def drop_listing(self, run_id: str) -> None:
         raise AssertionError("the memory store keeps no listing index")
+
+    async def counts(self, run_id: str) -> tuple[int, int]:
+        segments = self.store._calls.get(run_id, {})
+        return len(self.store._checkpoints.get(run_id, [])), sum(len(seg) for seg in segments.values())
 
     async def stored_bytes(self) -> bytes:
         rows: list[Any] = [r for rs in self.store._checkpoints.values() for r in rs]
@@ -232,6 +240,11 @@ class SqlRows(Rows):
 
     async def drop_listing(self, run_id: str) -> None:
         await self._one(f"DELETE FROM {self.runs} WHERE run_id=?", run_id)
+
+    async def counts(self, run_id: str) -> tuple[int, int]:
+        _, checkpoints = await self._exec(f"SELECT COUNT(*) FROM {self.cp} WHERE run_id=?", run_id)
+        _, calls = await self._exec(f"SELECT COUNT(*) FROM {self.calls} WHERE run_id=?", run_id)
+        return int(checkpoints[0][0]), int(calls[0][0])
 
     async def stored_bytes(self) -> bytes:
         if self.files:  # SQLite: the database files themselves, with their -wal and -shm
@@ -346,6 +359,15 @@ class RedisRows(Rows):
                 await c.zrem(index, run_id)
 
         await self._do(job)
+
+    async def counts(self, run_id: str) -> tuple[int, int]:
+        cp, _, calls, _ = self._keys(run_id)
+
+        async def job(c: Any) -> tuple[int, int]:
+            return int(await c.llen(cp)), int(await c.hlen(calls))
+
+        found: tuple[int, int] = await self._do(job)
+        return found
 
     async def stored_bytes(self) -> bytes:
         async def job(c: Any) -> bytes:
