@@ -1,18 +1,19 @@
 """Settings of the runnable workers, from ``AGENTFLOW_*`` environment variables (or ``.env``).
 
-The checkpoint key has no default: outside ``AGENTFLOW_MODE=demo`` or ``test`` a missing or
-short key stops the worker at start with a message saying how to make one.
+The checkpoint key has no default, in any setting: a missing or short
+``AGENTFLOW_CHECKPOINT_KEYS`` stops the worker at start with a message saying how to make
+one. (The demo's public key is the demo's own; these settings never fall back to it.)
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import parse_keys
-from agentflow.demo.worker import DEMO_KEY  # used only in demo or test mode: public, it protects nothing
+from agentflow.celery import celery_config
 
 
 class Settings(BaseSettings):
@@ -20,7 +21,6 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENTFLOW_", env_file=".env", extra="ignore")
 
-    mode: Literal["production", "demo", "test"] = "production"
     app: str = "agentflow.demo.tickets:app"
     """Import path of the `FlowApp` (flows and tools) the workers run."""
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
@@ -50,14 +50,12 @@ class Settings(BaseSettings):
         return self
 
     def keys(self) -> list[bytes]:
-        """The checkpoint keys (the demo key only in demo or test mode).
+        """The checkpoint keys, newest first.
 
         Raises:
             ValueError: no key, or a bad or short one.
         """
         if self.checkpoint_keys is None:
-            if self.mode in ("demo", "test"):
-                return [DEMO_KEY]
             raise ValueError(
                 "AGENTFLOW_CHECKPOINT_KEYS is not set: give every worker the same secret of 32+ bytes, e.g. "
                 "hex:$(python -c 'import secrets; print(secrets.token_hex(32))')"
@@ -65,42 +63,13 @@ class Settings(BaseSettings):
         return parse_keys(self.checkpoint_keys.get_secret_value(), source="AGENTFLOW_CHECKPOINT_KEYS")
 
     def celery(self) -> dict[str, Any]:
-        """The Celery configuration (JSON only, late acks, prefixes, events for Flower)."""
-        url = self.redis_url.get_secret_value()
-        transport = {
-            "visibility_timeout": self.visibility_timeout_s,
-            "global_keyprefix": f"{self.key_prefix}:celery:",
-            "socket_timeout": 30,
-            "socket_connect_timeout": 5,
-            "socket_keepalive": True,
-            "health_check_interval": 25,
-            "unacked_restore_interval": 10,
-            "unacked_restore_throttle": 1,
-        }
-        return {
-            "broker_url": url,
-            "result_backend": url,
-            "task_serializer": "json",
-            "result_serializer": "json",
-            "event_serializer": "json",
-            "accept_content": ["json"],
-            "result_accept_content": ["json"],
-            "task_acks_late": True,
-            "task_acks_on_failure": True,
-            "task_acks_on_timeout": True,
-            "task_reject_on_worker_lost": True,
-            "worker_prefetch_multiplier": 1,
-            "worker_cancel_long_running_tasks_on_connection_loss": True,
-            "broker_connection_retry_on_startup": True,
-            "broker_transport_options": transport,
-            "result_backend_transport_options": {"global_keyprefix": f"{self.key_prefix}:celery:"},
-            "result_expires": 86400,
-            "worker_send_task_events": True,
-            "task_send_sent_event": True,
-            "task_default_queue": self.queue,
-            "timezone": "UTC",
-            "beat_enable_remote_control": True,
-        }
+        """The Celery configuration (`agentflow.celery.celery_config` of these settings)."""
+        return celery_config(
+            self.redis_url.get_secret_value(),
+            key_prefix=self.key_prefix,
+            queue=self.queue,
+            visibility_timeout_s=self.visibility_timeout_s,
+        )
 
 
 def load_settings() -> Settings:

@@ -1,24 +1,18 @@
-"""Distributed mode: every superstep a Celery task on Redis (needs the ``celery`` extra)."""
+"""Distributed mode: every superstep a Celery task on Redis (needs the ``celery`` extra).
+
+The public surface is what an application wires and calls: `register_tasks` (with
+`WorkerSettings` and `celery_config`) on its own Celery app, and `FlowClient` to start,
+follow and resume runs. What a worker process keeps for itself (its `Worker`, the run
+`Leases`, the event-loop bridge, a superstep's `Outcome`) stays in the private modules.
+"""
 
 try:
     import celery as _celery  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("agentflow.celery needs the 'celery' extra: pip install 'agentflow[celery]'") from exc
 
-from agentflow.celery._bridge import LoopBridge
-from agentflow.celery._lease import Leases
-from agentflow.celery._tasks import AgentflowTasks, register_tasks
-from agentflow.celery._worker import Outcome, Worker, WorkerSettings
+from agentflow.celery._tasks import AgentflowTasks, celery_config, register_tasks
+from agentflow.celery._worker import WorkerSettings
 from agentflow.celery.client import FlowClient, RunView
 
-__all__ = [
-    "AgentflowTasks",
-    "FlowClient",
-    "Leases",
-    "LoopBridge",
-    "Outcome",
-    "RunView",
-    "Worker",
-    "WorkerSettings",
-    "register_tasks",
-]
+__all__ = ["AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "register_tasks"]

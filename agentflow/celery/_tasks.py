@@ -11,7 +11,9 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
 - ``agentflow.recover_all`` ``()``: enqueue a superstep for every stranded run.
 
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
-process dies, time limits, JSON), because the user's app defaults may differ.
+process dies, time limits, JSON), because the user's app defaults may differ. `celery_config`
+gives the app-wide configuration to go with them (the runnable ``workers`` app and the demo
+both use it).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from celery import Celery, Task
 from celery.signals import worker_process_shutdown, worker_ready
 
 from agentflow._app import FlowApp
+from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._lease import Leases
-from agentflow.celery._worker import LOOP_PREFIX, Worker, WorkerSettings
+from agentflow.celery._worker import Worker, WorkerSettings
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 log = logging.getLogger("agentflow.celery")
@@ -53,10 +56,65 @@ class AgentflowTasks:
         """Enqueue one superstep; returns the task id."""
         task_id = f"af-{run_id}-{step}" if cause == "next" else f"af-{run_id}-{step}-{cause}-{uuid.uuid4().hex[:6]}"
         task = self.start_run if cause == "start" else self.superstep
-        if flow.startswith(LOOP_PREFIX):
+        if RunKind.of(flow) is RunKind.LOOP:
             task = self.loop_stage
         task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue)
         return task_id
+
+
+def celery_config(
+    redis_url: str, *, key_prefix: str = "agentflow", queue: str = "agentflow", visibility_timeout_s: int = 3600
+) -> dict[str, Any]:
+    """The Celery configuration of an app whose broker and result backend are one Redis.
+
+    JSON only; late acks, a task whose worker is lost is rejected (so redelivered), one message
+    prefetched at a time; task events on (Flower sees the tasks); every broker and result key
+    under ``<key_prefix>:celery:``; unacknowledged messages swept back every 10 s and
+    redelivered after `visibility_timeout_s` (keep it at least twice a task's time limit).
+
+    Args:
+        redis_url: the Redis of the broker and the result backend (may hold a password).
+        key_prefix: the deployment's (or tenant's) key prefix.
+        queue: the default queue.
+        visibility_timeout_s: how long Redis waits before it redelivers an unacknowledged message.
+
+    Returns:
+        Settings for ``app.conf.update(...)``.
+    """
+    transport = {
+        "visibility_timeout": visibility_timeout_s,
+        "global_keyprefix": f"{key_prefix}:celery:",
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 25,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+    }
+    return {
+        "broker_url": redis_url,
+        "result_backend": redis_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "task_acks_on_failure": True,
+        "task_acks_on_timeout": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:celery:"},
+        "result_expires": 86400,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": queue,
+        "timezone": "UTC",
+        "beat_enable_remote_control": True,
+    }
 
 
 def _task_options(settings: WorkerSettings) -> dict[str, Any]:
@@ -120,8 +178,8 @@ def register_tasks(
         return outcome.as_dict()
 
     def resume(task: Task, flow: str, run_id: str, approve: bool, note: str | None = None) -> dict[str, Any]:
-        if flow.startswith(LOOP_PREFIX):
-            result: Any = bridge.run(worker.decide_loop(flow.removeprefix(LOOP_PREFIX), run_id, approve, note))
+        if RunKind.of(flow) is RunKind.LOOP:
+            result: Any = bridge.run(worker.decide_loop(RunKind.name_of(flow), run_id, approve, note))
         else:
             result = bridge.run(
                 worker.runner.resume(flow_app.flow(flow), run_id, approve=approve, note=note, max_supersteps=0)

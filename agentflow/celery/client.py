@@ -14,11 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointConflict
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError
 from agentflow._identity import RunContext
+from agentflow._run_types import RunKind
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.exec._durable_loop import LoopResult, read_tool_loop, start_tool_loop
+from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec._run_read import read_run
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._messages import Message
 
@@ -62,6 +65,8 @@ class FlowClient:
         self.tasks = tasks
         self.runner = runner
         self.flow_app = tasks.worker.flow_app
+        #: Checks every row `status` reads, under the workers' key ring.
+        self.sealer = Sealer(tasks.worker.checkpoint_key)
 
     async def start(
         self,
@@ -86,19 +91,29 @@ class FlowClient:
         return result.run_id
 
     async def status(self, run_id: str) -> RunView:
-        """Read the run from the store (signature and flow checked).
+        """Read the run from the store through the run read model (every row of it checked).
 
         Raises:
             CheckpointNotFound: unknown run.
-            CheckpointStoreCorrupt: a row fails its check.
+            CheckpointStoreCorrupt: a row fails its check, or the state does not fit the flow.
+            FlowError: the run is a tool loop (see `loop_status`), or its flow is not in the app.
         """
         assert self.runner.checkpoints is not None
-        row = await self.runner.checkpoints.latest(run_id)
-        flow = self.flow_app.flow(row.flow)
-        row, body = await self.runner._ckpt.load(flow, run_id)
-        cur = self.runner._ckpt.cursor(flow, row, body, None)
-        waiting = await self.tasks.worker.leases.decision(run_id) if row.status == "running" else None
-        return RunView(run_id, row.flow, row.status, row.step, cur.state, cur.pending, cur.error, waiting)
+        report = await read_run(self.runner.checkpoints, self.sealer, run_id)
+        if report.corrupt:
+            raise CheckpointStoreCorrupt("; ".join(report.problems))
+        if report.kind is RunKind.LOOP:
+            raise FlowError(f"run {run_id!r} is a tool loop: read it with loop_status({report.name!r}, {run_id!r})")
+        flow = self.flow_app.flow(report.flow)
+        try:
+            state = flow.state.model_validate(report.state)
+            pending = [ApprovalRequest(p["call_id"], p["tool"], p["args"], p["node"]) for p in report.pending]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointStoreCorrupt(
+                f"run {run_id!r} is signed but does not fit flow {flow.name!r}: {exc}"
+            ) from None
+        waiting = await self.tasks.worker.leases.decision(run_id) if report.status == "running" else None
+        return RunView(run_id, report.flow, report.status, report.step, state, pending, report.error, waiting)
 
     async def wait(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
         """Poll the store until the run is settled (ended, paused, or waiting for a decision).
@@ -153,7 +168,7 @@ class FlowClient:
             ctx=ctx,
             name=name,
         )
-        await asyncio.to_thread(self.tasks.send_superstep, f"loop:{name}", started.run_id, 0, "start")
+        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
         return started.run_id
 
     async def loop_status(self, name: str, run_id: str) -> LoopResult:
@@ -197,7 +212,7 @@ class FlowClient:
         """
         decided = await self.tasks.worker.decide_loop(name, run_id, approve, note, ctx)
         assert decided.step is not None
-        await asyncio.to_thread(self.tasks.send_superstep, f"loop:{name}", run_id, decided.step, "resume")
+        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, decided.step, "resume")
         return decided.step
 
     async def decide_in_doubt(self, run_id: str, *, rerun: bool = True) -> None:

@@ -18,7 +18,8 @@ def _why_not_distributed() -> str | None:
     """Why the distributed story cannot run here, or None if it can."""
     if any(find_spec(name) is None for name in ("celery", "redis", "pydantic_settings")):
         return "the celery extra is not installed: pip install 'agentflow[celery]'"
-    from agentflow.demo.distributed import redis_url, unavailable
+    from agentflow.demo._celery import redis_url
+    from agentflow.demo.distributed import unavailable
 
     return unavailable(redis_url())
 

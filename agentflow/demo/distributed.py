@@ -1,10 +1,14 @@
 """The demo's distributed mode: the same story over real Celery worker processes on Redis.
 
-Two ``celery -A workers worker`` processes (prefork) run the ticket flow from the Redis
-store; the one that holds order-2 is killed while the mail goes out; a fresh worker's
+Two ``celery -A agentflow.demo.celery_app worker`` processes (prefork) run the ticket flow
+from the Redis store; the one that holds order-2 is killed while the mail goes out; a fresh worker's
 start-up ``recover_all`` finds the run once its lease lapsed, the call in doubt waits for a
 decision, and every run finishes. The demo's keys stay in Redis under their own prefix
 (cleared when the next demo starts) so the viewer can show what happened.
+
+The workers' app is the demo's own (`agentflow.demo.celery_app`, built by
+`agentflow.demo._celery`), so the demo runs wherever agentflow is installed with the
+``celery`` extra: it needs neither the repository's ``workers/`` nor its ``config/``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -22,12 +25,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import redis
 
+import agentflow
 from agentflow._display import redact
 from agentflow.celery import FlowClient
+from agentflow.demo._celery import LEASE_S, PREFIX_ENV, build, demo_prefix, redis_url
 from agentflow.demo.story import RUN_IDS, VICTIM, effects_table, inspect_commands, mails_sent, say
 from agentflow.demo.tickets import LEDGER_ENV, SLOW_ENV, Order
 from agentflow.demo.worker import DEMO_KEY
@@ -35,37 +39,13 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import CheckpointView, RunReport
 
-#: The repository: ``celery -A workers`` imports ``workers`` and ``config`` from here.
-ROOT = Path(__file__).resolve().parents[2]
-#: Names the demo's Redis key prefix (and queue); tests set it so they never touch a user's demo.
-PREFIX_ENV = "AGENTFLOW_DEMO_PREFIX"
-DEFAULT_PREFIX = "agentflow-demo"
-#: A dead worker's lease lapses this soon, so recovery starts within seconds.
-LEASE_S = 3.0
+#: Where the ``agentflow`` package is imported from: the workers' ``PYTHONPATH`` starts with it.
+PACKAGE_ROOT = Path(agentflow.__file__).resolve().parents[1]
 SHOWS = ["Hamlet", "Tosca", "Cats"]
 
 
-def redis_url() -> str:
-    """The Redis the demo uses (``AGENTFLOW_REDIS_URL``, as the workers read it)."""
-    return os.environ.get("AGENTFLOW_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def demo_prefix() -> str:
-    """The demo's key prefix and queue name.
-
-    Raises:
-        SystemExit: the prefix in the environment could match other keys.
-    """
-    prefix = os.environ.get(PREFIX_ENV, DEFAULT_PREFIX)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
-        raise SystemExit(f"{PREFIX_ENV}={prefix!r}: use letters, digits, '.', '_' or '-' only")
-    return prefix
-
-
 def unavailable(url: str) -> str | None:
-    """Why the distributed demo cannot run here (the runnable app is missing, Redis is down), or None."""
-    if not (ROOT / "workers" / "celery_app.py").is_file() or not (ROOT / "config" / "settings.py").is_file():
-        return f"the runnable workers app (workers/, config/) is not in {ROOT}"
+    """Why the distributed demo cannot run here (Redis does not answer), or None."""
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
     try:
         client.ping()
@@ -101,44 +81,27 @@ class Cluster:
     """The demo's worker processes and the client's copy of their Celery app."""
 
     def __init__(self, folder: Path, url: str, prefix: str) -> None:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-        from config import Settings
-        from workers.build import build
-
-        self.folder, self.prefix = folder, prefix
-        self.values: dict[str, Any] = {
-            "mode": "demo",
-            "app": "agentflow.demo.tickets:app",
-            "redis_url": url,
-            "checkpoint_keys": f"hex:{DEMO_KEY.hex()}",
-            "key_prefix": prefix,
-            "queue": prefix,
-            "lease_s": LEASE_S,
-            "stale_after_s": 1.0,
-            "time_limit_s": 120,
-            "soft_time_limit_s": 100,
-            "visibility_timeout_s": 600,
-        }
-        self.app, self.tasks = build(Settings(**self.values))
+        self.folder, self.url, self.prefix = folder, url, prefix
+        self.app, self.tasks = build(url, prefix)
         self.client = FlowClient(self.tasks)
         self.nodes: dict[str, Node] = {}
 
     def start(self, name: str, *, slow: str = "") -> Node:
-        """Start ``celery -A workers worker`` (prefork, 2 pool processes) in its own process group."""
+        """Start ``celery -A agentflow.demo.celery_app worker`` (prefork, 2 pool processes) in its own process group."""
         env = {
             **os.environ,
-            **{f"AGENTFLOW_{k.upper()}": str(v) for k, v in self.values.items()},
+            "AGENTFLOW_REDIS_URL": self.url,
+            PREFIX_ENV: self.prefix,
             LEDGER_ENV: str(self.folder / "ledger.jsonl"),
             SLOW_ENV: slow,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p),
         }
         node_name = f"{self.prefix}-{name.lower()}"
-        cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "prefork", "-c", "2"]
+        cmd = [sys.executable, "-m", "celery", "-A", "agentflow.demo.celery_app", "worker", "-P", "prefork", "-c", "2"]
         cmd += ["-n", f"{node_name}@%h", "-Q", self.prefix, "--without-mingle", "--without-gossip", "-l", "INFO"]
         with (self.folder / f"worker-{name}.log").open("wb") as log:
             # Its own session: the worker's main process leads a process group holding its pool.
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=self.folder, env=env, stdout=log, stderr=log, start_new_session=True)
         node = self.nodes[name] = Node(name, proc, f"{node_name}@{socket.gethostname()}")
         return node
 
@@ -266,7 +229,8 @@ def _checkpoint_line(report: RunReport, cp: CheckpointView) -> str | None:
 
 
 async def _start_runs(cluster: Cluster, watcher: Watcher) -> None:
-    say("1. Two Celery workers start (celery -A workers worker, prefork, 2 pool processes each): A and B")
+    say("1. Two Celery workers start: A and B (prefork, 2 pool processes each)")
+    say("   celery -A agentflow.demo.celery_app worker: the demo's own app, the ticket flow on Redis")
     cluster.start("A", slow=VICTIM)
     cluster.start("B", slow=VICTIM)
     cluster.wait_ready(["A", "B"])
@@ -295,7 +259,7 @@ async def _crash_and_recover(cluster: Cluster, watcher: Watcher) -> None:
     say(f"  !! {who} killed with SIGKILL while {VICTIM} was sending its mail")
     say()
     leases = cluster.tasks.worker.leases
-    say(f"3. Nobody renews {VICTIM}'s lease now (AGENTFLOW_LEASE_S={LEASE_S:.0f}), so no worker may take the run yet.")
+    say(f"3. Nobody renews {VICTIM}'s lease now, so no worker may take the run yet (it lapses in {LEASE_S:.0f} s).")
 
     async def lapsed() -> bool:
         return not await leases.leased([VICTIM])

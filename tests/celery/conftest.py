@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,9 +35,10 @@ class Deployment:
         self.ledger = tmp_path / "ledger.jsonl"
         self.ledger.touch()
         self.values = {
-            "mode": "test",
             "app": "celery_flows:app",
             "redis_url": redis_url,
+            # The workers have no default key: each deployment gets one of its own.
+            "checkpoint_keys": "hex:" + secrets.token_hex(32),
             "key_prefix": self.prefix,
             "queue": f"q-{self.prefix}",
             "lease_s": 2.0,

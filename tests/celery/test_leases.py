@@ -12,7 +12,7 @@ import redis
 import redis.asyncio
 from redis import exceptions as redis_errors
 
-from agentflow.celery import Leases
+from agentflow.celery._lease import Leases
 
 
 @pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.redis)])

@@ -6,7 +6,9 @@ import fakeredis
 from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry
-from agentflow.celery import Leases, Worker, WorkerSettings
+from agentflow.celery import WorkerSettings
+from agentflow.celery._lease import Leases
+from agentflow.celery._worker import Worker
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 KEY = b"worker-logic-test-key-0123456789ab"
