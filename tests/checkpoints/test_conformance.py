@@ -7,13 +7,20 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCheckpoint
+from agentflow.exec.checkpoints import (
+    CheckpointStore,
+    MemoryCheckpointStore,
+    SealedCall,
+    SealedCheckpoint,
+    StoreDefaults,
+)
 from agentflow.exec.checkpoints._rules import check_row
-from agentflow.exec.checkpoints.conformance import CHECKS, SEALER, Check, validate
+from agentflow.exec.checkpoints.conformance import CHECKS, SEALER, Check, check_implements_protocol, validate
 
 RACE_WORKER = Path(__file__).with_name("race_worker.py")
 RACERS = 4
@@ -36,6 +43,7 @@ class LastWriterWins(MemoryCheckpointStore):
         rows = self._checkpoints.setdefault(run_id, [])
         del rows[step:]
         rows.append(checkpoint)
+        self._listed[run_id] = None
 
 
 async def test_validate_passes_a_correct_store() -> None:
@@ -64,6 +72,73 @@ async def test_validate_fails_a_store_without_compare_and_set() -> None:
     }
     assert "but the store accepted it" in str(report["check_second_step_zero_conflicts"])
     assert "20 of 20 racers won" in str(report["check_concurrent_next_saves"])
+
+
+class CoreOnly:
+    """A store written outside agentflow: the core methods and `stored_runs`, over a memory store."""
+
+    in_process = False
+
+    def __init__(self) -> None:
+        self._inner = MemoryCheckpointStore()
+
+    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        await self._inner.save(run_id, step, checkpoint)
+
+    async def latest(self, run_id: str) -> SealedCheckpoint:
+        return await self._inner.latest(run_id)
+
+    async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
+        return await self._inner.history(run_id)
+
+    async def list_unfinished(self, flow: str) -> Sequence[str]:
+        return await self._inner.list_unfinished(flow)
+
+    async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
+        return await self._inner.list_runs(flow, limit)
+
+    async def delete(self, run_id: str) -> None:
+        await self._inner.delete(run_id)
+
+    async def record_call(self, run_id: str, record: SealedCall) -> None:
+        await self._inner.record_call(run_id, record)
+
+    async def calls(self, run_id: str) -> Sequence[SealedCall]:
+        return await self._inner.calls(run_id)
+
+    async def stored_runs(self) -> Sequence[str]:
+        return await self._inner.stored_runs()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class WithDefaults(StoreDefaults, CoreOnly):
+    """The same store taking head, save_after_calls and local_key from `StoreDefaults`."""
+
+
+async def test_a_store_built_on_store_defaults_passes_every_check() -> None:
+    # Given a store that implements only the core methods and stored_runs, plus the mixin
+    # When validate runs every check on it
+    report = await validate(WithDefaults)
+    # Then it passes all of them: the defaults keep the contract (save_after_calls checks first)
+    assert {name: why for name, why in report.items() if why} == {}
+
+
+async def test_a_store_without_the_full_contract_is_told_what_it_lacks() -> None:
+    # Given the same store without the mixin
+    # When the protocol check runs, Then it fails naming the members it lacks
+    with pytest.raises(AssertionError, match="lacks local_key, save_after_calls, head"):
+        await check_implements_protocol(CoreOnly())  # type: ignore[arg-type]
+
+
+async def test_a_shared_store_with_a_key_of_its_own_fails() -> None:
+    # Given a store that says it is shared but offers a signing key of its own
+    store = WithDefaults()
+    store.local_key = b"k" * 32
+    # When the protocol check runs, Then it fails: a shared store must leave signing to checkpoint_key
+    with pytest.raises(AssertionError, match="local_key None"):
+        await check_implements_protocol(store)
 
 
 async def _start_racer(spec: dict[str, object], worker: int) -> asyncio.subprocess.Process:

@@ -441,6 +441,44 @@ async def test_tenants_are_isolated_by_prefix(backend):
         assert (await one.latest("r1")).step == 1
 
 
+async def test_stored_runs_scans_this_prefix_only_over_every_page(backend, monkeypatch):
+    # Given a prefix with SCAN pattern characters, a tenant its unescaped pattern would match,
+    # run ids with awkward characters, and pages of 7 keys
+    monkeypatch.setattr("agentflow.exec.checkpoints.redis._SCAN_COUNT", 7)
+    run_ids = sorted([f"run-{i:02d}" for i in range(30)] + ["a}:cp", "a*b?[c]\\d", "ü-run"])
+    async with (
+        backend.store(prefix=backend.prefix + "*[x]") as ours,
+        backend.store(prefix=backend.prefix + "zx") as theirs,
+    ):
+        for run_id in run_ids:
+            await ours.save(run_id, 0, cp(run_id, 0))
+            await ours.record_call(run_id, rec(run_id, 0, 0))
+        await theirs.save("theirs", 0, cp("theirs", 0))
+        # When the runs stored under each prefix are listed
+        # Then each store finds exactly its own, from every page, in order
+        assert list(await ours.stored_runs()) == run_ids
+        assert list(await theirs.stored_runs()) == ["theirs"]
+
+
+async def test_step_zero_over_keys_left_without_the_latest_hash_is_refused(store, raw, backend):
+    # Given a run whose latest hash is gone (deleted by hand, or evicted) while its other keys stay
+    await store.save("r1", 0, cp("r1", 0))
+    await store.record_call("r1", rec("r1", 0, 0))
+    cp_key, latest_key, calls_key, next_key = backend.run_keys("r1")
+    await raw.delete(latest_key)
+    before = {key: await raw.dump(key) for key in (cp_key, calls_key, next_key)}
+    # When step 0 of the same run id is saved again, Then the script refuses it and touches nothing
+    with pytest.raises(CheckpointConflict, match="already has stored rows"):
+        await store.save("r1", 0, cp("r1", 0, payload=b"second"))
+    assert {key: await raw.dump(key) for key in before} == before
+    assert await raw.exists(latest_key) == 0
+    # And a run with nothing but its call counter left is refused the same way
+    await raw.delete(cp_key, calls_key)
+    with pytest.raises(CheckpointConflict, match="already has stored rows"):
+        await store.save("r1", 0, cp("r1", 0, payload=b"second"))
+    assert await raw.exists(next_key) == 1
+
+
 def test_constructor_and_run_ids_are_validated():
     def factory():
         return fakeredis.FakeAsyncRedis()
@@ -650,9 +688,17 @@ async def test_store_works_on_redis_cluster(redis_cluster):
         await cluster.zadd("cl:unfinished:orders", {run_ids[1]: 1.0})
         assert sorted(await s.list_unfinished("orders")) == sorted(run_ids[::2])
         assert {c.run_id for c in await s.list_runs("orders")} == set(run_ids)
+        # And stored_runs finds every run from the keys on all three primaries, index or not
+        await cluster.delete("cl:runs", "cl:runs:orders", "cl:unfinished:orders")
+        assert list(await s.stored_runs()) == sorted(run_ids)
+        # And a run whose latest hash is gone takes no step 0 over its keys
+        await cluster.delete(f"cl:run:{{{run_ids[0]}}}:latest")
+        with pytest.raises(CheckpointConflict, match="already has stored rows"):
+            await s.save(run_ids[0], 0, cp(run_ids[0], 0))
+        assert len(await s.history(run_ids[0])) == 2
         for run_id in run_ids:
             await s.delete(run_id)
-        assert await s.list_runs() == []
+        assert await s.list_runs() == [] and await s.stored_runs() == []
 
 
 @pytest.mark.redis

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from agentflow._optional import lazy_attributes
 from agentflow.exec._context import idempotency_key
+from agentflow.exec.checkpoints._defaults import StoreDefaults
 from agentflow.exec.checkpoints._errors import (
     CheckpointConflict,
     CheckpointError,
@@ -37,6 +38,7 @@ __all__ = [
     "SQLiteCheckpointStore",
     "SealedCall",
     "SealedCheckpoint",
+    "StoreDefaults",
     "idempotency_key",
 ]
 

@@ -164,14 +164,8 @@ async def check_concurrent_records(store: CheckpointStore) -> None:
 
 
 async def check_save_after_calls_is_all_or_nothing(store: CheckpointStore) -> None:
-    """`save_after_calls` (optional) stores the records and the checkpoint together, or nothing.
-
-    A store without the method has nothing to check here: its callers write the records
-    and the checkpoint one after the other.
-    """
-    combined = getattr(store, "save_after_calls", None)
-    if combined is None:
-        return
+    """`save_after_calls` stores the records and the checkpoint together, or nothing."""
+    combined = store.save_after_calls
     run_id, flow = _ids()
     await _save_steps(store, run_id, flow, "running")
     # Both records and the checkpoint land together.
@@ -191,6 +185,45 @@ async def check_save_after_calls_is_all_or_nothing(store: CheckpointStore) -> No
         combined(run_id, 2, _checkpoint(run_id, 2, flow), [_call(run_id, 0, 2), _call(run_id, 0, 4)]),
         "save_after_calls with records 0.2 then 0.4",
     )
+    # A single refused record (``started`` by a fenced segment) keeps a valid checkpoint out too.
+    await _expect_raises(
+        CheckpointConflict,
+        combined(run_id, 2, _checkpoint(run_id, 2, flow), [_call(run_id, 7, 0)]),
+        "save_after_calls with a started record of segment 7",
+    )
     got = [(c.segment, c.seq) for c in await store.calls(run_id)]
     _expect(got == [(0, 0), (0, 1)], f"a refused save_after_calls left the log as {got}")
     _expect((await store.latest(run_id)).step == 1, "a refused save_after_calls stored its checkpoint")
+    # Records for a run with no checkpoint: not found, and nothing stored.
+    unknown, _ = _ids()
+    await _expect_raises(
+        CheckpointNotFound,
+        combined(unknown, 0, _checkpoint(unknown, 0, flow), [_call(unknown, 0, 0)]),
+        "save_after_calls with records for a run with no checkpoint",
+    )
+    _expect(list(await store.calls(unknown)) == [], "records of a run with no checkpoint were kept")
+    await _expect_raises(CheckpointNotFound, store.latest(unknown), "latest after a refused save_after_calls")
+    # Without records it is a plain save.
+    await combined(run_id, 2, _checkpoint(run_id, 2, flow), [])
+    _expect((await store.latest(run_id)).step == 2, "save_after_calls without records did not save")
+
+
+async def check_head_counts_records_per_segment(store: CheckpointStore) -> None:
+    """`head` gives the latest checkpoint and each segment's record count, read no earlier than it."""
+    run_id, flow = _ids()
+    await _expect_raises(CheckpointNotFound, store.head(run_id), "head of an unknown run")
+    first = await _save_steps(store, run_id, flow, "running")
+    latest, counts = await store.head(run_id)
+    _expect(latest == first[0], f"head gave step {latest.step}, expected the only checkpoint")
+    _expect({s: n for s, n in counts.items() if n} == {}, f"head counts {dict(counts)} for a run with no records")
+    await store.record_call(run_id, _call(run_id, 0, 0))
+    await store.record_call(run_id, _call(run_id, 0, 1, "done"))
+    await store.record_call(run_id, _call(run_id, 0, 2))
+    claim = _checkpoint(run_id, 1, flow, segment=1)
+    await store.save(run_id, 1, claim)
+    await store.record_call(run_id, _call(run_id, 1, 0))
+    await store.record_call(run_id, _call(run_id, 0, 3, "done"))  # the old segment closes its call late
+    latest, counts = await store.head(run_id)
+    _expect(latest == claim, f"head gave step {latest.step} {latest.payload!r}, expected the latest (step 1)")
+    got = {s: n for s, n in counts.items() if n}
+    _expect(got == {0: 4, 1: 1}, f"head counts records per segment as {got}, expected {{0: 4, 1: 1}}")

@@ -23,9 +23,21 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 
 async def check_implements_protocol(store: CheckpointStore) -> None:
-    """The store has every method of `CheckpointStore` and says whether it lives in one process."""
+    """The store has every member of `CheckpointStore`; only an in-process store has a key of its own."""
+    missing = [
+        name
+        for name in ("in_process", "local_key", "save_after_calls", "head", "stored_runs")
+        if not hasattr(store, name)
+    ]
+    _expect(not missing, f"{type(store).__name__} lacks {', '.join(missing)} (StoreDefaults gives defaults)")
     _expect(isinstance(store, CheckpointStore), f"{type(store).__name__} does not implement CheckpointStore")
     _expect(isinstance(store.in_process, bool), "in_process must be a bool")
+    key = store.local_key
+    _expect(key is None or isinstance(key, bytes), f"local_key must be bytes or None, not {type(key).__name__}")
+    _expect(
+        store.in_process or key is None,
+        "a store shared with other processes must have local_key None (runners sign with checkpoint_key)",
+    )
 
 
 async def check_new_run_starts_at_step_zero(store: CheckpointStore) -> None:
@@ -217,3 +229,26 @@ async def check_rows_come_back_as_written(store: CheckpointStore) -> None:
         except CheckpointStoreCorrupt:
             continue
         raise AssertionError(f"a row changed by hand passed the signature check: {stored!r}")
+
+
+async def check_stored_runs(store: CheckpointStore) -> None:
+    """`stored_runs` lists every run with a checkpoint row, sorted, and drops a deleted one."""
+    _, flow = _ids()
+    names = [f"{flow}-{n}" for n in ("b", "a", "c")]
+    for run_id in names:  # saved out of order: the listing sorts
+        await _save_steps(store, run_id, flow, "running")
+    saved = sorted(names)
+    await store.save(saved[1], 1, _checkpoint(saved[1], 1, flow, "done"))  # an ended run is listed too
+    other_run, other_flow = _ids()
+    await _save_steps(store, other_run, other_flow, "paused")
+    never, _ = _ids()
+    got = list(await store.stored_runs())
+    _expect(got == sorted(got), f"stored_runs is not sorted: {got[:10]}")
+    _expect(len(got) == len(set(got)), "stored_runs names a run more than once")
+    for run_id in (*saved, other_run):
+        _expect(run_id in got, f"stored_runs misses run {run_id!r}")
+    _expect(never not in got, "stored_runs names a run that was never saved")
+    await store.delete(saved[0])
+    got = list(await store.stored_runs())
+    _expect(saved[0] not in got, "stored_runs still names a deleted run")
+    _expect(all(run_id in got for run_id in saved[1:]), "stored_runs lost a run after another was deleted")

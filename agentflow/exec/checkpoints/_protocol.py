@@ -13,21 +13,32 @@ Rules every backend keeps (the conformance suite in `conformance.py` checks each
 - Stores keep rows exactly as given and never decode payloads; checking signatures is the
   caller's job (`agentflow.exec._durable_seal`).
 
-Optional: a store may offer ``save_after_calls(run_id, step, checkpoint, calls)``: append
-`calls` in order, each under `record_call`'s rules, then save `checkpoint` under `save`'s,
-as one atomic write: all of it or, if any rule refuses, nothing (`CheckpointConflict`).
-A superstep whose last call finished just before its checkpoint uses it to store the
-``done`` record and the checkpoint in one commit or round trip; without it, the caller
-writes them one after the other. Every store agentflow ships offers it.
+The rest of the contract, which callers use as plainly as the methods above (a store that
+wraps another must forward them too, or callers lose them silently):
 
-Optional: ``head(run_id)`` returns the latest checkpoint and the number of call records
-in each segment, read no earlier than the checkpoint (Redis, SQL). A distributed
-superstep uses it to see a clean handoff without reading the log.
+- ``save_after_calls(run_id, step, checkpoint, calls)``: append `calls`, then save
+  `checkpoint`, all or nothing. A superstep whose last call finished just before its
+  checkpoint stores the ``done`` record and the checkpoint in one commit or round trip.
+- ``head(run_id)``: the latest checkpoint and the number of call records per segment, read
+  no earlier than the checkpoint, so a distributed superstep sees a clean handoff without
+  reading the log.
+- ``stored_runs()``: every run id with a stored checkpoint row, found from the rows
+  themselves rather than the listing index, so a run whose index entry is gone still shows.
+- ``local_key``: the signing key of a store that lives in one process (the memory store),
+  None for every store shared with other processes.
+
+A step 0 is refused whenever any row of the run id is stored, even when the entry the
+compare-and-set reads (the listing row, the latest hash) is missing: a new run never
+starts over an old one's rows.
+
+A store written outside agentflow can take default ``head``, ``save_after_calls`` and
+``local_key`` from `agentflow.exec.checkpoints.StoreDefaults` (``_defaults``); the stores
+agentflow ships implement each of them natively.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
@@ -87,6 +98,56 @@ class CheckpointStore(Protocol):
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records ordered by segment, then sequence number."""
+        ...
+
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
+        """Append `calls` in order, then save `checkpoint`, as one write: all of it or nothing.
+
+        Each record is checked under `record_call`'s rules against the run as it stands
+        before this write (records earlier in `calls` count for the numbering), and the
+        checkpoint under `save`'s. If any rule refuses, nothing at all is stored: none of
+        the records, not the checkpoint. With no `calls` it is `save`.
+
+        Raises:
+            CheckpointConflict: a record or the checkpoint is refused (out of sequence,
+                fenced, the step taken or skipped, the run ended or of another flow).
+            CheckpointNotFound: `calls` is not empty and the run has no checkpoint.
+            ValueError: `checkpoint` does not carry `run_id` and `step`, or a record is of
+                another run.
+        """
+        ...
+
+    async def head(self, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
+        """Return the run's latest checkpoint and how many call records each segment holds.
+
+        The counts are read no earlier than the checkpoint, so they may show records
+        written after it but never miss one it saw. A segment without records may be
+        absent from the mapping.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for `run_id`.
+        """
+        ...
+
+    async def stored_runs(self) -> Sequence[str]:
+        """Return the id of every run that has at least one stored checkpoint row, sorted ascending.
+
+        Found from the checkpoint rows (keys, table rows) themselves, never from the listing
+        index that `list_runs` and `list_unfinished` read, so a run whose index entry was
+        deleted or lost is still found. Meant for audits and repairs, not hot paths: it may
+        walk the whole store.
+        """
+        ...
+
+    @property
+    def local_key(self) -> bytes | None:
+        """The store's own signing key if it lives in one process, else None.
+
+        Only an in-process store (`in_process`) may have one: nothing it signs leaves the
+        process, so a runner given no ``checkpoint_key`` can sign with it.
+        """
         ...
 
     async def aclose(self) -> None:

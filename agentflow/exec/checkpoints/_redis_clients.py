@@ -10,6 +10,9 @@ a row leaves no connection open behind each of them.
 (`asyncio.timeout`, a timer) and turns "Redis does not answer" into `CheckpointError`.
 With that deadline the client needs no socket timeout of its own, which spares redis-py's
 per-command ``asyncio.wait_for`` (on Python 3.11 a task and extra loop turns per command).
+
+`LoopClients.scan` walks the keyspace with SCAN on the one server, or on every primary of
+a Cluster (the keys of each slot live on its primary), one deadline per page.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
@@ -76,6 +79,36 @@ class LoopClients:
             if not isinstance(exc, _UNREACHABLE) and not isinstance(exc.__cause__, _UNREACHABLE):
                 raise  # a cluster error other than "no node answers"
             raise CheckpointError(f"RedisCheckpointStore cannot reach Redis at {address(bound.client)}: {exc}") from exc
+
+    async def scan(self, match: str, count: int) -> list[bytes | str]:
+        """Return every key matching the SCAN pattern `match`, on every primary node.
+
+        Each page (``count`` is SCAN's hint) is one operation under the deadline. SCAN's
+        guarantee holds: a key present for the whole walk is returned (maybe twice); one
+        written or deleted meanwhile may or may not be.
+
+        Raises:
+            CheckpointError: Redis cannot be reached, or a page did not come in time.
+        """
+        async with self.use() as bound:
+            cluster = bound.client if isinstance(bound.client, RedisCluster) else None
+            if cluster is not None:
+                await cluster.initialize()  # the primaries are known once the client has connected
+            nodes = cluster.get_primaries() if cluster is not None else [None]
+        found: list[bytes | str] = []
+        for node in nodes:
+            cursor = 0
+            while True:
+                async with self.use() as bound:
+                    if node is None:
+                        cursor, keys = await bound.client.scan(cursor, match=match, count=count)
+                    else:  # a Cluster client replies with each asked node's cursor: {node name: cursor}
+                        page: Any = await bound.client.scan(cursor, match=match, count=count, target_nodes=node)
+                        cursor, keys = page[0][node.name], page[1]
+                found += keys
+                if cursor == 0:
+                    break
+        return found
 
     async def aclose(self) -> None:
         """Close this loop's client (the next operation makes a new one)."""

@@ -45,6 +45,29 @@ def check_save(run_id: str, step: int, flow: str, latest: tuple[int, str, str] |
         )
 
 
+def check_no_stored_rows(run_id: str, stored: bool) -> None:
+    """Refuse a step 0 whose run id still has rows the compare-and-set did not see.
+
+    A store decides that a run is new from the entry it reads for the compare-and-set (the
+    latest hash, the ``runs`` row, the latest checkpoint row). When that entry is gone but
+    checkpoint or call rows of the run are still stored (deleted by hand or by an attacker,
+    or partly evicted), a step 0 would start a second run over the first one's rows. The
+    store refuses it and keeps every old row; the run has to be deleted first.
+
+    Args:
+        run_id: the run being saved at step 0.
+        stored: whether any checkpoint or call row of `run_id` is stored.
+
+    Raises:
+        CheckpointConflict: `stored` is true.
+    """
+    if stored:
+        raise CheckpointConflict(
+            f"run {run_id!r} already has stored rows (checkpoints or call records) but no latest entry: "
+            "a step 0 would start over them; delete the run first"
+        )
+
+
 def check_call(run_id: str, record: SealedCall, latest: tuple[int, str, int] | None, next_seq: int) -> None:
     """Apply the numbering and fencing rules to a call record.
 

@@ -77,6 +77,7 @@ class Statements:
     """
 
     lock_run: sa.Select[Any]  # run_id: the run's latest (step, flow, status, segment), FOR UPDATE
+    read_first: sa.Select[Any]  # run_id: one row, the same columns (NULL without a runs row) and ``stored``
     read_run_counted: sa.Select[Any]  # run_id, segment: the same, no lock, and the segment's record count
     count_calls: sa.Select[Any]  # run_id, segment: how many records the segment holds
     insert_call: sa.Insert  # CALL_FIELDS
@@ -93,6 +94,7 @@ class Statements:
     delete: tuple[sa.Delete, ...]  # run_id: runs first, the lock order of a save
     segment_counts: sa.Select[Any]  # run_id
     calls: sa.Select[Any]  # run_id
+    stored_runs: sa.Select[Any]  # no parameters: every run id with a checkpoint row
 
 
 def statements(t: Tables) -> Statements:
@@ -111,8 +113,16 @@ def statements(t: Tables) -> Statements:
     current = runs.join(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
     list_runs = sa.select(cps).select_from(current).order_by(runs.c.saved_at.desc(), runs.c.run_id)
     pointed = runs.outerjoin(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
+    # A step 0 reads whether the run has a runs row and whether any of its rows is stored, in one row.
+    stored = sa.or_(sa.exists().where(cps.c.run_id == run_id), sa.exists().where(calls.c.run_id == run_id))
+    one = sa.select(sa.literal_column("1").label("one")).subquery("one")
+    read_first = sa.select(*lock_run.selected_columns, stored.label("stored")).select_from(
+        one.outerjoin(runs, runs.c.run_id == run_id)
+    )
     return Statements(
         lock_run=lock_run.with_for_update(),
+        # no lock: with a runs row a step 0 is refused, without one the primary key picks the winner
+        read_first=read_first,
         read_run_counted=lock_run.add_columns(count.scalar_subquery().label("calls")),
         count_calls=count,
         insert_call=sa.insert(calls).values(_bound(*CALL_FIELDS)),
@@ -135,4 +145,5 @@ def statements(t: Tables) -> Statements:
         .where(calls.c.run_id == run_id)
         .group_by(calls.c.segment),
         calls=sa.select(calls).where(calls.c.run_id == run_id).order_by(calls.c.segment, calls.c.seq),
+        stored_runs=sa.select(cps.c.run_id).distinct(),
     )

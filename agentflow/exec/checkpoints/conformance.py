@@ -13,9 +13,10 @@ Rows are sealed by a real `Sealer`, so the checks also show that a store hands r
 exactly as written (their signatures still check). Races across processes need process
 plumbing and live in the test suite, not here.
 
-This module is the public entry: the checks live in `_conformance_saves` (compare-and-set,
-history, listing, delete, rows kept as written) and `_conformance_calls` (call log, fencing,
-concurrency), their helpers and `SEALER` in `_conformance_base`; all are re-exported here.
+This module is the public entry: the checks live in `_conformance_saves` (the protocol's
+members, compare-and-set, history, listing, delete, `stored_runs`, rows kept as written)
+and `_conformance_calls` (call log, fencing, `save_after_calls`, `head`, concurrency), their
+helpers and `SEALER` in `_conformance_base`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from agentflow.exec.checkpoints._conformance_calls import (
 from agentflow.exec.checkpoints._conformance_calls import check_concurrent_first_saves as check_concurrent_first_saves
 from agentflow.exec.checkpoints._conformance_calls import check_concurrent_next_saves as check_concurrent_next_saves
 from agentflow.exec.checkpoints._conformance_calls import check_concurrent_records as check_concurrent_records
+from agentflow.exec.checkpoints._conformance_calls import (
+    check_head_counts_records_per_segment as check_head_counts_records_per_segment,
+)
 from agentflow.exec.checkpoints._conformance_calls import (
     check_record_call_of_unknown_run as check_record_call_of_unknown_run,
 )
@@ -72,6 +76,7 @@ from agentflow.exec.checkpoints._conformance_saves import (
 from agentflow.exec.checkpoints._conformance_saves import (
     check_second_step_zero_conflicts as check_second_step_zero_conflicts,
 )
+from agentflow.exec.checkpoints._conformance_saves import check_stored_runs as check_stored_runs
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 __all__ = ["CHECKS", "SEALER", "Check", "StoreFactory", "validate"]
@@ -95,12 +100,14 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_list_unfinished,
     check_list_runs,
     check_delete,
+    check_stored_runs,
     check_call_numbering,
     check_calls_ordered_and_unchanged,
     check_started_is_fenced,
     check_started_refused_after_end,
     check_record_call_of_unknown_run,
     check_save_after_calls_is_all_or_nothing,
+    check_head_counts_records_per_segment,
     check_rows_come_back_as_written,
     check_concurrent_first_saves,
     check_concurrent_next_saves,

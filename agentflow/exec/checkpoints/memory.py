@@ -3,16 +3,21 @@
 It is production code for single-process use and tests: it passes the same conformance
 suite as every other store. Each method runs without awaiting, so on one event loop it is
 atomic by construction.
+
+Like the shared stores it keeps the rows (``_checkpoints``, ``_calls``) apart from the
+listing index (``_listed``, the ids `list_runs` and `list_unfinished` walk): the rules
+and `stored_runs` read the rows, so an index entry going missing hides a run from the
+listings but never lets a step 0 start over its rows.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 
 
 class MemoryCheckpointStore:
@@ -22,17 +27,26 @@ class MemoryCheckpointStore:
 
     def __init__(self) -> None:
         #: Signs this store's rows when the runner is given no key (nothing leaves the process).
-        self.local_key = secrets.token_bytes(32)
+        self.local_key: bytes = secrets.token_bytes(32)
         self._checkpoints: dict[str, list[SealedCheckpoint]] = {}
         self._calls: dict[str, dict[int, list[SealedCall]]] = {}
+        #: The listing index: the ids of the runs the listings show (a dict keeps save order).
+        self._listed: dict[str, None] = {}
 
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
+        self._check_save(run_id, step, checkpoint)
+        self._checkpoints.setdefault(run_id, []).append(checkpoint)
+        self._listed[run_id] = None
+
+    def _check_save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        """The compare-and-set, read from the rows; a step 0 over leftover call rows is refused too."""
         rows = self._checkpoints.get(run_id)
         last = rows[-1] if rows else None
         check_save(run_id, step, checkpoint.flow, (last.step, last.flow, last.status) if last else None)
-        self._checkpoints.setdefault(run_id, []).append(checkpoint)
+        if last is None:
+            check_no_stored_rows(run_id, any(self._calls.get(run_id, {}).values()))
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
@@ -45,22 +59,29 @@ class MemoryCheckpointStore:
         """Return every checkpoint of the run, oldest first."""
         return list(self._checkpoints.get(run_id, ()))
 
+    def _listed_latest(self) -> list[SealedCheckpoint]:
+        """The latest checkpoint of each run in the listing index."""
+        return [rows[-1] for rows in map(self._checkpoints.get, self._listed) if rows]
+
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
-        return [
-            rid for rid, rows in self._checkpoints.items() if rows[-1].flow == flow and rows[-1].status in UNFINISHED
-        ]
+        return [cp.run_id for cp in self._listed_latest() if cp.flow == flow and cp.status in UNFINISHED]
 
     async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
         """Return the latest checkpoint of each run, newest first."""
-        latest = [rows[-1] for rows in self._checkpoints.values() if flow is None or rows[-1].flow == flow]
+        latest = [cp for cp in self._listed_latest() if flow is None or cp.flow == flow]
         latest.sort(key=lambda c: c.saved_at, reverse=True)
-        return latest[:limit]
+        return latest[: max(limit, 0)]
+
+    async def stored_runs(self) -> Sequence[str]:
+        """Return the id of every run with a checkpoint row, sorted (the rows, not the index)."""
+        return sorted(run_id for run_id, rows in self._checkpoints.items() if rows)
 
     async def delete(self, run_id: str) -> None:
         """Forget the run."""
         self._checkpoints.pop(run_id, None)
         self._calls.pop(run_id, None)
+        self._listed.pop(run_id, None)
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
@@ -74,7 +95,7 @@ class MemoryCheckpointStore:
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
     ) -> None:
-        """Append `calls`, then save `checkpoint`, all or nothing (see the protocol's optional part)."""
+        """Append `calls`, then save `checkpoint`, all or nothing (see `CheckpointStore.save_after_calls`)."""
         check_row(run_id, step, checkpoint)
         rows = self._checkpoints.get(run_id)
         last = rows[-1] if rows else None
@@ -83,11 +104,17 @@ class MemoryCheckpointStore:
         for record in calls:  # every rule is checked before anything is written
             check_call(run_id, record, latest, counts.get(record.segment, 0))
             counts[record.segment] = counts.get(record.segment, 0) + 1
-        check_save(run_id, step, checkpoint.flow, (last.step, last.flow, last.status) if last else None)
+        self._check_save(run_id, step, checkpoint)
         segments = self._calls.setdefault(run_id, {})
         for record in calls:
             segments.setdefault(record.segment, []).append(record)
         self._checkpoints.setdefault(run_id, []).append(checkpoint)
+        self._listed[run_id] = None
+
+    async def head(self, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
+        """Return the latest checkpoint and the record count of each segment, in one instant."""
+        latest = await self.latest(run_id)
+        return latest, {seg: len(recs) for seg, recs in self._calls.get(run_id, {}).items() if recs}
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""

@@ -28,8 +28,15 @@ are updated and an ended run leaves ``unfinished``. An index can therefore name 
 has since ended, expired, been deleted or never been saved. The listings read each named
 run's latest state in one pipelined round trip, skip such entries and remove them with
 ``_lua/prune.lua``: ended runs at once, runs without keys only `_STALE_AFTER_S` after their
-index score, since a step 0 may sit between its index update and its script. Nothing ever
-uses KEYS or SCAN. (So tenants stay apart, no prefix may be another's plus ``:run...``.)
+index score, since a step 0 may sit between its index update and its script. No listing
+and no write uses KEYS or SCAN. (So tenants stay apart, no prefix may be another's plus
+``:run...``.)
+
+The latest hash is what the save script reads to tell a new run from an existing one, and
+it is unsigned. When it is missing but other keys of the run are still there (deleted by
+hand, or evicted), a step 0 is refused and every old key is kept. `stored_runs` finds runs
+from their checkpoint lists alone: it SCANs for ``P:run:{*}:cp`` on every primary (one
+node, or each primary of a Cluster), a walk of the keyspace meant for audits and repairs.
 
 Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
 client: `_redis_clients`.
@@ -38,6 +45,7 @@ client: `_redis_clients`.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
@@ -50,7 +58,7 @@ from agentflow._errors import CheckpointConflict, CheckpointNotFound, Checkpoint
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._redis_clients import Bound, Client, LoopClients
 from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _scored, _text
-from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 
 #: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
 _STALE_AFTER_S = 300.0
@@ -59,6 +67,10 @@ _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
 _SCRIPTS = ("save", "record_call", "prune", "unfinished")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
+#: Keys `stored_runs` asks for per SCAN page (a hint to the server, not a limit).
+_SCAN_COUNT = 1000
+#: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
+_GLOB = re.compile(r"([*?\[\]\\])")
 
 _log = logging.getLogger(__name__)
 
@@ -67,6 +79,8 @@ class RedisCheckpointStore:
     """Keeps checkpoints and call logs in Redis (standalone or Cluster), shared by every client."""
 
     in_process = False
+    #: Shared with other processes: rows are signed with the runner's ``checkpoint_key``.
+    local_key: bytes | None = None
 
     def __init__(
         self,
@@ -169,6 +183,8 @@ class RedisCheckpointStore:
                     check_call(run_id, record, None, 0)
                 check_call(run_id, record, (int(reply[2]), reply[3], int(reply[4])), int(reply[5]))
                 raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
+            if reply[0] == "rows":
+                check_no_stored_rows(run_id, True)
             if reply[0] == "corrupt":
                 raise CheckpointStoreCorrupt(
                     f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but its latest step is {reply[2]}"
@@ -251,6 +267,17 @@ class RedisCheckpointStore:
                         found[run_id] = cp
             await self._prune(bound, index, stale)
         return sorted(found.values(), key=lambda cp: cp.saved_at, reverse=True)[: max(limit, 0)]
+
+    async def stored_runs(self) -> Sequence[str]:
+        """Return the id of every run with a checkpoint list under this prefix, sorted.
+
+        SCANs for the runs' ``:cp`` keys on the server, or on each primary of a Cluster, so
+        it finds runs the indexes no longer name. Each page is one operation under the
+        deadline; keys written during the walk may or may not be seen.
+        """
+        head, tail = f"{self._prefix}:run:{{", "}:cp"
+        keys = await self._clients.scan(_GLOB.sub(r"\\\1", head) + "*" + tail, _SCAN_COUNT)
+        return sorted({_text(key)[len(head) : -len(tail)] for key in keys})
 
     async def delete(self, run_id: str) -> None:
         """Remove every key of the run and its index entries."""

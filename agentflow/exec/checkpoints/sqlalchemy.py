@@ -15,7 +15,9 @@ IMMEDIATE``). The statements of each:
   snapshot predates its lock wait and would miss records the previous holder committed.
 - save: the row, then one INSERT of the checkpoint carrying the UPDATE (or, for step 0,
   the INSERT) of ``runs`` in its WITH on PostgreSQL; SQLite, which allows no writes in a
-  WITH, runs the two.
+  WITH, runs the two. A step 0 reads, instead of the locked row, one row saying whether
+  the run has a ``runs`` row and whether any checkpoint or call row of it is stored: a
+  run whose ``runs`` row went missing is refused, not started again over its old rows.
 - save_after_calls: the row once (the lock keeps it unchanged), each record's count and
   INSERT, then the save's writes.
 
@@ -37,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 from agentflow.exec.checkpoints._sql_engines import Connector, check_url
 from agentflow.exec.checkpoints._sql_statements import (
     CALL_FIELDS,
@@ -89,6 +91,8 @@ class SQLAlchemyCheckpointStore:
     """
 
     in_process = False
+    #: Shared with other processes: rows are signed with the runner's ``checkpoint_key``.
+    local_key: bytes | None = None
 
     def __init__(
         self, url: str, *, table_prefix: str = "agentflow_", engine_options: Mapping[str, Any] | None = None
@@ -168,20 +172,28 @@ class SQLAlchemyCheckpointStore:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
         async with self._tx(write=True) as conn:
-            row, _ = await self._lock_run(conn, run_id, None)
+            if step == 0:
+                first = (await conn.execute(self._q.read_first, {"run_id": run_id})).one()
+                check_no_stored_rows(run_id, first.step is None and bool(first.stored))
+                row = first if first.step is not None else None
+            else:
+                row, _ = await self._lock_run(conn, run_id, None)
             await self._save_in(conn, run_id, step, checkpoint, row)
 
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
     ) -> None:
         """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
+        if not calls:  # a plain save (for a step 0, its read also looks for leftover rows)
+            await self.save(run_id, step, checkpoint)
+            return
         check_row(run_id, step, checkpoint)
         async with self._tx(write=True) as conn:
-            first = calls[0].segment if calls else None
+            first = calls[0].segment
             row, next_seq = await self._lock_run(conn, run_id, first)
             # The row is locked and unchanged (records do not touch it); under the lock only this
             # transaction adds records, so a segment's count moves by one per insert.
-            counts = {first: next_seq} if first is not None else {}
+            counts = {first: next_seq}
             for record in calls:
                 if record.segment not in counts:
                     counts[record.segment] = await self._count(conn, run_id, record.segment)
@@ -252,6 +264,15 @@ class SQLAlchemyCheckpointStore:
         async with self._tx() as conn:
             rows = (await conn.execute(query, {"flow": flow, "limit": max(limit, 0)})).all()
         return [self._sealed(SealedCheckpoint, row, row.run_id) for row in rows]
+
+    async def stored_runs(self) -> Sequence[str]:
+        """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""
+        async with self._tx() as conn:
+            found = (await conn.scalars(self._q.stored_runs)).all()
+        try:
+            return sorted(_as(str, run_id, "run_id") for run_id in found)
+        except TypeError as exc:
+            raise CheckpointStoreCorrupt(f"{self!r}: a stored checkpoint row is unreadable: {exc}") from None
 
     async def delete(self, run_id: str) -> None:
         """Forget the run: its latest pointer, checkpoints and call records, in one transaction."""

@@ -9,7 +9,9 @@ and the worker thread) is `_sqlite_file`'s.
   against every other connection to the file, in this process or in another one. WAL lets
   readers carry on meanwhile, and ``busy_timeout`` makes writers queue instead of failing.
 - Every checkpoint is kept (``checkpoints``); ``runs`` holds one row per run pointing at its
-  latest step, updated in the same transaction, so listings stay cheap.
+  latest step, updated in the same transaction, so listings stay cheap. The rules read the
+  ``checkpoints`` and ``calls`` rows, never ``runs``: a missing ``runs`` row hides a run
+  from the listings but lets no step 0 start over its rows (nor does `stored_runs` miss it).
 - The worker thread: one per store, it owns the main connection (opens the file, migrates
   the schema) and does every piece of work that has to wait, so the store is bound to no
   loop and outlives ``asyncio.run``.
@@ -28,7 +30,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +38,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 from agentflow.exec.checkpoints._sqlite_file import MIGRATIONS as MIGRATIONS  # re-exported: tests import it here
 from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _Worker
 
@@ -85,6 +87,8 @@ class SQLiteCheckpointStore:
     """
 
     in_process = False
+    #: Shared with other processes: rows are signed with the runner's ``checkpoint_key``.
+    local_key: bytes | None = None
 
     def __init__(
         self,
@@ -185,6 +189,9 @@ class SQLiteCheckpointStore:
             what = f"latest checkpoint row of run {row.run_id!r} in {self.path}"
             last = _checked(last, ("step", "flow", "status"), (int, str, str), what)
         check_save(row.run_id, row.step, row.flow, last)
+        if last is None:  # a step 0: no checkpoint row, and no call row may be left either
+            leftover = conn.execute("SELECT 1 FROM calls WHERE run_id = ? LIMIT 1", (row.run_id,)).fetchone()
+            check_no_stored_rows(row.run_id, leftover is not None)
         values = (row.run_id, row.step, row.flow, row.status, row.segment, row.saved_at, row.payload, row.kid, row.sig)
         try:
             conn.execute(_INSERT_CHECKPOINT, values)
@@ -226,6 +233,11 @@ class SQLiteCheckpointStore:
             (*params, max(limit, 0)),
         )
         return [self._checkpoint(row) for row in rows]
+
+    async def stored_runs(self) -> Sequence[str]:
+        """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""
+        rows = await self._fetch("SELECT DISTINCT run_id FROM checkpoints")
+        return sorted(_checked(row, ("run_id",), (str,), f"checkpoint row in {self.path}")[0] for row in rows)
 
     async def delete(self, run_id: str) -> None:
         """Forget the run: its checkpoints, its listing row and its call log."""
@@ -272,6 +284,29 @@ class SQLiteCheckpointStore:
             self._insert_checkpoint(checkpoint, conn)
 
         await self._do(partial(_immediate, job=job))
+
+    async def head(self, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
+        """Return the latest checkpoint and the record count of each segment.
+
+        One job on one connection: the counts are read after the checkpoint, so they can
+        show records written since, never fewer than it saw.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+        """
+
+        def job(conn: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
+            latest = conn.execute(f"{_SELECT_CHECKPOINT} {_LATEST_OF_RUN}", (run_id,)).fetchall()
+            counts = conn.execute(
+                "SELECT segment, COUNT(*) FROM calls WHERE run_id = ? GROUP BY segment", (run_id,)
+            ).fetchall()
+            return latest, counts
+
+        latest, counts = await self._do(job)
+        if not latest:
+            raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
+        what = f"call rows of run {run_id!r} in {self.path}"
+        return self._checkpoint(latest[0]), dict(_checked(c, ("segment", "count"), (int, int), what) for c in counts)
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""

@@ -20,7 +20,10 @@
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
--- ended (done/failed), and step must be exactly latest + 1.
+-- ended (done/failed), and step must be exactly latest + 1. A run without its latest hash
+-- but with any other key left (rows kept after the hash was deleted or evicted) is not one
+-- the store does not have: its step 0 is refused and nothing is touched
+-- (_rules.py check_no_stored_rows). That check runs only for a step 0.
 --
 -- Expiry: every key of the run expires ttl seconds after this write, except while the
 -- run is paused, when its keys are made persistent.
@@ -32,6 +35,7 @@
 -- Returns:
 --   {"ok"}
 --   {"refused"}                              no run stored and step is not 0
+--   {"rows"}                                 step 0, no latest hash, but rows of the run are stored
 --   {"refused", step, flow, status}          the stored latest, which the save breaks
 --   {"corrupt", rows, step}                  the row list does not end at the latest step
 --   {"call", i, step, status, segment, next} record i is refused (as record_call.lua would)
@@ -65,8 +69,10 @@ if not last[1] then
   if ARGV[1] ~= '0' then
     return {'refused'}
   end
-  -- A new run: clear anything a partly evicted earlier run with this id left behind.
-  redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
+  -- Rows of an earlier run with this id are kept, never overwritten: the caller must delete it.
+  if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4]) > 0 then
+    return {'rows'}
+  end
 else
   local ended = last[3] == 'done' or last[3] == 'failed'
   if last[2] ~= ARGV[2] or ended or tonumber(ARGV[1]) ~= tonumber(last[1]) + 1 then
