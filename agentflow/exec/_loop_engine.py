@@ -186,17 +186,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         self, cur: LoopCursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
     ) -> LoopResult:
         """The loop as it stands."""
-        return LoopResult(
-            cur.run_id,
-            status,
-            list(cur.history),
-            cur.model_calls,
-            step=cur.step,
-            pending=list(cur.pending),
-            error=cur.error,
-            replayed=list(replayed or []),
-            rerun=list(rerun or []),
-        )
+        return LoopResult(cur.run_id, status, list(cur.history), cur.model_calls, **cur.outcome(replayed, rerun))
 
     # -- the loop -------------------------------------------------------------------
 

@@ -40,6 +40,16 @@ class RunCursor:
     pins: dict[int, int] = field(default_factory=dict)
     """Record counts of earlier segments, pinned by the claim that opened this segment."""
 
+    def outcome(self, replayed: list[str] | None = None, rerun: list[str] | None = None) -> dict[str, Any]:
+        """The keyword fields of `RunOutcome` as this cursor stands."""
+        return {
+            "step": self.step,
+            "pending": list(self.pending),
+            "error": self.error,
+            "replayed": list(replayed or []),
+            "rerun": list(rerun or []),
+        }
+
 
 @dataclass
 class RunOutcome:

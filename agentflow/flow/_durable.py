@@ -124,16 +124,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         self, cur: Cursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
     ) -> RunResult[Any]:
         """The run as it stands."""
-        return RunResult(
-            cur.run_id,
-            status,
-            cur.state,
-            step=cur.step,
-            pending=list(cur.pending),
-            error=cur.error,
-            replayed=list(replayed or []),
-            rerun=list(rerun or []),
-        )
+        return RunResult(cur.run_id, status, cur.state, **cur.outcome(replayed, rerun))
 
     # -- the superstep loop -----------------------------------------------------------
 
