@@ -1,5 +1,5 @@
-"""The crash-test kit: a ticket flow whose tools keep a ledger, a store wrapper that kills
-the process at a chosen boundary of the protocol, and the worker entry point.
+"""The worker process of the crash tests: the ticket flow (`_kit.tickets`) on a store that kills
+the process at a chosen boundary of the protocol (`_kit.faults.FaultyStore`).
 
 Boundaries (``--crash POINT[:WHAT]``):
   before_started:TOOL   killed just before TOOL's ``started`` record reaches the store
@@ -10,6 +10,12 @@ Boundaries (``--crash POINT[:WHAT]``):
   in_save:N             killed before checkpoint step N is stored
   between:N             killed just after checkpoint step N is stored (between supersteps)
 The kill is SIGKILL to the worker's own process: no cleanup, no flush, no finally blocks.
+Every store writes a lone Call node's ``done`` together with its checkpoint
+(``save_after_calls``), so those boundaries fold together: before that one write is before
+the ``done`` and before the save; after it is after both.
+
+Run as ``python crashkit.py --store SPEC --ledger PATH --run-id ID --action ACTION`` with tests/
+on ``PYTHONPATH`` (`_kit.stores.child_env`); the last line of stdout is a JSON outcome.
 """
 
 from __future__ import annotations
@@ -17,165 +23,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from _kit.faults import FaultyStore
+from _kit.stores import open_spec
+from _kit.tickets import KEY, ORDER, TICKETS, Ledger, make_tickets, sigkill
 
-from agentflow import Call, Executor, Flow, FlowRunner, Registry
-from agentflow.exec.checkpoints import RecoveryNeedsDecision, idempotency_key
+from agentflow import Executor, FlowRunner
+from agentflow.exec.checkpoints import RecoveryNeedsDecision
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storespec import make_store
-
-KEY = b"crash-kit-key-0123456789abcdef-01"
-TOOLS = ("hold_seats", "charge_card", "email_tickets")
 POINTS = ("before_started", "after_started", "in_tool", "before_done", "after_done", "in_save", "between")
 
 
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+def arm(store: FaultyStore, point: str, what: str) -> None:
+    """Make `store` kill the process at the boundary ``point:what`` (``in_tool`` is the tool's own)."""
+    if point in ("before_started", "after_started", "before_done", "after_done"):
+        when, kind = point.split("_")
+        store.crash(kind, tool=what, when=when)
+    elif point in ("in_save", "between"):
+        store.crash("save", step=int(what), when="before" if point == "in_save" else "after")
 
 
-class Ledger:
-    """An append-only file of side effects: one line per tool that really ran."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def write(self, tool: str, run_id: str, key: str) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps([tool, run_id, key]) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def entries(self) -> list[tuple[str, str, str]]:
-        if not self.path.exists():
-            return []
-        return [tuple(json.loads(line)) for line in self.path.read_text().splitlines() if line]  # type: ignore[misc]
-
-    def counts(self, run_id: str | None = None) -> Counter[str]:
-        return Counter(t for t, r, _ in self.entries() if run_id is None or r == run_id)
-
-
-class Order(BaseModel):
-    show: str
-    seats: int
-    note: str = ""
-
-
-def build(ledger: Ledger, crash_in: str | None = None) -> tuple[Registry, Flow[Order]]:
-    registry = Registry()
-
-    def effect(tool: str) -> str:
-        from agentflow.exec import current_call
-
-        info = current_call()
-        ledger.write(tool, info.run_id, idempotency_key())
-        if crash_in == tool:
-            die()
-        return f"{tool} ok"
-
-    @registry.tool(idempotent=True)
-    async def hold_seats(show: str, seats: int) -> str:
-        return effect("hold_seats")
-
-    @registry.tool
-    async def charge_card(show: str, seats: int) -> str:
-        return effect("charge_card")
-
-    @registry.tool
-    def email_tickets(show: str) -> str:
-        return effect("email_tickets")
-
-    def args(order: Order) -> dict[str, Any]:
-        return {"show": order.show, "seats": order.seats}
-
-    flow = (
-        Flow("tickets", state=Order)
-        .node("hold", Call("hold_seats", args=args, into="note"))
-        .node("pay", Call("charge_card", args=args, into="note"))
-        .node("send", Call("email_tickets", args=lambda o: {"show": o.show}, into="note"))
-        .edge("hold", "pay")
-        .edge("pay", "send")
-        .end("send")
-    )
-    return registry, flow
-
-
-class CrashingStore:
-    """Wraps a store and kills the process at one boundary; otherwise passes through."""
-
-    def __init__(self, inner: Any, point: str | None, what: str | None, kill: Any = die) -> None:
-        self.inner = inner
-        self.point = point
-        self.what = what
-        self.kill = kill
-        self.in_process = inner.in_process
-        self._tool_of: dict[str, str] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def save(self, run_id: str, step: int, checkpoint: Any) -> None:
-        if self.point == "in_save" and str(step) == self.what:
-            self.kill()
-        await self.inner.save(run_id, step, checkpoint)
-        if self.point == "between" and str(step) == self.what:
-            self.kill()
-
-    async def record_call(self, run_id: str, record: Any) -> None:
-        self._at_record("before", record)
-        await self.inner.record_call(run_id, record)
-        self._at_record("after", record)
-
-    def _at_record(self, when: str, record: Any) -> None:
-        body = json.loads(record.payload)
-        if record.kind == "started":
-            self._tool_of[body["call_id"]] = body["tool"]
-        if self._tool_of.get(body["call_id"]) == self.what and self.point == f"{when}_{record.kind}":
-            self.kill()
-
-
-class CombiningCrashingStore(CrashingStore):
-    """The same, for a store that writes a held ``done`` and the checkpoint in one go.
-
-    Its boundaries fold together: before that one write is before ``done`` and before the
-    save (``before_done`` = ``in_save``); after it is after both (``after_done`` = ``between``).
-    """
-
-    async def save_after_calls(self, run_id: str, step: int, checkpoint: Any, calls: Any) -> None:
-        for record in calls:
-            self._at_record("before", record)
-        if self.point == "in_save" and str(step) == self.what:
-            self.kill()
-        await self.inner.save_after_calls(run_id, step, checkpoint, calls)
-        for record in calls:
-            self._at_record("after", record)
-        if self.point == "between" and str(step) == self.what:
-            self.kill()
-
-
-async def act(runner: FlowRunner, flow: Flow[Order], action: str, run_id: str) -> dict[str, Any]:
+async def act(runner: FlowRunner, action: str, run_id: str) -> dict[str, Any]:
     try:
         if action == "run":
-            result = await runner.run(flow, Order(show="Hamlet", seats=2), run_id=run_id)
+            result = await runner.run(TICKETS, ORDER, run_id=run_id)
         else:
-            result = await runner.recover(flow, run_id, rerun_in_doubt=action == "recover_rerun")
+            result = await runner.recover(TICKETS, run_id, rerun_in_doubt=action == "recover_rerun")
     except RecoveryNeedsDecision as exc:
         return {"outcome": "decision", "calls": exc.calls}
     except Exception as exc:
         return {"outcome": "error", "error": type(exc).__name__, "message": str(exc)}
-    return {
-        "outcome": str(result.status),
-        "note": result.state.note,
-        "replayed": result.replayed,
-        "rerun": result.rerun,
-    }
+    state = result.state
+    return {"outcome": str(result.status), "sent": state.sent, "replayed": result.replayed, "rerun": result.rerun}
 
 
 def main(argv: list[str]) -> None:
@@ -187,18 +68,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--crash", default=None)
     opts = parser.parse_args(argv)
     point, _, what = (opts.crash or "").partition(":")
-    ledger = Ledger(Path(opts.ledger))
-    registry, flow = build(ledger, crash_in=what if point == "in_tool" else None)
-    inner = make_store(opts.store)
-    wrapper = CombiningCrashingStore if hasattr(inner, "save_after_calls") else CrashingStore
-    store = wrapper(inner, point or None, what or None)
-    runner = FlowRunner(Executor(registry), checkpoints=store, checkpoint_key=KEY)
+    tickets = make_tickets(Ledger(opts.ledger), die=sigkill)
+    if point == "in_tool":
+        tickets.crash_in.add(what)
+    store = FaultyStore(open_spec(opts.store), die=sigkill)
+    arm(store, point, what)
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY)
 
     async def go() -> dict[str, Any]:
         try:
-            return await act(runner, flow, opts.action, opts.run_id)
+            return await act(runner, opts.action, opts.run_id)
         finally:
-            await store.inner.aclose()
+            await store.aclose()
 
     print(json.dumps(asyncio.run(go())), flush=True)
 
