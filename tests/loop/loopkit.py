@@ -1,5 +1,6 @@
-"""The crash kit for the tool loop: a conversation whose tools keep a ledger, a store
-wrapper that kills the process at a protocol boundary, and the worker entry point.
+"""The crash kit for the tool loop: a conversation whose tools keep a ledger (the shared
+`_kit.tickets.Ledger`), the store wrapper of `_kit.faults` killing the process at a protocol
+boundary, and the worker entry point.
 
 The conversation (the model's replies depend only on the history, so a model in a new
 process picks up where the dead one stopped):
@@ -18,8 +19,10 @@ Boundaries (``--crash POINT[:WHAT]``); the kill is SIGKILL to the worker's own p
   after_tools:N         just after this process saved its Nth tool-results checkpoint
   in_approver:TOOL      inside the synchronous approval port, asked about TOOL (``--approver``)
 
-Run as ``python loopkit.py --db PATH --ledger PATH --run-id ID --action ACTION``; the last
-line of stdout is a JSON outcome (nothing is printed when the process was killed).
+Run as ``python loopkit.py --db PATH --ledger PATH --run-id ID --action ACTION`` with tests/ on
+``PYTHONPATH`` (`_kit.stores.child_env`); the last line of stdout is a JSON outcome (nothing is
+printed when the process was killed). The ledger is `_kit.tickets.Ledger`; the store wrapper
+`_kit.faults.FaultyStore`.
 """
 
 from __future__ import annotations
@@ -27,21 +30,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from _kit.faults import FaultyStore
+from _kit.stores import open_spec
+from _kit.tickets import Ledger, sigkill
 
 from agentflow import Events, Registry
 from agentflow.exec import ApprovalRequest, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
 from agentflow.models import Message, ScriptedModel, ToolCall
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storespec import make_store
 
 KEY = b"loop-crash-kit-key-0123456789abcdef"
 #: The model may be called this often over the whole run (the conversation needs 3 calls).
@@ -65,26 +66,7 @@ EXPECTED_HISTORY = [
 
 def die() -> None:
     """Die like a worker the kernel killed: no cleanup, no flush, no finally blocks."""
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class Ledger:
-    """An append-only file of side effects: one fsynced line per tool (or model) that really ran."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def write(self, what: str, run_id: str, detail: str = "") -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps([what, run_id, detail]) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def counts(self, run_id: str | None = None) -> Counter[str]:
-        if not self.path.exists():
-            return Counter()
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line]
-        return Counter(what for what, rid, _ in rows if run_id is None or rid == run_id)
+    sigkill("at the chosen boundary")
 
 
 def reply_for(history: Sequence[Message]) -> Message:
@@ -112,7 +94,7 @@ class LedgerModel(ScriptedModel):
         self.die_on = die_on
 
     async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
-        self.ledger.write("model", self.run_id, str(self.calls + 1))
+        self.ledger.record("model", self.run_id, str(self.calls + 1))
         if self.die_on == self.calls + 1:
             die()
         return await super().complete(messages, tools)
@@ -123,7 +105,7 @@ def build(ledger: Ledger, run_id: str, crash_in: str | None = None, approval: bo
     registry = Registry()
 
     def effect(tool: str, result: str) -> str:
-        ledger.write(tool, run_id)
+        ledger.record(tool, run_id)
         if crash_in == tool:
             die()
         return result
@@ -146,29 +128,11 @@ def build(ledger: Ledger, run_id: str, crash_in: str | None = None, approval: bo
     return registry
 
 
-class CrashingStore:
-    """Wraps a store and kills the process at one call-log boundary; otherwise passes through."""
-
-    def __init__(self, inner: Any, point: str | None, what: str | None) -> None:
-        self.inner = inner
-        self.point = point
-        self.what = what
-        self.in_process = inner.in_process
-        self._tool_of: dict[str, str] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def record_call(self, run_id: str, record: Any) -> None:
-        body = json.loads(record.payload)  # the kit peeks; agentflow decodes only after the signature
-        if record.kind == "started" and "tool" in body:
-            self._tool_of[body["call_id"]] = body["tool"]
-        hit = self._tool_of.get(body["call_id"]) == self.what
-        if hit and (self.point, record.kind) == ("before_done", "done"):
-            die()
-        await self.inner.record_call(run_id, record)
-        if hit and (self.point, record.kind) in {("after_started", "started"), ("after_done", "done")}:
-            die()
+def arm(store: FaultyStore, point: str, what: str) -> None:
+    """Make `store` kill the process at a call-log boundary (``after_started``, ``before_done``, ``after_done``)."""
+    if point in ("after_started", "before_done", "after_done"):
+        when, kind = point.split("_")
+        store.crash(kind, tool=what, when=when)
 
 
 def kill_after_saves(events: Events, point: str, what: str) -> None:
@@ -198,11 +162,12 @@ def outcome(result: Any) -> dict[str, Any]:
 
 async def act(opts: argparse.Namespace) -> dict[str, Any]:
     point, _, what = (opts.crash or "").partition(":")
-    ledger = Ledger(Path(opts.ledger))
+    ledger = Ledger(opts.ledger)
     registry = build(ledger, opts.run_id, crash_in=what if point == "in_tool" else None, approval=opts.approver)
     model = LedgerModel(ledger, opts.run_id, die_on=int(what) if point == "model" else None)
-    inner = make_store(opts.store) if opts.store else SQLiteCheckpointStore(opts.db)
-    store = CrashingStore(inner, point or None, what or None)
+    inner = open_spec(opts.store) if opts.store else SQLiteCheckpointStore(opts.db)
+    store = FaultyStore(inner, die=sigkill)
+    arm(store, point, what)
     events = Events()
     if point in ("after_reply", "after_tools"):
         kill_after_saves(events, point, what)
@@ -228,14 +193,14 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:
         return {"outcome": "error", "error": type(exc).__name__, "message": str(exc)}
     finally:
-        await store.inner.aclose()
+        await store.aclose()
     return outcome(result)
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", required=True)
-    parser.add_argument("--store", default=None, help="a store spec (tests/storespec.py) instead of --db")
+    parser.add_argument("--store", default=None, help="a store spec (_kit.stores.open_spec) instead of --db")
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--action", choices=["run", "recover", "recover_rerun"], required=True)

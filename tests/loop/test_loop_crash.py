@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from loopkit import EXPECTED_HISTORY, MAX_STEPS, NON_IDEMPOTENT, TOOLS, Ledger
+from _kit.stores import child_env, setups
+from _kit.tickets import Ledger
+from loopkit import EXPECTED_HISTORY, MAX_STEPS, NON_IDEMPOTENT, TOOLS
 
 HERE = Path(__file__).parent
 
@@ -39,7 +41,7 @@ class Worker:
             cmd += ["--crash", crash]
         if approver:
             cmd.append("--approver")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=HERE)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=HERE, env=child_env())
         if proc.returncode == -signal.SIGKILL:
             return None
         assert proc.returncode == 0, proc.stderr
@@ -112,16 +114,12 @@ def test_loop_worker_killed_at_each_boundary_is_recovered_by_another_process(tmp
     "crash",
     ["model:2", "after_reply:1", "after_started:charge", "in_tool:charge", "after_done:charge", "after_tools:1"],
 )
-@pytest.mark.parametrize(
-    "shared_store",
-    [pytest.param("redis", marks=pytest.mark.redis), pytest.param("sql", marks=pytest.mark.postgres)],
-    indirect=True,
-)
+@pytest.mark.parametrize("shared_spec", setups("redis", "sql-postgres"), indirect=True)
 def test_loop_worker_on_a_server_store_killed_at_a_boundary_is_recovered(
-    tmp_path: Path, shared_store: str, crash: str
+    tmp_path: Path, shared_spec: str, crash: str
 ) -> None:
     # Given worker processes sharing Redis or PostgreSQL
-    check_boundary(Worker(tmp_path, shared_store), crash)
+    check_boundary(Worker(tmp_path, shared_spec), crash)
 
 
 def check_boundary(worker: Worker, crash: str) -> None:
