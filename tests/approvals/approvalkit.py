@@ -1,13 +1,14 @@
-"""Cross-process approval kit: a refund flow that pauses for approval, a ledger its tools
-write with fsync, a store wrapper that kills the process around a checkpoint save, and
-the worker entry point.
+"""Cross-process approval kit: the worker entry point of tests/approvals, on the shared kit.
 
-The flow: ``refund`` (needs approval; a denial stores ``"denied"``) -> ``notify``.
+The flow is `_kit.tickets.REFUNDS`: ``refund`` (over 100 needs approval; a denial stores
+``"denied"``) -> ``notify`` (or ``apologize`` after a denial). Every run refunds 500 + i, so
+each pauses. Its tools write the shared file `Ledger` (fsynced); the store is a
+`FaultyStore` that kills the process (SIGKILL) around a checkpoint save.
 Checkpoints of one run: step 0 (start), step 1 (paused on refund); a resume saves step 2
 (its claim, carrying the decision), then step 3 (after refund) and step 4 (done).
 
-Worker actions (``python approvalkit.py --db PATH --ledger PATH ACTION ...``; the last
-line of stdout is JSON, nothing when the process was killed):
+Worker actions (``python approvalkit.py --db PATH --ledger PATH ACTION ...`` with tests/ on
+``PYTHONPATH``; the last line of stdout is JSON, nothing when the process was killed):
   start --runs N                           start N runs (``refund-000``, ...); each pauses at step 1
   race --runs N --barrier DIR --who NAME   wait for the other racer, then resume every run
   resume --run-id ID [--deny] [--crash POINT:WHAT]
@@ -21,118 +22,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from _kit.faults import FaultyStore
+from _kit.tickets import KEY, REFUNDS, Ledger, Refund, make_tickets, sigkill
 
-from agentflow import Call, Executor, Flow, FlowRunner, Registry
+from agentflow import Executor, FlowRunner
 from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision, SQLiteCheckpointStore
 
-KEY = b"approvals-kit-key-0123456789abcdef"
 #: The step a resume saves (its claim, with the decision) for a run paused at step 1.
 RESUME_STEP = 2
-
-
-def die() -> None:
-    """Die like a worker the kernel killed: no cleanup, no flush, no finally blocks."""
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class Ledger:
-    """An append-only file of side effects: one fsynced line per tool that really ran."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def write(self, tool: str, order: str) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps([tool, order]) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def counts(self, tool: str) -> Counter[str]:
-        """How often `tool` ran, per order."""
-        if not self.path.exists():
-            return Counter()
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line]
-        return Counter(order for name, order in rows if name == tool)
-
-
-class Refund(BaseModel):
-    order: str
-    amount: int
-    outcome: str = ""
-    after: str = ""
-
-
-def build(ledger: Ledger, crash_in: str | None = None) -> tuple[Registry, Flow[Refund]]:
-    registry = Registry()
-
-    @registry.tool(approval=True)
-    async def refund(order: str, amount: int) -> str:
-        """Send money back (not idempotent; always needs approval)."""
-        ledger.write("refund", order)
-        if crash_in == "refund":
-            die()
-        return f"refunded {amount} EUR"
-
-    @registry.tool(idempotent=True)
-    async def notify(order: str, outcome: str) -> str:
-        """Tell the customer what happened."""
-        ledger.write("notify", order)
-        return f"told {order}: {outcome}"
-
-    def refund_args(r: Refund) -> dict[str, Any]:
-        return {"order": r.order, "amount": r.amount}
-
-    def notify_args(r: Refund) -> dict[str, Any]:
-        return {"order": r.order, "outcome": r.outcome}
-
-    flow = (
-        Flow("refunds", state=Refund)
-        .node("refund", Call("refund", args=refund_args, into="outcome", on_deny="denied"))
-        .node("notify", Call("notify", args=notify_args, into="after"))
-        .edge("refund", "notify")
-        .end("notify")
-    )
-    return registry, flow
+#: The first run's refund; run i refunds AMOUNT + i (all over 100: each needs approval).
+AMOUNT = 500
 
 
 def run_ids(count: int) -> list[str]:
     return [f"refund-{i:03d}" for i in range(count)]
 
 
-class CrashingStore:
-    """Wraps a store and kills the process just before or just after one checkpoint save."""
-
-    def __init__(self, inner: Any, point: str | None, what: str | None) -> None:
-        self.inner = inner
-        self.point = point
-        self.what = what
-        self.in_process = inner.in_process
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def save(self, run_id: str, step: int, checkpoint: Any) -> None:
-        if self.point == "in_save" and str(step) == self.what:
-            die()
-        await self.inner.save(run_id, step, checkpoint)
-        if self.point == "between" and str(step) == self.what:
-            die()
-
-
-def runner_for(db: str, ledger: Ledger, crash: str | None = None) -> tuple[FlowRunner, Flow[Refund], Any]:
+def runner_for(db: str, ledger: Ledger, crash: str | None = None) -> tuple[FlowRunner, FaultyStore]:
     point, _, what = (crash or "").partition(":")
-    registry, flow = build(ledger, crash_in=what if point == "in_tool" else None)
-    store = CrashingStore(SQLiteCheckpointStore(db), point or None, what or None)
-    return FlowRunner(Executor(registry), checkpoints=store, checkpoint_key=KEY), flow, store
+    tickets = make_tickets(ledger, die=sigkill)
+    if point == "in_tool":
+        tickets.crash_in.add(what)
+    store = FaultyStore(SQLiteCheckpointStore(db), die=sigkill)
+    if point in ("in_save", "between"):
+        store.crash("save", step=int(what), when="before" if point == "in_save" else "after")
+    return FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY), store
 
 
 def wait_for(paths: list[Path], timeout_s: float = 30.0) -> None:
@@ -143,7 +62,7 @@ def wait_for(paths: list[Path], timeout_s: float = 30.0) -> None:
         time.sleep(0.0005)
 
 
-async def race(runner: FlowRunner, flow: Flow[Refund], count: int, barrier: Path, who: str) -> dict[str, Any]:
+async def race(runner: FlowRunner, count: int, barrier: Path, who: str) -> dict[str, Any]:
     """Resume every run, meeting the other racer at a barrier file before each one."""
     results: dict[str, list[str]] = {}
     (barrier / f"start.{who}").touch()
@@ -152,7 +71,7 @@ async def race(runner: FlowRunner, flow: Flow[Refund], count: int, barrier: Path
         (barrier / f"{run_id}.{who}").touch()
         wait_for([barrier / f"{run_id}.A", barrier / f"{run_id}.B"])
         try:
-            result = await runner.resume(flow, run_id, approve=True)
+            result = await runner.resume(REFUNDS, run_id, approve=True)
         except CheckpointConflict as exc:
             results[run_id] = ["conflict", str(exc)]
         except Exception as exc:
@@ -162,33 +81,32 @@ async def race(runner: FlowRunner, flow: Flow[Refund], count: int, barrier: Path
     return {"results": results}
 
 
-async def start(runner: FlowRunner, flow: Flow[Refund], count: int) -> dict[str, Any]:
+async def start(runner: FlowRunner, count: int) -> dict[str, Any]:
     """Start `count` runs; each pauses on its refund."""
     statuses = {}
     for i, run_id in enumerate(run_ids(count)):
-        result = await runner.run(flow, Refund(order=f"order-{i}", amount=10 + i), run_id=run_id)
+        result = await runner.run(REFUNDS, Refund(amount=AMOUNT + i), run_id=run_id)
         statuses[run_id] = [str(result.status), result.step]
     return {"statuses": statuses}
 
 
 async def act(opts: argparse.Namespace) -> dict[str, Any]:
-    ledger = Ledger(Path(opts.ledger))
-    runner, flow, store = runner_for(opts.db, ledger, opts.crash)
+    runner, store = runner_for(opts.db, Ledger(opts.ledger), opts.crash)
     try:
         if opts.action == "start":
-            return await start(runner, flow, opts.runs)
+            return await start(runner, opts.runs)
         if opts.action == "race":
-            return await race(runner, flow, opts.runs, Path(opts.barrier), opts.who)
+            return await race(runner, opts.runs, Path(opts.barrier), opts.who)
         if opts.action == "resume":
-            result = await runner.resume(flow, opts.run_id, approve=not opts.deny)
+            result = await runner.resume(REFUNDS, opts.run_id, approve=not opts.deny)
         else:
-            result = await runner.recover(flow, opts.run_id)
+            result = await runner.recover(REFUNDS, opts.run_id)
     except RecoveryNeedsDecision as exc:
         return {"outcome": "decision", "calls": exc.calls}
     except Exception as exc:
         return {"outcome": "error", "error": type(exc).__name__, "message": str(exc)}
     finally:
-        await store.inner.aclose()
+        await store.aclose()
     return {"outcome": str(result.status), "state": result.state.model_dump(), "step": result.step}
 
 
