@@ -127,16 +127,11 @@ class Journal:
         """
         async with self._lock:
             held, self._held = self._held, []
-            combined = getattr(self.store, "save_after_calls", None)
             if not held:
-                await self.store.save(self.run_id, step, checkpoint)
-            elif combined is None:
-                for record in held:
-                    await self._append(record)
                 await self.store.save(self.run_id, step, checkpoint)
             else:
                 try:
-                    await combined(self.run_id, step, checkpoint, held)
+                    await self.store.save_after_calls(self.run_id, step, checkpoint, held)
                 except CheckpointConflict:
                     for record in held:
                         with contextlib.suppress(CheckpointConflict):

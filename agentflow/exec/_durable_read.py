@@ -1,8 +1,8 @@
 """Reading a run's call log: check every record, fold a superstep's, decide what may rerun.
 
 Moving parts:
-- `read_log` / `check_log`: load every record of a run, check each signature and the
-  numbering, and return the decoded bodies. Nothing is decoded before its signature checks.
+- `read_log`: load every record of a run, check each signature and the numbering, and
+  return the decoded bodies. Nothing is decoded before its signature checks.
 - `read_head`: the latest checkpoint and the records per segment, in one read.
 - `analyze`: folds one superstep's records into a `CallState` per call identity;
   `calls_in_doubt` decides which of them may run again.
@@ -24,7 +24,7 @@ from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import SealedCheckpoint
 
 #: Record kinds that close a call for good.
 FINAL = frozenset({"done", "failed", "denied"})
@@ -40,35 +40,18 @@ class LoggedRecord:
     body: dict[str, Any]
 
 
-async def read_log(
-    store: CheckpointStore, sealer: Sealer, run_id: str, expect: tuple[int, int] | None = None
-) -> list[LoggedRecord]:
-    """Load and check every call record of a run.
+async def read_log(store: CheckpointStore, sealer: Sealer, run_id: str) -> list[LoggedRecord]:
+    """Load and check every call record of a run: signatures, and numbering within each segment.
 
-    Args:
-        store: where the run lives.
-        sealer: checks signatures.
-        run_id: the run.
-        expect: ``(segment, count)``: that segment must hold at least `count` records
-            (what the latest checkpoint saw), so records cut from before it are caught.
+    What the log must hold against the checkpoints (their markers and pins) is checked by
+    the caller with `agentflow.exec._run_checks`.
 
     Raises:
-        CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
-    """
-    return check_log(sealer, run_id, await store.calls(run_id), expect)
-
-
-def check_log(
-    sealer: Sealer, run_id: str, rows: Sequence[SealedCall], expect: tuple[int, int] | None = None
-) -> list[LoggedRecord]:
-    """Check and decode call records already read (see `read_log`).
-
-    Raises:
-        CheckpointStoreCorrupt: a record fails its signature, is out of place, or missing.
+        CheckpointStoreCorrupt: a record fails its signature or is out of place (a gap).
     """
     out: list[LoggedRecord] = []
     counts: dict[int, int] = {}
-    for row in rows:
+    for row in await store.calls(run_id):
         body = sealer.open_call(row, run_id)
         want = counts.get(row.segment, 0)
         if row.seq != want:
@@ -77,27 +60,16 @@ def check_log(
             )
         counts[row.segment] = want + 1
         out.append(LoggedRecord(row.segment, row.seq, row.kind, body))
-    if expect is not None and counts.get(expect[0], 0) < expect[1]:
-        raise CheckpointStoreCorrupt(
-            f"call log of run {run_id!r}: segment {expect[0]} has {counts.get(expect[0], 0)} records, "
-            f"the checkpoint saw {expect[1]}"
-        )
     return out
 
 
-async def read_head(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int] | None]:
-    """The run's latest checkpoint and, where the store counts them, its records per segment.
-
-    One atomic read where the store has ``head`` (Redis); else only the checkpoint (None).
+async def read_head(store: CheckpointStore, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
+    """The run's latest checkpoint and its records per segment, counted no earlier than it (one read).
 
     Raises:
         CheckpointNotFound: nothing is stored for the run.
     """
-    reader = getattr(store, "head", None)
-    if callable(reader):
-        head: tuple[SealedCheckpoint, Mapping[int, int]] = await reader(run_id)
-        return head
-    return await store.latest(run_id), None
+    return await store.head(run_id)
 
 
 @dataclass(slots=True)

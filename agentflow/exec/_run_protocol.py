@@ -59,7 +59,7 @@ BODY_VERSION = 1
 #: Why a run was claimed (signed into the claim checkpoint).
 CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff"})
 
-Head = tuple[SealedCheckpoint, Mapping[int, int] | None]
+Head = tuple[SealedCheckpoint, Mapping[int, int]]
 
 
 def sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:
@@ -73,9 +73,8 @@ def sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | Non
         return Sealer(key)
     if store is None:
         return None
-    local = getattr(store, "local_key", None)
-    if store.in_process and isinstance(local, bytes):
-        return Sealer(local)
+    if store.in_process and store.local_key is not None:
+        return Sealer(store.local_key)
     raise ValueError(
         f"{type(store).__name__} is shared with other processes, so it needs checkpoint_key= "
         "(32+ random bytes, the same on every worker) to sign and check what it stores"
@@ -414,7 +413,7 @@ class RunProtocol(Generic[C, R]):
         if opened.status != RunStatus.RUNNING:
             raise CheckpointConflict(f"run {run_id!r} is {opened.status}; only a running run can be advanced")
         next_seq: int | None = None
-        if handoff and "claim" not in body and counts is not None and opened.row is head_row:
+        if handoff and "claim" not in body and opened.row is head_row:
             try:
                 check_counts(run_id, opened.row.step, body, counts)
             except AheadOfCheckpoint as exc:
