@@ -28,7 +28,6 @@ def _unavailable(what: str, exc: BaseException) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    import redis
 
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
     try:
@@ -67,36 +66,3 @@ def unique_prefix() -> Callable[[], str]:
     """Make names no other test uses (Redis key prefixes, SQL table prefixes): ``t`` and 16 hex digits."""
     # 16 hex digits: unique enough, and short enough that prefixed Postgres index names stay under 63 bytes.
     return lambda: f"t{uuid.uuid4().hex[:16]}"
-
-
-@pytest.fixture
-def shared_store(request, tmp_path):
-    """A store spec the worker processes share: SQLite, or (param) Redis / PostgreSQL with their own prefix."""
-    kind = getattr(request, "param", "sqlite")
-    prefix = f"t{uuid.uuid4().hex[:16]}"
-    if kind == "sqlite":
-        yield f"sqlite:{tmp_path / 'runs.db'}"
-    elif kind == "redis":
-        url = request.getfixturevalue("redis_url")
-        yield f"redis:{url}#{prefix}"
-        client = redis.Redis.from_url(url)
-        keys = list(client.scan_iter(match=f"{prefix}*", count=500))
-        if keys:
-            client.delete(*keys)
-        client.close()
-    else:
-        url = request.getfixturevalue("postgres_url")
-        yield f"sql:{url}#{prefix}_"
-        asyncio.run(_drop_tables(url, f"{prefix}_"))
-
-
-async def _drop_tables(url: str, prefix: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-    try:
-        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE starts_with(tablename, $1)", prefix)
-        for row in rows:
-            await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
-    finally:
-        await conn.close()
