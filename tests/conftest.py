@@ -28,7 +28,6 @@ def _unavailable(what: str, exc: BaseException) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
     try:
         client.ping()
