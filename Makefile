@@ -15,12 +15,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m agentflow.demo
 
+# lint-imports checks the layers: the contracts in pyproject.toml's [tool.importlinter] (no cache dir left behind).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check agentflow tests bench
-	$(VENV)/bin/ruff format --check agentflow tests bench
+	$(VENV)/bin/ruff check agentflow workers config tests bench
+	$(VENV)/bin/ruff format --check agentflow workers config tests bench
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy agentflow
+	$(VENV)/bin/mypy agentflow workers config
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(SITE_DIR),site)

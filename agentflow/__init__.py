@@ -20,8 +20,9 @@ from agentflow._errors import (
 )
 from agentflow._events import Event, Events
 from agentflow._identity import RunContext
+from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
-from agentflow.flow import Call, Flow, FlowRunner, RunResult, RunStatus
+from agentflow.flow import Call, Flow, FlowRunner, RunResult
 
 __all__ = [
     "AgentflowError",
@@ -44,6 +45,7 @@ __all__ = [
     "RecoveryNeedsDecision",
     "Registry",
     "RunContext",
+    "RunKind",
     "RunResult",
     "RunStatus",
     "Stale",

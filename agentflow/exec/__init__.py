@@ -5,10 +5,8 @@ from agentflow.exec._durable_loop import (
     LoopResult,
     advance_tool_loop,
     decide_tool_loop,
-    read_tool_loop,
     recover_tool_loop,
     run_tool_loop,
-    start_tool_loop,
 )
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
@@ -27,8 +25,6 @@ __all__ = [
     "current_call",
     "decide_tool_loop",
     "idempotency_key",
-    "read_tool_loop",
     "recover_tool_loop",
     "run_tool_loop",
-    "start_tool_loop",
 ]

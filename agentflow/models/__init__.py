@@ -3,17 +3,17 @@
 The OpenAI-compatible adapter needs the ``openai`` extra (httpx); it is imported on use.
 """
 
-from typing import TYPE_CHECKING
+import typing
 
-from agentflow._optional import lazy_attributes
+from agentflow import _optional
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 from agentflow.models.scripted import ScriptedModel
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from agentflow.models.openai import OpenAIChatModel
 
 __all__ = ["Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"]
 
 
-__getattr__ = lazy_attributes(__name__, {"OpenAIChatModel": ("agentflow.models.openai", "openai")})
+__getattr__ = _optional.lazy_attributes(__name__, {"OpenAIChatModel": ("agentflow.models.openai", "openai")})

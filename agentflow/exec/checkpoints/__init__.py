@@ -4,9 +4,9 @@ The Redis and SQLAlchemy stores need extras; they are imported on first use and 
 extra to install when their driver is missing.
 """
 
-from typing import TYPE_CHECKING
+import typing
 
-from agentflow._optional import lazy_attributes
+from agentflow import _optional
 from agentflow.exec._context import idempotency_key
 from agentflow.exec.checkpoints._defaults import StoreDefaults
 from agentflow.exec.checkpoints._errors import (
@@ -21,7 +21,7 @@ from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from agentflow.exec.checkpoints.redis import RedisCheckpointStore
     from agentflow.exec.checkpoints.sqlalchemy import SQLAlchemyCheckpointStore
 
@@ -48,4 +48,4 @@ _OPTIONAL = {
 }
 
 
-__getattr__ = lazy_attributes(__name__, _OPTIONAL)
+__getattr__ = _optional.lazy_attributes(__name__, _OPTIONAL)
