@@ -8,6 +8,8 @@ Names in use (data in parentheses):
   ``tool.failed`` (tool, call_id, error), ``tool.retrying`` (tool, call_id, attempt, delay_s),
   ``tool.replayed`` (tool, call_id)
 - ``checkpoint.saved`` (kind, step, status, flow or stage, unreplayed)
+- ``run.unlisted`` (flow, relisted, why): `recover_all(sweep=True)` found a run with stored
+  rows and no listing entry, and listed it again (or says why not)
 
 A subscriber that raises is logged and ignored: observing a run never breaks it.
 """

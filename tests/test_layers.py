@@ -94,3 +94,21 @@ def test_the_viewer_command_is_the_only_cli_module_that_imports_the_viewer(prist
     # When lint-imports checks it, Then the surfaces contract is broken
     result = lint_imports(root)
     assert broken(result.stdout) == {CONTRACTS["surfaces"]}, result.stdout
+
+
+@pytest.mark.parametrize("mode", [None, "demo", "test"])
+def test_the_settings_have_no_default_key_not_even_the_demos(monkeypatch: pytest.MonkeyPatch, mode: str | None) -> None:
+    pytest.importorskip("pydantic_settings")
+    from pydantic import ValidationError
+
+    from config import Settings
+
+    # Given no key, in what used to be the demo's and the tests' modes too (a mode no longer exists)
+    if mode is None:
+        monkeypatch.delenv("AGENTFLOW_MODE", raising=False)
+    else:
+        monkeypatch.setenv("AGENTFLOW_MODE", mode)
+
+    # When the workers' settings are read, Then they refuse to start without a key
+    with pytest.raises(ValidationError, match="AGENTFLOW_CHECKPOINT_KEYS is not set"):
+        Settings(checkpoint_keys=None)

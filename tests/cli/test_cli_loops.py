@@ -39,3 +39,39 @@ def test_a_paused_tool_loop_is_listed_shown_and_verified(agentflow, db):
     resumed = agentflow("resume", "chat-1", "--app", "runs_kit:app", "--approve")
     assert resumed.exit_code == 2
     assert "resume it with run_tool_loop" in one_line_error(resumed)
+
+
+def test_the_read_model_knows_a_loop_by_its_kind_not_by_its_column(db):
+    from agentflow import RunKind
+    from agentflow.exec._durable_seal import Sealer
+    from agentflow.exec._run_read import read_run
+    from agentflow.exec._run_view import RunReport
+
+    add_loop(db)
+
+    async def read() -> tuple[RunReport, RunReport]:
+        async with SQLiteCheckpointStore(db) as store:
+            sealer = Sealer(runs_kit.KEY)
+            return await read_run(store, sealer, "chat-1"), await read_run(store, sealer, "refund-1")
+
+    loop, flow = runs_kit.in_thread(read)
+
+    assert (loop.kind, loop.name, loop.flow) == (RunKind.LOOP, "support", "loop:support")
+    assert (flow.kind, flow.name, flow.flow) == (RunKind.FLOW, "refunds", "refunds")
+
+
+def test_a_loop_in_doubt_is_told_to_recover_through_recover_tool_loop():
+    from agentflow import RunKind
+    from agentflow.cli._show import run_text
+    from agentflow.exec._run_view import IN_DOUBT, CallView, CheckpointView, RunReport
+
+    # Given a tool loop whose current turn has a call in doubt (as the read model reports it)
+    report = RunReport("chat-9", "loop:support", RunKind.LOOP, "running", 3, 0.0)
+    report.checkpoints = [CheckpointView(3, 0.0, "running", 0, superstep=1, what="superstep")]
+    report.calls = [CallView("1/tools/0/ab", "refund", "tools", 1, "started", state=IN_DOUBT)]
+
+    # When it is shown, Then the way on is the tool loop's, not a flow's recover command
+    text = run_text(report)
+    assert "in doubt: refund" in text
+    assert "recover_tool_loop(..., run_id='chat-9', rerun_in_doubt=True)" in text
+    assert "agentflow recover" not in text
