@@ -1,28 +1,24 @@
-"""Flows the test workers run: the ticket flow with a shared ledger and tunable delays."""
+"""The app the test workers run: the kit's ticket flows and tools, with a shared file ledger and tunable delays.
+
+Worker processes import it as ``celery_flows:app`` (tests/celery and tests/ on ``PYTHONPATH``).
+Effects go to the file `_kit.tickets.Ledger` named by ``AGENTFLOW_TEST_LEDGER``; the ticket
+tools wait a random time in ``AGENTFLOW_TEST_DELAY`` ("low,high" seconds) around their effect.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 
-from pydantic import BaseModel
+from _kit.tickets import FANOUT, SLOW, TICKETS, Ledger, make_tickets
 
-from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
+from agentflow import FlowApp, LoopSpec, Registry
 from agentflow.exec import current_call, idempotency_key
 from agentflow.models import Message, ToolCall
 
-registry = Registry()
-
-
-def _effect(tool: str) -> str:
-    info = current_call()
-    with open(os.environ["AGENTFLOW_TEST_LEDGER"], "a") as fh:
-        fh.write(json.dumps([tool, info.run_id, idempotency_key()]) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    return f"{tool} ok"
+#: Every effect of every worker process, in the file the test names.
+ledger = Ledger(env="AGENTFLOW_TEST_LEDGER")
 
 
 async def _pause() -> None:
@@ -30,76 +26,11 @@ async def _pause() -> None:
     await asyncio.sleep(random.uniform(low, high))
 
 
-@registry.tool(idempotent=True)
-async def hold_seats(show: str, seats: int) -> str:
-    await _pause()
-    return _effect("hold_seats")
+def _effect(tool: str) -> None:
+    ledger.record(tool, current_call().run_id, idempotency_key())
 
 
-@registry.tool
-async def charge_card(show: str, seats: int) -> str:
-    await _pause()
-    out = _effect("charge_card")
-    await _pause()
-    return out
-
-
-@registry.tool
-async def email_tickets(show: str) -> str:
-    await _pause()
-    return _effect("email_tickets")
-
-
-@registry.tool(idempotent=True)
-async def slow_report(show: str, seconds: float) -> str:
-    await asyncio.sleep(seconds)
-    return _effect("slow_report")
-
-
-class Order(BaseModel):
-    show: str
-    seats: int = 2
-    note: str = ""
-    wired: str = ""
-    seconds: float = 0.0
-
-
-def args(order: Order) -> dict[str, object]:
-    return {"show": order.show, "seats": order.seats}
-
-
-tickets = (
-    Flow("tickets", state=Order)
-    .node("hold", Call("hold_seats", args=args, into="note"))
-    .node("pay", Call("charge_card", args=args, into="note"))
-    .node("send", Call("email_tickets", args=lambda o: {"show": o.show}, into="note"))
-    .edge("hold", "pay")
-    .edge("pay", "send")
-    .end("send")
-)
-
-
-@registry.tool(approval=True)
-async def wire_money(show: str, seats: int) -> str:
-    return _effect("wire_money")
-
-
-# hold fans out to charge_card (runs at once) and wire_money (waits for approval)
-fanout = (
-    Flow("fanout", state=Order)
-    .node("hold", Call("hold_seats", args=args, into="note"))
-    .node("pay", Call("charge_card", args=args, into="note"))
-    .node("wire", Call("wire_money", args=args, into="wired"))
-    .edge("hold", "pay")
-    .edge("hold", "wire")
-    .end("pay", "wire")
-)
-
-slow = (
-    Flow("slow", state=Order)
-    .node("report", Call("slow_report", args=lambda o: {"show": o.show, "seconds": o.seconds}, into="note"))
-    .end("report")
-)
+tickets = make_tickets(ledger, pause=_pause)
 
 
 class ForecastModel:
@@ -124,7 +55,7 @@ async def forecast(city: str) -> str:
 
 
 class RefundModel:
-    """A stateless model: ask for a refund (which needs approval), then report the tool's answer."""
+    """A stateless model: ask for a refund of 250 (over 100: the kit's refund tool needs approval), then report."""
 
     async def complete(self, messages, tools):
         results = [m for m in messages if m.role == "tool"]
@@ -133,20 +64,11 @@ class RefundModel:
         return Message.assistant(f"answer: {results[-1].content}")
 
 
-refund_tools = Registry()
-
-
-@refund_tools.tool(approval=True)
-async def refund(amount: int) -> str:
-    _effect("refund")
-    return f"refunded {amount}"
-
-
 app = FlowApp(
-    registry,
-    [tickets, slow, fanout],
+    tickets.registry,
+    [TICKETS, SLOW, FANOUT],
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
-        "refunds": LoopSpec(model_factory=RefundModel, registry=refund_tools),
+        "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
     },
 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from _kit.tickets import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -52,7 +52,7 @@ class Deployment:
             **os.environ,
             **{f"AGENTFLOW_{k.upper()}": str(v) for k, v in self.values.items()},
             "AGENTFLOW_TEST_LEDGER": str(self.ledger),
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "tests"), str(ROOT)]),
         }
         sys.path.insert(0, str(HERE))
         self.celery_app, self.tasks = build(Settings(**self.values))
@@ -132,8 +132,8 @@ class Deployment:
         proc.wait(timeout=10)
 
     def effects(self) -> Counter[tuple[str, str]]:
-        lines = [json.loads(x) for x in self.ledger.read_text().splitlines() if x.strip()]
-        return Counter((tool, run_id) for tool, run_id, _ in lines)
+        """How often each (tool, run id) effect happened, in every worker process."""
+        return Ledger(self.ledger).by_run()
 
     async def wait_all(self, run_ids: list[str], timeout_s: float = 120.0) -> dict[str, object]:
         views = await asyncio.gather(*(self.client.wait(r, timeout_s=timeout_s, poll_s=0.2) for r in run_ids))
