@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import pytest
+from _kit import tickets as kit
+from _kit.tickets import TICKETS, make_tickets
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, Registry, RunContext
@@ -45,50 +47,18 @@ def append(name: str) -> Callable[[Trail], dict[str, Any]]:
     return node
 
 
-# --- the seed's ticket flow -------------------------------------------------------------
-
-
 def args(order: Order) -> dict[str, object]:
     return {"show": order.show, "seats": order.seats}
 
 
-def ticket_registry(calls: list[str]) -> Registry:
-    registry = Registry()
-
-    @registry.tool(idempotent=True)
-    async def hold_seats(show: str, seats: int) -> str:
-        calls.append("hold_seats")
-        return f"held {seats} for {show}"
-
-    @registry.tool
-    async def charge_card(show: str, seats: int) -> str:
-        calls.append("charge_card")
-        return f"charged {seats * 40} for {show}"
-
-    @registry.tool
-    def email_tickets(show: str) -> str:
-        calls.append("email_tickets")
-        return f"tickets for {show} sent"
-
-    return registry
-
-
-TICKETS = (
-    Flow("tickets", state=Order)
-    .node("hold", Call("hold_seats", args=args, into="note"))
-    .node("pay", Call("charge_card", args=args, into="note"))
-    .node("send", Call("email_tickets", args=lambda o: {"show": o.show}, into="note"))
-    .edge("hold", "pay")
-    .edge("pay", "send")
-    .end("send")
-)
+# --- the seed's ticket flow (tests/_kit/tickets.py) ----------------------------------------
 
 
 async def test_the_ticket_flow_runs_to_done_with_the_expected_state():
     # Given the seed's ticket flow and its three tools
-    calls: list[str] = []
-    runner = runner_for(ticket_registry(calls))
-    order = Order(show="Hamlet", seats=2)
+    tickets = make_tickets()
+    runner = runner_for(tickets.registry)
+    order = kit.Order(show="Hamlet", seats=2)
 
     # When it runs
     result = await runner.run(TICKETS, order, run_id="order-7")
@@ -96,11 +66,13 @@ async def test_the_ticket_flow_runs_to_done_with_the_expected_state():
     # Then each tool ran once, in order, and the last result is in the state
     assert result.status == "done"
     assert result.run_id == "order-7"
-    assert calls == ["hold_seats", "charge_card", "email_tickets"]
-    assert result.state == Order(show="Hamlet", seats=2, note="tickets for Hamlet sent")
+    assert [e.tool for e in tickets.ledger.entries()] == ["hold_seats", "charge_card", "email_tickets"]
+    assert result.state == kit.Order(
+        show="Hamlet", seats=2, held="held 2 for Hamlet", paid="charged 80 for Hamlet", sent="mailed Hamlet"
+    )
     assert result.error is None
     # the caller's state object is left as it was
-    assert order.note == ""
+    assert order.sent == ""
 
 
 async def test_each_call_result_is_written_into_its_field_before_the_next_superstep():
@@ -552,8 +524,7 @@ async def test_call_sync_from_an_async_node_is_refused():
 
 async def test_an_async_node_function_calls_several_tools():
     # Given an async node that holds seats, then charges for them, through its handle
-    calls: list[str] = []
-    registry = ticket_registry(calls)
+    tickets = make_tickets()
 
     async def book(order: Order, handle: NodeHandle) -> dict[str, str]:
         held = await handle.call("hold_seats", show=order.show, seats=order.seats)
@@ -563,10 +534,10 @@ async def test_an_async_node_function_calls_several_tools():
     flow = Flow("book", state=Order).node("book", book).end("book")
 
     # When it runs
-    result = await runner_for(registry).run(flow, Order(show="Hamlet", seats=2))
+    result = await runner_for(tickets.registry).run(flow, Order(show="Hamlet", seats=2))
 
     # Then both calls ran in order, and the node's update holds both results
-    assert calls == ["hold_seats", "charge_card"]
+    assert [e.tool for e in tickets.ledger.entries()] == ["hold_seats", "charge_card"]
     assert result.state.note == "held 2 for Hamlet; charged 80 for Hamlet"
 
 
@@ -666,20 +637,19 @@ async def test_a_failed_run_finishes_with_a_failed_event():
 
 
 async def test_state_given_as_a_dict_is_validated_into_the_state_model():
-    calls: list[str] = []
-    result = await runner_for(ticket_registry(calls)).run(TICKETS, {"show": "Hamlet", "seats": "2"})
+    result = await runner_for(make_tickets().registry).run(TICKETS, {"show": "Hamlet", "seats": "2"})
 
     assert result.status == "done"
-    assert isinstance(result.state, Order)
+    assert isinstance(result.state, kit.Order)
     assert result.state.seats == 2
 
 
 async def test_a_bad_state_dict_is_a_flow_error_before_anything_runs():
-    calls: list[str] = []
+    tickets = make_tickets()
 
     with pytest.raises(FlowError, match=r"(?s)initial state does not fit Order.*seats"):
-        await runner_for(ticket_registry(calls)).run(TICKETS, {"show": "Hamlet"})
-    assert calls == []
+        await runner_for(tickets.registry).run(TICKETS, {"show": "Hamlet", "seats": "many"})
+    assert tickets.counts() == {}
 
 
 async def test_a_state_of_another_type_is_a_flow_error():
@@ -687,7 +657,7 @@ async def test_a_state_of_another_type_is_a_flow_error():
         show: str = "x"
 
     with pytest.raises(FlowError, match="state must be a Order or a dict, not Other"):
-        await runner_for(ticket_registry([])).run(TICKETS, Other())  # type: ignore[misc]
+        await runner_for(make_tickets().registry).run(TICKETS, Other())  # type: ignore[misc]
 
 
 def test_run_context_holds_user_thread_and_principal():
