@@ -16,8 +16,9 @@ as each of its records and then its save: a fault before any of them fires befor
 write, so nothing of it is stored; after any of them, after all of it is stored. With
 ``atomic_saves=False`` it is split into its records and then the save instead.
 
-Every other method of the store is forwarded explicitly (no ``__getattr__``), so a method
-the `CheckpointStore` protocol gains shows up here as missing (see `_conforms`).
+Every other member of the store is forwarded explicitly (no ``__getattr__``), so a member
+the `CheckpointStore` protocol gains shows up here as missing when mypy checks `_conforms`
+(``MYPYPATH=tests mypy -p _kit``).
 The wrapper also logs what it wrote (`writes`), what the store refused (`refused`) and how
 often each read ran (`reads`), and can make a worker wait for its rivals before its first
 write (`rendezvous`), so that every racer has read the run before any of them claims it.
@@ -127,13 +128,13 @@ class FaultyStore:
         self.trace = trace if trace is not None else []
         self._tool_of: dict[str, str] = {}
         self._split: set[tuple[str, int, int, str]] = set()
-        # The memory store's own signing key (no shared key needed in one process): not in the protocol yet.
-        self.local_key: bytes | None = getattr(inner, "local_key", None)
+        #: Whether the wrapped store lives inside this process.
+        self.in_process: bool = inner.in_process
 
     @property
-    def in_process(self) -> bool:
-        """Whether the wrapped store lives inside this process."""
-        return self.inner.in_process
+    def local_key(self) -> bytes | None:
+        """The wrapped store's own signing key (the memory store's), else None."""
+        return self.inner.local_key
 
     # -- arming ------------------------------------------------------------------------------
 
@@ -260,13 +261,7 @@ class FaultyStore:
         due = [(f, w) for w in writes for f in self._due(w)]
         self._fire(due, "before")
         try:
-            combined = getattr(self.inner, "save_after_calls", None)  # optional in the protocol today
-            if combined is not None:
-                await combined(run_id, step, checkpoint, calls)
-            else:
-                for record in calls:
-                    await self.inner.record_call(run_id, record)
-                await self.inner.save(run_id, step, checkpoint)
+            await self.inner.save_after_calls(run_id, step, checkpoint, calls)
         except CheckpointConflict as exc:
             self.refused.append(("save", str(exc)))
             raise
@@ -289,18 +284,11 @@ class FaultyStore:
         return await self.inner.latest(run_id)
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
-        """Forward ``head``: the latest checkpoint and the records per segment, read after it.
-
-        A store without its own ``head`` (memory and SQLite today) gets the default: `latest`,
-        then the log counted, which can only show more records than the checkpoint saw.
-        """
+        """Forward `CheckpointStore.head` (with `stale_latest`: that row, and the records counted now)."""
         self.reads["head"] += 1
-        own = getattr(self.inner, "head", None)  # optional in the protocol today
-        if own is not None and self.stale_latest is None:
-            found: tuple[SealedCheckpoint, Mapping[int, int]] = await own(run_id)
-            return found
-        latest = self.stale_latest or await self.inner.latest(run_id)
-        return latest, Counter(r.segment for r in await self.inner.calls(run_id))
+        if self.stale_latest is None:
+            return await self.inner.head(run_id)
+        return self.stale_latest, Counter(r.segment for r in await self.inner.calls(run_id))
 
     async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
         """Forward `CheckpointStore.history`."""
@@ -321,6 +309,15 @@ class FaultyStore:
         """Forward `CheckpointStore.list_runs`."""
         self.reads["list_runs"] += 1
         return await self.inner.list_runs(flow, limit)
+
+    async def stored_runs(self) -> Sequence[str]:
+        """Forward `CheckpointStore.stored_runs`."""
+        self.reads["stored_runs"] += 1
+        return await self.inner.stored_runs()
+
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        """Forward `CheckpointStore.relist` (it writes only the listing index: not a write a fault picks)."""
+        return await self.inner.relist(run_id)
 
     # -- life cycle ------------------------------------------------------------------------------
 

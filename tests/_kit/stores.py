@@ -132,8 +132,6 @@ class Rows:
 class MemoryRows(Rows):
     """The memory store's dicts (its private attributes: tests only)."""
 
-    has_listing = False
-
     def __init__(self, store: MemoryCheckpointStore) -> None:
         self.store = store
 
@@ -162,7 +160,7 @@ class MemoryRows(Rows):
         rows.remove(next(r for r in rows if r.step == at.step))
 
     async def drop_listing(self, run_id: str) -> None:
-        raise AssertionError("the memory store keeps no listing index")
+        self.store._listed.pop(run_id)
 
     async def counts(self, run_id: str) -> tuple[int, int]:
         segments = self.store._calls.get(run_id, {})
@@ -268,7 +266,7 @@ def _sqlite_runner(path: Path) -> Callable[[str, Sequence[Any]], Any]:
 
 def _postgres_runner(dsn: str) -> Callable[[str, Sequence[Any]], Any]:
     async def run(sql: str, params: Sequence[Any]) -> tuple[int, list[tuple[Any, ...]]]:
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
 
         parts = sql.split("?")
         numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))

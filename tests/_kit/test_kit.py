@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from _kit.stores import StoreSetup
 from _kit.tickets import KEY, ORDER, TICKETS, Crash, Ledger, make_tickets
@@ -15,7 +16,7 @@ async def finished_run(store_setup: StoreSetup, run_id: str = "order-1") -> None
     await runner.run(TICKETS, ORDER, run_id=run_id)
 
 
-async def test_put_and_drop_of_a_call_record_change_what_the_store_returns(store_setup: StoreSetup):
+async def test_put_and_drop_of_a_call_record_change_what_the_store_returns(store_setup: StoreSetup) -> None:
     # Given a finished run
     await finished_run(store_setup)
     first, second, *_ = await store_setup.calls("order-1")
@@ -30,7 +31,7 @@ async def test_put_and_drop_of_a_call_record_change_what_the_store_returns(store
     assert [(r.segment, r.seq) for r in after][:2] == [(0, 0), (0, 2)]
 
 
-async def test_put_and_drop_of_a_checkpoint_change_what_the_store_returns(store_setup: StoreSetup):
+async def test_put_and_drop_of_a_checkpoint_change_what_the_store_returns(store_setup: StoreSetup) -> None:
     # Given a finished run (checkpoints 0..3)
     await finished_run(store_setup)
     history = await store_setup.history("order-1")
@@ -46,7 +47,7 @@ async def test_put_and_drop_of_a_checkpoint_change_what_the_store_returns(store_
     assert (await store_setup.raw.latest("order-1")).step == 2
 
 
-async def test_stored_bytes_holds_what_was_stored(store_setup: StoreSetup):
+async def test_stored_bytes_holds_what_was_stored(store_setup: StoreSetup) -> None:
     # Given a finished run
     await finished_run(store_setup)
 
@@ -55,7 +56,7 @@ async def test_stored_bytes_holds_what_was_stored(store_setup: StoreSetup):
     assert b"Hamlet" in await store_setup.rows.stored_bytes()
 
 
-async def test_drop_listing_hides_the_run_from_listings_only(store_setup: StoreSetup):
+async def test_drop_listing_hides_the_run_from_listings_only(store_setup: StoreSetup) -> None:
     # Given two finished runs, on a store that keeps a listing index
     if not store_setup.rows.has_listing:
         return
@@ -69,7 +70,7 @@ async def test_drop_listing_hides_the_run_from_listings_only(store_setup: StoreS
     assert [c.run_id for c in await store_setup.raw.list_runs()] == ["order-2"]
 
 
-def test_ledger_in_a_file_counts_effects_per_tool_and_finds_repeats(tmp_path):
+def test_ledger_in_a_file_counts_effects_per_tool_and_finds_repeats(tmp_path: Path) -> None:
     # Given a file ledger with one effect recorded twice
     ledger = Ledger(tmp_path / "ledger.jsonl")
     for tool, run_id in [("hold_seats", "r1"), ("charge_card", "r1"), ("charge_card", "r1"), ("charge_card", "r2")]:
@@ -82,7 +83,7 @@ def test_ledger_in_a_file_counts_effects_per_tool_and_finds_repeats(tmp_path):
     assert again.repeated() == {("charge_card", "r1"): 2}
 
 
-async def test_a_tool_in_crash_in_dies_after_its_effect():
+async def test_a_tool_in_crash_in_dies_after_its_effect() -> None:
     # Given the ticket tools, charge_card set to die
     tickets = make_tickets()
     tickets.crash_in.add("charge_card")
