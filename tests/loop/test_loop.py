@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from _kit.faults import FaultyStore
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger
 
@@ -316,29 +317,16 @@ async def test_max_steps_counts_model_calls_across_a_pause_and_resume(store):
 # -- recovery -------------------------------------------------------------------------------
 
 
-class CrashAfterSave:
-    """A store wrapper that raises Crash right after a given step was stored (or just before, `before=True`)."""
-
-    def __init__(self, inner: CheckpointStore, step: int, before: bool = False) -> None:
-        self.inner, self.step, self.before, self.in_process = inner, step, before, inner.in_process
-        self.local_key = getattr(inner, "local_key", None)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def save(self, run_id: str, step: int, checkpoint: Any) -> None:
-        if self.before and step == self.step:
-            raise Crash(f"the worker died before saving step {step}")
-        await self.inner.save(run_id, step, checkpoint)
-        if step == self.step:
-            raise Crash(f"the worker died after saving step {step}")
+def crash_at_save(store: CheckpointStore, step: int, *, before: bool = False) -> FaultyStore:
+    """The store, raising Crash right after step `step` is stored (or just before it, `before=True`)."""
+    return FaultyStore(store).crash("save", step=step, when="before" if before else "after")
 
 
 async def test_recovery_after_the_reply_was_saved_runs_the_tools_without_calling_the_model_again(store, other):
     # Given a worker that died right after the reply asking for two tools was saved (step 1)
     first = ScriptedModel([ask(WEATHER, BOOK), answer("never used")])
     with pytest.raises(Crash):
-        await run(first, CrashAfterSave(store, 1))
+        await run(first, crash_at_save(store, 1))
     assert first.calls == 1 and LEDGER.counts() == {}
     # When a new worker recovers it with a model that only has the final answer
     second = ScriptedModel([answer("Booked, pack a raincoat.")])
@@ -491,7 +479,7 @@ async def test_failed_tool_call_replayed_after_a_crash_reads_the_same_to_the_mod
     clean = await run(ScriptedModel([ask(failing), answer("ok")]), store, run_id="clean")
     # And a loop whose worker died after the tool failed, before the tool results were saved (step 2)
     with pytest.raises(Crash):
-        await run(ScriptedModel([ask(failing)]), CrashAfterSave(store, 2, before=True))
+        await run(ScriptedModel([ask(failing)]), crash_at_save(store, 2, before=True))
     # When a new worker recovers it (the failure is replayed from the call log, not rerun)
     result = await recover(ScriptedModel([answer("ok")]), other)
     # Then the model reads the same tool message as without the crash
@@ -507,7 +495,7 @@ async def test_denial_replayed_after_a_crash_reads_the_same_to_the_model(store, 
             ScriptedModel([]),
             REGISTRY,
             run_id="chat-1",
-            checkpoints=CrashAfterSave(store, 4, before=True),
+            checkpoints=crash_at_save(store, 4, before=True),
             checkpoint_key=KEY,
             approve=False,
             note="over budget",
@@ -714,7 +702,7 @@ async def test_crash_after_the_resume_save_is_recovered_by_spending_the_stored_d
             ScriptedModel([]),
             REGISTRY,
             run_id="chat-1",
-            checkpoints=CrashAfterSave(store, 3),
+            checkpoints=crash_at_save(store, 3),
             checkpoint_key=KEY,
             approve=True,
         )
