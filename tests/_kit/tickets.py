@@ -324,17 +324,25 @@ def show_args(order: Order) -> dict[str, object]:
     return {"show": order.show}
 
 
-def tickets_flow(*, name: str = "tickets", with_receipt: bool = False) -> Flow[Order]:
+def tickets_flow(
+    *,
+    name: str = "tickets",
+    with_receipt: bool = False,
+    pay_tool: str = "charge_card",
+    state: type[Order] = Order,
+) -> Flow[Order]:
     """The seed's flow: hold -> pay -> send (supersteps 0, 1, 2).
 
     Args:
         name: the flow's name (a flow of another name is "another flow" to a store).
         with_receipt: add a ``receipt`` node after send (the same name, another graph digest).
+        pay_tool: the tool the pay node calls (another one: another digest; an unknown one: a refused flow).
+        state: the state model (a subclass of `Order` with other fields: another schema digest).
     """
     flow = (
-        Flow(name, state=Order)
+        Flow(name, state=state)
         .node("hold", Call("hold_seats", args=order_args, into="held"))
-        .node("pay", Call("charge_card", args=order_args, into="paid"))
+        .node("pay", Call(pay_tool, args=order_args, into="paid"))
         .node("send", Call("email_tickets", args=show_args, into="sent"))
         .edge("hold", "pay")
         .edge("pay", "send")
