@@ -75,7 +75,7 @@ async def test_validate_fails_a_store_without_compare_and_set() -> None:
 
 
 class CoreOnly:
-    """A store written outside agentflow: the core methods and `stored_runs`, over a memory store."""
+    """A store written outside agentflow: the core methods, `stored_runs` and `relist`, over a memory store."""
 
     in_process = False
 
@@ -109,6 +109,9 @@ class CoreOnly:
     async def stored_runs(self) -> Sequence[str]:
         return await self._inner.stored_runs()
 
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        return await self._inner.relist(run_id)
+
     async def aclose(self) -> None:
         await self._inner.aclose()
 
@@ -118,7 +121,7 @@ class WithDefaults(StoreDefaults, CoreOnly):
 
 
 async def test_a_store_built_on_store_defaults_passes_every_check() -> None:
-    # Given a store that implements only the core methods and stored_runs, plus the mixin
+    # Given a store that implements only the core methods, stored_runs and relist, plus the mixin
     # When validate runs every check on it
     report = await validate(WithDefaults)
     # Then it passes all of them: the defaults keep the contract (save_after_calls checks first)

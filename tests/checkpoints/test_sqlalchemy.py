@@ -317,13 +317,26 @@ async def test_a_newer_schema_version_is_refused(backend: Backend) -> None:
     assert "SQLAlchemyCheckpointStore(" in str(caught.value)
 
 
-async def test_an_unreadable_row_is_reported_as_corrupt(store: SQLAlchemyCheckpointStore, backend: Backend) -> None:
+async def test_a_latest_pointer_changed_by_hand_is_mended_by_relist(
+    store: SQLAlchemyCheckpointStore, backend: Backend
+) -> None:
     # Given a run whose latest pointer was changed by hand to a step that is not stored
-    await save_steps(store, "r", "running")
+    rows = await save_steps(store, "r", "running")
     await backend.sql("UPDATE agentflow_runs SET step = 7 WHERE run_id = 'r'")
-    # When its latest checkpoint is read, Then the store says it is corrupt, naming the run
-    with pytest.raises(CheckpointStoreCorrupt, match="run 'r' points at step 7"):
-        await store.latest("r")
+    # When its latest checkpoint is read, Then it is the newest stored row: latest reads the rows
+    assert await store.latest("r") == rows[0]
+    # And the run is stuck until relisted: the compare-and-set reads the pointer
+    with pytest.raises(CheckpointConflict, match="latest is 7"):
+        await store.save("r", 1, checkpoint("r", 1))
+    # When it is relisted, Then the pointer names the newest row again and the run carries on
+    assert await store.relist("r") == rows[0]
+    assert await backend.sql("SELECT step FROM agentflow_runs WHERE run_id = 'r'") == [(0,)]
+    await store.save("r", 1, checkpoint("r", 1))
+    assert (await store.latest("r")).step == 1
+
+
+async def test_an_unreadable_row_is_reported_as_corrupt(store: SQLAlchemyCheckpointStore, backend: Backend) -> None:
+    await save_steps(store, "r", "running")
     # Given a row whose field no longer has its type
     for statement in _DAMAGE[backend.name]:
         await backend.sql(statement)

@@ -1,4 +1,4 @@
-"""Conformance checks of the checkpoint rules: compare-and-set, history, listing, delete, rows kept as written.
+"""Conformance checks of the checkpoint rules: compare-and-set, history, listing, delete, relist, rows kept as written.
 
 Each check takes a store and raises `AssertionError` naming the rule the store breaks;
 `conformance` collects them into `CHECKS`.
@@ -26,7 +26,7 @@ async def check_implements_protocol(store: CheckpointStore) -> None:
     """The store has every member of `CheckpointStore`; only an in-process store has a key of its own."""
     missing = [
         name
-        for name in ("in_process", "local_key", "save_after_calls", "head", "stored_runs")
+        for name in ("in_process", "local_key", "save_after_calls", "head", "stored_runs", "relist")
         if not hasattr(store, name)
     ]
     _expect(not missing, f"{type(store).__name__} lacks {', '.join(missing)} (StoreDefaults gives defaults)")
@@ -252,3 +252,65 @@ async def check_stored_runs(store: CheckpointStore) -> None:
     got = list(await store.stored_runs())
     _expect(saved[0] not in got, "stored_runs still names a deleted run")
     _expect(all(run_id in got for run_id in saved[1:]), "stored_runs lost a run after another was deleted")
+
+
+async def check_relist_of_unknown_run(store: CheckpointStore) -> None:
+    """`relist` of a run with no checkpoint row (never saved, or deleted) returns None and lists nothing."""
+    run_id, flow = _ids()
+    _expect(await store.relist(run_id) is None, "relist of a run never saved must return None")
+    await _expect_raises(CheckpointNotFound, store.latest(run_id), "latest after relisting a run never saved")
+    _expect(all(r.run_id != run_id for r in await store.list_runs()), "relist listed a run never saved")
+    _expect(run_id not in await store.stored_runs(), "relist made stored_runs name a run never saved")
+    await _save_steps(store, run_id, flow, "running")
+    await store.delete(run_id)
+    _expect(await store.relist(run_id) is None, "relist of a deleted run must return None")
+    _expect(run_id not in await store.list_unfinished(flow), "relist listed a deleted run as unfinished")
+    _expect(all(r.run_id != run_id for r in await store.list_runs(flow)), "relist listed a deleted run")
+    # Nothing was left behind: the id starts afresh at step 0.
+    await _save_steps(store, run_id, flow, "running")
+
+
+async def _seen(store: CheckpointStore, flow: str, runs: tuple[str, ...]) -> dict[str, object]:
+    """Everything the protocol shows of `runs`: each one's latest, history and head, and the listings."""
+    ours = set(runs)
+    return {
+        "latest": [await store.latest(run_id) for run_id in runs],
+        "history": [list(await store.history(run_id)) for run_id in runs],
+        "head": [(cp, dict(counts)) for cp, counts in [await store.head(run_id) for run_id in runs]],
+        "list_runs(flow)": list(await store.list_runs(flow)),
+        "list_runs()": [cp for cp in await store.list_runs() if cp.run_id in ours],
+        "list_unfinished": sorted(await store.list_unfinished(flow)),
+        "stored_runs": [run_id for run_id in await store.stored_runs() if run_id in ours],
+    }
+
+
+async def check_relist_of_a_listed_run_changes_nothing(store: CheckpointStore) -> None:
+    """`relist` of a healthy run returns its newest row as written and changes nothing; the run carries on."""
+    _, flow = _ids()
+    running, paused, done = (f"{flow}-{name}" for name in ("running", "paused", "done"))
+    await _save_steps(store, running, flow, "running")
+    await store.save(running, 1, _checkpoint(running, 1, flow, segment=1))  # claimed by another worker
+    await store.record_call(running, _call(running, 1, 0))
+    await _save_steps(store, paused, flow, "running", "paused")
+    await _save_steps(store, done, flow, "running", "done")
+    runs = (running, paused, done)
+    before = await _seen(store, flow, runs)
+    newest = [await store.latest(run_id) for run_id in runs]
+    for _ in range(2):  # twice: a relist of a relisted run changes nothing either
+        for run_id, latest in zip(runs, newest, strict=True):
+            got = await store.relist(run_id)
+            _expect(got == latest, f"relist({run_id!r}) returned {got!r}, not the newest row {latest!r}")
+    for row in newest:
+        try:
+            SEALER.open_checkpoint(row, row.run_id)
+        except CheckpointStoreCorrupt as exc:
+            raise AssertionError(f"relist returned a changed row: {exc}") from exc
+    after = await _seen(store, flow, runs)
+    for what, seen in before.items():
+        _expect(after[what] == seen, f"relist of healthy runs changed {what}: {seen!r} became {after[what]!r}")
+    # And the runs carry on as before: the log, the fencing of an older segment, the next step.
+    await store.record_call(running, _call(running, 1, 1, "done"))
+    fenced = store.record_call(running, _call(running, 0, 0))
+    await _expect_raises(CheckpointConflict, fenced, "a started record of segment 0 after relist")
+    await store.save(running, 2, _checkpoint(running, 2, flow, segment=1))
+    await store.save(paused, 2, _checkpoint(paused, 2, flow))

@@ -2,8 +2,10 @@
 
 A third-party store implements the core methods (``save``, ``latest``, ``history``,
 ``list_unfinished``, ``list_runs``, ``delete``, ``record_call``, ``calls``, ``aclose``),
-``in_process`` and ``stored_runs`` (only the backend knows where its rows are), and mixes
-this class in for the rest:
+``in_process``, ``stored_runs`` and ``relist``, and mixes this class in for the rest.
+Those two have no default on purpose: ``stored_runs`` must find rows without the listing
+index, and ``relist`` must rebuild that index from the rows in one atomic step; only the
+backend knows where either lives. The mixin gives:
 
 - ``head``: the latest checkpoint, then the counts folded from ``calls`` (two reads, the
   log read second, so the counts are no older than the checkpoint);

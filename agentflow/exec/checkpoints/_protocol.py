@@ -24,6 +24,8 @@ wraps another must forward them too, or callers lose them silently):
   reading the log.
 - ``stored_runs()``: every run id with a stored checkpoint row, found from the rows
   themselves rather than the listing index, so a run whose index entry is gone still shows.
+- ``relist(run_id)``: rebuild the run's listing-index entry from its newest checkpoint
+  row, so a run `stored_runs` found but the listings lost can be recovered again.
 - ``local_key``: the signing key of a store that lives in one process (the memory store),
   None for every store shared with other processes.
 
@@ -33,7 +35,8 @@ starts over an old one's rows.
 
 A store written outside agentflow can take default ``head``, ``save_after_calls`` and
 ``local_key`` from `agentflow.exec.checkpoints.StoreDefaults` (``_defaults``); the stores
-agentflow ships implement each of them natively.
+agentflow ships implement each of them natively. ``stored_runs`` and ``relist`` have no
+default: only the backend knows where its rows and its listing index are.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ class CheckpointStore(Protocol):
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the run's newest checkpoint.
+
+        Read from the checkpoint rows, not from the listing index, so a run whose index
+        entry is missing or stale still has its newest row read here (`relist` mends the entry).
 
         Raises:
             CheckpointNotFound: nothing is stored for `run_id`.
@@ -138,6 +144,35 @@ class CheckpointStore(Protocol):
         index that `list_runs` and `list_unfinished` read, so a run whose index entry was
         deleted or lost is still found. Meant for audits and repairs, not hot paths: it may
         walk the whole store.
+        """
+        ...
+
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        """Rebuild the run's listing-index entry from its newest checkpoint row; return that row.
+
+        The listing index is what the store keeps beside the rows for `list_runs`,
+        `list_unfinished`, `latest` and the compare-and-set and fencing checks (the ``runs``
+        row in SQL, the latest hash and sorted sets in Redis). When a run's entry is missing
+        (deleted by hand, lost), or names an older step than the newest stored row (the
+        index was rolled back), or disagrees with that row in any field in clear, the entry
+        is written again from the newest row's fields in clear (step, flow, status,
+        segment, saved_at), in one transaction or script. When the entry already matches
+        the newest row, nothing is written: a relist of a healthy run changes nothing.
+        Afterwards every operation works for the run as if its last save had just kept the
+        index: `latest`, the listings, a save of the next step, `record_call` and its
+        fencing, `head`.
+
+        Relist never writes, changes or deletes a checkpoint or call row, only the index,
+        and never decodes a payload. So it can list again a row someone forged: the caller
+        must check the returned row's signature (`agentflow.exec._durable_seal`) before it
+        trusts or acts on the run, and should relist only runs it means to recover.
+
+        Returns:
+            The run's newest checkpoint row, or None when the run has no checkpoint row
+            (then nothing is written, even if a stale index entry names the run).
+
+        Raises:
+            CheckpointStoreCorrupt: the run's rows cannot be read as the store wrote them.
         """
         ...
 

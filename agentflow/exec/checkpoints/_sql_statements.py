@@ -16,8 +16,8 @@ from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCh
 
 #: The parameters of a save besides ``run`` (the run's id): the checkpoint's other fields.
 SAVE_FIELDS: Final = tuple(f.name for f in fields(SealedCheckpoint) if f.name != "run_id")
-#: The columns of ``runs`` a save sets besides ``run_id``: the latest checkpoint's fields in clear.
-_LATEST_FIELDS: Final = ("flow", "status", "step", "segment", "saved_at")
+#: The columns of ``runs`` a save (and a relist) sets besides ``run_id``: the latest checkpoint's fields in clear.
+LATEST_FIELDS: Final = ("flow", "status", "step", "segment", "saved_at")
 #: The parameters of a call record's insert.
 CALL_FIELDS: Final = tuple(f.name for f in fields(SealedCall))
 
@@ -86,12 +86,14 @@ class Statements:
     insert_checkpoint: sa.Insert  # run, SAVE_FIELDS
     save_first: sa.Insert  # run, SAVE_FIELDS: insert_run and insert_checkpoint in one (PostgreSQL)
     save_next: sa.Insert  # run, SAVE_FIELDS: update_run and insert_checkpoint in one (PostgreSQL)
-    latest: sa.Select[Any]  # run_id: the latest step (``latest``) and its checkpoint (None if missing)
+    latest: sa.Select[Any]  # run_id: the newest checkpoint row (read from the rows, not through ``runs``)
+    lock_entry: sa.Select[Any]  # run_id: the run's whole ``runs`` row, FOR UPDATE (relist)
+    newest_shared: sa.Select[Any]  # run_id: the newest checkpoint row, FOR SHARE on PostgreSQL (relist)
     history: sa.Select[Any]  # run_id
     unfinished: sa.Select[Any]  # flow
     list_runs: sa.Select[Any]  # limit
     list_runs_of_flow: sa.Select[Any]  # flow, limit
-    delete: tuple[sa.Delete, ...]  # run_id: runs first, the lock order of a save
+    delete: tuple[sa.Delete, ...]  # run_id: runs first (a save's lock order), then again last (see `statements`)
     segment_counts: sa.Select[Any]  # run_id
     calls: sa.Select[Any]  # run_id
     stored_runs: sa.Select[Any]  # no parameters: every run id with a checkpoint row
@@ -106,13 +108,13 @@ def statements(t: Tables) -> Statements:
     lock_run = sa.select(runs.c.step, runs.c.flow, runs.c.status, runs.c.segment).where(runs.c.run_id == run_id)
     count = sa.select(sa.func.count()).where(calls.c.run_id == run_id, calls.c.segment == segment)
     run: sa.BindParameter[str] = sa.bindparam("run")
-    latest = {"run_id": run} | _bound(*_LATEST_FIELDS)
+    latest = {"run_id": run} | _bound(*LATEST_FIELDS)
     insert_run = sa.insert(runs).values(latest)
-    update_run = sa.update(runs).where(runs.c.run_id == run).values(_bound(*_LATEST_FIELDS))
+    update_run = sa.update(runs).where(runs.c.run_id == run).values(_bound(*LATEST_FIELDS))
     insert_checkpoint = sa.insert(cps).values({"run_id": run} | _bound(*SAVE_FIELDS))
     current = runs.join(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
     list_runs = sa.select(cps).select_from(current).order_by(runs.c.saved_at.desc(), runs.c.run_id)
-    pointed = runs.outerjoin(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
+    newest = sa.select(cps).where(cps.c.run_id == run_id).order_by(cps.c.step.desc()).limit(1)
     # A step 0 reads whether the run has a runs row and whether any of its rows is stored, in one row.
     stored = sa.or_(sa.exists().where(cps.c.run_id == run_id), sa.exists().where(calls.c.run_id == run_id))
     one = sa.select(sa.literal_column("1").label("one")).subquery("one")
@@ -132,7 +134,11 @@ def statements(t: Tables) -> Statements:
         # PostgreSQL runs a data-modifying WITH to completion whether or not it is read
         save_first=insert_checkpoint.add_cte(insert_run.cte("latest")),
         save_next=insert_checkpoint.add_cte(update_run.cte("latest")),
-        latest=sa.select(runs.c.step.label("latest"), *cps.c).select_from(pointed).where(runs.c.run_id == run_id),
+        latest=newest,
+        lock_entry=sa.select(runs).where(runs.c.run_id == run_id).with_for_update(),
+        # A relist that inserts a runs row holds this lock until it commits, so a delete (whose
+        # checkpoint DELETE waits for it) removes that row with its final runs DELETE.
+        newest_shared=newest.with_for_update(read=True),
         history=sa.select(cps).where(cps.c.run_id == run_id).order_by(cps.c.step),
         # unordered: a sort of 100,000 ids would spill past work_mem
         unfinished=sa.select(runs.c.run_id).where(
@@ -140,7 +146,8 @@ def statements(t: Tables) -> Statements:
         ),
         list_runs=list_runs.limit(limit),
         list_runs_of_flow=list_runs.where(runs.c.flow == sa.bindparam("flow")).limit(limit),
-        delete=tuple(sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls)),
+        # runs first, in a save's lock order; runs again last, for a row a relist inserted meanwhile
+        delete=tuple(sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls, runs)),
         segment_counts=sa.select(calls.c.segment, sa.func.count())
         .where(calls.c.run_id == run_id)
         .group_by(calls.c.segment),

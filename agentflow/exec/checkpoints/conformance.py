@@ -14,9 +14,9 @@ exactly as written (their signatures still check). Races across processes need p
 plumbing and live in the test suite, not here.
 
 This module is the public entry: the checks live in `_conformance_saves` (the protocol's
-members, compare-and-set, history, listing, delete, `stored_runs`, rows kept as written)
-and `_conformance_calls` (call log, fencing, `save_after_calls`, `head`, concurrency), their
-helpers and `SEALER` in `_conformance_base`; all are re-exported here.
+members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
+written) and `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
+concurrency), their helpers and `SEALER` in `_conformance_base`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -64,6 +64,10 @@ from agentflow.exec.checkpoints._conformance_saves import (
     check_new_run_starts_at_step_zero as check_new_run_starts_at_step_zero,
 )
 from agentflow.exec.checkpoints._conformance_saves import (
+    check_relist_of_a_listed_run_changes_nothing as check_relist_of_a_listed_run_changes_nothing,
+)
+from agentflow.exec.checkpoints._conformance_saves import check_relist_of_unknown_run as check_relist_of_unknown_run
+from agentflow.exec.checkpoints._conformance_saves import (
     check_row_must_match_arguments as check_row_must_match_arguments,
 )
 from agentflow.exec.checkpoints._conformance_saves import (
@@ -101,6 +105,8 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_list_runs,
     check_delete,
     check_stored_runs,
+    check_relist_of_unknown_run,
+    check_relist_of_a_listed_run_changes_nothing,
     check_call_numbering,
     check_calls_ordered_and_unchanged,
     check_started_is_fenced,

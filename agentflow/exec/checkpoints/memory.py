@@ -7,7 +7,9 @@ atomic by construction.
 Like the shared stores it keeps the rows (``_checkpoints``, ``_calls``) apart from the
 listing index (``_listed``, the ids `list_runs` and `list_unfinished` walk): the rules
 and `stored_runs` read the rows, so an index entry going missing hides a run from the
-listings but never lets a step 0 start over its rows.
+listings but never lets a step 0 start over its rows. The index holds only ids (each
+listing reads the run's newest row), so `relist` puts the id back and has nothing else
+to mend.
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ class MemoryCheckpointStore:
     async def stored_runs(self) -> Sequence[str]:
         """Return the id of every run with a checkpoint row, sorted (the rows, not the index)."""
         return sorted(run_id for run_id, rows in self._checkpoints.items() if rows)
+
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        """Put the run back in the listing index; return its newest row (see `CheckpointStore.relist`).
+
+        The index holds only the run's id, so a listed run is left as it is.
+        """
+        rows = self._checkpoints.get(run_id)
+        if not rows:
+            return None
+        self._listed.setdefault(run_id, None)
+        return rows[-1]
 
     async def delete(self, run_id: str) -> None:
         """Forget the run."""

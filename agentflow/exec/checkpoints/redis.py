@@ -18,25 +18,20 @@ its codec live in `_redis_rows`.
 again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
 every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
 
-On one Redis server the save script updates the three indexes itself, atomically, and scores
-``unfinished`` entries by when the run's keys expire, so listing them is one script
-(``_lua/unfinished.lua``) with no per-run read. On Redis
-Cluster they are not in the run's slot, so no script may update them together with the
-run; separate commands do: before a step 0 the run is added to them (a
-crash right after the script then cannot hide a new run), and after every save its scores
-are updated and an ended run leaves ``unfinished``. An index can therefore name a run that
-has since ended, expired, been deleted or never been saved. The listings read each named
-run's latest state in one pipelined round trip, skip such entries and remove them with
-``_lua/prune.lua``: ended runs at once, runs without keys only `_STALE_AFTER_S` after their
-index score, since a step 0 may sit between its index update and its script. No listing
-and no write uses KEYS or SCAN. (So tenants stay apart, no prefix may be another's plus
-``:run...``.)
+The three indexes (``P:runs...``, ``P:unfinished:...``) and the listings that read them
+are `_redis_index`'s: on one server the save script keeps them exact and atomic with the
+run; on Redis Cluster, where they are in other slots, separate commands do and the
+listings double-check each run they name. No listing and no write uses KEYS or SCAN. (So
+tenants stay apart, no prefix may be another's plus ``:run...``.)
 
 The latest hash is what the save script reads to tell a new run from an existing one, and
 it is unsigned. When it is missing but other keys of the run are still there (deleted by
 hand, or evicted), a step 0 is refused and every old key is kept. `stored_runs` finds runs
 from their checkpoint lists alone: it SCANs for ``P:run:{*}:cp`` on every primary (one
 node, or each primary of a Cluster), a walk of the keyspace meant for audits and repairs.
+`relist` puts a run found that way back: ``_lua/relist.lua`` rewrites the latest hash (and,
+on one server, the index entries) from the newest checkpoint row's header, with the
+expiry rule of a save, and touches nothing when they already agree with it.
 
 Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
 client: `_redis_clients`.
@@ -46,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -55,18 +49,19 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._redis_clients import Bound, Client, LoopClients
-from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _scored, _text
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
+from agentflow.exec.checkpoints._redis_index import Index
+from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _text
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 
-#: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
-_STALE_AFTER_S = 300.0
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
-_SCRIPTS = ("save", "record_call", "prune", "unfinished")
+_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
+#: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
+_RELIST_ATTEMPTS = 3
 #: Keys `stored_runs` asks for per SCAN page (a hint to the server, not a limit).
 _SCAN_COUNT = 1000
 #: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
@@ -121,6 +116,7 @@ class RedisCheckpointStore:
         self._clients = LoopClients(client_factory, _LUA, op_timeout_s)
         self._prefix = prefix
         self._ttl = str(ttl_s or 0)
+        self._index = Index(prefix, self._run_keys)
 
     @classmethod
     def from_url(
@@ -169,13 +165,9 @@ class RedisCheckpointStore:
             # On one server the script updates them itself, in the same atomic step.
             cluster = bound.cluster
             if cluster and step == 0:
-                await self._index(bound, run_id, cp, before=True)
+                await self._index.update(bound, run_id, cp, before=True)
             if not cluster:
-                keys += [
-                    f"{self._prefix}:runs",
-                    f"{self._prefix}:runs:{cp.flow}",
-                    f"{self._prefix}:unfinished:{cp.flow}",
-                ]
+                keys += self._index.keys(cp.flow)
             reply = [_text(part) for part in await bound.scripts["save"](keys=keys, args=args)]
             if reply[0] in ("call", "call-missing"):
                 record = calls[int(reply[1]) - 1]
@@ -194,7 +186,7 @@ class RedisCheckpointStore:
                 raise CheckpointConflict(f"run {run_id!r}: the store refused step {step} ({reply})")
             try:
                 if cluster:
-                    await self._index(bound, run_id, cp, before=False)
+                    await self._index.update(bound, run_id, cp, before=False)
             except redis_errors.RedisError as exc:
                 # The save itself is durable; the listings skip and repair stale entries.
                 _log.warning("run %r: step %d saved, but its index update failed: %s", run_id, step, exc)
@@ -219,54 +211,13 @@ class RedisCheckpointStore:
 
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
-        index = f"{self._prefix}:unfinished:{flow}"
         async with self._clients.use() as bound:
-            if not bound.cluster:  # the index is exact: one round trip
-                return [_text(run_id) for run_id in await bound.scripts["unfinished"](keys=[index], args=[])]
-            entries = _scored(await bound.client.zrange(index, 0, -1, withscores=True))
-            pipe = bound.client.pipeline(transaction=False)
-            for run_id, _ in entries:
-                pipe.hmget(self._run_keys(run_id)[1], ["flow", "status"])
-            states: list[list[Any]] = await pipe.execute() if entries else []
-            found, stale = [], []
-            for (run_id, score), (run_flow, status) in zip(entries, states, strict=True):
-                if run_flow is None:
-                    if score < time.time() - _STALE_AFTER_S:
-                        stale.append((run_id, score))
-                elif _text(run_flow) == flow and _text(status) in UNFINISHED:
-                    found.append(run_id)
-                else:
-                    stale.append((run_id, score))
-            await self._prune(bound, index, stale)
-        return found
+            return await self._index.unfinished(bound, flow)
 
     async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
         """Return the latest checkpoint of up to `limit` runs (of one flow, or all), newest first."""
-        index = f"{self._prefix}:runs" if flow is None else f"{self._prefix}:runs:{flow}"
-        found: dict[str, SealedCheckpoint] = {}
-        stale: list[tuple[str, float]] = []
-        start, page = 0, max(limit, 100)
         async with self._clients.use() as bound:
-            while len(found) < limit:
-                entries = _scored(await bound.client.zrevrange(index, start, start + page - 1, withscores=True))
-                if not entries:
-                    break
-                start += len(entries)
-                pipe = bound.client.pipeline(transaction=False)
-                for run_id, _ in entries:
-                    pipe.lindex(self._run_keys(run_id)[0], -1)
-                for (run_id, score), raw in zip(entries, await pipe.execute(), strict=True):
-                    if raw is None:
-                        if score < time.time() - _STALE_AFTER_S:
-                            stale.append((run_id, score))
-                        continue
-                    cp = _decode_checkpoint(run_id, raw, "the latest checkpoint")
-                    if flow is not None and cp.flow != flow:
-                        stale.append((run_id, score))
-                    else:
-                        found[run_id] = cp
-            await self._prune(bound, index, stale)
-        return sorted(found.values(), key=lambda cp: cp.saved_at, reverse=True)[: max(limit, 0)]
+            return await self._index.runs(bound, flow, limit)
 
     async def stored_runs(self) -> Sequence[str]:
         """Return the id of every run with a checkpoint list under this prefix, sorted.
@@ -278,6 +229,43 @@ class RedisCheckpointStore:
         head, tail = f"{self._prefix}:run:{{", "}:cp"
         keys = await self._clients.scan(_GLOB.sub(r"\\\1", head) + "*" + tail, _SCAN_COUNT)
         return sorted({_text(key)[len(head) : -len(tail)] for key in keys})
+
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        """Rewrite the run's latest hash and index entries from its newest checkpoint row; return the row.
+
+        Reads the newest row, then runs ``_lua/relist.lua``, which checks that the list still
+        ends with that row and holds exactly step + 1 rows, and writes the latest hash (and,
+        on one server, the index entries) as a save of that row would, unless they already
+        agree with it (see `CheckpointStore.relist`). A write restarts the run's expiry, as
+        every write does (none while it is paused). On Cluster the indexes are brought up to
+        date by separate commands afterwards, as after a save. Should a save or delete
+        come between the read and the script, the row is read again.
+
+        Raises:
+            CheckpointStoreCorrupt: a row cannot be read, or the list does not end at its
+                newest row's step.
+            CheckpointConflict: the newest row kept changing while it was being read.
+        """
+        keys = self._run_keys(run_id)
+        async with self._clients.use() as bound:
+            for _ in range(_RELIST_ATTEMPTS):
+                raw = await bound.client.lindex(keys[0], -1)
+                if raw is None:
+                    return None
+                cp = _decode_checkpoint(run_id, raw, "the latest checkpoint")
+                args: list[str | int | bytes] = [raw, cp.step, cp.flow, cp.status, cp.segment, repr(cp.saved_at)]
+                args += [self._ttl, run_id]
+                index = [] if bound.cluster else self._index.keys(cp.flow)
+                reply = [_text(part) for part in await bound.scripts["relist"](keys=keys + index, args=args)]
+                if reply[0] == "corrupt":
+                    raise CheckpointStoreCorrupt(
+                        f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but the newest is step {cp.step}"
+                    )
+                if reply[0] in ("same", "relisted"):
+                    if bound.cluster:
+                        await self._index.update(bound, run_id, cp, before=False)
+                    return cp
+        raise CheckpointConflict(f"run {run_id!r}: its newest checkpoint kept changing while it was being relisted")
 
     async def delete(self, run_id: str) -> None:
         """Remove every key of the run and its index entries."""
@@ -349,28 +337,6 @@ class RedisCheckpointStore:
                 f"run id {run_id!r} makes no Redis hash tag: use a non-empty id that does not start with '}}'"
             )
         return [f"{self._prefix}:run:{{{run_id}}}:{part}" for part in _RUN_PARTS]
-
-    def _index_keys(self, flow: str) -> list[str]:
-        """The listing indexes a run of `flow` is in: all runs, the flow's runs, its unfinished runs."""
-        return [f"{self._prefix}:runs", f"{self._prefix}:runs:{flow}", f"{self._prefix}:unfinished:{flow}"]
-
-    async def _index(self, bound: Bound, run_id: str, cp: SealedCheckpoint, *, before: bool) -> None:
-        """Add the run to the indexes before its step 0 (`before`), or bring them up to date after a save."""
-        score = {run_id: cp.saved_at}
-        every, of_flow, unfinished = self._index_keys(cp.flow)
-        pipe = bound.client.pipeline(transaction=False)
-        pipe.zadd(every, score, nx=before)
-        pipe.zadd(of_flow, score, nx=before)
-        if cp.status in UNFINISHED:
-            pipe.zadd(unfinished, score, nx=before)
-        elif not before:
-            pipe.zrem(unfinished, run_id)
-        await pipe.execute()
-
-    async def _prune(self, bound: Bound, index: str, stale: list[tuple[str, float]]) -> None:
-        if stale:
-            args = [part for run_id, score in stale for part in (run_id, repr(score))]
-            await bound.scripts["prune"](keys=[index], args=args)
 
 
 def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:

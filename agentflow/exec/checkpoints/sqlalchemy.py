@@ -21,6 +21,11 @@ IMMEDIATE``). The statements of each:
 - save_after_calls: the row once (the lock keeps it unchanged), each record's count and
   INSERT, then the save's writes.
 
+`latest` (and so `head`) reads the newest ``checkpoints`` row, not through ``runs``, as
+every store does; the compare-and-set and the fencing check read the locked ``runs`` row.
+`relist` writes that row again from the newest checkpoint row (see its docstring), so a
+run whose ``runs`` row was deleted or rolled back takes saves and records again.
+
 A duplicate key anywhere is a `CheckpointConflict`. URLs, the engine of each event loop and
 the transactions on it are `_sql_engines`.
 """
@@ -43,6 +48,7 @@ from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, 
 from agentflow.exec.checkpoints._sql_engines import Connector, check_url
 from agentflow.exec.checkpoints._sql_statements import (
     CALL_FIELDS,
+    LATEST_FIELDS,
     SAVE_FIELDS,
     Tables,
     statements,
@@ -238,14 +244,42 @@ class SQLAlchemyCheckpointStore:
         await _insert(conn, self._q.insert_checkpoint, values, taken)
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
-        """Return the newest checkpoint of the run."""
+        """Return the newest checkpoint row of the run (read from ``checkpoints``, whatever ``runs`` says)."""
         async with self._tx() as conn:
             row = (await conn.execute(self._q.latest, {"run_id": run_id})).one_or_none()
         if row is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-        if row.run_id is None:
-            raise CheckpointStoreCorrupt(f"{self!r}: run {run_id!r} points at step {row.latest}, which is missing")
         return self._sealed(SealedCheckpoint, row, run_id)
+
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        """Write the run's ``runs`` row again from its newest checkpoint row; return that row.
+
+        One transaction (see `CheckpointStore.relist`). A ``runs`` row that is there is
+        locked first, as a save locks it, so no save or record of the run runs meanwhile,
+        and it is updated only if its flow, status, step, segment or saved_at differ from
+        the newest row's. A missing one is inserted while the newest checkpoint row is held
+        FOR SHARE, so a `delete` running at the same time waits and then removes it too. Two
+        relists inserting the same row meet at its primary key; the loser reads it again.
+        """
+        try:
+            return await self._relist(run_id)
+        except CheckpointConflict:  # another relist inserted the runs row first: compare with it
+            return await self._relist(run_id)
+
+    async def _relist(self, run_id: str) -> SealedCheckpoint | None:
+        params = {"run_id": run_id}
+        async with self._tx(write=True) as conn:
+            listed = (await conn.execute(self._q.lock_entry, params)).one_or_none()
+            newest = (await conn.execute(self._q.newest_shared, params)).one_or_none()
+            if newest is None:
+                return None
+            row = self._sealed(SealedCheckpoint, newest, run_id)
+            entry = {name: getattr(row, name) for name in LATEST_FIELDS}
+            if listed is None:
+                await _insert(conn, self._q.insert_run, {"run": run_id} | entry, f"the runs row of run {run_id!r}")
+            elif {name: getattr(listed, name) for name in LATEST_FIELDS} != entry:
+                await conn.execute(self._q.update_run, {"run": run_id} | entry)
+        return row
 
     async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
         """Return every checkpoint of the run, oldest first."""

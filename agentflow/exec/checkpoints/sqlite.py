@@ -11,7 +11,8 @@ and the worker thread) is `_sqlite_file`'s.
 - Every checkpoint is kept (``checkpoints``); ``runs`` holds one row per run pointing at its
   latest step, updated in the same transaction, so listings stay cheap. The rules read the
   ``checkpoints`` and ``calls`` rows, never ``runs``: a missing ``runs`` row hides a run
-  from the listings but lets no step 0 start over its rows (nor does `stored_runs` miss it).
+  from the listings but lets no step 0 start over its rows (nor does `stored_runs` miss it),
+  and `relist` writes it again from the newest checkpoint row.
 - The worker thread: one per store, it owns the main connection (opens the file, migrates
   the schema) and does every piece of work that has to wait, so the store is bound to no
   loop and outlives ``asyncio.run``.
@@ -56,6 +57,9 @@ _SELECT_CALL: Final = f"SELECT {', '.join(_CALL_COLUMNS)} FROM calls"
 _LATEST_OF_RUN: Final = "WHERE run_id = ? ORDER BY step DESC LIMIT 1"
 _INSERT_CHECKPOINT: Final = f"INSERT INTO checkpoints ({', '.join(_CHECKPOINT_COLUMNS)}) VALUES (?,?,?,?,?,?,?,?,?)"
 _INSERT_CALL: Final = f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES (?,?,?,?,?,?,?)"
+#: The listing entry (``runs`` row) of a run: what a save writes there, from its checkpoint's fields in clear.
+_RUN_COLUMNS: Final = ("flow", "status", "step", "saved_at")
+_WRITE_RUN: Final = f"INSERT OR REPLACE INTO runs (run_id, {', '.join(_RUN_COLUMNS)}) VALUES (?, ?, ?, ?, ?)"
 
 
 def _checked(row: Sequence[Any], columns: Sequence[str], types: Sequence[type], what: str) -> tuple[Any, ...]:
@@ -197,10 +201,7 @@ class SQLiteCheckpointStore:
             conn.execute(_INSERT_CHECKPOINT, values)
         except sqlite3.IntegrityError as exc:
             raise CheckpointConflict(f"run {row.run_id!r}: step {row.step} is already stored") from exc
-        conn.execute(
-            "INSERT OR REPLACE INTO runs (run_id, flow, status, step, saved_at) VALUES (?, ?, ?, ?, ?)",
-            (row.run_id, row.flow, row.status, row.step, row.saved_at),
-        )
+        conn.execute(_WRITE_RUN, (row.run_id, row.flow, row.status, row.step, row.saved_at))
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
@@ -238,6 +239,28 @@ class SQLiteCheckpointStore:
         """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""
         rows = await self._fetch("SELECT DISTINCT run_id FROM checkpoints")
         return sorted(_checked(row, ("run_id",), (str,), f"checkpoint row in {self.path}")[0] for row in rows)
+
+    async def relist(self, run_id: str) -> SealedCheckpoint | None:
+        """Write the run's ``runs`` row again from its newest checkpoint row; return that row.
+
+        One write transaction (see `CheckpointStore.relist`). A ``runs`` row that already
+        holds the newest row's flow, status, step and saved_at is left untouched. The rules
+        read the ``checkpoints`` rows, so saves and call records never needed the entry; the
+        listings do.
+        """
+        return await self._do(partial(_immediate, job=partial(self._relist, run_id)))
+
+    def _relist(self, run_id: str, conn: sqlite3.Connection) -> SealedCheckpoint | None:
+        """Rewrite the ``runs`` row if it differs from the newest checkpoint; runs in the write transaction."""
+        newest = conn.execute(f"{_SELECT_CHECKPOINT} {_LATEST_OF_RUN}", (run_id,)).fetchone()
+        if newest is None:
+            return None
+        row = self._checkpoint(newest)
+        entry = (row.flow, row.status, row.step, row.saved_at)
+        listed = conn.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if listed is None or tuple(listed) != entry:
+            conn.execute(_WRITE_RUN, (run_id, *entry))
+        return row
 
     async def delete(self, run_id: str) -> None:
         """Forget the run: its checkpoints, its listing row and its call log."""
