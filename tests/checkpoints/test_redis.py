@@ -696,6 +696,12 @@ async def test_store_works_on_redis_cluster(redis_cluster):
         with pytest.raises(CheckpointConflict, match="already has stored rows"):
             await s.save(run_ids[0], 0, cp(run_ids[0], 0))
         assert len(await s.history(run_ids[0])) == 2
+        # And relist puts its hash back, and the run in the indexes (separate commands on Cluster)
+        assert await s.relist(run_ids[0]) == (await s.history(run_ids[0]))[-1]
+        assert await s.relist(run_ids[0]) == (await s.history(run_ids[0]))[-1]
+        assert list(await s.list_unfinished("orders")) == [run_ids[0]]
+        assert [c.run_id for c in await s.list_runs("orders")] == [run_ids[0]]
+        await s.save(run_ids[0], 2, cp(run_ids[0], 2, segment=1))
         for run_id in run_ids:
             await s.delete(run_id)
         assert await s.list_runs() == [] and await s.stored_runs() == []
