@@ -10,7 +10,7 @@ Fixtures (registered in tests/conftest.py):
 - ``store_setup``: a `StoreSetup` per set-up (ids above). ``setup.open()`` is a new store
   object over the same storage (a new "worker"), ``setup.raw`` the one a test reads rows with,
   ``setup.rows`` raw access behind the store's back (tamper tests), ``setup.spec`` what a
-  subprocess opens (`open_spec`; None for memory and fakeredis).
+  subprocess opens (`_kit.specs.open_spec`; None for memory and fakeredis).
 - ``any_store``: ``store_setup.raw``, for a test that needs just one store of each set-up.
 - ``shared_spec``: the spec string of a set-up another process can open (`SHARED_SETUPS`),
   for tests whose workers are subprocesses; the storage is removed afterwards.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,18 +34,30 @@ from typing import Any
 
 import pytest
 
+from _kit.specs import child_env, open_spec
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
 
 #: Every set-up, by pytest id.
 ALL_SETUPS = ("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")
 #: The set-ups another process can open from a spec string (a file or a server).
 SHARED_SETUPS = ("sqlite", "redis", "sql-sqlite", "sql-postgres")
+__all__ = [  # with the spec helpers of `_kit.specs`, re-exported
+    "ALL_SETUPS",
+    "SERVER_SETUPS",
+    "SHARED_SETUPS",
+    "Rows",
+    "StoreSetup",
+    "any_store",
+    "child_env",
+    "open_spec",
+    "setups",
+    "shared_spec",
+    "store_setup",
+]
+
 #: The set-ups on a real server.
 SERVER_SETUPS = ("redis", "sql-postgres")
 _MARKS = {"redis": pytest.mark.redis, "sql-postgres": pytest.mark.postgres}
-
-TESTS = Path(__file__).resolve().parents[1]
-REPO = TESTS.parent
 
 
 def setups(*names: str) -> list[Any]:
@@ -55,34 +66,6 @@ def setups(*names: str) -> list[Any]:
     if unknown:
         raise ValueError(f"unknown store set-ups {sorted(unknown)}; known: {ALL_SETUPS}")
     return [pytest.param(name, id=name, marks=_MARKS.get(name, ())) for name in names or ALL_SETUPS]
-
-
-def child_env(*extra: Path) -> dict[str, str]:
-    """The environment of a worker subprocess: this one, with tests/ (for ``_kit``) and the repo importable."""
-    paths = [*map(str, extra), str(TESTS), str(REPO)]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-
-
-def open_spec(spec: str) -> CheckpointStore:
-    """Open the store a spec names: ``sqlite:PATH``, ``redis:URL#PREFIX`` or ``sql:URL#TABLE_PREFIX``."""
-    kind, _, rest = spec.partition(":")
-    if kind == "sqlite":
-        from agentflow.exec.checkpoints import SQLiteCheckpointStore
-
-        return SQLiteCheckpointStore(rest)
-    if kind == "redis":
-        import redis.asyncio
-
-        from agentflow.exec.checkpoints import RedisCheckpointStore
-
-        url, _, prefix = rest.rpartition("#")
-        return RedisCheckpointStore(lambda: redis.asyncio.Redis.from_url(url), prefix=prefix)
-    if kind == "sql":
-        from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore
-
-        url, _, prefix = rest.rpartition("#")
-        return SQLAlchemyCheckpointStore(url, table_prefix=prefix)
-    raise ValueError(f"unknown store spec {spec!r}")
 
 
 # -- raw rows -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ Every store writes a lone Call node's ``done`` together with its checkpoint
 the ``done`` and before the save; after it is after both.
 
 Run as ``python crashkit.py --store SPEC --ledger PATH --run-id ID --action ACTION`` with tests/
-on ``PYTHONPATH`` (`_kit.stores.child_env`); the last line of stdout is a JSON outcome.
+on ``PYTHONPATH`` (`_kit.specs.child_env`); the last line of stdout is a JSON outcome.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from _kit.faults import FaultyStore
-from _kit.stores import open_spec
+from _kit.specs import open_spec
 from _kit.tickets import KEY, ORDER, TICKETS, Ledger, make_tickets, sigkill
 
 from agentflow import Executor, FlowRunner

@@ -20,7 +20,7 @@ Boundaries (``--crash POINT[:WHAT]``); the kill is SIGKILL to the worker's own p
   in_approver:TOOL      inside the synchronous approval port, asked about TOOL (``--approver``)
 
 Run as ``python loopkit.py --db PATH --ledger PATH --run-id ID --action ACTION`` with tests/ on
-``PYTHONPATH`` (`_kit.stores.child_env`); the last line of stdout is a JSON outcome (nothing is
+``PYTHONPATH`` (`_kit.specs.child_env`); the last line of stdout is a JSON outcome (nothing is
 printed when the process was killed). The ledger is `_kit.tickets.Ledger`; the store wrapper
 `_kit.faults.FaultyStore`.
 """
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _kit.faults import FaultyStore
-from _kit.stores import open_spec
+from _kit.specs import open_spec
 from _kit.tickets import Ledger, sigkill
 
 from agentflow import Events, Registry
@@ -200,7 +200,7 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--db", required=True)
-    parser.add_argument("--store", default=None, help="a store spec (_kit.stores.open_spec) instead of --db")
+    parser.add_argument("--store", default=None, help="a store spec (_kit.specs.open_spec) instead of --db")
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--action", choices=["run", "recover", "recover_rerun"], required=True)
