@@ -1,13 +1,17 @@
-"""The kit itself: raw row access really changes what each store returns, and the ledger counts."""
+"""The kit itself: raw rows really change what each store returns, faults fire where armed, the ledger counts."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import pytest
+
+from _kit.faults import FaultyStore
 from _kit.stores import StoreSetup
 from _kit.tickets import KEY, ORDER, TICKETS, Crash, Ledger, make_tickets
-from agentflow import Executor, FlowRunner
+from agentflow import CheckpointError, Executor, FlowRunner
+from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 
 async def finished_run(store_setup: StoreSetup, run_id: str = "order-1") -> None:
@@ -89,13 +93,39 @@ async def test_a_tool_in_crash_in_dies_after_its_effect() -> None:
     tickets.crash_in.add("charge_card")
     runner = FlowRunner(Executor(tickets.registry))
 
-    # When the flow runs
-    try:
+    # When the flow runs, charge_card dies
+    with pytest.raises(Crash):
         await runner.run(TICKETS, ORDER, run_id="order-1")
-    except Crash:
-        pass
-    else:
-        raise AssertionError("charge_card should have died")
 
     # Then its effect was recorded before it died, and nothing after it ran
     assert tickets.counts() == {"hold_seats": 1, "charge_card": 1}
+
+
+async def test_a_fault_fires_at_the_nth_write_of_its_kind_and_tool_only() -> None:
+    # Given a run of the ticket flow on a store armed to die after the 2nd `started` record of any tool
+    tickets = make_tickets()
+    store = FaultyStore(MemoryCheckpointStore()).crash("started", nth=2, when="after")
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store)
+
+    # When it runs, it dies
+    with pytest.raises(Crash):
+        await runner.run(TICKETS, ORDER, run_id="order-1")
+
+    # Then it died right after charge_card's `started` was stored: before the tool ran
+    assert store.writes[-1] == "record:started:pay"
+    assert tickets.counts() == {"hold_seats": 1}
+
+
+async def test_a_failure_before_a_combined_write_stores_none_of_it() -> None:
+    # Given a store that fails before pay's `done` (written with its checkpoint in one atomic write)
+    tickets = make_tickets()
+    store = FaultyStore(MemoryCheckpointStore()).fail("done", CheckpointError("the store is down"), tool="charge_card")
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store)
+
+    # When the flow runs, it fails at that write
+    with pytest.raises(CheckpointError, match="the store is down"):
+        await runner.run(TICKETS, ORDER, run_id="order-1")
+
+    # Then neither the `done` nor the checkpoint it went with was stored
+    assert [c.step for c in await store.history("order-1")] == [0, 1]
+    assert [r.kind for r in await store.calls("order-1")] == ["started", "done", "started"]
