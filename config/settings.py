@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     recover_interval_s: float = 60.0
     stale_after_s: float = 10.0
     recover_lock_s: float = 60.0
+    recover_sweep: bool = False
+    """recover_all also finds runs the listing index forgot, by scanning the stored keys."""
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

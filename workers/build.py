@@ -33,6 +33,7 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
             stale_after_s=settings.stale_after_s,
             recover_lock_s=settings.recover_lock_s,
             recover_interval_s=settings.recover_interval_s,
+            sweep_forgotten=settings.recover_sweep,
             time_limit_s=settings.time_limit_s,
             soft_time_limit_s=settings.soft_time_limit_s,
             queue=settings.queue,

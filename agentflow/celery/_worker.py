@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,9 +27,12 @@ from agentflow._run_types import RunKind
 from agentflow.celery._lease import Leases
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
+from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,13 @@ class WorkerSettings:
     """Queue of the superstep tasks."""
     max_retries: int = 3
     """Retries of a task whose pool process died."""
+    sweep_forgotten: bool = False
+    """recover_all also scans the stored rows for runs the listing index forgot, and lists them again.
+
+    The index is unsigned: someone who can write to the store can delete a run's entry and
+    strand it silently. The scan reads every run id of the store (a Redis SCAN, a SQL
+    ``SELECT DISTINCT``), so turn it on where that is cheap enough at the beat's interval.
+    """
 
     def __post_init__(self) -> None:
         if self.soft_time_limit_s >= self.time_limit_s:
@@ -237,7 +248,11 @@ class Worker:
                 return None
             found: list[tuple[str, str, int]] = []
             now = time.time()
-            for name in [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]:
+            columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
+            if self.settings.sweep_forgotten and self.runner.sealer is not None:
+                for lost in await relist_forgotten(self.store, self.runner.sealer, columns):
+                    log.warning("run %s was missing from the store's listing index: %s", lost.run_id, lost.why)
+            for name in columns:
                 run_ids = list(await self.store.list_unfinished(name))
                 busy = await self.leases.leased(run_ids)
                 for run_id in run_ids:

@@ -7,14 +7,16 @@ import click
 from agentflow.cli import _errors
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import paint
-from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs
+from agentflow.exec._run_read import read_all, read_run
 from agentflow.exec._run_view import RunReport
 
 
 @click.command("verify")
 @store_options
 @click.argument("run_id", required=False)
-@click.option("--all", "every", is_flag=True, help="Check every run in the store.")
+@click.option(
+    "--all", "every", is_flag=True, help="Check every run in the store, and the listing index against the stored rows."
+)
 def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> None:
     """Check each checkpoint and call record: signature, numbering, segments, record counts.
 
@@ -26,7 +28,7 @@ def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> Non
     if run_id is not None:
         reports: list[RunReport] = [target.run(lambda: read_run(target.store, target.sealer, run_id))]
     else:
-        reports = target.run(lambda: read_runs(target.store, target.sealer, None, ALL_RUNS))
+        reports = target.run(lambda: read_all(target.store, target.sealer))
     bad = [rep for rep in reports if rep.corrupt]
     for rep in bad:
         for problem in rep.problems:

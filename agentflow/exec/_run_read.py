@@ -24,6 +24,7 @@ from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import FINAL, LoggedRecord, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
+from agentflow.exec._run_sweep import forgotten
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 
@@ -295,3 +296,37 @@ def signed_with_other_keys(reports: Sequence[v.RunReport]) -> bool:
     """Whether some runs failed, and only because no key of the ring signed their rows (a wrong key)."""
     problems = [p for rep in reports for p in rep.problems]
     return bool(problems) and all(UNKNOWN_KEY in p for p in problems)
+
+
+async def read_all(store: CheckpointStore, sealer: Sealer) -> list[v.RunReport]:
+    """Every run of the store, checked: the listed ones, then the ones the listing index forgot.
+
+    The listing index is unsigned, so it is held against the stored rows themselves
+    (`CheckpointStore.stored_runs`): a run with rows and no listing entry was hidden from
+    listings and from `recover_all`, and is reported as a problem of its own (with no data
+    shown, like any run with a problem).
+    """
+    reports = await read_runs(store, sealer, None, ALL_RUNS)
+    for run_id in await forgotten(store):
+        try:
+            found = await read_run(store, sealer, run_id)
+        except CheckpointNotFound:
+            continue  # deleted since the scan
+        problem = (
+            f"run {run_id!r} has stored rows but is missing from the store's listing index (deleted behind "
+            "the store's back?): listings and recover_all do not see it; recover_all(sweep=True) lists it again"
+        )
+        rows = [v.CheckpointView(c.step, 0.0, "", -1, None, "", c.problem) for c in found.checkpoints]
+        reports.append(
+            v.RunReport(
+                run_id,
+                found.flow,
+                found.kind,
+                found.status,
+                found.step,
+                found.saved_at,
+                problems=[problem, *found.problems],
+                checkpoints=rows,
+            )  # fmt: skip
+        )
+    return reports

@@ -2,7 +2,8 @@
 
 Each run goes through the run protocol's `recover` (`agentflow.exec._run_protocol`), which
 owns the checks, the claim and the replay; this module only finds the runs and reports
-each one's outcome, so one bad run never stops the others.
+each one's outcome, so one bad run never stops the others. With ``sweep``, runs the
+store's listing index forgot are found from their rows first (`agentflow.exec._run_sweep`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
+from agentflow._errors import CheckpointStoreCorrupt
+from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
 
@@ -22,14 +25,24 @@ S = TypeVar("S", bound=BaseModel)
 
 
 async def recover_all(
-    runner: FlowRunner, flow: Flow[S], *, rerun_in_doubt: bool
+    runner: FlowRunner, flow: Flow[S], *, rerun_in_doubt: bool, sweep: bool
 ) -> dict[str, RunResult[S] | BaseException]:
     """See `FlowRunner.recover_all`."""
-    if runner.checkpoints is None:
+    if runner.checkpoints is None or runner.sealer is None:
         raise ValueError("recover_all needs a FlowRunner with a checkpoint store")
-    run_ids = list(await runner.checkpoints.list_unfinished(flow.name))
-    limit = asyncio.Semaphore(max(1, runner.recover_concurrency))
     outcomes: dict[str, RunResult[S] | BaseException] = {}
+    if sweep:
+        for found in await relist_forgotten(runner.checkpoints, runner.sealer, [flow.name]):
+            if found.flow != flow.name:
+                continue
+            runner.events.emit("run.unlisted", found.run_id, flow=found.flow, relisted=found.relisted, why=found.why)
+            if not found.relisted and not found.why.startswith("ended"):
+                outcomes[found.run_id] = CheckpointStoreCorrupt(
+                    f"run {found.run_id!r} was missing from the store's listing index and was not listed again: "
+                    f"{found.why}"
+                )
+    run_ids = [r for r in await runner.checkpoints.list_unfinished(flow.name) if r not in outcomes]
+    limit = asyncio.Semaphore(max(1, runner.recover_concurrency))
 
     async def one(run_id: str) -> None:
         async with limit:
@@ -39,4 +52,4 @@ async def recover_all(
                 outcomes[run_id] = exc
 
     await asyncio.gather(*(one(r) for r in run_ids))
-    return {r: outcomes[r] for r in run_ids}
+    return {**{r: outcomes[r] for r in run_ids}, **{r: e for r, e in outcomes.items() if r not in run_ids}}

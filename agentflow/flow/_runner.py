@@ -172,10 +172,21 @@ class FlowRunner:
         return result
 
     async def recover_all(
-        self, flow: Flow[S], *, rerun_in_doubt: bool = False
+        self, flow: Flow[S], *, rerun_in_doubt: bool = False, sweep: bool = False
     ) -> dict[str, RunResult[S] | BaseException]:
-        """Recover every unfinished run of `flow`: each run id maps to its result or its error."""
-        return await _recover.recover_all(self, flow, rerun_in_doubt=rerun_in_doubt)
+        """Recover every unfinished run of `flow`: each run id maps to its result or its error.
+
+        Args:
+            flow: the flow whose runs to recover.
+            rerun_in_doubt: rerun calls in doubt even if their tools are not idempotent.
+            sweep: first look for runs the store's listing index forgot (someone deleted
+                their entry; their rows remain), by scanning the stored rows themselves.
+                Each one whose newest checkpoint checks is listed again and recovered; one
+                that fails its check is reported as `CheckpointStoreCorrupt`. Every run
+                found this way is reported with a ``run.unlisted`` event. A scan reads
+                every run id of the store: use it on start-up or on a slow schedule.
+        """
+        return await _recover.recover_all(self, flow, rerun_in_doubt=rerun_in_doubt, sweep=sweep)
 
     async def resume(
         self,

@@ -66,3 +66,17 @@ def test_verify_with_the_wrong_key_says_so(agentflow):
     assert result.exit_code == 1
     assert "signed with another key" in one_line_error(result)
     assert runs_kit.KEY.hex() not in result.output
+
+
+def test_verify_all_reports_a_run_the_listing_index_forgot(agentflow, db):
+    # Given order-2's entry in the listing index (its runs row) deleted behind agentflow's back
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("DELETE FROM runs WHERE run_id = 'order-2'")
+    # When every run is verified
+    result = agentflow("verify", "--all")
+    # Then the run is found from its rows and named, with what hides it
+    assert result.exit_code == 1
+    assert "CORRUPT order-2: run 'order-2' has stored rows but is missing from the store's listing index" in (
+        result.stdout
+    )
+    assert "2 of 7 run(s) have rows that fail their check" in one_line_error(result)
