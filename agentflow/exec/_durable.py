@@ -168,6 +168,32 @@ def envelope(
     }
 
 
+def decide(
+    run_id: str, pending: Sequence[Any], approve: bool | Mapping[str, bool], note: str | None
+) -> dict[str, Decision]:
+    """Turn an operator's ``approve`` into one decision per pending call.
+
+    Args:
+        run_id: the paused run (for messages).
+        pending: its pending approval requests (each has a ``call_id``).
+        approve: one decision for every pending call, or one per call id.
+        note: stored with each decision.
+
+    Raises:
+        ValueError: `approve` names a call that is not pending, or leaves one undecided.
+    """
+    ids = [p.call_id for p in pending]
+    if isinstance(approve, bool):
+        return {cid: Decision(approve, note) for cid in ids}
+    unknown = sorted(set(approve) - set(ids))
+    if unknown:
+        raise ValueError(f"run {run_id!r} has no pending call(s) {unknown}; pending: {ids}")
+    missing = [cid for cid in ids if cid not in approve]
+    if missing:
+        raise ValueError(f"run {run_id!r}: decide every pending call; missing {missing}")
+    return {cid: Decision(bool(approve[cid]), note) for cid in ids}
+
+
 def read_decisions(body: Mapping[str, Any]) -> dict[str, Decision]:
     """The decisions a checkpoint body stores, not yet spent."""
     return {k: Decision(bool(v["approve"]), v.get("note")) for k, v in body["decisions"].items()}

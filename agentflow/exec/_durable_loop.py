@@ -29,7 +29,8 @@ from agentflow._run_types import RunStatus
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
-from agentflow.exec._run_protocol import RunProtocol, sealer_for
+from agentflow.exec._run_keys import sealer_for
+from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._messages import Message
 from agentflow.models._protocol import Model

@@ -10,7 +10,7 @@ Moving parts:
     earlier segment; of two racing workers exactly one wins;
   - `save`: the checkpoint after a step (with a held ``done`` record, atomically);
   - `recover`, `resume`, `advance`: the entry points, built from the parts above.
-- `decisions`: the one rule for turning an operator's ``approve`` into stored decisions.
+- `decide` (in `_durable`): the one rule turning an operator's ``approve`` into decisions.
 
 Invariants:
 - Nothing runs before the claim is saved, and the claim is saved only after every check
@@ -33,7 +33,7 @@ from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, Stale
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import Decision, Journal, envelope, read_decisions, read_pending
+from agentflow.exec._durable import Journal, decide, envelope, read_decisions, read_pending
 from agentflow.exec._durable_read import CallState, LoggedRecord, calls_in_doubt, read_head, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
@@ -60,51 +60,6 @@ BODY_VERSION = 1
 CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff"})
 
 Head = tuple[SealedCheckpoint, Mapping[int, int]]
-
-
-def sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:
-    """The sealer runs over `store` use: from `key`, or the in-process store's own key.
-
-    Raises:
-        ValueError: a store shared with other processes and no key.
-        TypeError: a key is not bytes.
-    """
-    if key is not None:
-        return Sealer(key)
-    if store is None:
-        return None
-    if store.in_process and store.local_key is not None:
-        return Sealer(store.local_key)
-    raise ValueError(
-        f"{type(store).__name__} is shared with other processes, so it needs checkpoint_key= "
-        "(32+ random bytes, the same on every worker) to sign and check what it stores"
-    )
-
-
-def decisions(
-    run_id: str, pending: Sequence[Any], approve: bool | Mapping[str, bool], note: str | None
-) -> dict[str, Decision]:
-    """Turn an operator's ``approve`` into one decision per pending call.
-
-    Args:
-        run_id: the paused run (for messages).
-        pending: its pending approval requests (each has a ``call_id``).
-        approve: one decision for every pending call, or one per call id.
-        note: stored with each decision.
-
-    Raises:
-        ValueError: `approve` names a call that is not pending, or leaves one undecided.
-    """
-    ids = [p.call_id for p in pending]
-    if isinstance(approve, bool):
-        return {cid: Decision(approve, note) for cid in ids}
-    unknown = sorted(set(approve) - set(ids))
-    if unknown:
-        raise ValueError(f"run {run_id!r} has no pending call(s) {unknown}; pending: {ids}")
-    missing = [cid for cid in ids if cid not in approve]
-    if missing:
-        raise ValueError(f"run {run_id!r}: decide every pending call; missing {missing}")
-    return {cid: Decision(bool(approve[cid]), note) for cid in ids}
 
 
 @dataclass
@@ -370,7 +325,7 @@ class RunProtocol(Generic[C, R]):
                 f"run {run_id!r} is not paused ({opened.status}); only a paused run can be resumed{hint}"
             )
         cur = opened.cur
-        chosen = decisions(run_id, cur.pending, approve, note)
+        chosen = decide(run_id, cur.pending, approve, note)
         records, counts = await self.read(opened, resuming=True)
         seeds = self.seeds(cur, records, rerun_in_doubt=False)
         cur.decisions, cur.pending = chosen, []

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._executor import Executor
-from agentflow.exec._run_protocol import Head, RunProtocol, sealer_for
+from agentflow.exec._run_keys import sealer_for
+from agentflow.exec._run_protocol import Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol
