@@ -56,7 +56,6 @@ class _Side:
 
         self.name = name
         self.values: dict[str, Any] = {
-            "mode": "production",
             "app": "bench._celery_apps:app",
             "redis_url": redis_url,
             "checkpoint_keys": "hex:" + key.hex(),
