@@ -4,8 +4,9 @@ Moving parts:
 - `read_log`: load every record of a run, check each signature and the numbering, and
   return the decoded bodies. Nothing is decoded before its signature checks.
 - `read_head`: the latest checkpoint and the records per segment, in one read.
-- `analyze`: folds one superstep's records into a `CallState` per call identity;
-  `calls_in_doubt` decides which of them may run again.
+- `fold` / `analyze`: fold the records (of the run, or of one superstep) into a
+  `CallState` per call identity; `calls_in_doubt` decides which of them may run again.
+  The read model (`_run_read`) shows calls from the same fold.
 
 Invariants:
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
@@ -17,7 +18,7 @@ checked in `_run_checks`, the one set of checks every reader of a run makes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
@@ -28,6 +29,8 @@ from agentflow.exec.checkpoints._records import SealedCheckpoint
 
 #: Record kinds that close a call for good.
 FINAL = frozenset({"done", "failed", "denied"})
+#: Deciding record kinds that leave a call in doubt: it may or may not have had its effect.
+IN_DOUBT = frozenset({"started", "unrecordable"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,37 +84,64 @@ class CallState:
     node: str
     args: dict[str, Any]
     kind: str
-    """``started`` (in doubt), ``unrecordable`` (in doubt), ``pending``, or a final kind."""
+    """The deciding record: ``started`` or ``unrecordable`` (in doubt), ``pending``, or a final kind."""
     result: Any = None
     error: str | None = None
+    """Why it failed, was denied, or could not be stored."""
+    superstep: int = -1
+    """The superstep (a tool loop's turn) that made it."""
+    segments: list[int] = field(default_factory=list)
+    """The segments that wrote its records."""
 
     @property
     def in_doubt(self) -> bool:
         """Whether the call may or may not have had its effect."""
-        return self.kind in ("started", "unrecordable")
+        return self.kind in IN_DOUBT
 
 
-def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:
-    """Fold the records of one superstep into the state of each call, by call identity."""
+def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[str, CallState]:
+    """Fold call records into the state of each call, by call identity, in the order calls first appear.
+
+    Args:
+        records: checked records (`read_log`).
+        superstep: only that superstep's calls (None: every call of the run).
+
+    Raises:
+        CheckpointStoreCorrupt: a record closes a call that never started.
+    """
     states: dict[str, CallState] = {}
     for rec in records:
         body = rec.body
-        if body.get("superstep") != superstep:
-            continue
         if body.get("model"):
             continue  # a tool loop's model-call marker: counted by the loop, never in doubt
+        at = body.get("superstep")
+        if superstep is not None and at != superstep:
+            continue
         cid = str(body["call_id"])
         state = states.get(cid)
-        if rec.kind in ("started", "pending"):
-            if state is None or state.kind not in FINAL:
-                states[cid] = CallState(cid, body["tool"], body["node"], body.get("args", {}), rec.kind)
-            continue
         if state is None:
-            raise CheckpointStoreCorrupt(f"call record {rec.segment}.{rec.seq} closes call {cid!r} that never started")
+            if rec.kind not in ("started", "pending"):
+                raise CheckpointStoreCorrupt(
+                    f"call record {rec.segment}.{rec.seq} closes call {cid!r} that never started"
+                )
+            step = at if isinstance(at, int) else -1
+            state = states[cid] = CallState(cid, str(body["tool"]), str(body["node"]), body.get("args", {}), rec.kind)
+            state.superstep = step
+        if rec.segment not in state.segments:
+            state.segments.append(rec.segment)
+        if rec.kind in ("started", "pending"):
+            if state.kind not in FINAL:
+                state.kind = rec.kind
+            continue
         state.kind = rec.kind
         state.result = body.get("result")
-        state.error = body.get("error") if rec.kind != "denied" else body.get("note")
+        state.error = body.get("note") if rec.kind == "denied" else body.get("error") or body.get("why")
     return states
+
+
+def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:
+    """The calls of one superstep: what replays, what is in doubt (`fold` of that superstep)."""
+    return fold(records, superstep)
 
 
 def calls_in_doubt(run_id: str, states: Mapping[str, CallState], registry: Registry, rerun_in_doubt: bool) -> list[str]:

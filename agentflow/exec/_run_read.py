@@ -21,7 +21,7 @@ from typing import Any, Final
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind
 from agentflow.exec import _run_view as v
-from agentflow.exec._durable_read import FINAL, LoggedRecord, read_log
+from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
 from agentflow.exec._run_sweep import forgotten
@@ -161,30 +161,11 @@ def _segments(
 
 
 def _fold_calls(records: Sequence[LoggedRecord]) -> list[v.CallView]:
-    """One view per call identity, in the order the calls first appear in the log."""
-    calls: dict[str, v.CallView] = {}
-    for rec in records:
-        body = rec.body
-        if body.get("model"):
-            continue  # a tool loop's marker before a model call, not a tool call
-        cid = str(body.get("call_id"))
-        view = calls.get(cid)
-        if view is None:
-            superstep = body.get("superstep")
-            view = calls[cid] = v.CallView(
-                cid, str(body.get("tool", "?")), str(body.get("node", "?")),
-                superstep if isinstance(superstep, int) else -1, rec.kind, body.get("args"),
-            )  # fmt: skip
-        if rec.segment not in view.segments:
-            view.segments.append(rec.segment)
-        if rec.kind in ("started", "pending"):
-            if view.kind not in FINAL:
-                view.kind = rec.kind
-            continue
-        view.kind = rec.kind
-        view.result = body.get("result")
-        view.error = body.get("error") or body.get("why") or body.get("note")
-    return list(calls.values())
+    """One view per call identity, in the order the calls first appear in the log (`fold`)."""
+    return [
+        v.CallView(c.call_id, c.tool, c.node, c.superstep, c.kind, c.args, c.segments, c.result, c.error)
+        for c in fold(records).values()
+    ]
 
 
 def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
@@ -195,7 +176,7 @@ def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
         if call.kind == "done":
             call.state = v.REPLAYED if call.call_id in replayed else v.DONE
             call.note = "rerun after recovery (it was in doubt)" if call.call_id in rerun else ""
-        elif call.kind in ("started", "unrecordable"):
+        elif call.kind in IN_DOUBT:
             call.state = v.IN_DOUBT
             why = "ran, but its result could not be stored" if call.kind == "unrecordable" else "started, no result"
             call.note = why
@@ -272,6 +253,9 @@ async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.Run
     checked = [b for b in bodies if b is not None]
     try:
         _fill(report, rows, checked, records)
+    except CheckpointStoreCorrupt as exc:  # the log folds into something no worker writes
+        report.problems.append(str(exc))
+        report.checkpoints = [_bare(row, report.problems) for row in rows]
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         # Signed with our key, but not shaped like any body agentflow writes.
         report.problems.append(f"run {run_id!r}: a checked row does not have the expected fields ({exc!r})")
