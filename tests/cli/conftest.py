@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import runs_kit
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from agentflow.cli._group import cli
 
@@ -31,8 +33,13 @@ class Agentflow:
         self.url = url
         self.runner = CliRunner()
 
-    def __call__(self, *args: str, key: str | None = runs_kit.KEY_TEXT, store: bool = True, env=None):
-        environ = {"AGENTFLOW_CHECKPOINT_KEYS": key, "AGENTFLOW_STORE": self.url if store else None}
+    def __call__(
+        self, *args: str, key: str | None = runs_kit.KEY_TEXT, store: bool = True, env: Mapping[str, str] | None = None
+    ) -> Result:
+        environ: dict[str, str | None] = {
+            "AGENTFLOW_CHECKPOINT_KEYS": key,
+            "AGENTFLOW_STORE": self.url if store else None,
+        }
         environ.update(env or {})
         result = self.runner.invoke(cli, list(args), env=environ, catch_exceptions=False)
         return result

@@ -25,6 +25,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from click.testing import Result
 from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry, RunContext
@@ -155,7 +156,7 @@ def copy_db(source: Path, target: Path) -> Path:
     return target
 
 
-def one_line_error(result) -> str:
+def one_line_error(result: Result) -> str:
     """The command's error: exactly one line on stderr, and no traceback anywhere."""
     assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import runs_kit
 from runs_kit import one_line_error
 
@@ -11,7 +13,7 @@ from agentflow.models._messages import Message, ToolCall
 from agentflow.models.scripted import ScriptedModel
 
 
-def add_loop(db) -> None:
+def add_loop(db: Path) -> None:
     async def run() -> None:
         ask = Message(
             role="assistant", tool_calls=(ToolCall(id="c1", name="refund", arguments={"order": "o-5", "amount": 7}),)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import asyncpg
 import pytest
 import runs_kit
+from click.testing import Result
 from runs_kit import one_line_error
 
 from agentflow._display import redact
@@ -30,7 +33,7 @@ async def _forget(url: str) -> None:
         await store.aclose()
 
 
-def listed(agentflow, url: str) -> str:
+def listed(agentflow: Callable[..., Result], url: str) -> str:
     result = agentflow("runs", "list", "--store", url)
     assert result.exit_code == 0, result.output
     return result.stdout

@@ -18,7 +18,8 @@ from runs_kit import one_line_error
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def test_the_viewer_command_serves_the_runs(url):

@@ -7,10 +7,11 @@ saves a screenshot of each page under test-output/screenshots/.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import runs_kit
-from playwright.sync_api import expect
+from playwright.sync_api import Dialog, Page, expect
 from viewer_kit import make_app, served
 
 from agentflow.exec._durable_seal import Sealer
@@ -20,7 +21,7 @@ from agentflow.exec.checkpoints import SQLiteCheckpointStore
 pytestmark = pytest.mark.browser
 
 
-def stored_status(db, run_id: str) -> str:
+def stored_status(db: Path, run_id: str) -> str:
     async def read() -> str:
         async with SQLiteCheckpointStore(db) as store:
             return (await read_run(store, Sealer(runs_kit.KEY), run_id)).status
@@ -56,7 +57,7 @@ def test_approving_a_paused_run_finishes_it(page, viewer_url, db, shots):
     # When Approve is clicked and the confirmation accepted
     dialogs: list[str] = []
 
-    def accept(dialog) -> None:
+    def accept(dialog: Dialog) -> None:
         dialogs.append(dialog.message)
         dialog.accept()
 
@@ -109,7 +110,7 @@ def test_live_refresh_picks_up_a_change_made_elsewhere(page, db):
         live_refresh(page, base, db)
 
 
-def live_refresh(page, base: str, db) -> None:
+def live_refresh(page: Page, base: str, db: Path) -> None:
     # Given the list open with live refresh on (the default)
     page.goto(base + "/?flow=refunds")
     expect(page.locator("tr[data-run='refund-1'] .status")).to_have_text("paused")

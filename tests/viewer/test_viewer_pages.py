@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+import httpx2
 import runs_kit
+from starlette.testclient import TestClient
 from viewer_kit import client_for, csrf_of, make_app
 
 from agentflow.exec._durable_seal import Sealer
@@ -130,5 +132,5 @@ def test_mounted_under_a_prefix_every_link_keeps_it(db):
         assert client.get("/ops/agentflow/static/viewer.js").status_code == 200
 
 
-def post_decision(client, path: str, csrf: str):
+def post_decision(client: TestClient, path: str, csrf: str) -> httpx2.Response:
     return client.post(path, data={"csrf": csrf, "decision": "approve"})

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import httpx2
 import runs_kit
+from starlette.testclient import TestClient
 from viewer_kit import LOCAL, TOKEN, client_for, csrf_of, make_app
 
 from agentflow.exec._durable_seal import Sealer
@@ -12,7 +16,7 @@ from agentflow.exec.checkpoints import SQLiteCheckpointStore
 REMOTE = ("192.0.2.7", 40000)
 
 
-def status_of(db, run_id: str) -> str:
+def status_of(db: Path, run_id: str) -> str:
     async def read() -> str:
         async with SQLiteCheckpointStore(db) as store:
             return (await read_run(store, Sealer(runs_kit.KEY), run_id)).status
@@ -20,7 +24,7 @@ def status_of(db, run_id: str) -> str:
     return runs_kit.in_thread(read)
 
 
-def post(client, run_id: str, csrf: str, decision: str = "approve", **extra):
+def post(client: TestClient, run_id: str, csrf: str, decision: str = "approve", **extra: str) -> httpx2.Response:
     return client.post(f"/runs/{run_id}/resume", data={"csrf": csrf, "decision": decision, **extra})
 
 

@@ -16,19 +16,24 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import uvicorn
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
+from starlette.types import ASGIApp
 
+from agentflow import FlowApp
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.viewer import ViewerSettings, create_app
 
 
-def _load_kit():
+def _load_kit() -> ModuleType:
     """tests/cli/runs_kit.py, as the module ``runs_kit`` (the CLI tests import it under that name)."""
     if "runs_kit" not in sys.modules:
         spec = importlib.util.spec_from_file_location("runs_kit", Path(__file__).parents[1] / "cli" / "runs_kit.py")
+        assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules["runs_kit"] = module
         spec.loader.exec_module(module)
@@ -52,14 +57,21 @@ CHROMIUM_ARGS = [
 ]
 
 
-def make_app(db: Path, *, flows=runs_kit.app, token: str | None = None, key: bytes = runs_kit.KEY, refresh_s: int = 5):
+def make_app(
+    db: Path,
+    *,
+    flows: FlowApp | None = runs_kit.app,
+    token: str | None = None,
+    key: bytes = runs_kit.KEY,
+    refresh_s: int = 5,
+) -> Starlette:
     store = SQLiteCheckpointStore(db)
     settings = ViewerSettings(store, [key], flows=flows, token=token, label=f"sqlite:///{db}", refresh_s=refresh_s)
     return create_app(settings)
 
 
 @contextmanager
-def client_for(app, client=LOCAL) -> Iterator[TestClient]:
+def client_for(app: ASGIApp, client: tuple[str, int] = LOCAL) -> Iterator[TestClient]:
     with TestClient(app, client=client, follow_redirects=False) as test_client:
         yield test_client
 
@@ -77,7 +89,7 @@ def unavailable(reason: str) -> None:
 
 
 @contextmanager
-def served(app) -> Iterator[str]:
+def served(app: ASGIApp) -> Iterator[str]:
     """Serve `app` with uvicorn on a free loopback port, in a thread; yield its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
