@@ -22,6 +22,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import pytest
+from _kit.tickets import Order
+from celery_kit import Deployment
+
+from agentflow.celery import RunView
 
 SECONDS = float(os.environ.get("AGENTFLOW_CHAOS_SECONDS", "60"))
 RUNS = int(os.environ.get("AGENTFLOW_CHAOS_RUNS", "150"))
@@ -51,7 +55,7 @@ class Chaos:
     log: list[str] = field(default_factory=list)
 
 
-async def _produce(deployment, run_ids: list[str], until: float) -> None:
+async def _produce(deployment: Deployment, run_ids: list[str], until: float) -> None:
     """Start RUNS ticket runs, spread over the time until `until`."""
     gap = max(0.0, (until - time.monotonic()) / RUNS)
     for i in range(RUNS):
@@ -59,7 +63,7 @@ async def _produce(deployment, run_ids: list[str], until: float) -> None:
         await asyncio.sleep(random.uniform(0, 2 * gap))
 
 
-async def _monkey(deployment, chaos: Chaos, until: float, rng: random.Random) -> None:
+async def _monkey(deployment: Deployment, chaos: Chaos, until: float, rng: random.Random) -> None:
     """SIGKILL a worker's main process or one of its pool children every few seconds; replace dead workers."""
     while time.monotonic() < until:
         await asyncio.sleep(rng.uniform(0.5, 3.0))
@@ -82,7 +86,7 @@ async def _monkey(deployment, chaos: Chaos, until: float, rng: random.Random) ->
             chaos.log.append(f"{time.monotonic():.1f} child {child} of {victim}")
 
 
-def _replace(deployment, chaos: Chaos, dead: str, why: str) -> None:
+def _replace(deployment: Deployment, chaos: Chaos, dead: str, why: str) -> None:
     """Start a new worker in place of `dead`, without waiting: it comes up as a restarted container would."""
     chaos.alive.remove(dead)
     chaos.started += 1
@@ -92,7 +96,7 @@ def _replace(deployment, chaos: Chaos, dead: str, why: str) -> None:
     chaos.log.append(f"{time.monotonic():.1f} {dead} {why} -> {name}")
 
 
-def _restart_exited(deployment, chaos: Chaos) -> None:
+def _restart_exited(deployment: Deployment, chaos: Chaos) -> None:
     """Replace workers that exited on their own (a pool child killed while the worker was starting up
     makes Celery give up with "Could not start worker processes", as a restart policy would handle)."""
     for name in list(chaos.alive):
@@ -101,7 +105,7 @@ def _restart_exited(deployment, chaos: Chaos) -> None:
             _replace(deployment, chaos, name, "exited")
 
 
-async def _all_up(deployment, chaos: Chaos, timeout_s: float = 90.0) -> None:
+async def _all_up(deployment: Deployment, chaos: Chaos, timeout_s: float = 90.0) -> None:
     """Wait until every worker answers a ping, replacing those that exited meanwhile."""
     deadline = time.monotonic() + timeout_s
     host = socket.gethostname()
@@ -115,7 +119,7 @@ async def _all_up(deployment, chaos: Chaos, timeout_s: float = 90.0) -> None:
         await asyncio.sleep(0.5)
 
 
-def _idempotency_keys(deployment) -> dict[tuple[str, str], list[str]]:
+def _idempotency_keys(deployment: Deployment) -> dict[tuple[str, str], list[str]]:
     keys: dict[tuple[str, str], list[str]] = defaultdict(list)
     for line in deployment.ledger.read_text().splitlines():
         if line.strip():
@@ -129,10 +133,12 @@ def _in_doubt_tools(reason: str) -> list[str]:
     return [part.split(":", 1)[0].strip() for part in reason.split("; ") if part.strip()]
 
 
-async def _settle(deployment, run_ids: list[str], deadline: float) -> tuple[dict[str, object], dict[str, list[str]]]:
+async def _settle(
+    deployment: Deployment, run_ids: list[str], deadline: float
+) -> tuple[dict[str, RunView], dict[str, list[str]]]:
     """Poll every run until it is done, deciding (rerun) the calls in doubt as an operator would."""
     pending = set(run_ids)
-    views: dict[str, object] = {}
+    views: dict[str, RunView] = {}
     decided: dict[str, list[str]] = {}
     while pending and time.monotonic() < deadline:
         for run_id in sorted(pending):
@@ -174,7 +180,7 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(deployment):
     # Then no run was lost: every one is done
     assert len(run_ids) == RUNS
     assert {v.status for v in views.values()} == {"done"}
-    assert all(v.state.sent == f"mailed {v.state.show}" for v in views.values())
+    assert all(isinstance(v.state, Order) and v.state.sent == f"mailed {v.state.show}" for v in views.values())
     # and no non-idempotent tool had an effect twice, except a call in doubt that the operator reran (once more)
     effects = deployment.effects()
     duplicates, reruns_without_effect = [], 0

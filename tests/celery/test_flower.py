@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery_kit import Deployment
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -137,7 +138,7 @@ async def test_flower_lists_recovered_supersteps_with_what_they_reran(deployment
     assert sum(counted) >= 2, metrics.decode()[-2000:]
 
 
-async def _until_leased(deployment, run_id: str, timeout_s: float = 20.0) -> None:
+async def _until_leased(deployment: Deployment, run_id: str, timeout_s: float = 20.0) -> None:
     """Wait until a worker holds the run's lease (its superstep is running)."""
     client = redis.Redis.from_url(deployment.redis_url)
     try:

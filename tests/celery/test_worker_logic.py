@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import fakeredis
 from pydantic import BaseModel
 
@@ -36,7 +38,7 @@ def build(effects: list[str], die: list[bool]) -> tuple[FlowApp, MemoryCheckpoin
     return FlowApp(registry, [flow]), MemoryCheckpointStore()
 
 
-async def make_worker(effects, die):
+async def make_worker(effects: list[str], die: list[bool]) -> tuple[Worker, Flow[Any]]:
     app, store = build(effects, die)
     server = fakeredis.FakeServer()
     leases = Leases(lambda: fakeredis.FakeAsyncRedis(server=server), prefix="t", lease_s=5)
@@ -44,9 +46,10 @@ async def make_worker(effects, die):
     return worker, app.flow("mail")
 
 
-async def in_doubt_run(worker, flow) -> int:
+async def in_doubt_run(worker: Worker, flow: Flow[Any]) -> int:
     """A run whose worker died inside `send`: the call is in doubt. Returns its step."""
     started = await worker.runner.start(flow, {}, run_id="r1")
+    assert started.step is not None
     try:
         await worker.superstep("mail", "r1", started.step, handoff=True)
     except Died:
@@ -87,6 +90,7 @@ async def test_a_run_that_moved_on_clears_a_stale_decision_marker():
     effects: list[str] = []
     worker, flow = await make_worker(effects, [])
     started = await worker.runner.start(flow, {}, run_id="r2")
+    assert started.step is not None
     # Given a stale marker (set by an earlier message for this run)
     await worker.leases.mark_decision("r2", [("send", "old")])
     await worker.leases.clear_decision("r2")

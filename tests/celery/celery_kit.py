@@ -1,0 +1,162 @@
+"""A real deployment for the Celery tests: worker processes, beat and Flower on the machine's Redis.
+
+Imported as ``celery_kit`` (tests/celery is on ``sys.path`` under pytest's prepend import mode);
+tests/celery/conftest.py makes one `Deployment` per test (the ``deployment`` fixture), with its
+own key prefix and queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+from _kit.tickets import Ledger
+
+if TYPE_CHECKING:
+    from agentflow.celery import RunView
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+class Deployment:
+    """Workers, beat and Flower of one test, and a client to drive them."""
+
+    def __init__(self, tmp_path: Path, redis_url: str) -> None:
+        from agentflow.celery import FlowClient
+        from config import Settings
+        from workers.build import build
+
+        self.prefix = f"t{uuid.uuid4().hex[:12]}"
+        self.ledger = tmp_path / "ledger.jsonl"
+        self.ledger.touch()
+        self.values: dict[str, Any] = {
+            "app": "celery_flows:app",
+            "redis_url": redis_url,
+            # The workers have no default key: each deployment gets one of its own.
+            "checkpoint_keys": "hex:" + secrets.token_hex(32),
+            "key_prefix": self.prefix,
+            "queue": f"q-{self.prefix}",
+            "lease_s": 2.0,
+            "stale_after_s": 1.0,
+            "recover_interval_s": 2.0,
+            "time_limit_s": 60,
+            "soft_time_limit_s": 50,
+            "visibility_timeout_s": 120,
+        }
+        self.env = {
+            **os.environ,
+            **{f"AGENTFLOW_{k.upper()}": str(v) for k, v in self.values.items()},
+            "AGENTFLOW_TEST_LEDGER": str(self.ledger),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "tests"), str(ROOT)]),
+        }
+        sys.path.insert(0, str(HERE))
+        self.celery_app, self.tasks = build(Settings(**self.values))
+        self.client = FlowClient(self.tasks)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.redis_url = redis_url
+        self.logs = tmp_path
+
+    def set_delay(self, low: float, high: float) -> None:
+        self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
+
+    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "workers", *args],
+                cwd=ROOT,
+                env={**self.env, **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, name: str, concurrency: int = 2, *, wait: bool = True) -> subprocess.Popen[bytes]:
+        proc = self._spawn(
+            name, "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h",
+            "-Q", self.values["queue"], "-E", "--without-mingle", "--without-gossip", "-l", "INFO",
+        )  # fmt: skip
+        if wait:
+            self.wait_ready(name)
+        return proc
+
+    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
+        target = f"{name}@{socket.gethostname()}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise AssertionError(f"worker {name} exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
+            if self.celery_app.control.ping(destination=[target], timeout=0.5):
+                return
+        raise AssertionError(f"worker {name} did not answer a ping within {timeout}s")
+
+    def start_beat(self) -> subprocess.Popen[bytes]:
+        return self._spawn("beat", "beat", "-s", str(self.logs / "beat-schedule"), "-l", "INFO")
+
+    def start_flower(self, basic_auth: str, timeout: float = 30.0) -> str:
+        """Start Flower on a free loopback port with basic auth; return its base URL once it answers."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        name = "flower"
+        self._spawn(
+            name, "flower", "--address=127.0.0.1", f"--port={port}", env={"FLOWER_BASIC_AUTH": basic_auth}
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise AssertionError(f"flower exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
+            try:
+                direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+                with direct.open(f"{url}/healthcheck", timeout=1) as resp:
+                    if resp.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"flower did not answer /healthcheck within {timeout}s")
+
+    def children(self, name: str) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.procs[name].pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def effects(self) -> Counter[tuple[str, str]]:
+        """How often each (tool, run id) effect happened, in every worker process."""
+        return Ledger(self.ledger).by_run()
+
+    async def wait_all(self, run_ids: list[str], timeout_s: float = 120.0) -> dict[str, RunView]:
+        views = await asyncio.gather(*(self.client.wait(r, timeout_s=timeout_s, poll_s=0.2) for r in run_ids))
+        return dict(zip(run_ids, views, strict=True))
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        client = redis.Redis.from_url(self.redis_url)
+        keys = list(client.scan_iter(match=f"{self.prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+        client.close()
+        sys.path.remove(str(HERE))
