@@ -6,7 +6,8 @@ AgentflowError
 │   ├── CheckpointNotFound
 │   ├── CheckpointConflict
 │   │   └── Stale
-│   └── CheckpointStoreCorrupt
+│   ├── CheckpointStoreCorrupt
+│   └── CheckpointTooLarge         (also a ValueError)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── IdentityMismatch               (also a PermissionError)
 ├── FlowError
@@ -49,6 +50,10 @@ class Stale(CheckpointConflict):
 
 class CheckpointStoreCorrupt(CheckpointError):
     """Raised when a stored row is unreadable, out of place, or its signature does not match."""
+
+
+class CheckpointTooLarge(CheckpointError, ValueError):
+    """Raised when a checkpoint would be larger than the run's limit; nothing is stored."""
 
 
 class RecoveryNeedsDecision(AgentflowError):

@@ -103,7 +103,8 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
         "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
-        "CheckpointStoreCorrupt", "Event", "Events", "Executor", "Flow", "FlowApp", "FlowError", "FlowRunner",
+        "CheckpointStoreCorrupt", "CheckpointTooLarge", "Event", "Events", "Executor", "Flow", "FlowApp", "FlowError",
+        "FlowRunner",
         "IdentityMismatch", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "RunContext", "RunKind",
         "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
     ],

@@ -79,8 +79,19 @@ class Journal:
     round trip. Any other record written meanwhile stores the held ones first, in order.
     """
 
-    def __init__(self, store: CheckpointStore, sealer: Sealer, run_id: str, segment: int, next_seq: int = 0) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        sealer: Sealer,
+        run_id: str,
+        segment: int,
+        next_seq: int = 0,
+        *,
+        max_bytes: int | None = None,
+    ) -> None:
         self.store = store
+        self.max_bytes = max_bytes
+        """The largest record body stored; a result over it leaves its call unrecordable."""
         self.sealer = sealer
         self.run_id = run_id
         self.segment = segment
@@ -149,6 +160,24 @@ class Journal:
             raise CheckpointError(
                 f"{type(self.store).__name__} could not log a {record.kind!r} record of run {self.run_id!r}: {exc}"
             ) from exc
+
+
+def too_large(run_id: str, step: int, body: Mapping[str, Any], size: int, limit: int) -> str:
+    """Say which part of an oversized checkpoint body is large, and what to do about it."""
+    sizes = {key: len(canonical(value)) for key, value in body.items()}
+    part = max(sizes, key=lambda k: sizes[k])
+    value = body[part]
+    if isinstance(value, Mapping) and value:
+        inner = {key: len(canonical(v)) for key, v in value.items()}
+        field = max(inner, key=lambda k: inner[k])
+        where = f"{part}.{field} ({inner[field]} bytes)"
+    else:
+        where = f"{part} ({sizes[part]} bytes)"
+    return (
+        f"run {run_id!r}: checkpoint {step} would be {size} bytes, over max_checkpoint_bytes ({limit}); "
+        f"the largest part is {where}. Keep large data out of the state: store it elsewhere (a file, a bucket, "
+        "a table) and keep a reference to it, or raise max_checkpoint_bytes"
+    )
 
 
 def envelope(
@@ -271,6 +300,11 @@ class CallLog:
                 payload = canonical(self._body(request, result=tool.encode_result(result)))
             except Exception as exc:
                 await self._write("unrecordable", request, why=f"{type(exc).__name__}: {exc}")
+                return result
+            limit = self.journal.max_bytes
+            if limit is not None and len(payload) > limit:  # it ran, but its result cannot be kept
+                why = f"its result is {len(payload)} bytes, over the run's max_checkpoint_bytes ({limit})"
+                await self._write("unrecordable", request, why=why)
                 return result
             if self.defer_done:
                 await self.journal.hold_encoded("done", payload)

@@ -126,7 +126,12 @@ class Sealer:
         self, run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float, body: dict[str, Any]
     ) -> SealedCheckpoint:
         """Encode and sign a checkpoint body."""
-        payload = canonical(body)
+        return self.seal_encoded_checkpoint(run_id, step, flow, status, segment, saved_at, canonical(body))
+
+    def seal_encoded_checkpoint(
+        self, run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float, payload: bytes
+    ) -> SealedCheckpoint:
+        """Sign a checkpoint body that is already canonical JSON."""
         header = self._checkpoint_header(run_id, step, flow, status, segment, saved_at)
         sig = self._mac(self._kid, header, payload)
         return SealedCheckpoint(run_id, step, flow, status, segment, saved_at, payload, self._kid, sig)

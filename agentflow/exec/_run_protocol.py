@@ -29,13 +29,13 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, Stale
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, CheckpointTooLarge, Stale
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import Journal, decide, envelope, read_decisions, read_pending
+from agentflow.exec._durable import Journal, decide, envelope, read_decisions, read_pending, too_large
 from agentflow.exec._durable_read import CallState, LoggedRecord, calls_in_doubt, read_head, read_log
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._registry import Registry
 from agentflow.exec._run_checks import (
     AheadOfCheckpoint,
@@ -55,6 +55,9 @@ from agentflow.exec.checkpoints._records import SealedCheckpoint
 
 #: The version of the checkpoint body layout.
 BODY_VERSION = 1
+
+#: The largest checkpoint (encoded body, in bytes) a run saves unless told otherwise.
+MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 #: Why a run was claimed (signed into the claim checkpoint).
 CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff"})
@@ -86,12 +89,14 @@ class RunProtocol(Generic[C, R]):
         sealer: Sealer | None,
         registry: Registry,
         events: Events,
+        max_bytes: int = MAX_CHECKPOINT_BYTES,
     ) -> None:
         self.driver = driver
         self.store = store
         self.sealer = sealer
         self.registry = registry
         self.events = events
+        self.max_bytes = max_bytes
 
     # -- writing ----------------------------------------------------------------------
 
@@ -99,7 +104,7 @@ class RunProtocol(Generic[C, R]):
         """A pen on a segment of the run's log, new or continued at `next_seq` (None without a store)."""
         if self.store is None or self.sealer is None:
             return None
-        return Journal(self.store, self.sealer, run_id, segment, next_seq)
+        return Journal(self.store, self.sealer, run_id, segment, next_seq, max_bytes=self.max_bytes)
 
     def body(self, cur: C, recovered: dict[str, Any] | None = None, claim: str | None = None) -> dict[str, Any]:
         """The checkpoint body for the cursor as it stands."""
@@ -139,6 +144,7 @@ class RunProtocol(Generic[C, R]):
 
         Raises:
             CheckpointConflict: another worker saved this step first, or the run ended.
+            CheckpointTooLarge: the encoded checkpoint is over `max_bytes` (nothing is stored).
         """
         if self.store is None or self.sealer is None:
             cur.step = None
@@ -148,8 +154,11 @@ class RunProtocol(Generic[C, R]):
             cur.journal = self.journal(cur.run_id, segment)
         assert cur.journal is not None
         body = self.body(cur, recovered, claim)
-        row = self.sealer.seal_checkpoint(
-            cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), body
+        payload = canonical(body)
+        if len(payload) > self.max_bytes:
+            raise CheckpointTooLarge(too_large(cur.run_id, step, body, len(payload), self.max_bytes))
+        row = self.sealer.seal_encoded_checkpoint(
+            cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload
         )
         await cur.journal.save(step, row)  # with a held ``done`` record, if the step left one
         cur.step = step

@@ -18,7 +18,7 @@ from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._executor import Executor
 from agentflow.exec._run_keys import sealer_for
-from agentflow.exec._run_protocol import Head, RunProtocol
+from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol
@@ -43,6 +43,7 @@ class FlowRunner:
         checkpoints: CheckpointStore | None = None,
         checkpoint_key: bytes | Sequence[bytes] | None = None,
         recover_concurrency: int = 8,
+        max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES,
     ) -> None:
         """Build a runner.
 
@@ -52,6 +53,9 @@ class FlowRunner:
             checkpoint_key: the signing key (32+ bytes), or a list for rotation (newest
                 first). Required with any store but the memory one.
             recover_concurrency: how many runs `recover_all` recovers at once.
+            max_checkpoint_bytes: the largest checkpoint (encoded) a run may save; a bigger
+                one raises `CheckpointTooLarge` and nothing is stored. A tool result over it
+                is not stored either: its call is then in doubt (``unrecordable``).
 
         Raises:
             ValueError, TypeError: a missing or short key.
@@ -61,6 +65,9 @@ class FlowRunner:
         self.checkpoints = checkpoints
         self.sealer = sealer_for(checkpoints, checkpoint_key)
         self.recover_concurrency = recover_concurrency
+        if max_checkpoint_bytes < 1024:
+            raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
+        self.max_checkpoint_bytes = max_checkpoint_bytes
 
     def protocol(self, flow: Flow[Any]) -> FlowProtocol:
         """The run protocol for runs of `flow` on this runner's store.
@@ -70,7 +77,9 @@ class FlowRunner:
         """
         flow.validate(self.executor.registry)
         driver = FlowDriver(flow, self.executor)
-        return RunProtocol(driver, self.checkpoints, self.sealer, self.executor.registry, self.events)
+        return RunProtocol(
+            driver, self.checkpoints, self.sealer, self.executor.registry, self.events, self.max_checkpoint_bytes
+        )
 
     async def run(
         self,
