@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _kit.stores import child_env
@@ -44,7 +45,7 @@ class Kit:
             *args,
         ]
 
-    def __call__(self, action: str, *args: str) -> dict | None:
+    def __call__(self, action: str, *args: str) -> dict[str, Any] | None:
         """Run one worker to its end; None if it was killed."""
         proc = subprocess.run(
             self.command(action, *args), capture_output=True, text=True, timeout=60, cwd=HERE, env=child_env()
@@ -52,7 +53,8 @@ class Kit:
         if proc.returncode == -signal.SIGKILL:
             return None
         assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return report
 
     def start(self, runs: int) -> None:
         out = self("start", "--runs", str(runs))

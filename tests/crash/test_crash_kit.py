@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _kit.stores import child_env, setups
@@ -22,7 +23,7 @@ from crashkit import POINTS
 HERE = Path(__file__).parent
 
 
-def worker(store: str, ledger: Path, run_id: str, action: str, crash: str | None = None) -> dict | None:
+def worker(store: str, ledger: Path, run_id: str, action: str, crash: str | None = None) -> dict[str, Any] | None:
     cmd = [sys.executable, str(HERE / "crashkit.py"), "--store", store, "--ledger", str(ledger)]
     cmd += ["--run-id", run_id, "--action", action]
     if crash:
@@ -31,10 +32,11 @@ def worker(store: str, ledger: Path, run_id: str, action: str, crash: str | None
     if proc.returncode == -signal.SIGKILL:
         return None
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report
 
 
-def recover_until_done(store: str, ledger: Path, run_id: str) -> tuple[dict, list[list[str]]]:
+def recover_until_done(store: str, ledger: Path, run_id: str) -> tuple[dict[str, Any], list[list[str]]]:
     """Recover as an operator would: on a decision, check and rerun the calls in doubt."""
     decisions: list[list[str]] = []
     outcome = worker(store, ledger, run_id, "recover")
@@ -68,7 +70,9 @@ def doubted(crash: str) -> str | None:
     return tool if in_doubt and tool in NON_IDEMPOTENT else None
 
 
-def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, decisions: list) -> None:
+def check_invariants(
+    crash: str, ledger: Ledger, run_id: str, outcome: dict[str, Any], decisions: list[list[str]]
+) -> None:
     point, _, tool = crash.partition(":")
     assert outcome["outcome"] == "done", outcome
     assert outcome["sent"] == "mailed Hamlet"
@@ -88,24 +92,25 @@ def check_invariants(crash: str, ledger: Ledger, run_id: str, outcome: dict, dec
 
 
 def check_boundary(store: str, tmp_path: Path, crash: str) -> None:
-    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger_path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(ledger_path)
     # When the worker is SIGKILLed at the boundary
-    first = worker(store, ledger.path, "order-1", "run", crash)
+    first = worker(store, ledger_path, "order-1", "run", crash)
     assert first is None, f"the worker should have been killed at {crash}, got {first}"
     if crash == "in_save:0":
         # Then step 0 was never stored: there is no run to recover, and nothing ran
-        outcome = worker(store, ledger.path, "order-1", "recover")
+        outcome = worker(store, ledger_path, "order-1", "recover")
         assert outcome is not None and outcome["error"] == "CheckpointNotFound"
         assert ledger.counts() == {}
         return
     if crash == "after_done:email_tickets":
         # Then (the last `done` went with the final checkpoint) the run had ended: nothing to recover
-        outcome = worker(store, ledger.path, "order-1", "recover")
+        outcome = worker(store, ledger_path, "order-1", "recover")
         assert outcome is not None and outcome["error"] == "CheckpointConflict" and "ended" in outcome["message"]
         assert ledger.counts("order-1") == {t: 1 for t in TOOLS}
         return
     # Then a new worker process recovers it to the end with the invariants intact
-    outcome, decisions = recover_until_done(store, ledger.path, "order-1")
+    outcome, decisions = recover_until_done(store, ledger_path, "order-1")
     check_invariants(crash, ledger, "order-1", outcome, decisions)
 
 
@@ -129,17 +134,18 @@ def test_server_store_worker_killed_at_each_boundary_recovers(shared_spec: str, 
 def test_random_kills_over_many_runs_keep_the_invariants(tmp_path: Path) -> None:
     # Given many runs, each killed at a random boundary (seeded, so a failure reproduces)
     rng = random.Random(20261129)
-    store, ledger = f"sqlite:{tmp_path / 'runs.db'}", Ledger(tmp_path / "ledger.jsonl")
+    ledger_path = tmp_path / "ledger.jsonl"
+    store, ledger = f"sqlite:{tmp_path / 'runs.db'}", Ledger(ledger_path)
     cases = [c for c in crash_cases() if c != "in_save:0"]
     for i in range(12):
         crash = rng.choice(cases)
         run_id = f"order-r{i}"
-        assert worker(store, ledger.path, run_id, "run", crash) is None
+        assert worker(store, ledger_path, run_id, "run", crash) is None
         # When a worker may itself be killed during recovery (a second crash, sometimes)
         if rng.random() < 0.4:
             second = rng.choice(["between:3", "between:4", "in_save:4", "after_done:email_tickets"])
-            worker(store, ledger.path, run_id, "recover_rerun", second)
-        outcome, decisions = recover_until_done(store, ledger.path, run_id)
+            worker(store, ledger_path, run_id, "recover_rerun", second)
+        outcome, decisions = recover_until_done(store, ledger_path, run_id)
         # Then every run finishes and no finished call ran twice without a decision
         assert outcome["outcome"] in ("done", "error"), outcome
         if outcome["outcome"] == "error":

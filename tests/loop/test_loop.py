@@ -231,7 +231,11 @@ async def test_history_is_checkpointed_after_each_model_reply_and_after_the_tool
 
 async def test_several_tool_calls_in_one_reply_all_run_and_come_back_in_order(store):
     # Given a reply asking for three calls (the first one is the slowest)
-    calls = [("a", "weather", {"city": "Oslo"}), ("b", "weather", {"city": "Rome"}), BOOK]
+    calls: list[tuple[str, str, dict[str, Any]]] = [
+        ("a", "weather", {"city": "Oslo"}),
+        ("b", "weather", {"city": "Rome"}),
+        BOOK,
+    ]
     model = ScriptedModel([ask(*calls), answer("Done.")])
     # When the loop runs
     result = await run(model, store)
@@ -689,7 +693,7 @@ async def test_a_resume_that_reads_the_log_after_a_rival_resume_took_the_loop_is
     with pytest.raises(CheckpointConflict, match="resumed by another worker"):
         await run_tool_loop(
             ScriptedModel([]), REGISTRY, run_id="chat-1", checkpoints=slow, checkpoint_key=KEY, approve=True
-        )  # type: ignore[arg-type]
+        )
     assert LEDGER.counts() == {"pay": 1}
 
 

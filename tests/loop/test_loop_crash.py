@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _kit.stores import child_env, setups
@@ -31,7 +32,9 @@ class Worker:
         self.store = store
         self.ledger = Ledger(tmp_path / "ledger.jsonl")
 
-    def __call__(self, run_id: str, action: str, crash: str | None = None, approver: bool = False) -> dict | None:
+    def __call__(
+        self, run_id: str, action: str, crash: str | None = None, approver: bool = False
+    ) -> dict[str, Any] | None:
         """Run one worker; None if it was killed."""
         cmd = [sys.executable, str(HERE / "loopkit.py"), "--db", str(self.db), "--ledger", str(self.ledger.path)]
         cmd += ["--run-id", run_id, "--action", action]
@@ -45,9 +48,10 @@ class Worker:
         if proc.returncode == -signal.SIGKILL:
             return None
         assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return report
 
-    def recover_until_done(self, run_id: str, approver: bool = False) -> tuple[dict, list[list[str]]]:
+    def recover_until_done(self, run_id: str, approver: bool = False) -> tuple[dict[str, Any], list[list[str]]]:
         """Recover as an operator would: on a decision, check the calls and rerun them."""
         decisions: list[list[str]] = []
         out = self(run_id, "recover", approver=approver)
@@ -85,7 +89,7 @@ def in_doubt(crash: str) -> str | None:
     return None
 
 
-def check_finished(worker: Worker, run_id: str, crash: str, out: dict, decisions: list) -> None:
+def check_finished(worker: Worker, run_id: str, crash: str, out: dict[str, Any], decisions: list[list[str]]) -> None:
     point, _, tool = crash.partition(":")
     assert out["outcome"] == "done", out
     assert out["messages"] == EXPECTED_HISTORY
