@@ -9,6 +9,7 @@ at which one is stored without the other. Any other call's ``done`` is stored at
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 
 import pytest
 from pydantic import BaseModel
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from agentflow import Call, Executor, Flow, FlowRunner, Registry
 from agentflow.exec._durable import Journal
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints import CheckpointConflict, MemoryCheckpointStore
+from agentflow.exec.checkpoints import CheckpointConflict, MemoryCheckpointStore, SealedCall, SealedCheckpoint
 
 registry = Registry()
 
@@ -38,15 +39,17 @@ class Recording(MemoryCheckpointStore):
         super().__init__()
         self.writes: list[str] = []
 
-    async def record_call(self, run_id, record):  # type: ignore[no-untyped-def]
+    async def record_call(self, run_id: str, record: SealedCall) -> None:
         await super().record_call(run_id, record)
         self.writes.append(f"record:{record.kind}")
 
-    async def save(self, run_id, step, checkpoint):  # type: ignore[no-untyped-def]
+    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         await super().save(run_id, step, checkpoint)
         self.writes.append(f"save:{step}")
 
-    async def save_after_calls(self, run_id, step, checkpoint, calls):  # type: ignore[no-untyped-def]
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
         await super().save_after_calls(run_id, step, checkpoint, calls)
         self.writes.append(f"both:{','.join(c.kind for c in calls)}:{step}")
 

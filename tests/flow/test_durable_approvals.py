@@ -6,13 +6,14 @@ Every test runs on every store set-up (`_kit.stores`).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from _kit.faults import body, meet
 from _kit.tickets import ORDER, REFUNDS, TICKETS, WIRES, Crash, Refund
 from _kit.workers import Workers, faulty
 
-from agentflow import IdentityMismatch, RunContext
+from agentflow import Flow, IdentityMismatch, RunContext
 from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision
 from agentflow.flow import RunResult
 
@@ -20,7 +21,7 @@ BIG = Refund(amount=500)
 SMALL = Refund(amount=50)
 
 
-async def paused_refund(workers: Workers, run_id: str = "refund-1", ctx: RunContext | None = None) -> RunResult:
+async def paused_refund(workers: Workers, run_id: str = "refund-1", ctx: RunContext | None = None) -> RunResult[Refund]:
     result = await workers.runner().run(REFUNDS, BIG, run_id=run_id, ctx=ctx)
     assert result.status == "paused"
     return result
@@ -142,6 +143,7 @@ async def test_denial_without_on_deny_fails_the_run_with_approval_denied(workers
 @pytest.mark.parametrize("state", ["done", "running", "resumed"])
 async def test_resume_of_a_run_that_is_not_paused_is_a_conflict(workers, state):
     # Given a run that is not paused: finished, crashed while running, or paused and already resumed
+    flow: Flow[Any]
     if state == "done":
         flow = TICKETS
         await workers.runner().run(TICKETS, ORDER, run_id="run-1")

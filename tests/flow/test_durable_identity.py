@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 from _kit.faults import body
-from _kit.tickets import AUDITED, ORDER, REFUNDS, TICKETS, Crash, Refund
+from _kit.tickets import AUDITED, ORDER, REFUNDS, TICKETS, Crash, Order, Refund
 from _kit.workers import Workers, faulty
 
-from agentflow import IdentityMismatch, RunContext
+from agentflow import Flow, IdentityMismatch, RunContext
 from agentflow.exec._durable_seal import canonical
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt
 from agentflow.flow import RunResult
@@ -22,7 +22,9 @@ PRINCIPAL = "tok-3f9a-very-secret-principal"
 ALICE_WITH_TOKEN = RunContext(user="alice", thread="thread-1", principal=PRINCIPAL)
 
 
-async def crashed(workers: Workers, run_id: str, ctx: RunContext | None, *, flow=TICKETS, before_save: int = 2) -> None:
+async def crashed(
+    workers: Workers, run_id: str, ctx: RunContext | None, *, flow: Flow[Order] = TICKETS, before_save: int = 2
+) -> None:
     first = workers.runner()
     faulty(first).crash("save", step=before_save)
     with pytest.raises(Crash):

@@ -10,6 +10,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _kit.faults import body, meet
@@ -230,7 +231,7 @@ print(json.dumps(asyncio.run(race(*sys.argv[1:]))), flush=True)
 
 
 @pytest.mark.parametrize("store_setup", setups(*SHARED_SETUPS), indirect=True)
-async def test_two_processes_recovering_one_run_exactly_one_wins(store_setup: StoreSetup, tmp_path):
+async def test_two_processes_recovering_one_run_exactly_one_wins(store_setup: StoreSetup, tmp_path: Path) -> None:
     # Given a run that crashed in this process, in storage other processes can open
     workers = Workers(store_setup)
     await crashed_tickets(workers, "order-1")

@@ -348,7 +348,7 @@ async def test_idempotency_key_is_the_same_on_the_first_run_and_after_recovery(w
 # -- keys --------------------------------------------------------------------------------
 
 
-async def test_sqlite_store_without_a_key_is_refused_at_construction(tmp_path: Path):
+async def test_sqlite_store_without_a_key_is_refused_at_construction(tmp_path: Path) -> None:
     # Given an SQLite store, shared with other processes
     store = SQLiteCheckpointStore(tmp_path / "runs.db")
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from _kit.faults import body
@@ -17,7 +19,7 @@ from _kit.tickets import KEY, ORDER, OTHER_KEY, TICKETS, Crash
 from _kit.workers import Workers, faulty
 
 from agentflow.exec._durable_seal import Sealer, canonical
-from agentflow.exec.checkpoints import CheckpointStoreCorrupt
+from agentflow.exec.checkpoints import CheckpointStoreCorrupt, SealedCall
 
 
 async def crashed(workers: Workers, run_id: str = "order-1") -> None:
@@ -39,7 +41,7 @@ async def refused(workers: Workers, run_id: str = "order-1", *, key: bytes = KEY
     return caught.value
 
 
-def reencoded(row, change) -> bytes:
+def reencoded(row: SealedCall, change: Callable[[dict[str, Any]], object]) -> bytes:
     decoded = body(row)
     change(decoded)
     return canonical(decoded)
