@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from store_kit import Opened, StoreFactory
 
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
 
@@ -25,29 +25,6 @@ def backend_class(module: str, name: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class StoreFactory:
-    """Opens stores over one set-up's backing storage (every call sees the same data)."""
-
-    name: str
-    """The set-up's name, e.g. ``sqlite`` or ``sqlalchemy-pg``."""
-    make: Callable[[], CheckpointStore]
-    """Builds a new store object over the backing storage."""
-    spec: dict[str, Any] | None
-    """How `race_worker.py` opens the same storage in another process; None for in-process set-ups."""
-    opened: list[CheckpointStore] = field(default_factory=list)
-    """Every store handed out, closed when the test ends."""
-
-    async def __call__(self) -> CheckpointStore:
-        store = self.make()
-        self.opened.append(store)
-        return store
-
-
-#: What a set-up yields: how to make a store, and the spec `race_worker.py` opens it from (or None).
-Opened = tuple[Callable[[], CheckpointStore], dict[str, Any] | None]
 
 
 @asynccontextmanager

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from store_kit import StoreFactory
 
 from agentflow.exec.checkpoints import (
     CheckpointStore,
@@ -175,7 +176,7 @@ SHARED = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("store_factory", SHARED, indirect=True)
-async def test_processes_race_for_one_step(store_factory) -> None:
+async def test_processes_race_for_one_step(store_factory: StoreFactory) -> None:
     assert store_factory.spec is not None
     # Given a run at step 0 and four processes connected to the same store
     store = await store_factory()

@@ -542,7 +542,9 @@ async def test_a_server_that_never_answers_gives_a_clear_error_at_the_deadline()
 
 
 @pytest.mark.redis
-async def test_from_url_makes_a_working_store_and_refuses_other_urls(redis_url: str, unique_prefix) -> None:
+async def test_from_url_makes_a_working_store_and_refuses_other_urls(
+    redis_url: str, unique_prefix: Callable[[], str]
+) -> None:
     # Given a store made from a URL
     prefix = unique_prefix()
     s = RedisCheckpointStore.from_url(redis_url, prefix=prefix, ttl_s=60)

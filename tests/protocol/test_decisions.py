@@ -6,8 +6,9 @@ entry point (`FlowRunner.resume`; `run_tool_loop` with the run id, and `decide_t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,7 +69,7 @@ async def paused_loop(store: CheckpointStore) -> Paused:
 
 
 @pytest.fixture(params=["flow", "loop"])
-async def paused(request, tmp_path) -> Paused:
+async def paused(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Paused]:
     store = SQLiteCheckpointStore(tmp_path / "runs.db")
     made = await (paused_flow if request.param == "flow" else paused_loop)(store)
     yield made

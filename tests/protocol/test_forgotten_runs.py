@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 from _kit.faults import FaultyStore
 from _kit.stores import StoreSetup
-from _kit.tickets import KEY, ORDER, TICKETS, Crash, make_tickets
+from _kit.tickets import KEY, ORDER, TICKETS, Crash, Tickets, make_tickets
 
 from agentflow import Executor, FlowRunner
 from agentflow._events import Event
@@ -23,7 +23,7 @@ from agentflow.exec._run_read import read_all
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt
 
 
-async def stranded(setup: StoreSetup, run_id: str = "order-1"):
+async def stranded(setup: StoreSetup, run_id: str = "order-1") -> Tickets:
     """A run stranded in `pay` (charge_card never started), then dropped from the listing index."""
     tickets = make_tickets()
     store = FaultyStore(setup.open())
@@ -64,6 +64,7 @@ async def test_recover_all_with_sweep_lists_a_forgotten_run_again_and_recovers_i
     outcomes = await runner.recover_all(TICKETS, sweep=True)
     # Then the run was found from its rows, listed again and recovered to the end
     assert list(outcomes) == ["order-1"]
+    assert not isinstance(outcomes["order-1"], BaseException), outcomes["order-1"]
     assert outcomes["order-1"].status == "done"
     assert [e.data["relisted"] for e in seen if e.name == "run.unlisted"] == [True]
     assert tickets.counts() == {"charge_card": 1, "email_tickets": 1}
