@@ -20,12 +20,14 @@ SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|KEYS?$|BASIC_AUTH|REQUIREPASS",
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return loaded
 
 
 @pytest.fixture(scope="module")
-def services(compose) -> dict[str, dict[str, Any]]:
-    return compose["services"]
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = compose["services"]
+    return found
 
 
 @pytest.fixture(scope="module")

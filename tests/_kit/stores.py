@@ -249,7 +249,7 @@ def _sqlite_runner(path: Path) -> Callable[[str, Sequence[Any]], Any]:
 
 def _postgres_runner(dsn: str) -> Callable[[str, Sequence[Any]], Any]:
     async def run(sql: str, params: Sequence[Any]) -> tuple[int, list[tuple[Any, ...]]]:
-        import asyncpg  # type: ignore[import-untyped]
+        import asyncpg
 
         parts = sql.split("?")
         numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
