@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from agentflow._app import FlowApp
-from agentflow._display import short
+from agentflow._display import printable, short
 from agentflow._errors import (
     AgentflowError,
     CheckpointConflict,
@@ -24,7 +24,7 @@ from agentflow._run_types import RunKind
 from agentflow.cli import _errors
 from agentflow.cli._apps import import_app
 from agentflow.cli._target import open_target, store_options
-from agentflow.cli._text import paint, table
+from agentflow.cli._text import echo, paint, table
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._runner import FlowRunner
@@ -66,7 +66,7 @@ async def _recover_each(runner: FlowRunner, flow: Flow[Any], rerun: bool) -> dic
     outcomes: dict[str, tuple[str, str]] = {}
     if not run_ids:
         return outcomes
-    label = f"recovering {len(run_ids)} run(s) of {flow.name}"
+    label = f"recovering {len(run_ids)} run(s) of {printable(flow.name)}"
     with click.progressbar(run_ids, label=label, file=sys.stderr) as bar:
         for run_id in bar:
             try:
@@ -88,13 +88,14 @@ def recover(store_url: str, key_env: str, flow_name: str, app_path: str, rerun_i
     runner = app.runner(target.store, target.keys)
     outcomes = target.run(lambda: _recover_each(runner, flow, rerun_in_doubt))
     if not outcomes:
-        click.echo(f"no unfinished runs of flow {flow_name!r}")
+        echo(f"no unfinished runs of flow {flow_name!r}")
         return
     rows = [[run_id, what, short(detail, 100)] for run_id, (what, detail) in outcomes.items()]
-    click.echo(table(["run", "outcome", "detail"], rows, colour=1))
+    echo(table(["run", "outcome", "detail"], rows, colour=1))
     if any(what == "needs a decision" for what, _ in outcomes.values()):
-        click.echo(
-            f"check the calls in doubt at their system, then: agentflow recover {flow_name} --rerun-in-doubt ..."
+        echo(
+            f"check the calls in doubt at their system, then: agentflow recover {printable(flow_name)} "
+            "--rerun-in-doubt ..."
         )
     stuck = [run_id for run_id, (what, _) in outcomes.items() if what not in FINE]
     if stuck:
@@ -130,10 +131,10 @@ def resume(store_url: str, key_env: str, run_id: str, app_path: str, approve: bo
     runner = app.runner(target.store, target.keys)
     result = target.run(lambda: _resume(runner, app, run_id, approve, note))
     decided = "approved" if approve else "denied"
-    click.echo(f"run {run_id}: {decided}; now {paint(str(result.status))} at step {result.step}")
+    echo(f"run {printable(run_id)}: {decided}; now {paint(str(result.status))} at step {result.step}")
     if result.status == "paused":
-        click.echo("waiting again for: " + ", ".join(f"{p.tool} ({p.call_id})" for p in result.pending))
+        echo("waiting again for: " + printable(", ".join(f"{p.tool} ({p.call_id})" for p in result.pending)))
     if result.status == "failed" and approve:
         raise _errors.ProblemsFound(f"run {run_id!r} failed: {result.error}")
     if result.status == "failed":
-        click.echo(f"the flow ended the run on the denial: {result.error}")
+        echo(f"the flow ended the run on the denial: {printable(result.error or '')}")

@@ -8,7 +8,7 @@ from agentflow._display import short, when
 from agentflow.cli import _errors
 from agentflow.cli._show import corrupt_text, run_text
 from agentflow.cli._target import open_target, store_options
-from agentflow.cli._text import table
+from agentflow.cli._text import echo, table
 from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs
 from agentflow.exec._run_view import CORRUPT, STATUSES, RunReport
 
@@ -19,7 +19,7 @@ def runs() -> None:
 
 
 def list_row(report: RunReport) -> list[str]:
-    """One line of the listing; a corrupt run shows its reason and nothing read from it."""
+    """One line of the listing; a corrupt run shows its reason and nothing read from it (`table` escapes each cell)."""
     if report.corrupt:
         return [report.run_id, "-", CORRUPT, "-", "-", "CORRUPT: " + short(report.problems[0], 100)]
     marks = ", ".join(report.marks)
@@ -40,11 +40,11 @@ def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None
         raise _errors.CliError(wrong)
     shown = [rep for rep in reports if rep.has_status(status)]
     if not shown:
-        click.echo("no runs" + (" match" if flow or status else " in this store"))
+        echo("no runs" + (" match" if flow or status else " in this store"))
         return
     headers = ["run", "flow", "status", "step", "updated", "marks"]
-    click.echo(table(headers, [list_row(rep) for rep in shown], colour=2))
-    click.echo(f"{len(shown)} run(s)")
+    echo(table(headers, [list_row(rep) for rep in shown], colour=2))
+    echo(f"{len(shown)} run(s)")
 
 
 @runs.command("show")
@@ -58,6 +58,6 @@ def show_run(store_url: str, key_env: str, run_id: str) -> None:
     if wrong:
         raise _errors.CliError(wrong)
     if report.corrupt:
-        click.echo(corrupt_text(report))
+        echo(corrupt_text(report))
         raise _errors.ProblemsFound(f"run {run_id!r} has rows that fail their check")
-    click.echo(run_text(report))
+    echo(run_text(report))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
+from agentflow._display import printable
 from agentflow.cli import _errors
 from agentflow.cli._target import open_target, store_options
-from agentflow.cli._text import paint
+from agentflow.cli._text import echo, paint
 from agentflow.exec._run_read import read_all, read_run
 from agentflow.exec._run_view import RunReport
 
@@ -32,13 +33,13 @@ def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> Non
     bad = [rep for rep in reports if rep.corrupt]
     for rep in bad:
         for problem in rep.problems:
-            click.echo(f"{paint('CORRUPT')} {rep.run_id}: {problem}")
+            echo(f"{paint('CORRUPT')} {printable(rep.run_id)}: {printable(problem)}")
     if bad:
         hint = target.wrong_key(bad)
         raise _errors.ProblemsFound(hint or f"{len(bad)} of {len(reports)} run(s) have rows that fail their check")
     checkpoints = sum(len(rep.checkpoints) for rep in reports)
     records = sum(rep.records for rep in reports)
-    click.echo(
+    echo(
         f"{paint('ok', 'done')}: {len(reports)} run(s), {checkpoints} checkpoints and {records} call records; "
         "every signature and number checks"
     )

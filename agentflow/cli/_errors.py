@@ -1,5 +1,8 @@
 """User mistakes become one line on stderr and an exit code, never a traceback.
 
+Messages are one line with every control character escaped (`printable`): what they quote
+from a store cannot reach the terminal as a control sequence.
+
 Exit codes: 0 all is well; 1 the command ran and found something wrong (a corrupt row, a
 run that could not be recovered, a run that failed); 2 the command could not do its work
 (a bad argument, store URL, key or ``--app``, an unknown run or flow, an unreachable server).
@@ -13,6 +16,7 @@ from typing import IO, Any, TypeVar
 
 import click
 
+from agentflow._display import printable
 from agentflow._errors import (
     AgentflowError,
     CheckpointConflict,
@@ -35,7 +39,8 @@ class CliError(click.ClickException):
     exit_code = CANNOT
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        # One line, whatever the message quotes from a store (run ids, errors) or a server.
+        super().__init__(printable(" ".join(message.split())))
 
     def show(self, file: IO[Any] | None = None) -> None:
         """Print ``agentflow: <message>`` on stderr."""

@@ -1,10 +1,15 @@
-"""The text of ``agentflow runs show``: history, segments, calls, recoveries, approvals, state."""
+"""The text of ``agentflow runs show``: history, segments, calls, recoveries, approvals, state.
+
+Every string of the report comes from the store: each is written through `printable` (the
+tables and `paint` do it for their cells), so none can break a line or reach the terminal
+as a control sequence. The state is JSON, whose strings escape their control characters.
+"""
 
 from __future__ import annotations
 
 import json
 
-from agentflow._display import short, when
+from agentflow._display import printable, short, when
 from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
 from agentflow.exec._run_view import RunReport
@@ -20,9 +25,11 @@ def _indent(block: str) -> list[str]:
 
 def corrupt_text(report: RunReport) -> str:
     """A run with rows that failed their check: the problems and each row's result, no data."""
-    lines = [f"run {report.run_id}   {paint('CORRUPT')}: rows failed their check; nothing of this run is shown"]
+    lines = [
+        f"run {printable(report.run_id)}   {paint('CORRUPT')}: rows failed their check; nothing of this run is shown"
+    ]
     lines += _heading("Problems")
-    lines += [f"  - {problem}" for problem in report.problems]
+    lines += [f"  - {printable(problem)}" for problem in report.problems]
     lines += _heading("Checkpoints")
     rows = [[str(c.step), "CORRUPT" if c.problem else "checks"] for c in report.checkpoints]
     lines += _indent(table(["step", "check"], rows, colour=1))
@@ -47,8 +54,9 @@ def _segments(report: RunReport) -> list[str]:
             "resume": "claimed it (resume)",
             "handoff": "took it over (the next superstep)",
         }
+        began = how.get(seg.how, printable(seg.how))
         lines.append(
-            f"  segment {seg.segment}: {how.get(seg.how, seg.how)} at step {seg.first_step}, held it to step "
+            f"  segment {seg.segment}: {began} at step {seg.first_step}, held it to step "
             f"{seg.last_step} ({when(seg.since)} to {when(seg.until)}), {seg.records} call records"
         )
     return lines
@@ -70,9 +78,9 @@ def _recoveries(report: RunReport) -> list[str]:
         return []
     lines = _heading("Recovered")
     for rec in report.recoveries:
-        replayed = ", ".join(rec.replayed) or "nothing"
-        rerun = ", ".join(rec.rerun) or "nothing"
-        lines.append(f"  {rec.how} (checkpoint {rec.step}): replayed {replayed}; rerun {rerun}")
+        replayed = printable(", ".join(rec.replayed)) or "nothing"
+        rerun = printable(", ".join(rec.rerun)) or "nothing"
+        lines.append(f"  {printable(rec.how)} (checkpoint {rec.step}): replayed {replayed}; rerun {rerun}")
     return lines
 
 
@@ -81,31 +89,38 @@ def _pending(report: RunReport) -> list[str]:
         return []
     lines = _heading("Waiting for approval")
     for p in report.pending:
-        lines.append(f"  {p.get('call_id')}: {p.get('tool')} {short(p.get('args'), 60)} (node {p.get('node')})")
+        call, tool, node = (printable(str(p.get(k))) for k in ("call_id", "tool", "node"))
+        lines.append(f"  {call}: {tool} {short(p.get('args'), 60)} (node {node})")
+    run_id = printable(report.run_id)
     if report.kind is RunKind.LOOP:
-        return [*lines, f"  decide with: run_tool_loop(..., run_id={report.run_id!r}, approve=True or False)"]
-    return [*lines, f"  decide with: agentflow resume {report.run_id} --app module:attr --approve|--deny"]
+        return [
+            *lines,
+            f"  decide with: run_tool_loop(..., run_id={printable(repr(report.run_id))}, approve=True or False)",
+        ]
+    return [*lines, f"  decide with: agentflow resume {run_id} --app module:attr --approve|--deny"]
 
 
 def run_text(report: RunReport) -> str:
     """The whole report of a run whose rows all checked."""
     ident = report.identity
     marks = ", ".join(paint(m) for m in report.marks) or "none"
+    run_id, flow = printable(report.run_id), printable(report.flow)
     lines = [
-        f"run {report.run_id}   flow {report.flow}   status {paint(report.status)}   step {report.step}   "
+        f"run {run_id}   flow {flow}   status {paint(report.status)}   step {report.step}   "
         f"updated {when(report.saved_at)}",
         f"marks: {marks}",
     ]
     if ident is not None:
         principal = "set" if ident.principal else "none"
-        lines.append(f"identity: user {ident.user or '-'}, thread {ident.thread or '-'}, principal: {principal}")
+        user, thread = printable(ident.user or "-"), printable(ident.thread or "-")
+        lines.append(f"identity: user {user}, thread {thread}, principal: {principal}")
     if report.error:
-        lines.append(f"error: {report.error}")
+        lines.append(f"error: {printable(report.error)}")
     if report.in_doubt:
-        tools = ", ".join(call.tool for call in report.in_doubt)
-        then = f"agentflow recover {report.flow} --app ... --rerun-in-doubt"
+        tools = printable(", ".join(call.tool for call in report.in_doubt))
+        then = f"agentflow recover {printable(report.flow)} --app ... --rerun-in-doubt"
         if report.kind is RunKind.LOOP:
-            then = f"recover_tool_loop(..., run_id={report.run_id!r}, rerun_in_doubt=True)"
+            then = f"recover_tool_loop(..., run_id={printable(repr(report.run_id))}, rerun_in_doubt=True)"
         lines.append(f"in doubt: {tools}; check at their system, then: {then}")
     lines += _history(report) + _segments(report) + _calls(report) + _recoveries(report) + _pending(report)
     lines += _heading(f"State (checkpoint {report.step})")
