@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -70,8 +71,10 @@ async def test_wal_mode_is_on(sqlite_store: SQLiteCheckpointStore, db_path: Path
 
 
 @pytest.mark.parametrize(("synchronous", "expected"), [("FULL", 2), ("NORMAL", 1)])
-async def test_connection_settings_are_applied(db_path: Path, synchronous: str, expected: int) -> None:
-    async with SQLiteCheckpointStore(db_path, busy_timeout_s=2.5, synchronous=synchronous) as store:  # type: ignore[arg-type]
+async def test_connection_settings_are_applied(
+    db_path: Path, synchronous: Literal["NORMAL", "FULL"], expected: int
+) -> None:
+    async with SQLiteCheckpointStore(db_path, busy_timeout_s=2.5, synchronous=synchronous) as store:
         # `_run` executes on the store's own connection: these pragmas are per connection.
         assert await store._run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == expected
         assert await store._run(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == 2500

@@ -18,6 +18,7 @@ from agentflow import Call, Executor, Flow, FlowRunner, Registry
 from agentflow.exec._durable import Journal
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointConflict, MemoryCheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.flow import NodeHandle
 
 registry = Registry()
 
@@ -74,7 +75,7 @@ async def test_a_lone_call_nodes_done_is_stored_with_the_checkpoint():
 
 async def test_a_function_nodes_done_is_stored_as_soon_as_its_call_returns():
     # Given a node function that calls the tool and then goes on working
-    async def pay(bill: Bill, handle) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    async def pay(bill: Bill, handle: NodeHandle) -> dict[str, object]:
         note = await handle.call("charge", amount=bill.amount)
         return {"note": note.upper()}
 
