@@ -1,7 +1,11 @@
-"""`create_app`: the viewer's routes, static files and shutdown.
+"""`create_app`: the viewer's routes, static files, request guards and shutdown.
 
 Pages read the store on every request and check every row they show, as
 ``agentflow runs show`` does (`agentflow.exec._run_read`). Nothing is cached.
+
+Before any route, a request passes two guards (`agentflow.viewer._hosts`): its ``Host``
+must be trusted (else 400), and forwarded headers rewrite its client address only when
+they come from a proxy the settings name.
 """
 
 from __future__ import annotations
@@ -10,9 +14,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from agentflow.viewer._hosts import HostCheck
 from agentflow.viewer._pages import list_page, run_page
 from agentflow.viewer._resume import resume_endpoint
 from agentflow.viewer._settings import Viewer, ViewerSettings
@@ -21,7 +28,12 @@ __all__ = ["ViewerSettings", "create_app"]
 
 
 def create_app(settings: ViewerSettings) -> Starlette:
-    """Build the viewer's ASGI app (serve it with any ASGI server; `serve` uses uvicorn)."""
+    """Build the viewer's ASGI app (serve it with any ASGI server; `serve` uses uvicorn).
+
+    Served by hand, give `ViewerSettings.port` (the loopback names are then trusted at that
+    port only) and turn the server's own proxy-header handling off: the app applies
+    `ViewerSettings.proxies` itself.
+    """
     viewer = Viewer(settings)
 
     @asynccontextmanager
@@ -36,4 +48,7 @@ def create_app(settings: ViewerSettings) -> Starlette:
         Route("/runs/{run_id:path}", run_page(viewer), name="run"),
         Mount("/static", StaticFiles(packages=[("agentflow.viewer", "static")]), name="static"),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(HostCheck, trusted=viewer.trusted)]
+    if settings.proxies:
+        middleware.append(Middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.proxies)))
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

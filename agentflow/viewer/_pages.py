@@ -3,58 +3,85 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from agentflow._errors import CheckpointError, CheckpointNotFound
-from agentflow.exec._run_read import read_run, read_runs, signed_with_other_keys
-from agentflow.exec._run_view import STATUSES, RunReport
+from agentflow.exec._run_read import UNKNOWN_KEY, RunHead, read_heads, read_run
+from agentflow.exec._run_view import STATUSES
 from agentflow.viewer._resume import action
-from agentflow.viewer._settings import Viewer
+from agentflow.viewer._settings import Viewer, root_of
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+#: How many pages back the list goes (the store hands over every run a page skips).
+MAX_PAGES: Final = 200
+#: What the page's counters sum up, in this order.
+COUNTED: Final = ("running", "paused", "done", "failed", "claimed", "corrupt")
 
-def _counts(reports: list[RunReport]) -> list[tuple[str, int]]:
-    """How many runs have each status and mark, in a fixed order, zeros left out."""
+
+def _counts(heads: Sequence[RunHead]) -> list[tuple[str, int]]:
+    """How many runs of the page have each status and mark, in a fixed order, zeros left out."""
     seen: Counter[str] = Counter()
-    for rep in reports:
-        seen.update({rep.status} if not rep.corrupt else set())
-        seen.update(set(rep.marks) - {rep.status})
-    order = ("running", "paused", "done", "failed", "in doubt", "recovered", "resumed", "corrupt")
-    return [(name, seen[name]) for name in order if seen[name]]
+    for head in heads:
+        seen.update(["corrupt"] if head.corrupt else [head.status])
+        seen.update(["claimed"] if head.claimed else [])
+    return [(name, seen[name]) for name in COUNTED if seen[name]]
+
+
+def _page_number(text: str | None) -> int:
+    """The ``?page=`` asked for, from 1 to `MAX_PAGES` (anything else is page 1)."""
+    try:
+        number = int(text or "1")
+    except ValueError:
+        return 1
+    return min(max(number, 1), MAX_PAGES)
+
+
+def _link(request: Request, flow: str | None, status: str | None, page: int) -> str:
+    query = urlencode([(k, v) for k, v in (("flow", flow), ("status", status), ("page", str(page))) if v])
+    return f"{root_of(request)}/?{query}"
 
 
 def list_page(viewer: Viewer) -> Endpoint:
-    """``/``: every run (newest first), filtered by ``?flow=`` and ``?status=``."""
+    """``/``: one page of runs (newest first, ``?page=``), filtered by ``?flow=`` and ``?status=``.
+
+    Each run is read as its latest checkpoint only (`read_heads`): the page costs the same
+    however long the runs are. The flow filter is the store's; the status filter narrows
+    the page.
+    """
 
     async def endpoint(request: Request) -> Response:
         flow = request.query_params.get("flow") or None
         status = request.query_params.get("status") or None
         if status is not None and status not in STATUSES:
             status = None
+        page = _page_number(request.query_params.get("page"))
         settings = viewer.settings
+        offset = (page - 1) * settings.limit
         try:
-            reports = await read_runs(settings.store, viewer.sealer, None, settings.limit)
+            heads = await read_heads(settings.store, viewer.sealer, flow, settings.limit + 1, offset)
         except CheckpointError as exc:
             return viewer.problem(request, 503, "The store cannot be read", str(exc))
-        flows = sorted({rep.flow for rep in reports if not rep.corrupt})
-        shown = [
-            rep
-            for rep in reports
-            if rep.has_status(status) and (flow is None or (not rep.corrupt and rep.flow == flow))
-        ]
+        more, heads = len(heads) > settings.limit, heads[: settings.limit]
+        known = set(settings.flows.flows) if settings.flows is not None else set()
+        flows = sorted(known | {h.flow for h in heads if not h.corrupt} | ({flow} if flow else set()))
         context = {
-            "runs": shown,
-            "total": len(reports),
-            "counts": _counts(reports),
+            "runs": [h for h in heads if h.has_status(status)],
+            "first": offset + 1,
+            "last": offset + len(heads),
+            "prev": _link(request, flow, status, page - 1) if page > 1 else None,
+            "next": _link(request, flow, status, page + 1) if more and page < MAX_PAGES else None,
+            "counts": _counts(heads),
             "flows": flows,
             "statuses": STATUSES,
             "flow": flow,
             "status": status,
-            "wrong_key": signed_with_other_keys(reports),
+            "wrong_key": bool(heads) and all(h.problem and UNKNOWN_KEY in h.problem for h in heads),
         }
         return viewer.page(request, "runs.html", context)
 
@@ -62,7 +89,7 @@ def list_page(viewer: Viewer) -> Endpoint:
 
 
 def run_page(viewer: Viewer) -> Endpoint:
-    """``/runs/{run_id}``: timeline, state, call log, recoveries, approvals."""
+    """``/runs/{run_id}``: timeline, state, call log, recoveries, approvals (every row checked)."""
 
     async def endpoint(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -72,10 +99,11 @@ def run_page(viewer: Viewer) -> Endpoint:
             return viewer.problem(request, 404, "No such run", f"The store holds no run {run_id!r}.")
         except CheckpointError as exc:
             return viewer.problem(request, 503, "The store cannot be read", str(exc), run_id)
+        resumed = request.query_params.get("resumed")
         context = {
             "run": report,
             "act": action(viewer, request, report),
-            "resumed": request.query_params.get("resumed"),
+            "resumed": resumed if resumed in ("approved", "denied") else None,
         }
         return viewer.page(request, "run.html", context)
 

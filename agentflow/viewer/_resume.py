@@ -2,8 +2,10 @@
 
 Rules, in the order the POST checks them:
 1. Who: with a token configured, the request must carry it (form field ``token``, header
-   ``X-Agentflow-Token`` or ``Authorization: Bearer``); without one, only a loopback client.
-2. Where from: a cross-site request is refused (``Origin`` must be this host; a browser's
+   ``X-Agentflow-Token`` or ``Authorization: Bearer``); without one, only a loopback client,
+   and nobody when proxies are configured (behind a proxy, loopback proves nothing).
+2. Where from: a cross-site request is refused (an ``Origin`` must be a trusted host of the
+   settings, never compared with the request's own ``Host``; a browser's
    ``Sec-Fetch-Site: cross-site`` is refused).
 3. What: the form's CSRF token is an HMAC of the run id and the step the page showed, under
    a secret of this process; the run must still be paused at that step.
@@ -74,6 +76,8 @@ def _client_refusal(viewer: Viewer, request: Request) -> str | None:
     """Why this client may not resume (a token, if configured, is checked on POST)."""
     if viewer.settings.token is not None:
         return None
+    if viewer.settings.proxies:
+        return "behind a proxy, approving needs the viewer's token (start the viewer with --token-env)"
     host = request.client.host if request.client else ""
     if host not in LOOPBACK:
         return "approving is allowed only from this machine (or start the viewer with --token-env)"
@@ -109,7 +113,7 @@ def _who_refusal(viewer: Viewer, request: Request, form: dict[str, str]) -> str 
         if refusal:
             return refusal
     origin = request.headers.get("origin")
-    if origin and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+    if origin is not None and not viewer.trusted.allows_origin(origin):
         return "the request comes from another site"
     if request.headers.get("sec-fetch-site") == "cross-site":
         return "the request comes from another site"
@@ -144,7 +148,7 @@ def resume_endpoint(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
         refusal = _run_refusal(viewer, report)
         if refusal:
             return viewer.problem(request, 409, "Cannot resume this run", refusal, run_id)
-        if not hmac.compare_digest(form.get("csrf", ""), csrf_token(viewer, run_id, report.step)):
+        if not hmac.compare_digest(form.get("csrf", "").encode(), csrf_token(viewer, run_id, report.step).encode()):
             why = "the page was out of date (the run moved on, or the viewer restarted): reload it and decide again"
             return viewer.problem(request, 409, "Stale page", why, run_id)
         return await _resume(viewer, request, report, form)

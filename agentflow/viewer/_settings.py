@@ -10,14 +10,16 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import jinja2
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from agentflow._app import FlowApp
-from agentflow._display import short, when
+from agentflow._display import printable, short, when
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.viewer._hosts import TrustedHosts, check_proxies, parse_entry
 
 #: Sent with every page: no framing, no inline or foreign scripts, forms post only here.
 SECURITY_HEADERS: Final = {
@@ -29,6 +31,14 @@ SECURITY_HEADERS: Final = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+#: The shortest token accepted: 22 URL-safe characters carry 16 random bytes.
+MIN_TOKEN_CHARS: Final = 22
+#: Fewer distinct characters than this in a token of 22 or more is no random token.
+MIN_TOKEN_DISTINCT: Final = 8
+#: The most runs one page of the list shows.
+MAX_LIMIT: Final = 1000
+#: The control characters a page may carry raw (HTML takes them as whitespace).
+_KEEP: Final = "\n\t"
 
 
 def root_of(request: Request) -> str:
@@ -36,9 +46,58 @@ def root_of(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-@dataclass(frozen=True)
+def visible(value: Any) -> Any:
+    r"""What a page shows of a value: control and bidi characters written as ``\x1b``, ``\u202e``.
+
+    The templates' `finalize`: it runs on every ``{{ ... }}`` before autoescaping, so no
+    string read from a store reaches the page with a raw control character (newline and
+    tab stay: in HTML they are only whitespace). The escapes are the CLI's
+    (`agentflow._display.printable`).
+    """
+    if isinstance(value, Markup):
+        return Markup(printable(str(value), keep=_KEEP))
+    if isinstance(value, str):
+        return printable(value, keep=_KEEP)
+    return value
+
+
+def token_problem(token: object) -> str | None:
+    """Why `token` is not a usable viewer token (never quoting it), or None."""
+    if not isinstance(token, str):
+        return f"it is a {type(token).__name__}, not a string"
+    if not token:
+        return "it is empty"
+    if any(c.isspace() or not c.isprintable() or not c.isascii() for c in token):
+        return "it holds whitespace, control or non-ASCII characters"
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"it is shorter than {MIN_TOKEN_CHARS} characters"
+    if len(set(token)) < MIN_TOKEN_DISTINCT:
+        return "it repeats too few distinct characters to have been made at random"
+    return None
+
+
+def check_token(token: object, what: str) -> None:
+    """Refuse a token too short or too plain to be guessed only by chance.
+
+    Raises:
+        ValueError: the token is unusable; the message names `what`, never the token.
+    """
+    why = token_problem(token)
+    if why:
+        raise ValueError(
+            f"{what} must hold a token of {MIN_TOKEN_CHARS} or more random characters (16 random bytes or more, "
+            f"as python -c 'import secrets; print(secrets.token_urlsafe(32))' makes): {why}"
+        )
+
+
+@dataclass(frozen=True, repr=False)
 class ViewerSettings:
-    """What the viewer serves and who may act through it."""
+    """What the viewer serves and who may act through it.
+
+    Checked when made: a bad token, host name or proxy address raises `ValueError`
+    naming the setting (never a token's value). Neither `repr` nor `str` shows the key
+    ring or the token.
+    """
 
     store: CheckpointStore
     """The store whose runs are shown."""
@@ -47,36 +106,81 @@ class ViewerSettings:
     flows: FlowApp | None = None
     """The app whose flows resume paused runs; None disables Approve and Deny."""
     token: str | None = None
-    """If set, resuming needs this token (from any address); if not, only loopback clients may resume."""
+    """If set, resuming needs this token (from any address); if not, only loopback clients may resume.
+
+    At least 22 random characters (16 random bytes); ``secrets.token_urlsafe(32)`` makes one."""
     label: str = ""
     """What the header names as the store (a URL without its password)."""
-    limit: int = 200
-    """How many runs the list reads, newest first."""
+    limit: int = 50
+    """How many runs one page of the list shows, newest first (each read as its latest checkpoint only)."""
     refresh_s: int = 5
     """Seconds between live refreshes."""
+    allowed_hosts: Sequence[str] = ()
+    """Host names browsers may reach the viewer by, besides ``127.0.0.1``, ``localhost`` and ``[::1]``.
+
+    ``name`` (any port) or ``name:port``; a request naming any other host gets a 400."""
+    port: int | None = None
+    """The port the viewer is served on: the loopback names are trusted only at it (None: at any port).
+
+    `serve` sets it; give it when you serve `create_app` yourself."""
+    proxies: Sequence[str] = ()
+    """Addresses (or networks) of reverse proxies whose ``X-Forwarded-For``/``-Proto`` are believed.
+
+    Empty (the default): nobody's. With proxies, approving needs the token."""
+
+    def __post_init__(self) -> None:
+        if self.token is not None:
+            check_token(self.token, "ViewerSettings.token")
+        for name in ("allowed_hosts", "proxies"):
+            if isinstance(getattr(self, name), str):
+                raise ValueError(f"ViewerSettings.{name}: give a list of strings, not one string")
+        for entry in self.allowed_hosts:
+            parse_entry(entry, "ViewerSettings.allowed_hosts")
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        object.__setattr__(self, "proxies", check_proxies(self.proxies, "ViewerSettings.proxies"))
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ValueError(f"ViewerSettings.port: {self.port} is not a TCP port")
+        if not 0 < self.limit <= MAX_LIMIT:
+            raise ValueError(f"ViewerSettings.limit: show 1 to {MAX_LIMIT} runs a page, not {self.limit}")
+        if self.refresh_s < 1:
+            raise ValueError(f"ViewerSettings.refresh_s: refresh every second or less often, not {self.refresh_s}")
+
+    def __repr__(self) -> str:
+        flows = None if self.flows is None else f"<FlowApp: {', '.join(sorted(self.flows.flows))}>"
+        return (
+            f"ViewerSettings(store=<{type(self.store).__name__}>, keys=<{len(self.keys)} hidden>, flows={flows}, "
+            f"token={'<hidden>' if self.token is not None else None}, label={self.label!r}, limit={self.limit}, "
+            f"refresh_s={self.refresh_s}, allowed_hosts={self.allowed_hosts!r}, port={self.port}, "
+            f"proxies={self.proxies!r})"
+        )
 
 
 class Viewer:
-    """What the pages share: the settings, a sealer, the templates and the CSRF secret."""
+    """What the pages share: the settings, a sealer, the trusted hosts, the templates and the CSRF secret."""
 
     def __init__(self, settings: ViewerSettings) -> None:
         self.settings = settings
         self.sealer = Sealer(list(settings.keys))
+        self.trusted = TrustedHosts.of(settings.allowed_hosts, settings.port)
         #: Signs the CSRF tokens of this process's forms (a restart makes open pages stale).
         self.csrf_secret = secrets.token_bytes(32)
         env = jinja2.Environment(
             loader=jinja2.PackageLoader("agentflow.viewer", "templates"),
             autoescape=jinja2.select_autoescape(["html"]),
             undefined=jinja2.StrictUndefined,
+            finalize=visible,
         )
         env.filters.update(
             when=when,
             short=lambda v, width=60: "" if v is None else short(v, width),
             pretty=lambda v: json.dumps(v, indent=2, sort_keys=True, default=str),
-            q=lambda v: quote(str(v), safe=""),
+            q=lambda v: quote(str(v), safe="", errors="replace"),
             cls=lambda v: str(v).replace(" ", "-").lower(),
         )
         self.templates = Jinja2Templates(env=env)
+
+    def __repr__(self) -> str:
+        return f"<Viewer of {self.settings!r}>"
 
     def page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
         """Render template `name` with the shared context and the security headers."""

@@ -32,12 +32,12 @@ def stored_status(db: Path, run_id: str) -> str:
 def test_the_list_marks_the_recovered_run(page, viewer_url, shots):
     # Given the demo's runs, one of which (order-2) was recovered after its worker was killed
     page.goto(viewer_url + "/")
-    # Then its row carries a visible "recovered" mark, and the other demo runs do not
+    # Then its row carries a visible "claimed" mark (read from its head alone), and the other demo runs do not
     row = page.locator("tr[data-run='order-2']")
-    expect(row.locator(".pill.recovered")).to_have_text("recovered")
+    expect(row.locator(".pill.claimed")).to_have_text("claimed")
     expect(row.locator(".status")).to_have_text("done")
-    expect(page.locator("tr[data-run='order-1'] .pill.recovered")).to_have_count(0)
-    expect(page.locator("tr[data-run='ship-1'] .pill.in-doubt")).to_have_text("in doubt")
+    expect(page.locator("tr[data-run='order-1'] .pill.claimed")).to_have_count(0)
+    expect(page.locator("tr[data-run='ship-1'] .status")).to_have_text("running")
     expect(page.locator("tr[data-run='refund-1'] .status")).to_have_text("paused")
     page.screenshot(path=shots / "01-runs-list.png", full_page=True)
 
@@ -81,8 +81,9 @@ def test_dismissing_the_confirmation_changes_nothing(page, viewer_url, db):
     assert stored_status(db, "refund-1") == "paused"
 
 
-def test_a_tampered_run_shows_as_corrupt_not_as_data(page, viewer_url, shots):
-    # Given tamper-1, one byte of whose checkpoint 1 was changed in the SQLite file
+def test_a_tampered_run_shows_as_corrupt_not_as_data(page, viewer_url, db, shots):
+    # Given tamper-1, one byte of whose checkpoints 1 and 2 (its head, which the list checks) was changed
+    runs_kit.tamper(db, "tamper-1", 2)
     page.goto(viewer_url + "/?status=corrupt")
     row = page.locator("tr[data-run='tamper-1']")
     expect(row.locator(".pill.corrupt")).to_have_text("corrupt")

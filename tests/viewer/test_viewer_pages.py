@@ -18,22 +18,34 @@ def row_of(html: str, run_id: str) -> str:
     return found.group(0)
 
 
-def test_the_list_shows_each_run_with_status_and_marks(local):
+def test_the_list_shows_each_run_with_status_and_marks(db, local):
+    # tamper-1's checkpoint 1 is changed; the list reads heads only, so change its head too
+    runs_kit.tamper(db, "tamper-1", 2)
     page = local.get("/")
     assert page.status_code == 200
     html = page.text
-    assert 'class="pill recovered">recovered' in row_of(html, "order-2")
-    assert "recovered" not in row_of(html, "order-1")
+    assert 'class="pill claimed"' in row_of(html, "order-2")  # its worker was killed, another claimed it
+    assert "claimed" not in row_of(html, "order-1")
     assert 'class="status paused">paused' in row_of(html, "refund-1")
-    assert 'class="pill in-doubt">in doubt' in row_of(html, "ship-1")
+    assert 'class="status running">running' in row_of(html, "ship-1")
     corrupt = row_of(html, "tamper-1")
     assert 'class="pill corrupt">corrupt' in corrupt and "signature does not match" in corrupt
     assert "shipping" not in corrupt
-    # the counts at the top
-    assert "1 recovered" in html and "1 corrupt" in html and "2 paused" in html
+    # the counts at the top (of this page)
+    assert "1 claimed" in html and "1 corrupt" in html and "2 paused" in html
+    # and where to see what a head does not say (a recovery, calls in doubt, older rows)
+    assert "checks each run's latest checkpoint only" in html
 
 
-def test_the_list_filters_by_flow_and_status(local):
+def test_a_run_whose_older_rows_were_changed_is_corrupt_on_its_page_not_in_the_list(local):
+    # Only tamper-1's checkpoint 1 is changed: its head checks, so the list shows it as done...
+    assert 'class="status done">done' in row_of(local.get("/").text, "tamper-1")
+    # ...and its own page, which checks every row, shows it as corrupt
+    assert "Rows of this run fail their check" in local.get("/runs/tamper-1").text
+
+
+def test_the_list_filters_by_flow_and_status(db, local):
+    runs_kit.tamper(db, "tamper-1", 2)
     by_flow = local.get("/?flow=refunds").text
     assert 'data-run="refund-1"' in by_flow and 'data-run="order-1"' not in by_flow
     by_status = local.get("/?status=done").text

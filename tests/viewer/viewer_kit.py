@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import uvicorn
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp
 from agentflow import FlowApp
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.viewer import ViewerSettings, create_app
+from agentflow.viewer._serve import UVICORN_OPTIONS
 
 
 def _load_kit() -> ModuleType:
@@ -43,6 +45,8 @@ def _load_kit() -> ModuleType:
 runs_kit = _load_kit()
 
 LOCAL = ("127.0.0.1", 50000)
+#: Where test clients send requests: a loopback name the viewer trusts (TestClient's own "testserver" is not).
+BASE = "http://127.0.0.1"
 TOKEN = "viewer-token-0123456789abcdef"
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
@@ -64,15 +68,20 @@ def make_app(
     token: str | None = None,
     key: bytes = runs_kit.KEY,
     refresh_s: int = 5,
+    **more: Any,
 ) -> Starlette:
+    """A viewer over `db`; `more` are further `ViewerSettings` (allowed_hosts, port, proxies, limit)."""
     store = SQLiteCheckpointStore(db)
-    settings = ViewerSettings(store, [key], flows=flows, token=token, label=f"sqlite:///{db}", refresh_s=refresh_s)
+    settings = ViewerSettings(
+        store, [key], flows=flows, token=token, label=f"sqlite:///{db}", refresh_s=refresh_s, **more
+    )
     return create_app(settings)
 
 
 @contextmanager
-def client_for(app: ASGIApp, client: tuple[str, int] = LOCAL) -> Iterator[TestClient]:
-    with TestClient(app, client=client, follow_redirects=False) as test_client:
+def client_for(app: ASGIApp, client: tuple[str, int] = LOCAL, base_url: str = BASE) -> Iterator[TestClient]:
+    """A test client that reaches the viewer as a browser on this machine would (``Host: 127.0.0.1``)."""
+    with TestClient(app, client=client, base_url=base_url, follow_redirects=False) as test_client:
         yield test_client
 
 
@@ -94,7 +103,7 @@ def served(app: ASGIApp) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **UVICORN_OPTIONS))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
