@@ -10,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from _kit.cluster import redis_cluster
 from _kit.stores import any_store, shared_spec, store_setup
 from _kit.workers import workers
 
-__all__ = ["any_store", "shared_spec", "store_setup", "workers"]  # the kit's fixtures, for every test
+__all__ = ["any_store", "redis_cluster", "shared_spec", "store_setup", "workers"]  # the kit's fixtures, for every test
 
 REDIS_URL = os.environ.get("AGENTFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("AGENTFLOW_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
