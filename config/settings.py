@@ -1,8 +1,12 @@
 """Settings of the runnable workers, from ``AGENTFLOW_*`` environment variables (or ``.env``).
 
-The checkpoint key has no default, in any setting: a missing or short
-``AGENTFLOW_CHECKPOINT_KEYS`` stops the worker at start with a message saying how to make
-one. (The demo's public key is the demo's own; these settings never fall back to it.)
+The checkpoint key has no default, in any setting: a missing, short, patterned (``"a" * 32``)
+or ambiguous (hex digits without ``hex:``) ``AGENTFLOW_CHECKPOINT_KEYS`` stops the worker at
+start with a message saying how to make one (`agentflow._keys.parse_keys`). The demo's public
+key is refused too: these settings are the production wiring, and never accept it.
+
+No secret shows in ``repr`` or ``str`` of the settings: the Redis URL (it may hold a
+password) and the keys are `SecretStr`.
 """
 
 from __future__ import annotations
@@ -12,14 +16,16 @@ from typing import Any
 from pydantic import SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agentflow._keys import parse_keys
+from agentflow._keys import MAKE_ONE, parse_keys
 from agentflow.celery import celery_config
 
 
 class Settings(BaseSettings):
     """Everything a worker, beat or Flower process needs to know."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENTFLOW_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTFLOW_", env_file=".env", extra="ignore", hide_input_in_errors=True
+    )
 
     app: str = "agentflow.demo.tickets:app"
     """Import path of the `FlowApp` (flows and tools) the workers run."""
@@ -55,12 +61,13 @@ class Settings(BaseSettings):
         """The checkpoint keys, newest first.
 
         Raises:
-            ValueError: no key, or a bad or short one.
+            ValueError: no key, or a malformed, short, patterned or ambiguous one, or the
+                demo's public key (the message never contains a key).
         """
         if self.checkpoint_keys is None:
             raise ValueError(
-                "AGENTFLOW_CHECKPOINT_KEYS is not set: give every worker the same secret of 32+ bytes, e.g. "
-                "hex:$(python -c 'import secrets; print(secrets.token_hex(32))')"
+                f"AGENTFLOW_CHECKPOINT_KEYS is not set: give every worker the same secret of 32+ random bytes; "
+                f"{MAKE_ONE}"
             )
         return parse_keys(self.checkpoint_keys.get_secret_value(), source="AGENTFLOW_CHECKPOINT_KEYS")
 

@@ -27,18 +27,27 @@ def url(db):
 
 
 class Agentflow:
-    """Runs the ``agentflow`` command in-process with the kit's key in the environment."""
+    """Runs the ``agentflow`` command in-process with the kit's key in the environment.
+
+    The kit's runs are signed with the demo's public key, so the demo key is allowed
+    (``AGENTFLOW_ALLOW_DEMO_KEY=1``) unless `env` says otherwise (``None`` unsets it).
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.runner = CliRunner()
 
     def __call__(
-        self, *args: str, key: str | None = runs_kit.KEY_TEXT, store: bool = True, env: Mapping[str, str] | None = None
+        self,
+        *args: str,
+        key: str | None = runs_kit.KEY_TEXT,
+        store: bool = True,
+        env: Mapping[str, str | None] | None = None,
     ) -> Result:
         environ: dict[str, str | None] = {
             "AGENTFLOW_CHECKPOINT_KEYS": key,
             "AGENTFLOW_STORE": self.url if store else None,
+            **runs_kit.ALLOW_DEMO_KEY,
         }
         environ.update(env or {})
         result = self.runner.invoke(cli, list(args), env=environ, catch_exceptions=False)

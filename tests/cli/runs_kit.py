@@ -35,6 +35,8 @@ from agentflow.exec.checkpoints import SQLiteCheckpointStore
 KEY = DEMO_KEY
 #: The key as the CLI reads it from the environment.
 KEY_TEXT = "hex:" + KEY.hex()
+#: The runs are signed with the demo's public key, which the CLI refuses unless told to take it.
+ALLOW_DEMO_KEY = {"AGENTFLOW_ALLOW_DEMO_KEY": "1"}
 #: The principal of refund-2: it must never be shown, nor its proof.
 PRINCIPAL = "principal-token-5ecret-do-not-show"
 #: What the tamper changed in tamper-1's checkpoint 1 (to ``berlin``).

@@ -104,7 +104,7 @@ def test_an_unreachable_server_is_one_line(agentflow, url):
 def test_the_installed_command_prints_no_traceback(url):
     # The real console script, in its own process
     script = Path(sys.executable).parent / "agentflow"
-    env = {"AGENTFLOW_CHECKPOINT_KEYS": runs_kit.KEY_TEXT, "PATH": "/usr/bin:/bin"}
+    env = {"AGENTFLOW_CHECKPOINT_KEYS": runs_kit.KEY_TEXT, "PATH": "/usr/bin:/bin", **runs_kit.ALLOW_DEMO_KEY}
     proc = subprocess.run(
         [str(script), "runs", "show", "nope", "--store", url], capture_output=True, text=True, env=env, timeout=60
     )

@@ -40,7 +40,7 @@ def assert_terminal_safe(output: str) -> None:
     assert "\x07" not in output and OSC_TITLE not in output and CLEAR not in output
 
 
-def test_runs_show_escapes_a_tool_result_with_an_osc_title_and_a_clear_screen(hostile):
+def test_runs_show_escapes_a_tool_result_with_an_osc_title_and_a_clear_screen(hostile: str) -> None:
     # Given a run whose tool returned an OSC title sequence and ESC[2J, under a run id with controls
     # When it is shown on a terminal
     result = invoke(hostile, "runs", "show", EVIL_ID)
@@ -54,7 +54,7 @@ def test_runs_show_escapes_a_tool_result_with_an_osc_title_and_a_clear_screen(ho
     assert json.dumps(PAYLOAD) in result.stdout
 
 
-def test_runs_show_escapes_errors_and_pending_arguments(hostile):
+def test_runs_show_escapes_errors_and_pending_arguments(hostile: str) -> None:
     failed = invoke(hostile, "runs", "show", f"fails{OSC_TITLE}")
     assert failed.exit_code == 0, failed.output
     assert_terminal_safe(failed.output)
@@ -66,7 +66,7 @@ def test_runs_show_escapes_errors_and_pending_arguments(hostile):
     assert 'pay {"text": "ok \\u001b]0;pwned\\u0007' in paused.stdout  # arguments, as JSON
 
 
-def test_runs_list_escapes_run_ids_and_flow_names(hostile):
+def test_runs_list_escapes_run_ids_and_flow_names(hostile: str) -> None:
     result = invoke(hostile, "runs", "list")
     assert result.exit_code == 0, result.output
     assert_terminal_safe(result.output)
@@ -74,7 +74,7 @@ def test_runs_list_escapes_run_ids_and_flow_names(hostile):
     assert len(result.stdout.splitlines()) == 5  # the header, three runs, the count: no line was faked
 
 
-def test_verify_escapes_the_run_ids_and_problems_it_names(hostile, tmp_path):
+def test_verify_escapes_the_run_ids_and_problems_it_names(hostile: str, tmp_path: Path) -> None:
     # Given the hostile run's first checkpoint changed behind agentflow's back
     runs_kit.tamper(tmp_path / "hostile.db", EVIL_ID, 0, find=b"ok")
     # When every run is verified
@@ -86,7 +86,7 @@ def test_verify_escapes_the_run_ids_and_problems_it_names(hostile, tmp_path):
     assert result.stderr.startswith("agentflow: 1 of 3 run(s)")
 
 
-def test_errors_escape_what_they_quote(hostile):
+def test_errors_escape_what_they_quote(hostile: str) -> None:
     # a run id given on the command line, quoted back in the error line
     result = invoke(hostile, "runs", "show", f"nope{OSC_TITLE}\nagentflow: ok")
     assert result.exit_code == 2
@@ -94,7 +94,7 @@ def test_errors_escape_what_they_quote(hostile):
     assert len(result.stderr.splitlines()) == 1
 
 
-def test_resume_and_recover_escape_what_the_store_and_the_app_say(hostile):
+def test_resume_and_recover_escape_what_the_store_and_the_app_say(hostile: str) -> None:
     # Given the paused run, denied with a note that carries escape sequences
     denied = invoke(hostile, "resume", f"pays{CLEAR}", "--app", "hostile_kit:app", "--deny", "--note", PAYLOAD)
     # Then the command's own lines are escaped, and so is the note, shown as the call's error
@@ -109,7 +109,7 @@ def test_resume_and_recover_escape_what_the_store_and_the_app_say(hostile):
     assert_terminal_safe(recovered.output)
 
 
-def test_a_value_cannot_fake_a_line_of_output(tmp_path):
+def test_a_value_cannot_fake_a_line_of_output(tmp_path: Path) -> None:
     # Given a failed run whose error holds a line break and a line of its own
     url = hk.write_runs(tmp_path / "lines.db", [(hk.FAILING, "f-1", "x\nok: 9 run(s); every signature checks")])
     result = invoke(url, "runs", "show", "f-1")
@@ -129,27 +129,27 @@ def test_a_value_cannot_fake_a_line_of_output(tmp_path):
         ("é 日本 ✓ \\x1b", "é 日本 ✓ \\x1b"),  # printable text, backslashes included, is kept
     ],
 )
-def test_printable_escapes_controls_and_keeps_printable_unicode(text, shown):
+def test_printable_escapes_controls_and_keeps_printable_unicode(text: str, shown: str) -> None:
     assert printable(text) == shown
 
 
-def test_printable_keeps_what_it_is_told_to():
+def test_printable_keeps_what_it_is_told_to() -> None:
     assert printable("a\nb\x1b", keep="\n") == "a\nb\\x1b"
 
 
-def test_short_escapes_after_joining_whitespace():
+def test_short_escapes_after_joining_whitespace() -> None:
     assert short("a\n\tb\x1b[2J", 60) == "a b\\x1b[2J"
     assert short({"k": "\x07"}) == '{"k": "\\u0007"}'
 
 
-def test_table_and_paint_escape_their_cells():
+def test_table_and_paint_escape_their_cells() -> None:
     text = table(["run", "status"], [["r\x1b[2J", "done\x07"]], colour=1)
     assert raw_controls(text) == []
     assert "r\\x1b[2J" in text and "done\\x07" in text
     assert raw_controls(paint("\x1b]0;t\x07")) == []
 
 
-def test_echo_lets_only_line_breaks_and_its_own_colours_through(capsys):
+def test_echo_lets_only_line_breaks_and_its_own_colours_through(capsys: pytest.CaptureFixture[str]) -> None:
     # Even a string a command forgot to escape cannot carry a control sequence out
     text = f"{paint('done')} {OSC_TITLE}{CLEAR}\nnext\x9b2J"
     safe = terminal_safe(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from contextlib import closing
 
@@ -62,7 +63,7 @@ def test_verify_needs_a_run_or_all(agentflow):
 
 
 def test_verify_with_the_wrong_key_says_so(agentflow):
-    result = agentflow("verify", "order-1", key="hex:" + "ab" * 32)
+    result = agentflow("verify", "order-1", key="hex:" + secrets.token_hex(32))
     assert result.exit_code == 1
     assert "signed with another key" in one_line_error(result)
     assert runs_kit.KEY.hex() not in result.output

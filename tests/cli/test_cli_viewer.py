@@ -27,6 +27,7 @@ def test_the_viewer_command_serves_the_runs(url):
     env = {
         **os.environ,
         "AGENTFLOW_CHECKPOINT_KEYS": runs_kit.KEY_TEXT,
+        **runs_kit.ALLOW_DEMO_KEY,
         "PYTHONPATH": str(Path(runs_kit.__file__).parent),
     }
     script = Path(sys.executable).parent / "agentflow"
