@@ -16,7 +16,9 @@ def cli() -> None:
     """Inspect, check, recover and resume durable agentflow runs.
 
     Every command but demo takes --store URL (or $AGENTFLOW_STORE) and reads the checkpoint
-    key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names).
+    key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the demo's public
+    key only with --allow-demo-key. What the store holds is shown with control characters
+    escaped.
     """
 
 
