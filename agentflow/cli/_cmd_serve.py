@@ -12,27 +12,58 @@ from agentflow._display import redact
 from agentflow.cli import _errors
 from agentflow.cli._apps import import_app
 from agentflow.cli._target import open_target, store_options
+from agentflow.cli._text import echo
 
 #: Hosts that only this machine can reach.
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def _token(token_env: str | None) -> str | None:
-    if token_env is None:
-        return None
-    token = os.environ.get(token_env, "").strip()
-    if len(token) < 16:
-        raise _errors.CliError(f"--token-env {token_env}: ${token_env} must hold a token of 16 or more characters")
-    return token
+def _options(message: str, token_env: str | None) -> str:
+    """A `ViewerSettings` error in the words of this command's options."""
+    words = {
+        "ViewerSettings.token": f"--token-env {token_env}: ${token_env}",
+        "ViewerSettings.allowed_hosts": "--allowed-host",
+        "ViewerSettings.proxies": "--proxy",
+    }
+    for setting, option in words.items():
+        message = message.replace(setting, option)
+    return message
 
 
 @click.command("viewer")
 @store_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
-@click.option("--token-env", metavar="NAME", help="Environment variable holding a token that approving requires.")
+@click.option(
+    "--token-env",
+    metavar="NAME",
+    help="Environment variable holding the token approving requires (22 or more random characters).",
+)
 @click.option("--app", "app_path", metavar="MODULE:ATTR", help="The FlowApp, to approve or deny paused runs.")
-def viewer(store_url: str, key_env: str, host: str, port: int, token_env: str | None, app_path: str | None) -> None:
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    metavar="NAME[:PORT]",
+    multiple=True,
+    help="A host name browsers reach the viewer by, besides 127.0.0.1, localhost and [::1] (repeatable).",
+)
+@click.option(
+    "--proxy",
+    "proxies",
+    metavar="ADDRESS",
+    multiple=True,
+    help="Address or network of a reverse proxy whose X-Forwarded-For/-Proto to believe (repeatable; none by default).",
+)
+def viewer(
+    store_url: str,
+    key_env: str,
+    host: str,
+    port: int,
+    token_env: str | None,
+    app_path: str | None,
+    allowed_hosts: tuple[str, ...],
+    proxies: tuple[str, ...],
+) -> None:
     """Serve the run viewer (a small web page over the store) until interrupted."""
     try:
         from agentflow.viewer import ViewerSettings, serve
@@ -40,15 +71,32 @@ def viewer(store_url: str, key_env: str, host: str, port: int, token_env: str | 
         raise _errors.CliError(
             f"the viewer needs the 'viewer' extra: pip install 'agentflow[viewer]' ({exc})"
         ) from None
-    token = _token(token_env)
+    token = os.environ.get(token_env, "").strip() if token_env is not None else None
+    if token_env is not None and not token:  # before the store is opened; ViewerSettings checks the rest
+        raise _errors.CliError(f"--token-env {token_env}: ${token_env} must hold a token, and it is empty or unset")
     flows = import_app(app_path) if app_path else None
     target = open_target(store_url, key_env)
+    try:
+        settings = ViewerSettings(
+            target.store,
+            target.keys,
+            flows=flows,
+            token=token,
+            label=redact(store_url),
+            allowed_hosts=allowed_hosts,
+            proxies=proxies,
+        )
+    except ValueError as exc:
+        raise _errors.CliError(_options(str(exc), token_env)) from None
     if host not in LOOPBACK:
-        click.echo(f"note: the viewer shows run states to anyone who can reach {host}:{port}", err=True)
-        if token is None:
-            click.echo("note: without --token-env, approving works only from this machine", err=True)
-    settings = ViewerSettings(target.store, target.keys, flows=flows, token=token, label=redact(store_url))
-    click.echo(f"agentflow viewer on http://{host}:{port}/  (store {redact(store_url)}; Ctrl-C stops it)", err=True)
+        echo(f"note: the viewer shows run states to anyone who can reach {host}:{port}", err=True)
+        if not allowed_hosts:
+            echo("note: browsers that reach it by a name need --allowed-host NAME (other names get a 400)", err=True)
+        if token is None and not proxies:
+            echo("note: without --token-env, approving works only from this machine", err=True)
+    if token is None and proxies:
+        echo("note: with --proxy and without --token-env, nobody can approve from the viewer", err=True)
+    echo(f"agentflow viewer on http://{host}:{port}/  (store {redact(store_url)}; Ctrl-C stops it)", err=True)
     try:
         serve(settings, host=host, port=port)
     except OSError as exc:

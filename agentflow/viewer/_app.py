@@ -3,9 +3,9 @@
 Pages read the store on every request and check every row they show, as
 ``agentflow runs show`` does (`agentflow.exec._run_read`). Nothing is cached.
 
-Before any route, a request passes two guards (`agentflow.viewer._hosts`): its ``Host``
-must be trusted (else 400), and forwarded headers rewrite its client address only when
-they come from a proxy the settings name.
+Before any route, a request passes two guards (`agentflow.viewer._hosts`): forwarded
+headers rewrite its client address and scheme only when they come from a proxy the
+settings name, and its ``Host`` must be trusted (else 400).
 """
 
 from __future__ import annotations
@@ -49,6 +49,6 @@ def create_app(settings: ViewerSettings) -> Starlette:
         Mount("/static", StaticFiles(packages=[("agentflow.viewer", "static")]), name="static"),
     ]
     middleware = [Middleware(HostCheck, trusted=viewer.trusted)]
-    if settings.proxies:
-        middleware.append(Middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.proxies)))
+    if settings.proxies:  # first: a named proxy's X-Forwarded-Proto sets the scheme the Host's port defaults by
+        middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.proxies)))
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -28,7 +28,7 @@ from starlette.types import ASGIApp
 from agentflow import FlowApp
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.viewer import ViewerSettings, create_app
-from agentflow.viewer._serve import UVICORN_OPTIONS
+from agentflow.viewer._serve import UVICORN_OPTIONS, bound
 
 
 def _load_kit() -> ModuleType:
@@ -61,7 +61,7 @@ CHROMIUM_ARGS = [
 ]
 
 
-def make_app(
+def settings_for(
     db: Path,
     *,
     flows: FlowApp | None = runs_kit.app,
@@ -69,13 +69,15 @@ def make_app(
     key: bytes = runs_kit.KEY,
     refresh_s: int = 5,
     **more: Any,
-) -> Starlette:
-    """A viewer over `db`; `more` are further `ViewerSettings` (allowed_hosts, port, proxies, limit)."""
+) -> ViewerSettings:
+    """Settings of a viewer over `db`; `more` are further `ViewerSettings` (allowed_hosts, port, proxies, limit)."""
     store = SQLiteCheckpointStore(db)
-    settings = ViewerSettings(
-        store, [key], flows=flows, token=token, label=f"sqlite:///{db}", refresh_s=refresh_s, **more
-    )
-    return create_app(settings)
+    return ViewerSettings(store, [key], flows=flows, token=token, label=f"sqlite:///{db}", refresh_s=refresh_s, **more)
+
+
+def make_app(db: Path, **settings: Any) -> Starlette:
+    """A viewer over `db` (`settings` as `settings_for` takes them)."""
+    return create_app(settings_for(db, **settings))
 
 
 @contextmanager
@@ -99,11 +101,24 @@ def unavailable(reason: str) -> None:
 
 @contextmanager
 def served(app: ASGIApp) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free loopback port, in a thread; yield its base URL."""
+    """Serve `app` with uvicorn (as `serve` runs it) on a free loopback port, in a thread; yield its base URL."""
+    with _served(lambda port: app) as base:
+        yield base
+
+
+@contextmanager
+def served_like_serve(settings: ViewerSettings) -> Iterator[str]:
+    """Serve a viewer exactly as `serve` would on 127.0.0.1 (its settings bound to the port); yield its base URL."""
+    with _served(lambda port: create_app(bound(settings, "127.0.0.1", port))) as base:
+        yield base
+
+
+@contextmanager
+def _served(make: Callable[[int], ASGIApp]) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **UVICORN_OPTIONS))
+    port: int = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(make(port), lifespan="on", **UVICORN_OPTIONS))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
