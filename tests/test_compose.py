@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,7 @@ def test_env_example_holds_placeholders_and_the_defaults(env_example):
     # and the other values are Settings' defaults, so the file documents them
     values = {k.removeprefix("AGENTFLOW_").lower(): v for k, v in env_example.items() if k.startswith("AGENTFLOW_")}
     values.pop("checkpoint_keys")
-    parsed = Settings(**values, checkpoint_keys="hex:" + "ab" * 32)
+    parsed = Settings(**values, checkpoint_keys="hex:" + secrets.token_hex(32))
     for name, field in Settings.model_fields.items():
         if name in values:
             got = getattr(parsed, name)

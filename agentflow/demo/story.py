@@ -131,5 +131,5 @@ def inspect_commands(store_url: str) -> None:
     key = f"AGENTFLOW_CHECKPOINT_KEYS=hex:{DEMO_KEY.hex()}"
     store = f"--store {shlex.quote(store_url)}"
     say("The runs are signed with the demo's public key. Inspect them (history, call log, recovered mark):")
-    say(f"  {key} .venv/bin/agentflow runs show {VICTIM} {store}")
-    say(f"  {key} .venv/bin/agentflow viewer {store} --app agentflow.demo.tickets:app")
+    say(f"  {key} .venv/bin/agentflow runs show {VICTIM} {store} --allow-demo-key")
+    say(f"  {key} .venv/bin/agentflow viewer {store} --app agentflow.demo.tickets:app --allow-demo-key")
