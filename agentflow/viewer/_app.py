@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -25,6 +26,15 @@ from agentflow.viewer._resume import resume_endpoint
 from agentflow.viewer._settings import Viewer, ViewerSettings
 
 __all__ = ["ViewerSettings", "create_app"]
+
+
+class RunIdConvertor(PathConvertor):
+    """A run id in a path: anything, slashes and line breaks included (``path``'s ``.*`` stops at a line break)."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("agentflow_run_id", RunIdConvertor())
 
 
 def create_app(settings: ViewerSettings) -> Starlette:
@@ -44,8 +54,8 @@ def create_app(settings: ViewerSettings) -> Starlette:
     routes = [
         Route("/", list_page(viewer), name="runs"),
         # Before the run page: its {run_id:path} would match ".../resume" too.
-        Route("/runs/{run_id:path}/resume", resume_endpoint(viewer), methods=["POST"], name="resume"),
-        Route("/runs/{run_id:path}", run_page(viewer), name="run"),
+        Route("/runs/{run_id:agentflow_run_id}/resume", resume_endpoint(viewer), methods=["POST"], name="resume"),
+        Route("/runs/{run_id:agentflow_run_id}", run_page(viewer), name="run"),
         Mount("/static", StaticFiles(packages=[("agentflow.viewer", "static")]), name="static"),
     ]
     middleware = [Middleware(HostCheck, trusted=viewer.trusted)]
