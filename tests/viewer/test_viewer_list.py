@@ -39,7 +39,7 @@ class Counting:
 
 def counting_app(db: Path, **more: Any) -> tuple[Any, Counting]:
     store = Counting(SQLiteCheckpointStore(db))
-    settings = ViewerSettings(store, [runs_kit.KEY], flows=runs_kit.app, **more)  # type: ignore[arg-type]
+    settings = ViewerSettings(store, [runs_kit.KEY], flows=runs_kit.app, **more)
     return create_app(settings), store
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from pathlib import Path
 
 import pytest
 import runs_kit
@@ -59,8 +60,6 @@ def test_an_empty_token_no_longer_lets_a_client_without_one_decide(db):
 
 
 def test_the_token_is_compared_in_constant_time(db, monkeypatch):
-    import agentflow.viewer._resume as resume
-
     seen: list[tuple[bytes, bytes]] = []
     compare = hmac.compare_digest
 
@@ -68,7 +67,7 @@ def test_the_token_is_compared_in_constant_time(db, monkeypatch):
         seen.append((a, b))
         return compare(a, b)
 
-    monkeypatch.setattr(resume.hmac, "compare_digest", spy)
+    monkeypatch.setattr(hmac, "compare_digest", spy)  # the module _resume calls it through
     with client_for(make_app(db, token=TOKEN), client=REMOTE) as remote:
         csrf = csrf_of(remote.get("/runs/refund-1").text)
         answer = remote.post("/runs/refund-1/resume", data={"decision": "approve", "csrf": csrf, "token": "x" * 30})
@@ -100,7 +99,9 @@ def test_out_of_range_numbers_are_refused(db, field, value):
 # --- the command: the same checks, in its options' words ------------------------------------
 
 
-def run_viewer(db, monkeypatch, *args: str, token: str | None = None) -> tuple[int, str, list[ViewerSettings]]:
+def run_viewer(
+    db: Path, monkeypatch: pytest.MonkeyPatch, *args: str, token: str | None = None
+) -> tuple[int, str, list[ViewerSettings]]:
     """``agentflow viewer --store sqlite:///db ...args``, with `serve` replaced by a recorder."""
     import agentflow.viewer
 
