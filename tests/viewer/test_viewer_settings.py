@@ -79,7 +79,7 @@ def test_no_repr_or_str_shows_the_key_or_the_token(db):
     settings = settings_for(db, token=TOKEN)
     viewer = Viewer(settings)
     app = create_app(settings)
-    shown = [repr(settings), str(settings), repr(viewer), str(viewer), repr(app.user_middleware)]
+    shown = [repr(settings), str(settings), repr(viewer), str(viewer), repr(viewer.sealer), repr(app.user_middleware)]
     for text in shown:
         assert TOKEN not in text
         assert repr(runs_kit.KEY) not in text and runs_kit.KEY.hex() not in text
