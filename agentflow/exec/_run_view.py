@@ -206,3 +206,51 @@ class RunReport:
         if status == CORRUPT:
             return self.corrupt
         return not self.corrupt and self.status == status
+
+
+@dataclass(frozen=True, slots=True)
+class RunHead:
+    """One run as a listing shows it: its latest checkpoint, checked, and nothing older.
+
+    Its fields in clear (flow, status, step, time, segment) are the ones the checkpoint's
+    signature covers; a head that fails its check carries only its id and the problem. A
+    head says nothing about older rows or the call log: `read_run` checks those.
+    """
+
+    run_id: str
+    """The run's id (as listed)."""
+    flow: str
+    """Its stored ``flow`` column (empty when `problem` is set)."""
+    status: str
+    """The status of its latest checkpoint (empty when `problem` is set)."""
+    step: int
+    """Its latest step."""
+    saved_at: float
+    """When its latest checkpoint was saved (0 when `problem` is set)."""
+    segment: int
+    """The step at which the worker holding it claimed it (0: never claimed; -1 when `problem` is set)."""
+    problem: str | None = None
+    """Why the latest checkpoint failed its check."""
+
+    @property
+    def kind(self) -> RunKind:
+        """Whether a flow or a tool loop drives it."""
+        return RunKind.of(self.flow)
+
+    @property
+    def corrupt(self) -> bool:
+        """Whether the latest checkpoint failed its check."""
+        return self.problem is not None
+
+    @property
+    def claimed(self) -> bool:
+        """Whether a worker claimed the run after its start (a recovery or a resume; `read_run` says which)."""
+        return not self.corrupt and self.segment > 0
+
+    def has_status(self, status: str | None) -> bool:
+        """Whether the run passes a status filter (None: every run; ``corrupt``: the heads that failed)."""
+        if status is None:
+            return True
+        if status == CORRUPT:
+            return self.corrupt
+        return not self.corrupt and self.status == status

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentflow._errors import CheckpointError, CheckpointNotFound
-from agentflow.exec._run_read import UNKNOWN_KEY, RunHead, read_heads, read_run
-from agentflow.exec._run_view import STATUSES
+from agentflow.exec._run_read import UNKNOWN_KEY, read_heads, read_run
+from agentflow.exec._run_view import STATUSES, RunHead
 from agentflow.viewer._resume import action
 from agentflow.viewer._settings import Viewer, root_of
 
