@@ -1,261 +1,172 @@
-"""`OpenAIChatModel`: the Chat Completions API over httpx (OpenAI, vLLM, Ollama, LiteLLM, ...).
+"""`OpenAIChatModel`: the Chat Completions API on the official ``openai`` SDK (OpenAI, Azure, vLLM, Ollama, ...).
 
-Needs the ``openai`` extra (httpx). The API key goes into the ``Authorization`` header and
-nowhere else: it is left out of ``repr``, and any text a server sends back is scrubbed of it
-before it reaches an error message or a log line.
+Needs the ``openai`` extra. The SDK is the transport (retries, timeouts, proxies, Azure);
+the adapter reads and decodes the reply itself (see `agentflow.models._sdk`). The API key
+goes into the request's header and nowhere else: it is checked at construction, left out
+of ``repr``, and scrubbed from any text a server sends back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import math
 import os
-import threading
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from types import TracebackType
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
-
-from agentflow._errors import ModelError
+from agentflow.models._decode import (
+    DEFAULT_MAX_REPLY_BYTES,
+    DEFAULT_MAX_TOOL_CALLS,
+    Body,
+    Malformed,
+    arguments,
+    check_tool_calls,
+    text_or_none,
+)
 from agentflow.models._messages import Message, ToolCall
+from agentflow.models._sdk import SDKErrors, SDKModel, check_base_url, check_extra_body, client_settings
+from agentflow.models._secrets import check_key, resolve_key
 
-logger = logging.getLogger(__name__)
+try:
+    import openai
+except ImportError as exc:  # the message names the extra, however the module is imported
+    raise ImportError(f"OpenAIChatModel needs the 'openai' extra: pip install 'agentflow[openai]' ({exc})") from exc
 
-#: Upper bound of one wait between attempts, whether it comes from the backoff or a `Retry-After` header.
-MAX_RETRY_DELAY_S = 30.0
-#: How much of a server's text an error message quotes.
-_QUOTE_LIMIT = 300
 #: Request fields the adapter sets itself; `extra_body` may not replace them.
-_RESERVED = frozenset({"model", "messages", "tools"})
+_RESERVED = frozenset({"model", "messages", "tools", "stream"})
+_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
-class _Malformed(ValueError):
-    """A reply that does not have the Chat Completions shape (turned into a `ModelError`)."""
-
-
-@dataclass(frozen=True)
-class _Retryable:
-    """An attempt that failed in a way worth trying again."""
-
-    reason: str
-    retry_after: float | None = None
-    """Seconds the server asked us to wait, if it said."""
-
-
-@dataclass
-class _LoopClient:
-    client: httpx.AsyncClient
-    keeper: AsyncGenerator[None, None]
-
-
-class OpenAIChatModel:
+class OpenAIChatModel(SDKModel):
     """A `Model` that talks to an OpenAI-compatible ``/chat/completions`` endpoint.
 
-    Each event loop gets its own `httpx.AsyncClient`, made on first use. ``asyncio.run`` closes
-    it as it shuts the loop down, so one model can serve several ``asyncio.run`` calls in a
-    row; `aclose` closes the running loop's client earlier.
+    Unless a `client` is given, each event loop gets its own ``openai.AsyncOpenAI``, made
+    on first use and closed as ``asyncio.run`` shuts the loop down (or by `aclose`), so one
+    model can serve several ``asyncio.run`` calls in a row.
 
-    Rate limits (429), request timeouts (408), server errors (5xx), connection failures and
-    timeouts are retried with exponential backoff, honouring a numeric ``Retry-After``.
-    Anything else the server refuses raises `ModelError` at once, quoting its message.
+    The SDK retries rate limits (429), timeouts (408), conflicts (409), server errors
+    (5xx) and connection failures with exponential backoff, honouring ``Retry-After``.
+    Whatever still fails, is refused, or comes back unusable raises `ModelError`.
     """
+
+    errors = SDKErrors(
+        status=openai.APIStatusError, connection=openai.APIConnectionError, timeout=openai.APITimeoutError
+    )
 
     def __init__(
         self,
         model: str,
         *,
-        base_url: str = "https://api.openai.com/v1",
+        base_url: str | None = None,
         api_key: str | None = None,
-        timeout_s: float = 60,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
+        timeout_s: float | None = None,
+        max_retries: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
-        client_factory: Callable[[], httpx.AsyncClient] | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         """Configure the model; nothing is connected until the first call.
 
         Args:
-            model: the model name the server knows (``gpt-4o-mini``, ``llama3.1``, ...).
-            base_url: the API root; requests go to ``{base_url}/chat/completions``.
-            api_key: sent as a bearer token; defaults to ``$OPENAI_API_KEY``, and may be absent
-                for local servers.
-            timeout_s: per-attempt timeout in seconds.
-            max_retries: extra attempts after a retryable failure (0: none).
-            backoff_s: first wait between attempts; it doubles each time, up to `MAX_RETRY_DELAY_S`.
+            model: the model (or Azure deployment) name the server knows (``gpt-4o-mini``, ...).
+            base_url: the API root; requests go to ``{base_url}/chat/completions``. Defaults
+                to ``$OPENAI_BASE_URL``, else OpenAI's.
+            api_key: sent in the ``Authorization`` header; defaults to ``$OPENAI_API_KEY``, and
+                may be absent for local servers (then no such header is sent).
+            timeout_s: per-attempt timeout in seconds (60).
+            max_retries: extra attempts after a retryable failure (3; 0: none).
             extra_body: more request fields (``temperature``, ``max_tokens``, ``tool_choice``, ...).
-            client_factory: makes the httpx client for each event loop; the model closes what it makes.
+            client: an ``openai.AsyncOpenAI`` (or ``AsyncAzureOpenAI``) of your own, for settings
+                the arguments above do not cover (proxies, Azure, headers). It carries its own
+                key, URL, timeout and retries, so those arguments must then be left out; it is
+                used on whichever event loop calls the model, and is yours to close.
+            max_tool_calls: the most tool calls one reply may ask for.
+            max_reply_bytes: the largest reply body read, counted as it arrives.
 
         Raises:
-            ValueError: an option is out of range, the URL is not http(s), or `extra_body`
-                sets a field the adapter owns.
+            ValueError: an option is out of range, the URL is not http(s), the key holds
+                whitespace or a control character, `extra_body` sets a field the adapter
+                owns, or `client` comes with settings it already has.
             TypeError: `extra_body` is not JSON-able.
         """
-        if not model:
-            raise ValueError("OpenAIChatModel needs a model name")
-        try:
-            url = httpx.URL(base_url.rstrip("/"))
-        except httpx.InvalidURL:
-            url = httpx.URL()
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError("timeout_s must be positive, max_retries and backoff_s at least 0")
-        body = dict(extra_body or {})
-        if clash := sorted(_RESERVED & body.keys()):
-            raise ValueError(f"extra_body may not set {clash}: the adapter sets them from its arguments")
-        json.dumps(body)  # fail now, not on the first call
-        self.model = model
-        self.base_url = str(url)
-        self.timeout_s = float(timeout_s)
-        self.max_retries = max_retries
-        self.backoff_s = float(backoff_s)
-        self.extra_body = body
-        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY") or None
-        self._client_factory = client_factory
-        self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
-        self._lock = threading.Lock()  # loops on other threads may share the model
+        self.extra_body = check_extra_body(extra_body, _RESERVED)
+        if client is not None:
+            key = client.api_key if isinstance(client.api_key, str) and client.api_key else None
+            if key is not None:
+                check_key(key, "the client's api_key")
+            given = {"base_url": base_url, "api_key": api_key, "timeout_s": timeout_s, "max_retries": max_retries}
+            url, timeout_s, max_retries = client_settings(client, given)
+        else:
+            key = resolve_key(api_key, "OPENAI_API_KEY", "OpenAIChatModel")
+            url = check_base_url(base_url or os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE_URL)
+        self._api_key = key
+        super().__init__(
+            model,
+            base_url=url,
+            client=client,
+            secrets=[key],
+            timeout_s=60.0 if timeout_s is None else timeout_s,
+            max_retries=3 if max_retries is None else max_retries,
+            max_tool_calls=max_tool_calls,
+            max_reply_bytes=max_reply_bytes,
+        )
 
-    def __repr__(self) -> str:
-        return f"OpenAIChatModel(model={self.model!r}, base_url={self.base_url!r})"
+    def _new_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            api_key=self._api_key or "no-key",  # never sent: `_open` omits the header then
+            base_url=self.base_url,
+            timeout=self.timeout_s,
+            max_retries=self.max_retries,
+        )
 
-    @property
-    def _url(self) -> str:
-        return f"{self.base_url}/chat/completions"
-
-    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
-        """Ask the server for the assistant's next message.
-
-        Args:
-            messages: the conversation so far.
-            tools: ``Tool.schema()`` dicts (name, description, parameters); none: no ``tools`` field.
-
-        Raises:
-            ModelError: the server could not be reached or kept failing, refused the request,
-                or sent a reply that is not a usable chat completion.
-        """
-        payload: dict[str, Any] = {**self.extra_body, "model": self.model}
-        payload["messages"] = [_wire_message(m) for m in messages]
+    def _open(
+        self, client: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> AbstractAsyncContextManager[Body]:
+        options: dict[str, Any] = {"model": self.model, "messages": [_wire_message(m) for m in messages]}
         if tools:
-            payload["tools"] = [_wire_tool(t) for t in tools]
-        data = await self._post(payload)
-        try:
-            return _parse_reply(data)
-        except _Malformed as exc:
-            raise self._error(f"sent a malformed reply: {exc}") from None
+            options["tools"] = [_wire_tool(t) for t in tools]
+        if self.extra_body:
+            options["extra_body"] = self.extra_body
+        if self._given_client is None and self._api_key is None:
+            options["extra_headers"] = {"Authorization": openai.Omit()}
+        opened: AbstractAsyncContextManager[Body] = client.chat.completions.with_streaming_response.create(**options)
+        return opened
 
-    async def aclose(self) -> None:
-        """Close the running event loop's client (``asyncio.run`` closes it anyway at the loop's end)."""
-        with self._lock:
-            held = self._clients.pop(asyncio.get_running_loop(), None)
-        if held is not None:
-            await held.keeper.aclose()  # its finally block closes the client
+    def _parse(self, data: Any) -> Message:
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise Malformed(f"no choices in {self._scrub.quote(json.dumps(data))}")
+        message = choices[0].get("message") if isinstance(choices[0], dict) else None
+        if not isinstance(message, dict):
+            raise Malformed("the first choice has no message object")
+        content = text_or_none(message.get("content"), "the message content")
+        raw_calls = message.get("tool_calls")
+        if raw_calls is not None and not isinstance(raw_calls, list):
+            raise Malformed(f"tool_calls is a {type(raw_calls).__name__}, not a list")
+        check_tool_calls(len(raw_calls or []), self.max_tool_calls)
+        calls = [self._tool_call(index, raw) for index, raw in enumerate(raw_calls or [])]
+        return Message.assistant(content, tool_calls=calls)
 
-    async def __aenter__(self) -> OpenAIChatModel:
-        return self
+    def _tool_call(self, index: int, raw: object) -> ToolCall:
+        if not isinstance(raw, dict):
+            raise Malformed(f"tool call {index} is a {type(raw).__name__}, not an object")
+        function = raw.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise Malformed(f"tool call {index} has no function name")
+        name: str = function["name"]
+        call_id = raw.get("id")
+        if call_id in (None, ""):
+            call_id = f"call_{index}"  # some local servers leave ids out; the result only needs to match
+        if not isinstance(call_id, str):
+            raise Malformed(f"tool call {index} to {name!r} has an id that is a {type(call_id).__name__}")
+        where = f"tool call {call_id!r} to {name!r}"
+        return ToolCall(id=call_id, name=name, arguments=arguments(function.get("arguments"), where, self._scrub.quote))
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    # -- transport ------------------------------------------------------------------
-
-    async def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            for gone in [other for other in self._clients if other.is_closed()]:
-                del self._clients[gone]  # closed by hand without shutting its generators down
-            held = self._clients.get(loop)
-            fresh = held is None
-            if held is None:
-                client = self._client_factory() if self._client_factory else httpx.AsyncClient()
-                held = self._clients[loop] = _LoopClient(client, _close_at_shutdown(client))
-        if fresh:
-            # The first step registers the generator with the loop, whose shutdown_asyncgens()
-            # (asyncio.run calls it) closes the client before the loop is closed under it.
-            await anext(held.keeper)
-        return held.client
-
-    async def _post(self, payload: dict[str, Any]) -> object:
-        client = await self._client()
-        attempts = self.max_retries + 1
-        attempt = 1
-        while True:
-            outcome = await self._attempt(client, payload)
-            if not isinstance(outcome, _Retryable):
-                return outcome
-            if attempt == attempts:
-                raise self._error(f"failed after {attempts} attempt(s); the last one: {outcome.reason}")
-            delay = min(
-                MAX_RETRY_DELAY_S,
-                outcome.retry_after if outcome.retry_after is not None else self.backoff_s * 2 ** (attempt - 1),
-            )
-            logger.warning(
-                "%r: %s; retrying in %.2f s (attempt %d of %d)", self, outcome.reason, delay, attempt + 1, attempts
-            )
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    async def _attempt(self, client: httpx.AsyncClient, payload: dict[str, Any]) -> object:
-        headers = {"Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        try:
-            response = await client.post(self._url, json=payload, headers=headers, timeout=self.timeout_s)
-        except httpx.TimeoutException:
-            return _Retryable(f"no answer within {self.timeout_s:g} s")
-        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            return _Retryable(self._scrub(f"connection failed ({type(exc).__name__}: {exc})"))
-        except httpx.HTTPError as exc:
-            raise self._error(f"was not reached: the request failed ({type(exc).__name__}: {exc})") from None
-        if response.is_success:
-            try:
-                return response.json()
-            except ValueError:
-                raise self._error(f"sent a reply that is not JSON: {_quote(response.text)}") from None
-        status = f"HTTP {response.status_code}: {self._scrub(_server_message(response))}"
-        if response.status_code in (408, 429) or response.status_code >= 500:
-            return _Retryable(status, _retry_after(response.headers))
-        raise self._error(f"refused the request with {status}")
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "[api key]") if self._api_key else text
-
-    def _error(self, what: str) -> ModelError:
-        return ModelError(self._scrub(f"model {self.model!r} at {self._url} {what}"))
-
-
-async def _close_at_shutdown(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
-    """Hold `client` open until the generator is closed: by `aclose` or by its loop's shutdown."""
-    try:
-        yield
-    finally:
-        await client.aclose()
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    """The wait a 429/503 asks for: ``retry-after-ms`` (OpenAI) or a numeric ``Retry-After``."""
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            seconds = float(headers.get(name, "")) * scale
-        except ValueError:  # absent, or an HTTP date: fall back to the backoff
-            continue
-        if math.isfinite(seconds) and seconds >= 0:
-            return seconds
-    return None
-
-
-def _server_message(response: httpx.Response) -> str:
-    """The error text of an OpenAI (``error.message``), vLLM (``message``) or Ollama (``error``) body."""
-    try:
-        body = response.json()
-    except ValueError:
-        return _quote(response.text) or response.reason_phrase
-    if isinstance(body, dict):
+    def _server_message(self, body: object) -> str | None:
+        """The error text of an OpenAI (``error.message``), vLLM (``message``) or Ollama (``error``) body."""
+        if not isinstance(body, dict):
+            return None
         error = body.get("error")
         for text in (
             error.get("message") if isinstance(error, dict) else error,
@@ -263,13 +174,8 @@ def _server_message(response: httpx.Response) -> str:
             body.get("detail"),
         ):
             if isinstance(text, str) and text:
-                return _quote(text)
-    return _quote(response.text)
-
-
-def _quote(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "..."
+                return text
+        return None
 
 
 # -- mapping ------------------------------------------------------------------------
@@ -293,52 +199,3 @@ def _wire_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
         function["description"] = schema["description"]
     function["parameters"] = schema.get("parameters") or {"type": "object", "properties": {}}
     return {"type": "function", "function": function}
-
-
-def _parse_reply(data: object) -> Message:
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices:
-        raise _Malformed(f"no choices in {_quote(json.dumps(data))}")
-    message = choices[0].get("message") if isinstance(choices[0], dict) else None
-    if not isinstance(message, dict):
-        raise _Malformed("the first choice has no message object")
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        raise _Malformed(f"the message content is a {type(content).__name__}, not a string")
-    raw_calls = message.get("tool_calls")
-    if raw_calls is not None and not isinstance(raw_calls, list):
-        raise _Malformed(f"tool_calls is a {type(raw_calls).__name__}, not a list")
-    calls = [_tool_call(index, raw) for index, raw in enumerate(raw_calls or [])]
-    return Message.assistant(content or "", tool_calls=calls)
-
-
-def _tool_call(index: int, raw: object) -> ToolCall:
-    if not isinstance(raw, dict):
-        raise _Malformed(f"tool call {index} is a {type(raw).__name__}, not an object")
-    function = raw.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-        raise _Malformed(f"tool call {index} has no function name")
-    name: str = function["name"]
-    call_id = raw.get("id")
-    if call_id in (None, ""):
-        call_id = f"call_{index}"  # some local servers leave ids out; the result only needs to match
-    if not isinstance(call_id, str):
-        raise _Malformed(f"tool call {index} to {name!r} has an id that is a {type(call_id).__name__}")
-    return ToolCall(id=call_id, name=name, arguments=_arguments(name, call_id, function.get("arguments")))
-
-
-def _arguments(name: str, call_id: str, raw: object) -> dict[str, Any]:
-    where = f"tool call {call_id!r} to {name!r}"
-    if isinstance(raw, dict):  # some servers send the object rather than its JSON text
-        return raw
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}
-    if not isinstance(raw, str):
-        raise _Malformed(f"{where} has arguments that are a {type(raw).__name__}, not a JSON string")
-    try:
-        parsed = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise _Malformed(f"{where} has arguments that are not valid JSON ({exc.msg}): {_quote(raw)}") from None
-    if not isinstance(parsed, dict):
-        raise _Malformed(f"{where} has arguments that are a JSON {type(parsed).__name__}, not an object")
-    return parsed
