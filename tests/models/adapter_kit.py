@@ -31,7 +31,7 @@ class Kind:
     name: str
     env_var: str
     make: Callable[..., SDKModel]
-    """(stub, **options) -> the adapter pointed at the stub, with `KEY` unless told otherwise."""
+    """(stub, **options) -> the adapter pointed at the stub (or at ``base_url=``), with `KEY` unless told otherwise."""
     answer: Callable[[str], Reply]
     error: Callable[..., Reply]
     """(status, text, headers=None) -> an error reply in the API's shape."""
@@ -52,15 +52,19 @@ class Kind:
         return seen.headers.get("authorization") or seen.headers.get("x-api-key")
 
 
-def _openai(stub: StubServer, **options: Any) -> SDKModel:
+def _openai(stub: StubServer | None, **options: Any) -> SDKModel:
     options.setdefault("api_key", KEY)
-    options.setdefault("base_url", stub.base_url)
+    if "base_url" not in options:
+        assert stub is not None, "a stub, or a base_url"
+        options["base_url"] = stub.base_url
     return OpenAIChatModel("stub-model", **options)
 
 
-def _anthropic(stub: StubServer, **options: Any) -> SDKModel:
+def _anthropic(stub: StubServer | None, **options: Any) -> SDKModel:
     options.setdefault("api_key", KEY)
-    options.setdefault("base_url", stub.root_url)
+    if "base_url" not in options:
+        assert stub is not None, "a stub, or a base_url"
+        options["base_url"] = stub.root_url
     return AnthropicModel("stub-model", **options)
 
 

@@ -135,7 +135,9 @@ PROPERTY = settings(max_examples=150, deadline=None, database=None, suppress_hea
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @PROPERTY
 @given(data=st.data())
-def test_any_near_miss_of_the_apis_shape_is_a_message_or_a_model_error(served, kind: Kind, data):
+def test_any_near_miss_of_the_apis_shape_is_a_message_or_a_model_error(
+    served: Served, kind: Kind, data: st.DataObject
+) -> None:
     body = data.draw(SHAPES[kind.name])
     served.ask(kind, json.dumps(body))  # allow_nan: NaN and Infinity go out as servers send them
 
@@ -143,5 +145,5 @@ def test_any_near_miss_of_the_apis_shape_is_a_message_or_a_model_error(served, k
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @PROPERTY
 @given(body=values.map(json.dumps) | st.binary(max_size=64) | texts)
-def test_any_json_value_or_bytes_is_a_message_or_a_model_error(served, kind: Kind, body):
+def test_any_json_value_or_bytes_is_a_message_or_a_model_error(served: Served, kind: Kind, body: Any) -> None:
     served.ask(kind, body)

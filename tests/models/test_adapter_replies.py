@@ -12,10 +12,11 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from typing import Any
 
 import pytest
 from adapter_kit import Kind
-from openai_stub import Reply
+from openai_stub import Reply, StubServer
 
 from agentflow._errors import ModelError
 from agentflow.exec import Registry, recover_tool_loop, run_tool_loop
@@ -28,7 +29,7 @@ HI = [Message.user("Hi")]
 MiB = 1024 * 1024
 
 
-async def refused(kind: Kind, stub, reply: Reply, **options) -> ModelError:
+async def refused(kind: Kind, stub: StubServer, reply: Reply, **options: Any) -> ModelError:
     stub.add(reply)
     async with kind.make(stub, **options) as model:
         with pytest.raises(ModelError) as caught:
@@ -62,7 +63,9 @@ async def refused(kind: Kind, stub, reply: Reply, **options) -> ModelError:
         ("42", ""),
     ],
 )
-async def test_a_body_that_does_not_decode_raises_model_error(kind: Kind, stub, body, why):
+async def test_a_body_that_does_not_decode_raises_model_error(
+    kind: Kind, stub: StubServer, body: Any, why: str
+) -> None:
     error = await refused(kind, stub, Reply(body=body))
     assert "sent a malformed reply" in str(error)
     assert re.search(why, str(error))
@@ -80,14 +83,16 @@ async def test_a_body_that_does_not_decode_raises_model_error(kind: Kind, stub, 
         ('{"\\ud800": 1}', "lone surrogate"),
     ],
 )
-async def test_tool_arguments_that_do_not_decode_raise_model_error(kind: Kind, stub, arguments, why):
+async def test_tool_arguments_that_do_not_decode_raise_model_error(
+    kind: Kind, stub: StubServer, arguments: str, why: str
+) -> None:
     error = await refused(kind, stub, kind.raw_arguments(arguments))
     assert why in str(error)
     # OpenAI's arguments are JSON text of their own, decoded per call; Anthropic's are part of the body
     assert ("the arguments of tool call 'a' to 'f'" if kind.name == "openai" else "the body") in str(error)
 
 
-async def test_content_with_a_lone_surrogate_raises_model_error(kind: Kind, stub):
+async def test_content_with_a_lone_surrogate_raises_model_error(kind: Kind, stub: StubServer) -> None:
     body = (
         json.dumps(kind.body([]))
         .replace('"content": null', '"content": "\\ud83d"')
@@ -97,7 +102,7 @@ async def test_content_with_a_lone_surrogate_raises_model_error(kind: Kind, stub
     assert "lone surrogate" in str(error)
 
 
-async def test_a_surrogate_pair_escape_and_a_bom_are_fine(kind: Kind, stub):
+async def test_a_surrogate_pair_escape_and_a_bom_are_fine(kind: Kind, stub: StubServer) -> None:
     escaped = "\\ud83d\\ude00"  # one character, as a JSON escape pair
     if kind.name == "openai":  # inside the arguments' JSON text, itself a JSON string
         escaped = escaped.replace("\\", "\\\\")
@@ -111,13 +116,13 @@ async def test_a_surrogate_pair_escape_and_a_bom_are_fine(kind: Kind, stub):
 # --- limits ---------------------------------------------------------------------------------
 
 
-def test_the_limits_have_sane_defaults(kind: Kind, stub):
+def test_the_limits_have_sane_defaults(kind: Kind, stub: StubServer) -> None:
     model = kind.make(stub)
     assert (model.max_tool_calls, model.max_reply_bytes) == (DEFAULT_MAX_TOOL_CALLS, DEFAULT_MAX_REPLY_BYTES)
     assert (DEFAULT_MAX_TOOL_CALLS, DEFAULT_MAX_REPLY_BYTES) == (64, 4 * MiB)
 
 
-async def test_too_many_tool_calls_raise_model_error_naming_the_setting(kind: Kind, stub):
+async def test_too_many_tool_calls_raise_model_error_naming_the_setting(kind: Kind, stub: StubServer) -> None:
     # Given a reply asking for 5,000 calls (the finding), and one asking for 3 with a limit of 2
     many = kind.calls(*[(f"c{i}", "f", {}) for i in range(5000)])
     error = await refused(kind, stub, many)
@@ -131,14 +136,14 @@ async def test_too_many_tool_calls_raise_model_error_naming_the_setting(kind: Ki
         assert len((await model.complete(HI, [])).tool_calls) == 2
 
 
-async def test_a_reply_declared_over_max_reply_bytes_is_not_read(kind: Kind, stub):
+async def test_a_reply_declared_over_max_reply_bytes_is_not_read(kind: Kind, stub: StubServer) -> None:
     big = kind.body([("a", "f", {"blob": "x" * (2 * MiB)})])
     error = await refused(kind, stub, Reply(body=big), max_reply_bytes=MiB)
     assert f"over max_reply_bytes ({MiB}); the reply was not read further" in str(error)
     assert "Raise max_reply_bytes" in str(error)
 
 
-async def test_a_reply_without_a_length_is_cut_off_as_it_is_read(kind: Kind, stub):
+async def test_a_reply_without_a_length_is_cut_off_as_it_is_read(kind: Kind, stub: StubServer) -> None:
     # Given a server streaming 256 MiB with no Content-Length
     chunk = b" " * (64 * 1024)
     total = 256 * MiB
@@ -149,7 +154,7 @@ async def test_a_reply_without_a_length_is_cut_off_as_it_is_read(kind: Kind, stu
     assert stub.sent_bytes < 64 * MiB, stub.sent_bytes  # what the sockets buffered, not the whole body
 
 
-async def test_a_compressed_reply_is_limited_by_its_decoded_size(kind: Kind, stub):
+async def test_a_compressed_reply_is_limited_by_its_decoded_size(kind: Kind, stub: StubServer) -> None:
     bomb = gzip.compress(json.dumps(kind.body([("a", "f", {"blob": " " * (8 * MiB)})])).encode())
     assert len(bomb) < 64 * 1024
     reply = Reply(body=bomb, headers={"Content-Encoding": "gzip"})
@@ -161,7 +166,7 @@ async def test_a_compressed_reply_is_limited_by_its_decoded_size(kind: Kind, stu
 
 
 @pytest.mark.parametrize("over", ["max_tool_calls", "max_reply_bytes", "nested"])
-async def test_a_refused_reply_leaves_the_run_recoverable(kind: Kind, stub, over):
+async def test_a_refused_reply_leaves_the_run_recoverable(kind: Kind, stub: StubServer, over: str) -> None:
     # Given a registry of one tool, and a first reply over a limit (or undecodable)
     registry = Registry()
     ran: list[int] = []

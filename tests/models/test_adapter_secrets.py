@@ -19,6 +19,7 @@ from openai_stub import Reply, StubServer
 
 from agentflow._errors import ModelError
 from agentflow.models import Message
+from agentflow.models._sdk import SDKModel
 from agentflow.models._secrets import FRAGMENT, QUOTE_LIMIT, Scrubber
 from agentflow.models.openai import OpenAIChatModel
 
@@ -30,10 +31,10 @@ def fragments(text: str, key: str = KEY, size: int = 6) -> list[str]:
     return [key[i : i + size] for i in range(len(key) - size + 1) if key[i : i + size] in text]
 
 
-async def failure(model: object, stub: StubServer, *replies: Reply) -> ModelError:
+async def failure(model: SDKModel, stub: StubServer, *replies: Reply) -> ModelError:
     stub.add(*replies)
     with pytest.raises(ModelError) as caught:
-        await model.complete(HI, [])  # type: ignore[attr-defined]
+        await model.complete(HI, [])
     return caught.value
 
 
@@ -43,7 +44,9 @@ async def failure(model: object, stub: StubServer, *replies: Reply) -> ModelErro
 @pytest.mark.parametrize(
     "bad", [KEY + "\n", KEY + "\r\n", " " + KEY, KEY[:10] + "\t" + KEY[10:], KEY + "\x00", KEY + "\x7f", KEY + "\x85"]
 )
-def test_a_key_with_whitespace_or_control_characters_is_refused(kind: Kind, stub, bad, monkeypatch):
+def test_a_key_with_whitespace_or_control_characters_is_refused(
+    kind: Kind, stub: StubServer, bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given a key with a stray character, passed directly or read from the environment
     sources: list[dict[str, str | None]] = [{"api_key": bad}]
     if "\x00" not in bad:  # an environment variable cannot hold a NUL
@@ -58,7 +61,9 @@ def test_a_key_with_whitespace_or_control_characters_is_refused(kind: Kind, stub
     assert stub.requests == []
 
 
-def test_an_empty_key_is_refused_but_an_empty_environment_variable_means_none(kind: Kind, stub, monkeypatch):
+def test_an_empty_key_is_refused_but_an_empty_environment_variable_means_none(
+    kind: Kind, stub: StubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ValueError, match="empty"):
         kind.make(stub, api_key="")
     monkeypatch.setenv(kind.env_var, "")
@@ -75,7 +80,7 @@ def test_a_client_of_your_own_with_a_bad_key_is_refused_too(stub):
 
 
 @pytest.mark.parametrize("padding", [0, 200, QUOTE_LIMIT - 25, QUOTE_LIMIT - 5, QUOTE_LIMIT + 50])
-async def test_an_error_body_is_scrubbed_before_it_is_shortened(kind: Kind, stub, padding):
+async def test_an_error_body_is_scrubbed_before_it_is_shortened(kind: Kind, stub: StubServer, padding: int) -> None:
     # Given an error body that echoes the key after `padding` characters (the finding: 300 - 25)
     async with kind.make(stub) as model:
         error = await failure(model, stub, kind.error(401, "x" * padding + KEY + " is not a valid key"))
@@ -99,13 +104,15 @@ SPECIAL = 'sk-test/0123+4567=abcd~SECRET"q'
         SPECIAL[-12:],
     ],
 )
-async def test_the_obvious_forms_of_the_key_are_scrubbed(kind: Kind, stub, echo):
+async def test_the_obvious_forms_of_the_key_are_scrubbed(kind: Kind, stub: StubServer, echo: str) -> None:
     async with kind.make(stub, api_key=SPECIAL) as model:
         error = await failure(model, stub, Reply(status=403, body=f"denied for {echo}!"))
     assert "[api key]" in str(error) and fragments(str(error), SPECIAL) == []
 
 
-async def test_the_key_is_in_no_error_log_line_or_repr_at_any_level(kind: Kind, stub, caplog):
+async def test_the_key_is_in_no_error_log_line_or_repr_at_any_level(
+    kind: Kind, stub: StubServer, caplog: pytest.LogCaptureFixture
+) -> None:
     # Given DEBUG logging everywhere (the SDK, httpx2, httpcore2), and a server that echoes the key
     caplog.set_level(logging.DEBUG)
     model = kind.make(stub, max_retries=1, timeout_s=0.3)
@@ -135,17 +142,15 @@ async def test_the_key_is_in_no_error_log_line_or_repr_at_any_level(kind: Kind, 
     assert repr(model) == f"{type(model).__name__}(model='stub-model', base_url='{model.base_url}')"
 
 
-async def test_the_key_is_not_in_a_connection_error(kind: Kind, caplog):
+async def test_the_key_is_not_in_a_connection_error(kind: Kind, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = StubServer()  # never started: only its URL shape is borrowed
-    server._server.server_address = ("127.0.0.1", port)
-    async with kind.make(server, max_retries=0) as model:
+    url = f"http://127.0.0.1:{port}" + ("/v1" if kind.name == "openai" else "")
+    async with kind.make(None, base_url=url, max_retries=0) as model:
         with pytest.raises(ModelError, match="could not be reached") as caught:
             await model.complete(HI, [])
-    server._server.server_close()
     assert fragments(str(caught.value)) == [] and fragments(caplog.text) == []
 
 
@@ -165,7 +170,7 @@ def test_the_scrubber_masks_whole_keys_before_it_cuts_and_fragments_after():
     assert Scrubber([])("nothing to hide") == "nothing to hide"
 
 
-def test_credentials_in_the_base_url_are_not_shown(kind: Kind, stub):
+def test_credentials_in_the_base_url_are_not_shown(kind: Kind, stub: StubServer) -> None:
     # Given a base URL carrying a password and a query (a proxy's)
     url = "https://team:hunter2-proxy-pass@proxy.example:8443/llm?tenant=blue"
     model = kind.make(stub, base_url=url)

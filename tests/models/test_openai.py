@@ -276,7 +276,7 @@ async def test_invalid_tool_arguments_name_the_tool_and_the_call(stub, arguments
 
 
 @pytest.fixture
-def made(monkeypatch) -> list[openai.AsyncOpenAI]:
+def made(monkeypatch: pytest.MonkeyPatch) -> list[openai.AsyncOpenAI]:
     """Every SDK client the adapter makes."""
     clients: list[openai.AsyncOpenAI] = []
     new_client = OpenAIChatModel._new_client
