@@ -196,9 +196,8 @@ class SDKModel:
         code = getattr(exc, "status_code", "?")
         body = getattr(exc, "body", None)
         text = body if isinstance(body, str) else self._server_message(body)
-        if not text:  # a body of another shape: quote it as it came
-            response = getattr(exc, "response", None)
-            text = getattr(response, "text", "") or getattr(response, "reason_phrase", "") or ""
+        if not text:  # a body of another shape (or none): quote it as it came
+            text = _response_text(getattr(exc, "response", None))
         return f"HTTP {code}: {self._scrub.quote(text)}"
 
     # -- clients -----------------------------------------------------------------------
@@ -238,6 +237,15 @@ class SDKModel:
             # (asyncio.run calls it) closes the client before the loop is closed under it.
             await anext(held.keeper)
         return held.client
+
+
+def _response_text(response: Any) -> str:
+    """The body of an error response as text, else its reason phrase (the body may not have been read)."""
+    try:
+        text = response.text
+    except Exception:  # ResponseNotRead, or no response at all
+        text = ""
+    return text if isinstance(text, str) and text else str(getattr(response, "reason_phrase", "") or "")
 
 
 def _attempts(exc: Exception) -> str:

@@ -195,3 +195,17 @@ async def test_a_refused_reply_leaves_the_run_recoverable(kind: Kind, stub: Stub
     assert result.status == RunStatus.DONE and result.text == "done"
     assert ran == [7]
     assert result.model_calls == 3  # the refused reply counts against max_steps
+
+
+def test_an_error_without_a_readable_body_is_described_by_its_status(kind: Kind, stub: StubServer) -> None:
+    class Unread:
+        reason_phrase = "Bad Gateway"
+
+        @property
+        def text(self) -> str:
+            raise RuntimeError("the body was never read")
+
+    class StatusError(Exception):
+        status_code, body, response = 502, None, Unread()
+
+    assert kind.make(stub)._status(StatusError()) == "HTTP 502: Bad Gateway"
