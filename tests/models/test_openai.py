@@ -1,4 +1,4 @@
-"""OpenAIChatModel against a scripted local endpoint: mapping, retries, errors, clients, the durable loop.
+"""OpenAIChatModel against a scripted local endpoint: mapping, retries, errors, the durable loop.
 
 What every adapter must do (keys, decoding, limits) is in test_adapter_*.py, for both adapters.
 """
