@@ -119,7 +119,7 @@ PUBLIC: dict[str, list[str]] = {
         "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint", "StoreDefaults", "idempotency_key",
     ],
     "agentflow.flow": ["Call", "Flow", "FlowError", "FlowRunner", "NodeHandle", "RunResult", "RunStatus"],
-    "agentflow.models": ["Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
+    "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
     "agentflow.celery": [
         "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "register_tasks",
     ],
