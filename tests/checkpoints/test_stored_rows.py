@@ -307,6 +307,26 @@ async def test_relist_on_redis_writes_what_a_save_writes_with_its_expiry_rule(st
         await raw.aclose()
 
 
+async def _until_waiting(entry: Any, task: asyncio.Future[Any]) -> None:
+    """Return once `task` waits on another transaction's lock.
+
+    PostgreSQL shows the wait (an ungranted lock in ``pg_locks``), so it is polled for.
+    SQLite shows no lock waits from outside: there the task gets 0.3 s to reach its busy
+    wait, and the caller checks only that it has not finished.
+    """
+    if entry.engine.dialect.name != "postgresql":
+        await asyncio.sleep(0.3)
+        return
+    deadline = time.monotonic() + 10.0
+    async with entry.engine.connect() as probe:
+        while time.monotonic() < deadline and not task.done():
+            found = await probe.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+            if found.scalar():
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("the task finished or never waited on the other transaction's lock")
+
+
 @pytest.mark.parametrize("store_factory", SQL, indirect=True)
 async def test_relist_on_sql_waits_for_a_runs_row_written_meanwhile_and_sets_it_right(store: Any) -> None:
     # Given a paused run whose runs row was deleted
@@ -324,7 +344,7 @@ async def test_relist_on_sql_waits_for_a_runs_row_written_meanwhile_and_sets_it_
         # When the run is relisted meanwhile (it waits: for the primary key on PostgreSQL, the
         # write lock on SQLite), and the other writer then commits
         relisting = asyncio.ensure_future(store.relist(run_id))
-        await asyncio.sleep(0.3)
+        await _until_waiting(entry, relisting)
         assert not relisting.done()
         await transaction.commit()
     # Then the relist returns the newest row and the runs row is set to it (on PostgreSQL its
@@ -349,7 +369,7 @@ async def test_a_delete_waiting_on_a_relist_removes_the_runs_row_it_inserted(sto
         await conn.execute(store._q.newest_shared, {"run_id": run_id})
         # When the run is deleted meanwhile (its checkpoint DELETE waits for that lock)
         deleting = asyncio.ensure_future(store.delete(run_id))
-        await asyncio.sleep(0.3)
+        await _until_waiting(entry, deleting)
         assert not deleting.done()
         values = {"run_id": run_id, "flow": "audit", "status": "running", "step": 1, "segment": 1, "saved_at": 1.0}
         await conn.execute(sa.insert(t.runs).values(values))
