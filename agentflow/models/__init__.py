@@ -5,9 +5,9 @@ The adapters on the official SDKs are imported on first use: `OpenAIChatModel` n
 names the extra to install.
 """
 
-import importlib
 import typing
 
+from agentflow import _optional
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 from agentflow.models.scripted import ScriptedModel
@@ -18,11 +18,9 @@ if typing.TYPE_CHECKING:
 
 __all__ = ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"]
 
-#: Adapter -> the module that defines it (its import error names the extra).
-_ADAPTERS = {"AnthropicModel": "agentflow.models.anthropic", "OpenAIChatModel": "agentflow.models.openai"}
+_ADAPTERS = {
+    "AnthropicModel": ("agentflow.models.anthropic", "anthropic"),
+    "OpenAIChatModel": ("agentflow.models.openai", "openai"),
+}
 
-
-def __getattr__(name: str) -> typing.Any:
-    if name in _ADAPTERS:
-        return getattr(importlib.import_module(_ADAPTERS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _optional.lazy_attributes(__name__, _ADAPTERS)
