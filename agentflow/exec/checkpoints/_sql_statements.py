@@ -31,6 +31,7 @@ class Tables:
     checkpoints: sa.Table
     runs: sa.Table
     calls: sa.Table
+    leases: sa.Table
 
 
 def tables(p: str) -> Tables:
@@ -60,6 +61,10 @@ def tables(p: str) -> Tables:
             f"{p}calls", md, col("run_id", sa.Text), col("segment", sa.Integer), col("seq", sa.Integer),
             col("kind", sa.Text), *sealed(),
             sa.PrimaryKeyConstraint("run_id", "segment", "seq", name=f"{p}calls_pk"),
+        ),
+        sa.Table(
+            f"{p}leases", md, col("run_id", sa.Text, primary_key=True), col("owner", sa.Text),
+            col("token", sa.Text), col("expires_at", sa.Double),
         ),
     )  # fmt: skip
 
@@ -93,7 +98,7 @@ class Statements:
     unfinished: sa.Select[Any]  # flow
     list_runs: sa.Select[Any]  # limit
     list_runs_of_flow: sa.Select[Any]  # flow, limit
-    delete: tuple[sa.Delete, ...]  # run_id: runs first (a save's lock order), then again last (see `statements`)
+    delete: tuple[sa.Delete, ...]  # run_id: runs first (a save's lock order), the lease too, runs again last
     segment_counts: sa.Select[Any]  # run_id
     calls: sa.Select[Any]  # run_id
     stored_runs: sa.Select[Any]  # no parameters: every run id with a checkpoint row
@@ -101,7 +106,7 @@ class Statements:
 
 def statements(t: Tables) -> Statements:
     """Build every statement on the tables `t`."""
-    runs, cps, calls = t.runs, t.checkpoints, t.calls
+    runs, cps, calls, leases = t.runs, t.checkpoints, t.calls, t.leases
     run_id: sa.BindParameter[str] = sa.bindparam("run_id")
     segment: sa.BindParameter[int] = sa.bindparam("segment")
     limit = sa.bindparam("limit", type_=sa.Integer)
@@ -147,7 +152,7 @@ def statements(t: Tables) -> Statements:
         list_runs=list_runs.limit(limit),
         list_runs_of_flow=list_runs.where(runs.c.flow == sa.bindparam("flow")).limit(limit),
         # runs first, in a save's lock order; runs again last, for a row a relist inserted meanwhile
-        delete=tuple(sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls, runs)),
+        delete=tuple(sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls, leases, runs)),
         segment_counts=sa.select(calls.c.segment, sa.func.count())
         .where(calls.c.run_id == run_id)
         .group_by(calls.c.segment),

@@ -2,7 +2,8 @@
 
 This module owns everything about the database file itself, not the store's rules:
 
-- The schema (`MIGRATIONS`), one script per version, and bringing a file up to date. The
+- The schema (`MIGRATIONS`), one script per version, and bringing a file up to date (version
+  2 added the ``leases`` table, so a file written at version 1 gains it on first open). The
   version is kept in ``agentflow_meta``; migrating takes the write lock, so with several
   processes opening a new file at once exactly one of them does it, and a file written by
   a newer agentflow is refused.
@@ -50,6 +51,12 @@ MIGRATIONS: list[str] = [
         run_id TEXT NOT NULL, segment INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
         payload BLOB NOT NULL, kid TEXT NOT NULL, sig TEXT NOT NULL,
         PRIMARY KEY (run_id, segment, seq)
+    );
+    """,
+    # 2: run leases (`_sqlite_leases`); a file made at version 1 gains the table on first open.
+    """
+    CREATE TABLE leases (
+        run_id TEXT NOT NULL PRIMARY KEY, owner TEXT NOT NULL, token TEXT NOT NULL, expires_at REAL NOT NULL
     );
     """,
 ]

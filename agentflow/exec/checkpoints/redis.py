@@ -10,6 +10,7 @@ tag puts every key of a run in one Redis Cluster slot, so each script touches on
     P:runs                zset   run id -> saved_at of its newest save (every flow)
     P:runs:<flow>         zset   run id -> saved_at of its newest save
     P:unfinished:<flow>   zset   run id -> saved_at, for runs last saved running or paused
+    P:run:{R}:lease       hash   owner, token, expires_at of the run's lease (`_redis_leases`)
 
 A row is one JSON header line and then the payload bytes exactly as given; the format and
 its codec live in `_redis_rows`.
@@ -33,6 +34,10 @@ node, or each primary of a Cluster), a walk of the keyspace meant for audits and
 on one server, the index entries) from the newest checkpoint row's header, with the
 expiry rule of a save, and touches nothing when they already agree with it.
 
+Leases are `_redis_leases`'s: ``_lua/lease.lua`` takes, renews and releases a run's lease on
+the server's clock, and the key expires by itself when the lease lapses. The lease key is
+not one of the run keys the other scripts take; `delete` removes it with them.
+
 Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
 client: `_redis_clients`.
 """
@@ -49,16 +54,17 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
 from agentflow.exec.checkpoints._redis_index import Index
+from agentflow.exec.checkpoints._redis_leases import Leases
 from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _text
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
-_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished")
+_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 #: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
 _RELIST_ATTEMPTS = 3
@@ -117,6 +123,7 @@ class RedisCheckpointStore:
         self._prefix = prefix
         self._ttl = str(ttl_s or 0)
         self._index = Index(prefix, self._run_keys)
+        self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
 
     @classmethod
     def from_url(
@@ -268,11 +275,11 @@ class RedisCheckpointStore:
         raise CheckpointConflict(f"run {run_id!r}: its newest checkpoint kept changing while it was being relisted")
 
     async def delete(self, run_id: str) -> None:
-        """Remove every key of the run and its index entries."""
+        """Remove every key of the run (its lease too) and its index entries."""
         keys = self._run_keys(run_id)
         async with self._clients.use() as bound:
             flow = await bound.client.hget(keys[1], "flow")
-            await bound.client.delete(*keys)
+            await bound.client.delete(*keys, *self._run_keys(run_id, ("lease",)))  # one slot: one DEL
             pipe = bound.client.pipeline(transaction=False)
             pipe.zrem(f"{self._prefix}:runs", run_id)
             if flow is not None:
@@ -324,6 +331,22 @@ class RedisCheckpointStore:
             fields = await bound.client.hgetall(self._run_keys(run_id)[2])
         return _calls_of(run_id, fields)
 
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        """Take the run's lease unless another live token holds it: one script, on the server's clock."""
+        return await self._leases.take(run_id, owner, token, ttl_s)
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
+        return await self._leases.renew(run_id, token, ttl_s)
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        """Give the lease up if `token` holds it; whether it was live."""
+        return await self._leases.release(run_id, token)
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        """The live leases among `run_ids`: pipelined reads of their keys, which expire as they lapse."""
+        return await self._leases.read(run_ids)
+
     async def aclose(self) -> None:
         """Close this event loop's client; the store connects again when used afterwards.
 
@@ -331,12 +354,12 @@ class RedisCheckpointStore:
         """
         await self._clients.aclose()
 
-    def _run_keys(self, run_id: str) -> list[str]:
+    def _run_keys(self, run_id: str, parts: Sequence[str] = _RUN_PARTS) -> list[str]:
         if not isinstance(run_id, str) or not run_id or run_id.startswith("}"):
             raise ValueError(
                 f"run id {run_id!r} makes no Redis hash tag: use a non-empty id that does not start with '}}'"
             )
-        return [f"{self._prefix}:run:{{{run_id}}}:{part}" for part in _RUN_PARTS]
+        return [f"{self._prefix}:run:{{{run_id}}}:{part}" for part in parts]
 
 
 def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:

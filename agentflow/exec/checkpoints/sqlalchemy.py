@@ -1,7 +1,8 @@
 """`SQLAlchemyCheckpointStore`: checkpoints in PostgreSQL (asyncpg) or SQLite (aiosqlite).
 
 Tables (names start with ``table_prefix``): ``meta`` (``schema_version``), ``checkpoints``,
-``runs`` (each run's latest) and ``calls``. Every statement is built once per store
+``runs`` (each run's latest), ``calls`` and ``leases`` (schema version 2; its statements,
+the take's single upsert among them, are `_sql_leases`'s). Every statement is built once per store
 (`_sql_statements`) and run with a dict of values, so a call builds and compiles nothing.
 
 Each save and call record is one transaction that reads the run's ``runs`` row once,
@@ -43,9 +44,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 from agentflow.exec.checkpoints._sql_engines import Connector, check_url
+from agentflow.exec.checkpoints._sql_leases import SQLLeases
 from agentflow.exec.checkpoints._sql_statements import (
     CALL_FIELDS,
     LATEST_FIELDS,
@@ -72,8 +74,13 @@ def _v1_create_tables(conn: sa.Connection, t: Tables) -> None:
     t.metadata.create_all(conn, tables=[t.checkpoints, t.runs, t.calls], checkfirst=True)
 
 
+def _v2_create_leases(conn: sa.Connection, t: Tables) -> None:
+    """Version 2: the leases table (a database at version 1 gains it on its next setup)."""
+    t.metadata.create_all(conn, tables=[t.leases], checkfirst=True)
+
+
 #: Schema changes in order; ``schema_version`` counts how many a database has applied.
-MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [_v1_create_tables]
+MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [_v1_create_tables, _v2_create_leases]
 
 
 async def _insert(conn: AsyncConnection, insert: sa.Insert, values: dict[str, Any], taken: str) -> None:
@@ -112,6 +119,7 @@ class SQLAlchemyCheckpointStore:
         self._sqlite = self._db.sqlite
         self._t = tables(table_prefix)
         self._q = statements(self._t)
+        self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -309,7 +317,7 @@ class SQLAlchemyCheckpointStore:
             raise CheckpointStoreCorrupt(f"{self!r}: a stored checkpoint row is unreadable: {exc}") from None
 
     async def delete(self, run_id: str) -> None:
-        """Forget the run: its latest pointer, checkpoints and call records, in one transaction."""
+        """Forget the run: its latest pointer, checkpoints, call records and lease, in one transaction."""
         async with self._tx(write=True) as conn:
             for statement in self._q.delete:
                 await conn.execute(statement, {"run_id": run_id})
@@ -347,6 +355,22 @@ class SQLAlchemyCheckpointStore:
         async with self._tx() as conn:
             rows = (await conn.execute(self._q.calls, {"run_id": run_id})).all()
         return [self._sealed(SealedCall, row, run_id) for row in rows]
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        """Take the run's lease unless another live token holds it: one upsert, then the row read back."""
+        return await self._leases.take(run_id, owner, token, ttl_s)
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
+        return await self._leases.renew(run_id, token, ttl_s)
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        """Give the lease up if `token` holds it; whether it was live."""
+        return await self._leases.release(run_id, token)
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        """The live leases among `run_ids`, judged on the database's clock."""
+        return await self._leases.read(run_ids)
 
     def _sealed(self, cls: type[_R], row: sa.Row[Any], run_id: str) -> _R:
         """Rebuild a sealed row, checking each field's type (SQLite columns take values of any type)."""

@@ -22,6 +22,8 @@ and the worker thread) is `_sqlite_file`'s.
   locked by another writer, the statement fails at once (before anything is written) and
   is handed to the worker thread, which waits for the lock without blocking the loop.
 - Payloads are opaque: rows go in and come out exactly as given, checked only for types.
+- Leases (``leases`` table) are `_sqlite_leases`'s statements, run here like the other
+  writes: a take is one upsert and its read-back in one write transaction.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints import _sqlite_leases
+from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_row, check_save
 from agentflow.exec.checkpoints._sqlite_file import MIGRATIONS as MIGRATIONS  # re-exported: tests import it here
 from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _Worker
 
@@ -263,10 +266,10 @@ class SQLiteCheckpointStore:
         return row
 
     async def delete(self, run_id: str) -> None:
-        """Forget the run: its checkpoints, its listing row and its call log."""
+        """Forget the run: its checkpoints, its listing row, its call log and its lease."""
 
         def job(conn: sqlite3.Connection) -> None:
-            for table in ("checkpoints", "runs", "calls"):
+            for table in ("checkpoints", "runs", "calls", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
 
         await self._do(partial(_immediate, job=job))
@@ -335,6 +338,27 @@ class SQLiteCheckpointStore:
         """Return the run's call records by segment, then sequence number."""
         rows = await self._fetch(f"{_SELECT_CALL} WHERE run_id = ? ORDER BY segment, seq", (run_id,))
         return [self._call(row) for row in rows]
+
+    # -- leases (`_sqlite_leases`) ------------------------------------------------------
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        """Take the run's lease unless another live token holds it: one upsert and its read-back, one transaction."""
+        check_lease_args(owner, token, ttl_s)
+        job = partial(_sqlite_leases.take, run_id, owner, token, ttl_s, self.path)
+        return await self._do(partial(_immediate, job=job))
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
+        job = partial(_sqlite_leases.renew, run_id, token, ttl_s, self.path)
+        return await self._do(partial(_immediate, job=job))
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        """Give the lease up if `token` holds it; whether it was live."""
+        return await self._do(partial(_immediate, job=partial(_sqlite_leases.release, run_id, token)))
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        """The live leases among `run_ids`."""
+        return await self._do(partial(_sqlite_leases.read, list(run_ids), self.path))
 
     # -- lifecycle ---------------------------------------------------------------------
 
