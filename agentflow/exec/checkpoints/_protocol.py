@@ -28,6 +28,13 @@ wraps another must forward them too, or callers lose them silently):
   row, so a run `stored_runs` found but the listings lost can be recovered again.
 - ``local_key``: the signing key of a store that lives in one process (the memory store),
   None for every store shared with other processes.
+- Leases (``take_lease``, ``renew_lease``, ``release_lease``, ``leases``): who holds a run
+  and until when. A take is atomic against every other taker the backend supports: of
+  racing takers of a free or lapsed lease exactly one gets it. Only the holder's token
+  renews or releases it; a lapsed lease is free, whatever its row or key still says.
+  Expiry is judged on the store's clock where there is one (Redis, PostgreSQL), so hosts
+  with skewed clocks still agree. Leases need no checkpoint (a run is held before its
+  step 0 is saved) and `delete` forgets the run's lease with its rows.
 
 A step 0 is refused whenever any row of the run id is stored, even when the entry the
 compare-and-set reads (the listing row, the latest hash) is missing: a new run never
@@ -44,7 +51,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
 
 
 @runtime_checkable
@@ -174,6 +181,38 @@ class CheckpointStore(Protocol):
         Raises:
             CheckpointStoreCorrupt: the run's rows cannot be read as the store wrote them.
         """
+        ...
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        """Take the run's lease for `ttl_s` seconds unless another token holds it and it has not lapsed.
+
+        Taking it again with the token that holds it renews it. Atomic: of racing takers
+        exactly one gets a free or lapsed lease.
+
+        Returns:
+            The lease as it stands afterwards: this token's (taken) or the live holder's
+            (compare ``lease.token`` with `token`).
+
+        Raises:
+            ValueError: `ttl_s` is not positive, or `owner` or `token` is empty.
+        """
+        ...
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        """Push the lease's expiry to `ttl_s` from now if `token` holds it and it has not lapsed.
+
+        Returns:
+            The renewed lease, or None when the token no longer holds it (it lapsed, was
+            taken by another, or released): the holder lost the run.
+        """
+        ...
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        """Give the lease up if `token` holds it; return whether it did (another's lease stays)."""
+        ...
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        """Return the live lease of each of `run_ids` that has one (lapsed and free ones are absent)."""
         ...
 
     @property

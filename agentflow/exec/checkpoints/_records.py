@@ -67,3 +67,22 @@ class SealedCall:
     """Id of the key that signed this row."""
     sig: str
     """HMAC-SHA256 (hex) over the fields above and the payload."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a run, and until when (a store keeps it apart from the signed rows).
+
+    A lease is advisory ownership: it keeps a second worker, the CLI or the viewer from
+    acting on a run that a live worker is moving. It is not what stops a worker that lost
+    the run from acting twice: the segment fencing and the compare-and-set do that.
+    """
+
+    run_id: str
+    """The run held."""
+    owner: str
+    """Who holds it, for people: ``<name>@<host>:<pid>``."""
+    token: str
+    """Random per take: only the holder of this token renews or releases the lease."""
+    expires_at: float
+    """When it lapses unless renewed (seconds since the epoch, on the store's clock)."""

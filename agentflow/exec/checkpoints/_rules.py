@@ -99,3 +99,11 @@ def check_call(run_id: str, record: SealedCall, latest: tuple[int, str, int] | N
             f"run {run_id!r}: call record {record.segment}.{record.seq} is out of sequence "
             f"(next is {record.segment}.{next_seq})"
         )
+
+
+def check_lease_args(owner: str, token: str, ttl_s: float) -> None:
+    """Refuse a lease take without an owner or token, or with a lifetime that is not positive."""
+    if not owner or not token:
+        raise ValueError("a lease needs a non-empty owner and token")
+    if not ttl_s > 0:
+        raise ValueError(f"a lease's ttl_s must be positive, not {ttl_s!r}")

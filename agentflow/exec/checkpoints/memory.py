@@ -10,16 +10,26 @@ and `stored_runs` read the rows, so an index entry going missing hides a run fro
 listings but never lets a step 0 start over its rows. The index holds only ids (each
 listing reads the run's newest row), so `relist` puts the id back and has nothing else
 to mend.
+
+Leases live in a dict (``_leases``) and are judged against ``time.time()``; like every
+other method, a take runs without awaiting, so racing takers on one loop cannot interleave.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import (
+    check_call,
+    check_lease_args,
+    check_no_stored_rows,
+    check_row,
+    check_save,
+)
 
 
 class MemoryCheckpointStore:
@@ -34,6 +44,8 @@ class MemoryCheckpointStore:
         self._calls: dict[str, dict[int, list[SealedCall]]] = {}
         #: The listing index: the ids of the runs the listings show (a dict keeps save order).
         self._listed: dict[str, None] = {}
+        #: Who holds which run (a lapsed entry is free; it is overwritten by the next take).
+        self._leases: dict[str, Lease] = {}
 
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
@@ -95,6 +107,7 @@ class MemoryCheckpointStore:
         self._checkpoints.pop(run_id, None)
         self._calls.pop(run_id, None)
         self._listed.pop(run_id, None)
+        self._leases.pop(run_id, None)
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
@@ -133,6 +146,39 @@ class MemoryCheckpointStore:
         """Return the run's call records by segment, then sequence number."""
         segments = self._calls.get(run_id, {})
         return [rec for seg in sorted(segments) for rec in segments[seg]]
+
+    def _live(self, run_id: str) -> Lease | None:
+        lease = self._leases.get(run_id)
+        return lease if lease is not None and lease.expires_at > time.time() else None
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        """Take the run's lease unless another live token holds it (see `CheckpointStore.take_lease`)."""
+        check_lease_args(owner, token, ttl_s)
+        held = self._live(run_id)
+        if held is not None and held.token != token:
+            return held
+        self._leases[run_id] = Lease(run_id, owner, token, time.time() + ttl_s)
+        return self._leases[run_id]
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        """Extend the lease if `token` still holds it (see `CheckpointStore.renew_lease`)."""
+        held = self._live(run_id)
+        if held is None or held.token != token:
+            return None
+        self._leases[run_id] = Lease(run_id, held.owner, token, time.time() + ttl_s)
+        return self._leases[run_id]
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        """Give the lease up if `token` holds it."""
+        held = self._leases.get(run_id)
+        if held is None or held.token != token:
+            return False
+        del self._leases[run_id]
+        return held.expires_at > time.time()
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        """The live leases among `run_ids`."""
+        return {run_id: lease for run_id in run_ids if (lease := self._live(run_id)) is not None}
 
     async def aclose(self) -> None:
         """Nothing to release."""
