@@ -9,13 +9,19 @@ Two stages:
 2. The views (segments, calls and their states, recoveries, identity, state) are built
    only when stage 1 found nothing wrong.
 
+Who did what comes from the checked bodies only (`_run_control.control_of`: who saved each
+checkpoint, who decided each claim); whether a worker holds the run now comes from the
+store's lease, read before and after the rows (a run held at either read is shown as
+held: a call it logs as started is running there, not in doubt).
+
 Problems are collected, not raised, so a listing can show a corrupt run next to healthy
 ones; the `RunReport` of a corrupt run then carries no data read from that run at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
@@ -24,10 +30,13 @@ from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
+from agentflow.exec._run_control import control_of
+from agentflow.exec._run_lease import held_by
+from agentflow.exec._run_steps import CLAIM_CAUSES
 from agentflow.exec._run_sweep import forgotten
 from agentflow.exec._run_view import RunHead
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
 
 #: How many runs ``verify --all`` and a full listing read at most.
 ALL_RUNS: Final = 1_000_000
@@ -126,7 +135,7 @@ async def _open_log(
 def _claim_cause(previous: SealedCheckpoint, body: Body) -> str:
     """Why a worker claimed the run: as the claim says, or (older rows) from what came before it."""
     said = body.get("claim")
-    if said in ("recovery", "resume", "handoff"):
+    if said in CLAIM_CAUSES:
         return str(said)
     return "resume" if previous.status == "paused" else "recovery"
 
@@ -152,12 +161,15 @@ def _segments(
         if i == 0 or row.segment == row.step:
             how = "start" if i == 0 else _claim_cause(rows[i - 1], bodies[i])
             count = sum(1 for rec in records if rec.segment == row.segment)
-            out.append(v.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count))
-        else:
-            last = out[-1]
-            out[-1] = v.SegmentView(
-                last.segment, last.how, last.first_step, row.step, last.since, row.saved_at, last.records
+            said = control_of(bodies[i])
+            seg = v.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count)
+            out.append(
+                dataclasses.replace(
+                    seg, owner=said.by, operator=said.operator, rerun=said.rerun, awaiting=said.awaiting
+                )
             )
+        else:
+            out[-1] = dataclasses.replace(out[-1], last_step=row.step, until=row.saved_at)
     return out
 
 
@@ -197,19 +209,31 @@ def _fill(
 ) -> None:
     """Build the views of a run whose every row checked."""
     segments = _segments(rows, bodies, records)
-    hows = {s.segment: s.how for s in segments}
+    held = {s.segment: s for s in segments}
     for i, (row, body) in enumerate(zip(rows, bodies, strict=True)):
         what = _what(row, rows[i - 1] if i else None, body)
+        said = control_of(body)
         report.checkpoints.append(
-            v.CheckpointView(row.step, row.saved_at, row.status, row.segment, _superstep(body), what)
+            v.CheckpointView(
+                row.step,
+                row.saved_at,
+                row.status,
+                row.segment,
+                _superstep(body),
+                what,
+                by=said.by,
+                operator=said.operator,
+            )
         )
         done = body.get("recovered")
         if isinstance(done, dict):
-            how = hows.get(row.segment, "recovery")
-            report.recoveries.append(
-                v.Recovery(row.step, how, list(done.get("replayed", [])), list(done.get("rerun", [])))
-            )
+            seg = held.get(row.segment)
+            how, by, operator = (seg.how, seg.owner, seg.operator) if seg else ("recovery", said.by, None)
+            replayed, rerun = list(done.get("replayed", [])), list(done.get("rerun", []))
+            report.recoveries.append(v.Recovery(row.step, how, replayed, rerun, by, operator))
     latest = bodies[-1]
+    if "claim" in latest:  # a parked run: what it waits for a decision about
+        report.awaiting = list(control_of(latest).awaiting)
     ident = latest.get("identity") or {}
     report.identity = v.Identity(ident.get("user"), ident.get("thread"), bool(ident.get("principal")))
     report.segments = segments
@@ -231,12 +255,25 @@ def _bare(row: SealedCheckpoint, problems: list[str]) -> v.CheckpointView:
 
 
 async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.RunReport:
-    """Read and check one run.
+    """Read and check one run, and whether a live worker holds it.
 
     Raises:
         CheckpointNotFound: nothing is stored for `run_id`.
         CheckpointError: the store failed (unreachable, or a row it cannot even read).
     """
+    before = await store.leases([run_id])
+    report = await _read_rows(store, sealer, run_id)
+    _held(report, before, await store.leases([run_id]))
+    return report
+
+
+def _held(report: v.RunReport, before: Mapping[str, Lease], after: Mapping[str, Lease]) -> None:
+    """Set the run's lease: the one live after its rows were read, else the one live before."""
+    report.lease = after.get(report.run_id) or before.get(report.run_id)
+
+
+async def _read_rows(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.RunReport:
+    """Read and check one run's rows (`read_run` without the lease)."""
     for _ in range(_READS):
         rows = list(await store.history(run_id))
         if not rows:
@@ -267,13 +304,18 @@ async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.Run
 async def read_runs(
     store: CheckpointStore, sealer: Sealer, flow: str | None = None, limit: int = ALL_RUNS
 ) -> list[v.RunReport]:
-    """Read and check the latest `limit` runs (of one ``flow`` column, or all), newest first."""
+    """Read and check the latest `limit` runs (of one ``flow`` column, or all), newest first, with their leases."""
+    run_ids = [row.run_id for row in await store.list_runs(flow, limit)]
+    before = await held_by(store, run_ids)
     reports = []
-    for row in await store.list_runs(flow, limit):
+    for run_id in run_ids:
         try:
-            reports.append(await read_run(store, sealer, row.run_id))
+            reports.append(await _read_rows(store, sealer, run_id))
         except CheckpointNotFound:
             continue  # deleted since it was listed
+    after = await held_by(store, [rep.run_id for rep in reports])
+    for report in reports:
+        _held(report, before, after)
     return reports
 
 
@@ -330,11 +372,14 @@ async def read_heads(
     its runs are. (The store still hands over the `offset` runs skipped.)
     """
     heads: list[RunHead] = []
-    for row in list(await store.list_runs(flow, offset + limit))[offset:]:
+    rows = list(await store.list_runs(flow, offset + limit))[offset:]
+    live = await held_by(store, [row.run_id for row in rows])
+    for row in rows:
         try:
             sealer.open_checkpoint(row, row.run_id)
         except CheckpointStoreCorrupt as exc:
             heads.append(RunHead(row.run_id, "", "", row.step, 0.0, -1, str(exc)))
             continue
-        heads.append(RunHead(row.run_id, row.flow, row.status, row.step, row.saved_at, row.segment))
+        lease = live.get(row.run_id)
+        heads.append(RunHead(row.run_id, row.flow, row.status, row.step, row.saved_at, row.segment, lease=lease))
     return heads

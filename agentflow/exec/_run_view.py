@@ -4,6 +4,11 @@ Every surface reads runs through these records: ``agentflow runs`` and ``agentfl
 the run viewer, `FlowClient.status` and the demo's narrator. `agentflow.exec._run_read`
 fills them, and only from rows whose signatures and numbering checked.
 
+Who did what: every checkpoint names the process that saved it (``by``, the lease holder)
+and every claim that carried a decision names who decided (``operator``); a run a live
+worker holds carries that worker's lease, and then no call of it is "in doubt": its calls
+are running on that worker.
+
 A run with any problem carries its problems and the position of each row, nothing else:
 no state, no results, nothing decoded from a payload that failed its check. A principal is
 never kept, not even its proof: `Identity.principal` only says whether the run has one.
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentflow._run_types import RunKind, RunStatus
+from agentflow.exec.checkpoints._records import Lease
 
 #: Call states, as shown.
 DONE: Final = "done"
@@ -29,6 +35,10 @@ RECOVERED: Final = "recovered"
 RESUMED: Final = "resumed"
 PAUSED: Final = "paused"
 CORRUPT: Final = "corrupt"
+#: A live worker holds the run's lease: it is running there (its calls are not in doubt).
+LIVE: Final = "live"
+#: A worker parked the run on calls in doubt: it waits for an operator's decision.
+WAITING: Final = "waiting for a decision"
 
 #: What a listing can be filtered by: a run's status, or ``corrupt`` (the runs that failed their check).
 STATUSES: Final = (*(str(s) for s in RunStatus), CORRUPT)
@@ -61,9 +71,13 @@ class CheckpointView:
     superstep: int | None = None
     """Supersteps done (a tool loop's turn), from the checked body."""
     what: str = ""
-    """``start``, ``superstep``, ``claim (recovery|resume|handoff)``, ``paused``, ``done`` or ``failed``."""
+    """``start``, ``superstep``, ``claim (<cause>)``, ``paused``, ``done`` or ``failed``."""
     problem: str | None = None
     """Why the row failed its check (then nothing else of it is shown)."""
+    by: str | None = None
+    """Who saved it: the lease holder's name (``<name>@<host>:<pid>``); None on rows older than leases."""
+    operator: str | None = None
+    """Who decided, on a claim that carries a decision (a resume, a rerun of calls in doubt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +90,7 @@ class SegmentView:
     segment: int
     """Its number: the step at which the worker claimed the run (0: the worker that started it)."""
     how: str
-    """Why it began: ``start``, ``recovery``, ``resume`` or ``handoff``."""
+    """Why it began: ``start``, or its claim's cause (``recovery``, ``resume``, ``handoff``, ``decision``, ...)."""
     first_step: int
     """The step of the claim (or 0)."""
     last_step: int
@@ -87,6 +101,14 @@ class SegmentView:
     """When its last checkpoint was saved."""
     records: int
     """How many call records it wrote."""
+    owner: str | None = None
+    """Who held it: the ``by`` of its first checkpoint (None on rows older than leases)."""
+    operator: str | None = None
+    """Who decided, when its claim carries a decision (at `since`)."""
+    rerun: tuple[str, ...] = ()
+    """The calls in doubt its claim's operator decided to run again."""
+    awaiting: tuple[tuple[str, str], ...] = ()
+    """The calls in doubt its claim parked the run on: ``(tool, why)``."""
 
 
 @dataclass(slots=True)
@@ -124,11 +146,15 @@ class Recovery:
     step: int
     """The checkpoint that records it."""
     how: str
-    """The claim's cause: ``recovery``, ``resume`` or ``handoff``."""
+    """The claim's cause: ``recovery``, ``resume``, ``handoff`` or ``decision``."""
     replayed: list[str]
     """Calls whose stored results were used instead of running the tool."""
     rerun: list[str]
     """Calls in doubt that ran again."""
+    by: str | None = None
+    """Who ran the step (the segment's owner)."""
+    operator: str | None = None
+    """Who decided the claim it ran under, if it carried a decision."""
 
 
 @dataclass(slots=True)
@@ -167,6 +193,10 @@ class RunReport:
     """Why it failed."""
     records: int = 0
     """How many call records it has."""
+    lease: Lease | None = None
+    """The live lease on the run when it was read: a worker is running it (None: nobody holds it)."""
+    awaiting: list[tuple[str, str]] = field(default_factory=list)
+    """``(tool, why)`` of the calls in doubt a parked run waits for a decision about (its latest claim)."""
 
     @property
     def name(self) -> str:
@@ -179,22 +209,43 @@ class RunReport:
         return bool(self.problems)
 
     @property
+    def running_on(self) -> str | None:
+        """Who holds the run's lease (it is running there), or None."""
+        return self.lease.owner if self.lease is not None else None
+
+    @property
     def in_doubt(self) -> list[CallView]:
-        """Calls in doubt in the superstep an unfinished run is at."""
-        if self.corrupt or self.status != RunStatus.RUNNING or not self.checkpoints:
+        """Calls in doubt in the superstep an unfinished run is at; none while a live worker holds the run.
+
+        A call logged as started with no result is in doubt only when its worker is gone:
+        while the run's lease is live, the call is running on that worker.
+        """
+        if self.corrupt or self.status != RunStatus.RUNNING or not self.checkpoints or self.lease is not None:
             return []
         current = self.checkpoints[-1].superstep
         return [c for c in self.calls if c.state == IN_DOUBT and c.superstep == current]
 
     @property
+    def decision(self) -> SegmentView | None:
+        """The latest segment if its claim is an operator's decision not spent yet (the run waits for a worker)."""
+        if self.corrupt or self.status != RunStatus.RUNNING or not self.segments:
+            return None
+        last = self.segments[-1]
+        return last if last.how == "decision" and last.first_step == self.step else None
+
+    @property
     def marks(self) -> list[str]:
-        """The marks a listing shows: corrupt, recovered, resumed, in doubt, paused."""
+        """The marks a listing shows: corrupt, recovered, resumed, live, in doubt, waiting for a decision, paused."""
         if self.corrupt:
             return [CORRUPT]
         hows = {s.how for s in self.segments}
         marks = [m for m, how in ((RECOVERED, "recovery"), (RESUMED, "resume")) if how in hows]
+        if self.lease is not None:
+            marks.append(LIVE)
         if self.in_doubt:
             marks.append(IN_DOUBT)
+        if self.awaiting and self.lease is None:
+            marks.append(WAITING)
         if self.status == PAUSED:
             marks.append(PAUSED)
         return marks
@@ -231,6 +282,8 @@ class RunHead:
     """The step at which the worker holding it claimed it (0: never claimed; -1 when `problem` is set)."""
     problem: str | None = None
     """Why the latest checkpoint failed its check."""
+    lease: Lease | None = None
+    """The live lease on the run when it was listed (a worker is running it), or None."""
 
     @property
     def kind(self) -> RunKind:
@@ -241,6 +294,11 @@ class RunHead:
     def corrupt(self) -> bool:
         """Whether the latest checkpoint failed its check."""
         return self.problem is not None
+
+    @property
+    def running_on(self) -> str | None:
+        """Who holds the run's lease (it is running there), or None."""
+        return self.lease.owner if self.lease is not None else None
 
     @property
     def claimed(self) -> bool:
