@@ -10,7 +10,7 @@ from agentflow.cli._show import corrupt_text, run_text
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, table
 from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs
-from agentflow.exec._run_view import CORRUPT, STATUSES, RunReport
+from agentflow.exec._run_view import CORRUPT, LIVE, STATUSES, RunReport
 
 
 @click.group("runs")
@@ -22,7 +22,7 @@ def list_row(report: RunReport) -> list[str]:
     """One line of the listing; a corrupt run shows its reason and nothing read from it (`table` escapes each cell)."""
     if report.corrupt:
         return [report.run_id, "-", CORRUPT, "-", "-", "CORRUPT: " + short(report.problems[0], 100)]
-    marks = ", ".join(report.marks)
+    marks = ", ".join(f"{LIVE} on {report.running_on}" if m == LIVE else m for m in report.marks)
     return [report.run_id, report.flow, report.status, str(report.step), when(report.saved_at), marks]
 
 
@@ -32,7 +32,7 @@ def list_row(report: RunReport) -> list[str]:
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--limit", default=200, show_default=True, help="At most this many runs, newest first.")
 def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None, limit: int) -> None:
-    """List runs: id, flow, status, step, last update and marks (recovered, in doubt, paused, CORRUPT)."""
+    """List runs: id, flow, status, step, last update and marks (recovered, live, in doubt, paused, CORRUPT)."""
     target = open_target(store_url, key_env)
     reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(max(limit, 0), ALL_RUNS)))
     wrong = target.wrong_key(reports)

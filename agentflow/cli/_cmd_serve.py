@@ -21,6 +21,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 def _options(message: str, token_env: str | None) -> str:
     """A `ViewerSettings` error in the words of this command's options."""
     words = {
+        "ViewerSettings.token_label": "--token-label",
         "ViewerSettings.token": f"--token-env {token_env}: ${token_env}",
         "ViewerSettings.allowed_hosts": "--allowed-host",
         "ViewerSettings.proxies": "--proxy",
@@ -38,6 +39,13 @@ def _options(message: str, token_env: str | None) -> str:
     "--token-env",
     metavar="NAME",
     help="Environment variable holding the token approving requires (22 or more random characters).",
+)
+@click.option(
+    "--token-label",
+    metavar="NAME",
+    default="viewer",
+    show_default=True,
+    help="Who decides through this viewer: signed as the operator of each Approve and Deny (name the token holders).",
 )
 @click.option("--app", "app_path", metavar="MODULE:ATTR", help="The FlowApp, to approve or deny paused runs.")
 @click.option(
@@ -60,6 +68,7 @@ def viewer(
     host: str,
     port: int,
     token_env: str | None,
+    token_label: str,
     app_path: str | None,
     allowed_hosts: tuple[str, ...],
     proxies: tuple[str, ...],
@@ -85,6 +94,7 @@ def viewer(
             label=redact(store_url),
             allowed_hosts=allowed_hosts,
             proxies=proxies,
+            token_label=token_label,
         )
     except ValueError as exc:
         raise _errors.CliError(_options(str(exc), token_env)) from None

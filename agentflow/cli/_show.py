@@ -36,29 +36,40 @@ def corrupt_text(report: RunReport) -> str:
     return "\n".join(lines)
 
 
+#: How each segment began, as `runs show` says it.
+BEGAN = {
+    "start": "started the run",
+    "recovery": "claimed it (recovery)",
+    "resume": "claimed it (resume)",
+    "handoff": "took it over (the next superstep)",
+    "decision": "claimed it (a decision on calls in doubt)",
+    "parked": "parked it (calls in doubt wait for a decision)",
+}
+
+
 def _history(report: RunReport) -> list[str]:
     rows = [
-        [str(c.step), c.status, str(c.superstep), str(c.segment), when(c.saved_at), c.what] for c in report.checkpoints
+        [str(c.step), c.status, str(c.superstep), str(c.segment), when(c.saved_at), c.what, c.by or "-"]
+        for c in report.checkpoints
     ]
     return _heading("Checkpoints") + _indent(
-        table(["step", "status", "superstep", "segment", "saved", "what"], rows, 1)
+        table(["step", "status", "superstep", "segment", "saved", "what", "by"], rows, 1)
     )
 
 
 def _segments(report: RunReport) -> list[str]:
     lines = _heading("Segments (who held the run)")
     for seg in report.segments:
-        how = {
-            "start": "started the run",
-            "recovery": "claimed it (recovery)",
-            "resume": "claimed it (resume)",
-            "handoff": "took it over (the next superstep)",
-        }
-        began = how.get(seg.how, printable(seg.how))
-        lines.append(
-            f"  segment {seg.segment}: {began} at step {seg.first_step}, held it to step "
+        began = BEGAN.get(seg.how, printable(seg.how))
+        holder = f"held by {printable(seg.owner)}" if seg.owner else "held it"
+        line = (
+            f"  segment {seg.segment}: {began} at step {seg.first_step}, {holder} to step "
             f"{seg.last_step} ({when(seg.since)} to {when(seg.until)}), {seg.records} call records"
         )
+        lines.append(line)
+        if seg.operator:
+            rerun = f": rerun {printable(', '.join(seg.rerun))}" if seg.rerun else ""
+            lines.append(f"    decided by {printable(seg.operator)} at {when(seg.since)}{rerun}")
     return lines
 
 
@@ -80,7 +91,9 @@ def _recoveries(report: RunReport) -> list[str]:
     for rec in report.recoveries:
         replayed = printable(", ".join(rec.replayed)) or "nothing"
         rerun = printable(", ".join(rec.rerun)) or "nothing"
-        lines.append(f"  {printable(rec.how)} (checkpoint {rec.step}): replayed {replayed}; rerun {rerun}")
+        who = f"; run by {printable(rec.by)}" if rec.by else ""
+        who += f"; decided by {printable(rec.operator)}" if rec.operator else ""
+        lines.append(f"  {printable(rec.how)} (checkpoint {rec.step}): replayed {replayed}; rerun {rerun}{who}")
     return lines
 
 
@@ -100,6 +113,38 @@ def _pending(report: RunReport) -> list[str]:
     return [*lines, f"  decide with: agentflow resume {run_id} --app module:attr --approve|--deny"]
 
 
+def _rerun_command(report: RunReport) -> str:
+    """How an operator reruns the run's calls in doubt, once checked at their systems."""
+    if report.kind is RunKind.LOOP:
+        return f"recover_tool_loop(..., run_id={printable(repr(report.run_id))}, rerun_in_doubt=True)"
+    return f"agentflow recover {printable(report.flow)} --app ... --rerun-in-doubt"
+
+
+def _now(report: RunReport) -> list[str]:
+    """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt."""
+    if report.lease is not None:
+        owner, until = printable(report.lease.owner), when(report.lease.expires_at)
+        return [
+            f"running on {owner} until {until} (its lease, renewed while it works): its calls are under way "
+            "there, not in doubt; nothing else may act on the run meanwhile"
+        ]
+    if report.awaiting:
+        calls = printable("; ".join(f"{tool} ({why})" for tool, why in report.awaiting))
+        return [
+            f"waiting for a decision about calls in doubt: {calls}",
+            f"  check each at its system, then decide: {_rerun_command(report)}",
+        ]
+    decided = report.decision
+    if decided is not None:
+        who = printable(decided.operator or "someone")
+        calls = printable(", ".join(decided.rerun)) or "nothing"
+        return [f"decided by {who} at {when(decided.since)}: rerun {calls}; the next worker to take the run spends it"]
+    if report.in_doubt:
+        tools = printable(", ".join(call.tool for call in report.in_doubt))
+        return [f"in doubt: {tools}; check at their system, then: {_rerun_command(report)}"]
+    return []
+
+
 def run_text(report: RunReport) -> str:
     """The whole report of a run whose rows all checked."""
     ident = report.identity
@@ -116,12 +161,7 @@ def run_text(report: RunReport) -> str:
         lines.append(f"identity: user {user}, thread {thread}, principal: {principal}")
     if report.error:
         lines.append(f"error: {printable(report.error)}")
-    if report.in_doubt:
-        tools = printable(", ".join(call.tool for call in report.in_doubt))
-        then = f"agentflow recover {printable(report.flow)} --app ... --rerun-in-doubt"
-        if report.kind is RunKind.LOOP:
-            then = f"recover_tool_loop(..., run_id={printable(repr(report.run_id))}, rerun_in_doubt=True)"
-        lines.append(f"in doubt: {tools}; check at their system, then: {then}")
+    lines += _now(report)
     lines += _history(report) + _segments(report) + _calls(report) + _recoveries(report) + _pending(report)
     lines += _heading(f"State (checkpoint {report.step})")
     lines += _indent(json.dumps(report.state, indent=2, sort_keys=True, default=str))
