@@ -21,7 +21,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 #: How many pages back the list goes (the store hands over every run a page skips).
 MAX_PAGES: Final = 200
 #: What the page's counters sum up, in this order.
-COUNTED: Final = ("running", "paused", "done", "failed", "claimed", "corrupt")
+COUNTED: Final = ("running", "paused", "done", "failed", "claimed", "live", "corrupt")
 
 
 def _counts(heads: Sequence[RunHead]) -> list[tuple[str, int]]:
@@ -30,6 +30,7 @@ def _counts(heads: Sequence[RunHead]) -> list[tuple[str, int]]:
     for head in heads:
         seen.update(["corrupt"] if head.corrupt else [head.status])
         seen.update(["claimed"] if head.claimed else [])
+        seen.update(["live"] if head.lease is not None else [])
     return [(name, seen[name]) for name in COUNTED if seen[name]]
 
 

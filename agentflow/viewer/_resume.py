@@ -9,7 +9,10 @@ Rules, in the order the POST checks them:
    ``Sec-Fetch-Site: cross-site`` is refused).
 3. What: the form's CSRF token is an HMAC of the run id and the step the page showed, under
    a secret of this process; the run must still be paused at that step.
-4. Then the run is resumed in this process with the app's flow, as a worker would.
+4. Then the run is resumed in this process with the app's flow, as a worker would, holding
+   the run's lease as ``viewer@<host>:<pid>``; the decision is signed with the settings'
+   `ViewerSettings.token_label` as its operator. A run a live worker holds is never
+   resumed here: the page offers no buttons, and a POST is answered with who holds it.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from urllib.parse import parse_qsl, quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointNotFound, IdentityMismatch
+from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointNotFound, IdentityMismatch, RunHeld
 from agentflow._run_types import RunKind
+from agentflow.exec._run_lease import process_owner
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
 from agentflow.viewer._settings import Viewer, root_of
@@ -56,11 +60,24 @@ def csrf_token(viewer: Viewer, run_id: str, step: int) -> str:
     return hmac.new(viewer.csrf_secret, msg, hashlib.sha256).hexdigest()
 
 
+#: The title of the answer to a decision on a run a live worker holds.
+HELD_TITLE: Final = "The run is held by a live worker"
+
+
+def held_text(report: RunReport) -> str | None:
+    """Who holds the run and until when, if a live worker does (then nothing is decided here)."""
+    lease = report.lease
+    return str(RunHeld(report.run_id, lease.owner, lease.expires_at)) if lease is not None else None
+
+
 def _run_refusal(viewer: Viewer, report: RunReport) -> str | None:
     """Why this run cannot be resumed from here, whoever asks."""
     flows = viewer.settings.flows
     if report.corrupt or report.status != "paused":
         return "only a paused run whose rows all check can be resumed"
+    held = held_text(report)
+    if held is not None:
+        return held
     if flows is None:
         return "start the viewer with --app module:attr to approve or deny from here"
     if report.kind is RunKind.LOOP:
@@ -145,6 +162,9 @@ def resume_endpoint(viewer: Viewer) -> Callable[[Request], Awaitable[Response]]:
             report = await read_run(viewer.settings.store, viewer.sealer, run_id)
         except CheckpointNotFound:
             return viewer.problem(request, 404, "No such run", f"The store holds no run {run_id!r}.")
+        held = held_text(report) if report.status == "paused" and not report.corrupt else None
+        if held is not None:
+            return viewer.problem(request, 409, HELD_TITLE, held, run_id)
         refusal = _run_refusal(viewer, report)
         if refusal:
             return viewer.problem(request, 409, "Cannot resume this run", refusal, run_id)
@@ -160,9 +180,13 @@ async def _resume(viewer: Viewer, request: Request, report: RunReport, form: dic
     flows = viewer.settings.flows
     assert flows is not None
     approve = form["decision"] == "approve"
-    runner = flows.runner(viewer.settings.store, list(viewer.settings.keys))
+    settings = viewer.settings
+    runner = flows.runner(settings.store, list(settings.keys), owner=process_owner("viewer"))
+    flow, note = flows.flow(report.flow), form.get("note") or None
     try:
-        await runner.resume(flows.flow(report.flow), report.run_id, approve=approve, note=form.get("note") or None)
+        await runner.resume(flow, report.run_id, approve=approve, note=note, operator=settings.token_label)
+    except RunHeld as exc:  # taken between the read above and the resume
+        return viewer.problem(request, 409, HELD_TITLE, str(exc), report.run_id)
     except CheckpointConflict as exc:
         return viewer.problem(request, 409, "Someone else decided first", str(exc), report.run_id)
     except IdentityMismatch as exc:

@@ -37,6 +37,10 @@ MIN_TOKEN_CHARS: Final = 22
 MIN_TOKEN_DISTINCT: Final = 8
 #: The most runs one page of the list shows.
 MAX_LIMIT: Final = 1000
+#: Who decides through a viewer whose settings name nobody.
+DEFAULT_TOKEN_LABEL: Final = "viewer"
+#: The longest token label taken.
+MAX_TOKEN_LABEL: Final = 100
 #: The control characters a page may carry raw (HTML takes them as whitespace).
 _KEEP: Final = "\n\t"
 
@@ -90,6 +94,25 @@ def check_token(token: object, what: str) -> None:
         )
 
 
+def check_token_label(label: object, what: str) -> None:
+    """Refuse a token label that is not a short, printable name.
+
+    Raises:
+        ValueError: the label is empty, too long, or holds control or surrounding whitespace characters.
+    """
+    if (
+        not isinstance(label, str)
+        or not label
+        or label != label.strip()
+        or not label.isprintable()
+        or len(label) > MAX_TOKEN_LABEL
+    ):
+        raise ValueError(
+            f"{what} must be a name of 1 to {MAX_TOKEN_LABEL} printable characters, without surrounding spaces: "
+            f"{label!r}"
+        )
+
+
 @dataclass(frozen=True, repr=False)
 class ViewerSettings:
     """What the viewer serves and who may act through it.
@@ -127,10 +150,16 @@ class ViewerSettings:
     """Addresses (or networks) of reverse proxies whose ``X-Forwarded-For``/``-Proto`` are believed.
 
     Empty (the default): nobody's. With proxies, approving needs the token."""
+    token_label: str = DEFAULT_TOKEN_LABEL
+    """Who decides through this viewer: signed as the ``operator`` of every Approve and Deny it stores.
+
+    Name the people who hold the token (``ops-team``, a person's name); without a token, those
+    at this machine."""
 
     def __post_init__(self) -> None:
         if self.token is not None:
             check_token(self.token, "ViewerSettings.token")
+        check_token_label(self.token_label, "ViewerSettings.token_label")
         for name in ("allowed_hosts", "proxies"):
             if isinstance(getattr(self, name), str):
                 raise ValueError(f"ViewerSettings.{name}: give a list of strings, not one string")
@@ -151,7 +180,7 @@ class ViewerSettings:
             f"ViewerSettings(store=<{type(self.store).__name__}>, keys=<{len(self.keys)} hidden>, flows={flows}, "
             f"token={'<hidden>' if self.token is not None else None}, label={self.label!r}, limit={self.limit}, "
             f"refresh_s={self.refresh_s}, allowed_hosts={self.allowed_hosts!r}, port={self.port}, "
-            f"proxies={self.proxies!r})"
+            f"proxies={self.proxies!r}, token_label={self.token_label!r})"
         )
 
 

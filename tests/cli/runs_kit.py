@@ -11,6 +11,9 @@ tests/viewer/conftest.py loads it by path). ``--app runs_kit:app`` names its Flo
 - ship-1: its worker died inside ``ship`` (not idempotent), so the call is in doubt;
 - tamper-1: a finished shipping run whose checkpoint 1 payload had one byte changed
   (``Berlin`` became ``berlin``) with sqlite3, behind agentflow's back.
+
+`hold(db, run_id)` takes a run's lease as a live worker (`HOLDER`) would; `stored` counts a
+run's rows, to show that nothing ran.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pydantic import BaseModel
 from agentflow import Call, Flow, FlowApp, Registry, RunContext
 from agentflow.demo.worker import DEMO_KEY
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.checkpoints._records import Lease
 
 KEY = DEMO_KEY
 #: The key as the CLI reads it from the environment.
@@ -156,6 +160,32 @@ def copy_db(source: Path, target: Path) -> Path:
     with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
         src.backup(dst)
     return target
+
+
+#: The owner of a lease a test takes, as a live worker holds a run.
+HOLDER = "worker-7@host-b:4242"
+
+
+def hold(db: Path, run_id: str, owner: str = HOLDER) -> Lease:
+    """Take the run's lease in the store, as a live worker holds it while it moves the run (60 s: past any test)."""
+
+    async def take() -> Lease:
+        async with SQLiteCheckpointStore(db) as store:
+            return await store.take_lease(run_id, owner, f"token-of-{owner}", 60.0)
+
+    lease = in_thread(take)
+    assert lease.owner == owner, f"{run_id} is held by {lease.owner} already"
+    return lease
+
+
+def stored(db: Path, run_id: str) -> tuple[int, int]:
+    """How many checkpoints and call records of the run are stored."""
+
+    async def read() -> tuple[int, int]:
+        async with SQLiteCheckpointStore(db) as store:
+            return len(await store.history(run_id)), len(await store.calls(run_id))
+
+    return in_thread(read)
 
 
 def one_line_error(result: Result) -> str:

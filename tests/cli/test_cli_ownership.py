@@ -11,36 +11,12 @@ import getpass
 from pathlib import Path
 
 import runs_kit
-from runs_kit import one_line_error
+from runs_kit import HOLDER, hold, one_line_error, stored
 
 from agentflow import FlowRunner
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
-from agentflow.exec.checkpoints._records import Lease
 
 APP = "runs_kit:app"
-HOLDER = "worker-7@host-b:4242"
-
-
-def hold(db: Path, run_id: str, owner: str = HOLDER) -> Lease:
-    """Take the run's lease in the store, as a live worker holds it (60 s: longer than any test)."""
-
-    async def take() -> Lease:
-        async with SQLiteCheckpointStore(db) as store:
-            return await store.take_lease(run_id, owner, f"token-of-{owner}", 60.0)
-
-    lease = runs_kit.in_thread(take)
-    assert lease.owner == owner
-    return lease
-
-
-def stored(db: Path, run_id: str) -> tuple[int, int]:
-    """How many checkpoints and call records the run has."""
-
-    async def read() -> tuple[int, int]:
-        async with SQLiteCheckpointStore(db) as store:
-            return len(await store.history(run_id)), len(await store.calls(run_id))
-
-    return runs_kit.in_thread(read)
 
 
 def with_runner(db: Path, job: str, run_id: str, operator: str | None = None) -> None:
