@@ -6,7 +6,8 @@ time) and closes it when that loop shuts down its async generators, which
 ``asyncio.run`` does before it ends: a store used from several ``asyncio.run`` calls in
 a row leaves no connection open behind each of them.
 
-`LoopClients.use` bounds one store operation, connecting included, with ``op_timeout_s``
+`LoopClients.use` bounds one store operation, connecting (and, on Cluster, learning the
+slots before any command is sent) included, with ``op_timeout_s``
 (`asyncio.timeout`, a timer) and turns "Redis does not answer" into `CheckpointError`.
 With that deadline the client needs no socket timeout of its own, which spares redis-py's
 per-command ``asyncio.wait_for`` (on Python 3.11 a task and extra loop turns per command).
@@ -70,6 +71,11 @@ class LoopClients:
         bound = await self._bind()
         try:
             async with asyncio.timeout(self.op_timeout_s):
+                if isinstance(bound.client, RedisCluster):
+                    # Learn the slots first (a flag check once done): redis-py's RedisCluster fails
+                    # several commands sent at once as a new client's first ("'NoneType' object has
+                    # no attribute 'writelines'"), but not after `initialize`, which takes its own lock.
+                    await bound.client.initialize()
                 yield bound
         except TimeoutError:  # the deadline (redis-py's own TimeoutError is not this class)
             raise CheckpointError(
