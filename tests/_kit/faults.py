@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any, NoReturn
 
 from _kit.tickets import raise_crash
 from agentflow.exec.checkpoints import CheckpointConflict, CheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease
 
 #: The kinds of write a fault can pick.
 WRITE_KINDS = ("save", "started", "done", "pending", "denied", "failed", "unrecordable")
@@ -130,6 +132,9 @@ class FaultyStore:
         self._split: set[tuple[str, int, int, str]] = set()
         #: Whether the wrapped store lives inside this process.
         self.in_process: bool = inner.in_process
+        #: Act as if every rival's lease had lapsed (a frozen worker's): this worker's lease takes
+        #: always succeed without asking the store, so racers meet at the claim (`meet`).
+        self.rivals_lapsed = False
 
     @property
     def local_key(self) -> bytes | None:
@@ -319,6 +324,30 @@ class FaultyStore:
         """Forward `CheckpointStore.relist` (it writes only the listing index: not a write a fault picks)."""
         return await self.inner.relist(run_id)
 
+    # -- leases (forwarded as they are: no fault, rendezvous or log picks them) --------------------
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        """Forward `CheckpointStore.take_lease` (with `rivals_lapsed`: granted without asking the store)."""
+        if self.rivals_lapsed:
+            return Lease(run_id, owner, token, time.time() + ttl_s)
+        return await self.inner.take_lease(run_id, owner, token, ttl_s)
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        """Forward `CheckpointStore.renew_lease`."""
+        if self.rivals_lapsed:
+            return Lease(run_id, "racer", token, time.time() + ttl_s)
+        return await self.inner.renew_lease(run_id, token, ttl_s)
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        """Forward `CheckpointStore.release_lease`."""
+        if self.rivals_lapsed:
+            return True
+        return await self.inner.release_lease(run_id, token)
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        """Forward `CheckpointStore.leases`."""
+        return await self.inner.leases(run_ids)
+
     # -- life cycle ------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
@@ -341,7 +370,13 @@ def _conforms(store: FaultyStore) -> CheckpointStore:
 
 
 def meet(*stores: FaultyStore) -> None:
-    """Make the workers of `stores` (one event loop) wait for each other before their first write."""
+    """Make the workers of `stores` (one event loop) wait for each other before their first write.
+
+    Racers that meet got past the run's lease, as a frozen worker's rival does once its lease
+    lapsed (`rivals_lapsed`): what they prove is that the claim's compare-and-set and the
+    fencing let exactly one of them act. That the lease itself keeps a second worker out is
+    proved on its own (tests/protocol/test_ownership.py).
+    """
     barrier = asyncio.Barrier(len(stores))
 
     async def wait() -> None:
@@ -349,6 +384,7 @@ def meet(*stores: FaultyStore) -> None:
 
     for store in stores:
         store.rendezvous = wait
+        store.rivals_lapsed = True
 
 
 def file_rendezvous(folder: Path, me: str, parties: int, timeout_s: float = 30.0) -> Callable[[], Awaitable[None]]:

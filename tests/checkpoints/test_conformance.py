@@ -7,7 +7,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,8 @@ from agentflow.exec.checkpoints import (
     SealedCheckpoint,
     StoreDefaults,
 )
-from agentflow.exec.checkpoints._rules import check_row
+from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints._rules import check_lease_args, check_row
 from agentflow.exec.checkpoints.conformance import CHECKS, SEALER, Check, check_implements_protocol, validate
 
 RACE_WORKER = Path(__file__).with_name("race_worker.py")
@@ -76,7 +77,7 @@ async def test_validate_fails_a_store_without_compare_and_set() -> None:
 
 
 class CoreOnly:
-    """A store written outside agentflow: the core methods, `stored_runs` and `relist`, over a memory store."""
+    """A store written outside agentflow: the core methods, `stored_runs`, `relist` and leases, over a memory store."""
 
     in_process = False
 
@@ -113,6 +114,18 @@ class CoreOnly:
     async def relist(self, run_id: str) -> SealedCheckpoint | None:
         return await self._inner.relist(run_id)
 
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        return await self._inner.take_lease(run_id, owner, token, ttl_s)
+
+    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
+        return await self._inner.renew_lease(run_id, token, ttl_s)
+
+    async def release_lease(self, run_id: str, token: str) -> bool:
+        return await self._inner.release_lease(run_id, token)
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+        return await self._inner.leases(run_ids)
+
     async def aclose(self) -> None:
         await self._inner.aclose()
 
@@ -121,8 +134,30 @@ class WithDefaults(StoreDefaults, CoreOnly):
     """The same store taking head, save_after_calls and local_key from `StoreDefaults`."""
 
 
+class RacyLeases(MemoryCheckpointStore):
+    """A broken store: `take_lease` awaits between reading the lease and writing it."""
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
+        check_lease_args(owner, token, ttl_s)
+        held = self._live(run_id)
+        await asyncio.sleep(0)  # every racer reads "free" before any of them writes
+        if held is not None and held.token != token:
+            return held
+        self._leases[run_id] = Lease(run_id, owner, token, time.time() + ttl_s)
+        return self._leases[run_id]
+
+
+async def test_validate_fails_a_store_whose_lease_take_is_not_atomic() -> None:
+    # Given a store whose take reads, awaits, then writes
+    # When validate runs every check
+    report = await validate(RacyLeases)
+    # Then the racing takers check fails (every racer got the lease), and it alone
+    assert {name for name, why in report.items() if why} == {"check_lease_race_of_takers"}
+    assert "20 of 20 racers took the lease" in str(report["check_lease_race_of_takers"])
+
+
 async def test_a_store_built_on_store_defaults_passes_every_check() -> None:
-    # Given a store that implements only the core methods, stored_runs and relist, plus the mixin
+    # Given a store that implements only the core methods, stored_runs, relist and leases, plus the mixin
     # When validate runs every check on it
     report = await validate(WithDefaults)
     # Then it passes all of them: the defaults keep the contract (save_after_calls checks first)
@@ -134,6 +169,33 @@ async def test_a_store_without_the_full_contract_is_told_what_it_lacks() -> None
     # When the protocol check runs, Then it fails naming the members it lacks
     with pytest.raises(AssertionError, match="lacks local_key, save_after_calls, head"):
         await check_implements_protocol(CoreOnly())  # type: ignore[arg-type]
+
+
+class WithoutLeases(StoreDefaults):
+    """A store written outside agentflow that forgot the lease methods (StoreDefaults has none)."""
+
+    in_process = False
+    save = CoreOnly.save
+    latest = CoreOnly.latest
+    history = CoreOnly.history
+    list_unfinished = CoreOnly.list_unfinished
+    list_runs = CoreOnly.list_runs
+    delete = CoreOnly.delete
+    record_call = CoreOnly.record_call
+    calls = CoreOnly.calls
+    stored_runs = CoreOnly.stored_runs
+    relist = CoreOnly.relist
+    aclose = CoreOnly.aclose
+
+    def __init__(self) -> None:
+        self._inner = MemoryCheckpointStore()
+
+
+async def test_a_store_without_leases_is_told_they_have_no_default() -> None:
+    # Given a store with every member but the four lease methods, and the mixin
+    # When the protocol check runs, Then it fails naming them, without pointing at StoreDefaults
+    with pytest.raises(AssertionError, match=r"lacks take_lease, renew_lease, release_lease, leases$"):
+        await check_implements_protocol(WithoutLeases())  # type: ignore[arg-type]
 
 
 async def test_a_shared_store_with_a_key_of_its_own_fails() -> None:
@@ -174,6 +236,20 @@ SHARED = [
 ]
 
 
+async def _stop(racers: Sequence[asyncio.subprocess.Process]) -> None:
+    """End the racers (EOF on stdin), killing any that does not exit in time; each must exit 0."""
+    for racer in racers:
+        if racer.stdin is not None:
+            racer.stdin.close()
+    for racer in racers:
+        try:
+            await asyncio.wait_for(racer.wait(), timeout=30)
+        except TimeoutError:
+            racer.kill()
+            await racer.wait()
+    assert [r.returncode for r in racers] == [0] * len(racers)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store_factory", SHARED, indirect=True)
 async def test_processes_race_for_one_step(store_factory: StoreFactory) -> None:
@@ -201,13 +277,45 @@ async def test_processes_race_for_one_step(store_factory: StoreFactory) -> None:
             assert latest.step == step
             assert SEALER.open_checkpoint(latest, run_id)["worker"] == winner
     finally:
-        for racer in racers:
-            if racer.stdin is not None:
-                racer.stdin.close()
-        for racer in racers:
-            try:
-                await asyncio.wait_for(racer.wait(), timeout=30)
-            except TimeoutError:
-                racer.kill()
-                await racer.wait()
-    assert [r.returncode for r in racers] == [0] * RACERS
+        await _stop(racers)
+
+
+#: The shared set-ups the lease race runs on: a file, PostgreSQL and Redis (each judges expiry on its own clock).
+LEASE_SHARED = [
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("sqlalchemy-pg", marks=pytest.mark.postgres),
+]
+LEASE_RACERS = 4
+LEASE_ROUNDS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_factory", LEASE_SHARED, indirect=True)
+async def test_processes_race_for_one_lease(store_factory: StoreFactory) -> None:
+    assert store_factory.spec is not None
+    store = await store_factory()
+    await store.leases([])  # sets the store up before the racers connect
+    # Given four processes connected to the same store
+    spec = {**store_factory.spec, "run_id": "lease-race-warm-up", "flow": "race"}
+    racers = [await _start_racer(spec, worker) for worker in range(LEASE_RACERS)]
+    try:
+        assert [await _line(r) for r in racers] == ["ready"] * LEASE_RACERS
+        for round_ in range(LEASE_ROUNDS):
+            # When all of them take the lease of one free run at the same instant
+            run_id = f"lease-race-{uuid.uuid4().hex}"
+            at = time.time() + 0.2
+            for racer in racers:
+                assert racer.stdin is not None
+                racer.stdin.write(f"take {run_id} {at!r}\n".encode())
+            await asyncio.gather(*(r.stdin.drain() for r in racers if r.stdin is not None))
+            results = [json.loads(await _line(r)) for r in racers]
+            # Then exactly one gets it, every loser was told the winner's token, and the store shows the winner
+            outcomes = sorted(r["result"] for r in results)
+            assert outcomes == ["lost"] * (LEASE_RACERS - 1) + ["won"], f"round {round_}: {results}"
+            winner = next(r["token"] for r in results if r["result"] == "won")
+            assert {r["holder"] for r in results} == {winner}
+            held = await store.leases([run_id])
+            assert held[run_id].token == winner
+    finally:
+        await _stop(racers)

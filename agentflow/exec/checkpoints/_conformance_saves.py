@@ -24,12 +24,11 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 async def check_implements_protocol(store: CheckpointStore) -> None:
     """The store has every member of `CheckpointStore`; only an in-process store has a key of its own."""
-    missing = [
-        name
-        for name in ("in_process", "local_key", "save_after_calls", "head", "stored_runs", "relist")
-        if not hasattr(store, name)
-    ]
-    _expect(not missing, f"{type(store).__name__} lacks {', '.join(missing)} (StoreDefaults gives defaults)")
+    defaulted = ("local_key", "save_after_calls", "head")  # `StoreDefaults` has these
+    own = ("in_process", "stored_runs", "relist", "take_lease", "renew_lease", "release_lease", "leases")
+    missing = [name for name in (*own[:1], *defaulted, *own[1:]) if not hasattr(store, name)]
+    hint = " (StoreDefaults gives defaults)" if set(missing) & set(defaulted) else ""
+    _expect(not missing, f"{type(store).__name__} lacks {', '.join(missing)}{hint}")
     _expect(isinstance(store, CheckpointStore), f"{type(store).__name__} does not implement CheckpointStore")
     _expect(isinstance(store.in_process, bool), "in_process must be a bool")
     key = store.local_key

@@ -2,10 +2,13 @@
 
 A third-party store implements the core methods (``save``, ``latest``, ``history``,
 ``list_unfinished``, ``list_runs``, ``delete``, ``record_call``, ``calls``, ``aclose``),
-``in_process``, ``stored_runs`` and ``relist``, and mixes this class in for the rest.
-Those two have no default on purpose: ``stored_runs`` must find rows without the listing
-index, and ``relist`` must rebuild that index from the rows in one atomic step; only the
-backend knows where either lives. The mixin gives:
+``in_process``, ``stored_runs``, ``relist`` and the four lease methods (``take_lease``,
+``renew_lease``, ``release_lease``, ``leases``), and mixes this class in for the rest.
+Those have no default on purpose: ``stored_runs`` must find rows without the listing
+index, ``relist`` must rebuild that index from the rows in one atomic step, and a take of
+a lease must be atomic against every other taker, judged on one clock that every worker
+shares; only the backend knows where its rows and index live and how to do either. The
+mixin gives:
 
 - ``head``: the latest checkpoint, then the counts folded from ``calls`` (two reads, the
   log read second, so the counts are no older than the checkpoint);

@@ -15,8 +15,10 @@ plumbing and live in the test suite, not here.
 
 This module is the public entry: the checks live in `_conformance_saves` (the protocol's
 members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
-written) and `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
-concurrency), their helpers and `SEALER` in `_conformance_base`; all are re-exported here.
+written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
+concurrency) and `_conformance_leases` (run leases: one holder, renew and release by its
+token, lapsing, racing takers), their helpers and `SEALER` in `_conformance_base`; all are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ from agentflow.exec.checkpoints._conformance_calls import (
 from agentflow.exec.checkpoints._conformance_calls import check_started_is_fenced as check_started_is_fenced
 from agentflow.exec.checkpoints._conformance_calls import (
     check_started_refused_after_end as check_started_refused_after_end,
+)
+from agentflow.exec.checkpoints._conformance_leases import check_lease_arguments as check_lease_arguments
+from agentflow.exec.checkpoints._conformance_leases import check_lease_is_exclusive as check_lease_is_exclusive
+from agentflow.exec.checkpoints._conformance_leases import check_lease_lapses as check_lease_lapses
+from agentflow.exec.checkpoints._conformance_leases import (
+    check_lease_needs_no_checkpoint_and_delete_forgets_it as check_lease_needs_no_checkpoint_and_delete_forgets_it,
+)
+from agentflow.exec.checkpoints._conformance_leases import check_lease_race_of_takers as check_lease_race_of_takers
+from agentflow.exec.checkpoints._conformance_leases import (
+    check_lease_released_by_holder_only as check_lease_released_by_holder_only,
+)
+from agentflow.exec.checkpoints._conformance_leases import (
+    check_lease_renewed_by_holder_only as check_lease_renewed_by_holder_only,
+)
+from agentflow.exec.checkpoints._conformance_leases import (
+    check_lease_take_again_by_holder_renews as check_lease_take_again_by_holder_renews,
 )
 from agentflow.exec.checkpoints._conformance_saves import check_delete as check_delete
 from agentflow.exec.checkpoints._conformance_saves import check_ended_run_takes_no_save as check_ended_run_takes_no_save
@@ -118,6 +136,14 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_concurrent_first_saves,
     check_concurrent_next_saves,
     check_concurrent_records,
+    check_lease_is_exclusive,
+    check_lease_take_again_by_holder_renews,
+    check_lease_renewed_by_holder_only,
+    check_lease_lapses,
+    check_lease_released_by_holder_only,
+    check_lease_race_of_takers,
+    check_lease_needs_no_checkpoint_and_delete_forgets_it,
+    check_lease_arguments,
 )
 
 
