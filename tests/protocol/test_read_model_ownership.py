@@ -9,7 +9,6 @@ names the process that held it, and each claim that carried a decision its opera
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from _kit.tickets import KEY, LOOKUP, REFUNDS, TICKETS, Crash, Order, Refund, Tickets, make_tickets
 
@@ -22,14 +21,6 @@ from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision
 SEALER = Sealer(KEY)
 WORKER = "worker-a@host-1:101"
 OTHER = "worker-b@host-2:202"
-
-
-async def until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Poll `check` until it holds (no fixed sleep standing in for "long enough")."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def runner_on(store: CheckpointStore, owner: str = WORKER) -> tuple[FlowRunner, Tickets]:
