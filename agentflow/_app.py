@@ -15,6 +15,7 @@ from typing import Any
 from agentflow._errors import FlowError
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._registry import Registry
+from agentflow.exec._run_lease import DEFAULT_LEASE_S
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._graph import Flow
 from agentflow.flow._runner import FlowRunner
@@ -71,9 +72,17 @@ class FlowApp:
         checkpoint_key: bytes | Sequence[bytes] | None,
         *,
         approver: Approver | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        owner: str | None = None,
     ) -> FlowRunner:
-        """A `FlowRunner` over this app's tools."""
-        return FlowRunner(Executor(self.registry, approver=approver), checkpoints=store, checkpoint_key=checkpoint_key)
+        """A `FlowRunner` over this app's tools (see `FlowRunner` for `lease_s` and `owner`)."""
+        return FlowRunner(
+            Executor(self.registry, approver=approver),
+            checkpoints=store,
+            checkpoint_key=checkpoint_key,
+            lease_s=lease_s,
+            owner=owner,
+        )
 
 
 def load_app(path: str) -> FlowApp:

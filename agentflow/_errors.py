@@ -25,6 +25,7 @@ result backend can carry it and ``type(e)(*e.args)`` rebuilds it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 
@@ -46,6 +47,34 @@ class CheckpointConflict(CheckpointError):
 
 class Stale(CheckpointConflict):
     """Raised when a worker is asked to advance a run from a step it has already left."""
+
+
+class RunHeld(CheckpointConflict):
+    """Raised when a live worker holds the run's lease: nobody else may act on it until the lease ends.
+
+    ``owner`` names the holder (``<name>@<host>:<pid>``) and ``expires_at`` when its lease
+    lapses unless renewed (seconds since the epoch).
+    """
+
+    def __init__(self, run_id: str, owner: str, expires_at: float) -> None:
+        super().__init__(run_id, owner, expires_at)
+        self.run_id, self.owner, self.expires_at = run_id, owner, expires_at
+
+    def __str__(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.expires_at))
+        left = max(0.0, self.expires_at - time.time())
+        return (
+            f"run {self.run_id!r} is held by {self.owner} until {when} ({left:.0f} s from now): it is live, "
+            "so nothing may act on it; if that worker died, try again once its lease has lapsed"
+        )
+
+
+class ControlRefused(CheckpointConflict):
+    """Raised when a message claims to carry a decision that no signed record of the run backs.
+
+    A message grants nothing: a resume or a rerun is a signed claim checkpoint, and a
+    message may only point at one. Nothing of the run is changed.
+    """
 
 
 class CheckpointStoreCorrupt(CheckpointError):

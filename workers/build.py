@@ -16,7 +16,7 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
     url = settings.redis_url.get_secret_value()
 
     def connect() -> redis.asyncio.Redis:
-        # No socket timeout: the store and the leases give each command a deadline of their own.
+        # No socket timeout: the store gives each command (leases included) a deadline of its own.
         return redis.asyncio.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=5)
 
     celery_app = Celery("agentflow-workers")
@@ -26,8 +26,6 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
         load_flow_app(settings.app),
         store_factory=lambda: RedisCheckpointStore(connect, prefix=settings.key_prefix, ttl_s=settings.ttl_s),
         checkpoint_key=settings.keys(),
-        redis_factory=connect,
-        prefix=settings.key_prefix,
         settings=WorkerSettings(
             lease_s=settings.lease_s,
             stale_after_s=settings.stale_after_s,

@@ -5,10 +5,18 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
   superstep; enqueues the next one when the run goes on.
 - ``agentflow.loop_stage`` ``(loop:<name>, run_id, step, cause)``: one stage of a tool loop
   (a model call, or one round of tools), then the next.
-- ``agentflow.resume`` ``(flow, run_id, approve, note)``: store the decision on a paused
-  run or tool loop (``loop:<name>``; compare-and-set), then enqueue the superstep or stage
-  that spends it.
-- ``agentflow.recover_all`` ``()``: enqueue a superstep for every stranded run.
+- ``agentflow.resume`` ``(flow, run_id, step)``: spend the decision stored at `step` of a
+  run or tool loop (``loop:<name>``). The decision itself is a signed claim that a process
+  holding the checkpoint key saved (`FlowClient.resume`, the CLI, the viewer); a message
+  that points at anything else is refused, so a message alone approves nothing.
+- ``agentflow.recover_all`` ``(startup=False)``: enqueue a superstep for every stranded
+  run; on a worker's start, also a ``recheck`` for every held run, due when its lease ends.
+
+Causes a superstep message can carry: ``start``, ``next`` (the handoff between
+supersteps), ``resume`` and ``rerun`` (spend a signed decision; anything else is refused),
+``recover`` and ``recheck`` (look at a run whose holder may be gone). A superstep that
+finds the run held by someone else sends one ``recheck`` for when that lease ends (a
+recheck sends none), so a run whose worker was killed moves again within one lease.
 
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
 process dies, time limits, JSON), because the user's app defaults may differ. `celery_config`
@@ -19,6 +27,7 @@ both use it).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,14 +39,13 @@ from celery.signals import worker_process_shutdown, worker_ready
 from agentflow._app import FlowApp
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
-from agentflow.celery._lease import Leases
-from agentflow.celery._worker import Worker, WorkerSettings
+from agentflow.celery._worker import Outcome, Worker, WorkerSettings
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 log = logging.getLogger("agentflow.celery")
 
 #: Causes a superstep message can carry. ``next`` is the normal handoff between supersteps.
-CAUSES = ("start", "next", "recover", "rerun", "resume")
+CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume")
 
 
 @dataclass
@@ -52,14 +60,56 @@ class AgentflowTasks:
     worker: Worker
     bridge: LoopBridge
 
-    def send_superstep(self, flow: str, run_id: str, step: int, cause: str) -> str:
-        """Enqueue one superstep; returns the task id."""
+    def send_superstep(self, flow: str, run_id: str, step: int, cause: str, countdown: float | None = None) -> str:
+        """Enqueue one superstep (after `countdown` seconds); returns the task id."""
+        if cause not in CAUSES:
+            raise ValueError(f"unknown cause {cause!r}; one of {CAUSES}")
         task_id = f"af-{run_id}-{step}" if cause == "next" else f"af-{run_id}-{step}-{cause}-{uuid.uuid4().hex[:6]}"
         task = self.start_run if cause == "start" else self.superstep
         if RunKind.of(flow) is RunKind.LOOP:
             task = self.loop_stage
-        task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue)
+        task.apply_async(
+            args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue, countdown=countdown
+        )
         return task_id
+
+    def send_recheck(self, flow: str, run_id: str, step: int, lease_ends: float) -> str:
+        """Look at a held run again just after its lease ends (its holder may be gone)."""
+        due = max(0.0, lease_ends - time.time()) + self.worker.settings.recheck_margin_s
+        return self.send_superstep(flow, run_id, step, "recheck", countdown=due)
+
+    def run_superstep(self, task: Task, flow: str, run_id: str, step: int, cause: str) -> Outcome:
+        """The body of a superstep task: one superstep, then what follows from its outcome."""
+        worker = self.worker
+        if cause not in CAUSES:
+            return worker.refuse(flow, run_id, step, str(cause), f"unknown cause {cause!r}")
+        worker.node = task.request.hostname or worker.node
+        redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
+        handoff = cause in ("next", "start", "resume") and not redelivered
+        if not handoff:
+            # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
+            task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
+        outcome = self.bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, cause=cause))
+        if handoff and outcome.cut_off(cause):  # a clean-looking handoff found a cut-off superstep
+            task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
+        if outcome.done == "refused":
+            task.send_event("task-refused", run_id=run_id, step=step, cause=cause, why=outcome.why)
+        if outcome.held_until is not None and cause != "recheck":
+            self.send_recheck(flow, run_id, step, outcome.held_until)
+        if outcome.next_step is not None:
+            self.send_superstep(flow, run_id, outcome.next_step, "next")
+        return outcome
+
+    def run_recover_all(self, startup: bool) -> dict[str, Any]:
+        """The body of the recover_all task: enqueue what `Worker.stranded` found."""
+        found = self.bridge.run(self.worker.stranded(startup=startup))
+        if found is None:
+            return {"skipped": "another recover_all holds its lease"}
+        for flow, run_id, step in found.recover:
+            self.send_superstep(flow, run_id, step, "recover")
+        for flow, run_id, step, ends in found.recheck:
+            self.send_recheck(flow, run_id, step, ends)
+        return {"enqueued": [r for _, r, _ in found.recover], "rechecks": [r for _, r, _, _ in found.recheck]}
 
 
 def celery_config(
@@ -139,8 +189,6 @@ def register_tasks(
     *,
     store_factory: Callable[[], CheckpointStore],
     checkpoint_key: bytes | Sequence[bytes],
-    redis_factory: Callable[[], Any],
-    prefix: str = "agentflow",
     settings: WorkerSettings | None = None,
 ) -> AgentflowTasks:
     """Register agentflow's tasks on `app`.
@@ -150,51 +198,29 @@ def register_tasks(
         flow_app: the flows, tools and tool loops the workers run.
         store_factory: makes the checkpoint store (called once per worker process).
         checkpoint_key: the signing key(s), the same on every worker.
-        redis_factory: makes a ``redis.asyncio.Redis`` for leases and locks.
-        prefix: Redis key prefix of leases and locks (one per deployment or tenant).
-        settings: leases, time limits, queue, beat period.
+        settings: leases, time limits, queue, beat period. Leases live in the checkpoint
+            store (under its key prefix), like everything else about a run.
 
     Returns:
         The task handles (`send_superstep` enqueues a superstep).
     """
     settings = settings or WorkerSettings()
     bridge = LoopBridge()
-    leases = Leases(redis_factory, prefix=prefix, lease_s=settings.lease_s)
-    worker = Worker(flow_app, store_factory, checkpoint_key, leases, settings)
+    worker = Worker(flow_app, store_factory, checkpoint_key, settings)
     options = _task_options(settings)
     handles: dict[str, Task] = {}
 
     def superstep(task: Task, flow: str, run_id: str, step: int, cause: str = "next") -> dict[str, Any]:
-        redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
-        handoff = cause in ("next", "start", "resume") and not redelivered
-        if not handoff:
-            # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
-            task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
-        outcome = bridge.run(worker.superstep(flow, run_id, step, handoff=handoff))
-        if handoff and outcome.cut_off(cause):  # a clean-looking handoff found a cut-off superstep
-            task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
-        if outcome.next_step is not None:
-            tasks.send_superstep(flow, run_id, outcome.next_step, "next")
-        return outcome.as_dict()
+        return tasks.run_superstep(task, flow, run_id, step, cause).as_dict()
 
-    def resume(task: Task, flow: str, run_id: str, approve: bool, note: str | None = None) -> dict[str, Any]:
-        if RunKind.of(flow) is RunKind.LOOP:
-            result: Any = bridge.run(worker.decide_loop(RunKind.name_of(flow), run_id, approve, note))
-        else:
-            result = bridge.run(
-                worker.runner.resume(flow_app.flow(flow), run_id, approve=approve, note=note, max_supersteps=0)
-            )
-        assert result.step is not None
-        tasks.send_superstep(flow, run_id, result.step, "resume")
-        return {"run_id": run_id, "decided": "approved" if approve else "denied", "step": result.step}
+    def resume(task: Task, flow: str, run_id: str, step: Any = None, *extra: Any) -> dict[str, Any]:
+        if extra or type(step) is not int:
+            why = "agentflow.resume takes (flow, run_id, step) and spends a signed decision; it decides nothing"
+            return worker.refuse(flow, run_id, -1, "resume", why).as_dict()
+        return tasks.run_superstep(task, flow, run_id, step, "resume").as_dict()
 
-    def recover_all(task: Task) -> dict[str, Any]:
-        found = bridge.run(worker.stranded())
-        if found is None:
-            return {"skipped": "another recover_all holds the lock"}
-        for flow, run_id, step in found:
-            tasks.send_superstep(flow, run_id, step, "recover")
-        return {"enqueued": [run_id for _, run_id, _ in found]}
+    def recover_all(task: Task, startup: bool = False) -> dict[str, Any]:
+        return tasks.run_recover_all(startup is True)
 
     handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)
     handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
@@ -213,7 +239,7 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
 
     def recover_on_start(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
-            tasks.recover_all.apply_async(queue=settings.queue, expires=expires)
+            tasks.recover_all.apply_async(kwargs={"startup": True}, queue=settings.queue, expires=expires)
 
     def close_loop(**_: Any) -> None:
         tasks.bridge.close()

@@ -1,32 +1,52 @@
 """What a worker does for each task, as plain async code (the Celery wiring is in `_tasks`).
 
-- `superstep`: take the run's lease (a live holder means: do nothing; the run's checkpoint
-  and call log are read meanwhile), claim the run with a new segment unless it was handed
-  over cleanly (`FlowRunner.advance`), run or replay one superstep, save, release the
-  lease (and the decision marker with it). The caller enqueues the next superstep after
-  that. A duplicate or late message finds the run at another step (`Stale`) or leased,
-  and does nothing.
-- `recover_all`: under a lock, find every unfinished run that nobody holds, that is not
-  paused or waiting for a decision, and whose last save is older than `stale_after_s`;
-  return them so the caller enqueues a superstep for each.
+- `superstep`: advance the run by one superstep through the run protocol
+  (`FlowRunner.advance`), which holds the run's lease in the checkpoint store while it
+  works: a live holder means nothing happens (`RunHeld`; the outcome says when that lease
+  ends, so the caller can look again then). Unless it was handed over cleanly the run is
+  claimed with a new segment. A run whose calls in doubt need a decision is parked with
+  a signed claim. The caller enqueues the next superstep. A duplicate or late message
+  finds the run at another step (`Stale`) or held, and does nothing.
+- Control messages grant nothing: a superstep sent to spend a resume or an operator's
+  decision (causes ``resume`` and ``rerun``) runs only if the run's latest checkpoint is
+  a signed claim of that kind. Anything else (a forged message, a decision signed with
+  another key) is refused: logged at WARNING, emitted as a ``control.refused`` event,
+  and the run is left as it was.
+- `stranded`: under the recover_all lease, find the unfinished runs that nobody holds,
+  that are running (not paused, not parked), whose latest checkpoint checks, and whose
+  last save is older than `stale_after_s`; on a worker's start, also the runs held by
+  someone, with the time each lease ends, so each is looked at again right then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentflow._app import FlowApp, LoopSpec
-from agentflow._errors import CheckpointConflict, FlowError, RecoveryNeedsDecision, Stale
+from agentflow._errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CheckpointStoreCorrupt,
+    ControlRefused,
+    FlowError,
+    RecoveryNeedsDecision,
+    RunHeld,
+    Stale,
+)
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
-from agentflow.celery._lease import Leases
-from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_tool_loop
+from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_control import parked
+from agentflow.exec._run_lease import Ownership, held_by, take
 from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
@@ -55,6 +75,8 @@ class WorkerSettings:
     """Queue of the superstep tasks."""
     max_retries: int = 3
     """Retries of a task whose pool process died."""
+    recheck_margin_s: float = 1.0
+    """A run found held is looked at again this long after its lease was due to end."""
     sweep_forgotten: bool = False
     """recover_all also scans the stored rows for runs the listing index forgot, and lists them again.
 
@@ -66,6 +88,8 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.soft_time_limit_s >= self.time_limit_s:
             raise ValueError("soft_time_limit_s must be below time_limit_s")
+        if self.lease_s <= 0 or self.recheck_margin_s < 0:
+            raise ValueError("lease_s must be positive and recheck_margin_s not negative")
         if self.lease_s >= self.time_limit_s:
             raise ValueError("lease_s must be below time_limit_s (the lease is renewed while a superstep runs)")
 
@@ -77,12 +101,15 @@ class Outcome:
     run_id: str
     flow: str
     done: str
-    """``ran``, ``skipped``, ``decision`` (calls in doubt) or ``conflict``."""
+    """``ran``, ``skipped``, ``decision`` (calls in doubt), ``conflict`` or ``refused`` (a control
+    message no signed decision backs, or a row that fails its check)."""
     status: str | None = None
     step: int | None = None
     replayed: list[str] = field(default_factory=list)
     rerun: list[str] = field(default_factory=list)
     why: str | None = None
+    held_until: float | None = None
+    """When the lease of the live holder that kept this superstep from running ends."""
 
     @property
     def next_step(self) -> int | None:
@@ -102,31 +129,55 @@ class Outcome:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
 
 
+#: The lease that lets one of many concurrent recover_alls do the work (not a run id any run gets).
+RECOVER_ALL_LEASE = "agentflow/recover_all"
+
+#: What each control cause must find signed in the run's latest checkpoint.
+SPENDS = {"resume": "resume", "rerun": "decision"}
+
+
+@dataclass
+class Stranded:
+    """What a recover_all found: runs to recover now, and runs to look at when their leases end."""
+
+    recover: list[tuple[str, str, int]] = field(default_factory=list)
+    """``(flow, run_id, step)`` of each run nobody holds that should move and does not."""
+    recheck: list[tuple[str, str, int, float]] = field(default_factory=list)
+    """``(flow, run_id, step, lease end)`` of each run someone holds (found on a worker's start)."""
+
+
 class Worker:
-    """The state one worker process keeps: its runner, store and leases."""
+    """The state one worker process keeps: its runner and store."""
 
     def __init__(
         self,
         flow_app: FlowApp,
         store_factory: Callable[[], CheckpointStore],
         checkpoint_key: bytes | Sequence[bytes],
-        leases: Leases,
         settings: WorkerSettings,
     ) -> None:
         self.flow_app = flow_app
         self.loops = flow_app.loops
         self._models: dict[str, Model] = {}
-        self.leases = leases
         self.settings = settings
         self._store_factory = store_factory
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
+        #: The Celery node name (``name@host``) the tasks run under, set by the first task.
+        self.node = f"agentflow@{socket.gethostname()}"
+
+    @property
+    def owner(self) -> str:
+        """This process's name in leases and checkpoints: ``<node>:<pid>``."""
+        return f"{self.node}:{os.getpid()}"
 
     @property
     def runner(self) -> FlowRunner:
         """This process's runner (made on first use, in the process that uses it)."""
         if self._runner is None:
-            self._runner = self.flow_app.runner(self._store_factory(), self.checkpoint_key)
+            self._runner = self.flow_app.runner(
+                self._store_factory(), self.checkpoint_key, lease_s=self.settings.lease_s, owner=self.owner
+            )
         return self._runner
 
     @property
@@ -135,6 +186,13 @@ class Worker:
         store = self.runner.checkpoints
         assert store is not None
         return store
+
+    @property
+    def sealer(self) -> Sealer:
+        """Checks and signs rows under the workers' key ring."""
+        sealer = self.runner.sealer
+        assert sealer is not None
+        return sealer
 
     def loop(self, name: str) -> LoopSpec:
         """The tool loop called `name`.
@@ -160,6 +218,7 @@ class Worker:
         approve: bool | Mapping[str, bool],
         note: str | None = None,
         ctx: RunContext | None = None,
+        operator: str | None = None,
     ) -> LoopResult:
         """Store the decision on the tool loop `name` paused for approval (see `decide_tool_loop`)."""
         return await decide_tool_loop(
@@ -171,20 +230,50 @@ class Worker:
             checkpoint_key=self.checkpoint_key,
             ctx=ctx,
             name=name,
+            lease_s=self.settings.lease_s,
+            owner=self.owner,
+            operator=operator,
         )
 
-    async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool) -> Outcome:
+    async def decide_in_doubt(self, column: str, run_id: str, operator: str | None = None) -> int:
+        """Store an operator's signed decision to rerun the run's calls in doubt; return its step."""
+        if RunKind.of(column) is RunKind.LOOP:
+            return await decide_in_doubt_tool_loop(
+                run_id,
+                checkpoints=self.store,
+                checkpoint_key=self.checkpoint_key,
+                operator=operator,
+                name=RunKind.name_of(column),
+                lease_s=self.settings.lease_s,
+                owner=self.owner,
+            )
+        return await self.runner.decide_in_doubt(self.flow_app.flow(column), run_id, operator=operator)
+
+    def refuse(self, flow_name: str, run_id: str, step: int, cause: str, why: str) -> Outcome:
+        """Log and report a control message or a row that was refused; the run is left as it was."""
+        log.warning(
+            "refused %s message for run %s at step %s: %s",
+            cause,
+            run_id,
+            step,
+            why,
+            extra={"run_id": run_id, "step": step},
+        )
+        self.runner.events.emit("control.refused", run_id, flow=flow_name, step=step, cause=cause, why=why)
+        return Outcome(run_id, flow_name, "refused", why=why)
+
+    async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str = "next") -> Outcome:
         """Run one superstep of the run (one stage of a loop) under its lease.
 
         Calls in doubt rerun only when their tools are idempotent, or when an operator's
-        decision to rerun them is recorded for this step (`Leases.allow_rerun`); whichever
-        message next advances the run spends it. A message alone grants nothing.
+        signed decision covers them (`decide_in_doubt`). A message alone grants nothing.
         """
+        spend = SPENDS.get(cause)
         head: asyncio.Future[Any] | None = None
         if RunKind.of(flow_name) is RunKind.LOOP:
             name = RunKind.name_of(flow_name)
 
-            def advance(granted: bool) -> Coroutine[Any, Any, Any]:
+            def advance() -> Coroutine[Any, Any, Any]:
                 return advance_tool_loop(
                     self._model(name),
                     self.loop(name).registry,
@@ -193,8 +282,11 @@ class Worker:
                     checkpoint_key=self.checkpoint_key,
                     expected_step=step,
                     handoff=handoff,
-                    rerun_in_doubt=granted,
                     name=name,
+                    lease_s=self.settings.lease_s,
+                    owner=self.owner,
+                    park=True,
+                    spend=spend,
                 )
 
         else:
@@ -204,61 +296,78 @@ class Worker:
             # first record (its position is taken) or the save (its step is taken) is refused.
             head = asyncio.ensure_future(read_head(self.store, run_id))
 
-            def advance(granted: bool) -> Coroutine[Any, Any, Any]:
+            def advance() -> Coroutine[Any, Any, Any]:
                 return self.runner.advance(
-                    flow, run_id, expected_step=step, rerun_in_doubt=granted, handoff=handoff, head=head
+                    flow, run_id, expected_step=step, handoff=handoff, head=head, park=True, spend=spend
                 )
 
         try:
-            return await self._under_lease(flow_name, run_id, step, advance)
+            return await self._advance(flow_name, run_id, step, cause, advance)
         finally:
             if head is not None and not head.done():
                 head.cancel()
             elif head is not None and not head.cancelled():
                 head.exception()  # retrieved, so an unused failure is not reported as lost
 
-    async def _under_lease(
-        self, flow_name: str, run_id: str, step: int, advance: Callable[[bool], Coroutine[Any, Any, Any]]
+    async def _advance(
+        self, flow_name: str, run_id: str, step: int, cause: str, advance: Callable[[], Coroutine[Any, Any, Any]]
     ) -> Outcome:
-        async with self.leases.hold(run_id) as held:
-            if held is None:
-                return Outcome(run_id, flow_name, "skipped", why="another worker holds the run's lease")
-            try:
-                try:
-                    result = await advance(False)
-                except RecoveryNeedsDecision as exc:
-                    # Raised before anything was written: with a recorded decision, go again rerunning.
-                    if not await self.leases.take_rerun(run_id, step):
-                        await self.leases.mark_decision(run_id, exc.calls)
-                        return Outcome(run_id, flow_name, "decision", why=str(exc))
-                    result = await advance(True)
-            except Stale as exc:
-                return Outcome(run_id, flow_name, "skipped", why=str(exc))
-            except CheckpointConflict as exc:
-                return Outcome(run_id, flow_name, "conflict", why=str(exc))
-            held.clear_decision = True  # it moved on: no decision is awaited any more
+        try:
+            result = await advance()
+        except RunHeld as exc:
+            return Outcome(run_id, flow_name, "skipped", why=str(exc), held_until=exc.expires_at)
+        except RecoveryNeedsDecision as exc:
+            return Outcome(run_id, flow_name, "decision", why=str(exc))
+        except Stale as exc:
+            return Outcome(run_id, flow_name, "skipped", why=str(exc))
+        except ControlRefused as exc:
+            return self.refuse(flow_name, run_id, step, cause, str(exc))
+        except CheckpointConflict as exc:
+            return Outcome(run_id, flow_name, "conflict", why=str(exc))
+        except CheckpointStoreCorrupt as exc:
+            return self.refuse(flow_name, run_id, step, cause, str(exc))
         return Outcome(
             run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
         )
 
-    async def stranded(self) -> list[tuple[str, str, int]] | None:
-        """Unfinished runs nobody works on, as ``(flow, run_id, step)``; None if another recover_all runs."""
-        async with self.leases.lock("recover_all", self.settings.recover_lock_s) as got:
-            if not got:
-                return None
-            found: list[tuple[str, str, int]] = []
-            now = time.time()
-            columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
-            if self.settings.sweep_forgotten and self.runner.sealer is not None:
-                for lost in await relist_forgotten(self.store, self.runner.sealer, columns):
-                    log.warning("run %s was missing from the store's listing index: %s", lost.run_id, lost.why)
-            for name in columns:
-                run_ids = list(await self.store.list_unfinished(name))
-                busy = await self.leases.leased(run_ids)
-                for run_id in run_ids:
-                    if run_id in busy:
-                        continue
+    async def stranded(self, *, startup: bool = False) -> Stranded | None:
+        """Unfinished runs nobody works on (and, on `startup`, the held ones); None if another recover_all runs."""
+        ownership = Ownership(self.owner, self.settings.recover_lock_s)
+        try:
+            lease = await take(self.store, RECOVER_ALL_LEASE, ownership)
+        except RunHeld:
+            return None
+        try:
+            return await self._stranded(startup)
+        finally:
+            await self.store.release_lease(RECOVER_ALL_LEASE, lease.token)
+
+    async def _stranded(self, startup: bool) -> Stranded:
+        found = Stranded()
+        now = time.time()
+        columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
+        if self.settings.sweep_forgotten:
+            for lost in await relist_forgotten(self.store, self.sealer, columns):
+                log.warning("run %s was missing from the store's listing index: %s", lost.run_id, lost.why)
+        for name in columns:
+            run_ids = list(await self.store.list_unfinished(name))
+            held = await held_by(self.store, run_ids)
+            for run_id in run_ids:
+                try:
                     row = await self.store.latest(run_id)
-                    if row.status == "running" and now - row.saved_at >= self.settings.stale_after_s:
-                        found.append((name, run_id, row.step))
-            return found
+                except CheckpointNotFound:
+                    continue  # deleted meanwhile
+                if run_id in held:
+                    if startup:
+                        found.recheck.append((name, run_id, row.step, held[run_id].expires_at))
+                    continue
+                if row.status != "running" or now - row.saved_at < self.settings.stale_after_s:
+                    continue
+                try:
+                    body = self.sealer.open_checkpoint(row, run_id)
+                except CheckpointStoreCorrupt as exc:
+                    log.warning("run %s is not recovered: %s", run_id, exc, extra={"run_id": run_id})
+                    continue
+                if not parked(body):
+                    found.recover.append((name, run_id, row.step))
+        return found

@@ -14,13 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError
+from agentflow._errors import CheckpointStoreCorrupt, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.exec._durable_loop import LoopResult, read_tool_loop, start_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec._run_control import control_of, parked
 from agentflow.exec._run_read import read_run
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._messages import Message
@@ -112,8 +113,15 @@ class FlowClient:
             raise CheckpointStoreCorrupt(
                 f"run {run_id!r} is signed but does not fit flow {flow.name!r}: {exc}"
             ) from None
-        waiting = await self.tasks.worker.leases.decision(run_id) if report.status == "running" else None
+        waiting = await self._awaiting(run_id) if report.status == "running" else None
         return RunView(run_id, report.flow, report.status, report.step, state, pending, report.error, waiting)
+
+    async def _awaiting(self, run_id: str) -> str | None:
+        """What a parked run waits for a decision about (from its signed latest checkpoint), or None."""
+        assert self.runner.checkpoints is not None
+        body = self.sealer.open_checkpoint(await self.runner.checkpoints.latest(run_id), run_id)
+        awaiting = control_of(body).awaiting if parked(body) else ()
+        return "; ".join(f"{tool}: {why}" for tool, why in awaiting) or None
 
     async def wait(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
         """Poll the store until the run is settled (ended, paused, or waiting for a decision).
@@ -131,16 +139,27 @@ class FlowClient:
             await asyncio.sleep(poll_s)
 
     async def resume(
-        self, run_id: str, *, approve: bool | Mapping[str, bool], note: str | None = None, ctx: RunContext | None = None
+        self,
+        run_id: str,
+        *,
+        approve: bool | Mapping[str, bool],
+        note: str | None = None,
+        ctx: RunContext | None = None,
+        operator: str | None = None,
     ) -> int:
         """Store the decision on a paused run (one of racing resumes wins), then enqueue its superstep.
+
+        The decision is a signed claim saved here, with `operator` (who decided); the
+        message only points at it, and a worker spends it once.
 
         Raises:
             CheckpointConflict: the run is not paused, or another resume won.
         """
         view = await self.status(run_id)
         flow = self.flow_app.flow(view.flow)
-        result = await self.runner.resume(flow, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0)
+        result = await self.runner.resume(
+            flow, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
+        )
         assert result.step is not None
         await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, result.step, "resume")
         return result.step
@@ -185,7 +204,7 @@ class FlowClient:
         deadline = time.monotonic() + timeout_s
         while True:
             result = await self.loop_status(name, run_id)
-            if result.status != "running" or await self.tasks.worker.leases.decision(run_id):
+            if result.status != "running" or await self._awaiting(run_id):
                 return result
             if time.monotonic() > deadline:
                 raise TimeoutError(f"loop {run_id!r} is still running after {timeout_s}s")
@@ -199,6 +218,7 @@ class FlowClient:
         approve: bool | Mapping[str, bool],
         note: str | None = None,
         ctx: RunContext | None = None,
+        operator: str | None = None,
     ) -> int:
         """Store the decision on a tool loop paused for approval, then enqueue its next stage.
 
@@ -210,21 +230,26 @@ class FlowClient:
             CheckpointConflict: the loop is not paused, or another decision won.
             ValueError: `approve` maps call ids and leaves a pending call undecided.
         """
-        decided = await self.tasks.worker.decide_loop(name, run_id, approve, note, ctx)
+        decided = await self.tasks.worker.decide_loop(name, run_id, approve, note, ctx, operator)
         assert decided.step is not None
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, decided.step, "resume")
         return decided.step
 
-    async def decide_in_doubt(self, run_id: str, *, rerun: bool = True) -> None:
-        """After checking the calls in doubt at their systems, let the run go on (rerunning them).
+    async def decide_in_doubt(self, run_id: str, *, rerun: bool = True, operator: str | None = None) -> int:
+        """After checking the calls in doubt at their systems, let the run go on, rerunning them.
+
+        The decision is a signed claim saved here, naming the calls and `operator`; the
+        message that follows only points at it. Returns the decision's step.
 
         Raises:
-            CheckpointConflict: the run is not waiting for a decision.
+            CheckpointConflict: the run is not running or has no call in doubt (`RunHeld`:
+                a live worker holds it: its calls are running, not in doubt).
+            ValueError: `rerun` is False (agentflow can only rerun a call in doubt; repair the state by hand).
         """
-        if await self.tasks.worker.leases.decision(run_id) is None:
-            raise CheckpointConflict(f"run {run_id!r} is not waiting for a decision")
         if not rerun:
             raise ValueError("to skip a call in doubt, repair the state by hand; agentflow only reruns it")
-        row = await self.tasks.worker.store.latest(run_id)
-        await self.tasks.worker.leases.allow_rerun(run_id, row.step)
-        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, row.step, "rerun")
+        assert self.runner.checkpoints is not None
+        row = await self.runner.checkpoints.latest(run_id)
+        step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator)
+        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, step, "rerun")
+        return step

@@ -53,7 +53,7 @@ def build(url: str, prefix: str) -> tuple[Celery, AgentflowTasks]:
     """Make the demo's Celery app (the ticket flow on a Redis store under `prefix`) and register agentflow's tasks."""
 
     def connect() -> redis.asyncio.Redis:
-        # No socket timeout: the store and the leases give each command a deadline of their own.
+        # No socket timeout: the store gives each command (leases included) a deadline of its own.
         return redis.asyncio.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=5)
 
     app = Celery("agentflow-demo")
@@ -63,8 +63,6 @@ def build(url: str, prefix: str) -> tuple[Celery, AgentflowTasks]:
         tickets_app,
         store_factory=lambda: RedisCheckpointStore(connect, prefix=prefix),
         checkpoint_key=DEMO_KEY,
-        redis_factory=connect,
-        prefix=prefix,
         settings=dataclasses.replace(SETTINGS, queue=prefix),
     )
     return app, tasks

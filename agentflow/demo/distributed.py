@@ -258,11 +258,11 @@ async def _crash_and_recover(cluster: Cluster, watcher: Watcher) -> None:
     who = f"worker {node.name} (main pid {node.proc.pid} and its pool)"
     say(f"  !! {who} killed with SIGKILL while {VICTIM} was sending its mail")
     say()
-    leases = cluster.tasks.worker.leases
+    store = cluster.tasks.worker.store
     say(f"3. Nobody renews {VICTIM}'s lease now, so no worker may take the run yet (it lapses in {LEASE_S:.0f} s).")
 
     async def lapsed() -> bool:
-        return not await leases.leased([VICTIM])
+        return not await store.leases([VICTIM])
 
     await watcher.until(f"the lease of {VICTIM} to lapse", lapsed, timeout_s=LEASE_S + 10)
     say(f"   The lease lapsed {time.monotonic() - killed:.1f} s after the kill.")
@@ -331,7 +331,6 @@ async def _story(cluster: Cluster) -> int:
     finally:
         cluster.stop_all()
         await cluster.tasks.worker.store.aclose()
-        await cluster.tasks.worker.leases.aclose()
     say("   every run is done; the workers stop")
     say()
     return 0

@@ -30,6 +30,7 @@ from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
 from agentflow.exec._run_keys import sealer_for
+from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._messages import Message
@@ -38,6 +39,7 @@ from agentflow.models._protocol import Model
 __all__ = [
     "LoopResult",
     "advance_tool_loop",
+    "decide_in_doubt_tool_loop",
     "read_tool_loop",
     "recover_tool_loop",
     "run_tool_loop",
@@ -53,11 +55,15 @@ def _protocol(
     name: str,
     approver: Approver | None = None,
     events: Events | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
 ) -> LoopProtocol:
-    """The run protocol for the loop `name` over `checkpoints`."""
+    """The run protocol for the loop `name` over `checkpoints`, holding runs as `owner` for `lease_s`."""
     executor = Executor(registry, approver=approver, events=events)
     driver = LoopDriver(model, executor, name)
-    return RunProtocol(driver, checkpoints, sealer_for(checkpoints, checkpoint_key), registry, executor.events)
+    ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
+    sealer = sealer_for(checkpoints, checkpoint_key)
+    return RunProtocol(driver, checkpoints, sealer, registry, executor.events, ownership=ownership)
 
 
 def _cursor(
@@ -83,6 +89,8 @@ async def run_tool_loop(
     note: str | None = None,
     name: str = "tool_loop",
     events: Events | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
 ) -> LoopResult:
     """Run a tool loop: ask the model, run the tools it asks for, repeat until it answers.
 
@@ -104,6 +112,9 @@ async def run_tool_loop(
         note: a note stored with the decision.
         name: the loop's name (runs are listed under ``loop:<name>``).
         events: an event hub to report to.
+        lease_s: how long this process's hold on the run lasts unless renewed (renewed every
+            third of it while the loop works); nothing else acts on the run meanwhile.
+        owner: names this process in leases and checkpoints (default ``runner@<host>:<pid>``).
 
     Raises:
         CheckpointConflict: the run id belongs to a loop that is running or ended.
@@ -111,7 +122,7 @@ async def run_tool_loop(
     """
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner)
     if run_id is not None and checkpoints is not None and await _exists(checkpoints, run_id):
         if approve is None:
             return await _paused(proto, run_id, ctx)
@@ -119,8 +130,7 @@ async def run_tool_loop(
     if not messages:
         raise ValueError("run_tool_loop needs the messages to start from")
     lp = _cursor(proto, run_id, messages, max_steps, ctx)
-    await proto.start(lp)
-    return await proto.driver.drive(proto, lp, {}, limit=None, recovering=False)
+    return await proto.begin(lp, None)
 
 
 async def _exists(store: CheckpointStore, run_id: str) -> bool:
@@ -150,6 +160,9 @@ async def decide_tool_loop(
     checkpoint_key: bytes | Sequence[bytes] | None = None,
     ctx: RunContext | None = None,
     name: str = "tool_loop",
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
+    operator: str | None = None,
 ) -> LoopResult:
     """Store the decision on a paused loop without running it; a worker then goes on from it.
 
@@ -160,8 +173,8 @@ async def decide_tool_loop(
         CheckpointConflict: the loop is not paused, or another decision won.
         ValueError: `approve` is a mapping that leaves a pending call undecided.
     """
-    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name)
-    return await proto.resume(run_id, approve=approve, note=note, ctx=ctx, limit=0)
+    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
+    return await proto.resume(run_id, approve=approve, note=note, ctx=ctx, limit=0, operator=operator)
 
 
 async def recover_tool_loop(
@@ -176,6 +189,9 @@ async def recover_tool_loop(
     approver: Approver | None = None,
     name: str = "tool_loop",
     events: Events | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
+    operator: str | None = None,
 ) -> LoopResult:
     """Continue a tool loop whose worker died, from its latest checkpoint.
 
@@ -186,8 +202,8 @@ async def recover_tool_loop(
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
         IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events)
-    return await proto.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner)
+    return await proto.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
 
 
 async def start_tool_loop(
@@ -200,6 +216,8 @@ async def start_tool_loop(
     max_steps: int = 10,
     ctx: RunContext | None = None,
     name: str = "tool_loop",
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
 ) -> LoopResult:
     """Save a new loop's step 0 (its messages) without running it; a worker advances it.
 
@@ -210,9 +228,10 @@ async def start_tool_loop(
         raise ValueError("max_steps must be at least 1")
     if not messages:
         raise ValueError("start_tool_loop needs the messages to start from")
-    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name)
+    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
     lp = _cursor(proto, run_id, messages, max_steps, ctx)
-    await proto.start(lp)
+    async with proto.hold(lp.run_id):
+        await proto.start(lp)
     return proto.driver.result(lp, RunStatus.RUNNING)
 
 
@@ -228,6 +247,10 @@ async def advance_tool_loop(
     rerun_in_doubt: bool = False,
     name: str = "tool_loop",
     events: Events | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
+    park: bool = False,
+    spend: str | None = None,
 ) -> LoopResult:
     """Claim a loop and run exactly one stage of it: one model call, or one round of tools.
 
@@ -236,10 +259,39 @@ async def advance_tool_loop(
         CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events, lease_s, owner)
     return await proto.advance(
-        run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, head=None
+        run_id,
+        expected_step=expected_step,
+        rerun_in_doubt=rerun_in_doubt,
+        handoff=handoff,
+        head=None,
+        park=park,
+        spend=spend,
     )
+
+
+async def decide_in_doubt_tool_loop(
+    run_id: str,
+    *,
+    checkpoints: CheckpointStore,
+    checkpoint_key: bytes | Sequence[bytes] | None = None,
+    operator: str | None = None,
+    name: str = "tool_loop",
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
+) -> int:
+    """Store an operator's decision to rerun a loop's calls in doubt; return the decision's step.
+
+    See `FlowRunner.decide_in_doubt`: the decision is a signed claim naming the calls and
+    `operator`, spent once by the loop's next advance or recovery.
+
+    Raises:
+        CheckpointConflict: the loop is not running or has no call in doubt (`RunHeld`: a
+            live worker holds it).
+    """
+    proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
+    return await proto.decide_in_doubt(run_id, operator=operator)
 
 
 class _NoModel:

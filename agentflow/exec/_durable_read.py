@@ -17,7 +17,7 @@ checked in `_run_checks`, the one set of checks every reader of a run makes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,15 +144,30 @@ def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallSt
     return fold(records, superstep)
 
 
-def calls_in_doubt(run_id: str, states: Mapping[str, CallState], registry: Registry, rerun_in_doubt: bool) -> list[str]:
+def calls_in_doubt(
+    run_id: str, states: Mapping[str, CallState], registry: Registry, rerun_in_doubt: bool | Collection[str]
+) -> list[str]:
     """Return the in-doubt calls that will run again, or refuse to go on.
+
+    Args:
+        run_id: the run (for messages).
+        states: the calls of the step being continued.
+        registry: says which tools are idempotent.
+        rerun_in_doubt: True reruns every call in doubt; a collection of call ids reruns
+            those (an operator's signed decision); False only the idempotent ones.
 
     Raises:
         RecoveryNeedsDecision: a call is in doubt, its tool is not idempotent, and
-            `rerun_in_doubt` is False.
+            `rerun_in_doubt` does not cover it.
     """
+
+    def allowed(state: CallState) -> bool:
+        if isinstance(rerun_in_doubt, bool):
+            return rerun_in_doubt
+        return state.call_id in rerun_in_doubt
+
     doubtful = [s for s in states.values() if s.in_doubt]
-    blocked = [s for s in doubtful if not rerun_in_doubt and not _idempotent(registry, s.tool)]
+    blocked = [s for s in doubtful if not allowed(s) and not _idempotent(registry, s.tool)]
     if blocked:
         raise RecoveryNeedsDecision(run_id, [(s.tool, _why(s)) for s in blocked])
     return [s.call_id for s in doubtful]

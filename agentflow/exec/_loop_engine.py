@@ -31,6 +31,7 @@ from agentflow.exec._executor import Executor
 from agentflow.exec._run_cursor import RunCursor, RunOutcome
 from agentflow.exec._run_driver import RunDriver
 from agentflow.exec._run_protocol import RunProtocol
+from agentflow.exec._run_steps import RunSteps
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.models._messages import Message, ToolCall
@@ -192,7 +193,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
 
     async def drive(
         self,
-        proto: LoopProtocol,
+        proto: RunSteps[LoopCursor, LoopResult],
         lp: LoopCursor,
         seeds: Mapping[str, CallState],
         *,

@@ -22,7 +22,7 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 
 if TYPE_CHECKING:
-    from agentflow.exec._run_protocol import RunProtocol
+    from agentflow.exec._run_steps import RunSteps
 
 C = TypeVar("C", bound=RunCursor)
 R = TypeVar("R", bound=RunOutcome)
@@ -83,7 +83,7 @@ class RunDriver(ABC, Generic[C, R]):
     @abstractmethod
     async def drive(
         self,
-        proto: RunProtocol[C, R],
+        proto: RunSteps[C, R],
         cur: C,
         seeds: Mapping[str, CallState],
         *,

@@ -24,6 +24,7 @@ from agentflow.exec._executor import Executor
 from agentflow.exec._run_cursor import RunCursor
 from agentflow.exec._run_driver import RunDriver
 from agentflow.exec._run_protocol import RunProtocol
+from agentflow.exec._run_steps import RunSteps
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._graph import Call, Flow
@@ -130,7 +131,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
 
     async def drive(
         self,
-        proto: FlowProtocol,
+        proto: RunSteps[Cursor, RunResult[Any]],
         cur: Cursor,
         seeds: Mapping[str, CallState],
         *,
@@ -177,7 +178,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
 
     async def _fail(
         self,
-        proto: FlowProtocol,
+        proto: RunSteps[Cursor, RunResult[Any]],
         cur: Cursor,
         exc: BaseException,
         replayed: list[str] | None = None,

@@ -4,6 +4,8 @@ Each run goes through the run protocol's `recover` (`agentflow.exec._run_protoco
 owns the checks, the claim and the replay; this module only finds the runs and reports
 each one's outcome, so one bad run never stops the others. With ``sweep``, runs the
 store's listing index forgot are found from their rows first (`agentflow.exec._run_sweep`).
+A run whose lease is live is reported as `RunHeld` without being touched: its worker is
+alive, so it is neither recovered nor an error to retry.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointStoreCorrupt
+from agentflow._errors import CheckpointStoreCorrupt, RunHeld
+from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
@@ -42,9 +45,13 @@ async def recover_all(
                     f"{found.why}"
                 )
     run_ids = [r for r in await runner.checkpoints.list_unfinished(flow.name) if r not in outcomes]
+    for run_id, lease in (await held_by(runner.checkpoints, run_ids)).items():
+        outcomes[run_id] = RunHeld(run_id, lease.owner, lease.expires_at)  # live: left alone, not retried
     limit = asyncio.Semaphore(max(1, runner.recover_concurrency))
 
     async def one(run_id: str) -> None:
+        if run_id in outcomes:
+            return
         async with limit:
             try:
                 outcomes[run_id] = await runner.recover(flow, run_id, rerun_in_doubt=rerun_in_doubt)

@@ -18,6 +18,7 @@ from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._executor import Executor
 from agentflow.exec._run_keys import sealer_for
+from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover
@@ -44,6 +45,8 @@ class FlowRunner:
         checkpoint_key: bytes | Sequence[bytes] | None = None,
         recover_concurrency: int = 8,
         max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES,
+        lease_s: float = DEFAULT_LEASE_S,
+        owner: str | None = None,
     ) -> None:
         """Build a runner.
 
@@ -56,9 +59,14 @@ class FlowRunner:
             max_checkpoint_bytes: the largest checkpoint (encoded) a run may save; a bigger
                 one raises `CheckpointTooLarge` and nothing is stored. A tool result over it
                 is not stored either: its call is then in doubt (``unrecordable``).
+            lease_s: how long the runner's hold on a run lasts unless renewed (it renews
+                every third of it while it works). Nothing else acts on a run while its
+                lease is live; a holder that died is taken over this long after.
+            owner: names this runner in leases and checkpoints (default
+                ``runner@<host>:<pid>``).
 
         Raises:
-            ValueError, TypeError: a missing or short key.
+            ValueError, TypeError: a missing or short key, or a `lease_s` that is not positive.
         """
         self.executor = executor
         self.events = executor.events
@@ -68,6 +76,7 @@ class FlowRunner:
         if max_checkpoint_bytes < 1024:
             raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
         self.max_checkpoint_bytes = max_checkpoint_bytes
+        self.ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
 
     def protocol(self, flow: Flow[Any]) -> FlowProtocol:
         """The run protocol for runs of `flow` on this runner's store.
@@ -78,7 +87,13 @@ class FlowRunner:
         flow.validate(self.executor.registry)
         driver = FlowDriver(flow, self.executor)
         return RunProtocol(
-            driver, self.checkpoints, self.sealer, self.executor.registry, self.events, self.max_checkpoint_bytes
+            driver,
+            self.checkpoints,
+            self.sealer,
+            self.executor.registry,
+            self.events,
+            self.max_checkpoint_bytes,
+            self.ownership,
         )
 
     async def run(
@@ -102,7 +117,8 @@ class FlowRunner:
 
         Raises:
             FlowError: the flow is invalid, the state does not fit, or the run cannot go on.
-            CheckpointConflict: the run id is taken, or another worker took the run over.
+            CheckpointConflict: the run id is taken, or another worker took the run over
+                (`RunHeld`: a live holder has the run id).
         """
         proto = self.protocol(flow)
         start = _coerce_state(flow, state)
@@ -111,8 +127,7 @@ class FlowRunner:
             raise ValueError("run_id must be a non-empty string")
         cur = Cursor(rid, identity_body(self.sealer, rid, ctx), ctx, flow, start, [flow.entry], {}, 0)
         self.events.emit("run.started", rid, flow=flow.name)
-        await proto.start(cur)
-        result: RunResult[S] = await proto.driver.drive(proto, cur, {}, limit=max_supersteps, recovering=False)
+        result: RunResult[S] = await proto.begin(cur, max_supersteps)
         return result
 
     async def start(
@@ -137,6 +152,8 @@ class FlowRunner:
         rerun_in_doubt: bool = False,
         handoff: bool = False,
         head: Awaitable[Head] | None = None,
+        park: bool = False,
+        spend: str | None = None,
     ) -> RunResult[S]:
         """Claim a run and run exactly one superstep of it (what a distributed worker does).
 
@@ -150,41 +167,90 @@ class FlowRunner:
                 superstep is then not reported as a recovery unless it finds calls to replay.
             head: the run's latest checkpoint and records per segment (`read_head`), being
                 read already (a worker starts the read while it takes the run's lease).
+            park: when a call in doubt needs a decision, park the run first (a signed
+                claim that says what it waits for, so sweeps leave it alone).
+            spend: the caller was sent to spend a decision (``resume`` or ``decision``):
+                unless the latest checkpoint is a signed claim of that kind, nothing
+                happens and `ControlRefused` is raised.
 
         Raises:
             Stale: the latest step is not `expected_step`.
             CheckpointConflict: the run ended, is paused, or another worker claimed it first.
             RecoveryNeedsDecision: a call is in doubt (as for `recover`).
             CheckpointStoreCorrupt: a row fails its check (as for `recover`).
+            ControlRefused: `spend` names a decision the run does not carry.
         """
         result: RunResult[S] = await self.protocol(flow).advance(
-            run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, head=head
+            run_id,
+            expected_step=expected_step,
+            rerun_in_doubt=rerun_in_doubt,
+            handoff=handoff,
+            head=head,
+            park=park,
+            spend=spend,
         )
         return result
 
     async def recover(
-        self, flow: Flow[S], run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None
+        self,
+        flow: Flow[S],
+        run_id: str,
+        *,
+        rerun_in_doubt: bool = False,
+        ctx: RunContext | None = None,
+        operator: str | None = None,
     ) -> RunResult[S]:
         """Continue a run whose worker died, from its latest checkpoint.
 
         Finished calls of the cut-off superstep replay from the log; calls in doubt rerun
-        if their tool is idempotent (or `rerun_in_doubt`), else nothing runs.
+        if their tool is idempotent (or `rerun_in_doubt`, or an operator's signed decision
+        stored with `decide_in_doubt`), else nothing runs. The run's lease must be free:
+        a live worker's run is never taken over.
+
+        Args:
+            flow: the run's flow.
+            run_id: the run.
+            rerun_in_doubt: rerun calls in doubt even if their tools are not idempotent
+                (the decision is signed into the claim, with `operator`).
+            ctx: who the run acts for (checked against its identity).
+            operator: who decided (default: this runner's owner name).
 
         Raises:
             CheckpointNotFound: nothing is stored for the run.
-            CheckpointConflict: the run ended, or another worker claimed it first.
+            CheckpointConflict: the run ended, or another worker claimed it first
+                (`RunHeld`: a live worker holds it; the message names it and when its lease ends).
             CheckpointStoreCorrupt: a checkpoint or call record fails its check.
             RecoveryNeedsDecision: a call is in doubt and its tool is not idempotent.
             IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
             FlowError: the flow's graph changed since the checkpoint.
         """
-        result: RunResult[S] = await self.protocol(flow).recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx)
+        result: RunResult[S] = await self.protocol(flow).recover(
+            run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator
+        )
         return result
+
+    async def decide_in_doubt(
+        self, flow: Flow[S], run_id: str, *, operator: str | None = None, ctx: RunContext | None = None
+    ) -> int:
+        """Store an operator's decision to rerun the run's calls in doubt; return the decision's step.
+
+        Check each call at its system first (did the mail go out? was the card charged?).
+        The decision is a signed claim that names the calls and `operator`; the next
+        `advance` or `recover` of the run spends it, once.
+
+        Raises:
+            CheckpointConflict: the run is not running or has no call in doubt (`RunHeld`:
+                a live worker holds it, and its calls are not in doubt but running).
+        """
+        return await self.protocol(flow).decide_in_doubt(run_id, operator=operator, ctx=ctx)
 
     async def recover_all(
         self, flow: Flow[S], *, rerun_in_doubt: bool = False, sweep: bool = False
     ) -> dict[str, RunResult[S] | BaseException]:
         """Recover every unfinished run of `flow`: each run id maps to its result or its error.
+
+        A run a live worker holds maps to `RunHeld` (naming the holder and when its lease
+        ends) and is not touched.
 
         Args:
             flow: the flow whose runs to recover.
@@ -207,6 +273,7 @@ class FlowRunner:
         ctx: RunContext | None = None,
         note: str | None = None,
         max_supersteps: int | None = None,
+        operator: str | None = None,
     ) -> RunResult[S]:
         """Decide a paused run's pending approvals and carry the run on.
 
@@ -218,13 +285,14 @@ class FlowRunner:
             note: a note stored with the decision.
             max_supersteps: stop after this many supersteps (0: only store the decision,
                 and let a worker spend it).
+            operator: who decided, signed into the decision (default: this runner's owner name).
 
         Raises:
             CheckpointConflict: the run is not paused, or another resume won.
             IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
         """
         result: RunResult[S] = await self.protocol(flow).resume(
-            run_id, approve=approve, note=note, ctx=ctx, limit=max_supersteps
+            run_id, approve=approve, note=note, ctx=ctx, limit=max_supersteps, operator=operator
         )
         return result
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from _kit.faults import FaultyStore
+from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.tickets import KEY, REFUNDS, Ledger, Refund, make_tickets, sigkill
 
 from agentflow import Executor, FlowRunner
@@ -51,7 +52,8 @@ def runner_for(db: str, ledger: Ledger, crash: str | None = None) -> tuple[FlowR
     store = FaultyStore(SQLiteCheckpointStore(db), die=sigkill)
     if point in ("in_save", "between"):
         store.crash("save", step=int(what), when="before" if point == "in_save" else "after")
-    return FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY), store
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY, lease_s=KILLED_LEASE_S)
+    return runner, store
 
 
 def wait_for(paths: list[Path], timeout_s: float = 30.0) -> None:
@@ -98,9 +100,9 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
         if opts.action == "race":
             return await race(runner, opts.runs, Path(opts.barrier), opts.who)
         if opts.action == "resume":
-            result = await runner.resume(REFUNDS, opts.run_id, approve=not opts.deny)
+            result = await once_lapsed(lambda: runner.resume(REFUNDS, opts.run_id, approve=not opts.deny))
         else:
-            result = await runner.recover(REFUNDS, opts.run_id)
+            result = await once_lapsed(lambda: runner.recover(REFUNDS, opts.run_id))
     except RecoveryNeedsDecision as exc:
         return {"outcome": "decision", "calls": exc.calls}
     except Exception as exc:

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from _kit.faults import FaultyStore
+from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.specs import open_spec
 from _kit.tickets import KEY, ORDER, TICKETS, Ledger, make_tickets, sigkill
 
@@ -50,7 +51,8 @@ async def act(runner: FlowRunner, action: str, run_id: str) -> dict[str, Any]:
         if action == "run":
             result = await runner.run(TICKETS, ORDER, run_id=run_id)
         else:
-            result = await runner.recover(TICKETS, run_id, rerun_in_doubt=action == "recover_rerun")
+            rerun = action == "recover_rerun"
+            result = await once_lapsed(lambda: runner.recover(TICKETS, run_id, rerun_in_doubt=rerun))
     except RecoveryNeedsDecision as exc:
         return {"outcome": "decision", "calls": exc.calls}
     except Exception as exc:
@@ -73,7 +75,7 @@ def main(argv: list[str]) -> None:
         tickets.crash_in.add(what)
     store = FaultyStore(open_spec(opts.store), die=sigkill)
     arm(store, point, what)
-    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY)
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY, lease_s=KILLED_LEASE_S)
 
     async def go() -> dict[str, Any]:
         try:

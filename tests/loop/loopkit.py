@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _kit.faults import FaultyStore
+from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.specs import open_spec
 from _kit.tickets import Ledger, sigkill
 
@@ -177,7 +178,7 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
             die()
         return True
 
-    common: dict[str, Any] = {"checkpoints": store, "checkpoint_key": KEY, "events": events}
+    common: dict[str, Any] = {"checkpoints": store, "checkpoint_key": KEY, "events": events, "lease_s": KILLED_LEASE_S}
     if opts.approver:
         common["approver"] = approver
     try:
@@ -187,7 +188,9 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
             )
         else:
             rerun = opts.action == "recover_rerun"
-            result = await recover_tool_loop(model, registry, opts.run_id, rerun_in_doubt=rerun, **common)
+            result = await once_lapsed(
+                lambda: recover_tool_loop(model, registry, opts.run_id, rerun_in_doubt=rerun, **common)
+            )
     except RecoveryNeedsDecision as exc:
         return {"outcome": "decision", "calls": exc.calls}
     except Exception as exc:

@@ -1,0 +1,157 @@
+"""Run ownership: the lease a runner holds on a run while it acts on it.
+
+Moving parts:
+- `Ownership(owner, lease_s)`: who this runner is (``<name>@<host>:<pid>``) and how long
+  its leases last unless renewed. Every runner, worker, CLI and viewer process has one.
+- `holding(store, run_id, ownership)`: takes the run's lease in the store (`RunHeld` when
+  a live holder has it), renews it from a timer every third of `lease_s` while the block
+  runs, and gives it back when the block ends, whether it returned or raised.
+- `held_by(store, run_ids)`: the live leases of some runs (for listings and recover_all).
+
+Invariants:
+- Nothing acts on a run (start, recover, resume, advance, decide) without holding its
+  lease; a live lease is never broken, only waited out.
+- The lease is advisory ownership, not the last line of defence: a holder that froze past
+  its lease (SIGSTOP, a long pause) is taken over, and when it wakes the segment fencing
+  refuses its next ``started`` record and the compare-and-set its next save. A call it
+  had already begun cannot be stopped; idempotency keys cover that.
+- A renewal that finds the lease lost is logged at WARNING; the block goes on and is
+  fenced at its next write, as above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from agentflow._errors import RunHeld
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import Lease
+
+log = logging.getLogger("agentflow.lease")
+
+#: How long a lease lasts unless renewed, when nobody says otherwise.
+DEFAULT_LEASE_S = 30.0
+
+
+def process_owner(name: str = "runner") -> str:
+    """A name for a lease holder in this process: ``<name>@<host>:<pid>``."""
+    return f"{name}@{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who a runner is when it holds runs, and for how long each lease lasts."""
+
+    owner: str
+    """Names the holder for people: ``<name>@<host>:<pid>``."""
+    lease_s: float = DEFAULT_LEASE_S
+    """A lease lapses this long after its holder last renewed it."""
+
+    def __post_init__(self) -> None:
+        if not self.owner:
+            raise ValueError("a lease owner needs a name")
+        if not self.lease_s > 0:
+            raise ValueError(f"lease_s must be positive, not {self.lease_s!r}")
+
+    @classmethod
+    def of(cls, lease_s: float = DEFAULT_LEASE_S, name: str = "runner") -> Ownership:
+        """This process's ownership under `name`."""
+        return cls(process_owner(name), lease_s)
+
+
+class _Renewer:
+    """Renews a held lease every third of `lease_s` from a timer: no task until one is due.
+
+    `stop` waits for a renewal in flight rather than cancel it half-way (a command cut off
+    could leave the store's connection unusable for the release that follows).
+    """
+
+    def __init__(self, store: CheckpointStore, lease: Lease, lease_s: float) -> None:
+        self._store, self._lease, self._lease_s = store, lease, lease_s
+        self._loop = asyncio.get_running_loop()
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(lease_s / 3, self._due)
+        self.lost = False
+
+    def _due(self) -> None:
+        self._task = self._loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        lease = self._lease
+        try:
+            renewed = await self._store.renew_lease(lease.run_id, lease.token, self._lease_s)
+        except Exception as exc:  # the work goes on: fencing still guards it if the lease lapses
+            log.warning("could not renew the lease of run %s: %s", lease.run_id, exc, extra={"run_id": lease.run_id})
+        else:
+            if renewed is None and not self.lost:
+                self.lost = True
+                log.warning(
+                    "run %s: %s lost its lease (it lapsed or was taken over); its next write will be refused",
+                    lease.run_id,
+                    lease.owner,
+                    extra={"run_id": lease.run_id},
+                )
+        if not self._stopped:
+            self._timer = self._loop.call_later(self._lease_s / 3, self._due)
+
+    async def stop(self) -> None:
+        """Renew no more; wait for a renewal under way."""
+        self._stopped = True
+        self._timer.cancel()
+        if self._task is not None:
+            await self._task
+
+
+async def take(store: CheckpointStore, run_id: str, ownership: Ownership) -> Lease:
+    """Take the run's lease for `ownership`.
+
+    Raises:
+        RunHeld: another holder's lease is live.
+    """
+    token = secrets.token_hex(16)
+    lease = await store.take_lease(run_id, ownership.owner, token, ownership.lease_s)
+    if lease.token != token:
+        raise RunHeld(run_id, lease.owner, lease.expires_at)
+    return lease
+
+
+@contextlib.asynccontextmanager
+async def holding(store: CheckpointStore, run_id: str, ownership: Ownership) -> AsyncIterator[Lease]:
+    """Hold the run's lease while the block runs (see the module docstring).
+
+    Raises:
+        RunHeld: another holder's lease is live (the block does not run).
+    """
+    lease = await take(store, run_id, ownership)
+    renewer = _Renewer(store, lease, ownership.lease_s)
+    try:
+        yield lease
+    finally:
+        await renewer.stop()
+        try:
+            await store.release_lease(run_id, lease.token)
+        except Exception as exc:  # the lease lapses on its own; say so rather than hide the block's outcome
+            log.warning(
+                "could not release the lease of run %s (it lapses in %s s): %s",
+                run_id,
+                ownership.lease_s,
+                exc,
+                extra={"run_id": run_id},
+            )
+
+
+async def held_by(store: CheckpointStore, run_ids: Sequence[str]) -> Mapping[str, Lease]:
+    """The live leases among `run_ids`, read in chunks."""
+    found: dict[str, Lease] = {}
+    ids = list(run_ids)
+    for start in range(0, len(ids), 500):
+        found.update(await store.leases(ids[start : start + 500]))
+    return found

@@ -1,0 +1,309 @@
+"""The parts of the run protocol: writing and reading one run's checkpoints and call log.
+
+`RunSteps` holds a store, a sealer, a `RunDriver` (what a flow or a loop plugs in: its
+state codec and how it drives a step) and this process's `Ownership`. Its parts:
+- `start`: save step 0 in segment 0;
+- `open`: load the latest checkpoint, check its signature and kind, restore the identity;
+- `read`: read the whole call log and make the checks every reader makes (`_run_checks`);
+- `claim`: save the next step in a new segment, pinning the record count of every earlier
+  segment, with the claim's control record (see `_run_protocol`); of racing workers
+  exactly one wins;
+- `save`: the checkpoint after a step (with a held ``done`` record, atomically), naming
+  who saved it (``by``).
+The entry points that put the parts in order, under the run's lease, are in `_run_protocol`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic
+
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, CheckpointTooLarge
+from agentflow._events import Events
+from agentflow._identity import RunContext, restore_identity
+from agentflow._run_types import RunStatus
+from agentflow.exec._durable import Journal, envelope, read_decisions, read_pending, too_large
+from agentflow.exec._durable_read import CallState, LoggedRecord, calls_in_doubt, read_log
+from agentflow.exec._durable_seal import Sealer, canonical
+from agentflow.exec._registry import Registry
+from agentflow.exec._run_checks import (
+    AheadOfCheckpoint,
+    check_records,
+    check_still_paused,
+    counts_of,
+    encode_pins,
+    marker_of,
+    pins_for,
+    pins_of,
+)
+from agentflow.exec._run_control import granted
+from agentflow.exec._run_driver import C, R, RunDriver
+from agentflow.exec._run_lease import Ownership
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCheckpoint
+
+#: The version of the checkpoint body layout.
+BODY_VERSION = 1
+
+#: The largest checkpoint (encoded body, in bytes) a run saves unless told otherwise.
+MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
+
+#: Why a run was claimed (signed into the claim checkpoint).
+CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked"})
+
+Head = tuple[SealedCheckpoint, Mapping[int, int]]
+
+
+@dataclass
+class Opened(Generic[C]):
+    """A run as its latest checkpoint shows it, every check of that row passed."""
+
+    cur: C
+    row: SealedCheckpoint
+    body: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        """The latest checkpoint's status."""
+        return self.row.status
+
+
+class RunSteps(Generic[C, R]):
+    """The parts of the durable sequence for one kind of run over one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        driver: RunDriver[C, R],
+        store: CheckpointStore | None,
+        sealer: Sealer | None,
+        registry: Registry,
+        events: Events,
+        max_bytes: int = MAX_CHECKPOINT_BYTES,
+        ownership: Ownership | None = None,
+    ) -> None:
+        self.driver = driver
+        self.ownership = ownership
+        self.store = store
+        self.sealer = sealer
+        self.registry = registry
+        self.events = events
+        self.max_bytes = max_bytes
+
+    # -- writing ----------------------------------------------------------------------
+
+    def journal(self, run_id: str, segment: int, next_seq: int = 0) -> Journal | None:
+        """A pen on a segment of the run's log, new or continued at `next_seq` (None without a store)."""
+        if self.store is None or self.sealer is None:
+            return None
+        return Journal(self.store, self.sealer, run_id, segment, next_seq, max_bytes=self.max_bytes)
+
+    def body(
+        self,
+        cur: C,
+        recovered: dict[str, Any] | None = None,
+        claim: str | None = None,
+        control: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The checkpoint body for the cursor as it stands (`control`: a claim's control record)."""
+        body: dict[str, Any] = {
+            "v": BODY_VERSION,
+            "kind": self.driver.kind.value,
+            **self.driver.fields(cur),
+            **envelope(cur.identity, cur.pending, cur.decisions, cur.journal, cur.error),
+        }
+        if cur.pins:
+            body["pins"] = encode_pins(cur.pins)
+        if recovered is not None:
+            body["recovered"] = recovered
+        if claim is not None:
+            body["claim"] = claim
+            body.update(control or {})
+        if self.ownership is not None:
+            body["by"] = self.ownership.owner
+        return body
+
+    async def save(
+        self,
+        cur: C,
+        status: str,
+        *,
+        segment: int | None = None,
+        claim: str | None = None,
+        unreplayed: Sequence[str] = (),
+        recovered: dict[str, Any] | None = None,
+        control: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Save the run's next checkpoint (a compare-and-set on the step).
+
+        Args:
+            cur: the run; its `step` advances on success.
+            status: the checkpoint's status.
+            segment: open a new segment (step 0, or a claim); by default the journal's.
+            claim: why the run is claimed (`CLAIM_CAUSES`), signed into the checkpoint.
+            unreplayed: calls whose arguments changed since the crash (reported in the event).
+            recovered: what the first step after a claim replayed and reran.
+            control: a claim's control record (``operator``, ``rerun``, ``awaiting``).
+
+        Raises:
+            CheckpointConflict: another worker saved this step first, or the run ended.
+            CheckpointTooLarge: the encoded checkpoint is over `max_bytes` (nothing is stored).
+        """
+        if self.store is None or self.sealer is None:
+            cur.step = None
+            return
+        step = 0 if cur.step is None else cur.step + 1
+        if segment is not None:
+            cur.journal = self.journal(cur.run_id, segment)
+        assert cur.journal is not None
+        body = self.body(cur, recovered, claim, control)
+        payload = canonical(body)
+        if len(payload) > self.max_bytes:
+            raise CheckpointTooLarge(too_large(cur.run_id, step, body, len(payload), self.max_bytes))
+        row = self.sealer.seal_encoded_checkpoint(
+            cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload
+        )
+        await cur.journal.save(step, row)  # with a held ``done`` record, if the step left one
+        cur.step = step
+        self.driver.after_save(cur, body)
+        self.events.emit(
+            "checkpoint.saved",
+            cur.run_id,
+            kind=self.driver.kind.value,
+            step=step,
+            status=str(status),
+            **self.driver.event_fields(cur),
+            unreplayed=list(unreplayed),
+        )
+
+    async def start(self, cur: C) -> None:
+        """Save a new run's step 0 in segment 0.
+
+        Raises:
+            CheckpointConflict: the run id is taken.
+        """
+        await self.save(cur, RunStatus.RUNNING, segment=0)
+
+    async def claim(
+        self, cur: C, cause: str, counts: Mapping[int, int], control: Mapping[str, Any] | None = None
+    ) -> None:
+        """Claim the run: save the next step in a new segment that pins the earlier segments' counts.
+
+        Args:
+            cur: the run, checked; `counts` is what its whole log held when read.
+            cause: one of `CLAIM_CAUSES`.
+            counts: the record count per segment, from the checked log.
+            control: what the claim decides (`CONTROL_FIELDS`), signed with it.
+
+        Raises:
+            CheckpointConflict: another worker saved that step first.
+        """
+        assert cause in CLAIM_CAUSES and cur.step is not None
+        claim_step = cur.step + 1
+        cur.pins = pins_for(counts, claim_step)
+        await self.save(cur, RunStatus.RUNNING, segment=claim_step, claim=cause, control=control)
+
+    def report_step(self, cur: C, replayed: list[str], rerun: list[str], recovering: bool) -> dict[str, Any] | None:
+        """After the first step of a claim that continued a cut-off one: emit ``run.recovered``.
+
+        Returns:
+            What that step's checkpoint records of it (None when not recovering).
+        """
+        if not recovering:
+            return None
+        self.events.emit(
+            "run.recovered", cur.run_id, kind=self.driver.kind.value, step=cur.step, replayed=replayed, rerun=rerun
+        )
+        return {"replayed": replayed, "rerun": rerun}
+
+    # -- reading ----------------------------------------------------------------------
+
+    def _stores(self) -> tuple[CheckpointStore, Sealer]:
+        if self.store is None or self.sealer is None:
+            raise ValueError("recover and resume need a checkpoint store")
+        return self.store, self.sealer
+
+    async def open(
+        self, run_id: str, ctx: RunContext | None, row: SealedCheckpoint | None = None, *, identity: bool = True
+    ) -> Opened[C]:
+        """Load and check the run's latest checkpoint (unless `row` was read already) and its identity.
+
+        With `identity` False the run is only read (shown, never continued): the identity
+        is not restored and the cursor acts for nobody.
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+            CheckpointStoreCorrupt: the row fails its check, or does not fit the run's kind.
+            CheckpointConflict: the run is another flow's or another kind's.
+            IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
+            FlowError: the flow changed since the checkpoint.
+        """
+        store, sealer = self._stores()
+        row, body = await self.driver.read(store, sealer, run_id, row)
+        restored = restore_identity(sealer, run_id, body.get("identity") or {}, ctx) if identity else None
+        try:
+            cur = self.driver.cursor(row, body, restored)
+            cur.step = row.step
+            cur.decisions = read_decisions(body)
+            cur.pending = read_pending(body, restored)
+            cur.error = body.get("error")
+            cur.pins = pins_of(body)
+            marker_of(body)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointStoreCorrupt(
+                f"checkpoint {row.step} of run {run_id!r} is signed but does not fit a {self.driver.kind} run: {exc!r}"
+            ) from None
+        return Opened(cur, row, body)
+
+    async def _moved_on(self, opened: Opened[C], exc: AheadOfCheckpoint) -> Exception:
+        """Tell a lost race (the run moved on while it was read) from removed checkpoints."""
+        store, _ = self._stores()
+        latest = await store.latest(opened.row.run_id)
+        if latest.step != opened.row.step:
+            return CheckpointConflict(
+                f"run {opened.row.run_id!r} moved on to step {latest.step} while step {opened.row.step} was read "
+                "(another worker holds it)"
+            )
+        return exc
+
+    async def read(self, opened: Opened[C], *, resuming: bool = False) -> tuple[list[LoggedRecord], dict[int, int]]:
+        """Read the whole call log and check it against the opened checkpoint.
+
+        Returns:
+            The checked records, and the record count per segment.
+
+        Raises:
+            CheckpointStoreCorrupt: a record fails its check, is missing, or belongs past the
+                checkpoint while the run did not move on.
+            CheckpointConflict: the run moved on while it was read (another worker holds it),
+                or, `resuming`, another resume won.
+        """
+        store, sealer = self._stores()
+        cur, row, body = opened.cur, opened.row, opened.body
+        records = await read_log(store, sealer, cur.run_id)
+        if resuming:  # first: records after a paused checkpoint are a rival resume's, not corruption
+            check_still_paused(cur.run_id, body, counts_of(records))
+        try:
+            counts = check_records(
+                cur.run_id, row.step, body, records, self.driver.superstep(cur), model_ahead=self.driver.model_ahead
+            )
+        except AheadOfCheckpoint as exc:
+            raise await self._moved_on(opened, exc) from None
+        return records, counts
+
+    def seeds(self, opened: Opened[C], records: Sequence[LoggedRecord], rerun_in_doubt: bool) -> dict[str, CallState]:
+        """The calls of the step being continued; refuses when one is in doubt and may not rerun.
+
+        A call in doubt reruns when its tool is idempotent, when `rerun_in_doubt`, or when
+        the opened checkpoint is a claim whose signed ``rerun`` decision covers it
+        (`_run_control.granted`).
+
+        Raises:
+            RecoveryNeedsDecision: a call is in doubt, its tool is not idempotent, and
+                nothing above lets it rerun.
+        """
+        states = self.driver.seeds(opened.cur, records)
+        allowed: bool | set[str] = rerun_in_doubt or granted(opened.body, opened.row.segment, states)
+        calls_in_doubt(opened.cur.run_id, states, self.registry, allowed)
+        return states
