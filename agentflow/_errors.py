@@ -5,7 +5,9 @@ AgentflowError
 ├── CheckpointError
 │   ├── CheckpointNotFound
 │   ├── CheckpointConflict
-│   │   └── Stale
+│   │   ├── Stale
+│   │   ├── RunHeld                (.owner, .expires_at: a live worker holds the run)
+│   │   └── ControlRefused         (a message no signed decision backs)
 │   ├── CheckpointStoreCorrupt
 │   └── CheckpointTooLarge         (also a ValueError)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])

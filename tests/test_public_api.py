@@ -97,20 +97,22 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 
 #: Every package's public names, pinned: a name added to or dropped from an ``__all__`` is an
 #: API change, made here on purpose. Left out on purpose (importable from their private modules
-#: by the workers and the CLI): the Celery worker's internals (``Worker``, ``Leases``,
+#: by the workers and the CLI): the Celery worker's internals (``Worker``,
 #: ``LoopBridge``, ``Outcome``), ``start_tool_loop`` and ``read_tool_loop`` (FlowClient's
 #: helpers) and the run read model (``agentflow.exec._run_read``, ``_run_view``).
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
         "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
-        "CheckpointStoreCorrupt", "CheckpointTooLarge", "Event", "Events", "Executor", "Flow", "FlowApp", "FlowError",
-        "FlowRunner",
-        "IdentityMismatch", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "RunContext", "RunKind",
+        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "Event", "Events", "Executor", "Flow",
+        "FlowApp", "FlowError", "FlowRunner",
+        "IdentityMismatch", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "RunContext", "RunHeld",
+        "RunKind",
         "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "Registry",
-        "RetryPolicy", "Tool", "advance_tool_loop", "current_call", "decide_tool_loop", "idempotency_key",
+        "RetryPolicy", "Tool", "advance_tool_loop", "current_call", "decide_in_doubt_tool_loop", "decide_tool_loop",
+        "idempotency_key",
         "recover_tool_loop", "run_tool_loop",
     ],
     "agentflow.exec.checkpoints": [
@@ -275,6 +277,7 @@ def test_recovery_needs_decision_carries_its_calls_as_pairs():
 
 SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "RecoveryNeedsDecision": ("order-7", [("email_tickets", "call 0/send/0/ab was started and has no result")]),
+    "RunHeld": ("order-7", "w1@host:4242", 1_800_000_000.0),
 }
 
 

@@ -48,6 +48,11 @@ def _describe(line: dict[str, Any]) -> str | None:
     if kind == "run.recovered":
         replayed, rerun = len(line["replayed"]), len(line["rerun"])
         return f"  {run}: recovered from checkpoint {line['step']}: {replayed} call(s) replayed, {rerun} rerun"
+    if kind == "held":
+        return (
+            f"  {run}: held by {line['owner']} (the killed worker) for {line['left']} s more; "
+            "nothing may act on it until its lease lapses, so B waits"
+        )
     if kind == "decision":
         calls = ", ".join(f"{tool} ({why})" for tool, why in line["calls"])
         return f"  {run}: NEEDS A DECISION, in doubt: {calls}"

@@ -6,15 +6,21 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from agentflow import Event, Executor, FlowRunner
+from agentflow._errors import RunHeld
 from agentflow.demo.tickets import Order, flow, registry
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
 
 #: The demo's key. A real deployment reads its key from a secret store, never from code.
 DEMO_KEY = b"agentflow-demo-key-not-for-production!"
+
+#: How long a demo worker's hold on a run lasts unless renewed: short, so the story need not
+#: wait long for the lease of the worker it kills (the default is 30 s).
+DEMO_LEASE_S = 3.0
 
 SHOWN = ("checkpoint.saved", "tool.started", "tool.finished", "tool.replayed", "run.recovered", "run.paused")
 
@@ -35,7 +41,7 @@ async def work(db: Path, action: str, run_ids: list[str], rerun: bool) -> None:
     store = SQLiteCheckpointStore(db, synchronous="NORMAL")
     executor = Executor(registry)
     executor.events.subscribe(on_event)
-    runner = FlowRunner(executor, checkpoints=store, checkpoint_key=DEMO_KEY)
+    runner = FlowRunner(executor, checkpoints=store, checkpoint_key=DEMO_KEY, lease_s=DEMO_LEASE_S)
     try:
         if action == "run":
             shows = ["Hamlet", "Tosca", "Cats", "Faust", "Aida"]
@@ -46,7 +52,21 @@ async def work(db: Path, action: str, run_ids: list[str], rerun: bool) -> None:
             for res in results:
                 emit("result", run_id=res.run_id, status=str(res.status), note=res.state.note)
             return
-        outcomes = await runner.recover_all(flow, rerun_in_doubt=rerun)
+        outcomes: dict[str, Any] = dict(await runner.recover_all(flow, rerun_in_doubt=rerun))
+        for run_id, held in [(r, o) for r, o in outcomes.items() if isinstance(o, RunHeld)]:
+            # A live lease: its holder may be alive, or killed and not yet timed out. Wait it out, then try again.
+            emit("held", run_id=run_id, owner=held.owner, left=round(max(0.0, held.expires_at - time.time()), 1))
+            while True:
+                await asyncio.sleep(max(0.05, held.expires_at - time.time() + 0.05))
+                try:
+                    outcomes[run_id] = await runner.recover(flow, run_id, rerun_in_doubt=rerun)
+                except RunHeld as again:  # renewed: its holder is alive after all
+                    held = again
+                except Exception as exc:
+                    outcomes[run_id] = exc
+                    break
+                else:
+                    break
         for run_id, outcome in outcomes.items():
             if isinstance(outcome, RecoveryNeedsDecision):
                 emit("decision", run_id=run_id, calls=outcome.calls)

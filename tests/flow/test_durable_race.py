@@ -77,6 +77,7 @@ async def test_cut_off_worker_has_its_next_started_record_refused(workers):
     # When worker B, taking A for dead, recovers the run (so it holds a new segment), charges and mails,
     # and dies before its last checkpoint: the run is still running, held by B's segment
     b = workers.runner()
+    faulty(b).rivals_lapsed = True  # A froze past its lease: B may take the run
     faulty(b).crash("save", step=3)
     with pytest.raises(Crash):
         await b.recover(BATCH, "batch-1")
@@ -107,8 +108,9 @@ async def test_cut_off_worker_has_its_next_save_refused(workers):
     a_run = asyncio.create_task(a.run(LOOKUP, ORDER, run_id="lookup-1"))
     await asyncio.wait_for(entered.wait(), 10)
 
-    # When worker B recovers the run, pays and mails, and dies before its last checkpoint
+    # When worker B recovers the run (A froze past its lease), pays and mails, and dies before its last checkpoint
     b = workers.runner()
+    faulty(b).rivals_lapsed = True
     faulty(b).crash("save", step=4)
     with pytest.raises(Crash):
         await b.recover(LOOKUP, "lookup-1")

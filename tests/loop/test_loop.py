@@ -167,6 +167,18 @@ def trace(events: Events) -> list[str]:
     return out
 
 
+def kind(outcome: object) -> str:
+    """``CheckpointConflict`` for any conflict (a held run's `RunHeld` too), else the outcome's type name."""
+    return "CheckpointConflict" if isinstance(outcome, CheckpointConflict) else type(outcome).__name__
+
+
+def past_lease(store: CheckpointStore) -> FaultyStore:
+    """`store` as a worker sees it once a frozen rival's lease lapsed: its lease takes are granted."""
+    wrapped = FaultyStore(store)
+    wrapped.rivals_lapsed = True
+    return wrapped
+
+
 async def run(model: Any, store: CheckpointStore, run_id: str = "chat-1", **kw: Any) -> LoopResult:
     messages = kw.pop("messages", [Message.user("Plan my trip to Oslo")])
     return await run_tool_loop(model, REGISTRY, messages, run_id=run_id, checkpoints=store, checkpoint_key=KEY, **kw)
@@ -414,8 +426,9 @@ async def test_two_workers_recovering_one_loop_exactly_one_wins(store, other):
     # When two workers recover it at the same time
     models = [ScriptedModel([answer("Rain.")]), ScriptedModel([answer("Rain.")])]
     outcomes = await asyncio.gather(recover(models[0], store), recover(models[1], other), return_exceptions=True)
-    # Then exactly one finishes it and the other gets CheckpointConflict; the model answered once
-    assert sorted(type(o).__name__ for o in outcomes) == ["CheckpointConflict", "LoopResult"], outcomes
+    # Then exactly one finishes it and the other gets CheckpointConflict (the run is held, or
+    # ended); the model answered once
+    assert sorted(kind(o) for o in outcomes) == ["CheckpointConflict", "LoopResult"], outcomes
     assert models[0].calls + models[1].calls == 1
     assert LEDGER.counts() == {"weather": 1}
 
@@ -427,8 +440,9 @@ async def test_cut_off_loop_worker_cannot_go_on_after_another_worker_took_the_lo
     model_a = ScriptedModel([ask(("s", "slow_search", {"query": "hotels"})), answer("A's answer")])
     worker_a = asyncio.create_task(run(model_a, store))
     await asyncio.wait_for(entered.wait(), 10)
-    # When worker B, believing A dead, recovers the loop (the idempotent search reruns) and finishes it
-    result = await recover(ScriptedModel([answer("B's answer")]), other)
+    # When worker B, believing A dead (A's lease lapsed as if A froze), recovers the loop (the
+    # idempotent search reruns) and finishes it
+    result = await recover(ScriptedModel([answer("B's answer")]), past_lease(other))
     assert result.status == "done" and result.text == "B's answer"
     # Then A, once its tool returns, is refused by the store and never asks its model again
     release.set()
@@ -466,8 +480,8 @@ async def test_cut_off_loop_worker_is_fenced_before_its_next_model_call(store, o
     model_a = ScriptedModel([ask(WEATHER), answer("A's answer")])
     worker_a = asyncio.create_task(run(model_a, held))
     await asyncio.wait_for(held.entered.wait(), 10)
-    # When worker B recovers the loop meanwhile and finishes it
-    result = await recover(ScriptedModel([answer("B's answer")]), other)
+    # When worker B recovers the loop meanwhile (A's lease lapsed as if A froze) and finishes it
+    result = await recover(ScriptedModel([answer("B's answer")]), past_lease(other))
     assert result.status == "done"
     # Then A's model-call record is refused, so A never calls its model again
     held.release.set()
@@ -754,8 +768,8 @@ async def test_of_two_racing_decisions_one_wins(store, other):
     await run(ScriptedModel([ask(PAY)]), store)
     # When two people decide at once, one approving and one denying
     outcomes = await asyncio.gather(decide(store, True), decide(other, False), return_exceptions=True)
-    # Then exactly one decision is stored; the other is told the loop is no longer paused
-    assert sorted(type(o).__name__ for o in outcomes) == ["CheckpointConflict", "LoopResult"]
+    # Then exactly one decision is stored; the other is told the loop is held or no longer paused
+    assert sorted(kind(o) for o in outcomes) == ["CheckpointConflict", "LoopResult"], outcomes
     assert LEDGER.counts() == {}
 
 
