@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     recover_interval_s: float = 60.0
     stale_after_s: float = 10.0
     recover_lock_s: float = 60.0
+    recheck_margin_s: float = 1.0
+    """A run found held is looked at again this long after its lease was due to end."""
     recover_sweep: bool = False
     """recover_all also finds runs the listing index forgot, by scanning the stored keys."""
 

@@ -30,6 +30,7 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
             lease_s=settings.lease_s,
             stale_after_s=settings.stale_after_s,
             recover_lock_s=settings.recover_lock_s,
+            recheck_margin_s=settings.recheck_margin_s,
             recover_interval_s=settings.recover_interval_s,
             sweep_forgotten=settings.recover_sweep,
             time_limit_s=settings.time_limit_s,
