@@ -23,6 +23,7 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_control import control_of, parked
 from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import SegmentView
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._messages import Message
 
@@ -41,6 +42,10 @@ class RunView:
     error: str | None = None
     waiting_for_decision: str | None = None
     """Why the run waits for an operator (calls in doubt), or None."""
+    running_on: str | None = None
+    """The worker that holds the run's lease right now (``<node>:<pid>``), or None."""
+    segments: list[SegmentView] = field(default_factory=list)
+    """Who held the run when, and who decided each claim (`SegmentView.owner`, `.operator`)."""
 
     @property
     def settled(self) -> bool:
@@ -113,8 +118,19 @@ class FlowClient:
             raise CheckpointStoreCorrupt(
                 f"run {run_id!r} is signed but does not fit flow {flow.name!r}: {exc}"
             ) from None
-        waiting = await self._awaiting(run_id) if report.status == "running" else None
-        return RunView(run_id, report.flow, report.status, report.step, state, pending, report.error, waiting)
+        waiting = "; ".join(f"{tool}: {why}" for tool, why in report.awaiting) or None
+        return RunView(
+            run_id,
+            report.flow,
+            report.status,
+            report.step,
+            state,
+            pending,
+            report.error,
+            waiting,
+            report.running_on,
+            report.segments,
+        )
 
     async def _awaiting(self, run_id: str) -> str | None:
         """What a parked run waits for a decision about (from its signed latest checkpoint), or None."""
