@@ -74,7 +74,7 @@ async def _probe_redis() -> tuple[str | None, str, str | None]:
 
 async def _probe_pg() -> tuple[str | None, str, str | None]:
     try:
-        import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
+        import asyncpg
     except ImportError:
         return None, "the asyncpg package is not installed", None
     try:

@@ -55,7 +55,7 @@ async def redis_unlink_prefix(url: str, prefix: str) -> int:
 
 async def pg_drop_prefix(url: str, prefix: str) -> None:
     """Drop every table of the current schema whose name starts with `prefix`."""
-    import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
+    import asyncpg
 
     conn = await asyncpg.connect(url)
     try:

@@ -24,7 +24,6 @@ from types import ModuleType
 from bench._env import Services
 
 #: Benchmarks in the order `python -m bench` runs them (module names under ``bench/``).
-#: P3 (Celery supersteps/s vs bare chained tasks) goes here as ``celery_steps`` when written.
 BENCHMARKS: list[str] = [
     "engine",  # P0
     "durability",  # P1 (issue 3 item 7)
@@ -34,6 +33,7 @@ BENCHMARKS: list[str] = [
     "loop_storage",  # P5
     "rss",  # issue 8 item 4: memory stays flat over 1,000 runs
     "celery_steps",  # P3: supersteps/s with 2 workers vs bare chained Celery tasks
+    "recovery",  # issue 14: SIGKILL -> the run moving again, default settings (a few minutes)
 ]
 
 

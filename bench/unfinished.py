@@ -79,7 +79,7 @@ def _redis_filler(store: Any, client: Any, prefix: str) -> Filler:
 
 
 def _pg_filler(url: str, table_prefix: str) -> Filler:
-    import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
+    import asyncpg
 
     async def fill(rows: list[SealedCheckpoint]) -> None:
         conn = await asyncpg.connect(url)
