@@ -1,19 +1,24 @@
-"""The worker's decisions about one superstep, in-process (fakeredis leases, memory store)."""
+"""The worker's decisions about one superstep and about stranded runs, in-process (memory store, no Celery)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-import fakeredis
+import pytest
 from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry
+from agentflow._events import Event
 from agentflow.celery import WorkerSettings
-from agentflow.celery._lease import Leases
-from agentflow.celery._worker import Worker
+from agentflow.celery._worker import RECOVER_ALL_LEASE, Outcome, Worker
+from agentflow.exec._run_control import control_of
+from agentflow.exec._run_lease import Ownership, take
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 KEY = b"worker-logic-test-key-0123456789ab"
+OTHER_KEY = b"worker-logic-other-key-0123456789"
+RIVAL = Ownership("rival@elsewhere:7", lease_s=30.0)
 
 
 class Died(BaseException):
@@ -24,88 +29,193 @@ class Job(BaseModel):
     note: str = ""
 
 
-def build(effects: list[str], die: list[bool]) -> tuple[FlowApp, MemoryCheckpointStore]:
-    registry = Registry()
+class Setup:
+    """One worker on a memory store, with a mail flow (a non-idempotent send) and a wire flow (needs approval)."""
 
-    @registry.tool
-    async def send(to: str) -> str:
-        effects.append(to)
-        if die and die.pop():
-            raise Died()
-        return "sent"
+    def __init__(self, die: bool = False) -> None:
+        self.effects: list[str] = []
+        self.die = die
+        registry = Registry()
 
-    flow = Flow("mail", state=Job).node("send", Call("send", args={"to": "a@b"}, into="note")).end("send")
-    return FlowApp(registry, [flow]), MemoryCheckpointStore()
+        @registry.tool
+        async def send(to: str) -> str:
+            self.effects.append(to)
+            if self.die:
+                self.die = False
+                raise Died()
+            return "sent"
+
+        @registry.tool(approval=True)
+        async def wire(amount: int) -> str:
+            self.effects.append(f"wire {amount}")
+            return "wired"
+
+        mail = Flow("mail", state=Job).node("send", Call("send", args={"to": "a@b"}, into="note")).end("send")
+        wires = Flow("wires", state=Job).node("wire", Call("wire", args={"amount": 5}, into="note")).end("wire")
+        self.app = FlowApp(registry, [mail, wires])
+        self.store = MemoryCheckpointStore()
+        self.worker = Worker(self.app, lambda: self.store, KEY, WorkerSettings(stale_after_s=0.0))
+        self.events: list[Event] = []
+        self.worker.runner.events.subscribe(self.events.append)
+
+    async def start(self, flow: str, run_id: str) -> int:
+        """Save the run's step 0 (its first message is never sent); return the step."""
+        started = await self.worker.runner.start(self.app.flow(flow), {}, run_id=run_id)
+        assert started.step is not None
+        return started.step
+
+    async def in_doubt(self, run_id: str = "r1") -> int:
+        """A mail run whose worker died inside `send`: the call is in doubt. Returns the run's step."""
+        self.die = True
+        step = await self.start("mail", run_id)
+        with pytest.raises(Died):
+            await self.worker.superstep("mail", run_id, step, handoff=True)
+        return (await self.store.latest(run_id)).step
+
+    async def parked(self, run_id: str = "r1") -> int:
+        """A mail run parked on its call in doubt. Returns the parked claim's step."""
+        step = await self.in_doubt(run_id)
+        out = await self.worker.superstep("mail", run_id, step, handoff=False, cause="recover")
+        assert out.done == "decision", out
+        return (await self.store.latest(run_id)).step
+
+    async def body(self, run_id: str) -> dict[str, Any]:
+        """The run's latest checkpoint, checked."""
+        return self.worker.sealer.open_checkpoint(await self.store.latest(run_id), run_id)
 
 
-async def make_worker(effects: list[str], die: list[bool]) -> tuple[Worker, Flow[Any]]:
-    app, store = build(effects, die)
-    server = fakeredis.FakeServer()
-    leases = Leases(lambda: fakeredis.FakeAsyncRedis(server=server), prefix="t", lease_s=5)
-    worker = Worker(app, lambda: store, KEY, leases, WorkerSettings())
-    return worker, app.flow("mail")
+async def test_a_superstep_finding_the_run_held_does_nothing_and_says_when_the_lease_ends():
+    s = Setup()
+    step = await s.start("mail", "r1")
+    # Given a run another worker holds
+    lease = await take(s.store, "r1", RIVAL)
+    # When a superstep message for it arrives
+    out = await s.worker.superstep("mail", "r1", step, handoff=True)
+    # Then nothing ran, and the outcome names the holder and when its lease ends
+    assert (out.done, out.held_until) == ("skipped", lease.expires_at)
+    assert out.why is not None and RIVAL.owner in out.why
+    assert s.effects == [] and (await s.store.latest("r1")).step == step
 
 
-async def in_doubt_run(worker: Worker, flow: Flow[Any]) -> int:
-    """A run whose worker died inside `send`: the call is in doubt. Returns its step."""
-    started = await worker.runner.start(flow, {}, run_id="r1")
-    assert started.step is not None
-    try:
-        await worker.superstep("mail", "r1", started.step, handoff=True)
-    except Died:
-        pass
-    return (await worker.store.latest("r1")).step
-
-
-async def test_a_rerun_message_without_a_recorded_decision_reruns_nothing():
-    effects: list[str] = []
-    worker, flow = await make_worker(effects, [True])
-    step = await in_doubt_run(worker, flow)
-    # When a message arrives (a rerun asked for, say), but no operator decided
-    out = await worker.superstep("mail", "r1", step, handoff=False)
-    # Then the run waits for a decision and the tool did not run again
+async def test_a_run_with_a_call_in_doubt_is_parked_with_a_signed_claim_once():
+    s = Setup()
+    step = await s.in_doubt()
+    # When a recovery superstep finds the non-idempotent call in doubt
+    out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="recover")
+    # Then the run waits for a decision: its latest checkpoint is a signed parked claim naming the call
     assert out.done == "decision"
-    assert effects == ["a@b"]
-    assert await worker.leases.decision("r1") is not None
+    parked = await s.store.latest("r1")
+    said = control_of(await s.body("r1"))
+    assert (parked.step, said.claim, [tool for tool, _ in said.awaiting]) == (step + 1, "parked", ["send"])
+    assert s.effects == ["a@b"]
+    # And a second superstep at the parked step does not park it again, nor run the call
+    again = await s.worker.superstep("mail", "r1", parked.step, handoff=False, cause="recheck")
+    assert again.done == "decision"
+    assert len(await s.store.history("r1")) == parked.step + 1
+    assert s.effects == ["a@b"]
 
 
-async def test_a_recorded_decision_is_spent_by_the_rerun_and_the_marker_goes():
-    effects: list[str] = []
-    worker, flow = await make_worker(effects, [True])
-    step = await in_doubt_run(worker, flow)
-    await worker.superstep("mail", "r1", step, handoff=False)  # marks: decision needed
-    # When the operator decides for this step, and a message comes: the rerun one, or a
-    # recovery that got there first (a superstep does not look at its message's cause)
-    await worker.leases.allow_rerun("r1", step)
-    out = await worker.superstep("mail", "r1", step, handoff=False)
-    # Then the call reran once, the run finished, and no decision marker is left behind
+async def test_a_rerun_message_without_a_signed_decision_is_refused(caplog):
+    caplog.set_level(logging.WARNING, logger="agentflow.celery")
+    s = Setup()
+    step = await s.parked()
+    # When a superstep with cause "rerun" points at the parked step, but no operator decided
+    out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="rerun")
+    # Then it is refused: logged at WARNING, reported as an event, and the run is left as it was
+    assert out.done == "refused" and out.why is not None and "decision" in out.why
+    assert [r.levelno for r in caplog.records if r.name.startswith("agentflow.celery")] == [logging.WARNING]
+    assert [(e.name, e.run_id, e.data["cause"]) for e in s.events if e.name == "control.refused"] == [
+        ("control.refused", "r1", "rerun")
+    ]
+    assert s.effects == ["a@b"] and (await s.store.latest("r1")).step == step
+
+
+async def test_a_resume_message_without_a_signed_resume_is_refused(caplog):
+    caplog.set_level(logging.WARNING, logger="agentflow.celery")
+    s = Setup()
+    step = await s.start("wires", "w1")
+    paused = await s.worker.superstep("wires", "w1", step, handoff=True)
+    assert (paused.done, paused.status) == ("ran", "paused")
+    # When a superstep with cause "resume" points at the paused step, where nobody decided
+    out = await s.worker.superstep("wires", "w1", (await s.store.latest("w1")).step, handoff=True, cause="resume")
+    # Then it is refused, logged and reported; the run stays paused and nothing was wired
+    assert out.done == "refused"
+    assert any(r.levelno == logging.WARNING and "refused resume" in r.getMessage() for r in caplog.records)
+    assert [e.data["cause"] for e in s.events if e.name == "control.refused"] == ["resume"]
+    assert (await s.store.latest("w1")).status == "paused" and s.effects == []
+
+
+async def test_a_signed_decision_is_spent_by_the_rerun_it_points_at():
+    s = Setup()
+    await s.parked()
+    # When an operator decides (a signed decision claim), then the rerun message comes
+    step = await s.worker.decide_in_doubt("mail", "r1", operator="alice")
+    out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="rerun")
+    # Then the call reran once and the run finished; the decision names alice
     assert (out.done, out.status) == ("ran", "done")
-    assert effects == ["a@b", "a@b"]
-    assert await worker.leases.decision("r1") is None
-    # and the decision was spent: nothing is left to grant another rerun
-    assert not await worker.leases.take_rerun("r1", step)
+    assert s.effects == ["a@b", "a@b"]
+    decision = s.worker.sealer.open_checkpoint((await s.store.history("r1"))[step], "r1")
+    assert (control_of(decision).claim, control_of(decision).operator) == ("decision", "alice")
 
 
-async def test_a_run_that_moved_on_clears_a_stale_decision_marker():
-    effects: list[str] = []
-    worker, flow = await make_worker(effects, [])
-    started = await worker.runner.start(flow, {}, run_id="r2")
-    assert started.step is not None
-    # Given a stale marker (set by an earlier message for this run)
-    await worker.leases.mark_decision("r2", [("send", "old")])
-    await worker.leases.clear_decision("r2")
-    await worker.leases.mark_decision("r2", [("send", "old")])
-    # When a superstep of the run runs
-    out = await worker.superstep("mail", "r2", started.step, handoff=True)
-    # Then the marker is gone: the run is not reported as waiting, and recover_all may see it
-    assert out.done == "ran"
-    assert await worker.leases.decision("r2") is None
-    assert await worker.leases.leased(["r2"]) == set()
+async def test_stranded_finds_a_run_nobody_moves():
+    s = Setup()
+    # Given a run saved at step 0 whose first message was never sent
+    step = await s.start("mail", "r1")
+    # When recover_all looks, Then it finds the run
+    found = await s.worker.stranded()
+    assert found is not None and found.recover == [("mail", "r1", step)] and found.recheck == []
+
+
+async def test_stranded_leaves_parked_and_paused_runs_alone():
+    s = Setup()
+    # Given a run parked on a call in doubt and a run paused for approval
+    await s.parked("r1")
+    step = await s.start("wires", "w1")
+    assert (await s.worker.superstep("wires", "w1", step, handoff=True)).status == "paused"
+    # When recover_all looks, Then it finds neither
+    found = await s.worker.stranded(startup=True)
+    assert found is not None and (found.recover, found.recheck) == ([], [])
+
+
+async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when_their_lease_ends():
+    s = Setup()
+    step = await s.start("mail", "r1")
+    # Given a run a live worker holds
+    lease = await take(s.store, "r1", RIVAL)
+    # When recover_all looks, Then it does not take the run
+    found = await s.worker.stranded()
+    assert found is not None and (found.recover, found.recheck) == ([], [])
+    # And on a worker's start, it returns the run to look at again when that lease ends
+    found = await s.worker.stranded(startup=True)
+    assert found is not None and found.recover == []
+    assert found.recheck == [("mail", "r1", step, lease.expires_at)]
+
+
+async def test_stranded_leaves_a_run_whose_latest_row_fails_its_check_and_logs_it(caplog):
+    caplog.set_level(logging.WARNING, logger="agentflow.celery")
+    s = Setup()
+    # Given a run saved with another key (a forged row, as far as the workers can tell)
+    forger = s.app.runner(s.store, OTHER_KEY)
+    await forger.start(s.app.flow("mail"), {}, run_id="forged")
+    # When recover_all looks, Then it does not enqueue it, and says why at WARNING
+    found = await s.worker.stranded()
+    assert found is not None and found.recover == []
+    warned = [r for r in caplog.records if "forged is not recovered" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert s.effects == []
+
+
+async def test_stranded_gives_way_to_another_recover_all():
+    s = Setup()
+    await s.start("mail", "r1")
+    # Given another worker's recover_all under way (it holds the recover_all lease)
+    await take(s.store, RECOVER_ALL_LEASE, RIVAL)
+    # When this worker's recover_all runs, Then it does nothing
+    assert await s.worker.stranded() is None
 
 
 def test_flower_hears_of_a_cut_off_superstep_only_from_reruns_or_replays_not_due_to_a_resume():
-    from agentflow.celery._worker import Outcome
-
     replayed = Outcome("r1", "mail", "ran", "running", 3, replayed=["1/send/0/x"])
     rerun = Outcome("r1", "mail", "ran", "running", 3, rerun=["1/send/0/x"])
     plain = Outcome("r1", "mail", "ran", "running", 3)
