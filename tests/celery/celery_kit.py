@@ -26,6 +26,8 @@ from _kit.tickets import Ledger
 
 if TYPE_CHECKING:
     from agentflow.celery import RunView
+    from agentflow.exec._run_view import RunReport
+    from agentflow.exec.checkpoints._records import Lease
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -135,9 +137,71 @@ class Deployment:
         return [int(p) for p in out.stdout.split()]
 
     def kill(self, name: str) -> None:
+        """SIGKILL the worker's main process only (its pool children are left to notice)."""
         proc = self.procs[name]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+    def kill_group(self, name: str) -> None:
+        """SIGKILL the worker's whole process group: its main process and every pool child, at once."""
+        proc = self.procs[name]
+        os.killpg(proc.pid, signal.SIGKILL)  # started in a session of its own: the group is the worker's
+        proc.wait(timeout=10)
+
+    def log(self, name: str) -> str:
+        """What a worker (or beat, or Flower) wrote to its log so far."""
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    async def report(self, run_id: str) -> RunReport:
+        """The run as the read model shows it (every row checked), with its lease."""
+        from agentflow.exec._run_read import read_run
+
+        worker = self.tasks.worker
+        return await read_run(worker.store, worker.sealer, run_id)
+
+    async def until_held(self, run_id: str, timeout_s: float = 20.0) -> Lease:
+        """Wait until someone holds the run's lease (a worker's superstep is under way); return it."""
+        store = self.tasks.worker.store
+        deadline = time.monotonic() + timeout_s
+        while (lease := (await store.leases([run_id])).get(run_id)) is None:
+            assert time.monotonic() < deadline, f"nobody took the lease of {run_id} within {timeout_s} s"
+            await asyncio.sleep(0.05)
+        return lease
+
+    async def until_effect(self, tool: str, run_id: str, timeout_s: float = 20.0) -> None:
+        """Wait until `tool` had its effect in the run (the ledger is written inside the tool)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.effects()[(tool, run_id)]:
+            assert time.monotonic() < deadline, f"{tool} had no effect in {run_id} within {timeout_s} s"
+            await asyncio.sleep(0.05)
+
+    async def until_started(self, run_id: str, tool: str, timeout_s: float = 20.0) -> None:
+        """Wait until a call of `tool` is logged as started, with no result yet (it is running)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(c.tool == tool and c.kind == "started" for c in (await self.report(run_id)).calls):
+            assert time.monotonic() < deadline, f"no call of {tool} started in {run_id} within {timeout_s} s"
+            await asyncio.sleep(0.05)
+
+    async def parked_run(self, worker: str = "w1", successor: str = "w2") -> str:
+        """A ticket run parked on charge_card in doubt: its worker was SIGKILLed right after the charge.
+
+        The worker `worker` runs the run with slow tools and is killed (its whole process
+        group) once charge_card had its effect; `successor` starts (fast tools) and, as the
+        run's lease was live on its start, looks at it again when the lease ended: the
+        charge is in doubt and not idempotent, so it parks the run. Returns the run id.
+        """
+        self.set_delay(0.4, 0.4)
+        self.start_worker(worker)
+        run_id = await self.client.start("tickets", {"show": "parked"}, run_id=f"{self.prefix}-parked")
+        await self.until_effect("charge_card", run_id)
+        self.kill_group(worker)
+        self.set_delay(0.0, 0.0)
+        self.start_worker(successor)
+        view = await self.client.wait(run_id, timeout_s=30)
+        assert view.status == "running" and view.waiting_for_decision, view
+        assert "charge_card" in view.waiting_for_decision
+        assert self.effects()[("charge_card", run_id)] == 1
+        return run_id
 
     def effects(self) -> Counter[tuple[str, str]]:
         """How often each (tool, run id) effect happened, in every worker process."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import base64
 import json
 import re
@@ -14,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from celery_kit import Deployment
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(180)]
 
 USER, PASSWORD = "ops", "s3cret-for-this-test-only"
+#: The causes of a superstep sent to a run whose worker may be gone.
+RECOVERING = ("recover", "recheck")
 #: Loopback requests never go through a proxy from the environment.
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -49,13 +48,17 @@ def _superstep_tasks(flower: str) -> list[dict[str, Any]]:
 
 
 def _recovered_task(flower: str, run_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Wait until Flower lists a finished superstep task with cause "recover" for `run_id`."""
+    """Wait until Flower lists a finished superstep of `run_id` that recovered it.
+
+    Its cause is ``recover`` (recover_all found the run nobody held) or ``recheck`` (the run
+    was held when looked at first, and was looked at again when that lease ended).
+    """
     deadline = time.monotonic() + timeout_s
     seen: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         seen = [t for t in _superstep_tasks(flower) if t["parsed_args"][1:2] == (run_id,)]
         for task in seen:
-            if task["parsed_args"][3] == "recover" and task["state"] == "SUCCESS":
+            if task["parsed_args"][3] in RECOVERING and task["state"] == "SUCCESS":
                 result = ast.literal_eval(task["result"])
                 if result["done"] == "ran":
                     return {**task, "outcome": result}
@@ -101,8 +104,8 @@ async def test_flower_lists_recovered_supersteps_with_what_they_reran(deployment
     deployment.start_beat()
     # and a run whose worker is SIGKILLed in the middle of its (idempotent) slow tool
     slow = await deployment.client.start("slow", {"show": "long", "seconds": 2.0}, run_id=f"{deployment.prefix}-slow")
-    await _until_leased(deployment, slow)
-    await asyncio.sleep(0.5)
+    await deployment.until_held(slow)
+    await deployment.until_started(slow, "slow_report")
     deployment.kill("w1")
     # and a run whose step 0 was saved but whose first message was never sent (its sender died).
     # Saved after the kill: saved before, beat could hand it to w1, and w1 could die inside one
@@ -138,18 +141,6 @@ async def test_flower_lists_recovered_supersteps_with_what_they_reran(deployment
     assert sum(counted) >= 2, metrics.decode()[-2000:]
 
 
-async def _until_leased(deployment: Deployment, run_id: str, timeout_s: float = 20.0) -> None:
-    """Wait until a worker holds the run's lease (its superstep is running)."""
-    client = redis.Redis.from_url(deployment.redis_url)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not client.exists(f"{deployment.prefix}:lease:{{{run_id}}}"):
-            assert time.monotonic() < deadline, f"no worker took the lease of {run_id}"
-            await asyncio.sleep(0.05)
-    finally:
-        client.close()
-
-
 async def test_flower_result_of_a_recovered_superstep_that_does_not_end_the_run_lists_its_reruns(deployment):
     # Given Flower, a worker and beat, and a ticket run whose idempotent first tool is slow
     flower = deployment.start_flower(f"{USER}:{PASSWORD}")
@@ -158,8 +149,7 @@ async def test_flower_result_of_a_recovered_superstep_that_does_not_end_the_run_
     deployment.start_beat()
     run_id = await deployment.client.start("tickets", {"show": "cut"}, run_id=f"{deployment.prefix}-cut")
     # When its worker is SIGKILLed inside hold_seats and a new worker takes over
-    await _until_leased(deployment, run_id)
-    await asyncio.sleep(0.5)
+    await deployment.until_started(run_id, "hold_seats")
     deployment.kill("w1")
     deployment.set_delay(0.0, 0.0)
     deployment.start_worker("w2")

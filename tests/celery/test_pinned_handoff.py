@@ -36,9 +36,10 @@ async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges
     await asyncio.to_thread(result.get, timeout=30, propagate=False)
     # Then the worker refused it as corrupt (the claim pinned segment 0's count), ran nothing,
     # and the run did not move
-    assert result.state == "FAILURE"
-    assert type(result.result).__name__ == "CheckpointStoreCorrupt", result.result
-    assert "segment 0" in str(result.result)
+    assert result.state == "SUCCESS", result.result
+    assert result.result["done"] == "refused", result.result
+    assert "segment 0" in result.result["why"], result.result
+    assert "refused resume message for run" in deployment.log("w1")
     effects = deployment.effects()
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 0)
     assert (await runner.checkpoints.latest(run_id)).step == decided.step
