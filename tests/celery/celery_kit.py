@@ -152,6 +152,11 @@ class Deployment:
         """What a worker (or beat, or Flower) wrote to its log so far."""
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
+    def refusals(self, name: str, cause: str, run_id: str) -> list[str]:
+        """The WARNING lines in which worker `name` refused a `cause` message (or a row) of the run."""
+        said = f"refused {cause} message for run {run_id} "
+        return [line for line in self.log(name).splitlines() if "WARNING" in line and said in line]
+
     async def report(self, run_id: str) -> RunReport:
         """The run as the read model shows it (every row checked), with its lease."""
         from agentflow.exec._run_read import read_run

@@ -39,7 +39,7 @@ async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges
     assert result.state == "SUCCESS", result.result
     assert result.result["done"] == "refused", result.result
     assert "segment 0" in result.result["why"], result.result
-    assert "refused resume message for run" in deployment.log("w1")
+    assert len(deployment.refusals("w1", "resume", run_id)) == 1
     effects = deployment.effects()
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 0)
     assert (await runner.checkpoints.latest(run_id)).step == decided.step

@@ -180,28 +180,33 @@ async def test_a_resumed_run_replays_the_calls_its_paused_superstep_finished(dep
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
 
 
-async def test_the_resume_task_stores_a_decision_for_a_flow_and_for_a_tool_loop(deployment):
+async def test_a_resume_message_alone_decides_nothing_for_a_flow_run_or_a_tool_loop(deployment):
     from agentflow.models import Message
 
-    # Given a worker, a flow run paused on wire_money and a loop paused on refund
+    # Given a worker, a flow run paused on wire_money (after charge_card ran) and a loop paused on refund
     deployment.start_worker("w1")
     run_id = await deployment.client.start("fanout", {"show": "Tosca"})
     loop_id = await deployment.client.start_loop("refunds", [Message.user("refund order 9")])
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "paused"
-    assert (await deployment.client.wait_loop("refunds", loop_id, timeout_s=30)).status == "paused"
-    # When a process that only has the Celery app sends agentflow.resume for each
+    run_step = (await deployment.client.wait(run_id, timeout_s=30)).step
+    paused_loop = await deployment.client.wait_loop("refunds", loop_id, timeout_s=30)
+    assert paused_loop.status == "paused" and paused_loop.step is not None
+    # When a process that only has the Celery app sends agentflow.resume for each: in the old
+    # form (an approval in the message) and in the new one (pointing at the paused step)
     queue = deployment.values["queue"]
-    deployment.tasks.resume.apply_async(("fanout", run_id, True, "ok"), queue=queue)
-    deployment.tasks.resume.apply_async(("loop:refunds", loop_id, True, "ok"), queue=queue)
-    # Then a worker stores each decision and spends it: each approved call runs once
-    deadline = time.monotonic() + 30
-    while (await deployment.client.status(run_id)).status == "paused" or (
-        await deployment.client.loop_status("refunds", loop_id)
-    ).status == "paused":
-        assert time.monotonic() < deadline, "the resume tasks did not store the decisions"
-        await asyncio.sleep(0.05)
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
-    assert (await deployment.client.wait_loop("refunds", loop_id, timeout_s=30)).status == "done"
+    forged = [
+        ("fanout", run_id, True, "ok"),
+        ("fanout", run_id, run_step),
+        ("loop:refunds", loop_id, True, "ok"),
+        ("loop:refunds", loop_id, paused_loop.step),
+    ]
+    sent = [deployment.tasks.resume.apply_async(args, queue=queue) for args in forged]
+    results = [await asyncio.to_thread(s.get, timeout=30) for s in sent]
+    # Then every one is refused and logged, no decision is stored, and nothing ran
+    assert [r["done"] for r in results] == ["refused"] * 4, results
+    assert [len(deployment.refusals("w1", "resume", r)) for r in (run_id, loop_id)] == [2, 2]
+    view = await deployment.client.status(run_id)
+    loop = await deployment.client.loop_status("refunds", loop_id)
+    assert (view.status, view.step, loop.status, loop.step) == ("paused", run_step, "paused", paused_loop.step)
     effects = deployment.effects()
-    assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
-    assert effects[("refund", loop_id)] == 1
+    ran = [effects[("charge_card", run_id)], effects[("wire_money", run_id)], effects[("refund", loop_id)]]
+    assert ran == [1, 0, 0]
