@@ -74,6 +74,11 @@ class Deployment:
     def set_delay(self, low: float, high: float) -> None:
         self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
 
+    def set_lease(self, lease_s: float) -> None:
+        """Give the workers started from now on leases of `lease_s` (the kit's are 2 s)."""
+        self.values["lease_s"] = lease_s
+        self.env["AGENTFLOW_LEASE_S"] = str(lease_s)
+
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(self.logs / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(

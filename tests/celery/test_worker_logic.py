@@ -1,16 +1,25 @@
-"""The worker's decisions about one superstep and about stranded runs, in-process (memory store, no Celery)."""
+"""The worker's decisions about one superstep and about stranded runs, in-process (memory store, no broker).
+
+The task bodies (`AgentflowTasks.run_superstep`, `run_recover_all`) run with what they would
+send recorded instead of sent.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
 from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry
 from agentflow._events import Event
-from agentflow.celery import WorkerSettings
+from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._worker import RECOVER_ALL_LEASE, Outcome, Worker
 from agentflow.exec._run_control import control_of
 from agentflow.exec._run_lease import Ownership, take
@@ -32,9 +41,9 @@ class Job(BaseModel):
 class Setup:
     """One worker on a memory store, with a mail flow (a non-idempotent send) and a wire flow (needs approval)."""
 
-    def __init__(self, die: bool = False) -> None:
+    def __init__(self) -> None:
         self.effects: list[str] = []
-        self.die = die
+        self.die = False
         registry = Registry()
 
         @registry.tool
@@ -54,9 +63,34 @@ class Setup:
         wires = Flow("wires", state=Job).node("wire", Call("wire", args={"amount": 5}, into="note")).end("wire")
         self.app = FlowApp(registry, [mail, wires])
         self.store = MemoryCheckpointStore()
-        self.worker = Worker(self.app, lambda: self.store, KEY, WorkerSettings(stale_after_s=0.0))
+        settings = WorkerSettings(stale_after_s=0.0)
+        self.tasks = register_tasks(
+            Celery("worker-logic"), self.app, store_factory=lambda: self.store, checkpoint_key=KEY, settings=settings
+        )
+        self.worker: Worker = self.tasks.worker
         self.events: list[Event] = []
         self.worker.runner.events.subscribe(self.events.append)
+        #: What the task bodies sent: ``(flow, run_id, step, cause, countdown)``.
+        self.sent: list[tuple[str, str, int, str, float | None]] = []
+        #: The Celery events the task bodies sent: ``(type, fields)``.
+        self.celery_events: list[tuple[str, dict[str, Any]]] = []
+
+    def record_sends(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Record what the task bodies enqueue instead of sending it to a broker."""
+
+        def send(flow: str, run_id: str, step: int, cause: str, countdown: float | None = None) -> str:
+            self.sent.append((flow, run_id, step, cause, countdown))
+            return "recorded"
+
+        monkeypatch.setattr(self.tasks, "send_superstep", send)
+
+    async def task(self, flow: str, run_id: str, step: int, cause: str) -> Outcome:
+        """Run the superstep task's body as a worker process would (its own loop, on a thread)."""
+        request = SimpleNamespace(hostname="w1@host", delivery_info={}, retries=0)
+        task = SimpleNamespace(
+            request=request, send_event=lambda kind, **fields: self.celery_events.append((kind, fields))
+        )
+        return await asyncio.to_thread(self.tasks.run_superstep, task, flow, run_id, step, cause)
 
     async def start(self, flow: str, run_id: str) -> int:
         """Save the run's step 0 (its first message is never sent); return the step."""
@@ -84,8 +118,16 @@ class Setup:
         return self.worker.sealer.open_checkpoint(await self.store.latest(run_id), run_id)
 
 
-async def test_a_superstep_finding_the_run_held_does_nothing_and_says_when_the_lease_ends():
-    s = Setup()
+@pytest.fixture
+async def s(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Setup]:
+    """A fresh set-up whose task bodies record what they send; its worker's event loop is closed afterwards."""
+    made = Setup()
+    made.record_sends(monkeypatch)
+    yield made
+    await asyncio.to_thread(made.tasks.bridge.close)
+
+
+async def test_a_superstep_finding_the_run_held_does_nothing_and_says_when_the_lease_ends(s):
     step = await s.start("mail", "r1")
     # Given a run another worker holds
     lease = await take(s.store, "r1", RIVAL)
@@ -97,8 +139,7 @@ async def test_a_superstep_finding_the_run_held_does_nothing_and_says_when_the_l
     assert s.effects == [] and (await s.store.latest("r1")).step == step
 
 
-async def test_a_run_with_a_call_in_doubt_is_parked_with_a_signed_claim_once():
-    s = Setup()
+async def test_a_run_with_a_call_in_doubt_is_parked_with_a_signed_claim_once(s):
     step = await s.in_doubt()
     # When a recovery superstep finds the non-idempotent call in doubt
     out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="recover")
@@ -115,9 +156,8 @@ async def test_a_run_with_a_call_in_doubt_is_parked_with_a_signed_claim_once():
     assert s.effects == ["a@b"]
 
 
-async def test_a_rerun_message_without_a_signed_decision_is_refused(caplog):
+async def test_a_rerun_message_without_a_signed_decision_is_refused(s, caplog):
     caplog.set_level(logging.WARNING, logger="agentflow.celery")
-    s = Setup()
     step = await s.parked()
     # When a superstep with cause "rerun" points at the parked step, but no operator decided
     out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="rerun")
@@ -130,9 +170,8 @@ async def test_a_rerun_message_without_a_signed_decision_is_refused(caplog):
     assert s.effects == ["a@b"] and (await s.store.latest("r1")).step == step
 
 
-async def test_a_resume_message_without_a_signed_resume_is_refused(caplog):
+async def test_a_resume_message_without_a_signed_resume_is_refused(s, caplog):
     caplog.set_level(logging.WARNING, logger="agentflow.celery")
-    s = Setup()
     step = await s.start("wires", "w1")
     paused = await s.worker.superstep("wires", "w1", step, handoff=True)
     assert (paused.done, paused.status) == ("ran", "paused")
@@ -145,8 +184,7 @@ async def test_a_resume_message_without_a_signed_resume_is_refused(caplog):
     assert (await s.store.latest("w1")).status == "paused" and s.effects == []
 
 
-async def test_a_signed_decision_is_spent_by_the_rerun_it_points_at():
-    s = Setup()
+async def test_a_signed_decision_is_spent_by_the_rerun_it_points_at(s):
     await s.parked()
     # When an operator decides (a signed decision claim), then the rerun message comes
     step = await s.worker.decide_in_doubt("mail", "r1", operator="alice")
@@ -158,8 +196,7 @@ async def test_a_signed_decision_is_spent_by_the_rerun_it_points_at():
     assert (control_of(decision).claim, control_of(decision).operator) == ("decision", "alice")
 
 
-async def test_stranded_finds_a_run_nobody_moves():
-    s = Setup()
+async def test_stranded_finds_a_run_nobody_moves(s):
     # Given a run saved at step 0 whose first message was never sent
     step = await s.start("mail", "r1")
     # When recover_all looks, Then it finds the run
@@ -167,8 +204,7 @@ async def test_stranded_finds_a_run_nobody_moves():
     assert found is not None and found.recover == [("mail", "r1", step)] and found.recheck == []
 
 
-async def test_stranded_leaves_parked_and_paused_runs_alone():
-    s = Setup()
+async def test_stranded_leaves_parked_and_paused_runs_alone(s):
     # Given a run parked on a call in doubt and a run paused for approval
     await s.parked("r1")
     step = await s.start("wires", "w1")
@@ -178,8 +214,7 @@ async def test_stranded_leaves_parked_and_paused_runs_alone():
     assert found is not None and (found.recover, found.recheck) == ([], [])
 
 
-async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when_their_lease_ends():
-    s = Setup()
+async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when_their_lease_ends(s):
     step = await s.start("mail", "r1")
     # Given a run a live worker holds
     lease = await take(s.store, "r1", RIVAL)
@@ -192,9 +227,8 @@ async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when
     assert found.recheck == [("mail", "r1", step, lease.expires_at)]
 
 
-async def test_stranded_leaves_a_run_whose_latest_row_fails_its_check_and_logs_it(caplog):
+async def test_stranded_leaves_a_run_whose_latest_row_fails_its_check_and_logs_it(s, caplog):
     caplog.set_level(logging.WARNING, logger="agentflow.celery")
-    s = Setup()
     # Given a run saved with another key (a forged row, as far as the workers can tell)
     forger = s.app.runner(s.store, OTHER_KEY)
     await forger.start(s.app.flow("mail"), {}, run_id="forged")
@@ -206,13 +240,57 @@ async def test_stranded_leaves_a_run_whose_latest_row_fails_its_check_and_logs_i
     assert s.effects == []
 
 
-async def test_stranded_gives_way_to_another_recover_all():
-    s = Setup()
+async def test_stranded_gives_way_to_another_recover_all(s):
     await s.start("mail", "r1")
     # Given another worker's recover_all under way (it holds the recover_all lease)
     await take(s.store, RECOVER_ALL_LEASE, RIVAL)
     # When this worker's recover_all runs, Then it does nothing
     assert await s.worker.stranded() is None
+
+
+async def test_a_superstep_task_finding_the_run_held_sends_one_recheck_due_just_after_the_lease_ends(s):
+    step = await s.start("mail", "r1")
+    # Given a run another worker holds
+    lease = await take(s.store, "r1", RIVAL)
+    # When a superstep task for it runs
+    out = await s.task("mail", "r1", step, "next")
+    # Then it sends one recheck of the same step, due just after that lease ends
+    assert out.done == "skipped"
+    [(flow, run_id, at, cause, countdown)] = s.sent
+    assert (flow, run_id, at, cause) == ("mail", "r1", step, "recheck")
+    due = lease.expires_at - time.time() + s.worker.settings.recheck_margin_s
+    assert countdown == pytest.approx(due, abs=1.0)
+    # And a recheck that finds the run still held sends none (the holder is alive: it renewed)
+    again = await s.task("mail", "r1", step, "recheck")
+    assert again.done == "skipped" and len(s.sent) == 1
+
+
+async def test_a_workers_start_up_recovers_free_runs_and_rechecks_held_ones_when_their_lease_ends(s):
+    # Given a run nobody moves and a run another worker holds
+    free = await s.start("mail", "free")
+    held = await s.start("mail", "held")
+    lease = await take(s.store, "held", RIVAL)
+    # When a worker starts (recover_all with startup=True)
+    said = await asyncio.to_thread(s.tasks.run_recover_all, True)
+    # Then it recovers the free run now, and looks at the held one again when its lease ends
+    assert said == {"enqueued": ["free"], "rechecks": ["held"]}
+    by_run = {run_id: (step, cause, countdown) for _, run_id, step, cause, countdown in s.sent}
+    assert by_run["free"] == (free, "recover", None)
+    step, cause, countdown = by_run["held"]
+    assert (step, cause) == (held, "recheck")
+    assert countdown == pytest.approx(lease.expires_at - time.time() + s.worker.settings.recheck_margin_s, abs=1.0)
+
+
+async def test_a_refused_superstep_task_tells_celery_and_sends_nothing(s):
+    step = await s.parked()
+    # When a rerun task points at the parked step, where no operator decided
+    out = await s.task("mail", "r1", step, "rerun")
+    # Then it is refused, Celery hears a task-refused event, and nothing is enqueued
+    assert out.done == "refused"
+    assert [(kind, fields["cause"]) for kind, fields in s.celery_events if kind == "task-refused"] == [
+        ("task-refused", "rerun")
+    ]
+    assert s.sent == []
 
 
 def test_flower_hears_of_a_cut_off_superstep_only_from_reruns_or_replays_not_due_to_a_resume():

@@ -1,0 +1,71 @@
+"""Without beat, a run whose worker was killed moves again within one lease: the next worker looks again then.
+
+No beat process runs in this test (the deployment's ``recover_interval_s`` only configures
+beat, which is never started), so nothing runs recover_all on a schedule: the only looks at
+the run are the new worker's start-up recover_all and the ``recheck`` superstep it sends for
+a run that was still held, due just after that lease ends. The leases last 5 s here, longer
+than a worker takes to start, so the new worker finds the run still held and rechecks it
+(the test says which way the run moved when it fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from celery_kit import Deployment
+
+pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
+
+#: The workers' leases: longer than a worker takes to start.
+LEASE_S = 5.0
+#: Time for the new worker's start-up and a superstep's round trip through the broker.
+SLACK_S = 4.0
+
+
+async def until_claimed(deployment: Deployment, run_id: str, timeout_s: float) -> int:
+    """Wait until a claim checkpoint (a new segment past step 0) of the run is stored; return its step."""
+    store = deployment.tasks.worker.store
+    deadline = time.monotonic() + timeout_s
+    while True:
+        claims = [row.step for row in await store.history(run_id) if row.step > 0 and row.segment == row.step]
+        if claims:
+            return claims[0]
+        assert time.monotonic() < deadline, f"no claim of {run_id} within {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stranded_run_moves_again_within_one_lease_without_beat(deployment):
+    deployment.set_lease(LEASE_S)
+    margin_s = deployment.tasks.worker.settings.recheck_margin_s
+    # Given one worker, no beat, and a ticket run inside its slow (idempotent) hold_seats
+    deployment.set_delay(3.0, 3.0)
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "stranded"}, run_id=f"{deployment.prefix}-stranded")
+    await deployment.until_started(run_id, "hold_seats")
+    # When the worker's whole process group is SIGKILLed there, and a new worker starts
+    deployment.kill_group("w1")
+    killed = time.monotonic()
+    deployment.set_delay(0.0, 0.0)
+    deployment.start_worker("w2")
+    ready = time.monotonic() - killed
+    # Then the run is claimed again within one lease of the kill (plus the recheck margin and some slack)
+    bound = LEASE_S + margin_s + SLACK_S
+    step = await until_claimed(deployment, run_id, timeout_s=bound + 10)
+    elapsed = time.monotonic() - killed
+    how = "recheck" if f"af-{run_id}-0-recheck-" in deployment.log("w2") else "start-up recover_all"
+    claim = deployment.tasks.worker.sealer.open_checkpoint(
+        (await deployment.tasks.worker.store.history(run_id))[step], run_id
+    )
+    assert claim["claim"] == "recovery", claim
+    assert elapsed < bound, (
+        f"claimed {elapsed:.1f} s after the kill (bound {bound:.1f} s: lease {LEASE_S} s + margin {margin_s} s + "
+        f"slack {SLACK_S} s); the new worker was ready after {ready:.1f} s; it moved by {how}"
+    )
+    # and it finishes, every tool having had its effect once (hold_seats never got to its effect before the kill)
+    view = await deployment.client.wait(run_id, timeout_s=30)
+    assert view.status == "done", view
+    effects = deployment.effects()
+    assert [effects[(t, run_id)] for t in ("hold_seats", "charge_card", "email_tickets")] == [1, 1, 1]
+    print(f"\nclaimed {elapsed:.1f} s after the kill by {how}; new worker ready after {ready:.1f} s")
