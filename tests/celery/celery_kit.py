@@ -196,11 +196,11 @@ class Deployment:
         """A ticket run parked on charge_card in doubt: its worker was SIGKILLed right after the charge.
 
         The worker `worker` runs the run with slow tools and is killed (its whole process
-        group) once charge_card had its effect; `successor` starts (fast tools) and, as the
-        run's lease was live on its start, looks at it again when the lease ended: the
-        charge is in doubt and not idempotent, so it parks the run. Returns the run id.
+        group) once charge_card had its effect; `successor` starts (fast tools) and looks at
+        the run on its start (or, if the dead worker's lease was still live, when it ended):
+        the charge is in doubt and not idempotent, so it parks the run. Returns the run id.
         """
-        self.set_delay(0.4, 0.4)
+        self.set_delay(0.8, 0.8)  # charge_card waits this long after its effect: the kill lands inside it
         self.start_worker(worker)
         run_id = await self.client.start("tickets", {"show": "parked"}, run_id=f"{self.prefix}-parked")
         await self.until_effect("charge_card", run_id)

@@ -129,7 +129,7 @@ def _idempotency_keys(deployment: Deployment) -> dict[tuple[str, str], list[str]
 
 
 def _in_doubt_tools(reason: str) -> list[str]:
-    """The tools named in a decision marker ("tool: why; tool: why")."""
+    """The tools a parked run waits for a decision about (`RunView.waiting_for_decision`: "tool: why; tool: why")."""
     return [part.split(":", 1)[0].strip() for part in reason.split("; ") if part.strip()]
 
 
