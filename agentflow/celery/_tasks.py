@@ -15,8 +15,10 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
 Causes a superstep message can carry: ``start``, ``next`` (the handoff between
 supersteps), ``resume`` and ``rerun`` (spend a signed decision; anything else is refused),
 ``recover`` and ``recheck`` (look at a run whose holder may be gone). A superstep that
-finds the run held by someone else sends one ``recheck`` for when that lease ends (a
-recheck sends none), so a run whose worker was killed moves again within one lease.
+finds the run held by someone else sends one ``recheck`` for when that lease ends; a
+recheck that finds it held again at the same step sends the next one (the holder renewed:
+it is alive, or the countdown ran ahead of the store's clock), and one that finds the run
+moved on sends none. So a run whose worker was killed moves again within one lease.
 
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
 process dies, time limits, JSON), because the user's app defaults may differ. `celery_config`
@@ -94,7 +96,7 @@ class AgentflowTasks:
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
         if outcome.done == "refused":
             task.send_event("task-refused", run_id=run_id, step=step, cause=cause, why=outcome.why)
-        if outcome.held_until is not None and cause != "recheck":
+        if outcome.held_until is not None:  # held: look again when that lease ends (see `Worker.superstep`)
             self.send_recheck(flow, run_id, step, outcome.held_until)
         if outcome.next_step is not None:
             self.send_superstep(flow, run_id, outcome.next_step, "next")

@@ -252,9 +252,9 @@ class Worker:
     def refuse(self, flow_name: str, run_id: str, step: int, cause: str, why: str) -> Outcome:
         """Log and report a control message or a row that was refused; the run is left as it was."""
         log.warning(
-            "refused %s message for run %s at step %s: %s",
-            cause,
+            "refused to act on run %s (a %s message, step %s): %s",
             run_id,
+            cause,
             step,
             why,
             extra={"run_id": run_id, "step": step},
@@ -302,12 +302,22 @@ class Worker:
                 )
 
         try:
-            return await self._advance(flow_name, run_id, step, cause, advance)
+            outcome = await self._advance(flow_name, run_id, step, cause, advance)
+            if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
+                outcome.held_until = None  # the run moved on since: its new holder's messages look after it
+            return outcome
         finally:
             if head is not None and not head.done():
                 head.cancel()
             elif head is not None and not head.cancelled():
                 head.exception()  # retrieved, so an unused failure is not reported as lost
+
+    async def _still_at(self, run_id: str, step: int) -> bool:
+        """Whether the run's latest checkpoint is still `step` (a held run a recheck should look at again)."""
+        try:
+            return (await self.store.latest(run_id)).step == step
+        except CheckpointNotFound:
+            return False
 
     async def _advance(
         self, flow_name: str, run_id: str, step: int, cause: str, advance: Callable[[], Coroutine[Any, Any, Any]]

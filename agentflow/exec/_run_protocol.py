@@ -195,9 +195,10 @@ class RunProtocol(RunSteps[C, R]):
                     f"run {run_id!r} is at step {cur.step}, not {expected_step}: this message is late or a duplicate"
                 )
             if spend is not None and body.get("claim") != spend:
+                found = f"a {body['claim']} claim" if "claim" in body else "not a claim"
                 raise ControlRefused(
-                    f"run {run_id!r}: a message asked to spend a {spend} decision at step {cur.step}, but no signed "
-                    f"{spend} claim is there (the checkpoint is {body.get('claim') or 'not a claim'}, {opened.status})"
+                    f"run {run_id!r}: a message asked to spend a signed {spend} claim at step {cur.step}, "
+                    f"but the checkpoint there is {found} ({opened.status}); nothing was done"
                 )
             if opened.status != RunStatus.RUNNING:
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}; only a running run can be advanced")

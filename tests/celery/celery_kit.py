@@ -159,7 +159,7 @@ class Deployment:
 
     def refusals(self, name: str, cause: str, run_id: str) -> list[str]:
         """The WARNING lines in which worker `name` refused a `cause` message (or a row) of the run."""
-        said = f"refused {cause} message for run {run_id} "
+        said = f"refused to act on run {run_id} (a {cause} message"
         return [line for line in self.log(name).splitlines() if "WARNING" in line and said in line]
 
     async def report(self, run_id: str) -> RunReport:

@@ -179,7 +179,10 @@ async def test_a_resume_message_without_a_signed_resume_is_refused(s, caplog):
     out = await s.worker.superstep("wires", "w1", (await s.store.latest("w1")).step, handoff=True, cause="resume")
     # Then it is refused, logged and reported; the run stays paused and nothing was wired
     assert out.done == "refused"
-    assert any(r.levelno == logging.WARNING and "refused resume" in r.getMessage() for r in caplog.records)
+    assert any(
+        r.levelno == logging.WARNING and "refused to act on run w1 (a resume message" in r.getMessage()
+        for r in caplog.records
+    )
     assert [e.data["cause"] for e in s.events if e.name == "control.refused"] == ["resume"]
     assert (await s.store.latest("w1")).status == "paused" and s.effects == []
 
@@ -260,9 +263,24 @@ async def test_a_superstep_task_finding_the_run_held_sends_one_recheck_due_just_
     assert (flow, run_id, at, cause) == ("mail", "r1", step, "recheck")
     due = lease.expires_at - time.time() + s.worker.settings.recheck_margin_s
     assert countdown == pytest.approx(due, abs=1.0)
-    # And a recheck that finds the run still held sends none (the holder is alive: it renewed)
+
+    # And a recheck that finds the run still held at that step sends the next one (the holder
+    # renewed: it is alive, and stays watched as long as the step lasts)
     again = await s.task("mail", "r1", step, "recheck")
-    assert again.done == "skipped" and len(s.sent) == 1
+    assert again.done == "skipped" and [cause for *_, cause, _ in s.sent] == ["recheck", "recheck"]
+
+
+async def test_a_recheck_that_finds_the_run_moved_on_sends_nothing_more(s):
+    step = await s.start("mail", "r1")
+    # Given a run that moved on past the step a recheck was sent for, and is held again
+    moved = await s.task("mail", "r1", step, "next")
+    assert moved.done == "ran" and moved.step is not None and moved.step > step
+    s.sent.clear()
+    await take(s.store, "r1", RIVAL)
+    # When the recheck of the old step runs
+    out = await s.task("mail", "r1", step, "recheck")
+    # Then it does nothing and sends nothing: the run's own messages look after its new step
+    assert out.done == "skipped" and s.sent == []
 
 
 async def test_a_workers_start_up_recovers_free_runs_and_rechecks_held_ones_when_their_lease_ends(s):
