@@ -23,6 +23,8 @@ class RunStatus(StrEnum):
     PAUSED = "paused"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    """Ended by an operator's signed request; never recovered."""
 
 
 class RunKind(StrEnum):

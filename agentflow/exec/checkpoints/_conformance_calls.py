@@ -110,7 +110,7 @@ async def check_started_is_fenced(store: CheckpointStore) -> None:
 
 async def check_started_refused_after_end(store: CheckpointStore) -> None:
     """A ``started`` record for a run that ended is refused."""
-    for ended in ("done", "failed"):
+    for ended in ("done", "failed", "cancelled"):
         run_id, flow = _ids()
         await _save_steps(store, run_id, flow, "running", ended)
         await _expect_raises(

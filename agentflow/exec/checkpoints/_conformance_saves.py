@@ -77,8 +77,8 @@ async def check_save_is_exactly_latest_plus_one(store: CheckpointStore) -> None:
 
 
 async def check_ended_run_takes_no_save(store: CheckpointStore) -> None:
-    """A run whose latest checkpoint is ``done`` or ``failed`` takes no more saves."""
-    for ended in ("done", "failed"):
+    """A run whose latest checkpoint is ``done``, ``failed`` or ``cancelled`` takes no more saves."""
+    for ended in ("done", "failed", "cancelled"):
         run_id, flow = _ids()
         rows = await _save_steps(store, run_id, flow, "running", ended)
         await _expect_raises(

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-#: Statuses a checkpoint can carry. ``done`` and ``failed`` end the run.
-Status = Literal["running", "paused", "done", "failed"]
-ENDED: Final = frozenset({"done", "failed"})
+#: Statuses a checkpoint can carry. ``done``, ``failed`` and ``cancelled`` end the run.
+Status = Literal["running", "paused", "done", "failed", "cancelled"]
+ENDED: Final = frozenset({"done", "failed", "cancelled"})
 UNFINISHED: Final = frozenset({"running", "paused"})
 
 #: Kinds of call record. ``started`` comes first; the others close it.
@@ -31,7 +31,7 @@ class SealedCheckpoint:
     flow: str
     """The flow's name (``loop:<name>`` for tool loops); a run never changes flow."""
     status: str
-    """One of ``running``, ``paused``, ``done``, ``failed``."""
+    """One of ``running``, ``paused``, ``done``, ``failed``, ``cancelled``."""
     segment: int
     """The call-log segment of the worker that holds the run: the step at which it claimed it."""
     saved_at: float

@@ -11,7 +11,7 @@
 -- ARGV[5] ttl in seconds; "0" means the run's keys never expire
 --
 -- The rules (the same as agentflow/exec/checkpoints/_rules.py check_call): the run must
--- have a checkpoint; a "started" record is refused when the run ended (done/failed) or when
+-- have a checkpoint; a "started" record is refused when the run ended (done/failed/cancelled) or when
 -- its segment is not the latest checkpoint's segment (the writer was fenced off); every
 -- record's seq must equal the number of records its segment already has.
 --
@@ -29,7 +29,7 @@ if not last[1] then
 end
 
 local count = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
-local ended = last[2] == 'done' or last[2] == 'failed'
+local ended = last[2] == 'done' or last[2] == 'failed' or last[2] == 'cancelled'
 local fenced = ARGV[3] == 'started' and (ended or last[3] ~= ARGV[1])
 if fenced or tonumber(ARGV[2]) ~= count then
   return {'refused', last[1], last[2], last[3], tostring(count)}

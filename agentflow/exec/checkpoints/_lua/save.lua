@@ -20,7 +20,7 @@
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
--- ended (done/failed), and step must be exactly latest + 1. A run without its latest hash
+-- ended (done/failed/cancelled), and step must be exactly latest + 1. A run without its latest hash
 -- but with any other key left (rows kept after the hash was deleted or evicted) is not one
 -- the store does not have: its step 0 is refused and nothing is touched
 -- (_rules.py check_no_stored_rows). That check runs only for a step 0.
@@ -49,7 +49,7 @@ if n > 0 then
     return {'call-missing', '1'}
   end
   local segment_of_latest = redis.call('HGET', KEYS[2], 'segment')
-  local ended = last[3] == 'done' or last[3] == 'failed'
+  local ended = last[3] == 'done' or last[3] == 'failed' or last[3] == 'cancelled'
   local counts = {}
   for i = 1, n do
     local base = 9 + (i - 1) * 4
@@ -74,7 +74,7 @@ if not last[1] then
     return {'rows'}
   end
 else
-  local ended = last[3] == 'done' or last[3] == 'failed'
+  local ended = last[3] == 'done' or last[3] == 'failed' or last[3] == 'cancelled'
   if last[2] ~= ARGV[2] or ended or tonumber(ARGV[1]) ~= tonumber(last[1]) + 1 then
     return {'refused', last[1], last[2], last[3]}
   end
