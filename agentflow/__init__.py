@@ -14,6 +14,7 @@ from agentflow._errors import (
     IdentityMismatch,
     ModelError,
     RecoveryNeedsDecision,
+    RunFailed,
     RunHeld,
     Stale,
     ToolArgumentsInvalid,
@@ -25,6 +26,7 @@ from agentflow._events import Event, Events
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
+from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.flow import Call, Flow, FlowRunner, RunResult
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "CheckpointStoreCorrupt",
     "CheckpointTooLarge",
     "ControlRefused",
+    "DidNotHappen",
     "Event",
     "Events",
     "Executor",
@@ -44,12 +47,16 @@ __all__ = [
     "FlowApp",
     "FlowError",
     "FlowRunner",
+    "Happened",
     "IdentityMismatch",
+    "InDoubtDecision",
     "LoopSpec",
     "ModelError",
     "RecoveryNeedsDecision",
     "Registry",
+    "Rerun",
     "RunContext",
+    "RunFailed",
     "RunHeld",
     "RunKind",
     "RunResult",

@@ -11,6 +11,7 @@ AgentflowError
 │   ├── CheckpointStoreCorrupt
 │   └── CheckpointTooLarge         (also a ValueError)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
+├── RunFailed                      (.run_id, .error: a run ended failed; a worker's task raises it)
 ├── IdentityMismatch               (also a PermissionError)
 ├── FlowError
 ├── ModelError
@@ -106,6 +107,22 @@ class RecoveryNeedsDecision(AgentflowError):
             f"run {self.run_id!r} has calls in doubt ({listed}); check them at their system, "
             "then recover with rerun_in_doubt=True"
         )
+
+
+class RunFailed(AgentflowError):
+    """Raised by a worker's superstep task when the run it advanced ended failed.
+
+    Everything the task had to do is done when it is raised (the run's failure is saved,
+    nothing more is enqueued): it is there so Celery records the task as ``FAILURE`` with
+    the run's error, and Flower shows it. ``error`` is the error the run ended with.
+    """
+
+    def __init__(self, run_id: str, error: str) -> None:
+        super().__init__(run_id, error)
+        self.run_id, self.error = run_id, error
+
+    def __str__(self) -> str:
+        return f"run {self.run_id!r} failed: {self.error}"
 
 
 class IdentityMismatch(AgentflowError, PermissionError):

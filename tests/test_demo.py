@@ -69,7 +69,7 @@ def test_distributed_demo_kills_a_celery_worker_and_every_run_finishes(
         assert "A fresh worker C starts" in out
         # the call in doubt waited for a decision, which was taken, and every run finished
         assert "order-2: picked up by recovery: NEEDS A DECISION, in doubt: email_tickets" in out
-        assert "FlowClient.decide_in_doubt('order-2', rerun=True)" in out
+        assert "FlowClient.decide_in_doubt('order-2', operator='demo')" in out
         assert "email_tickets done: tickets for Tosca sent, rerun after recovery" in out
         _assert_each_effect_once(proc)
         # and it ends with how to inspect what just happened, on the demo's keys

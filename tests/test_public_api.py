@@ -103,9 +103,9 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
         "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
-        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "Event", "Events", "Executor", "Flow",
-        "FlowApp", "FlowError", "FlowRunner",
-        "IdentityMismatch", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "RunContext", "RunHeld",
+        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
+        "Flow", "FlowApp", "FlowError", "FlowRunner", "Happened", "IdentityMismatch", "InDoubtDecision", "LoopSpec",
+        "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext", "RunFailed", "RunHeld",
         "RunKind",
         "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
     ],
@@ -278,6 +278,7 @@ def test_recovery_needs_decision_carries_its_calls_as_pairs():
 SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "RecoveryNeedsDecision": ("order-7", [("email_tickets", "call 0/send/0/ab was started and has no result")]),
     "RunHeld": ("order-7", "w1@host:4242", 1_800_000_000.0),
+    "RunFailed": ("order-7", "ValueError: could not convert string to float: 'broken'"),
 }
 
 

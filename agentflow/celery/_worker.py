@@ -45,7 +45,7 @@ from agentflow._run_types import RunKind
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_control import parked
+from agentflow.exec._run_control import InDoubtDecision, parked
 from agentflow.exec._run_lease import Ownership, held_by, take
 from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -235,19 +235,27 @@ class Worker:
             operator=operator,
         )
 
-    async def decide_in_doubt(self, column: str, run_id: str, operator: str | None = None) -> int:
-        """Store an operator's signed decision to rerun the run's calls in doubt; return its step."""
+    async def decide_in_doubt(
+        self,
+        column: str,
+        run_id: str,
+        operator: str | None = None,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+    ) -> int:
+        """Store an operator's signed word on the run's calls in doubt; return its step."""
         if RunKind.of(column) is RunKind.LOOP:
             return await decide_in_doubt_tool_loop(
                 run_id,
                 checkpoints=self.store,
                 checkpoint_key=self.checkpoint_key,
+                registry=self.loop(RunKind.name_of(column)).registry,
+                calls=calls,
                 operator=operator,
                 name=RunKind.name_of(column),
                 lease_s=self.settings.lease_s,
                 owner=self.owner,
             )
-        return await self.runner.decide_in_doubt(self.flow_app.flow(column), run_id, operator=operator)
+        return await self.runner.decide_in_doubt(self.flow_app.flow(column), run_id, calls=calls, operator=operator)
 
     def refuse(self, flow_name: str, run_id: str, step: int, cause: str, why: str) -> Outcome:
         """Log and report a control message or a row that was refused; the run is left as it was."""

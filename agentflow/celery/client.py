@@ -21,7 +21,7 @@ from agentflow.celery._tasks import AgentflowTasks
 from agentflow.exec._durable_loop import LoopResult, read_tool_loop, start_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
-from agentflow.exec._run_control import control_of, parked
+from agentflow.exec._run_control import InDoubtDecision, control_of, parked
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import SegmentView
 from agentflow.flow._runner import FlowRunner
@@ -251,21 +251,28 @@ class FlowClient:
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, decided.step, "resume")
         return decided.step
 
-    async def decide_in_doubt(self, run_id: str, *, rerun: bool = True, operator: str | None = None) -> int:
-        """After checking the calls in doubt at their systems, let the run go on, rerunning them.
+    async def decide_in_doubt(
+        self,
+        run_id: str,
+        *,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+        operator: str | None = None,
+    ) -> int:
+        """After checking the calls in doubt at their systems, say what happened and let the run go on.
 
-        The decision is a signed claim saved here, naming the calls and `operator`; the
-        message that follows only points at it. Returns the decision's step.
+        Per call id: `Rerun()`, `Happened(result)` or `DidNotHappen(reason)` (see
+        `FlowRunner.decide_in_doubt`); without `calls`, every call in doubt reruns. The
+        decision is a signed claim saved here, naming `operator`; the message that follows
+        only points at it, and a worker spends it. Returns the decision's step.
 
         Raises:
             CheckpointConflict: the run is not running or has no call in doubt (`RunHeld`:
                 a live worker holds it: its calls are running, not in doubt).
-            ValueError: `rerun` is False (agentflow can only rerun a call in doubt; repair the state by hand).
+            ValueError: `calls` does not decide exactly the calls in doubt, or a result
+                does not fit its tool's return type.
         """
-        if not rerun:
-            raise ValueError("to skip a call in doubt, repair the state by hand; agentflow only reruns it")
         assert self.runner.checkpoints is not None
         row = await self.runner.checkpoints.latest(run_id)
-        step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator)
+        step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator, calls)
         await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, step, "rerun")
         return step

@@ -292,8 +292,8 @@ async def _check_and_decide(cluster: Cluster, run_id: str, waiting: str) -> None
     if any(seen.values()):
         raise RuntimeError(f"{run_id}: a call in doubt had its effect; rerunning it would repeat it")
     say(" None happened, so it may run again:")
-    say(f"   FlowClient.decide_in_doubt({run_id!r}, rerun=True)")
-    await cluster.client.decide_in_doubt(run_id, rerun=True)
+    say(f"   FlowClient.decide_in_doubt({run_id!r}, operator='demo')  (every call in doubt reruns)")
+    await cluster.client.decide_in_doubt(run_id, operator="demo")
 
 
 async def _decide(cluster: Cluster, watcher: Watcher) -> None:

@@ -29,6 +29,7 @@ from agentflow._run_types import RunStatus
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
+from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import RunProtocol
@@ -276,22 +277,29 @@ async def decide_in_doubt_tool_loop(
     *,
     checkpoints: CheckpointStore,
     checkpoint_key: bytes | Sequence[bytes] | None = None,
+    registry: Registry | None = None,
+    calls: Mapping[str, InDoubtDecision] | None = None,
     operator: str | None = None,
     name: str = "tool_loop",
     lease_s: float = DEFAULT_LEASE_S,
     owner: str | None = None,
 ) -> int:
-    """Store an operator's decision to rerun a loop's calls in doubt; return the decision's step.
+    """Store an operator's word on a loop's calls in doubt; return the decision's step.
 
-    See `FlowRunner.decide_in_doubt`: the decision is a signed claim naming the calls and
+    See `FlowRunner.decide_in_doubt`: per call id `Rerun()`, `Happened(result)` (checked
+    against the tool's return type, so `registry` is needed) or `DidNotHappen(reason)`;
+    without `calls`, every call in doubt reruns. The decision is a signed claim naming
     `operator`, spent once by the loop's next advance or recovery.
 
     Raises:
         CheckpointConflict: the loop is not running or has no call in doubt (`RunHeld`: a
             live worker holds it).
+        ValueError: `calls` does not decide exactly the calls in doubt, or a result does not
+            fit its tool's return type (or no `registry` was given to check it).
     """
-    proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
-    return await proto.decide_in_doubt(run_id, operator=operator)
+    tools = registry or Registry()
+    proto = _protocol(_NoModel(), tools, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
+    return await proto.decide_in_doubt(run_id, operator=operator, calls=calls)
 
 
 class _NoModel:

@@ -9,6 +9,13 @@ anything reads it):
 - ``awaiting``: ``[[tool, why], ...]``: a worker found calls in doubt that nobody may
   rerun without a decision, and parked the run (recover_all then leaves it alone).
 
+An operator's word on a call in doubt is one of three (`InDoubtDecision`): `Rerun` it
+(granted through ``rerun``), it `Happened` with a given result, or it `DidNotHappen` and
+must not run. The last two are not grants but facts: they are written into the call log
+as a signed ``done`` or ``failed`` record marked ``supplied`` (with the operator), in
+the decision claim's own segment and in the same atomic write as the claim, so every
+later reader replays them like any finished call.
+
 Invariants:
 - Only the latest checkpoint's record steers: a later checkpoint spends it.
 - A ``rerun`` grant covers a call only while the call has no record in the claim's own
@@ -24,6 +31,7 @@ from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec._durable_read import CallState
+from agentflow.exec._registry import Registry
 
 #: The fields a claim may carry besides its cause.
 CONTROL_FIELDS = ("operator", "rerun", "awaiting")
@@ -100,3 +108,97 @@ def parked(body: Mapping[str, Any]) -> bool:
 def awaiting_record(calls: Sequence[Sequence[str]]) -> dict[str, Any]:
     """The control record of a claim that parks a run on `calls` (``(tool, why)`` pairs)."""
     return {"awaiting": [[str(tool), str(why)] for tool, why in calls]}
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """An operator's word on a call in doubt: it did not have its effect; run it again."""
+
+
+@dataclass(frozen=True)
+class Happened:
+    """An operator's word on a call in doubt: it had its effect, and returned `result`.
+
+    The result is checked against the tool's return type and stored as the call's result;
+    the call is never run again.
+    """
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class DidNotHappen:
+    """An operator's word on a call in doubt: it had no effect and must not run; the call fails with `reason`."""
+
+    reason: str = ""
+
+
+#: What an operator may say about one call in doubt.
+InDoubtDecision = Rerun | Happened | DidNotHappen
+
+
+def settle(
+    run_id: str,
+    doubtful: Sequence[CallState],
+    choices: Mapping[str, InDoubtDecision] | None,
+    registry: Registry,
+    operator: str | None,
+) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
+    """Turn an operator's word on each call in doubt into a rerun grant and supplied records.
+
+    Args:
+        run_id: the run (for messages).
+        doubtful: its calls in doubt.
+        choices: one decision per call id; None reruns every one.
+        registry: the tools (to check a supplied result against the tool's return type).
+        operator: who decided (written into each supplied record).
+
+    Returns:
+        The call ids granted a rerun, and the ``(kind, body)`` records to store.
+
+    Raises:
+        ValueError: `choices` names a call that is not in doubt, leaves one undecided, or
+            supplies a result that does not fit the tool's return type.
+    """
+    ids = [s.call_id for s in doubtful]
+    if choices is None:
+        return ids, []
+    unknown = sorted(set(choices) - set(ids))
+    if unknown:
+        raise ValueError(f"run {run_id!r} has no call in doubt {unknown}; in doubt: {ids}")
+    missing = [cid for cid in ids if cid not in choices]
+    if missing:
+        raise ValueError(f"run {run_id!r}: decide every call in doubt; missing {missing}")
+    rerun: list[str] = []
+    records: list[tuple[str, dict[str, Any]]] = []
+    supplied = {"operator": operator}
+    for state in doubtful:
+        choice = choices[state.call_id]
+        base = {"call_id": state.call_id, "superstep": state.superstep, "supplied": supplied}
+        if isinstance(choice, Rerun):
+            rerun.append(state.call_id)
+        elif isinstance(choice, Happened):
+            records.append(("done", {**base, "result": _checked_result(registry, state, choice.result)}))
+        elif isinstance(choice, DidNotHappen):
+            why = f"{state.tool} did not happen, said {operator or 'an operator'}" + (
+                f": {choice.reason}" if choice.reason else ""
+            )
+            records.append(("failed", {**base, "error": why}))
+        else:
+            raise TypeError(f"decide each call with Rerun(), Happened(result) or DidNotHappen(reason), not {choice!r}")
+    return rerun, records
+
+
+def _checked_result(registry: Registry, state: CallState, value: Any) -> Any:
+    """The JSON form of a supplied result, once it fits the tool's return type."""
+    if state.tool not in registry:
+        raise ValueError(
+            f"call {state.call_id}: tool {state.tool!r} is not registered here, so its result cannot be checked"
+        )
+    tool = registry.get(state.tool)
+    try:
+        return tool.encode_result(tool.revive_result(value))
+    except Exception as exc:
+        raise ValueError(
+            f"call {state.call_id}: the result given does not fit {state.tool!r}'s return type: {exc}"
+        ) from None

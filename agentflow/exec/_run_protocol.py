@@ -37,7 +37,7 @@ from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
 from agentflow.exec._durable_read import CallState, read_head
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, untouched
-from agentflow.exec._run_control import awaiting_record, parked
+from agentflow.exec._run_control import InDoubtDecision, awaiting_record, parked, settle
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_lease import holding
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Head, Opened, RunSteps
@@ -130,14 +130,25 @@ class RunProtocol(RunSteps[C, R]):
             # A paused run did not crash: continuing it is not a recovery.
             return await self.driver.drive(self, cur, seeds, limit=limit, recovering=False)
 
-    async def decide_in_doubt(self, run_id: str, *, operator: str | None, ctx: RunContext | None = None) -> int:
-        """Store an operator's decision to rerun the run's calls in doubt (checked at their systems).
+    async def decide_in_doubt(
+        self,
+        run_id: str,
+        *,
+        operator: str | None,
+        ctx: RunContext | None = None,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+    ) -> int:
+        """Store an operator's word on the run's calls in doubt (checked at their systems).
 
-        The decision is a signed claim naming the calls and `operator`; a worker spends it
-        with `advance` (or a process with `recover`). Returns the claim's step.
+        The decision is a signed claim naming `operator`: the calls to rerun (``rerun``),
+        and, in the same atomic write, a signed ``done`` or ``failed`` record for each call
+        that `Happened` or `DidNotHappen` (`_run_control.settle`). A worker spends it with
+        `advance` (or a process with `recover`). Returns the claim's step.
 
         Raises:
             CheckpointConflict: the run is not running, or has no call in doubt.
+            ValueError: `calls` does not decide exactly the calls in doubt, or a result
+                does not fit its tool's return type.
         """
         async with self.hold(run_id):
             opened = await self.open(run_id, ctx)
@@ -145,10 +156,12 @@ class RunProtocol(RunSteps[C, R]):
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}: it has no call in doubt to decide")
             records, counts = await self.read(opened)
             seeds = self.seeds(opened, records, rerun_in_doubt=True)
-            doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
+            doubtful = [s for s in seeds.values() if s.in_doubt]
             if not doubtful:
                 raise CheckpointConflict(f"run {run_id!r} has no call in doubt: there is nothing to decide")
-            await self.claim(opened.cur, "decision", counts, {**self.operator(operator), "rerun": doubtful})
+            who = self.operator(operator)
+            rerun, supplied = settle(run_id, doubtful, calls, self.registry, who.get("operator"))
+            await self.claim(opened.cur, "decision", counts, {**who, "rerun": rerun}, supplied)
             assert opened.cur.step is not None
             return opened.cur.step
 

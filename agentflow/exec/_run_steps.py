@@ -134,6 +134,7 @@ class RunSteps(Generic[C, R]):
         unreplayed: Sequence[str] = (),
         recovered: dict[str, Any] | None = None,
         control: Mapping[str, Any] | None = None,
+        records: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> None:
         """Save the run's next checkpoint (a compare-and-set on the step).
 
@@ -145,6 +146,8 @@ class RunSteps(Generic[C, R]):
             unreplayed: calls whose arguments changed since the crash (reported in the event).
             recovered: what the first step after a claim replayed and reran.
             control: a claim's control record (``operator``, ``rerun``, ``awaiting``).
+            records: ``(kind, body)`` records that open a new `segment`, stored with the
+                checkpoint in one atomic write (an operator's word on calls in doubt).
 
         Raises:
             CheckpointConflict: another worker saved this step first, or the run ended.
@@ -157,6 +160,8 @@ class RunSteps(Generic[C, R]):
         if segment is not None:
             cur.journal = self.journal(cur.run_id, segment)
         assert cur.journal is not None
+        for kind, record in records:
+            await cur.journal.hold_encoded(kind, canonical(record))
         body = self.body(cur, recovered, claim, control)
         payload = canonical(body)
         if len(payload) > self.max_bytes:
@@ -186,7 +191,12 @@ class RunSteps(Generic[C, R]):
         await self.save(cur, RunStatus.RUNNING, segment=0)
 
     async def claim(
-        self, cur: C, cause: str, counts: Mapping[int, int], control: Mapping[str, Any] | None = None
+        self,
+        cur: C,
+        cause: str,
+        counts: Mapping[int, int],
+        control: Mapping[str, Any] | None = None,
+        records: Sequence[tuple[str, dict[str, Any]]] = (),
     ) -> None:
         """Claim the run: save the next step in a new segment that pins the earlier segments' counts.
 
@@ -195,6 +205,7 @@ class RunSteps(Generic[C, R]):
             cause: one of `CLAIM_CAUSES`.
             counts: the record count per segment, from the checked log.
             control: what the claim decides (`CONTROL_FIELDS`), signed with it.
+            records: records the claim's segment opens with, stored atomically with it.
 
         Raises:
             CheckpointConflict: another worker saved that step first.
@@ -202,7 +213,7 @@ class RunSteps(Generic[C, R]):
         assert cause in CLAIM_CAUSES and cur.step is not None
         claim_step = cur.step + 1
         cur.pins = pins_for(counts, claim_step)
-        await self.save(cur, RunStatus.RUNNING, segment=claim_step, claim=cause, control=control)
+        await self.save(cur, RunStatus.RUNNING, segment=claim_step, claim=cause, control=control, records=records)
 
     def report_step(self, cur: C, replayed: list[str], rerun: list[str], recovering: bool) -> dict[str, Any] | None:
         """After the first step of a claim that continued a cut-off one: emit ``run.recovered``.

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._executor import Executor
+from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
@@ -230,19 +231,30 @@ class FlowRunner:
         return result
 
     async def decide_in_doubt(
-        self, flow: Flow[S], run_id: str, *, operator: str | None = None, ctx: RunContext | None = None
+        self,
+        flow: Flow[S],
+        run_id: str,
+        *,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+        operator: str | None = None,
+        ctx: RunContext | None = None,
     ) -> int:
-        """Store an operator's decision to rerun the run's calls in doubt; return the decision's step.
+        """Store an operator's word on the run's calls in doubt; return the decision's step.
 
-        Check each call at its system first (did the mail go out? was the card charged?).
-        The decision is a signed claim that names the calls and `operator`; the next
-        `advance` or `recover` of the run spends it, once.
+        Check each call at its system first (did the mail go out? was the card charged?),
+        then say, per call id, `Rerun()` (it had no effect: run it again), `Happened(result)`
+        (it had its effect and returned `result`: never run it again) or
+        `DidNotHappen(reason)` (it had no effect and must not run: the call fails with
+        `reason`). Without `calls`, every call in doubt reruns. The decision is a signed
+        claim naming `operator`; the next `advance` or `recover` of the run spends it, once.
 
         Raises:
             CheckpointConflict: the run is not running or has no call in doubt (`RunHeld`:
                 a live worker holds it, and its calls are not in doubt but running).
+            ValueError: `calls` does not decide exactly the calls in doubt, or a result
+                does not fit its tool's return type.
         """
-        return await self.protocol(flow).decide_in_doubt(run_id, operator=operator, ctx=ctx)
+        return await self.protocol(flow).decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
 
     async def recover_all(
         self, flow: Flow[S], *, rerun_in_doubt: bool = False, sweep: bool = False
