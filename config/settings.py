@@ -1,9 +1,16 @@
 """Settings of the runnable workers, from ``AGENTFLOW_*`` environment variables (or ``.env``).
 
-The checkpoint key has no default, in any setting: a missing, short, patterned (``"a" * 32``)
-or ambiguous (hex digits without ``hex:``) ``AGENTFLOW_CHECKPOINT_KEYS`` stops the worker at
-start with a message saying how to make one (`agentflow._keys.parse_keys`). The demo's public
-key is refused too: these settings are the production wiring, and never accept it.
+These settings are the production wiring: nothing in them defaults to the demo's.
+
+- The checkpoint key has no default: a missing, short, patterned (``"a" * 32``) or ambiguous
+  (hex digits without ``hex:``) ``AGENTFLOW_CHECKPOINT_KEYS`` stops the worker at start with
+  a message saying how to make one (`agentflow._keys.parse_keys`). The demo's public key is
+  refused too.
+- The app has no default either: without ``AGENTFLOW_APP`` the worker stops at start with a
+  message saying what to set. (The demo does not read these settings: ``python -m
+  agentflow.demo`` builds its own app, key and prefix.)
+
+Every problem found is reported at once, in one message.
 
 No secret shows in ``repr`` or ``str`` of the settings: the Redis URL (it may hold a
 password) and the keys are `SecretStr`.
@@ -19,6 +26,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from agentflow._keys import MAKE_ONE, parse_keys
 from agentflow.celery import celery_config
 
+#: Why the settings refuse an unset ``AGENTFLOW_APP``, and what to set.
+APP_NOT_SET = (
+    "AGENTFLOW_APP is not set: set it to the FlowApp of your flows and tools that the workers run, "
+    "as package.module:attribute, e.g. AGENTFLOW_APP=my_company.agents:app "
+    "(or agentflow.demo.tickets:app to try the deployment with the demo's ticket flow)"
+)
+
 
 class Settings(BaseSettings):
     """Everything a worker, beat or Flower process needs to know."""
@@ -27,8 +41,11 @@ class Settings(BaseSettings):
         env_prefix="AGENTFLOW_", env_file=".env", extra="ignore", hide_input_in_errors=True
     )
 
-    app: str = "agentflow.demo.tickets:app"
-    """Import path of the `FlowApp` (flows and tools) the workers run."""
+    app: str = ""
+    """Import path of the `FlowApp` (flows and tools) the workers run, as ``package.module:attribute``.
+
+    Required: the empty default stands for "not set" and is refused at validation.
+    """
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
     """Broker, leases and the checkpoint store (may hold a password: never logged)."""
     checkpoint_keys: SecretStr | None = None
@@ -51,12 +68,20 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
+        problems = []
+        try:
+            self.keys()
+        except ValueError as exc:
+            problems.append(str(exc))
+        if not self.app.strip():
+            problems.append(APP_NOT_SET)
         if self.visibility_timeout_s < 2 * self.time_limit_s:
-            raise ValueError(
+            problems.append(
                 "AGENTFLOW_VISIBILITY_TIMEOUT_S must be at least twice AGENTFLOW_TIME_LIMIT_S, "
                 "or Redis redelivers supersteps that are still running"
             )
-        self.keys()
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def keys(self) -> list[bytes]:

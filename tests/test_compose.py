@@ -155,19 +155,37 @@ def test_every_agentflow_variable_compose_passes_is_a_setting(services, env_exam
 def test_env_example_holds_placeholders_and_the_defaults(env_example):
     # The secrets are placeholders: the key is refused, the passwords say to change them
     with pytest.raises(ValidationError, match="AGENTFLOW_CHECKPOINT_KEYS"):
-        Settings(mode="production", checkpoint_keys=env_example["AGENTFLOW_CHECKPOINT_KEYS"])
+        Settings(app=env_example["AGENTFLOW_APP"], checkpoint_keys=env_example["AGENTFLOW_CHECKPOINT_KEYS"])
     assert "change-me" in env_example["REDIS_PASSWORD"]
     assert "change-me" in env_example["FLOWER_BASIC_AUTH"].partition(":")[2]
     # and the other values are Settings' defaults, so the file documents them
     values = {k.removeprefix("AGENTFLOW_").lower(): v for k, v in env_example.items() if k.startswith("AGENTFLOW_")}
     values.pop("checkpoint_keys")
-    parsed = Settings(**values, checkpoint_keys="hex:" + secrets.token_hex(32))
+    values.pop("app")  # no default: see the next test
+    parsed = Settings(**values, app="my_company.agents:app", checkpoint_keys="hex:" + secrets.token_hex(32))
     for name, field in Settings.model_fields.items():
         if name in values:
             got = getattr(parsed, name)
             got = got.get_secret_value() if hasattr(got, "get_secret_value") else got
             default = field.default.get_secret_value() if hasattr(field.default, "get_secret_value") else field.default
             assert got == default, (name, got, default)
+
+
+def test_the_app_has_no_default_and_env_example_does_not_name_the_demos(env_example, monkeypatch, tmp_path):
+    # Issue 15: the production settings ran the demo's ticket flow unless told otherwise
+    monkeypatch.delenv("AGENTFLOW_APP", raising=False)
+    monkeypatch.chdir(tmp_path)  # no .env from the working folder
+    assert Settings.model_fields["app"].default == ""
+    with pytest.raises(ValidationError, match="AGENTFLOW_APP is not set: set it to the FlowApp"):
+        Settings(checkpoint_keys="hex:" + secrets.token_hex(32))
+    # .env.example's value is a placeholder for the user's module, not the demo's app
+    app = env_example["AGENTFLOW_APP"]
+    assert re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", app), app
+    assert not app.startswith("agentflow."), app
+    # and its comment says the value is required and how to try the demo's flow instead
+    text = (ROOT / ".env.example").read_text()
+    comment = text[: text.index("AGENTFLOW_APP=")].rsplit("\n\n", 1)[-1]
+    assert "Required, no default" in comment and "agentflow.demo.tickets:app" in comment
 
 
 def test_compose_references_only_variables_that_env_example_defines(compose, env_example):

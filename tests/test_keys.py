@@ -104,11 +104,23 @@ def test_short_and_malformed_keys_still_name_the_source_only() -> None:
 # ---- the workers' settings (config/): the production wiring ---------------------------------
 
 
+#: The app the settings below are given when a test is not about the app.
+APP = "my_company.agents:app"
+
+
+@pytest.fixture(autouse=True)
+def _no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # Settings read AGENTFLOW_* variables and a .env in the working folder: neither may leak in.
+    for name in ("AGENTFLOW_APP", "AGENTFLOW_CHECKPOINT_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
 def settings(**values: Any) -> Any:
     pytest.importorskip("pydantic_settings")
     from config import Settings
 
-    return Settings(**values)
+    return Settings(**{"app": APP, **values})
 
 
 @pytest.mark.parametrize("form", sorted(DEMO_FORMS))
@@ -138,9 +150,54 @@ def test_load_settings_refuses_the_demo_key_in_one_line(monkeypatch: pytest.Monk
     pytest.importorskip("pydantic_settings")
     from config import load_settings
 
+    monkeypatch.setenv("AGENTFLOW_APP", APP)
     monkeypatch.setenv("AGENTFLOW_CHECKPOINT_KEYS", DEMO_FORMS["hex"])
     with pytest.raises(SystemExit, match="agentflow settings: AGENTFLOW_CHECKPOINT_KEYS is the demo's public key"):
         load_settings()
+
+
+@pytest.mark.parametrize("app", [None, "", "  "])
+def test_the_workers_settings_have_no_default_app(app: str | None) -> None:
+    # Issue 15: AGENTFLOW_APP used to default to the demo's ticket flow in the production wiring
+    pytest.importorskip("pydantic_settings")
+    from pydantic import ValidationError
+
+    from config.settings import APP_NOT_SET, Settings
+
+    given: dict[str, Any] = {} if app is None else {"app": app}
+    with pytest.raises(ValidationError) as caught:
+        Settings(checkpoint_keys=GOOD_HEX, **given)
+    assert APP_NOT_SET in str(caught.value)
+    assert "agentflow.demo.tickets:app" in APP_NOT_SET  # the refusal says how to try the demo's flow
+
+
+def test_load_settings_without_an_app_says_what_to_set_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pydantic_settings")
+    from config import load_settings
+
+    monkeypatch.setenv("AGENTFLOW_CHECKPOINT_KEYS", GOOD_HEX)
+    with pytest.raises(SystemExit) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("agentflow settings: AGENTFLOW_APP is not set: set it to the FlowApp")
+    assert "package.module:attribute" in message and "\n" not in message
+    assert GOOD.hex()[-12:] not in message
+
+    # Given the app too, the same environment is accepted, and the app is the one named
+    monkeypatch.setenv("AGENTFLOW_APP", APP)
+    assert load_settings().app == APP
+
+
+def test_every_problem_of_the_settings_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pydantic_settings")
+    from config import load_settings
+
+    monkeypatch.setenv("AGENTFLOW_TIME_LIMIT_S", "3000")
+    with pytest.raises(SystemExit) as caught:
+        load_settings()
+    message = str(caught.value)
+    for says in ("AGENTFLOW_CHECKPOINT_KEYS is not set", "AGENTFLOW_APP is not set", "AGENTFLOW_VISIBILITY_TIMEOUT_S"):
+        assert says in message, says
 
 
 def test_the_settings_show_no_secret_in_repr_or_str() -> None:
