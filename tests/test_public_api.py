@@ -111,7 +111,8 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "Registry",
-        "RetryPolicy", "Tool", "advance_tool_loop", "current_call", "decide_in_doubt_tool_loop", "decide_tool_loop",
+        "RetryPolicy", "Tool", "advance_tool_loop", "cancel_tool_loop", "current_call", "decide_in_doubt_tool_loop",
+        "decide_tool_loop",
         "idempotency_key",
         "recover_tool_loop", "run_tool_loop",
     ],

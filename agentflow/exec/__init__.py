@@ -4,6 +4,7 @@ from agentflow.exec._context import CallInfo, current_call, idempotency_key
 from agentflow.exec._durable_loop import (
     LoopResult,
     advance_tool_loop,
+    cancel_tool_loop,
     decide_in_doubt_tool_loop,
     decide_tool_loop,
     recover_tool_loop,
@@ -23,6 +24,7 @@ __all__ = [
     "RetryPolicy",
     "Tool",
     "advance_tool_loop",
+    "cancel_tool_loop",
     "current_call",
     "decide_in_doubt_tool_loop",
     "decide_tool_loop",

@@ -40,6 +40,7 @@ from agentflow.models._protocol import Model
 __all__ = [
     "LoopResult",
     "advance_tool_loop",
+    "cancel_tool_loop",
     "decide_in_doubt_tool_loop",
     "read_tool_loop",
     "recover_tool_loop",
@@ -325,3 +326,25 @@ async def read_tool_loop(
     proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name)
     opened = await proto.open(run_id, None, identity=False)
     return proto.driver.result(opened.cur, RunStatus(opened.status))
+
+
+async def cancel_tool_loop(
+    run_id: str,
+    *,
+    reason: str,
+    checkpoints: CheckpointStore,
+    checkpoint_key: bytes | Sequence[bytes] | None = None,
+    operator: str | None = None,
+    name: str = "tool_loop",
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
+) -> LoopResult:
+    """End a tool loop that no live worker holds as ``cancelled`` (see `FlowRunner.cancel`).
+
+    Raises:
+        RunHeld: a live worker holds the loop.
+        CheckpointConflict: the loop already ended.
+        ValueError: `reason` is empty.
+    """
+    proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
+    return await proto.cancel(run_id, reason=reason, operator=operator)

@@ -36,7 +36,7 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
 from agentflow.exec._durable_read import CallState, read_head
-from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, untouched
+from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, pins_for, untouched
 from agentflow.exec._run_control import InDoubtDecision, awaiting_record, parked, settle
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_lease import holding
@@ -65,15 +65,46 @@ class RunProtocol(RunSteps[C, R]):
             return {"operator": name}
         return {"operator": self.ownership.owner} if self.ownership is not None else {}
 
-    async def begin(self, cur: C, limit: int | None) -> R:
+    async def begin(self, cur: C, limit: int | None, lineage: Mapping[str, Any] | None = None) -> R:
         """Save a new run's step 0 and drive it up to `limit` steps, holding its lease throughout.
 
         Raises:
             CheckpointConflict: the run id is taken (`RunHeld`: someone holds it).
         """
         async with self.hold(cur.run_id):
-            await self.start(cur)
+            await self.start(cur, lineage)
             return await self.driver.drive(self, cur, {}, limit=limit, recovering=False)
+
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None) -> R:
+        """End a run that no live worker holds as ``cancelled``: a signed claim naming `operator` and `reason`.
+
+        The claim opens a segment of its own, so a worker that lost the run is fenced (it
+        starts no call and saves nothing more), and ``cancelled`` is final: no store takes
+        another save of the run, and nothing recovers it. A paused run's pending calls are
+        dropped; calls in doubt stay in the log as they are.
+
+        Raises:
+            RunHeld: a live worker holds the run (cancelling a run in flight is not built yet).
+            CheckpointConflict: the run already ended.
+            CheckpointStoreCorrupt: a row fails its check.
+        """
+        if not reason.strip():
+            raise ValueError("say why the run is cancelled (the reason is signed into the run)")
+        async with self.hold(run_id):
+            opened = await self.open(run_id, None, identity=False)
+            if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+                raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to cancel")
+            _, counts = await self.read(opened)
+            cur = opened.cur
+            assert cur.step is not None
+            cur.pins = pins_for(counts, cur.step + 1)
+            cur.pending, cur.decisions = [], {}
+            who = self.operator(operator)
+            cur.error = f"cancelled by {who.get('operator', 'an operator')}: {reason}"
+            control = {**who, "reason": reason}
+            await self.save(cur, RunStatus.CANCELLED, segment=cur.step + 1, claim="cancel", control=control)
+            self.events.emit("run.cancelled", run_id, kind=self.driver.kind.value, step=cur.step, reason=reason, **who)
+            return self.driver.result(cur, RunStatus.CANCELLED)
 
     async def recover(
         self, run_id: str, *, rerun_in_doubt: bool, ctx: RunContext | None, operator: str | None = None

@@ -51,7 +51,7 @@ BODY_VERSION = 1
 MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 #: Why a run was claimed (signed into the claim checkpoint).
-CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked"})
+CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel"})
 
 Head = tuple[SealedCheckpoint, Mapping[int, int]]
 
@@ -105,8 +105,13 @@ class RunSteps(Generic[C, R]):
         recovered: dict[str, Any] | None = None,
         claim: str | None = None,
         control: Mapping[str, Any] | None = None,
+        lineage: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The checkpoint body for the cursor as it stands (`control`: a claim's control record)."""
+        """The checkpoint body for the cursor as it stands.
+
+        `control` is a claim's control record; `lineage` the run and step a forked run's
+        step 0 started from.
+        """
         body: dict[str, Any] = {
             "v": BODY_VERSION,
             "kind": self.driver.kind.value,
@@ -120,6 +125,8 @@ class RunSteps(Generic[C, R]):
         if claim is not None:
             body["claim"] = claim
             body.update(control or {})
+        if lineage is not None:
+            body["forked_from"] = dict(lineage)
         if self.ownership is not None:
             body["by"] = self.ownership.owner
         return body
@@ -135,6 +142,7 @@ class RunSteps(Generic[C, R]):
         recovered: dict[str, Any] | None = None,
         control: Mapping[str, Any] | None = None,
         records: Sequence[tuple[str, dict[str, Any]]] = (),
+        lineage: Mapping[str, Any] | None = None,
     ) -> None:
         """Save the run's next checkpoint (a compare-and-set on the step).
 
@@ -148,6 +156,7 @@ class RunSteps(Generic[C, R]):
             control: a claim's control record (``operator``, ``rerun``, ``awaiting``).
             records: ``(kind, body)`` records that open a new `segment`, stored with the
                 checkpoint in one atomic write (an operator's word on calls in doubt).
+            lineage: a forked run's source (signed into its step 0).
 
         Raises:
             CheckpointConflict: another worker saved this step first, or the run ended.
@@ -162,7 +171,7 @@ class RunSteps(Generic[C, R]):
         assert cur.journal is not None
         for kind, record in records:
             await cur.journal.hold_encoded(kind, canonical(record))
-        body = self.body(cur, recovered, claim, control)
+        body = self.body(cur, recovered, claim, control, lineage)
         payload = canonical(body)
         if len(payload) > self.max_bytes:
             raise CheckpointTooLarge(too_large(cur.run_id, step, body, len(payload), self.max_bytes))
@@ -182,13 +191,13 @@ class RunSteps(Generic[C, R]):
             unreplayed=list(unreplayed),
         )
 
-    async def start(self, cur: C) -> None:
-        """Save a new run's step 0 in segment 0.
+    async def start(self, cur: C, lineage: Mapping[str, Any] | None = None) -> None:
+        """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run).
 
         Raises:
             CheckpointConflict: the run id is taken.
         """
-        await self.save(cur, RunStatus.RUNNING, segment=0)
+        await self.save(cur, RunStatus.RUNNING, segment=0, lineage=lineage)
 
     async def claim(
         self,

@@ -22,8 +22,9 @@ from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow import _recover
+from agentflow.flow import _fork, _recover
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol
+from agentflow.flow._fork import Patch
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
 
@@ -33,6 +34,10 @@ S = TypeVar("S", bound=BaseModel)
 def new_run_id() -> str:
     """An unguessable run id (a run id is the only key a shared store has)."""
     return "run-" + secrets.token_urlsafe(16)
+
+
+#: `new_run_id` under a name that `fork`'s argument of that name does not hide.
+_fresh_run_id = new_run_id
 
 
 class FlowRunner:
@@ -275,6 +280,74 @@ class FlowRunner:
                 every run id of the store: use it on start-up or on a slow schedule.
         """
         return await _recover.recover_all(self, flow, rerun_in_doubt=rerun_in_doubt, sweep=sweep)
+
+    async def cancel(self, flow: Flow[S], run_id: str, *, reason: str, operator: str | None = None) -> RunResult[S]:
+        """End a run that no live worker holds: it becomes ``cancelled`` (final, never recovered).
+
+        A signed claim records `reason` and `operator`; a paused run's pending calls are
+        dropped, and a worker that lost the run is fenced. A run a live worker holds is
+        refused with `RunHeld` (cancelling a run in flight is not built yet: wait for it to
+        pause or end, or for its lease to lapse).
+
+        Raises:
+            RunHeld: a live worker holds the run.
+            CheckpointConflict: the run already ended.
+            ValueError: `reason` is empty.
+        """
+        result: RunResult[S] = await self.protocol(flow).cancel(run_id, reason=reason, operator=operator)
+        return result
+
+    async def fork(
+        self,
+        flow: Flow[S],
+        run_id: str,
+        *,
+        at_step: int,
+        new_run_id: str | None = None,
+        patch: Patch | None = None,
+        ctx: RunContext | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunResult[S]:
+        """Start a new run from checkpoint `at_step` of `run_id` (any status), its state patched.
+
+        The checkpoint is checked like any other; its state, with `patch` applied (a
+        mapping of fields, or a function that returns or changes a copy of the state), is
+        validated against the flow's state model, and the new run goes on from that
+        checkpoint's next superstep. Nothing of the old call log carries over: the new
+        run's calls are new calls, with new idempotency keys, so they all run. The source
+        run and step (and `operator`) are signed into the new run's step 0 as
+        ``forked_from``. The old run is not touched.
+
+        Args:
+            flow: the source run's flow (the graph must not have changed since).
+            run_id: the source run.
+            at_step: the checkpoint to start from.
+            new_run_id: the new run's id (unguessable by default).
+            patch: fields to change, or a function of the state.
+            ctx: who the new run acts for.
+            operator: who forked it.
+            max_supersteps: as for `run` (0: save step 0 only, and let a worker go on).
+
+        Raises:
+            CheckpointNotFound: the run has no checkpoint at that step.
+            CheckpointStoreCorrupt: that checkpoint fails its check.
+            FlowError: the flow changed since, or the patched state does not fit.
+            CheckpointConflict: `new_run_id` is taken.
+        """
+        rid = new_run_id if new_run_id is not None else _fresh_run_id()
+        result: RunResult[S] = await _fork.fork(
+            self.protocol(flow),
+            flow,
+            run_id,
+            at_step=at_step,
+            new_run_id=rid,
+            patch=patch,
+            ctx=ctx,
+            operator=operator,
+            limit=max_supersteps,
+        )
+        return result
 
     async def resume(
         self,
