@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from agentflow.cli._cmd_act import recover, resume
+from agentflow.cli._cmd_operate import cancel, decide, fork
 from agentflow.cli._cmd_runs import runs
 from agentflow.cli._cmd_serve import demo, viewer
 from agentflow.cli._cmd_verify import verify
@@ -13,7 +14,7 @@ from agentflow.cli._cmd_verify import verify
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="agentflow", prog_name="agentflow")
 def cli() -> None:
-    """Inspect, check, recover and resume durable agentflow runs.
+    """Inspect, check, recover, resume, decide, cancel and fork durable agentflow runs.
 
     Every command but demo takes --store URL (or $AGENTFLOW_STORE) and reads the checkpoint
     key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the demo's public
@@ -22,5 +23,5 @@ def cli() -> None:
     """
 
 
-for command in (runs, verify, recover, resume, viewer, demo):
+for command in (runs, verify, recover, resume, decide, cancel, fork, viewer, demo):
     cli.add_command(command)

@@ -1,0 +1,94 @@
+"""``agentflow decide``, ``agentflow cancel`` and ``agentflow fork``: an operator's actions on one run."""
+
+from __future__ import annotations
+
+import json
+
+import runs_kit
+from runs_kit import one_line_error
+
+from agentflow.exec._durable_read import read_log
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
+from agentflow.exec.checkpoints import SQLiteCheckpointStore
+
+APP = "runs_kit:app"
+
+
+def ship_call_id(db) -> str:
+    """The call id of ship-1's call in doubt (its ``ship``)."""
+
+    async def read() -> str:
+        async with SQLiteCheckpointStore(db) as store:
+            records = await read_log(store, Sealer(runs_kit.KEY), "ship-1")
+        (started,) = [r for r in records if r.kind == "started" and r.body.get("tool") == "ship"]
+        return str(started.body["call_id"])
+
+    return runs_kit.in_thread(read)
+
+
+def state(db, run_id: str) -> dict[str, object]:
+    """The run's state at its latest checkpoint, as the read model shows it."""
+
+    async def read() -> dict[str, object]:
+        async with SQLiteCheckpointStore(db) as store:
+            report = await read_run(store, Sealer(runs_kit.KEY), run_id)
+        assert not report.problems, report.problems
+        return dict(report.state)
+
+    return runs_kit.in_thread(read)
+
+
+def test_decide_happened_supplies_the_result_and_recover_finishes_without_shipping_again(agentflow, db):
+    # Given ship-1, whose worker died inside ship (not idempotent); the parcel went out
+    call_id = ship_call_id(db)
+    # When the operator says it happened, with its label, and recovers the run
+    word = f'{call_id}=happened:"shipped to Lisbon by hand"'
+    said = agentflow("decide", "ship-1", "--app", APP, "--call", word, "--as", "ops")
+    assert said.exit_code == 0, said.output
+    assert "decision stored at step" in said.stdout
+    recovered = agentflow("recover", "shipping", "--app", APP)
+    # Then the run finishes with the supplied result (ship never ran again: it would say "shipped to Lisbon")
+    assert recovered.exit_code == 0, recovered.output
+    assert "ship-1  done" in recovered.stdout
+    assert state(db, "ship-1")["label"] == "shipped to Lisbon by hand"
+    assert "ops" in agentflow("runs", "show", "ship-1").stdout
+
+
+def test_decide_refuses_a_result_of_the_wrong_type_and_a_malformed_word(agentflow, db):
+    call_id = ship_call_id(db)
+    wrong = agentflow("decide", "ship-1", "--app", APP, "--call", f"{call_id}=happened:42")
+    assert wrong.exit_code == 2 and "does not fit 'ship'" in one_line_error(wrong)
+    malformed = agentflow("decide", "ship-1", "--app", APP, "--call", f"{call_id}=maybe")
+    assert malformed.exit_code == 2 and "rerun, happened:JSON or not:REASON" in malformed.output
+    neither = agentflow("decide", "ship-1", "--app", APP)
+    assert neither.exit_code == 2 and "--rerun-all" in neither.output
+
+
+def test_cancel_ends_a_paused_run_and_names_the_operator(agentflow):
+    # When the operator cancels the paused refund-1
+    result = agentflow("cancel", "refund-1", "--app", APP, "--reason", "asked twice", "--as", "ops")
+    # Then it is cancelled, its refund never ran, and resume refuses it
+    assert result.exit_code == 0, result.output
+    assert "cancelled" in result.stdout
+    assert runs_kit.REFUNDS == []
+    again = agentflow("resume", "refund-1", "--app", APP, "--approve")
+    assert again.exit_code == 2 and "not paused (cancelled)" in one_line_error(again)
+
+
+def test_cancel_of_an_ended_run_is_refused(agentflow):
+    result = agentflow("cancel", "tamper-1", "--app", APP, "--reason", "x")
+    assert result.exit_code != 0
+
+
+def test_fork_starts_a_new_run_from_a_checkpoint_with_a_patched_state(agentflow, db):
+    # When the operator forks the paused refund-1 from its step 0 with another amount
+    result = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", '{"amount": 12}', "--new-id", "r-9")
+    # Then the new run is saved at step 0 for a worker (not run here), naming its source
+    assert result.exit_code == 0, result.output
+    assert "run r-9 forked from refund-1 at step 0: running at step 0" in result.stdout
+    assert state(db, "r-9")["amount"] == 12
+    bad = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", json.dumps(["no"]))
+    assert bad.exit_code == 2 and "JSON object" in bad.output
+    wrong = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", '{"amount": "lots"}')
+    assert wrong.exit_code == 2 and "does not fit" in one_line_error(wrong)
