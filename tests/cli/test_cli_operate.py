@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import runs_kit
 from runs_kit import one_line_error
@@ -15,7 +16,7 @@ from agentflow.exec.checkpoints import SQLiteCheckpointStore
 APP = "runs_kit:app"
 
 
-def ship_call_id(db) -> str:
+def ship_call_id(db: Path) -> str:
     """The call id of ship-1's call in doubt (its ``ship``)."""
 
     async def read() -> str:
@@ -27,7 +28,7 @@ def ship_call_id(db) -> str:
     return runs_kit.in_thread(read)
 
 
-def state(db, run_id: str) -> dict[str, object]:
+def state(db: Path, run_id: str) -> dict[str, object]:
     """The run's state at its latest checkpoint, as the read model shows it."""
 
     async def read() -> dict[str, object]:
