@@ -18,7 +18,7 @@ from agentflow._errors import CheckpointStoreCorrupt, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.celery._tasks import AgentflowTasks
-from agentflow.exec._durable_loop import LoopResult, read_tool_loop, start_tool_loop
+from agentflow.exec._durable_loop import LoopResult, cancel_tool_loop, read_tool_loop, start_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
@@ -179,6 +179,57 @@ class FlowClient:
         assert result.step is not None
         await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, result.step, "resume")
         return result.step
+
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> str:
+        """Cancel a run (or tool loop) that no live worker holds; return its status (``cancelled``).
+
+        The cancellation is a signed claim saved here (see `FlowRunner.cancel`); no message
+        is needed: the run is final, and any message still queued for it finds it ended.
+
+        Raises:
+            RunHeld: a live worker holds the run (cancelling a run in flight is not built yet).
+            CheckpointConflict: the run already ended.
+        """
+        assert self.runner.checkpoints is not None
+        row = await self.runner.checkpoints.latest(run_id)
+        self.sealer.open_checkpoint(row, run_id)  # the flow column is trusted once the row checks
+        if RunKind.of(row.flow) is RunKind.LOOP:
+            loop = await cancel_tool_loop(
+                run_id,
+                reason=reason,
+                checkpoints=self.runner.checkpoints,
+                checkpoint_key=self.tasks.worker.checkpoint_key,
+                operator=operator,
+                name=RunKind.name_of(row.flow),
+                owner=self.runner.ownership.owner,
+            )
+            return str(loop.status)
+        result = await self.runner.cancel(self.flow_app.flow(row.flow), run_id, reason=reason, operator=operator)
+        return str(result.status)
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        new_run_id: str | None = None,
+        patch: Mapping[str, Any] | None = None,
+        operator: str | None = None,
+    ) -> str:
+        """Start a new run from checkpoint `at_step` of `run_id`, its state patched; a worker runs it.
+
+        See `FlowRunner.fork`. Step 0 of the new run is saved here; the message carries ids only.
+        Returns the new run's id.
+        """
+        assert self.runner.checkpoints is not None
+        row = await self.runner.checkpoints.latest(run_id)
+        self.sealer.open_checkpoint(row, run_id)
+        flow = self.flow_app.flow(row.flow)
+        result = await self.runner.fork(
+            flow, run_id, at_step=at_step, new_run_id=new_run_id, patch=patch, operator=operator, max_supersteps=0
+        )
+        await asyncio.to_thread(self.tasks.send_superstep, flow.name, result.run_id, 0, "start")
+        return result.run_id
 
     async def start_loop(
         self, name: str, messages: Sequence[Message], *, run_id: str | None = None, ctx: RunContext | None = None

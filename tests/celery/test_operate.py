@@ -1,0 +1,67 @@
+"""Operator actions through the client on a real deployment: the operator's process decides, the workers run the tools.
+
+`FlowClient.decide_in_doubt` with `Happened`, `FlowClient.cancel` and `FlowClient.fork`:
+each stores a signed record in the client's process (it holds the key), and every tool
+call that follows runs on a worker.
+"""
+
+from __future__ import annotations
+
+import pytest
+from celery_kit import Deployment
+
+from agentflow import Happened
+from agentflow.exec._durable_read import read_log
+
+pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
+
+
+async def charge_call(deployment: Deployment, run_id: str) -> str:
+    worker = deployment.tasks.worker
+    records = await read_log(worker.store, worker.sealer, run_id)
+    (started,) = [r for r in records if r.kind == "started" and r.body.get("tool") == "charge_card"]
+    return str(started.body["call_id"])
+
+
+async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging_again(deployment: Deployment):
+    # Given a run parked on charge_card in doubt (its worker was killed right after the charge)
+    run_id = await deployment.parked_run()
+    call_id = await charge_call(deployment, run_id)
+    # When the operator, having found the charge at the bank, says it happened with its result
+    await deployment.client.decide_in_doubt(run_id, calls={call_id: Happened("charged 80 for parked")}, operator="zoe")
+    # Then a worker finishes the run, mailing once, and the card was charged once
+    done = await deployment.client.wait(run_id, timeout_s=60)
+    assert done.status == "done", done
+    assert deployment.effects()[("charge_card", run_id)] == 1
+    assert deployment.effects()[("email_tickets", run_id)] == 1
+    assert any(s.operator == "zoe" for s in done.segments)
+
+
+async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(deployment: Deployment):
+    # Given a finished run
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "Norma"})
+    assert (await deployment.client.wait(run_id, timeout_s=60)).status == "done"
+    before = deployment.effects()
+    # When the operator forks it from step 1 with another show
+    forked = await deployment.client.fork(run_id, at_step=1, patch={"show": "Carmen"}, operator="yan")
+    # Then a worker runs the new run's calls (new calls: charge and mail once more), and the old run is as it was
+    view = await deployment.client.wait(forked, timeout_s=60)
+    assert view.status == "done" and view.state.show == "Carmen"  # type: ignore[attr-defined]
+    after = deployment.effects()
+    assert after[("charge_card", forked)] == 1 and after[("email_tickets", forked)] == 1
+    assert {k: v for k, v in after.items() if k[1] == run_id} == {k: v for k, v in before.items() if k[1] == run_id}
+
+
+async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(deployment: Deployment):
+    # Given a run paused for approval of wire_money
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("fanout", {"show": "Lulu"})
+    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "paused"
+    before = deployment.effects()
+    # When the operator cancels it
+    assert await deployment.client.cancel(run_id, reason="fraud check", operator="xia") == "cancelled"
+    # Then it is final, and nothing more ran
+    view = await deployment.client.status(run_id)
+    assert view.status == "cancelled" and view.error == "cancelled by xia: fraud check"
+    assert deployment.effects() == before
