@@ -23,7 +23,7 @@ async def charge_call(deployment: Deployment, run_id: str) -> str:
     return str(started.body["call_id"])
 
 
-async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging_again(deployment: Deployment):
+async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging_again(deployment: Deployment) -> None:
     # Given a run parked on charge_card in doubt (its worker was killed right after the charge)
     run_id = await deployment.parked_run()
     call_id = await charge_call(deployment, run_id)
@@ -37,7 +37,7 @@ async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging
     assert any(s.operator == "zoe" for s in done.segments)
 
 
-async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(deployment: Deployment):
+async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(deployment: Deployment) -> None:
     # Given a finished run
     deployment.start_worker("w1")
     run_id = await deployment.client.start("tickets", {"show": "Norma"})
@@ -53,7 +53,7 @@ async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(deploy
     assert {k: v for k, v in after.items() if k[1] == run_id} == {k: v for k, v in before.items() if k[1] == run_id}
 
 
-async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(deployment: Deployment):
+async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(deployment: Deployment) -> None:
     # Given a run paused for approval of wire_money
     deployment.start_worker("w1")
     run_id = await deployment.client.start("fanout", {"show": "Lulu"})
