@@ -111,7 +111,7 @@ class AgentflowTasks:
             self.send_superstep(flow, run_id, step, "recover")
         for flow, run_id, step, ends in found.recheck:
             self.send_recheck(flow, run_id, step, ends)
-        return {"enqueued": [r for _, r, _ in found.recover], "rechecks": [r for _, r, _, _ in found.recheck]}
+        return found.as_result()
 
 
 def celery_config(

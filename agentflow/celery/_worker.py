@@ -15,7 +15,10 @@
 - `stranded`: under the recover_all lease, find the unfinished runs that nobody holds,
   that are running (not paused, not parked), whose latest checkpoint checks, and whose
   last save is older than `stale_after_s`; on a worker's start, also the runs held by
-  someone, with the time each lease ends, so each is looked at again right then.
+  someone, with the time each lease ends, so each is looked at again right then. A run
+  whose latest checkpoint fails its check, and a stranded run of a flow the app does not
+  know, are reported once (WARNING, an event, the task's result) and marked in the store
+  (`agentflow.exec._run_quarantine`); a run that checks again loses its marker.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_control import InDoubtDecision, parked
 from agentflow.exec._run_lease import Ownership, held_by, take
+from agentflow.exec._run_quarantine import Reporter
 from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
@@ -144,6 +148,19 @@ class Stranded:
     """``(flow, run_id, step)`` of each run nobody holds that should move and does not."""
     recheck: list[tuple[str, str, int, float]] = field(default_factory=list)
     """``(flow, run_id, step, lease end)`` of each run someone holds (found on a worker's start)."""
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each run whose latest checkpoint fails its check, reported this time (once)."""
+    unknown: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each stranded run of a flow the app does not know, reported this time (once)."""
+
+    def as_result(self) -> dict[str, Any]:
+        """The recover_all task's result: the run ids enqueued and rechecked, and (when any) reported now, by flow."""
+        result: dict[str, Any] = {
+            "enqueued": [r for _, r, _ in self.recover],
+            "rechecks": [r for _, r, _, _ in self.recheck],
+        }
+        reported = {"quarantined": self.quarantined, "unknown_flows": self.unknown}
+        return result | {key: {run_id: flow for flow, run_id in runs} for key, runs in reported.items() if runs}
 
 
 class Worker:
@@ -363,10 +380,13 @@ class Worker:
     async def _stranded(self, startup: bool) -> Stranded:
         found = Stranded()
         now = time.time()
+        reports = Reporter(self.store, self.sealer, self.runner.events, self.owner, log)
         columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
+        others: list[str] = []  # forgotten runs of flows the app does not know
         if self.settings.sweep_forgotten:
             for lost in await relist_forgotten(self.store, self.sealer, columns):
                 log.warning("run %s was missing from the store's listing index: %s", lost.run_id, lost.why)
+                others += [] if lost.relisted or lost.flow in columns else [lost.run_id]
         for name in columns:
             run_ids = list(await self.store.list_unfinished(name))
             held = await held_by(self.store, run_ids)
@@ -384,8 +404,11 @@ class Worker:
                 try:
                     body = self.sealer.open_checkpoint(row, run_id)
                 except CheckpointStoreCorrupt as exc:
-                    log.warning("run %s is not recovered: %s", run_id, exc, extra={"run_id": run_id})
+                    await reports.failed(row, str(exc))
                     continue
                 if not parked(body):
                     found.recover.append((name, run_id, row.step))
+        await reports.moving([run_id for _, run_id, _ in found.recover])
+        await reports.unknown_flows(columns, others, now - self.settings.stale_after_s)
+        found.quarantined, found.unknown = reports.quarantined, reports.unknown
         return found

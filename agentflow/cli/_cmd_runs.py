@@ -1,4 +1,9 @@
-"""``agentflow runs list`` and ``agentflow runs show``: what the store holds, checked row by row."""
+"""``agentflow runs list`` and ``agentflow runs show``: what the store holds, checked row by row.
+
+A run that fails its check never hides the others: ``runs list`` lists it, marked CORRUPT
+with the reason (for a run signed with another key, the key id its rows carry), and says
+on stderr how many failed; it exits non-zero for them only with ``--strict``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import click
 
 from agentflow._display import short, when
 from agentflow.cli import _errors
-from agentflow.cli._show import corrupt_text, run_text
+from agentflow.cli._keys import key_ids
+from agentflow.cli._show import check_summary, corrupt_text, other_keys_text, quarantine_text, run_text
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, table
-from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs
+from agentflow.exec._run_quarantine import QUARANTINED, marks
+from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs, signed_with_other_keys
 from agentflow.exec._run_view import CORRUPT, LIVE, STATUSES, RunReport
 
 
@@ -21,7 +28,11 @@ def runs() -> None:
 def list_row(report: RunReport) -> list[str]:
     """One line of the listing; a corrupt run shows its reason and nothing read from it (`table` escapes each cell)."""
     if report.corrupt:
-        return [report.run_id, "-", CORRUPT, "-", "-", "CORRUPT: " + short(report.problems[0], 100)]
+        if report.other_keys:
+            why = f"signed with key id {', '.join(report.other_keys)}, which the keys given do not hold"
+        else:
+            why = short(report.problems[0], 100)
+        return [report.run_id, "-", CORRUPT, "-", "-", "CORRUPT: " + why]
     marks = ", ".join(f"{LIVE} on {report.running_on}" if m == LIVE else m for m in report.marks)
     return [report.run_id, report.flow, report.status, str(report.step), when(report.saved_at), marks]
 
@@ -31,20 +42,29 @@ def list_row(report: RunReport) -> list[str]:
 @click.option("--flow", help="Only the runs of this flow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--limit", default=200, show_default=True, help="At most this many runs, newest first.")
-def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None, limit: int) -> None:
-    """List runs: id, flow, status, step, last update and marks (recovered, live, in doubt, paused, CORRUPT)."""
+@click.option("--strict", is_flag=True, help="Exit 1 when a run fails its check (by default: listed, marked, exit 0).")
+def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None, limit: int, strict: bool) -> None:
+    """List runs: id, flow, status, step, last update and marks (recovered, live, in doubt, paused, CORRUPT).
+
+    A run whose rows fail their check is listed too, marked CORRUPT with the reason, and a
+    line on stderr counts them; the exit code is 0 unless ``--strict`` is given.
+    """
     target = open_target(store_url, key_env)
     reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(max(limit, 0), ALL_RUNS)))
-    wrong = target.wrong_key(reports)
-    if wrong:
-        raise _errors.CliError(wrong)
     shown = [rep for rep in reports if rep.has_status(status)]
     if not shown:
         echo("no runs" + (" match" if flow or status else " in this store"))
+    else:
+        headers = ["run", "flow", "status", "step", "updated", "marks"]
+        echo(table(headers, [list_row(rep) for rep in shown], colour=2))
+        echo(f"{len(shown)} run(s)")
+    summary = check_summary(reports, key_env, key_ids(target.keys))
+    if summary is None:
         return
-    headers = ["run", "flow", "status", "step", "updated", "marks"]
-    echo(table(headers, [list_row(rep) for rep in shown], colour=2))
-    echo(f"{len(shown)} run(s)")
+    problem = _errors.ProblemsFound(f"{summary} (agentflow verify RUN_ID names every row that fails)")
+    if strict:
+        raise problem
+    problem.show()
 
 
 @runs.command("show")
@@ -53,11 +73,17 @@ def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None
 def show_run(store_url: str, key_env: str, run_id: str) -> None:
     """Show one run: checkpoints, segments, calls and their states, recoveries, approvals, state."""
     target = open_target(store_url, key_env)
-    report = target.run(lambda: read_run(target.store, target.sealer, run_id))
-    wrong = target.wrong_key([report])
-    if wrong:
-        raise _errors.CliError(wrong)
+
+    async def read() -> tuple[RunReport, dict[str, str]]:
+        report = await read_run(target.store, target.sealer, run_id)
+        held = await marks(target.store, [run_id] if report.corrupt else [], QUARANTINED)
+        return report, {rid: quarantine_text(rid, mark) for rid, mark in held.items()}
+
+    report, quarantined = target.run(read)
+    wrong = other_keys_text([report], key_env, key_ids(target.keys))
+    if wrong is not None and signed_with_other_keys([report]):
+        raise _errors.CliError(f"{wrong}: give the key the workers sign with")
     if report.corrupt:
-        echo(corrupt_text(report))
+        echo("\n".join([corrupt_text(report), *(f"\n{line}" for line in quarantined.values())]))
         raise _errors.ProblemsFound(f"run {run_id!r} has rows that fail their check")
     echo(run_text(report))

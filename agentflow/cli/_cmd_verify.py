@@ -6,8 +6,11 @@ import click
 
 from agentflow._display import printable
 from agentflow.cli import _errors
+from agentflow.cli._keys import key_ids
+from agentflow.cli._show import check_summary, quarantine_text
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, paint
+from agentflow.exec._run_quarantine import QUARANTINED, marks
 from agentflow.exec._run_read import read_all, read_run
 from agentflow.exec._run_view import RunReport
 
@@ -21,22 +24,31 @@ from agentflow.exec._run_view import RunReport
 def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> None:
     """Check each checkpoint and call record: signature, numbering, segments, record counts.
 
-    Exits 1 naming every run and row that fails, 0 with a count when all check.
+    Exits 1 naming every run and row that fails (and whether recover_all quarantined the
+    run), 0 with a count when all check.
     """
     if (run_id is None) == (not every):
         raise click.UsageError("give a RUN_ID or --all (not both)")
     target = open_target(store_url, key_env)
-    if run_id is not None:
-        reports: list[RunReport] = [target.run(lambda: read_run(target.store, target.sealer, run_id))]
-    else:
-        reports = target.run(lambda: read_all(target.store, target.sealer))
+
+    async def read() -> tuple[list[RunReport], list[str]]:
+        if run_id is not None:
+            reports = [await read_run(target.store, target.sealer, run_id)]
+        else:
+            reports = await read_all(target.store, target.sealer)
+        held = await marks(target.store, [rep.run_id for rep in reports if rep.corrupt], QUARANTINED)
+        return reports, [quarantine_text(rid, mark) for rid, mark in held.items()]
+
+    reports, quarantined = target.run(read)
     bad = [rep for rep in reports if rep.corrupt]
     for rep in bad:
         for problem in rep.problems:
             echo(f"{paint('CORRUPT')} {printable(rep.run_id)}: {printable(problem)}")
-    if bad:
-        hint = target.wrong_key(bad)
-        raise _errors.ProblemsFound(hint or f"{len(bad)} of {len(reports)} run(s) have rows that fail their check")
+    for line in quarantined:
+        echo(line)
+    summary = check_summary(reports, key_env, key_ids(target.keys))
+    if summary is not None:
+        raise _errors.ProblemsFound(summary)
     checkpoints = sum(len(rep.checkpoints) for rep in reports)
     records = sum(rep.records for rep in reports)
     echo(

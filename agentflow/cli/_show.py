@@ -8,11 +8,14 @@ as a control sequence. The state is JSON, whose strings escape their control cha
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from agentflow._display import printable, short, when
 from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
+from agentflow.exec._run_quarantine import since
 from agentflow.exec._run_view import RunReport
+from agentflow.exec.checkpoints._records import Lease
 
 
 def _heading(title: str) -> list[str]:
@@ -34,6 +37,45 @@ def corrupt_text(report: RunReport) -> str:
     rows = [[str(c.step), "CORRUPT" if c.problem else "checks"] for c in report.checkpoints]
     lines += _indent(table(["step", "check"], rows, colour=1))
     return "\n".join(lines)
+
+
+def other_keys_text(reports: Sequence[RunReport], key_env: str, ours: Sequence[str]) -> str | None:
+    """Which key ids the rows of `reports` name that the ring lacks, and which ones the ring holds (None: none).
+
+    The rows' key ids come from the rows (`RunReport.other_keys`); the ring's from the keys
+    given: never one named as the other.
+    """
+    other = [rep for rep in reports if rep.other_keys]
+    if not other:
+        return None
+    kids = ", ".join(sorted({kid for rep in other for kid in rep.other_keys}))
+    runs = f"run {other[0].run_id!r} is" if len(other) == 1 else f"{len(other)} runs are"
+    return (
+        f"{runs} signed with key id {kids}, which ${key_env} does not hold (${key_env} holds key id {', '.join(ours)})"
+    )
+
+
+def check_summary(reports: Sequence[RunReport], key_env: str, ours: Sequence[str]) -> str | None:
+    """One line on the runs that fail their check, those signed with another key named (None: all check)."""
+    bad = [rep for rep in reports if rep.corrupt]
+    if not bad:
+        return None
+    text = f"{len(bad)} of {len(reports)} run(s) have rows that fail their check"
+    other = other_keys_text(bad, key_env, ours)
+    if other is not None:
+        text += f"; {other}"
+        if all(rep.other_keys for rep in reports):
+            text += ": give the key the workers sign with"
+    return text
+
+
+def quarantine_text(run_id: str, mark: Lease) -> str:
+    """What a quarantine marker says: recover_all reported the run, and leaves it alone until it checks."""
+    return (
+        f"QUARANTINED {printable(run_id)}: recover_all reported it at {when(since(mark))} ({printable(mark.owner)}) "
+        "and neither enqueues it nor reports it again until its rows check (add the key that signed them to the "
+        f"workers' ring) or it is deleted; the marker lapses at {when(mark.expires_at)}"
+    )
 
 
 #: How each segment began, as `runs show` says it.

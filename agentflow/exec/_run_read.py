@@ -245,6 +245,11 @@ def _fill(
     report.records = len(records)
 
 
+def _unknown(row: SealedCheckpoint, problem: str) -> bool:
+    """Whether `problem` says that no key of the ring has the key id `row` names."""
+    return problem.startswith(f"checkpoint {row.step} ") and f"key id {row.kid!r}, {UNKNOWN_KEY}" in problem
+
+
 def _bare(row: SealedCheckpoint, problems: list[str]) -> v.CheckpointView:
     """A row of a corrupt run: its position and its own problem, none of its fields (they are unproven)."""
     own = next((p for p in problems if p.startswith(f"checkpoint {row.step} ")), None)
@@ -287,6 +292,7 @@ async def _read_rows(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.R
             break
     if report.problems:
         report.checkpoints = [_bare(row, report.problems) for row in rows]
+        report.other_keys = sorted({row.kid for row in rows if any(_unknown(row, p) for p in report.problems)})
         return report
     checked = [b for b in bodies if b is not None]
     try:
@@ -354,6 +360,7 @@ async def read_all(store: CheckpointStore, sealer: Sealer) -> list[v.RunReport]:
                 found.saved_at,
                 problems=[problem, *found.problems],
                 checkpoints=rows,
+                other_keys=found.other_keys,
             )  # fmt: skip
         )
     return reports
@@ -378,7 +385,8 @@ async def read_heads(
         try:
             sealer.open_checkpoint(row, row.run_id)
         except CheckpointStoreCorrupt as exc:
-            heads.append(RunHead(row.run_id, "", "", row.step, 0.0, -1, str(exc)))
+            other = row.kid if _unknown(row, str(exc)) else None
+            heads.append(RunHead(row.run_id, "", "", row.step, 0.0, -1, str(exc), other_key=other))
             continue
         lease = live.get(row.run_id)
         heads.append(RunHead(row.run_id, row.flow, row.status, row.step, row.saved_at, row.segment, lease=lease))

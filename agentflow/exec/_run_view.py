@@ -197,6 +197,9 @@ class RunReport:
     """The live lease on the run when it was read: a worker is running it (None: nobody holds it)."""
     awaiting: list[tuple[str, str]] = field(default_factory=list)
     """``(tool, why)`` of the calls in doubt a parked run waits for a decision about (its latest claim)."""
+    other_keys: list[str] = field(default_factory=list)
+    """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
+    rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""
 
     @property
     def name(self) -> str:
@@ -284,6 +287,9 @@ class RunHead:
     """Why the latest checkpoint failed its check."""
     lease: Lease | None = None
     """The live lease on the run when it was listed (a worker is running it), or None."""
+    other_key: str | None = None
+    """The key id the latest checkpoint names when no key of the ring holds it (`SealedCheckpoint.kid`):
+    the run was signed with another key."""
 
     @property
     def kind(self) -> RunKind:

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentflow._errors import CheckpointError, CheckpointNotFound
-from agentflow.exec._run_read import UNKNOWN_KEY, read_heads, read_run
+from agentflow.exec._durable_seal import key_id
+from agentflow.exec._run_read import read_heads, read_run
 from agentflow.exec._run_view import STATUSES, RunHead
 from agentflow.viewer._resume import action
 from agentflow.viewer._settings import Viewer, root_of
@@ -32,6 +33,22 @@ def _counts(heads: Sequence[RunHead]) -> list[tuple[str, int]]:
         seen.update(["claimed"] if head.claimed else [])
         seen.update(["live"] if head.lease is not None else [])
     return [(name, seen[name]) for name in COUNTED if seen[name]]
+
+
+def _other_keys(viewer: Viewer, heads: Sequence[RunHead], *, whole: bool) -> dict[str, object]:
+    """What the page says of runs signed with a key the viewer does not hold (their rows' key ids, and its own).
+
+    ``wrong_key`` (no run checks: the viewer was given the wrong key) only when every run the
+    store lists here fails so, and the page holds all of them (`whole`): a page of such runs
+    among pages of good ones gets the count of its runs instead.
+    """
+    other = [h for h in heads if h.other_key is not None]
+    return {
+        "wrong_key": whole and bool(heads) and len(other) == len(heads),
+        "other_count": len(other),
+        "other_keys": sorted({h.other_key for h in other if h.other_key is not None}),
+        "our_keys": [key_id(key) for key in viewer.settings.keys],
+    }
 
 
 def _page_number(text: str | None) -> int:
@@ -82,8 +99,8 @@ def list_page(viewer: Viewer) -> Endpoint:
             "statuses": STATUSES,
             "flow": flow,
             "status": status,
-            "wrong_key": bool(heads) and all(h.problem and UNKNOWN_KEY in h.problem for h in heads),
         }
+        context |= _other_keys(viewer, heads, whole=page == 1 and not more and flow is None)
         return viewer.page(request, "runs.html", context)
 
     return endpoint

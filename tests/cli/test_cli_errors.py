@@ -11,6 +11,8 @@ import pytest
 import runs_kit
 from runs_kit import one_line_error
 
+from agentflow.exec._durable_seal import key_id
+
 WRONG_KEY = "another-key-that-signed-nothing-here-0123"
 
 
@@ -29,17 +31,19 @@ def test_every_key_form_is_read(agentflow, key):
 
 
 def test_a_wrong_key_is_one_line_and_never_printed(agentflow):
-    result = agentflow("runs", "list", key=WRONG_KEY)
-    assert result.exit_code == 2
+    result = agentflow("runs", "list", "--strict", key=WRONG_KEY)
+    assert result.exit_code == 1
     line = one_line_error(result)
-    assert "signed with another key" in line and "AGENTFLOW_CHECKPOINT_KEYS" in line
+    assert "7 of 7 run(s) have rows that fail their check" in line and "AGENTFLOW_CHECKPOINT_KEYS" in line
     assert WRONG_KEY not in result.output and runs_kit.KEY.decode() not in result.output
 
 
-def test_a_wrong_key_on_show_names_the_variable(agentflow):
+def test_a_wrong_key_on_show_names_the_variable_and_each_key_id_for_what_it_is(agentflow):
     result = agentflow("runs", "show", "order-1", key=WRONG_KEY)
     assert result.exit_code == 2
-    assert "signed with another key" in one_line_error(result)
+    line = one_line_error(result)
+    assert f"run 'order-1' is signed with key id {key_id(runs_kit.KEY)}" in line
+    assert f"$AGENTFLOW_CHECKPOINT_KEYS holds key id {key_id(WRONG_KEY.encode())}" in line
 
 
 @pytest.mark.parametrize(

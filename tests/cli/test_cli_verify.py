@@ -65,7 +65,8 @@ def test_verify_needs_a_run_or_all(agentflow):
 def test_verify_with_the_wrong_key_says_so(agentflow):
     result = agentflow("verify", "order-1", key="hex:" + secrets.token_hex(32))
     assert result.exit_code == 1
-    assert "signed with another key" in one_line_error(result)
+    line = one_line_error(result)
+    assert "is signed with key id" in line and "give the key the workers sign with" in line
     assert runs_kit.KEY.hex() not in result.output
 
 

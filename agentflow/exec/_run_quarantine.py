@@ -1,0 +1,163 @@
+"""Runs recover_all reported once and leaves alone: a marker kept in the store's leases.
+
+`recover_all` (`agentflow.celery._worker.Worker.stranded`) finds two kinds of unfinished
+runs it cannot move: one whose latest checkpoint fails its check (``quarantined``: a
+changed row, or a run signed with a key the workers do not hold) and one whose flow the
+workers' app does not know (``unknown-flow``). Each is reported once (a WARNING and an
+event), then remembered with a marker so the next ticks, on whichever worker beat sends
+them to, neither report it again nor enqueue it.
+
+The marker is a lease on ``agentflow/<why>/<run_id>`` held for `MARK_TTL_S`:
+- every store shares leases between all workers and takes them atomically, so of two
+  workers that find the run at once exactly one reports it;
+- a lease lapses on its own: a marker left behind (the run deleted, or finished by
+  someone else) is gone after a week, and a run still stuck then is reported again;
+- the ``agentflow/`` prefix is the namespace of agentflow's own leases (``agentflow/recover_all``);
+  no run of an application should take an id under it.
+
+An operator releases a quarantined run by acting on it: once its rows check again (the
+signing key added to the workers' ring) `recover_all` recovers it and removes the marker;
+a deleted run is never listed again. `agentflow verify` shows the marker of a run it
+finds failing. `release` removes a marker by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow._events import Events
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_lease import held_by
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCheckpoint
+
+#: The latest checkpoint fails its check: the run is not recovered until it checks again.
+QUARANTINED: Final = "quarantined"
+#: The run's flow is not in the workers' app: no worker can move it.
+UNKNOWN_FLOW: Final = "unknown-flow"
+#: How long a marker lasts (then a run still stuck is reported again).
+MARK_TTL_S: Final = 7 * 24 * 3600.0
+#: How many of the store's newest runs `stranded_elsewhere` looks through.
+SCAN: Final = 1000
+
+
+def marker(run_id: str, why: str) -> str:
+    """The lease id that marks `run_id` as reported for `why`."""
+    return f"agentflow/{why}/{run_id}"
+
+
+def since(mark: Lease) -> float:
+    """When the marker was set (seconds since the epoch)."""
+    return mark.expires_at - MARK_TTL_S
+
+
+async def marks(store: CheckpointStore, run_ids: Sequence[str], why: str) -> Mapping[str, Lease]:
+    """The live markers of `why` among `run_ids`, by run id."""
+    if not run_ids:
+        return {}
+    by_marker = {marker(run_id, why): run_id for run_id in run_ids}
+    return {by_marker[key]: lease for key, lease in (await held_by(store, list(by_marker))).items()}
+
+
+async def mark(store: CheckpointStore, run_id: str, why: str, owner: str) -> bool:
+    """Set the run's marker unless one is live; return whether this call set it (then report the run)."""
+    token = secrets.token_hex(16)
+    return (await store.take_lease(marker(run_id, why), owner, token, MARK_TTL_S)).token == token
+
+
+async def release(store: CheckpointStore, run_id: str, why: str) -> bool:
+    """Remove the run's marker of `why`, if any; return whether one was removed."""
+    found = (await marks(store, [run_id], why)).get(run_id)
+    return found is not None and await store.release_lease(marker(run_id, why), found.token)
+
+
+async def unmark(store: CheckpointStore, run_ids: Sequence[str]) -> list[tuple[str, str]]:
+    """Remove every marker of `run_ids` (runs that move again); return ``(run_id, why)`` of each removed."""
+    removed = []
+    for why in (QUARANTINED, UNKNOWN_FLOW):
+        for run_id, lease in (await marks(store, run_ids, why)).items():
+            if await store.release_lease(lease.run_id, lease.token):
+                removed.append((run_id, why))
+    return removed
+
+
+async def stranded_elsewhere(
+    store: CheckpointStore, known: Collection[str], forgotten: Sequence[str], saved_before: float
+) -> list[SealedCheckpoint]:
+    """The latest rows (unchecked) of unfinished runs of flows not in `known`, saved before `saved_before`, unheld.
+
+    Looks through the store's `SCAN` newest runs (one listing) and the `forgotten` run ids
+    (runs the listing index lost, found by a sweep of the stored rows).
+    """
+    rows = [row for row in await store.list_runs(None, SCAN) if row.flow not in known]
+    for run_id in forgotten:
+        try:
+            rows.append(await store.latest(run_id))
+        except CheckpointNotFound:
+            continue  # deleted meanwhile
+    rows = [row for row in rows if row.status in UNFINISHED and row.saved_at <= saved_before]
+    held = await held_by(store, [row.run_id for row in rows])
+    return [row for row in rows if row.run_id not in held]  # a held run is moving (in another app)
+
+
+@dataclass
+class Reporter:
+    """What one recover_all reports, each run once: a WARNING on `log`, an event, and an entry here."""
+
+    store: CheckpointStore
+    sealer: Sealer
+    events: Events
+    owner: str
+    """Who sets the markers (the worker's lease name)."""
+    log: logging.Logger
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each run quarantined now."""
+    unknown: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each run of an unknown flow reported now."""
+
+    async def failed(self, row: SealedCheckpoint, why: str) -> None:
+        """Quarantine a run whose latest checkpoint `row` failed its check, unless it is already."""
+        if not await mark(self.store, row.run_id, QUARANTINED, self.owner):
+            self.log.debug("run %s stays quarantined: %s", row.run_id, why, extra={"run_id": row.run_id})
+            return
+        self.log.warning(
+            "run %s is not recovered: %s; it is quarantined (reported once, never enqueued) until its rows check "
+            "again (the key that signed them added to the workers' ring) or it is deleted; "
+            "`agentflow verify %s` shows it",
+            row.run_id,
+            why,
+            row.run_id,
+            extra={"run_id": row.run_id},
+        )
+        self.events.emit("run.quarantined", row.run_id, flow=row.flow, step=row.step, why=why)
+        self.quarantined.append((row.flow, row.run_id))
+
+    async def moving(self, run_ids: Sequence[str]) -> None:
+        """Remove the markers of runs recovered now (they check again, or their flow is known now)."""
+        for run_id, why in await unmark(self.store, run_ids):
+            self.log.info("run %s moves again: its %s marker is removed", run_id, why, extra={"run_id": run_id})
+
+    async def unknown_flows(self, known: Collection[str], forgotten: Sequence[str], saved_before: float) -> None:
+        """Report each stranded run of a flow not in `known` (`stranded_elsewhere`), once."""
+        for row in await stranded_elsewhere(self.store, known, forgotten, saved_before):
+            try:
+                self.sealer.open_checkpoint(row, row.run_id)
+            except CheckpointStoreCorrupt as exc:
+                await self.failed(row, str(exc))
+                continue
+            if not await mark(self.store, row.run_id, UNKNOWN_FLOW, self.owner):
+                continue
+            self.log.warning(
+                "run %s of flow %r is never recovered: the workers' app does not know that flow "
+                "(add the flow to the app, or end or delete the run)",
+                row.run_id,
+                row.flow,
+                extra={"run_id": row.run_id},
+            )
+            self.events.emit("run.unknown_flow", row.run_id, flow=row.flow, step=row.step)
+            self.unknown.append((row.flow, row.run_id))
