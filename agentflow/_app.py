@@ -93,7 +93,7 @@ def load_app(path: str) -> FlowApp:
     """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"--app {path!r}: write it as package.module:attribute, e.g. workers.flows:app")
+        raise ValueError(f"--app {path!r}: write it as package.module:attribute, e.g. my_company.agents:app")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

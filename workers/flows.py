@@ -1,7 +1,7 @@
 """The flows and tools these workers run.
 
-By default the demo's ticket flow. Point ``AGENTFLOW_APP`` at your own `FlowApp`
-(``package.module:attribute``): register your tools on a `Registry`, build your flows,
+``AGENTFLOW_APP`` names your own `FlowApp` (``package.module:attribute``; the demo sets
+``agentflow.demo.tickets:app``): register your tools on a `Registry`, build your flows,
 and bundle them with ``FlowApp(registry, [flow, ...])``.
 """
 
