@@ -3,6 +3,9 @@
 Tasks (messages carry ids only: flow name, run id, step; never state or secrets):
 - ``agentflow.start_run`` / ``agentflow.superstep`` ``(flow, run_id, step, cause)``: one
   superstep; enqueues the next one when the run goes on.
+- ``agentflow.recover_superstep`` (same arguments, same body): a superstep (or a loop stage)
+  sent to recover a run, with the cause ``recover``, ``recheck`` or ``rerun``; its own name
+  so that Flower lists recoveries apart.
 - ``agentflow.loop_stage`` ``(loop:<name>, run_id, step, cause)``: one stage of a tool loop
   (a model call, or one round of tools), then the next.
 - ``agentflow.resume`` ``(flow, run_id, step)``: spend the decision stored at `step` of a
@@ -20,6 +23,16 @@ recheck that finds it held again at the same step sends the next one (the holder
 it is alive, or the countdown ran ahead of the store's clock), and one that finds the run
 moved on sends none. So a run whose worker was killed moves again within one lease.
 
+How a superstep task ends tells what became of its run (Flower shows the state; see
+`AgentflowTasks.end_task`): ``SUCCESS`` when the run goes on or finished; ``FAILURE`` (a
+`RunFailed` with the run's error) when it ended failed; ``PAUSED`` when it waits for an
+approval; ``NEEDS_DECISION`` when calls in doubt wait for an operator; ``RECOVERED`` when the
+superstep recovered the run (it was not a clean handoff) and the run goes on or finished.
+The custom states are stored with the task's result as their meta and end the task with
+`celery.exceptions.Ignore`, which acknowledges the message: none of them is retried or
+redelivered, and neither is a ``FAILURE`` (the tasks acknowledge on failure and retry nothing
+on an exception).
+
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
 process dies, time limits, JSON), because the user's app defaults may differ. `celery_config`
 gives the app-wide configuration to go with them (the runnable ``workers`` app and the demo
@@ -36,9 +49,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_ready
 
 from agentflow._app import FlowApp
+from agentflow._errors import RunFailed
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._worker import Outcome, Worker, WorkerSettings
@@ -48,6 +63,12 @@ log = logging.getLogger("agentflow.celery")
 
 #: Causes a superstep message can carry. ``next`` is the normal handoff between supersteps.
 CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume")
+#: Causes of a superstep sent to recover a run (its holder may be gone, or an operator decided on
+#: its calls in doubt): sent as ``agentflow.recover_superstep``.
+RECOVERY_CAUSES = ("recover", "recheck", "rerun")
+
+#: The final task states Flower shows for a superstep whose run did not simply go on or finish.
+PAUSED, NEEDS_DECISION, RECOVERED = "PAUSED", "NEEDS_DECISION", "RECOVERED"
 
 
 @dataclass
@@ -56,6 +77,7 @@ class AgentflowTasks:
 
     start_run: Task
     superstep: Task
+    recover_superstep: Task
     resume: Task
     recover_all: Task
     loop_stage: Task
@@ -70,6 +92,8 @@ class AgentflowTasks:
         task = self.start_run if cause == "start" else self.superstep
         if RunKind.of(flow) is RunKind.LOOP:
             task = self.loop_stage
+        if cause in RECOVERY_CAUSES:
+            task = self.recover_superstep
         task.apply_async(
             args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue, countdown=countdown
         )
@@ -86,8 +110,7 @@ class AgentflowTasks:
         if cause not in CAUSES:
             return worker.refuse(flow, run_id, step, str(cause), f"unknown cause {cause!r}")
         worker.node = task.request.hostname or worker.node
-        redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
-        handoff = cause in ("next", "start", "resume") and not redelivered
+        handoff = self.handoff(task, cause)
         if not handoff:
             # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
             task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
@@ -101,6 +124,60 @@ class AgentflowTasks:
         if outcome.next_step is not None:
             self.send_superstep(flow, run_id, outcome.next_step, "next")
         return outcome
+
+    @staticmethod
+    def handoff(task: Task, cause: str) -> bool:
+        """Whether the message is a clean handoff: a start, a next or a resume, delivered for the first time."""
+        redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
+        return cause in ("next", "start", "resume") and not redelivered
+
+    @staticmethod
+    def final_state(outcome: Outcome, recovering: bool) -> str:
+        """The Celery state a superstep task ends in, from its outcome.
+
+        ``FAILURE`` when the run ended failed; ``NEEDS_DECISION`` when calls in doubt wait for
+        an operator; ``PAUSED`` when the run waits for an approval; ``RECOVERED`` when a
+        superstep that was not a clean handoff (`recovering`) ran and the run goes on or
+        finished; ``SUCCESS`` otherwise (a handoff that ran, or a superstep that was skipped,
+        refused or in conflict: its result says so).
+        """
+        if outcome.done == "decision":
+            return NEEDS_DECISION
+        if outcome.done != "ran":
+            return "SUCCESS"
+        if outcome.status == "failed":
+            return "FAILURE"
+        if outcome.status == "paused":
+            return PAUSED
+        return RECOVERED if recovering and outcome.status in ("running", "done") else "SUCCESS"
+
+    def end_task(self, task: Task, outcome: Outcome, cause: str, runtime_s: float | None = None) -> dict[str, Any]:
+        """End a superstep task in the state that tells what became of its run (see `final_state`).
+
+        Called once the superstep is done and what follows from it sent (the next message, a
+        recheck, the events). Returns the result of a task that ends ``SUCCESS``. Otherwise
+        raises: `RunFailed` with the run's error (Celery records ``FAILURE``; the tasks
+        acknowledge a failure and retry nothing on an exception), or, for a custom state,
+        stores the state with the result as its meta, sends the event that shows it in
+        Flower (``task-paused``, ``task-needs_decision``, ``task-recovered``, with the result),
+        and raises `Ignore`, which acknowledges the message and sends nothing after it.
+        `runtime_s` (how long the task ran) goes with that event, as Celery's own
+        ``task-succeeded`` carries it, so Flower's Runtime column is filled in.
+        """
+        result = outcome.as_dict()
+        recovering = not self.handoff(task, cause) or outcome.cut_off(cause)
+        state = self.final_state(outcome, recovering)
+        if state == "SUCCESS":
+            return result
+        if state == "FAILURE":
+            raise RunFailed(outcome.run_id, outcome.why or "the run ended failed (no error was recorded)")
+        task.update_state(state=state, meta=result)
+        # Celery's event state (and so Flower) shows a custom task-<x> event as the state <X>.
+        event: dict[str, Any] = {"result": repr(result), "run_id": outcome.run_id}
+        if runtime_s is not None:
+            event["runtime"] = runtime_s
+        task.send_event(f"task-{state.lower()}", **event)
+        raise Ignore()
 
     def run_recover_all(self, startup: bool) -> dict[str, Any]:
         """The body of the recover_all task: enqueue what `Worker.stranded` found."""
@@ -182,6 +259,8 @@ def _task_options(settings: WorkerSettings) -> dict[str, Any]:
         "max_retries": settings.max_retries,
         "default_retry_delay": 2,
         "serializer": "json",
+        # A run that ended failed is an outcome, not a crash: logged at INFO, no traceback.
+        "throws": (RunFailed,),
     }
 
 
@@ -213,19 +292,24 @@ def register_tasks(
     handles: dict[str, Task] = {}
 
     def superstep(task: Task, flow: str, run_id: str, step: int, cause: str = "next") -> dict[str, Any]:
-        return tasks.run_superstep(task, flow, run_id, step, cause).as_dict()
+        began = time.monotonic()
+        outcome = tasks.run_superstep(task, flow, run_id, step, cause)
+        return tasks.end_task(task, outcome, cause, time.monotonic() - began)
 
     def resume(task: Task, flow: str, run_id: str, step: Any = None, *extra: Any) -> dict[str, Any]:
         if extra or type(step) is not int:
             why = "agentflow.resume takes (flow, run_id, step) and spends a signed decision; it decides nothing"
             return worker.refuse(flow, run_id, -1, "resume", why).as_dict()
-        return tasks.run_superstep(task, flow, run_id, step, "resume").as_dict()
+        began = time.monotonic()
+        outcome = tasks.run_superstep(task, flow, run_id, step, "resume")
+        return tasks.end_task(task, outcome, "resume", time.monotonic() - began)
 
     def recover_all(task: Task, startup: bool = False) -> dict[str, Any]:
         return tasks.run_recover_all(startup is True)
 
     handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)
     handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
+    handles["recover_superstep"] = app.task(name="agentflow.recover_superstep", **options)(superstep)
     handles["resume"] = app.task(name="agentflow.resume", **options)(resume)
     handles["loop_stage"] = app.task(name="agentflow.loop_stage", **options)(superstep)
     handles["recover_all"] = app.task(name="agentflow.recover_all", **{**options, "acks_late": False})(recover_all)

@@ -8,6 +8,7 @@ own key prefix and queue.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import signal
@@ -73,6 +74,23 @@ class Deployment:
 
     def set_delay(self, low: float, high: float) -> None:
         self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
+
+    def break_tools(self) -> None:
+        """Make the ticket tools of the workers started from now on raise ValueError before their effect.
+
+        They read their delay from ``AGENTFLOW_TEST_DELAY`` on each call, and ``broken`` is no
+        number: hold_seats, charge_card and the others raise, so a run that calls one fails.
+        """
+        self.env["AGENTFLOW_TEST_DELAY"] = "broken,broken"
+
+    def unacked(self) -> set[str]:
+        """The ids of the tasks whose messages a worker took and has not acknowledged (nor rejected) yet."""
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            held = client.hvals(f"{self.prefix}:celery:unacked")
+        finally:
+            client.close()
+        return {json.loads(raw)[0]["headers"]["id"] for raw in held}
 
     def set_lease(self, lease_s: float) -> None:
         """Give the workers started from now on leases of `lease_s` (the kit's are 2 s)."""
