@@ -297,6 +297,7 @@ def register_tasks(
         return tasks.end_task(task, outcome, cause, time.monotonic() - began)
 
     def resume(task: Task, flow: str, run_id: str, step: Any = None, *extra: Any) -> dict[str, Any]:
+        worker.node = task.request.hostname or worker.node
         if extra or type(step) is not int:
             why = "agentflow.resume takes (flow, run_id, step) and spends a signed decision; it decides nothing"
             return worker.refuse(flow, run_id, -1, "resume", why).as_dict()
@@ -305,6 +306,7 @@ def register_tasks(
         return tasks.end_task(task, outcome, "resume", time.monotonic() - began)
 
     def recover_all(task: Task, startup: bool = False) -> dict[str, Any]:
+        worker.node = task.request.hostname or worker.node  # before the runner exists: leases name this worker
         return tasks.run_recover_all(startup is True)
 
     handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)

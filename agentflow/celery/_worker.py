@@ -45,6 +45,7 @@ from agentflow._errors import (
 )
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
+from agentflow.celery._rechecks import first_to_watch
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
@@ -330,12 +331,18 @@ class Worker:
             outcome = await self._advance(flow_name, run_id, step, cause, advance)
             if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
                 outcome.held_until = None  # the run moved on since: its new holder's messages look after it
+            if outcome.held_until is not None and not await self._watch(run_id, outcome.held_until):
+                outcome.held_until = None  # another worker's recheck is due for this lease already
             return outcome
         finally:
             if head is not None and not head.done():
                 head.cancel()
             elif head is not None and not head.cancelled():
                 head.exception()  # retrieved, so an unused failure is not reported as lost
+
+    async def _watch(self, run_id: str, lease_ends: float) -> bool:
+        """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
+        return await first_to_watch(self.store, run_id, self.owner, lease_ends)
 
     async def _still_at(self, run_id: str, step: int) -> bool:
         """Whether the run's latest checkpoint is still `step` (a held run a recheck should look at again)."""
@@ -396,7 +403,7 @@ class Worker:
                 except CheckpointNotFound:
                     continue  # deleted meanwhile
                 if run_id in held:
-                    if startup:
+                    if startup and await self._watch(run_id, held[run_id].expires_at):
                         found.recheck.append((name, run_id, row.step, held[run_id].expires_at))
                     continue
                 if row.status != "running" or now - row.saved_at < self.settings.stale_after_s:

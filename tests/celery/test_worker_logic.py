@@ -20,12 +20,13 @@ from pydantic import BaseModel
 from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
 from agentflow._events import Event
 from agentflow.celery import WorkerSettings, register_tasks
+from agentflow.celery._rechecks import RECHECK
 from agentflow.celery._worker import RECOVER_ALL_LEASE, Outcome, Worker
 from agentflow.exec._durable_loop import start_tool_loop
 from agentflow.exec._durable_seal import key_id
 from agentflow.exec._run_control import control_of
 from agentflow.exec._run_lease import Ownership, take
-from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marks
+from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marker, marks
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.models import Message, ScriptedModel
 
@@ -348,9 +349,27 @@ async def test_a_superstep_task_finding_the_run_held_sends_one_recheck_due_just_
     due = lease.expires_at - time.time() + s.worker.settings.recheck_margin_s
     assert countdown == pytest.approx(due, abs=1.0)
 
-    # And a recheck that finds the run still held at that step sends the next one (the holder
-    # renewed: it is alive, and stays watched as long as the step lasts)
+    # And a second message that finds it held meanwhile sends none: one recheck is due for that lease
+    duplicate = await s.task("mail", "r1", step, "next")
+    assert duplicate.done == "skipped" and len(s.sent) == 1
+
+
+async def test_a_recheck_that_finds_the_run_still_held_at_its_step_sends_the_next_one(s):
+    step = await s.start("mail", "r1")
+    # Given a run held by a live worker whose lease is short, and a recheck already sent for it
+    short = Ownership("rival@elsewhere:7", lease_s=0.6)
+    lease = await take(s.store, "r1", short)
+    assert (await s.task("mail", "r1", step, "next")).done == "skipped" and len(s.sent) == 1
+    # When that lease ends, the holder renews it (it is alive), and the recheck comes due
+    mark = marker("r1", RECHECK)
+    deadline = time.monotonic() + 5
+    while await s.store.leases([mark]):
+        assert time.monotonic() < deadline, "the recheck marker did not lapse with the lease"
+        await asyncio.sleep(0.05)
+    renewed = await s.store.take_lease("r1", short.owner, lease.token, 30.0)  # the live holder, just in time
+    assert renewed.token == lease.token
     again = await s.task("mail", "r1", step, "recheck")
+    # Then the recheck finds it held at the same step and sends the next one: the run stays watched
     assert again.done == "skipped" and [cause for *_, cause, _ in s.sent] == ["recheck", "recheck"]
 
 
