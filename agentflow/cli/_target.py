@@ -6,7 +6,7 @@ store's URL with the password redacted and the keys' public ids, never a key.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -17,8 +17,6 @@ from agentflow.cli import _errors
 from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV, KeyProblem, key_ids, read_keys
 from agentflow.cli._stores import StoreURLError, open_store
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import signed_with_other_keys
-from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 T = TypeVar("T")
@@ -62,16 +60,6 @@ class Target:
                 await self.store.aclose()
 
         return _errors.run(closing, self.key_env)
-
-    def wrong_key(self, reports: Sequence[RunReport]) -> str | None:
-        """A message if every row that failed did so only because no key of ours signed it."""
-        if not signed_with_other_keys(reports):
-            return None
-        ours = ", ".join(key_ids(self.keys))
-        return (
-            f"the runs are signed with another key than the one in ${self.key_env} (its key id: {ours}); "
-            "give the key the workers sign with"
-        )
 
 
 def _demo_key_allowed() -> bool:
