@@ -91,21 +91,24 @@ class CheckpointTooLarge(CheckpointError, ValueError):
 class RecoveryNeedsDecision(AgentflowError):
     """Raised when a call is in doubt and its tool is not idempotent.
 
-    ``calls`` lists ``(tool, why)`` pairs: check each at its system, then recover with
-    ``rerun_in_doubt=True`` or fix the state by hand.
+    ``calls`` lists ``(tool, why)`` pairs and ``call_ids`` their call ids: check each at its
+    system, then say what happened with ``decide_in_doubt`` (or recover with
+    ``rerun_in_doubt=True``).
     """
 
-    def __init__(self, run_id: str, calls: Sequence[Sequence[str]]) -> None:
+    def __init__(self, run_id: str, calls: Sequence[Sequence[str]], call_ids: Sequence[str] = ()) -> None:
         pairs = [(str(tool), str(why)) for tool, why in calls]
-        super().__init__(run_id, [list(p) for p in pairs])
+        super().__init__(run_id, [list(p) for p in pairs], [str(c) for c in call_ids])
         self.run_id = run_id
         self.calls: list[tuple[str, str]] = pairs
+        #: The ids of the calls in doubt, in the order of `calls` (what `decide_in_doubt` takes).
+        self.call_ids: list[str] = [str(c) for c in call_ids]
 
     def __str__(self) -> str:
         listed = "; ".join(f"{tool}: {why}" for tool, why in self.calls)
         return (
             f"run {self.run_id!r} has calls in doubt ({listed}); check them at their system, "
-            "then recover with rerun_in_doubt=True"
+            "then say what happened with decide_in_doubt, or recover with rerun_in_doubt=True"
         )
 
 

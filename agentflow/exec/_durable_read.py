@@ -169,7 +169,7 @@ def calls_in_doubt(
     doubtful = [s for s in states.values() if s.in_doubt]
     blocked = [s for s in doubtful if not allowed(s) and not _idempotent(registry, s.tool)]
     if blocked:
-        raise RecoveryNeedsDecision(run_id, [(s.tool, _why(s)) for s in blocked])
+        raise RecoveryNeedsDecision(run_id, [(s.tool, _why(s)) for s in blocked], [s.call_id for s in blocked])
     return [s.call_id for s in doubtful]
 
 

@@ -157,8 +157,9 @@ def settle(
         The call ids granted a rerun, and the ``(kind, body)`` records to store.
 
     Raises:
-        ValueError: `choices` names a call that is not in doubt, leaves one undecided, or
-            supplies a result that does not fit the tool's return type.
+        ValueError: `choices` names a call that is not in doubt, leaves one of a
+            non-idempotent tool undecided (an idempotent one left out reruns), or supplies a
+            result that does not fit the tool's return type.
     """
     ids = [s.call_id for s in doubtful]
     if choices is None:
@@ -166,14 +167,15 @@ def settle(
     unknown = sorted(set(choices) - set(ids))
     if unknown:
         raise ValueError(f"run {run_id!r} has no call in doubt {unknown}; in doubt: {ids}")
-    missing = [cid for cid in ids if cid not in choices]
+    # An idempotent tool left out reruns, as it would without any decision.
+    missing = [s.call_id for s in doubtful if s.call_id not in choices and not _idempotent(registry, s.tool)]
     if missing:
         raise ValueError(f"run {run_id!r}: decide every call in doubt; missing {missing}")
     rerun: list[str] = []
     records: list[tuple[str, dict[str, Any]]] = []
     supplied = {"operator": operator}
     for state in doubtful:
-        choice = choices[state.call_id]
+        choice = choices.get(state.call_id, Rerun())
         base = {"call_id": state.call_id, "superstep": state.superstep, "supplied": supplied}
         if isinstance(choice, Rerun):
             rerun.append(state.call_id)
@@ -187,6 +189,10 @@ def settle(
         else:
             raise TypeError(f"decide each call with Rerun(), Happened(result) or DidNotHappen(reason), not {choice!r}")
     return rerun, records
+
+
+def _idempotent(registry: Registry, tool: str) -> bool:
+    return tool in registry and registry.get(tool).idempotent
 
 
 def _checked_result(registry: Registry, state: CallState, value: Any) -> Any:

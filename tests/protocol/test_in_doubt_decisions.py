@@ -15,6 +15,8 @@ from _kit.workers import Workers, faulty
 
 from agentflow import DidNotHappen, Happened, Rerun
 from agentflow.exec import decide_in_doubt_tool_loop, recover_tool_loop, run_tool_loop
+from agentflow.exec._durable_read import CallState
+from agentflow.exec._run_control import settle
 from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -128,3 +130,20 @@ async def test_a_tool_loops_call_in_doubt_can_be_supplied_too(store_setup):
     assert result.status == "done"
     assert [m.content for m in result.messages if m.role == "tool"] == ["mailed Tosca"]
     assert tickets.ledger.counts()["email_tickets"] == 1
+
+
+def test_a_call_in_doubt_of_an_idempotent_tool_left_out_of_the_decision_reruns():
+    # Given two calls in doubt in one superstep: hold_seats (idempotent) and charge_card (not)
+    tickets = make_tickets()
+    hold = CallState("0/a/0/x", "hold_seats", "a", {}, "started", superstep=0)
+    charge = CallState("0/b/0/y", "charge_card", "b", {}, "started", superstep=0)
+    # When the operator decides only on the charge (it happened)
+    rerun, records = settle("r", [hold, charge], {charge.call_id: Happened("charged 80")}, tickets.registry, "gil")
+    # Then the idempotent call reruns, and the charge is supplied
+    assert rerun == [hold.call_id]
+    assert records == [
+        ("done", {"call_id": charge.call_id, "superstep": 0, "supplied": {"operator": "gil"}, "result": "charged 80"})
+    ]
+    # And leaving out the non-idempotent one is refused
+    with pytest.raises(ValueError, match="decide every call in doubt"):
+        settle("r", [hold, charge], {hold.call_id: Rerun()}, tickets.registry, "gil")
