@@ -57,8 +57,8 @@ def make_bare_app(settings: Any) -> Any:
     import redis
     from celery import Celery
 
+    from agentflow.celery._settings import WorkerSettings
     from agentflow.celery._tasks import _task_options
-    from agentflow.celery._worker import WorkerSettings
 
     bare = Celery("bench-bare")
     bare.conf.update(settings.celery())

@@ -56,7 +56,8 @@ from agentflow._app import FlowApp
 from agentflow._errors import RunFailed
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
-from agentflow.celery._worker import Outcome, Worker, WorkerSettings
+from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._worker import Outcome, Worker
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 log = logging.getLogger("agentflow.celery")

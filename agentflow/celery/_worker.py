@@ -46,6 +46,7 @@ from agentflow._errors import (
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.celery._rechecks import first_to_watch
+from agentflow.celery._settings import WorkerSettings
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
@@ -58,45 +59,6 @@ from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    """How distributed runs are paced and guarded."""
-
-    lease_s: float = 30.0
-    """A run's lease lapses this long after its worker stopped renewing it."""
-    stale_after_s: float = 10.0
-    """recover_all leaves runs saved more recently than this alone (a handoff in flight)."""
-    recover_lock_s: float = 60.0
-    """How long one recover_all may hold the lock (a dead holder blocks recovery this long)."""
-    recover_interval_s: float | None = 60.0
-    """Beat period of recover_all (None: no beat entry)."""
-    time_limit_s: int = 900
-    """Hard time limit of one superstep task."""
-    soft_time_limit_s: int = 840
-    """Soft time limit of one superstep task."""
-    queue: str = "agentflow"
-    """Queue of the superstep tasks."""
-    max_retries: int = 3
-    """Retries of a task whose pool process died."""
-    recheck_margin_s: float = 1.0
-    """A run found held is looked at again this long after its lease was due to end."""
-    sweep_forgotten: bool = False
-    """recover_all also scans the stored rows for runs the listing index forgot, and lists them again.
-
-    The index is unsigned: someone who can write to the store can delete a run's entry and
-    strand it silently. The scan reads every run id of the store (a Redis SCAN, a SQL
-    ``SELECT DISTINCT``), so turn it on where that is cheap enough at the beat's interval.
-    """
-
-    def __post_init__(self) -> None:
-        if self.soft_time_limit_s >= self.time_limit_s:
-            raise ValueError("soft_time_limit_s must be below time_limit_s")
-        if self.lease_s <= 0 or self.recheck_margin_s < 0:
-            raise ValueError("lease_s must be positive and recheck_margin_s not negative")
-        if self.lease_s >= self.time_limit_s:
-            raise ValueError("lease_s must be below time_limit_s (the lease is renewed while a superstep runs)")
 
 
 @dataclass
