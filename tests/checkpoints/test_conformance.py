@@ -68,6 +68,7 @@ async def test_validate_fails_a_store_without_compare_and_set() -> None:
         "check_second_step_zero_conflicts",
         "check_save_is_exactly_latest_plus_one",
         "check_ended_run_takes_no_save",
+        "check_failed_run_takes_only_the_next_step",
         "check_run_never_changes_flow",
         "check_concurrent_first_saves",
         "check_concurrent_next_saves",

@@ -119,11 +119,11 @@ async def test_save_must_be_exactly_one_past_latest(store):
 
 
 async def test_save_after_the_run_ended_conflicts(store):
-    # Given a run that ended at step 1
+    # Given a run that ended for good at step 1 (done; a failed run takes a retry's claim)
     await store.save("r1", 0, cp("r1", 0))
-    await store.save("r1", 1, cp("r1", 1, status="failed"))
+    await store.save("r1", 1, cp("r1", 1, status="done"))
     # When anyone saves step 2, Then it conflicts naming the end
-    with pytest.raises(CheckpointConflict, match=r"run 'r1' ended \(failed\) at step 1"):
+    with pytest.raises(CheckpointConflict, match=r"run 'r1' ended \(done\) at step 1"):
         await store.save("r1", 2, cp("r1", 2))
 
 

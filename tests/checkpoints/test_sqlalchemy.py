@@ -132,7 +132,7 @@ async def test_each_save_is_exactly_one_past_the_latest(store: SQLAlchemyCheckpo
     assert (await store.latest("r")).step == 1
 
 
-@pytest.mark.parametrize("ended", ["done", "failed"])
+@pytest.mark.parametrize("ended", ["done", "cancelled"])
 async def test_an_ended_run_takes_no_more_saves(store: SQLAlchemyCheckpointStore, ended: str) -> None:
     # Given a run that ended at step 1
     await save_steps(store, "r", "running", ended)

@@ -159,7 +159,7 @@ async def test_each_save_is_exactly_one_past_the_latest(sqlite_store: SQLiteChec
         await sqlite_store.save("r", 1, checkpoint("r", 1))
 
 
-@pytest.mark.parametrize("end", ["done", "failed"])
+@pytest.mark.parametrize("end", ["done", "cancelled"])
 async def test_an_ended_run_takes_no_more_saves(sqlite_store: SQLiteCheckpointStore, end: str) -> None:
     await sqlite_store.save("r", 0, checkpoint("r", 0))
     await sqlite_store.save("r", 1, checkpoint("r", 1, status=end))

@@ -77,14 +77,27 @@ async def check_save_is_exactly_latest_plus_one(store: CheckpointStore) -> None:
 
 
 async def check_ended_run_takes_no_save(store: CheckpointStore) -> None:
-    """A run whose latest checkpoint is ``done``, ``failed`` or ``cancelled`` takes no more saves."""
-    for ended in ("done", "failed", "cancelled"):
+    """A run whose latest checkpoint is ``done`` or ``cancelled`` takes no more saves."""
+    for ended in ("done", "cancelled"):
         run_id, flow = _ids()
         rows = await _save_steps(store, run_id, flow, "running", ended)
         await _expect_raises(
             CheckpointConflict, store.save(run_id, 2, _checkpoint(run_id, 2, flow)), f"a save after {ended!r}"
         )
         await _expect_latest(store, run_id, rows[-1], f"after a refused save of a {ended} run")
+
+
+async def check_failed_run_takes_only_the_next_step(store: CheckpointStore) -> None:
+    """A ``failed`` run takes a save of exactly the next step (a retry's claim), and no other."""
+    run_id, flow = _ids()
+    rows = await _save_steps(store, run_id, flow, "running", "failed")
+    await _expect_raises(
+        CheckpointConflict, store.save(run_id, 3, _checkpoint(run_id, 3, flow)), "a save past a failed run's next step"
+    )
+    await _expect_latest(store, run_id, rows[-1], "after a refused skip over a failed step")
+    retry = _checkpoint(run_id, 2, flow, segment=2)
+    await store.save(run_id, 2, retry)
+    await _expect_latest(store, run_id, retry, "after a retry's claim of a failed run")
 
 
 async def check_run_never_changes_flow(store: CheckpointStore) -> None:

@@ -14,6 +14,9 @@ from typing import Final, Literal
 #: Statuses a checkpoint can carry. ``done``, ``failed`` and ``cancelled`` end the run.
 Status = Literal["running", "paused", "done", "failed", "cancelled"]
 ENDED: Final = frozenset({"done", "failed", "cancelled"})
+#: Statuses after which a run takes no save at all. A ``failed`` run takes one more: the
+#: claim of a retry (and still no ``started`` record before that claim).
+FINAL: Final = frozenset({"done", "cancelled"})
 UNFINISHED: Final = frozenset({"running", "paused"})
 
 #: Kinds of call record. ``started`` comes first; the others close it.

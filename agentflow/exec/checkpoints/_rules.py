@@ -7,7 +7,7 @@ same rules in Lua and SQL stores in a transaction, with the same messages.
 from __future__ import annotations
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
-from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint
 
 
 def check_row(run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
@@ -37,7 +37,7 @@ def check_save(run_id: str, step: int, flow: str, latest: tuple[int, str, str] |
     last_step, last_flow, last_status = latest
     if last_flow != flow:
         raise CheckpointConflict(f"run {run_id!r} belongs to flow {last_flow!r}, not {flow!r}")
-    if last_status in ENDED:
+    if last_status in FINAL:
         raise CheckpointConflict(f"run {run_id!r} ended ({last_status}) at step {last_step}")
     if step != last_step + 1:
         raise CheckpointConflict(

@@ -69,6 +69,9 @@ from agentflow.exec.checkpoints._conformance_leases import (
 )
 from agentflow.exec.checkpoints._conformance_saves import check_delete as check_delete
 from agentflow.exec.checkpoints._conformance_saves import check_ended_run_takes_no_save as check_ended_run_takes_no_save
+from agentflow.exec.checkpoints._conformance_saves import (
+    check_failed_run_takes_only_the_next_step as check_failed_run_takes_only_the_next_step,
+)
 from agentflow.exec.checkpoints._conformance_saves import check_implements_protocol as check_implements_protocol
 from agentflow.exec.checkpoints._conformance_saves import (
     check_latest_and_history_after_many_saves as check_latest_and_history_after_many_saves,
@@ -115,6 +118,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_second_step_zero_conflicts,
     check_save_is_exactly_latest_plus_one,
     check_ended_run_takes_no_save,
+    check_failed_run_takes_only_the_next_step,
     check_run_never_changes_flow,
     check_row_must_match_arguments,
     check_latest_and_history_after_many_saves,

@@ -20,7 +20,7 @@
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
--- ended (done/failed/cancelled), and step must be exactly latest + 1. A run without its latest hash
+-- ended for good (done/cancelled; a failed run takes the claim of a retry), and step must be exactly latest + 1. A run without its latest hash
 -- but with any other key left (rows kept after the hash was deleted or evicted) is not one
 -- the store does not have: its step 0 is refused and nothing is touched
 -- (_rules.py check_no_stored_rows). That check runs only for a step 0.
@@ -74,8 +74,8 @@ if not last[1] then
     return {'rows'}
   end
 else
-  local ended = last[3] == 'done' or last[3] == 'failed' or last[3] == 'cancelled'
-  if last[2] ~= ARGV[2] or ended or tonumber(ARGV[1]) ~= tonumber(last[1]) + 1 then
+  local final = last[3] == 'done' or last[3] == 'cancelled'  -- a failed run takes a retry's claim
+  if last[2] ~= ARGV[2] or final or tonumber(ARGV[1]) ~= tonumber(last[1]) + 1 then
     return {'refused', last[1], last[2], last[3]}
   end
   local rows = redis.call('LLEN', KEYS[1])
