@@ -63,10 +63,10 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 log = logging.getLogger("agentflow.celery")
 
 #: Causes a superstep message can carry. ``next`` is the normal handoff between supersteps.
-CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume")
+CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume", "retry")
 #: Causes of a superstep sent to recover a run (its holder may be gone, or an operator decided on
 #: its calls in doubt): sent as ``agentflow.recover_superstep``.
-RECOVERY_CAUSES = ("recover", "recheck", "rerun")
+RECOVERY_CAUSES = ("recover", "recheck", "rerun", "retry")
 
 #: The final task states Flower shows for a superstep whose run did not simply go on or finish.
 PAUSED, NEEDS_DECISION, RECOVERED = "PAUSED", "NEEDS_DECISION", "RECOVERED"

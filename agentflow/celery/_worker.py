@@ -100,7 +100,7 @@ class Outcome:
 RECOVER_ALL_LEASE = "agentflow/recover_all"
 
 #: What each control cause must find signed in the run's latest checkpoint.
-SPENDS = {"resume": "resume", "rerun": "decision"}
+SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry"}
 
 
 @dataclass

@@ -207,6 +207,27 @@ class FlowClient:
         result = await self.runner.cancel(self.flow_app.flow(row.flow), run_id, reason=reason, operator=operator)
         return str(result.status)
 
+    async def retry(self, run_id: str, *, operator: str | None = None) -> int:
+        """Retry a failed flow run from the superstep that failed; a worker runs it. Returns the retry's step.
+
+        The retry's claim is saved here, signed with `operator` (see `FlowRunner.retry`);
+        the message that follows only points at it.
+
+        Raises:
+            CheckpointConflict: the run did not fail (`RunHeld`: a live worker holds it).
+            RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
+            FlowError: the run is a tool loop (not retried through the client yet).
+        """
+        assert self.runner.checkpoints is not None
+        row = await self.runner.checkpoints.latest(run_id)
+        self.sealer.open_checkpoint(row, run_id)
+        if RunKind.of(row.flow) is RunKind.LOOP:
+            raise FlowError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
+        result = await self.runner.retry(self.flow_app.flow(row.flow), run_id, operator=operator, max_supersteps=0)
+        assert result.step is not None
+        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, result.step, "retry")
+        return result.step
+
     async def fork(
         self,
         run_id: str,

@@ -1,4 +1,4 @@
-"""``agentflow cancel``, ``agentflow decide`` and ``agentflow fork``: an operator's actions on one run.
+"""``agentflow decide``, ``retry``, ``cancel`` and ``fork``: an operator's actions on one run.
 
 Each holds the run's lease while it acts (a run a live worker holds is refused, naming
 the holder), signs what it decides with the operator's name (``--as``), and runs no tool:
@@ -160,6 +160,30 @@ async def _decide(
         return await runner.decide_in_doubt(_flow(app, column), run_id, calls=calls, operator=operator)
     except ValueError as exc:
         raise _errors.CliError(str(exc)) from None
+
+
+@click.command("retry")
+@store_options
+@click.argument("run_id")
+@_APP
+@operator_option
+def retry(store_url: str, key_env: str, run_id: str, app_path: str, operator: str) -> None:
+    """Run a failed run again from the superstep that failed (its failed calls run again, here)."""
+    app = import_app(app_path)
+    target = open_target(store_url, key_env)
+    runner = _runner(app, target)
+
+    async def act() -> tuple[str, int | None, str | None]:
+        column = await _column(runner, run_id)
+        if RunKind.of(column) is RunKind.LOOP:
+            raise _errors.CliError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
+        result = await runner.retry(_flow(app, column), run_id, operator=operator or None)
+        return str(result.status), result.step, result.error
+
+    status, step, error = target.run(act)
+    echo(f"run {printable(run_id)}: retried; now {paint(status)} at step {step}")
+    if status == "failed":
+        raise _errors.ProblemsFound(f"run {run_id!r} failed again: {error}")
 
 
 @click.command("fork")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from agentflow.cli._cmd_act import recover, resume
-from agentflow.cli._cmd_operate import cancel, decide, fork
+from agentflow.cli._cmd_operate import cancel, decide, fork, retry
 from agentflow.cli._cmd_runs import runs
 from agentflow.cli._cmd_serve import demo, viewer
 from agentflow.cli._cmd_verify import verify
@@ -23,5 +23,5 @@ def cli() -> None:
     """
 
 
-for command in (runs, verify, recover, resume, decide, cancel, fork, viewer, demo):
+for command in (runs, verify, recover, resume, decide, retry, cancel, fork, viewer, demo):
     cli.add_command(command)

@@ -92,6 +92,8 @@ class CallState:
     """The superstep (a tool loop's turn) that made it."""
     segments: list[int] = field(default_factory=list)
     """The segments that wrote its records."""
+    closed_in: int = -1
+    """The segment of the record that made its kind final (-1: not final)."""
 
     @property
     def in_doubt(self) -> bool:
@@ -130,10 +132,13 @@ def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[
         if rec.segment not in state.segments:
             state.segments.append(rec.segment)
         if rec.kind in ("started", "pending"):
-            if state.kind not in FINAL:
+            # A failed call started again in a later segment is a retry's new attempt.
+            retried = state.kind == "failed" and rec.kind == "started" and rec.segment > state.closed_in
+            if state.kind not in FINAL or retried:
                 state.kind = rec.kind
             continue
         state.kind = rec.kind
+        state.closed_in = rec.segment
         state.result = body.get("result")
         state.error = body.get("note") if rec.kind == "denied" else body.get("error") or body.get("why")
     return states

@@ -100,6 +100,11 @@ def granted(body: Mapping[str, Any], segment: int, states: Mapping[str, CallStat
     return {cid for cid in ids if cid in states and all(seg < segment for seg in states[cid].segments)}
 
 
+def without_failed(states: Mapping[str, CallState]) -> dict[str, CallState]:
+    """The calls of a superstep a retry continues: the failed ones are left out, so they run again."""
+    return {cid: s for cid, s in states.items() if s.kind != "failed"}
+
+
 def parked(body: Mapping[str, Any]) -> bool:
     """Whether the checkpoint parks the run on calls in doubt (it waits for a decision)."""
     return "claim" in body and bool(body.get("awaiting"))

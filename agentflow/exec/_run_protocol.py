@@ -35,9 +35,9 @@ from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsD
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
-from agentflow.exec._durable_read import CallState, read_head
+from agentflow.exec._durable_read import CallState, calls_in_doubt, read_head
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, pins_for, untouched
-from agentflow.exec._run_control import InDoubtDecision, awaiting_record, parked, settle
+from agentflow.exec._run_control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_lease import holding
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Head, Opened, RunSteps
@@ -160,6 +160,36 @@ class RunProtocol(RunSteps[C, R]):
             await self.claim(cur, "resume", counts, self.operator(operator))
             # A paused run did not crash: continuing it is not a recovery.
             return await self.driver.drive(self, cur, seeds, limit=limit, recovering=False)
+
+    async def retry(
+        self, run_id: str, *, operator: str | None, ctx: RunContext | None = None, limit: int | None = None
+    ) -> R:
+        """Run a failed run again from the superstep that failed, in a new segment (a ``retry`` claim).
+
+        The calls of that superstep that finished replay; the ones that failed run again;
+        calls in doubt follow the usual rules (an idempotent one reruns, another needs a
+        decision). The claim names `operator`. `limit` 0 only stores the retry's claim: a
+        worker's `advance` (cause ``retry``) spends it.
+
+        Raises:
+            CheckpointConflict: the run did not fail (`RunHeld`: a live worker holds it).
+            RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
+        """
+        async with self.hold(run_id):
+            opened = await self.open(run_id, ctx)
+            if opened.status != RunStatus.FAILED:
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only a failed run can be retried")
+            records, counts = await self.read(opened)
+            states = self.driver.seeds(opened.cur, records)
+            seeds = without_failed(states)
+            calls_in_doubt(run_id, seeds, self.registry, granted(opened.body, opened.row.segment, seeds))
+            cur = opened.cur
+            cur.error = None
+            await self.claim(cur, "retry", counts, self.operator(operator))
+            self.events.emit(
+                "run.retried", run_id, kind=self.driver.kind.value, step=cur.step, **self.operator(operator)
+            )
+            return await self.driver.drive(self, cur, seeds, limit=limit, recovering=True)
 
     async def decide_in_doubt(
         self,

@@ -38,7 +38,7 @@ from agentflow.exec._run_checks import (
     pins_for,
     pins_of,
 )
-from agentflow.exec._run_control import granted
+from agentflow.exec._run_control import granted, without_failed
 from agentflow.exec._run_driver import C, R, RunDriver
 from agentflow.exec._run_lease import Ownership
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -51,7 +51,7 @@ BODY_VERSION = 1
 MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 #: Why a run was claimed (signed into the claim checkpoint).
-CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel"})
+CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel", "retry"})
 
 Head = tuple[SealedCheckpoint, Mapping[int, int]]
 
@@ -324,6 +324,8 @@ class RunSteps(Generic[C, R]):
                 nothing above lets it rerun.
         """
         states = self.driver.seeds(opened.cur, records)
+        if opened.body.get("claim") == "retry":  # a stored retry, not yet spent: the failed calls run again
+            states = without_failed(states)
         allowed: bool | set[str] = rerun_in_doubt or granted(opened.body, opened.row.segment, states)
         calls_in_doubt(opened.cur.run_id, states, self.registry, allowed)
         return states

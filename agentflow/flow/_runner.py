@@ -17,15 +17,14 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._executor import Executor
-from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow import _fork, _recover
+from agentflow.flow import _recover
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol
-from agentflow.flow._fork import Patch
 from agentflow.flow._graph import Flow
+from agentflow.flow._operate import RunOperations
 from agentflow.flow._result import RunResult
 
 S = TypeVar("S", bound=BaseModel)
@@ -36,11 +35,7 @@ def new_run_id() -> str:
     return "run-" + secrets.token_urlsafe(16)
 
 
-#: `new_run_id` under a name that `fork`'s argument of that name does not hide.
-_fresh_run_id = new_run_id
-
-
-class FlowRunner:
+class FlowRunner(RunOperations):
     """Runs flows; with `checkpoints`, every run survives the death of its worker."""
 
     def __init__(
@@ -101,6 +96,10 @@ class FlowRunner:
             self.max_checkpoint_bytes,
             self.ownership,
         )
+
+    def fresh_run_id(self) -> str:
+        """A new unguessable run id (`new_run_id`)."""
+        return new_run_id()
 
     async def run(
         self,
@@ -235,32 +234,6 @@ class FlowRunner:
         )
         return result
 
-    async def decide_in_doubt(
-        self,
-        flow: Flow[S],
-        run_id: str,
-        *,
-        calls: Mapping[str, InDoubtDecision] | None = None,
-        operator: str | None = None,
-        ctx: RunContext | None = None,
-    ) -> int:
-        """Store an operator's word on the run's calls in doubt; return the decision's step.
-
-        Check each call at its system first (did the mail go out? was the card charged?),
-        then say, per call id, `Rerun()` (it had no effect: run it again), `Happened(result)`
-        (it had its effect and returned `result`: never run it again) or
-        `DidNotHappen(reason)` (it had no effect and must not run: the call fails with
-        `reason`). Without `calls`, every call in doubt reruns. The decision is a signed
-        claim naming `operator`; the next `advance` or `recover` of the run spends it, once.
-
-        Raises:
-            CheckpointConflict: the run is not running or has no call in doubt (`RunHeld`:
-                a live worker holds it, and its calls are not in doubt but running).
-            ValueError: `calls` does not decide exactly the calls in doubt, or a result
-                does not fit its tool's return type.
-        """
-        return await self.protocol(flow).decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
-
     async def recover_all(
         self, flow: Flow[S], *, rerun_in_doubt: bool = False, sweep: bool = False
     ) -> dict[str, RunResult[S] | BaseException]:
@@ -280,74 +253,6 @@ class FlowRunner:
                 every run id of the store: use it on start-up or on a slow schedule.
         """
         return await _recover.recover_all(self, flow, rerun_in_doubt=rerun_in_doubt, sweep=sweep)
-
-    async def cancel(self, flow: Flow[S], run_id: str, *, reason: str, operator: str | None = None) -> RunResult[S]:
-        """End a run that no live worker holds: it becomes ``cancelled`` (final, never recovered).
-
-        A signed claim records `reason` and `operator`; a paused run's pending calls are
-        dropped, and a worker that lost the run is fenced. A run a live worker holds is
-        refused with `RunHeld` (cancelling a run in flight is not built yet: wait for it to
-        pause or end, or for its lease to lapse).
-
-        Raises:
-            RunHeld: a live worker holds the run.
-            CheckpointConflict: the run already ended.
-            ValueError: `reason` is empty.
-        """
-        result: RunResult[S] = await self.protocol(flow).cancel(run_id, reason=reason, operator=operator)
-        return result
-
-    async def fork(
-        self,
-        flow: Flow[S],
-        run_id: str,
-        *,
-        at_step: int,
-        new_run_id: str | None = None,
-        patch: Patch | None = None,
-        ctx: RunContext | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunResult[S]:
-        """Start a new run from checkpoint `at_step` of `run_id` (any status), its state patched.
-
-        The checkpoint is checked like any other; its state, with `patch` applied (a
-        mapping of fields, or a function that returns or changes a copy of the state), is
-        validated against the flow's state model, and the new run goes on from that
-        checkpoint's next superstep. Nothing of the old call log carries over: the new
-        run's calls are new calls, with new idempotency keys, so they all run. The source
-        run and step (and `operator`) are signed into the new run's step 0 as
-        ``forked_from``. The old run is not touched.
-
-        Args:
-            flow: the source run's flow (the graph must not have changed since).
-            run_id: the source run.
-            at_step: the checkpoint to start from.
-            new_run_id: the new run's id (unguessable by default).
-            patch: fields to change, or a function of the state.
-            ctx: who the new run acts for.
-            operator: who forked it.
-            max_supersteps: as for `run` (0: save step 0 only, and let a worker go on).
-
-        Raises:
-            CheckpointNotFound: the run has no checkpoint at that step.
-            CheckpointStoreCorrupt: that checkpoint fails its check.
-            FlowError: the flow changed since, or the patched state does not fit.
-            CheckpointConflict: `new_run_id` is taken.
-        """
-        rid = new_run_id if new_run_id is not None else _fresh_run_id()
-        result: RunResult[S] = await _fork.fork(
-            self.protocol(flow),
-            flow,
-            run_id,
-            at_step=at_step,
-            new_run_id=rid,
-            patch=patch,
-            ctx=ctx,
-            operator=operator,
-            limit=max_supersteps,
-        )
-        return result
 
     async def resume(
         self,

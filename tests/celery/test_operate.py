@@ -65,3 +65,40 @@ async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(deployment:
     view = await deployment.client.status(run_id)
     assert view.status == "cancelled" and view.error == "cancelled by xia: fraud check"
     assert deployment.effects() == before
+
+
+async def test_a_failed_run_is_retried_on_a_worker_once_its_tools_work_again(deployment: Deployment) -> None:
+    # Given a run that failed because the workers' tools were broken
+    deployment.break_tools()
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "Werther"})
+    failed = await deployment.client.wait(run_id, timeout_s=30)
+    assert failed.status == "failed" and failed.error is not None and "broken" in failed.error
+    # When the tools work again (a fresh worker) and an operator retries the run through the client
+    deployment.kill_group("w1")
+    deployment.set_delay(0.0, 0.0)
+    deployment.start_worker("w2")
+    await deployment.client.retry(run_id, operator="ivy")
+    # Then a worker runs it from the superstep that failed to its end
+    done = await deployment.client.wait(run_id, timeout_s=60)
+    assert done.status == "done", done
+    effects = deployment.effects()
+    assert (effects[("hold_seats", run_id)], effects[("charge_card", run_id)]) == (1, 1)
+    assert any(s.operator == "ivy" for s in done.segments)
+
+
+async def test_a_retry_message_without_a_signed_retry_is_refused(deployment: Deployment) -> None:
+    # Given a failed run
+    deployment.break_tools()
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "Otello"})
+    failed = await deployment.client.wait(run_id, timeout_s=30)
+    assert failed.status == "failed"
+    # When someone who can write to the broker sends a retry superstep for it
+    sent = deployment.tasks.recover_superstep.apply_async(
+        args=("tickets", run_id, failed.step, "retry"), queue=deployment.values["queue"]
+    )
+    result = sent.get(timeout=30)
+    # Then it is refused and the run stays failed
+    assert result["done"] == "refused"
+    assert (await deployment.client.status(run_id)).status == "failed"

@@ -8,13 +8,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from _kit.faults import body
+from _kit.faults import FaultyStore, body
 from _kit.tickets import KEY, KEY_B, LOOKUP, ORDER, REFUNDS, TICKETS, Crash, Refund, make_tickets
 from _kit.workers import Workers, faulty
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, Registry, RunHeld, RunStatus
-from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt, FlowError
+from agentflow._errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CheckpointStoreCorrupt,
+    FlowError,
+    RecoveryNeedsDecision,
+)
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
@@ -169,3 +175,75 @@ async def test_a_fork_may_patch_with_a_function_of_the_state(workers: Workers) -
     stranger = FlowRunner(Executor(workers.tickets.registry), checkpoints=workers.raw, checkpoint_key=KEY_B)
     with pytest.raises(CheckpointStoreCorrupt):
         await stranger.fork(TICKETS, "order-1", at_step=1)
+
+
+# -- retry --------------------------------------------------------------------------------
+
+
+class Flaky:
+    """A payment tool that raises until it is told not to, counting its attempts and its charges."""
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.attempts = 0
+        self.charged = 0
+        self.holds = 0
+        self.registry = Registry()
+
+        @self.registry.tool(idempotent=True)
+        async def hold(amount: int) -> str:
+            self.holds += 1
+            return "held"
+
+        @self.registry.tool
+        async def pay(amount: int) -> str:
+            self.attempts += 1
+            if self.broken:
+                raise RuntimeError("the payment API is down")
+            self.charged += 1
+            return f"paid {amount}"
+
+        self.flow = (
+            Flow("billing", state=Bill)
+            .node("hold", Call("hold", args=lambda b: {"amount": b.amount}, into="receipt"))
+            .node("pay", Call("pay", args=lambda b: {"amount": b.amount}, into="receipt"))
+            .edge("hold", "pay")
+            .end("pay")
+        )
+
+
+async def test_a_failed_run_is_retried_from_the_superstep_that_failed(workers):
+    # Given a run that failed in pay (the payment API was down), after hold finished
+    flaky = Flaky()
+    runner = FlowRunner(Executor(flaky.registry), checkpoints=workers.raw, checkpoint_key=KEY)
+    failed = await runner.run(flaky.flow, Bill(amount=9), run_id="bill-1")
+    assert failed.status == "failed" and "the payment API is down" in str(failed.error)
+    # When the API is back and an operator retries it
+    flaky.broken = False
+    again = FlowRunner(Executor(flaky.registry), checkpoints=workers.raw, checkpoint_key=KEY)
+    result = await again.retry(flaky.flow, "bill-1", operator="hal")
+    # Then pay runs again and the run finishes; hold did not run again
+    assert result.status == "done" and result.state.receipt == "paid 9"
+    assert (flaky.holds, flaky.attempts, flaky.charged) == (1, 2, 1)
+    claim = next(r for r in await workers.history("bill-1") if body(r).get("claim") == "retry")
+    assert body(claim)["operator"] == "hal"
+    # And a run that did not fail is not retried
+    with pytest.raises(CheckpointConflict, match="only a failed run can be retried"):
+        await again.retry(flaky.flow, "bill-1")
+
+
+async def test_a_retry_cut_off_inside_the_call_leaves_it_in_doubt(workers):
+    # Given a failed run, retried by a worker that dies inside the retried (not idempotent) call
+    flaky = Flaky()
+    runner = FlowRunner(Executor(flaky.registry), checkpoints=workers.raw, checkpoint_key=KEY)
+    await runner.run(flaky.flow, Bill(amount=9), run_id="bill-1")
+    flaky.broken = False
+    store = FaultyStore(workers.setup.open())
+    store.crash("done", tool="pay", when="before")
+    cut = FlowRunner(Executor(flaky.registry), checkpoints=store, checkpoint_key=KEY)
+    with pytest.raises(Crash):
+        await cut.retry(flaky.flow, "bill-1")
+    # Then the retried call is in doubt (not replayed as the old failure): a decision is needed
+    with pytest.raises(RecoveryNeedsDecision):
+        await runner.recover(flaky.flow, "bill-1")
+    assert flaky.charged == 1
