@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from celery_kit import Deployment
+from worker_kit import Setup
 
 
 @pytest.fixture
@@ -14,3 +16,12 @@ def deployment(tmp_path: Path, redis_url: str) -> Iterator[Deployment]:
     dep = Deployment(tmp_path, redis_url)
     yield dep
     dep.close()
+
+
+@pytest.fixture
+async def s(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Setup]:
+    """A fresh set-up whose task bodies record what they send; its worker's event loop is closed afterwards."""
+    made = Setup()
+    made.record_sends(monkeypatch)
+    yield made
+    await asyncio.to_thread(made.tasks.bridge.close)

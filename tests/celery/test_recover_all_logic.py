@@ -1,0 +1,153 @@
+"""recover_all's view of stranded runs, in-process: what it recovers, leaves alone, quarantines and reports.
+
+`Worker.stranded` on a memory store (`worker_kit.Setup`): runs nobody moves, parked, paused
+and held runs, rows that fail their check, runs of flows the workers do not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from worker_kit import KEY, OTHER_KEY, RIVAL, Job
+
+from agentflow import Flow, FlowApp, LoopSpec, Registry
+from agentflow.celery import WorkerSettings
+from agentflow.celery._worker import RECOVER_ALL_LEASE, Worker
+from agentflow.exec._durable_loop import start_tool_loop
+from agentflow.exec._durable_seal import key_id
+from agentflow.exec._run_lease import take
+from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marks
+from agentflow.models import Message, ScriptedModel
+
+
+async def test_stranded_finds_a_run_nobody_moves(s):
+    # Given a run saved at step 0 whose first message was never sent
+    step = await s.start("mail", "r1")
+    # When recover_all looks, Then it finds the run
+    found = await s.worker.stranded()
+    assert found is not None and found.recover == [("mail", "r1", step)] and found.recheck == []
+
+
+async def test_stranded_leaves_parked_and_paused_runs_alone(s):
+    # Given a run parked on a call in doubt and a run paused for approval
+    await s.parked("r1")
+    step = await s.start("wires", "w1")
+    assert (await s.worker.superstep("wires", "w1", step, handoff=True)).status == "paused"
+    # When recover_all looks, Then it finds neither
+    found = await s.worker.stranded(startup=True)
+    assert found is not None and (found.recover, found.recheck) == ([], [])
+
+
+async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when_their_lease_ends(s):
+    step = await s.start("mail", "r1")
+    # Given a run a live worker holds
+    lease = await take(s.store, "r1", RIVAL)
+    # When recover_all looks, Then it does not take the run
+    found = await s.worker.stranded()
+    assert found is not None and (found.recover, found.recheck) == ([], [])
+    # And on a worker's start, it returns the run to look at again when that lease ends
+    found = await s.worker.stranded(startup=True)
+    assert found is not None and found.recover == []
+    assert found.recheck == [("mail", "r1", step, lease.expires_at)]
+
+
+async def test_stranded_quarantines_a_run_whose_latest_row_fails_its_check_and_reports_it_once(s, caplog):
+    caplog.set_level(logging.WARNING, logger="agentflow.celery")
+    # Given a run saved with another key (a forged row, as far as the workers can tell)
+    forger = s.app.runner(s.store, OTHER_KEY)
+    await forger.start(s.app.flow("mail"), {}, run_id="forged")
+    # When recover_all looks twice (two beat ticks: the marker is in the store, so any worker sees it)
+    first = await asyncio.to_thread(s.tasks.run_recover_all, False)
+    second = await asyncio.to_thread(s.tasks.run_recover_all, False)
+    # Then it is reported once: one WARNING naming the row's key id, one event, in the first result only
+    assert first == {"enqueued": [], "rechecks": [], "quarantined": {"forged": "mail"}}
+    assert second == {"enqueued": [], "rechecks": []}
+    warned = [r for r in caplog.records if "forged is not recovered" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "quarantined" in warned[0].getMessage() and key_id(OTHER_KEY) in warned[0].getMessage()
+    assert [(e.name, e.run_id, e.data["flow"]) for e in s.events if e.name == "run.quarantined"] == [
+        ("run.quarantined", "forged", "mail")
+    ]
+    # And it is never enqueued, nothing ran, and the marker stays in the store
+    assert s.sent == [] and s.effects == []
+    assert set(await marks(s.store, ["forged"], QUARANTINED)) == {"forged"}
+
+
+async def test_a_quarantined_run_whose_rows_check_again_is_recovered_and_its_marker_removed(s):
+    # Given a run signed with another key, quarantined by a recover_all
+    await s.app.runner(s.store, OTHER_KEY).start(s.app.flow("mail"), {}, run_id="forged")
+    assert (await s.worker.stranded()).quarantined == [("mail", "forged")]
+    # When the operator adds that key to the workers' ring (a worker restarted with both keys) and recover_all looks
+    rotated = Worker(s.app, lambda: s.store, [KEY, OTHER_KEY], WorkerSettings(stale_after_s=0.0))
+    found = await rotated.stranded()
+    # Then the run is recovered like any stranded run, and its marker is gone
+    assert found is not None and found.recover == [("mail", "forged", 0)] and found.quarantined == []
+    assert await marks(s.store, ["forged"], QUARANTINED) == {}
+
+
+async def test_a_tool_loop_run_that_fails_its_check_is_quarantined_too(s):
+    # Given workers that run the tool loop "helper", and a helper run signed with another key
+    app = FlowApp(
+        Registry(), [], loops={"helper": LoopSpec(model_factory=lambda: ScriptedModel([]), registry=Registry())}
+    )
+    worker = Worker(app, lambda: s.store, KEY, WorkerSettings(stale_after_s=0.0))
+    await start_tool_loop(
+        Registry(), [Message.user("hi")], run_id="lp", checkpoints=s.store, checkpoint_key=OTHER_KEY, name="helper"
+    )
+    # When recover_all looks twice, Then the loop run is quarantined once and never enqueued
+    first, second = await worker.stranded(), await worker.stranded()
+    assert first is not None and (first.recover, first.quarantined) == ([], [("loop:helper", "lp")])
+    assert second is not None and (second.recover, second.quarantined) == ([], [])
+
+
+async def test_a_run_of_a_flow_the_workers_do_not_know_is_reported_once(s, caplog):
+    caplog.set_level(logging.WARNING, logger="agentflow.celery")
+    # Given a stranded run of a flow that is not in the workers' app (signed with the workers' key)
+    billing = Flow("billing", state=Job).node("bill", lambda state: {"note": "billed"}).end("bill")
+    await FlowApp(Registry(), [billing]).runner(s.store, KEY).start(billing, {}, run_id="b1")
+    # and a finished run of that flow, which needs nobody
+    await FlowApp(Registry(), [billing]).runner(s.store, KEY).run(billing, Job(), run_id="b2")
+    # When recover_all looks twice
+    first = await asyncio.to_thread(s.tasks.run_recover_all, False)
+    second = await asyncio.to_thread(s.tasks.run_recover_all, False)
+    # Then the unfinished run is reported once: in the first result, one WARNING, one event; never enqueued
+    assert first == {"enqueued": [], "rechecks": [], "unknown_flows": {"b1": "billing"}}
+    assert second == {"enqueued": [], "rechecks": []}
+    warned = [r.getMessage() for r in caplog.records if "b1 of flow 'billing'" in r.getMessage()]
+    assert len(warned) == 1 and "does not know that flow" in warned[0]
+    assert [(e.name, e.run_id, e.data["flow"]) for e in s.events if e.name == "run.unknown_flow"] == [
+        ("run.unknown_flow", "b1", "billing")
+    ]
+    assert s.sent == []
+
+
+async def test_a_worker_that_knows_the_flow_recovers_the_run_and_removes_its_unknown_flow_marker(s):
+    # Given a stranded run of a flow these workers do not know, reported once
+    billing = Flow("billing", state=Job).node("bill", lambda state: {"note": "billed"}).end("bill")
+    await FlowApp(Registry(), [billing]).runner(s.store, KEY).start(billing, {}, run_id="b1")
+    assert (await s.worker.stranded()).unknown == [("billing", "b1")]
+    # When a worker whose app has that flow (a new release) runs recover_all
+    upgraded = Worker(FlowApp(Registry(), [billing]), lambda: s.store, KEY, WorkerSettings(stale_after_s=0.0))
+    found = await upgraded.stranded()
+    # Then it recovers the run, and the marker is gone
+    assert found is not None and found.recover == [("billing", "b1", 0)] and found.unknown == []
+    assert await marks(s.store, ["b1"], UNKNOWN_FLOW) == {}
+
+
+async def test_an_unknown_flow_run_someone_holds_is_not_reported(s):
+    # Given a run of a flow the workers do not know, held by a live process (another app moving it)
+    billing = Flow("billing", state=Job).node("bill", lambda state: {"note": "billed"}).end("bill")
+    await FlowApp(Registry(), [billing]).runner(s.store, KEY).start(billing, {}, run_id="b1")
+    await take(s.store, "b1", RIVAL)
+    # When recover_all looks, Then it reports nothing
+    found = await s.worker.stranded()
+    assert found is not None and (found.unknown, found.quarantined) == ([], [])
+
+
+async def test_stranded_gives_way_to_another_recover_all(s):
+    await s.start("mail", "r1")
+    # Given another worker's recover_all under way (it holds the recover_all lease)
+    await take(s.store, RECOVER_ALL_LEASE, RIVAL)
+    # When this worker's recover_all runs, Then it does nothing
+    assert await s.worker.stranded() is None
