@@ -11,6 +11,7 @@ decides with the operator's name, and lives once in the run protocol
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,14 +30,16 @@ if TYPE_CHECKING:
 S = TypeVar("S", bound=BaseModel)
 
 
-class RunOperations:
-    """Operator actions on stored runs; `FlowRunner` provides `protocol` and the default run id."""
+class RunOperations(ABC):
+    """Operator actions on stored runs, over the run protocol a subclass (`FlowRunner`) provides."""
 
-    def protocol(self, flow: Flow[Any]) -> FlowProtocol:  # pragma: no cover - FlowRunner's
-        raise NotImplementedError
+    @abstractmethod
+    def protocol(self, flow: Flow[Any]) -> FlowProtocol:
+        """The run protocol for runs of `flow`."""
 
-    def fresh_run_id(self) -> str:  # pragma: no cover - FlowRunner's
-        raise NotImplementedError
+    @abstractmethod
+    def fresh_run_id(self) -> str:
+        """A new unguessable run id."""
 
     async def decide_in_doubt(
         self,

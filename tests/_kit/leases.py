@@ -18,7 +18,7 @@ from typing import TypeVar
 from agentflow._errors import RunHeld
 
 #: The lease of a worker subprocess a test may kill: short, so its death is seen soon.
-KILLED_LEASE_S = 1.0
+KILLED_LEASE_S = 0.3
 
 T = TypeVar("T")
 
