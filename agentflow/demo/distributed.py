@@ -201,6 +201,7 @@ class Watcher:
         while True:
             await self.poll()
             if await done():
+                await self.poll()  # what changed between the last read and `done`: told too
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
