@@ -195,3 +195,17 @@ def one_line_error(result: Result) -> str:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("agentflow: "), lines[0]
     return lines[0]
+
+
+#: The key another deployment signed `add_alien`'s run with.
+ALIEN_KEY = b"another-deployment-signing-key-0123456789"
+
+
+def add_alien(db: Path, run_id: str = "alien-1") -> None:
+    """Write a shipping run signed with `ALIEN_KEY` into the kit's store (the newest run)."""
+
+    async def write() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            await app.runner(store, ALIEN_KEY).run(shipping, Parcel(address="Oslo"), run_id=run_id)
+
+    in_thread(write)

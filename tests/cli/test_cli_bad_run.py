@@ -15,21 +15,9 @@ from agentflow.exec._durable_seal import key_id
 from agentflow.exec._run_quarantine import QUARANTINED, mark
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
-#: The key another deployment signed "alien-1" with.
-OTHER_KEY = b"another-deployment-signing-key-0123456789"
+OTHER_KEY = runs_kit.ALIEN_KEY
 GOOD = {"order-1", "order-2", "order-3", "refund-1", "refund-2", "ship-1"}
-
-
-def add_alien(db: Path) -> None:
-    """Write a shipping run signed with `OTHER_KEY` into the kit's store (the newest run)."""
-
-    async def write() -> None:
-        async with SQLiteCheckpointStore(db) as store:
-            await runs_kit.app.runner(store, OTHER_KEY).run(
-                runs_kit.shipping, runs_kit.Parcel(address="Oslo"), run_id="alien-1"
-            )
-
-    runs_kit.in_thread(write)
+add_alien = runs_kit.add_alien
 
 
 def rows(output: str) -> dict[str, str]:
