@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
+from _kit.poll import until
 from _kit.tickets import Ledger
 
 if TYPE_CHECKING:
@@ -190,25 +191,23 @@ class Deployment:
     async def until_held(self, run_id: str, timeout_s: float = 20.0) -> Lease:
         """Wait until someone holds the run's lease (a worker's superstep is under way); return it."""
         store = self.tasks.worker.store
-        deadline = time.monotonic() + timeout_s
-        while (lease := (await store.leases([run_id])).get(run_id)) is None:
-            assert time.monotonic() < deadline, f"nobody took the lease of {run_id} within {timeout_s} s"
-            await asyncio.sleep(0.05)
-        return lease
+
+        async def held() -> Lease | None:
+            return (await store.leases([run_id])).get(run_id)
+
+        return await until(held, f"a worker taking the lease of {run_id}", timeout_s=timeout_s, every=0.05)
 
     async def until_effect(self, tool: str, run_id: str, timeout_s: float = 20.0) -> None:
         """Wait until `tool` had its effect in the run (the ledger is written inside the tool)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.effects()[(tool, run_id)]:
-            assert time.monotonic() < deadline, f"{tool} had no effect in {run_id} within {timeout_s} s"
-            await asyncio.sleep(0.05)
+        await until(lambda: self.effects()[(tool, run_id)], f"{tool}'s effect in {run_id}", timeout_s=timeout_s)
 
     async def until_started(self, run_id: str, tool: str, timeout_s: float = 20.0) -> None:
         """Wait until a call of `tool` is logged as started, with no result yet (it is running)."""
-        deadline = time.monotonic() + timeout_s
-        while not any(c.tool == tool and c.kind == "started" for c in (await self.report(run_id)).calls):
-            assert time.monotonic() < deadline, f"no call of {tool} started in {run_id} within {timeout_s} s"
-            await asyncio.sleep(0.05)
+
+        async def started() -> bool:
+            return any(c.tool == tool and c.kind == "started" for c in (await self.report(run_id)).calls)
+
+        await until(started, f"a call of {tool} started in {run_id}", timeout_s=timeout_s, every=0.05)
 
     async def parked_run(self, worker: str = "w1", successor: str = "w2") -> str:
         """A ticket run parked on charge_card in doubt: its worker was SIGKILLed right after the charge.

@@ -10,10 +10,10 @@ than a worker takes to start, so the new worker finds the run still held and rec
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
+from _kit.poll import until
 from celery_kit import Deployment
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
@@ -27,13 +27,12 @@ SLACK_S = 4.0
 async def until_claimed(deployment: Deployment, run_id: str, timeout_s: float) -> int:
     """Wait until a claim checkpoint (a new segment past step 0) of the run is stored; return its step."""
     store = deployment.tasks.worker.store
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    async def claimed() -> int | None:
         claims = [row.step for row in await store.history(run_id) if row.step > 0 and row.segment == row.step]
-        if claims:
-            return claims[0]
-        assert time.monotonic() < deadline, f"no claim of {run_id} within {timeout_s} s"
-        await asyncio.sleep(0.05)
+        return claims[0] if claims else None
+
+    return await until(claimed, f"a claim of {run_id}", timeout_s=timeout_s, every=0.05)
 
 
 async def test_a_stranded_run_moves_again_within_one_lease_without_beat(deployment):

@@ -11,6 +11,7 @@ import logging
 import time
 
 import pytest
+from _kit.poll import until
 from worker_kit import RIVAL
 
 from agentflow.celery._rechecks import RECHECK
@@ -118,10 +119,11 @@ async def test_a_recheck_that_finds_the_run_still_held_at_its_step_sends_the_nex
     assert (await s.task("mail", "r1", step, "next")).done == "skipped" and len(s.sent) == 1
     # When that lease ends, the holder renews it (it is alive), and the recheck comes due
     mark = marker("r1", RECHECK)
-    deadline = time.monotonic() + 5
-    while await s.store.leases([mark]):
-        assert time.monotonic() < deadline, "the recheck marker did not lapse with the lease"
-        await asyncio.sleep(0.05)
+
+    async def lapsed() -> bool:
+        return not await s.store.leases([mark])
+
+    await until(lapsed, "the recheck marker lapsing with the lease", timeout_s=5)
     renewed = await s.store.take_lease("r1", short.owner, lease.token, 30.0)  # the live holder, just in time
     assert renewed.token == lease.token
     again = await s.task("mail", "r1", step, "recheck")

@@ -310,14 +310,28 @@ async def test_relist_on_redis_writes_what_a_save_writes_with_its_expiry_rule(st
 async def _until_waiting(entry: Any, task: asyncio.Future[Any]) -> None:
     """Return once `task` waits on another transaction's lock.
 
-    PostgreSQL shows the wait (an ungranted lock in ``pg_locks``), so it is polled for.
-    SQLite shows no lock waits from outside: there the task gets 0.3 s to reach its busy
-    wait, and the caller checks only that it has not finished.
+    PostgreSQL shows the wait (an ungranted lock in ``pg_locks``). SQLite shows no lock
+    waits from outside, so there the engine's statements are watched instead: the task
+    waits once it has asked for the write lock (the store's ``BEGIN IMMEDIATE``, or a first
+    write statement; the other transaction holds the lock) and has not finished.
     """
-    if entry.engine.dialect.name != "postgresql":
-        await asyncio.sleep(0.3)
-        return
     deadline = time.monotonic() + 10.0
+    if entry.engine.dialect.name != "postgresql":
+        writes: list[str] = []
+
+        def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            said = statement.lstrip().upper()
+            if said.startswith(("BEGIN IMMEDIATE", "INSERT", "UPDATE", "DELETE")):
+                writes.append(statement)
+
+        sa.event.listen(entry.engine.sync_engine, "before_cursor_execute", seen)
+        try:
+            while not writes:
+                assert time.monotonic() < deadline and not task.done(), "the task never asked for the write lock"
+                await asyncio.sleep(0.01)
+        finally:
+            sa.event.remove(entry.engine.sync_engine, "before_cursor_execute", seen)
+        return
     async with entry.engine.connect() as probe:
         while time.monotonic() < deadline and not task.done():
             found = await probe.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted"))

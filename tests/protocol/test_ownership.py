@@ -40,6 +40,7 @@ from typing import IO, Any, TypeVar
 import ownership_worker
 import pytest
 from _kit.faults import FaultyStore, body, node_of
+from _kit.poll import until
 from _kit.specs import child_env, open_spec
 from _kit.tickets import BATCH, KEY, LOOKUP, REFUNDS, TICKETS, Ledger, Refund, make_tickets
 from click.testing import CliRunner, Result
@@ -166,17 +167,6 @@ def worker_args(mode: str, spec: str, tmp_path: Path, *more: str) -> list[str]:
 # -- polling ----------------------------------------------------------------------------------
 
 
-async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = DEADLINE_S) -> T:
-    """Poll `check` until it gives something other than None (within `timeout_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = await check()
-        if found is not None:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def renewed(store: CheckpointStore, run_id: str, after: Lease) -> Lease:
     """Wait until the holder of `after` renewed it: the same token, a later expiry."""
 
@@ -185,14 +175,14 @@ async def renewed(store: CheckpointStore, run_id: str, after: Lease) -> Lease:
         assert lease is not None and lease.token == after.token, f"{run_id}: the holder lost its lease: {lease}"
         return lease if lease.expires_at > after.expires_at else None
 
-    return await until(check, f"a renewal of {run_id}'s lease")
+    return await until(check, f"a renewal of {run_id}'s lease", timeout_s=DEADLINE_S, every=0.01)
 
 
 async def lapsed(store: CheckpointStore, run_ids: list[str]) -> None:
     async def check() -> bool | None:
         return True if not await store.leases(run_ids) else None
 
-    await until(check, f"the leases of {run_ids} to lapse")
+    await until(check, f"the leases of {run_ids} to lapse", timeout_s=DEADLINE_S, every=0.01)
 
 
 async def rows(store: CheckpointStore, run_id: str) -> tuple[list[SealedCheckpoint], list[SealedCall]]:

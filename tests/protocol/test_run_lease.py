@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
+from _kit.poll import until
 
 from agentflow._errors import RunHeld
 from agentflow.exec._run_lease import Ownership, held_by, holding, take
@@ -20,14 +20,6 @@ from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
 RUN = "lease-run-1"
 ME = Ownership("me@host:1", lease_s=0.3)
 RIVAL = Ownership("rival@host:2", lease_s=30.0)
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 5.0) -> None:
-    """Poll `check` until it holds; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
-        await asyncio.sleep(0.02)
 
 
 async def expiry(store: CheckpointStore, run_id: str = RUN) -> float | None:
