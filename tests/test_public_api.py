@@ -124,7 +124,7 @@ PUBLIC: dict[str, list[str]] = {
     "agentflow.flow": ["Call", "Flow", "FlowError", "FlowRunner", "NodeHandle", "RunResult", "RunStatus"],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
     "agentflow.celery": [
-        "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "register_tasks",
+        "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
 }  # fmt: skip

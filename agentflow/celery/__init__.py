@@ -11,8 +11,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("agentflow.celery needs the 'celery' extra: pip install 'agentflow[celery]'") from exc
 
+from agentflow.celery._locate import load_tasks
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._tasks import AgentflowTasks, celery_config, register_tasks
 from agentflow.celery.client import FlowClient, RunView
 
-__all__ = ["AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "register_tasks"]
+__all__ = ["AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks"]
