@@ -8,6 +8,9 @@ Names in use (data in parentheses):
   ``tool.failed`` (tool, call_id, error), ``tool.retrying`` (tool, call_id, attempt, delay_s),
   ``tool.replayed`` (tool, call_id)
 - ``checkpoint.saved`` (kind, step, status, flow or stage, unreplayed)
+- ``run.cancel_requested`` (holder, reason, operator): a live worker holds the run, so a
+  signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
+- ``control.refused`` (kind, why): a control request that does not check was ignored and removed
 - ``run.unlisted`` (flow, relisted, why): `recover_all(sweep=True)` found a run with stored
   rows and no listing entry, and listed it again (or says why not)
 

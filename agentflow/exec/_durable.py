@@ -36,6 +36,7 @@ from agentflow.exec._durable_read import FINAL, CallState
 from agentflow.exec._durable_seal import Sealer, canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
+from agentflow.exec._run_cancel import CancelWatch
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 
@@ -149,6 +150,13 @@ class Journal:
                             await self._append(record)
                     raise
 
+    async def flush(self) -> None:
+        """Store the held records now (the run ends without another checkpoint of this writer)."""
+        async with self._lock:
+            held, self._held = self._held, []
+            for record in held:
+                await self._append(record)
+
     async def _append(self, record: SealedCall) -> None:
         try:
             await self.store.record_call(self.run_id, record)
@@ -250,12 +258,15 @@ class CallLog:
     pending: list[ApprovalRequest] = field(default_factory=list)
     defer_done: bool = False
     """Hold a call's ``done`` record for the checkpoint (the call is the last thing before it)."""
+    watch: CancelWatch | None = None
+    """Looked at before a call starts: a cancel request stops the run there (`CancelRequested`)."""
 
     async def call(self, node: str, ordinal: int, tool_name: str, args: Mapping[str, Any]) -> Any:
         """Make (or replay) one call of `node`.
 
         Raises:
             PauseForApproval: the call needs approval and no port is configured.
+            CancelRequested: the run is being cancelled; the call did not start.
             ApprovalDenied: the call needed approval and was denied.
             CheckpointConflict: the store refused the ``started`` record (fenced).
         """
@@ -266,6 +277,8 @@ class CallLog:
         seed = self.seeds.get(call_id)
         if seed is not None and seed.kind in FINAL:
             return self._replay(tool, seed)
+        if self.watch is not None:
+            await self.watch.check()
         if seed is not None and seed.in_doubt:
             self.rerun.append(call_id)
         elif seed is None and any(k.startswith(prefix) for k in self.seeds):
@@ -293,8 +306,12 @@ class CallLog:
         try:
             result = await self.executor.run(tool, kwargs, call=info, validated=True, approved=True)
         except Exception as exc:
+            if self.watch is not None:
+                self.watch.moved()
             await self._write("failed", request, error=describe_failure(exc))
             raise
+        if self.watch is not None:
+            self.watch.moved()
         if self.journal is not None:
             try:  # encoded once: here, where a value JSON cannot carry makes the call unrecordable
                 payload = canonical(self._body(request, result=tool.encode_result(result)))

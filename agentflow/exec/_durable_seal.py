@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -30,6 +31,7 @@ MIN_KEY_BYTES = 32
 _CHECKPOINT_DOMAIN = "agentflow/checkpoint/1"
 _CALL_DOMAIN = "agentflow/call/1"
 _PRINCIPAL_DOMAIN = b"agentflow/principal/1\n"
+_REQUEST_DOMAIN = "agentflow/request/1"
 
 
 #: One encoder for every canonical encoding (building one per call costs as much as encoding).
@@ -181,6 +183,40 @@ class Sealer:
             raise CheckpointStoreCorrupt(f"{what}: the store returned a record of run {row.run_id!r}")
         self._verify(what, row.kid, row.sig, self._call_header(row.run_id, row.segment, row.seq, row.kind), row.payload)
         return _decode(what, row.payload)
+
+    # -- requests ----------------------------------------------------------------------
+
+    @staticmethod
+    def _request_header(run_id: str, kind: str) -> bytes:
+        return f'["{_REQUEST_DOMAIN}",{_json_str(run_id)},{_json_str(kind)}]'.encode()
+
+    def seal_request(self, run_id: str, kind: str, body: dict[str, Any]) -> str:
+        """Sign an operator's request about a run, kept outside its rows (a cancel request).
+
+        Returns one line of text, ``<key id>.<mac>.<base64url of the canonical body>``; the
+        MAC covers the run id, the kind and the encoded body, so a request cannot be moved
+        to another run or read as another kind.
+        """
+        encoded = base64.urlsafe_b64encode(canonical(body))
+        return f"{self._kid}.{self._mac(self._kid, self._request_header(run_id, kind), encoded)}.{encoded.decode()}"
+
+    def open_request(self, text: str, run_id: str, kind: str) -> dict[str, Any]:
+        """Check a request `seal_request` made for `run_id` and `kind`, then decode its body.
+
+        Raises:
+            CheckpointStoreCorrupt: the text is not a request, or its signature does not match.
+        """
+        what = f"the {kind} request for run {run_id!r}"
+        kid, _, rest = text.partition(".")
+        sig, _, encoded = rest.partition(".")
+        if not kid or not sig or not encoded:
+            raise CheckpointStoreCorrupt(f"{what} is not a signed request")
+        self._verify(what, kid, sig, self._request_header(run_id, kind), encoded.encode())
+        try:
+            payload = base64.urlsafe_b64decode(encoded.encode())
+        except ValueError:
+            raise CheckpointStoreCorrupt(f"{what}: its body is not base64") from None
+        return _decode(what, payload)
 
     # -- identity ----------------------------------------------------------------------
 

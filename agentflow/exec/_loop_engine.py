@@ -28,6 +28,7 @@ from agentflow.exec._durable import CallLog, PauseForApproval, describe_failure
 from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._executor import Executor
+from agentflow.exec._run_cancel import CancelRequested
 from agentflow.exec._run_cursor import RunCursor, RunOutcome
 from agentflow.exec._run_driver import RunDriver
 from agentflow.exec._run_protocol import RunProtocol
@@ -208,6 +209,8 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             if limit is not None and stages >= limit:
                 return self.result(lp, RunStatus.RUNNING, replayed, rerun)
             stages += 1
+            if lp.watch is not None:  # a boundary: a cancel request stops the loop before the stage
+                await lp.watch.check(boundary=True)
             if lp.stage in ("start", "tools"):
                 if lp.model_calls >= lp.max_steps:
                     lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
@@ -222,6 +225,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
                     return self.result(lp, status, replayed, rerun)
                 continue
             log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
+            log.watch = lp.watch
             results = await self._run_tools(lp, log)
             replayed += log.replayed
             rerun += log.rerun
@@ -258,6 +262,8 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             value = await log.call("tools", index, call.name, call.arguments)
         except PauseForApproval:
             return ""
+        except CancelRequested:
+            raise  # the protocol ends the loop; the calls before this one are logged
         except ApprovalDenied as exc:
             return f"denied: {exc}"
         except CheckpointError:

@@ -14,6 +14,7 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import Decision, Journal
 from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec._run_cancel import CancelWatch
 
 
 @dataclass
@@ -39,6 +40,8 @@ class RunCursor:
     """Why the run failed."""
     pins: dict[int, int] = field(default_factory=dict)
     """Record counts of earlier segments, pinned by the claim that opened this segment."""
+    watch: CancelWatch | None = None
+    """The look-out for a cancel request while this worker drives the run (None without a store)."""
 
     def outcome(self, replayed: list[str] | None = None, rerun: list[str] | None = None) -> dict[str, Any]:
         """The keyword fields of `RunOutcome` as this cursor stands."""

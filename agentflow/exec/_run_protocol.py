@@ -6,7 +6,10 @@ Moving parts:
 - `RunProtocol` puts them in order, once for every kind of run, each entry point under the
   run's lease (`_run_lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
-  doubt). `decide` (in `_durable`) is the one rule turning ``approve`` into decisions.
+  doubt), `retry`, `cancel`. `decide` (in `_durable`) is the one rule turning ``approve``
+  into decisions.
+- Every drive runs on the look-out for a cancel request (`_run_cancel.CancelWatch`); one
+  ends the run through `_end_cancelled`, the one place a run becomes ``cancelled``.
 - Control records (`_run_control`): every decision that steers a run is a claim
   checkpoint, signed like any other: a resume (``decisions``), an operator's decision to
   rerun calls in doubt (``rerun``), a worker parking a run on calls in doubt
@@ -14,7 +17,8 @@ Moving parts:
 
 Invariants:
 - No entry point reads, claims or runs anything before it holds the run's lease; a live
-  lease is refused with `RunHeld` (a `CheckpointConflict` naming the holder).
+  lease is refused with `RunHeld` (a `CheckpointConflict` naming the holder), except by
+  `cancel`, which leaves the holder a signed request instead.
 - Nothing runs before the claim is saved, and the claim is saved only after every check
   passed (signatures, numbering, pins, in-doubt calls, identity).
 - A decision is stored with the claim that carries it, and spent only after that save;
@@ -28,14 +32,16 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsDecision, Stale
+from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsDecision, RunHeld, Stale
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
 from agentflow.exec._durable_read import CallState, calls_in_doubt, read_head
+from agentflow.exec._run_cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, pins_for, untouched
 from agentflow.exec._run_control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
 from agentflow.exec._run_driver import C, R
@@ -73,10 +79,32 @@ class RunProtocol(RunSteps[C, R]):
         """
         async with self.hold(cur.run_id):
             await self.start(cur, lineage)
-            return await self.driver.drive(self, cur, {}, limit=limit, recovering=False)
+            return await self._drive(cur, {}, limit=limit, recovering=False)
+
+    async def _drive(self, cur: C, seeds: Mapping[str, CallState], *, limit: int | None, recovering: bool) -> R:
+        """Drive the held run, on the look-out for a cancel request (`_run_cancel`): it ends the run there."""
+        if self.store is not None and self.sealer is not None:
+            cur.watch = CancelWatch(self.store, self.sealer, cur.run_id, self.events)
+        try:
+            return await self.driver.drive(self, cur, seeds, limit=limit, recovering=recovering)
+        except CancelRequested as stop:
+            if cur.journal is not None:
+                await cur.journal.flush()  # a finished call's record goes in before the run ends
+            request = stop.request
+            who = {"operator": request.operator} if request.operator is not None else {}
+            result = await self._end_cancelled(cur.run_id, request.reason, who)
+            await withdraw(self._stores()[0], cur.run_id)
+            return result
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None) -> R:
-        """End a run that no live worker holds as ``cancelled``: a signed claim naming `operator` and `reason`.
+        """Cancel a run: at once if no live worker holds it, else by a signed request to its holder.
+
+        A run nobody holds (paused, stranded, between two supersteps) ends ``cancelled``
+        here, with a signed claim naming `operator` and `reason`. A run a live worker holds
+        gets a signed cancel request instead (`_run_cancel`): the holder starts no call
+        after it sees it, lets the calls in flight finish and be logged, then saves the same
+        claim. The result then is the run as it stands now (``running`` or ``paused``); wait
+        for ``cancelled`` (the holder looks before each call and each step).
 
         The claim opens a segment of its own, so a worker that lost the run is fenced (it
         starts no call and saves nothing more), and ``cancelled`` is final: no store takes
@@ -84,27 +112,49 @@ class RunProtocol(RunSteps[C, R]):
         dropped; calls in doubt stay in the log as they are.
 
         Raises:
-            RunHeld: a live worker holds the run (cancelling a run in flight is not built yet).
             CheckpointConflict: the run already ended.
             CheckpointStoreCorrupt: a row fails its check.
         """
         if not reason.strip():
             raise ValueError("say why the run is cancelled (the reason is signed into the run)")
-        async with self.hold(run_id):
+        who = self.operator(operator)
+        try:
+            return await self._cancel_now(run_id, reason, who)
+        except RunHeld as held:
+            store, sealer = self._stores()
+            request = CancelRequest(run_id, reason, who.get("operator"), time.time())
+            standing = await post(store, sealer, request)
+            self.events.emit(
+                "run.cancel_requested", run_id, holder=held.owner, reason=standing.reason, operator=standing.operator
+            )
+        try:  # the holder may have let go meanwhile, leaving nobody to see the request
+            return await self._cancel_now(run_id, standing.reason, {"operator": standing.operator})
+        except RunHeld:
             opened = await self.open(run_id, None, identity=False)
-            if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
-                raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to cancel")
-            _, counts = await self.read(opened)
-            cur = opened.cur
-            assert cur.step is not None
-            cur.pins = pins_for(counts, cur.step + 1)
-            cur.pending, cur.decisions = [], {}
-            who = self.operator(operator)
-            cur.error = f"cancelled by {who.get('operator', 'an operator')}: {reason}"
-            control = {**who, "reason": reason}
-            await self.save(cur, RunStatus.CANCELLED, segment=cur.step + 1, claim="cancel", control=control)
-            self.events.emit("run.cancelled", run_id, kind=self.driver.kind.value, step=cur.step, reason=reason, **who)
-            return self.driver.result(cur, RunStatus.CANCELLED)
+            return self.driver.result(opened.cur, RunStatus(opened.status))
+
+    async def _cancel_now(self, run_id: str, reason: str, who: Mapping[str, Any]) -> R:
+        async with self.hold(run_id):
+            result = await self._end_cancelled(run_id, reason, who)
+        if self.store is not None:
+            await withdraw(self.store, run_id)  # an earlier request is spent with it
+        return result
+
+    async def _end_cancelled(self, run_id: str, reason: str, who: Mapping[str, Any]) -> R:
+        """Save the signed ``cancel`` claim of a held run: the one place a run becomes cancelled."""
+        opened = await self.open(run_id, None, identity=False)
+        if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+            raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to cancel")
+        _, counts = await self.read(opened)
+        cur = opened.cur
+        assert cur.step is not None
+        cur.pins = pins_for(counts, cur.step + 1)
+        cur.pending, cur.decisions = [], {}
+        cur.error = f"cancelled by {who.get('operator') or 'an operator'}: {reason}"
+        control = {**who, "reason": reason}
+        await self.save(cur, RunStatus.CANCELLED, segment=cur.step + 1, claim="cancel", control=control)
+        self.events.emit("run.cancelled", run_id, kind=self.driver.kind.value, step=cur.step, reason=reason, **who)
+        return self.driver.result(cur, RunStatus.CANCELLED)
 
     async def recover(
         self, run_id: str, *, rerun_in_doubt: bool, ctx: RunContext | None, operator: str | None = None
@@ -125,7 +175,7 @@ class RunProtocol(RunSteps[C, R]):
             doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
             control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
             await self.claim(opened.cur, "recovery", counts, control)
-            return await self.driver.drive(self, opened.cur, seeds, limit=None, recovering=True)
+            return await self._drive(opened.cur, seeds, limit=None, recovering=True)
 
     async def resume(
         self,
@@ -159,7 +209,7 @@ class RunProtocol(RunSteps[C, R]):
             cur.decisions, cur.pending = chosen, []
             await self.claim(cur, "resume", counts, self.operator(operator))
             # A paused run did not crash: continuing it is not a recovery.
-            return await self.driver.drive(self, cur, seeds, limit=limit, recovering=False)
+            return await self._drive(cur, seeds, limit=limit, recovering=False)
 
     async def retry(
         self, run_id: str, *, operator: str | None, ctx: RunContext | None = None, limit: int | None = None
@@ -189,7 +239,7 @@ class RunProtocol(RunSteps[C, R]):
             self.events.emit(
                 "run.retried", run_id, kind=self.driver.kind.value, step=cur.step, **self.operator(operator)
             )
-            return await self.driver.drive(self, cur, seeds, limit=limit, recovering=True)
+            return await self._drive(cur, seeds, limit=limit, recovering=True)
 
     async def decide_in_doubt(
         self,
@@ -297,8 +347,8 @@ class RunProtocol(RunSteps[C, R]):
                 next_seq = untouched(body, counts) if handoff else None
                 if next_seq is None:  # something was logged after the checkpoint: its worker died in the step
                     await self.claim(cur, "recovery", counts)
-                    return await self.driver.drive(self, cur, seeds, limit=1, recovering=True)
+                    return await self._drive(cur, seeds, limit=1, recovering=True)
             mark = marker_of(body)
             assert mark is not None
             cur.journal = self.journal(run_id, mark[0], next_seq)
-            return await self.driver.drive(self, cur, seeds, limit=1, recovering=False)
+            return await self._drive(cur, seeds, limit=1, recovering=False)

@@ -243,6 +243,16 @@ def _fill(
     report.state = _state(latest)
     report.error = latest.get("error")
     report.records = len(records)
+    report.forked_from = _lineage(bodies[0])
+
+
+def _lineage(first: Mapping[str, Any]) -> v.Lineage | None:
+    """Where a forked run came from, as its (checked) step 0 says."""
+    source = first.get("forked_from")
+    if not isinstance(source, Mapping):
+        return None
+    operator = source.get("operator")
+    return v.Lineage(str(source.get("run")), int(source.get("step", 0)), str(operator) if operator else None)
 
 
 def _unknown(row: SealedCheckpoint, problem: str) -> bool:

@@ -157,6 +157,18 @@ class Recovery:
     """Who decided the claim it ran under, if it carried a decision."""
 
 
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a forked run started: a checkpoint of another run (signed into the fork's step 0)."""
+
+    run_id: str
+    """The run it was forked from."""
+    step: int
+    """The checkpoint of that run it started from."""
+    operator: str | None = None
+    """Who forked it."""
+
+
 @dataclass(slots=True)
 class RunReport:
     """Everything shown about one run."""
@@ -197,6 +209,8 @@ class RunReport:
     """The live lease on the run when it was read: a worker is running it (None: nobody holds it)."""
     awaiting: list[tuple[str, str]] = field(default_factory=list)
     """``(tool, why)`` of the calls in doubt a parked run waits for a decision about (its latest claim)."""
+    forked_from: Lineage | None = None
+    """The run and checkpoint this run was forked from (None: it was started afresh)."""
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""

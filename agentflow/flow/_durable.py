@@ -21,6 +21,7 @@ from agentflow.exec._durable import CallLog
 from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import Executor
+from agentflow.exec._run_cancel import CancelRequested
 from agentflow.exec._run_cursor import RunCursor
 from agentflow.exec._run_driver import RunDriver
 from agentflow.exec._run_protocol import RunProtocol
@@ -144,14 +145,17 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         ran = 0
         while limit is None or ran < limit:
             ran += 1
+            if cur.watch is not None:  # a boundary: a cancel request stops the run before the superstep
+                await cur.watch.check(boundary=True)
             log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
+            log.watch = cur.watch
             # A lone `Call` node returns as soon as its call does: nothing but the merge lies
             # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
             log.defer_done = len(cur.frontier) == 1 and isinstance(self.flow.nodes[cur.frontier[0]].action, Call)
             try:
                 out = await run_superstep(self.flow, cur.state, cur.frontier, cur.visits, log, self.events)
-            except CheckpointError:
-                raise  # the store refused a write or failed: this worker must not go on, nor mark the run
+            except (CheckpointError, CancelRequested):
+                raise  # the store refused a write or failed, or the run is being cancelled: the protocol ends it
             except FlowError as exc:
                 await self._fail(proto, cur, exc)
                 raise

@@ -1,0 +1,188 @@
+"""Cancelling a run a live worker holds: a signed request that the holder honours.
+
+A run nobody holds is cancelled at once (`RunProtocol.cancel` saves the ``cancel`` claim
+itself). A run a live worker holds cannot be: only the holder may write its rows. So the
+canceller leaves a request, and the holder ends the run.
+
+Moving parts:
+- `post`: the canceller's side. The request (run, reason, operator, when) is signed with
+  the checkpoint key (`Sealer.seal_request`) and left on the lease ``agentflow/cancel/<run>``
+  (`_run_quarantine.marker`): every process shares the store's leases, a take is atomic,
+  and the marker lapses on its own after `REQUEST_TTL_S` (a run that ended meanwhile
+  never reads it).
+- `CancelWatch`: the holder's side. It reads the marker at every step boundary and before
+  a call starts (calls that start together, with no call ending in between, share one
+  read) and raises `CancelRequested` once a signed request is there.
+- `RunProtocol` catches `CancelRequested` around every drive: the calls already in flight
+  have finished and are logged by then (a superstep lets its other nodes finish; a tool
+  loop runs its calls one by one), and the run ends ``cancelled`` with the same signed
+  claim as a direct cancel, naming the request's operator and reason. Then the marker goes.
+
+Invariants:
+- Only a request whose signature checks stops a run. Anything else on the marker (written
+  by hand, changed, signed with a key the holder lacks) is reported (a WARNING
+  and ``control.refused``) and removed, so it neither stops the run nor keeps a
+  real request out.
+- A call that started before the holder saw the request is not interrupted: it finishes
+  and its ``done`` (or ``failed``) record is logged before the run ends.
+- The request is a wish; the ``cancel`` claim is the fact. Nothing but a holder of the run's
+  lease saves that claim, so a request can neither fork a run nor end one twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentflow._errors import CheckpointStoreCorrupt
+from agentflow._events import Events
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_quarantine import marker
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import Lease
+
+log = logging.getLogger("agentflow.cancel")
+
+#: The request's kind, in its signature and in its marker's name.
+KIND: Final = "cancel"
+#: How long a request waits for its run's holder (then its marker lapses).
+REQUEST_TTL_S: Final = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """An operator's signed wish that a run stop."""
+
+    run_id: str
+    reason: str
+    operator: str | None
+    """Who asked (signed into the ``cancel`` claim that ends the run)."""
+    at: float
+    """When the request was made (seconds since the epoch)."""
+
+    def body(self) -> dict[str, Any]:
+        """What is signed."""
+        return {"run_id": self.run_id, "reason": self.reason, "operator": self.operator, "at": self.at}
+
+
+class CancelRequested(Exception):
+    """Raised where a run's holder stands when it finds a signed cancel request (internal)."""
+
+    def __init__(self, request: CancelRequest) -> None:
+        super().__init__(f"run {request.run_id!r}: cancel requested by {request.operator or 'an operator'}")
+        self.request = request
+
+
+def request_key(run_id: str) -> str:
+    """The lease id that carries the run's cancel request."""
+    return marker(run_id, KIND)
+
+
+def read_request(sealer: Sealer, mark: Lease, run_id: str) -> CancelRequest:
+    """Check and decode the request a marker carries.
+
+    Raises:
+        CheckpointStoreCorrupt: the marker carries no request signed for this run.
+    """
+    body = sealer.open_request(mark.owner, run_id, KIND)
+    try:
+        request = CancelRequest(run_id, str(body["reason"]), body["operator"], float(body["at"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointStoreCorrupt(
+            f"the cancel request for run {run_id!r} is signed but malformed: {exc!r}"
+        ) from None
+    if body["run_id"] != run_id or (request.operator is not None and not isinstance(request.operator, str)):
+        raise CheckpointStoreCorrupt(f"the cancel request for run {run_id!r} is signed but malformed")
+    return request
+
+
+async def post(store: CheckpointStore, sealer: Sealer, request: CancelRequest) -> CancelRequest:
+    """Leave a signed request for the run's holder; return the request that stands.
+
+    An earlier request that checks stands (the first reason is the one signed into the
+    run). A marker that does not check is removed and replaced.
+
+    Raises:
+        CheckpointStoreCorrupt: markers that do not check keep appearing (someone writes
+            them as fast as they are removed).
+    """
+    text = sealer.seal_request(request.run_id, KIND, request.body())
+    key = request_key(request.run_id)
+    for _ in range(3):
+        token = secrets.token_hex(16)
+        mark = await store.take_lease(key, text, token, REQUEST_TTL_S)
+        if mark.token == token:
+            return request
+        try:
+            return read_request(sealer, mark, request.run_id)
+        except CheckpointStoreCorrupt as exc:
+            log.warning("removing a cancel request that does not check: %s", exc, extra={"run_id": request.run_id})
+            await store.release_lease(key, mark.token)
+    raise CheckpointStoreCorrupt(
+        f"run {request.run_id!r}: a cancel request that does not check keeps reappearing at {key!r}; "
+        "someone writes to the store's leases"
+    )
+
+
+async def withdraw(store: CheckpointStore, run_id: str) -> None:
+    """Remove the run's cancel request, if any (the run ended, so it is spent or moot)."""
+    key = request_key(run_id)
+    mark = (await store.leases([key])).get(key)
+    if mark is not None:
+        await store.release_lease(key, mark.token)
+
+
+class CancelWatch:
+    """A holder's look-out for a cancel request on one run (see the module docstring)."""
+
+    def __init__(self, store: CheckpointStore, sealer: Sealer, run_id: str, events: Events) -> None:
+        self._store, self._sealer, self._events = store, sealer, events
+        self.run_id = run_id
+        self._key = request_key(run_id)
+        self._fresh = False
+        self.found: CancelRequest | None = None
+        """The request seen, once one was (it stays: the holder starts nothing after it)."""
+
+    def moved(self) -> None:
+        """Note that a call ended: the next check reads the store again."""
+        self._fresh = False
+
+    async def check(self, *, boundary: bool = False) -> None:
+        """Raise `CancelRequested` if a signed request is there.
+
+        A step boundary always reads the store; a call reads it unless nothing ended
+        since the last read (concurrent calls starting together share it).
+
+        Raises:
+            CancelRequested: the run is to stop; no call may start after this.
+        """
+        if self.found is None:
+            if self._fresh and not boundary:
+                return
+            self._fresh = True
+            mark = (await self._store.leases([self._key])).get(self._key)
+            if mark is None:
+                return
+            try:
+                self.found = read_request(self._sealer, mark, self.run_id)
+            except CheckpointStoreCorrupt as exc:
+                await self._refuse(mark, str(exc))
+                return
+        raise CancelRequested(self.found)
+
+    def raise_if_found(self) -> None:
+        """Raise `CancelRequested` if a request was seen (a node may have swallowed the first raise)."""
+        if self.found is not None:
+            raise CancelRequested(self.found)
+
+    async def _refuse(self, mark: Lease, why: str) -> None:
+        log.warning(
+            "run %s: ignoring and removing a cancel request that does not check: %s",
+            self.run_id,
+            why,
+            extra={"run_id": self.run_id},
+        )
+        self._events.emit("control.refused", self.run_id, kind=KIND, why=why)
+        await self._store.release_lease(self._key, mark.token)

@@ -1,0 +1,149 @@
+"""Cancelling a run a live worker holds: a signed request, honoured before the next call starts.
+
+Every rule runs on every store set-up (the ``workers`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from _kit.faults import body
+from _kit.tickets import BATCH, KEY, KEY_B, LOOKUP, ORDER, REFUNDS, Refund, make_tickets
+
+from agentflow import RunStatus
+from agentflow.exec import cancel_tool_loop, run_tool_loop
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_cancel import REQUEST_TTL_S, CancelRequest, request_key
+from agentflow.models import Message, ScriptedModel, ToolCall
+
+
+async def _inside_slow_lookup(workers, flow, run_id: str) -> tuple[asyncio.Event, asyncio.Task]:
+    """Start `flow` on a worker and return once its slow_lookup call is in flight (gate closed)."""
+    release, entered = workers.tickets.gate("slow_lookup")
+    running = asyncio.create_task(workers.runner().run(flow, ORDER, run_id=run_id))
+    await asyncio.wait_for(entered.wait(), 10)
+    return release, running
+
+
+async def _request(workers, run_id: str) -> str | None:
+    """What the cancel request marker holds (None: no request)."""
+    mark = (await workers.raw.leases([request_key(run_id)])).get(request_key(run_id))
+    return None if mark is None else mark.owner
+
+
+async def test_a_held_run_finishes_its_call_in_flight_then_ends_cancelled_before_the_next(workers):
+    # Given a run whose worker is inside slow_lookup (it holds the run's lease)
+    release, running = await _inside_slow_lookup(workers, LOOKUP, "lookup-1")
+    # When an operator cancels it
+    asked = await workers.runner().cancel(LOOKUP, "lookup-1", reason="customer left", operator="alice")
+    # Then the request is posted (the run still runs), naming the holder
+    assert asked.status == RunStatus.RUNNING
+    (requested,) = workers.named("run.cancel_requested")
+    assert requested.data["operator"] == "alice" and requested.data["holder"].startswith("runner@")
+    # And when the call in flight finishes, the worker logs it and stops before charging the card
+    release.set()
+    result = await asyncio.wait_for(running, 10)
+    assert result.status == RunStatus.CANCELLED
+    assert result.error == "cancelled by alice: customer left"
+    assert workers.ran("lookup-1") == {"slow_lookup": 1}
+    kinds = [(r.kind, body(r)["call_id"].split("/")[1]) for r in await workers.calls("lookup-1")]
+    assert kinds == [("started", "look"), ("done", "look")]
+    latest = (await workers.history("lookup-1"))[-1]
+    assert latest.status == "cancelled"
+    assert body(latest)["claim"] == "cancel" and body(latest)["operator"] == "alice"
+    assert body(latest)["reason"] == "customer left"
+    # And the request is spent: its marker is gone
+    assert await _request(workers, "lookup-1") is None
+
+
+async def test_a_node_calling_several_tools_starts_none_after_the_request(workers):
+    # Given a node that holds seats, looks up (in flight) and would then charge the card
+    release, running = await _inside_slow_lookup(workers, BATCH, "batch-1")
+    # When the run is cancelled while the lookup is in flight
+    await workers.runner().cancel(BATCH, "batch-1", reason="stop", operator="bob")
+    release.set()
+    # Then the lookup finishes and is logged, and the card is never charged
+    assert (await asyncio.wait_for(running, 10)).status == RunStatus.CANCELLED
+    assert "charge_card" not in workers.ran("batch-1")
+    assert workers.ran("batch-1")["slow_lookup"] == 1
+    finished = [body(r)["call_id"] for r in await workers.calls("batch-1") if r.kind == "done"]
+    assert any("/batch/" in call for call in finished)
+
+
+async def test_a_second_request_keeps_the_first_reason(workers):
+    release, running = await _inside_slow_lookup(workers, LOOKUP, "lookup-1")
+    await workers.runner().cancel(LOOKUP, "lookup-1", reason="first", operator="alice")
+    await workers.runner().cancel(LOOKUP, "lookup-1", reason="second", operator="bob")
+    release.set()
+    result = await asyncio.wait_for(running, 10)
+    assert result.error == "cancelled by alice: first"
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "not a request",
+        # signed, but with a key the workers do not hold
+        Sealer(KEY_B).seal_request("lookup-1", "cancel", CancelRequest("lookup-1", "forged", "mallory", 0.0).body()),
+        # signed with the right key, but for another run
+        Sealer(KEY).seal_request("other", "cancel", CancelRequest("other", "moved", "mallory", 0.0).body()),
+    ],
+    ids=["unsigned", "other-key", "other-run"],
+)
+async def test_a_request_that_does_not_check_is_ignored_and_removed(workers, forged):
+    # Given a run in flight, and a cancel marker someone wrote into the store's leases
+    release, running = await _inside_slow_lookup(workers, LOOKUP, "lookup-1")
+    await workers.raw.take_lease(request_key("lookup-1"), forged, "t" * 32, REQUEST_TTL_S)
+    release.set()
+    # Then the run finishes, the marker is reported and removed
+    assert (await asyncio.wait_for(running, 10)).status == RunStatus.DONE
+    assert workers.ran("lookup-1") == {"slow_lookup": 1, "charge_card": 1, "email_tickets": 1}
+    (refused,) = workers.named("control.refused")
+    assert refused.run_id == "lookup-1" and refused.data["kind"] == "cancel"
+    assert await _request(workers, "lookup-1") is None
+
+
+async def test_a_forged_marker_does_not_keep_a_real_request_out(workers):
+    release, running = await _inside_slow_lookup(workers, LOOKUP, "lookup-1")
+    await workers.raw.take_lease(request_key("lookup-1"), "forged", "t" * 32, REQUEST_TTL_S)
+    await workers.runner().cancel(LOOKUP, "lookup-1", reason="real", operator="carol")
+    release.set()
+    assert (await asyncio.wait_for(running, 10)).error == "cancelled by carol: real"
+
+
+async def test_a_request_that_finds_the_run_let_go_cancels_it_at_once(workers):
+    # Given a paused run (nobody holds it) and a request left for a holder that is gone
+    await workers.runner().run(REFUNDS, Refund(amount=500), run_id="refund-1")
+    sealer = Sealer(KEY)
+    request = CancelRequest("refund-1", "left over", "dave", 0.0)
+    await workers.raw.take_lease(
+        request_key("refund-1"), sealer.seal_request("refund-1", "cancel", request.body()), "t" * 32, REQUEST_TTL_S
+    )
+    # When someone resumes it, Then the request stops it before the pending call runs
+    result = await workers.runner().resume(REFUNDS, "refund-1", approve=True)
+    assert result.status == RunStatus.CANCELLED and result.error == "cancelled by dave: left over"
+    assert workers.ran("refund-1") == {}
+
+
+async def test_a_tool_loop_a_worker_holds_stops_before_its_next_model_call(store_setup):
+    # Given a tool loop inside slow_lookup, its model ready to ask for more
+    tickets = make_tickets()
+    release, entered = tickets.gate("slow_lookup")
+    look = Message.assistant("", tool_calls=[ToolCall(id="c1", name="slow_lookup", arguments={"show": "x"})])
+    more = Message.assistant("", tool_calls=[ToolCall(id="c2", name="email_tickets", arguments={"show": "x"})])
+    model = ScriptedModel([look, more, Message.assistant("done")])
+    common = {"checkpoints": store_setup.raw, "checkpoint_key": KEY}
+    running = asyncio.create_task(
+        run_tool_loop(model, tickets.registry, [Message.user("go")], run_id="loop-1", **common)
+    )
+    await asyncio.wait_for(entered.wait(), 10)
+    # When it is cancelled
+    asked = await cancel_tool_loop("loop-1", reason="enough", operator="erin", **common)
+    assert asked.status == RunStatus.RUNNING
+    release.set()
+    # Then the lookup finishes, and the model is not asked again
+    result = await asyncio.wait_for(running, 10)
+    assert result.status == RunStatus.CANCELLED and result.error == "cancelled by erin: enough"
+    assert tickets.ledger.counts() == {"slow_lookup": 1}
+    assert result.model_calls == 1
