@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentflow._errors import CheckpointStoreCorrupt, FlowError
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError, RunHeld
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.celery._tasks import AgentflowTasks
@@ -22,8 +22,10 @@ from agentflow.exec._durable_loop import LoopResult, cancel_tool_loop, read_tool
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
+from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import SegmentView
+from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._messages import Message
 
@@ -251,6 +253,65 @@ class FlowClient:
         )
         await asyncio.to_thread(self.tasks.send_superstep, flow.name, result.run_id, 0, "start")
         return result.run_id
+
+    async def recover(self, run_id: str, *, rerun_in_doubt: bool = False, operator: str | None = None) -> int | None:
+        """Enqueue the recovery of a run (or tool loop) that no live worker holds; a worker carries it on.
+
+        The message grants nothing (cause ``recover``): the worker replays the finished calls
+        and reruns a call in doubt only if its tool is idempotent or a signed decision covers
+        it, else it parks the run for a decision. With `rerun_in_doubt`, that decision is
+        saved here first, as `decide_in_doubt` without `calls` saves it (every call in doubt
+        reruns; a signed claim naming `operator`), and the message (cause ``rerun``) only
+        points at it; a run with no call in doubt is recovered as without it.
+
+        Returns:
+            The step the worker starts from, or None when nothing was enqueued because the
+            run is paused (it waits for an approval: `resume` it).
+
+        Raises:
+            CheckpointNotFound: unknown run.
+            RunHeld: a live worker holds the run: it is running there, and is not touched.
+            CheckpointConflict: the run already ended.
+            CheckpointStoreCorrupt: its latest checkpoint fails its check.
+        """
+        assert self.runner.checkpoints is not None
+        row = await self._unheld(run_id)
+        if row is None:
+            return None
+        if rerun_in_doubt:
+            try:
+                step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator)
+            except RunHeld:
+                raise
+            except CheckpointConflict:  # no call in doubt (or the run moved since): a plain recovery
+                row = await self._unheld(run_id)
+                if row is None:
+                    return None
+            else:
+                await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, step, "rerun")
+                return step
+        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, row.step, "recover")
+        return row.step
+
+    async def _unheld(self, run_id: str) -> SealedCheckpoint | None:
+        """The run's latest checkpoint (checked) if it is running and nobody holds it; None if it is paused.
+
+        Raises:
+            RunHeld: a live worker holds the run.
+            CheckpointConflict: the run already ended.
+        """
+        assert self.runner.checkpoints is not None
+        store = self.runner.checkpoints
+        row = await store.latest(run_id)
+        self.sealer.open_checkpoint(row, run_id)  # the flow column and status are trusted once the row checks
+        lease = (await held_by(store, [run_id])).get(run_id)
+        if lease is not None:
+            raise RunHeld(run_id, lease.owner, lease.expires_at)
+        if row.status == "paused":
+            return None
+        if row.status != "running":
+            raise CheckpointConflict(f"run {run_id!r} already ended ({row.status}); there is nothing to recover")
+        return row
 
     async def start_loop(
         self, name: str, messages: Sequence[Message], *, run_id: str | None = None, ctx: RunContext | None = None

@@ -1,4 +1,4 @@
-"""``--app module:attr``: import the user's `FlowApp` the way ``python -m`` would find it."""
+"""``--app module:attr``: import the user's `FlowApp` the way ``python -m`` would find it (``--workers`` too)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ from agentflow._app import FlowApp, load_app
 from agentflow.cli._errors import CliError
 
 
+def search_cwd() -> None:
+    """Put the current directory on ``sys.path``, as ``python -m`` does (a console script does not)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def import_app(path: str) -> FlowApp:
     """Import the `FlowApp` at `path`, looking in the current directory first.
 
     Raises:
         CliError: the path is malformed, does not import, or is not a FlowApp.
     """
-    # A console script does not put the working directory on sys.path; `python -m` does.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    search_cwd()
     try:
         return load_app(path)
     except ValueError as exc:

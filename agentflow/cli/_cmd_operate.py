@@ -1,16 +1,19 @@
 """``agentflow decide``, ``retry``, ``cancel`` and ``fork``: an operator's actions on one run.
 
 Each holds the run's lease while it acts (a run a live worker holds is refused, naming
-the holder), signs what it decides with the operator's name (``--as``), and runs no tool:
-``decide`` stores the word on each call in doubt for the next recovery (a worker, or
-``agentflow recover``) to spend; ``fork`` saves the new run's step 0 and, unless
-``--run``, leaves it for a worker.
+the holder) and signs what it decides with the operator's name (``--as``). Here, ``decide``
+stores the word on each call in doubt for the next recovery (a worker, or ``agentflow
+recover``) to spend; ``retry`` runs the run on in this process; ``fork`` saves the new
+run's step 0 and, unless ``--run``, leaves it for a worker. Through ``--workers``, what is
+decided is saved the same way and a message sends a worker to act on it (``decide``,
+``retry``, ``fork``); the command waits for the run to settle and says where it landed.
+``cancel`` sends nothing: a cancelled run is final.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,24 +22,14 @@ from agentflow._display import printable
 from agentflow._errors import FlowError
 from agentflow._run_types import RunKind
 from agentflow.cli import _errors
-from agentflow.cli._apps import import_app
-from agentflow.cli._cmd_act import _runner, operator_option
-from agentflow.cli._target import Target, open_target, store_options
+from agentflow.cli._acting import Acting, Here, acting, column_of
 from agentflow.cli._text import echo, paint
 from agentflow.exec._durable_loop import cancel_tool_loop, decide_in_doubt_tool_loop
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.flow._graph import Flow
-from agentflow.flow._runner import FlowRunner
 
-_APP = click.option("--app", "app_path", required=True, metavar="MODULE:ATTR", help="The FlowApp with the run's flow.")
-
-
-async def _column(runner: FlowRunner, run_id: str) -> str:
-    """The run's stored flow column, trusted only once its latest row checks."""
-    assert runner.checkpoints is not None and runner.sealer is not None
-    row = await runner.checkpoints.latest(run_id)
-    runner.sealer.open_checkpoint(row, run_id)
-    return row.flow
+if TYPE_CHECKING:
+    from agentflow.cli._workers import Settled, Workers
 
 
 def _flow(app: FlowApp, column: str) -> Flow[Any]:
@@ -77,42 +70,46 @@ def parse_word(text: str) -> tuple[str, InDoubtDecision]:
     raise click.BadParameter(f"{text!r}: say rerun, happened:JSON or not:REASON after the =")
 
 
+def _where(settled: Settled) -> str:
+    """Where a run the workers moved landed: its status and step, and which worker moved it last."""
+    report = settled.report
+    return f"now {paint(report.status)} at step {report.step} (by {settled.holder})"
+
+
+async def _cancel_here(here: Here, run_id: str, reason: str, operator: str | None) -> str:
+    column = await column_of(here.target.store, here.target.sealer, run_id)
+    if RunKind.of(column) is RunKind.LOOP:
+        loop = await cancel_tool_loop(
+            run_id,
+            reason=reason,
+            checkpoints=here.target.store,
+            checkpoint_key=here.target.keys,
+            operator=operator,
+            name=RunKind.name_of(column),
+            owner=here.runner.ownership.owner,
+        )
+        return str(loop.status)
+    result = await here.runner.cancel(_flow(here.app, column), run_id, reason=reason, operator=operator)
+    return str(result.status)
+
+
 @click.command("cancel")
-@store_options
 @click.argument("run_id")
-@_APP
 @click.option("--reason", required=True, help="Why the run is cancelled (signed into it).")
-@operator_option
-def cancel(store_url: str, key_env: str, run_id: str, app_path: str, reason: str, operator: str) -> None:
+@acting(waits=False)
+def cancel(how: Acting, run_id: str, reason: str) -> None:
     """Cancel a paused or stranded run: it ends ``cancelled`` and is never recovered."""
-    app = import_app(app_path)
-    target = open_target(store_url, key_env)
-    runner = _runner(app, target)
-
-    async def act() -> str:
-        column = await _column(runner, run_id)
-        if RunKind.of(column) is RunKind.LOOP:
-            loop = await cancel_tool_loop(
-                run_id,
-                reason=reason,
-                checkpoints=target.store,
-                checkpoint_key=target.keys,
-                operator=operator or None,
-                name=RunKind.name_of(column),
-                owner=runner.ownership.owner,
-            )
-            return str(loop.status)
-        result = await runner.cancel(_flow(app, column), run_id, reason=reason, operator=operator or None)
-        return str(result.status)
-
-    status = target.run(act)
+    if how.workers is not None:
+        client = how.workers.client
+        status = how.workers.run(lambda: client.cancel(run_id, reason=reason, operator=how.operator))
+    else:
+        here = how.here()
+        status = here.target.run(lambda: _cancel_here(here, run_id, reason, how.operator))
     echo(f"run {printable(run_id)}: {paint(status)} ({printable(reason)})")
 
 
 @click.command("decide")
-@store_options
 @click.argument("run_id")
-@_APP
 @click.option(
     "--call",
     "words",
@@ -121,118 +118,161 @@ def cancel(store_url: str, key_env: str, run_id: str, app_path: str, reason: str
     help="Per call in doubt: CALL_ID=rerun, CALL_ID=happened:JSON (its result) or CALL_ID=not:REASON.",
 )
 @click.option("--rerun-all", is_flag=True, help="Rerun every call in doubt (checked at their systems first).")
-@operator_option
-def decide(
-    store_url: str, key_env: str, run_id: str, app_path: str, words: tuple[str, ...], rerun_all: bool, operator: str
-) -> None:
-    """Say what happened to the calls in doubt of a run; the next recovery acts on it."""
+@acting()
+def decide(how: Acting, run_id: str, words: tuple[str, ...], rerun_all: bool) -> None:
+    """Say what happened to the calls in doubt of a run; the next recovery acts on it (--workers: a worker, now)."""
     if bool(words) == rerun_all:
         raise click.UsageError("say --call CALL_ID=... for each call in doubt, or --rerun-all")
     calls = dict(parse_word(w) for w in words) if words else None
-    app = import_app(app_path)
-    target = open_target(store_url, key_env)
-    runner = _runner(app, target)
-    step = target.run(lambda: _decide(runner, app, target, run_id, calls, operator or None))
+    if how.workers is not None:
+        _decide_through(how.workers, run_id, calls, how.operator)
+        return
+    here = how.here()
+    step = here.target.run(lambda: _decide_here(here, run_id, calls, how.operator))
     echo(f"run {printable(run_id)}: decision stored at step {step}; recover the run (or let a worker) to act on it")
 
 
-async def _decide(
-    runner: FlowRunner,
-    app: FlowApp,
-    target: Target,
-    run_id: str,
-    calls: dict[str, InDoubtDecision] | None,
-    operator: str | None,
-) -> int:
-    column = await _column(runner, run_id)
+async def _decide_here(here: Here, run_id: str, calls: dict[str, InDoubtDecision] | None, operator: str | None) -> int:
+    column = await column_of(here.target.store, here.target.sealer, run_id)
     try:
         if RunKind.of(column) is RunKind.LOOP:
             return await decide_in_doubt_tool_loop(
                 run_id,
-                checkpoints=target.store,
-                checkpoint_key=target.keys,
-                registry=_loop_registry(app, RunKind.name_of(column)),
+                checkpoints=here.target.store,
+                checkpoint_key=here.target.keys,
+                registry=_loop_registry(here.app, RunKind.name_of(column)),
                 calls=calls,
                 operator=operator,
                 name=RunKind.name_of(column),
-                owner=runner.ownership.owner,
+                owner=here.runner.ownership.owner,
             )
-        return await runner.decide_in_doubt(_flow(app, column), run_id, calls=calls, operator=operator)
+        return await here.runner.decide_in_doubt(_flow(here.app, column), run_id, calls=calls, operator=operator)
     except ValueError as exc:
         raise _errors.CliError(str(exc)) from None
 
 
+def _decide_through(
+    workers: Workers, run_id: str, calls: dict[str, InDoubtDecision] | None, operator: str | None
+) -> None:
+    async def act() -> tuple[int, Settled | None]:
+        step = await workers.client.decide_in_doubt(run_id, calls=calls, operator=operator)
+        return step, await workers.settle(run_id)
+
+    step, settled = workers.run(act)
+    said = f"run {printable(run_id)}: decision stored at step {step}"
+    if settled is None:
+        echo(f"{said}; a worker acts on it")
+        return
+    workers.check(settled)
+    echo(f"{said}; a worker acted on it: {_where(settled)}")
+    if settled.report.status == "failed":
+        echo(f"the run failed: {printable(settled.report.error or '')}")
+
+
 @click.command("retry")
-@store_options
 @click.argument("run_id")
-@_APP
-@operator_option
-def retry(store_url: str, key_env: str, run_id: str, app_path: str, operator: str) -> None:
-    """Run a failed run again from the superstep that failed (its failed calls run again, here)."""
-    app = import_app(app_path)
-    target = open_target(store_url, key_env)
-    runner = _runner(app, target)
+@acting()
+def retry(how: Acting, run_id: str) -> None:
+    """Run a failed run again from the superstep that failed (its failed calls run again, here or on a worker)."""
+    if how.workers is not None:
+        workers = how.workers
 
-    async def act() -> tuple[str, int | None, str | None]:
-        column = await _column(runner, run_id)
-        if RunKind.of(column) is RunKind.LOOP:
-            raise _errors.CliError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
-        result = await runner.retry(_flow(app, column), run_id, operator=operator or None)
-        return str(result.status), result.step, result.error
+        async def enqueue() -> tuple[int, Settled | None]:
+            step = await workers.client.retry(run_id, operator=how.operator)
+            return step, await workers.settle(run_id)
 
-    status, step, error = target.run(act)
-    echo(f"run {printable(run_id)}: retried; now {paint(status)} at step {step}")
+        step, settled = workers.run(enqueue)
+        if settled is None:
+            echo(f"run {printable(run_id)}: retry stored at step {step}; a worker runs it")
+            return
+        workers.check(settled)
+        status, error, where = settled.report.status, settled.report.error, _where(settled)
+    else:
+        here = how.here()
+
+        async def act() -> tuple[str, int | None, str | None]:
+            column = await column_of(here.target.store, here.target.sealer, run_id)
+            if RunKind.of(column) is RunKind.LOOP:
+                raise _errors.CliError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
+            result = await here.runner.retry(_flow(here.app, column), run_id, operator=how.operator)
+            return str(result.status), result.step, result.error
+
+        status, step_now, error = here.target.run(act)
+        where = f"now {paint(status)} at step {step_now}"
+    echo(f"run {printable(run_id)}: retried; {where}")
     if status == "failed":
         raise _errors.ProblemsFound(f"run {run_id!r} failed again: {error}")
 
 
+def _patch(patch: str | None) -> dict[str, Any] | None:
+    if patch is None:
+        return None
+    try:
+        fields = json.loads(patch)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"--patch must be a JSON object ({exc})") from None
+    if not isinstance(fields, dict):
+        raise click.BadParameter("--patch must be a JSON object of state fields")
+    return fields
+
+
 @click.command("fork")
-@store_options
 @click.argument("run_id")
-@_APP
 @click.option("--at", "at_step", type=int, required=True, help="The checkpoint (step) to start from.")
 @click.option("--patch", help="A JSON object of state fields to change.")
 @click.option("--new-id", "new_run_id", help="The new run's id (unguessable by default).")
 @click.option("--run", "run_here", is_flag=True, help="Run the new run here (else only its step 0 is saved).")
-@operator_option
-def fork(
-    store_url: str,
-    key_env: str,
-    run_id: str,
-    app_path: str,
-    at_step: int,
-    patch: str | None,
-    new_run_id: str | None,
-    run_here: bool,
-    operator: str,
-) -> None:
+@acting()
+def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: str | None, run_here: bool) -> None:
     """Start a new run from a checkpoint of RUN_ID, its state patched (the old run is not touched)."""
-    fields: dict[str, Any] | None = None
-    if patch is not None:
-        try:
-            fields = json.loads(patch)
-        except json.JSONDecodeError as exc:
-            raise click.BadParameter(f"--patch must be a JSON object ({exc})") from None
-        if not isinstance(fields, dict):
-            raise click.BadParameter("--patch must be a JSON object of state fields")
-    app = import_app(app_path)
-    target = open_target(store_url, key_env)
-    runner = _runner(app, target)
+    fields = _patch(patch)
+    forked = f"forked from {printable(run_id)} at step {at_step}"
+    if how.workers is not None:
+        if run_here:
+            raise click.UsageError("--run runs the new run in this process; with --workers a worker runs it")
+        new_id, settled = _fork_through(how.workers, run_id, at_step, fields, new_run_id, how.operator)
+        if settled is None:
+            echo(f"run {printable(new_id)} {forked}: a worker runs it")
+            return
+        how.workers.check(settled)
+        echo(f"run {printable(new_id)} {forked}: {_where(settled)}")
+        return
+    here = how.here()
 
     async def act() -> tuple[str, str, int | None]:
-        column = await _column(runner, run_id)
+        column = await column_of(here.target.store, here.target.sealer, run_id)
         if RunKind.of(column) is RunKind.LOOP:
             raise _errors.CliError(f"run {run_id!r} is a tool loop: only flow runs can be forked")
-        result = await runner.fork(
-            _flow(app, column),
+        result = await here.runner.fork(
+            _flow(here.app, column),
             run_id,
             at_step=at_step,
             new_run_id=new_run_id,
             patch=fields,
-            operator=operator or None,
+            operator=how.operator,
             max_supersteps=None if run_here else 0,
         )
         return result.run_id, str(result.status), result.step
 
-    new_id, status, step = target.run(act)
-    echo(f"run {printable(new_id)} forked from {printable(run_id)} at step {at_step}: {paint(status)} at step {step}")
+    new_id, status, step = here.target.run(act)
+    echo(f"run {printable(new_id)} {forked}: {paint(status)} at step {step}")
+
+
+def _fork_through(
+    workers: Workers,
+    run_id: str,
+    at_step: int,
+    fields: dict[str, Any] | None,
+    new_run_id: str | None,
+    operator: str | None,
+) -> tuple[str, Settled | None]:
+    async def act() -> tuple[str, Settled | None]:
+        column = await column_of(workers.store, workers.sealer, run_id)
+        if RunKind.of(column) is RunKind.LOOP:
+            raise _errors.CliError(f"run {run_id!r} is a tool loop: only flow runs can be forked")
+        new_id = await workers.client.fork(
+            run_id, at_step=at_step, new_run_id=new_run_id, patch=fields, operator=operator
+        )
+        return new_id, await workers.settle(new_id)
+
+    return workers.run(act)

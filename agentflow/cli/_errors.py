@@ -24,6 +24,7 @@ from agentflow._errors import (
     CheckpointNotFound,
     CheckpointStoreCorrupt,
 )
+from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 T = TypeVar("T")
 
@@ -75,11 +76,15 @@ def explain(exc: BaseException, key_env: str | None = None) -> CliError:
 USER_ERRORS: tuple[type[BaseException], ...] = (AgentflowError, ValueError, ImportError, OSError)
 
 
-def run(job: Callable[[], Awaitable[T]], key_env: str | None = None) -> T:
-    """Run `job` on a new event loop; user errors become a `CliError`."""
+def run(job: Callable[[], Awaitable[T]], key_env: str | None = None, *, close: CheckpointStore | None = None) -> T:
+    """Run `job` on a new event loop, then close the store `close`; user errors become a `CliError`."""
 
     async def main() -> T:
-        return await job()
+        try:
+            return await job()
+        finally:
+            if close is not None:
+                await close.aclose()
 
     try:
         return asyncio.run(main())

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from agentflow.cli._cmd_act import recover, resume
+from agentflow.cli._cmd_act import resume
 from agentflow.cli._cmd_operate import cancel, decide, fork, retry
+from agentflow.cli._cmd_recover import recover
 from agentflow.cli._cmd_runs import runs
 from agentflow.cli._cmd_serve import demo, viewer
 from agentflow.cli._cmd_verify import verify

@@ -159,7 +159,7 @@ def _rerun_command(report: RunReport) -> str:
     """How an operator reruns the run's calls in doubt, once checked at their systems."""
     if report.kind is RunKind.LOOP:
         return f"recover_tool_loop(..., run_id={printable(repr(report.run_id))}, rerun_in_doubt=True)"
-    return f"agentflow recover {printable(report.flow)} --app ... --rerun-in-doubt"
+    return f"agentflow recover {printable(report.run_id)} --app ... --rerun-in-doubt"
 
 
 def _now(report: RunReport) -> list[str]:

@@ -52,14 +52,7 @@ class Target:
 
     def run(self, job: Callable[[], Awaitable[T]]) -> T:
         """Run `job` on a new event loop, then close the store; user errors become one line."""
-
-        async def closing() -> T:
-            try:
-                return await job()
-            finally:
-                await self.store.aclose()
-
-        return _errors.run(closing, self.key_env)
+        return _errors.run(job, self.key_env, close=self.store)
 
 
 def _demo_key_allowed() -> bool:
@@ -94,8 +87,11 @@ def _remember_demo_key(ctx: click.Context, _param: click.Parameter, value: bool)
     return value
 
 
-def store_options(fn: F) -> F:
-    """Add ``--store``, ``--key-env`` and ``--allow-demo-key`` to a command (the last one is read by `open_target`)."""
+def store_options(fn: F, *, required: bool = True) -> F:
+    """Add ``--store``, ``--key-env`` and ``--allow-demo-key`` to a command (the last one is read by `open_target`).
+
+    `required` False: the command can act without a store of its own (through the workers).
+    """
     fn = click.option(
         "--allow-demo-key",
         is_flag=True,
@@ -115,7 +111,7 @@ def store_options(fn: F) -> F:
         "--store",
         "store_url",
         envvar="AGENTFLOW_STORE",
-        required=True,
+        required=required,
         metavar="URL",
         help="The checkpoint store, e.g. sqlite:///runs.db or redis://host:6379/0 (env: AGENTFLOW_STORE).",
     )(fn)

@@ -16,14 +16,14 @@ APP = "runs_kit:app"
 def test_recover_stops_at_a_call_in_doubt_then_reruns_it_when_told(agentflow):
     # Given ship-1, whose worker died inside the (not idempotent) ship tool
     # When it is recovered without a decision
-    first = agentflow("recover", "shipping", "--app", APP)
+    first = agentflow("recover", "ship-1", "--app", APP)
     # Then nothing ran, the summary says why, and the exit code says a run was not recovered
     assert first.exit_code == 1
     assert "ship-1  needs a decision  in doubt: ship" in first.stdout
-    assert "recovering 1 run(s) of shipping" in first.stderr
+    assert "recovering 1 run(s)" in first.stderr
     assert "1 of 1 run(s) were not recovered" in first.stderr
     # When the operator checked the call and recovers with --rerun-in-doubt
-    second = agentflow("recover", "shipping", "--app", APP, "--rerun-in-doubt")
+    second = agentflow("recover", "ship-1", "--app", APP, "--rerun-in-doubt")
     # Then the run finishes, and is marked recovered
     assert second.exit_code == 0, second.output
     assert "ship-1  done" in second.stdout and "reran 1" in second.stdout
@@ -32,13 +32,13 @@ def test_recover_stops_at_a_call_in_doubt_then_reruns_it_when_told(agentflow):
 
 
 def test_recover_with_nothing_to_do(agentflow):
-    result = agentflow("recover", "tickets", "--app", "agentflow.demo.tickets:app")
+    result = agentflow("recover", "--flow", "tickets", "--app", "agentflow.demo.tickets:app")
     assert result.exit_code == 0
     assert result.stdout.strip() == "no unfinished runs of flow 'tickets'"
 
 
 def test_recover_reports_paused_runs_and_runs_with_a_principal(agentflow):
-    result = agentflow("recover", "refunds", "--app", APP)
+    result = agentflow("recover", "refund-1", "refund-2", "--app", APP)
     assert result.exit_code == 1
     assert "refund-1  paused" in result.stdout
     assert "refund-2  needs its principal" in result.stdout
@@ -47,10 +47,11 @@ def test_recover_reports_paused_runs_and_runs_with_a_principal(agentflow):
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["recover", "nope", "--app", APP], "unknown flow 'nope' (this app has: refunds, shipping)"),
-        (["recover", "shipping", "--app", "runs_kit"], "write it as package.module:attribute"),
-        (["recover", "shipping", "--app", "no_such_module:app"], "cannot import 'no_such_module'"),
-        (["recover", "shipping", "--app", "runs_kit:registry"], "is not a FlowApp"),
+        (["recover", "--flow", "nope", "--app", APP], "unknown flow 'nope' (this app has: refunds, shipping)"),
+        (["recover", "nope", "--app", APP], "no run 'nope' in this store"),
+        (["recover", "ship-1", "--app", "runs_kit"], "write it as package.module:attribute"),
+        (["recover", "ship-1", "--app", "no_such_module:app"], "cannot import 'no_such_module'"),
+        (["recover", "ship-1", "--app", "runs_kit:registry"], "is not a FlowApp"),
         (["resume", "refund-1", "--app", "runs_kit:nothing", "--approve"], "is not a FlowApp"),
     ],
 )

@@ -103,8 +103,8 @@ def test_resume_and_recover_escape_what_the_store_and_the_app_say(hostile: str) 
     shown = invoke(hostile, "runs", "show", f"pays{CLEAR}")
     assert_terminal_safe(shown.output)
     assert "ok \\x1b]0;pwned\\x07" in shown.stdout
-    # and recover's summary and progress label are escaped too
-    recovered = invoke(hostile, "recover", "fetch\x1b]0;flow\x07ing", "--app", "hostile_kit:app")
+    # and recover's listing, summary and progress label are escaped too
+    recovered = invoke(hostile, "recover", "--flow", "fetch\x1b]0;flow\x07ing", "--yes", "--app", "hostile_kit:app")
     assert recovered.exit_code == 0
     assert_terminal_safe(recovered.output)
 

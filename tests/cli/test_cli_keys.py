@@ -42,7 +42,7 @@ def test_the_demo_key_is_refused_unless_the_command_is_told(agentflow: Run, comm
 
 def test_the_demo_key_is_refused_by_the_acting_commands_and_the_viewer(agentflow: Run) -> None:
     for command in (
-        ["recover", "shipping", "--app", "runs_kit:app"],
+        ["recover", "ship-1", "--app", "runs_kit:app"],
         ["resume", "refund-1", "--app", "runs_kit:app", "--approve"],
         ["viewer", "--port", "0"],
     ):

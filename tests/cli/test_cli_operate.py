@@ -48,7 +48,7 @@ def test_decide_happened_supplies_the_result_and_recover_finishes_without_shippi
     said = agentflow("decide", "ship-1", "--app", APP, "--call", word, "--as", "ops")
     assert said.exit_code == 0, said.output
     assert "decision stored at step" in said.stdout
-    recovered = agentflow("recover", "shipping", "--app", APP)
+    recovered = agentflow("recover", "ship-1", "--app", APP)
     # Then the run finishes with the supplied result (ship never ran again: it would say "shipped to Lisbon")
     assert recovered.exit_code == 0, recovered.output
     assert "ship-1  done" in recovered.stdout

@@ -59,7 +59,7 @@ def test_the_operator_comes_from_the_environment_else_the_login_name(agentflow, 
     assert "decided by bob at" in agentflow("runs", "show", "refund-1").stdout
     # and without it, the login name is
     with_runner(db, "park", "ship-1")
-    recovered = agentflow("recover", "shipping", "--app", APP, "--rerun-in-doubt", env={"AGENTFLOW_OPERATOR": None})
+    recovered = agentflow("recover", "ship-1", "--app", APP, "--rerun-in-doubt", env={"AGENTFLOW_OPERATOR": None})
     assert recovered.exit_code == 0, recovered.output
     assert f"decided by {getpass.getuser()} at" in agentflow("runs", "show", "ship-1").stdout
 
@@ -90,8 +90,8 @@ def test_recover_leaves_a_live_run_alone_and_says_who_holds_it(agentflow, db):
     # Given ship-1 held by a live worker
     hold(db, "ship-1")
     before = stored(db, "ship-1")
-    # When its flow is recovered, even with --rerun-in-doubt
-    result = agentflow("recover", "shipping", "--app", APP, "--rerun-in-doubt", "--as", "alice")
+    # When it is recovered, even with --rerun-in-doubt
+    result = agentflow("recover", "ship-1", "--app", APP, "--rerun-in-doubt", "--as", "alice")
     # Then the run is reported as held by that worker, until its lease ends, and nothing ran
     assert f"ship-1  held     held by {HOLDER} until " in result.stdout
     assert "1 run(s) are live on their workers and were left alone" in result.stdout
@@ -120,7 +120,7 @@ def test_a_parked_run_says_what_it_waits_for_and_how_to_decide(agentflow, db):
     # Then it waits for a decision about ship, with the command that decides
     assert "marks: in doubt, waiting for a decision" in out
     assert "waiting for a decision about calls in doubt: ship (call 1/ship/0/" in out
-    assert "check each at its system, then decide: agentflow recover shipping --app ... --rerun-in-doubt" in out
+    assert "check each at its system, then decide: agentflow recover ship-1 --app ... --rerun-in-doubt" in out
     assert "parked it (calls in doubt wait for a decision) at step 2, held by worker-9@host-c:99" in out
 
 

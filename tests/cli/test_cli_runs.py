@@ -55,7 +55,7 @@ def test_show_marks_a_call_in_doubt(agentflow):
     out = agentflow("runs", "show", "ship-1").stdout
     assert "marks: in doubt" in out
     assert "in doubt  0" in out and "started, no result" in out
-    assert "agentflow recover shipping --app ... --rerun-in-doubt" in out
+    assert "agentflow recover ship-1 --app ... --rerun-in-doubt" in out
 
 
 def test_show_a_paused_run_lists_its_pending_approval(agentflow):

@@ -317,7 +317,7 @@ async def test_a_live_run_is_never_taken_over(shared_spec, tmp_path, spawn, monk
 
         # And the command line leaves the run alone, saying who holds it
         for flags in (["--rerun-in-doubt"], []):
-            recovered = await agentflow(shared_spec, "recover", "tickets", "--app", APP, *flags, "--as", "alice")
+            recovered = await agentflow(shared_spec, "recover", "order-1", "--app", APP, *flags, "--as", "alice")
             assert recovered.exit_code == 0, recovered.output
             assert f"held by {owner} until " in recovered.stdout
             assert "1 run(s) are live on their workers and were left alone" in recovered.stdout

@@ -1,0 +1,130 @@
+"""``--workers MODULE:ATTR``: act on runs through a deployment's Celery workers; no tool runs here.
+
+The `AgentflowTasks` the workers registered (``workers.celery_app:tasks`` in the runnable
+deployment) carries the deployment's store, key ring, flows and queue. Every action goes
+through `agentflow.celery.FlowClient`: what it decides is a signed claim saved here (this
+process holds the key), and the message that follows carries ids only; a worker spends it
+and runs the tools. The command then waits for each run it moved to settle (ended, paused,
+or waiting for a decision), up to ``--timeout``, and reads it through the read model to
+report it; with ``--no-wait`` it reports what it enqueued.
+
+Only `_acting` imports this module, and only when ``--workers`` is given: `agentflow.celery`
+(the ``celery`` extra) is imported here, never by the rest of the CLI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from agentflow._display import printable
+from agentflow._run_types import RunKind
+from agentflow.cli import _errors
+from agentflow.cli._apps import search_cwd
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import RunReport
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+
+try:
+    from agentflow.celery import AgentflowTasks, FlowClient, load_tasks
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise _errors.CliError(f"--workers needs the celery extra: pip install 'agentflow[celery]' ({exc})") from None
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A run the command waited for, as the read model shows it afterwards."""
+
+    report: RunReport
+    """The run, every row checked."""
+    timed_out: bool
+    """It had not settled when ``--timeout`` ran out (the workers carry it on)."""
+
+    @property
+    def holder(self) -> str:
+        """Who moved the run last: the owner of its latest segment (a worker's ``<node>:<pid>``)."""
+        segments = self.report.segments
+        return printable(segments[-1].owner or "?") if segments else "?"
+
+
+class Workers:
+    """A deployment's workers, reached through the tasks they registered, and how long to wait for them."""
+
+    def __init__(self, tasks: AgentflowTasks, *, wait: bool, timeout_s: float) -> None:
+        """Act through `tasks` (the deployment's store and key ring); wait up to `timeout_s`, unless not `wait`."""
+        self.client = FlowClient(tasks)
+        self.wait = wait
+        self.timeout_s = timeout_s
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The deployment's checkpoint store."""
+        store = self.client.runner.checkpoints
+        assert store is not None
+        return store
+
+    @property
+    def sealer(self) -> Sealer:
+        """Checks rows under the deployment's key ring."""
+        return self.client.sealer
+
+    def run(self, job: Callable[[], Awaitable[T]]) -> T:
+        """Run `job` on a new event loop, then close the store; user errors become one line."""
+        return _errors.run(job, close=self.store)
+
+    async def settle(self, run_id: str) -> Settled | None:
+        """Wait until the run settles, or ``--timeout`` runs out; then read it. None with ``--no-wait``."""
+        if not self.wait:
+            return None
+        row = await self.store.latest(run_id)
+        self.sealer.open_checkpoint(row, run_id)  # its flow column picks the waiter once the row checks
+        try:
+            if RunKind.of(row.flow) is RunKind.LOOP:
+                await self.client.wait_loop(RunKind.name_of(row.flow), run_id, timeout_s=self.timeout_s)
+            else:
+                await self.client.wait(run_id, timeout_s=self.timeout_s)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        return Settled(await read_run(self.store, self.sealer, run_id), timed_out)
+
+    def check(self, settled: Settled) -> None:
+        """End the command when the run it waited for did not settle in time, fails its check, or needs a decision.
+
+        Raises:
+            ProblemsFound: it is still moving after ``--timeout``, a row fails its check, or a worker
+                parked it on calls in doubt.
+        """
+        report = settled.report
+        run_id = printable(repr(report.run_id))
+        if report.corrupt:
+            raise _errors.ProblemsFound(f"run {run_id} has rows that fail their check: {report.problems[0]}")
+        if settled.timed_out:
+            raise _errors.ProblemsFound(
+                f"run {run_id} is still {report.status} at step {report.step} after {self.timeout_s:g} s; the "
+                f"workers carry it on (agentflow runs show {printable(report.run_id)})"
+            )
+        if report.awaiting:
+            calls = "; ".join(f"{tool} ({why})" for tool, why in report.awaiting)
+            raise _errors.ProblemsFound(
+                f"run {run_id} waits for a decision about calls in doubt: {calls}; check each at its system, "
+                f"then: agentflow decide {printable(report.run_id)} --workers ..."
+            )
+
+
+def load_workers(path: str, *, wait: bool, timeout_s: float) -> Workers:
+    """The workers at ``--workers`` `path` (the current directory is searched first, as for ``--app``).
+
+    Raises:
+        CliError: the path is malformed, does not import, or names something else.
+    """
+    search_cwd()
+    try:
+        tasks = load_tasks(path)
+    except ValueError as exc:
+        raise _errors.CliError(str(exc)) from None
+    return Workers(tasks, wait=wait, timeout_s=timeout_s)
