@@ -26,7 +26,8 @@ moved on sends none. So a run whose worker was killed moves again within one lea
 How a superstep task ends tells what became of its run (Flower shows the state; see
 `AgentflowTasks.end_task`): ``SUCCESS`` when the run goes on or finished; ``FAILURE`` (a
 `RunFailed` with the run's error) when it ended failed; ``PAUSED`` when it waits for an
-approval; ``NEEDS_DECISION`` when calls in doubt wait for an operator; ``RECOVERED`` when the
+approval; ``NEEDS_DECISION`` when calls in doubt wait for an operator; ``CANCELLED`` when
+the superstep ended the run on an operator's cancel request; ``RECOVERED`` when the
 superstep recovered the run (it was not a clean handoff) and the run goes on or finished.
 The custom states are stored with the task's result as their meta and end the task with
 `celery.exceptions.Ignore`, which acknowledges the message: none of them is retried or
@@ -69,7 +70,7 @@ CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume", "retry")
 RECOVERY_CAUSES = ("recover", "recheck", "rerun", "retry")
 
 #: The final task states Flower shows for a superstep whose run did not simply go on or finish.
-PAUSED, NEEDS_DECISION, RECOVERED = "PAUSED", "NEEDS_DECISION", "RECOVERED"
+PAUSED, NEEDS_DECISION, RECOVERED, CANCELLED = "PAUSED", "NEEDS_DECISION", "RECOVERED", "CANCELLED"
 
 
 @dataclass
@@ -136,7 +137,8 @@ class AgentflowTasks:
     def final_state(outcome: Outcome, recovering: bool) -> str:
         """The Celery state a superstep task ends in, from its outcome.
 
-        ``FAILURE`` when the run ended failed; ``NEEDS_DECISION`` when calls in doubt wait for
+        ``FAILURE`` when the run ended failed; ``CANCELLED`` when the superstep ended it on an
+        operator's cancel request; ``NEEDS_DECISION`` when calls in doubt wait for
         an operator; ``PAUSED`` when the run waits for an approval; ``RECOVERED`` when a
         superstep that was not a clean handoff (`recovering`) ran and the run goes on or
         finished; ``SUCCESS`` otherwise (a handoff that ran, or a superstep that was skipped,
@@ -148,6 +150,8 @@ class AgentflowTasks:
             return "SUCCESS"
         if outcome.status == "failed":
             return "FAILURE"
+        if outcome.status == "cancelled":
+            return CANCELLED
         if outcome.status == "paused":
             return PAUSED
         return RECOVERED if recovering and outcome.status in ("running", "done") else "SUCCESS"

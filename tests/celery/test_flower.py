@@ -243,8 +243,18 @@ def ran(status: str, **more: Any) -> Outcome:
         (ran("done", rerun=["1/pay/0/ab"]), "rerun", False, "RECOVERED"),
         (ran("running"), "next", True, "RECOVERED"),  # a redelivered handoff
         (ran("running", rerun=["1/pay/0/ab"]), "next", False, "RECOVERED"),  # found one cut off
+        (ran("cancelled"), "next", False, "CANCELLED"),  # the superstep honoured a cancel request
     ],
-    ids=["paused", "paused-on-recovery", "needs-decision", "recovered", "rerun", "redelivered", "cut-off-handoff"],
+    ids=[
+        "paused",
+        "paused-on-recovery",
+        "needs-decision",
+        "recovered",
+        "rerun",
+        "redelivered",
+        "cut-off-handoff",
+        "cancelled",
+    ],
 )
 def test_a_task_whose_run_waits_or_recovered_ends_in_its_own_state_with_its_result(
     bare_tasks, outcome, cause, redelivered, state

@@ -67,6 +67,25 @@ async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(deployment:
     assert deployment.effects() == before
 
 
+async def test_a_run_on_a_worker_is_cancelled_before_its_next_call_and_its_call_in_flight_is_logged(
+    deployment: Deployment,
+) -> None:
+    # Given a ticket run whose worker is inside hold_seats (each tool takes about a second)
+    deployment.set_delay(0.8, 0.8)
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "Manon"})
+    await deployment.until_started(run_id, "hold_seats")
+    # When the operator cancels it, Then the request is left for the worker that holds it
+    assert await deployment.client.cancel(run_id, reason="sold out", operator="wen") == "running"
+    # And the worker finishes hold_seats, logs it, and ends the run before charging the card
+    view = await deployment.client.wait(run_id, timeout_s=60)
+    assert view.status == "cancelled" and view.error == "cancelled by wen: sold out", view
+    assert deployment.effects()[("hold_seats", run_id)] == 1
+    assert ("charge_card", run_id) not in deployment.effects()
+    report = await deployment.report(run_id)
+    assert [(c.tool, c.kind) for c in report.calls] == [("hold_seats", "done")]
+
+
 async def test_a_failed_run_is_retried_on_a_worker_once_its_tools_work_again(deployment: Deployment) -> None:
     # Given a run that failed because the workers' tools were broken
     deployment.break_tools()
