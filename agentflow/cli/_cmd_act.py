@@ -71,7 +71,7 @@ def _resume_through(workers: Workers, run_id: str, approve: bool, note: str | No
     workers.check(settled)
     report = settled.report
     pending = [f"{p.get('tool')} ({p.get('call_id')})" for p in report.pending]
-    _landed(run_id, approve, report.status, report.step, pending, report.error, f" (by {settled.holder})")
+    _landed(run_id, approve, report.status, report.step, pending, report.error, f" (by {settled.saved_by})")
 
 
 @click.command("resume")

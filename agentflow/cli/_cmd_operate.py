@@ -73,7 +73,7 @@ def parse_word(text: str) -> tuple[str, InDoubtDecision]:
 def _where(settled: Settled) -> str:
     """Where a run the workers moved landed: its status and step, and which worker moved it last."""
     report = settled.report
-    return f"now {paint(report.status)} at step {report.step} (by {settled.holder})"
+    return f"now {paint(report.status)} at step {report.step} (by {settled.saved_by})"
 
 
 async def _cancel_here(here: Here, run_id: str, reason: str, operator: str | None) -> str:

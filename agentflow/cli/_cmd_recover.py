@@ -84,7 +84,7 @@ def settled_outcome(settled: Settled) -> tuple[str, str]:
         return "failed", report.error or ""
     if report.status == "paused":
         return "paused", "waiting for approval: " + ", ".join(str(p.get("tool")) for p in report.pending)
-    detail = f"by {settled.holder}"
+    detail = f"by {settled.saved_by}"
     if report.recoveries:
         last = report.recoveries[-1]
         detail += f": replayed {len(last.replayed)} call(s), reran {len(last.rerun)}"

@@ -45,10 +45,10 @@ class Settled:
     """It had not settled when ``--timeout`` ran out (the workers carry it on)."""
 
     @property
-    def holder(self) -> str:
-        """Who moved the run last: the owner of its latest segment (a worker's ``<node>:<pid>``)."""
-        segments = self.report.segments
-        return printable(segments[-1].owner or "?") if segments else "?"
+    def saved_by(self) -> str:
+        """Who saved the run's latest checkpoint: the worker that moved it last (``<node>:<pid>``)."""
+        checkpoints = self.report.checkpoints
+        return printable(checkpoints[-1].by or "?") if checkpoints else "?"
 
 
 class Workers:

@@ -59,12 +59,14 @@ def sigkill(where: str) -> NoReturn:
 
 @dataclasses.dataclass(frozen=True)
 class Effect:
-    """One real effect: a tool body ran (or a model was called)."""
+    """One real effect: a tool body ran (or a model was called), in the process `pid`."""
 
     tool: str
     run_id: str
     key: str
     """The call's ``idempotency_key()``, or a detail (a model call's number)."""
+    pid: int = 0
+    """The process that had the effect (which worker process ran the tool)."""
 
 
 class Ledger:
@@ -89,10 +91,10 @@ class Ledger:
         """Note one effect."""
         path = self.path
         if path is None:
-            self._memory.append(Effect(tool, run_id, key))
+            self._memory.append(Effect(tool, run_id, key, os.getpid()))
             return
         with path.open("a") as fh:
-            fh.write(json.dumps([tool, run_id, key]) + "\n")
+            fh.write(json.dumps([tool, run_id, key, os.getpid()]) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 

@@ -43,6 +43,7 @@ class Agentflow:
         key: str | None = runs_kit.KEY_TEXT,
         store: bool = True,
         env: Mapping[str, str | None] | None = None,
+        input: str | None = None,
     ) -> Result:
         environ: dict[str, str | None] = {
             "AGENTFLOW_CHECKPOINT_KEYS": key,
@@ -50,7 +51,7 @@ class Agentflow:
             **runs_kit.ALLOW_DEMO_KEY,
         }
         environ.update(env or {})
-        result = self.runner.invoke(cli, list(args), env=environ, catch_exceptions=False)
+        result = self.runner.invoke(cli, list(args), env=environ, input=input, catch_exceptions=False)
         return result
 
 
