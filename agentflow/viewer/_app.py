@@ -20,9 +20,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from agentflow.viewer._actions import OPERATIONS, endpoint
 from agentflow.viewer._hosts import HostCheck
 from agentflow.viewer._pages import list_page, run_page
-from agentflow.viewer._resume import resume_endpoint
 from agentflow.viewer._settings import Viewer, ViewerSettings
 
 __all__ = ["ViewerSettings", "create_app"]
@@ -50,11 +50,17 @@ def create_app(settings: ViewerSettings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await settings.store.aclose()
+        if viewer.operator is not None:
+            await viewer.operator.aclose()
 
+    # The actions before the run page: its {run_id} would match ".../resume" too (a GET still reaches the page).
+    actions = [
+        Route(f"/runs/{{run_id:agentflow_run_id}}/{name}", endpoint(viewer, op), methods=["POST"], name=name)
+        for name, op in OPERATIONS.items()
+    ]
     routes = [
         Route("/", list_page(viewer), name="runs"),
-        # Before the run page: its {run_id:path} would match ".../resume" too.
-        Route("/runs/{run_id:agentflow_run_id}/resume", resume_endpoint(viewer), methods=["POST"], name="resume"),
+        *actions,
         Route("/runs/{run_id:agentflow_run_id}", run_page(viewer), name="run"),
         Mount("/static", StaticFiles(packages=[("agentflow.viewer", "static")]), name="static"),
     ]

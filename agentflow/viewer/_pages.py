@@ -10,11 +10,11 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agentflow._errors import CheckpointError, CheckpointNotFound
+from agentflow._errors import CheckpointError
 from agentflow.exec._durable_seal import key_id
-from agentflow.exec._run_read import read_heads, read_run
+from agentflow.exec._run_read import read_heads
 from agentflow.exec._run_view import STATUSES, RunHead
-from agentflow.viewer._resume import action
+from agentflow.viewer._offers import offers
 from agentflow.viewer._settings import Viewer, root_of
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -22,7 +22,9 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 #: How many pages back the list goes (the store hands over every run a page skips).
 MAX_PAGES: Final = 200
 #: What the page's counters sum up, in this order.
-COUNTED: Final = ("running", "paused", "done", "failed", "claimed", "live", "corrupt")
+COUNTED: Final = ("running", "paused", "done", "failed", "cancelled", "claimed", "live", "corrupt")
+#: What the run page can say was just done to the run (``?done=``, set by the actions' redirects).
+DONE: Final = frozenset({"approved", "denied", "cancelled", "cancel-requested", "retried", "decided", "forked"})
 
 
 def _counts(heads: Sequence[RunHead]) -> list[tuple[str, int]]:
@@ -107,21 +109,18 @@ def list_page(viewer: Viewer) -> Endpoint:
 
 
 def run_page(viewer: Viewer) -> Endpoint:
-    """``/runs/{run_id}``: timeline, state, call log, recoveries, approvals (every row checked)."""
+    """``/runs/{run_id}``: timeline, state, call log, recoveries, and the actions (every row checked)."""
 
     async def endpoint(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        try:
-            report = await read_run(viewer.settings.store, viewer.sealer, run_id)
-        except CheckpointNotFound:
-            return viewer.problem(request, 404, "No such run", f"The store holds no run {run_id!r}.")
-        except CheckpointError as exc:
-            return viewer.problem(request, 503, "The store cannot be read", str(exc), run_id)
-        resumed = request.query_params.get("resumed")
+        report = await viewer.read(request, request.path_params["run_id"])
+        if isinstance(report, Response):
+            return report
+        done = request.query_params.get("done")
         context = {
             "run": report,
-            "act": action(viewer, request, report),
-            "resumed": resumed if resumed in ("approved", "denied") else None,
+            "ops": offers(viewer, request, report),
+            "done": done if done in DONE else None,
+            "distributed": viewer.operator is not None and viewer.operator.distributed,
         }
         return viewer.page(request, "run.html", context)
 

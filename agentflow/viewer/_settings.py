@@ -6,7 +6,7 @@ import json
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 import jinja2
@@ -17,9 +17,16 @@ from starlette.templating import Jinja2Templates
 
 from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
+from agentflow._errors import CheckpointError, CheckpointNotFound
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.viewer._hosts import TrustedHosts, check_proxies, parse_entry
+from agentflow.viewer._operators import Here, Operator, Workers
+
+if TYPE_CHECKING:
+    from agentflow.celery import AgentflowTasks
 
 #: Sent with every page: no framing, no inline or foreign scripts, forms post only here.
 SECURITY_HEADERS: Final = {
@@ -127,9 +134,9 @@ class ViewerSettings:
     keys: Sequence[bytes]
     """The checkpoint key ring (newest first) that checks every row shown."""
     flows: FlowApp | None = None
-    """The app whose flows resume paused runs; None disables Approve and Deny."""
+    """The app whose flows the actions use; None (and no `workers`) makes the viewer read-only."""
     token: str | None = None
-    """If set, resuming needs this token (from any address); if not, only loopback clients may resume.
+    """If set, every action needs this token (from any address); if not, only loopback clients may act.
 
     At least 22 random characters (16 random bytes); ``secrets.token_urlsafe(32)`` makes one."""
     label: str = ""
@@ -149,12 +156,18 @@ class ViewerSettings:
     proxies: Sequence[str] = ()
     """Addresses (or networks) of reverse proxies whose ``X-Forwarded-For``/``-Proto`` are believed.
 
-    Empty (the default): nobody's. With proxies, approving needs the token."""
+    Empty (the default): nobody's. With proxies, every action needs the token."""
     token_label: str = DEFAULT_TOKEN_LABEL
-    """Who decides through this viewer: signed as the ``operator`` of every Approve and Deny it stores.
+    """Who decides through this viewer: signed as the ``operator`` of every action it stores.
 
     Name the people who hold the token (``ops-team``, a person's name); without a token, those
     at this machine."""
+    workers: str | AgentflowTasks | None = None
+    """The deployment's `AgentflowTasks` (or ``"module:attr"`` naming them): every action that runs a tool
+    then goes through `agentflow.celery.FlowClient`, and the workers run the tools, never the viewer.
+
+    A path is imported when the settings are made (`agentflow.celery.load_tasks`); without `flows`,
+    the workers' app is used. Needs the ``celery`` extra."""
 
     def __post_init__(self) -> None:
         if self.token is not None:
@@ -173,6 +186,8 @@ class ViewerSettings:
             raise ValueError(f"ViewerSettings.limit: show 1 to {MAX_LIMIT} runs a page, not {self.limit}")
         if self.refresh_s < 1:
             raise ValueError(f"ViewerSettings.refresh_s: refresh every second or less often, not {self.refresh_s}")
+        if isinstance(self.workers, str):
+            object.__setattr__(self, "workers", _load_workers(self.workers))
 
     def __repr__(self) -> str:
         flows = None if self.flows is None else f"<FlowApp: {', '.join(sorted(self.flows.flows))}>"
@@ -180,8 +195,24 @@ class ViewerSettings:
             f"ViewerSettings(store=<{type(self.store).__name__}>, keys=<{len(self.keys)} hidden>, flows={flows}, "
             f"token={'<hidden>' if self.token is not None else None}, label={self.label!r}, limit={self.limit}, "
             f"refresh_s={self.refresh_s}, allowed_hosts={self.allowed_hosts!r}, port={self.port}, "
-            f"proxies={self.proxies!r}, token_label={self.token_label!r})"
+            f"proxies={self.proxies!r}, token_label={self.token_label!r}, "
+            f"workers={'<AgentflowTasks>' if self.workers is not None else None})"
         )
+
+
+def _load_workers(path: str) -> AgentflowTasks:
+    """The `AgentflowTasks` at ``module:attr`` (agentflow.celery is imported here only: its extra is optional).
+
+    Raises:
+        ValueError: the extra is missing, or the path does not name the tasks (the message says which).
+    """
+    try:
+        from agentflow.celery import load_tasks
+    except ImportError as exc:
+        raise ValueError(
+            f"ViewerSettings.workers needs the 'celery' extra: pip install 'agentflow[celery]' ({exc})"
+        ) from None
+    return load_tasks(path)
 
 
 class Viewer:
@@ -190,6 +221,16 @@ class Viewer:
     def __init__(self, settings: ViewerSettings) -> None:
         self.settings = settings
         self.sealer = Sealer(list(settings.keys))
+        tasks = settings.workers
+        assert not isinstance(tasks, str)  # loaded when the settings were made
+        #: The app whose flows the actions use (the workers' when only `workers` is given); None: read-only.
+        self.flows: FlowApp | None = settings.flows or (tasks.worker.flow_app if tasks is not None else None)
+        #: Carries the actions out: the workers when the settings name them, else this process (or nobody).
+        self.operator: Operator | None = None
+        if tasks is not None:
+            self.operator = Workers(tasks)
+        elif self.flows is not None:
+            self.operator = Here(settings.store, settings.keys, self.flows)
         self.trusted = TrustedHosts.of(settings.allowed_hosts, settings.port)
         #: Signs the CSRF tokens of this process's forms (a restart makes open pages stale).
         self.csrf_secret = secrets.token_bytes(32)
@@ -221,3 +262,12 @@ class Viewer:
     def problem(self, request: Request, status: int, title: str, message: str, run_id: str | None = None) -> Response:
         """An error page: what went wrong, in one sentence, and a way back."""
         return self.page(request, "problem.html", {"title": title, "message": message, "run_id": run_id}, status)
+
+    async def read(self, request: Request, run_id: str) -> RunReport | Response:
+        """The run, every row checked (`read_run`); or the page saying why not (404 unknown, 503 unreadable)."""
+        try:
+            return await read_run(self.settings.store, self.sealer, run_id)
+        except CheckpointNotFound:
+            return self.problem(request, 404, "No such run", f"The store holds no run {run_id!r}.")
+        except CheckpointError as exc:
+            return self.problem(request, 503, "The store cannot be read", str(exc), run_id)

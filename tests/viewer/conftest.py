@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ops_kit
 import pytest
 from viewer_kit import CHROMIUM, CHROMIUM_ARGS, SHOTS, client_for, make_app, runs_kit, served, unavailable
 
@@ -21,6 +22,14 @@ def db(built_db, tmp_path):
 def local(db):
     """A client on this machine, with a viewer that knows the app's flows."""
     with client_for(make_app(db)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def ops(db):
+    """A client on this machine, with a viewer over the kit's runs and quote-1 (failed), acting with `ops_kit.app`."""
+    ops_kit.add_failed(db)
+    with client_for(make_app(db, flows=ops_kit.app)) as test_client:
         yield test_client
 
 

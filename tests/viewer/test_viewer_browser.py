@@ -64,7 +64,7 @@ def test_approving_a_paused_run_finishes_it(page, viewer_url, db, shots):
     page.once("dialog", accept)
     page.get_by_role("button", name="Approve").click()
     # Then the run went on to done, on the page and in the store, and the tool ran once
-    expect(page).to_have_url(re.compile(r"/runs/refund-1\?resumed=approved$"))
+    expect(page).to_have_url(re.compile(r"/runs/refund-1\?done=approved$"))
     expect(page.locator("h1 .status")).to_have_text("done")
     expect(page.locator(".banner.good")).to_contain_text("You approved")
     assert dialogs and "Approve 1 pending call(s) of refund-1?" in dialogs[0]

@@ -143,7 +143,7 @@ def test_a_spoofed_forwarded_for_does_not_make_a_client_local(db):
     with client_for(make_app(db)) as local, client_for(make_app(db), client=ELSEWHERE) as remote:
         csrf = csrf_of(local.get("/runs/refund-1").text)
         page = remote.get("/runs/refund-1", headers=spoof).text
-        assert "approving is allowed only from this machine" in page and 'name="csrf"' not in page
+        assert "acting on a run is allowed only from this machine" in page and 'name="csrf"' not in page
         assert remote.post("/runs/refund-1/resume", data={**FORM, "csrf": csrf}, headers=spoof).status_code == 403
     assert status_of(db, "refund-1") == "paused"
 
@@ -168,7 +168,7 @@ def test_behind_a_proxy_without_a_token_nobody_approves(db):
     app = make_app(db, proxies=["10.0.0.5"])
     with client_for(app, client=LOCAL) as local:
         page = local.get("/runs/refund-1").text
-        assert "behind a proxy, approving needs the viewer&#39;s token" in page and 'name="csrf"' not in page
+        assert "behind a proxy, acting on a run needs the viewer&#39;s token" in page and 'name="csrf"' not in page
 
 
 def test_forwarded_proto_counts_only_from_a_named_proxy(db):

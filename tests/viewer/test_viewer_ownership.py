@@ -50,13 +50,15 @@ def test_the_list_marks_a_live_run_with_its_holder(local, db):
     assert "1 live" in html
 
 
-def test_a_held_paused_run_offers_no_decision(local, db):
+def test_a_held_paused_run_offers_no_decision_but_cancel(local, db):
     # Given refund-1, paused, while another process holds its lease
     hold(db, "refund-1")
     html = local.get("/runs/refund-1").text
-    # Then the buttons are off, and the page says who holds the run
-    assert 'name="csrf"' not in html and "disabled" in html
+    # Then Approve and Deny are off, and the page says who holds the run
+    assert "/runs/refund-1/resume" not in html and "disabled" in html
     assert f"is held by {HOLDER} until" in html
+    # And Cancel is offered all the same (the holder is asked to stop)
+    assert 'action="/runs/refund-1/cancel"' in html
 
 
 def test_approve_of_a_held_run_answers_who_holds_it_and_runs_nothing(local, db):

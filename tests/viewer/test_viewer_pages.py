@@ -140,7 +140,7 @@ def test_mounted_under_a_prefix_every_link_keeps_it(db):
         page = client.get("/ops/agentflow/runs/refund-1").text
         assert 'action="/ops/agentflow/runs/refund-1/resume"' in page
         answer = post_decision(client, "/ops/agentflow/runs/refund-1/resume", csrf_of(page))
-        assert answer.headers["location"] == "/ops/agentflow/runs/refund-1?resumed=approved"
+        assert answer.headers["location"] == "/ops/agentflow/runs/refund-1?done=approved"
         assert client.get("/ops/agentflow/static/viewer.js").status_code == 200
 
 

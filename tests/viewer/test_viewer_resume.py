@@ -35,7 +35,7 @@ def test_approve_from_this_machine_finishes_the_run(local, db):
     answer = post(local, "refund-1", csrf, note="looked fine")
     # Then the viewer resumed the run (the tool ran once) and sends the browser back to it
     assert answer.status_code == 303
-    assert answer.headers["location"] == "/runs/refund-1?resumed=approved"
+    assert answer.headers["location"] == "/runs/refund-1?done=approved"
     assert status_of(db, "refund-1") == "done" and runs_kit.REFUNDS == ["order-1"]
     assert "You approved the pending calls" in local.get(answer.headers["location"]).text
 
@@ -49,7 +49,7 @@ def test_deny_ends_the_run_without_running_the_tool(local, db):
 def test_another_machine_cannot_resume_without_a_token(db):
     with client_for(make_app(db)) as local, client_for(make_app(db), client=REMOTE) as remote:
         # the page seen from elsewhere has its buttons disabled, with the reason
-        assert "approving is allowed only from this machine" in remote.get("/runs/refund-1").text
+        assert "acting on a run is allowed only from this machine" in remote.get("/runs/refund-1").text
         csrf = csrf_of(local.get("/runs/refund-1").text)
         # even with a valid form, a POST from elsewhere is refused
         assert post(remote, "refund-1", csrf).status_code == 403

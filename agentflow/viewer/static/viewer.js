@@ -1,8 +1,9 @@
-// agentflow run viewer: the live refresh toggle and the confirmation before Approve / Deny.
+// agentflow run viewer: the live refresh toggle and the confirmation before every action (Approve, Deny,
+// Cancel, Retry, Decide, Fork).
 // No framework and no build: the page works without this file (no refresh, no dialog).
 "use strict";
 
-// Ask before a form button with data-confirm submits (Approve / Deny).
+// Ask before a form button with data-confirm submits (every action button has one).
 document.addEventListener("submit", (event) => {
   const button = event.submitter;
   const message = button && button.dataset.confirm;
