@@ -1,13 +1,15 @@
 """``agentflow decide``, ``retry``, ``cancel`` and ``fork``: an operator's actions on one run.
 
 Each holds the run's lease while it acts (a run a live worker holds is refused, naming
-the holder) and signs what it decides with the operator's name (``--as``). Here, ``decide``
-stores the word on each call in doubt for the next recovery (a worker, or ``agentflow
-recover``) to spend; ``retry`` runs the run on in this process; ``fork`` saves the new
-run's step 0 and, unless ``--run``, leaves it for a worker. Through ``--workers``, what is
-decided is saved the same way and a message sends a worker to act on it (``decide``,
-``retry``, ``fork``); the command waits for the run to settle and says where it landed.
-``cancel`` sends nothing: a cancelled run is final.
+the holder; ``cancel`` asks the holder instead) and signs what it decides with the
+operator's name (``--as``). Here, ``decide`` stores the word on each call in doubt for
+the next recovery (a worker, or ``agentflow recover``) to spend; ``retry`` runs the run on
+in this process; ``fork`` saves the new run's step 0 and, unless ``--run``, leaves it for a
+worker. Through ``--workers``, what is decided is saved the same way and a message sends a
+worker to act on it (``decide``, ``retry``, ``fork``); the command waits for the run to
+settle and says where it landed. ``cancel`` ends a run nobody holds at once, and leaves
+a live worker a signed request it honours before its next call (through ``--workers``,
+the command waits for it).
 """
 
 from __future__ import annotations
@@ -96,16 +98,35 @@ async def _cancel_here(here: Here, run_id: str, reason: str, operator: str | Non
 @click.command("cancel")
 @click.argument("run_id")
 @click.option("--reason", required=True, help="Why the run is cancelled (signed into it).")
-@acting(waits=False)
+@acting()
 def cancel(how: Acting, run_id: str, reason: str) -> None:
-    """Cancel a paused or stranded run: it ends ``cancelled`` and is never recovered."""
+    """Cancel a run: it ends ``cancelled`` and is never recovered (a live worker's run, before its next call)."""
+    said = f"run {printable(run_id)}: {paint('cancelled')} ({printable(reason)})"
     if how.workers is not None:
-        client = how.workers.client
-        status = how.workers.run(lambda: client.cancel(run_id, reason=reason, operator=how.operator))
+        workers = how.workers
+
+        async def act() -> tuple[str, Settled | None]:
+            status = await workers.client.cancel(run_id, reason=reason, operator=how.operator)
+            return status, None if status == "cancelled" else await workers.settle(run_id)
+
+        status, settled = workers.run(act)
+        if settled is not None:
+            workers.check(settled)
+            if settled.report.status != "cancelled":  # the run ended before its worker looked for the request
+                raise _errors.ProblemsFound(f"run {run_id!r} was not cancelled: it ended {settled.report.status} first")
+            echo(f"{said} by the worker that held it: {_where(settled)}")
+            return
     else:
         here = how.here()
         status = here.target.run(lambda: _cancel_here(here, run_id, reason, how.operator))
-    echo(f"run {printable(run_id)}: {paint(status)} ({printable(reason)})")
+    if status == "cancelled":
+        echo(said)
+        return
+    # A live worker holds the run: the cancel is a request it honours before its next call.
+    echo(
+        f"run {printable(run_id)}: cancel requested ({printable(reason)}); the live worker that holds it ends it "
+        f"before its next call (it is {paint(status)} now)"
+    )
 
 
 @click.command("decide")

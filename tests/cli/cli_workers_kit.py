@@ -1,9 +1,9 @@
 """The CLI against a real deployment: Celery worker processes on the machine's Redis, the command a process.
 
 Imported as ``cli_workers_kit`` (tests/cli is on ``sys.path``). The deployment is the Celery
-tests' `celery_kit.Deployment` (tests/celery/celery_kit.py, loaded by path under that name):
-its workers run ``celery_flows:app``, whose ticket tools write every effect, with the pid of
-the process that had it, to the deployment's file ledger. `agentflow` runs the command as
+tests' `celery_kit.Deployment` (tests/celery/celery_kit.py, loaded by path under that name);
+its workers run `APP`: ``celery_flows:app`` and one flow more, whose ticket tools write every
+effect, with the pid of the process that had it, to the deployment's file ledger. `agentflow` runs the command as
 ``python -m agentflow.cli`` in the deployment's environment (the same settings as the
 workers, so ``workers.celery_app:tasks`` finds their store, key and queue) and returns its
 pid with its output: a tool the command ran itself would be in the ledger under that pid.
@@ -17,6 +17,7 @@ inside charge_card, after the charge) and `failed` (the bank was down).
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from agentflow.celery import FlowClient
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+#: What the workers run: the Celery tests' app, and ``late_mail`` (tests/cli/cli_workers_flows.py).
+APP = "cli_workers_flows:app"
 #: What ``--workers`` names: the runnable deployment's tasks, built from the environment's settings.
 WORKERS = "workers.celery_app:tasks"
 
@@ -53,8 +57,10 @@ def _celery_kit() -> ModuleType:
 
 
 def deployment(tmp_path: Path, redis_url: str) -> Deployment:
-    """A deployment of its own (key prefix, queue, key), with one worker ``w1`` started and answering."""
+    """A deployment of its own (key prefix, queue, key) running `APP`, with one worker ``w1`` started and answering."""
     made: Deployment = _celery_kit().Deployment(tmp_path, redis_url)
+    made.values["app"] = made.env["AGENTFLOW_APP"] = APP
+    made.env["PYTHONPATH"] = os.pathsep.join([str(HERE), made.env["PYTHONPATH"]])
     try:
         made.start_worker("w1")
     except BaseException:

@@ -93,3 +93,18 @@ def test_fork_starts_a_new_run_from_a_checkpoint_with_a_patched_state(agentflow,
     assert bad.exit_code == 2 and "JSON object" in bad.output
     wrong = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", '{"amount": "lots"}')
     assert wrong.exit_code == 2 and "does not fit" in one_line_error(wrong)
+
+
+def test_cancel_of_a_run_a_live_worker_holds_leaves_that_worker_a_request(agentflow, db):
+    # Given ship-1, held by a live worker
+    runs_kit.hold(db, "ship-1")
+    before = runs_kit.stored(db, "ship-1")
+    # When the operator cancels it
+    result = agentflow("cancel", "ship-1", "--app", APP, "--reason", "sold out", "--as", "ops")
+    # Then the command says the request waits for that worker, and the run itself is not written
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == (
+        "run ship-1: cancel requested (sold out); the live worker that holds it ends it before its next call "
+        "(it is running now)"
+    )
+    assert runs_kit.stored(db, "ship-1") == before

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from _kit.poll import until
 from cli_workers_kit import (
     ROOT,
     WORKERS,
@@ -187,15 +188,28 @@ async def test_retry_decide_and_fork_run_their_tools_on_a_worker(dep: Deployment
     assert_ran_on_the_workers(dep, forked, new_id, ["charge_card", "email_tickets"])
 
 
-async def test_cancel_through_the_workers_ends_a_stranded_run(dep: Deployment) -> None:
+async def test_cancel_through_the_workers_ends_an_idle_run_at_once_and_a_live_one_through_its_worker(
+    dep: Deployment,
+) -> None:
+    # Given a run nobody moves, and one whose worker is writing a report (a second) before it mails
     async with client_of(dep) as client:
-        run_id = await stranded(client, "tickets", f"{dep.prefix}-cancel", show="Lakmé")
-    ran = await asyncio.to_thread(
-        agentflow, dep, "cancel", run_id, "--reason", "sold out", "--as", "wen", "--workers", WORKERS
-    )
-    assert ran.code == 0, ran.output
-    assert ran.stdout.strip() == f"run {run_id}: cancelled (sold out)"
-    assert effects(dep, run_id) == []
+        idle = await stranded(client, "tickets", f"{dep.prefix}-idle", show="Lakmé")
+        busy = await client.start("late_mail", {"show": "busy", "seconds": 1.0})
+        store = client.runner.checkpoints
+        assert store is not None
+        await until(lambda: store.leases([busy]), f"a worker holding {busy}")
+    # When the operator cancels both through the workers
+    now = await asyncio.to_thread(agentflow, dep, "cancel", idle, "--reason", "sold out", "--workers", WORKERS)
+    asked = await asyncio.to_thread(agentflow, dep, "cancel", busy, "--reason", "too slow", "--workers", WORKERS)
+    # Then the idle one is cancelled at once, and nothing of it ran
+    assert now.code == 0, now.output
+    assert now.stdout.strip() == f"run {idle}: cancelled (sold out)"
+    assert effects(dep, idle) == []
+    # And the live one is cancelled by its worker once its call in flight finished, before the mail (the command waited)
+    assert asked.code == 0, asked.output
+    assert f"run {busy}: cancelled (too slow) by the worker that held it: now cancelled at step " in asked.stdout
+    assert "(by w1@" in asked.stdout
+    assert_ran_on_the_workers(dep, asked, busy, ["slow_report"])
 
 
 # -- without a deployment ----------------------------------------------------------------------------
