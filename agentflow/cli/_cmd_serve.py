@@ -25,6 +25,7 @@ def _options(message: str, token_env: str | None) -> str:
         "ViewerSettings.token": f"--token-env {token_env}: ${token_env}",
         "ViewerSettings.allowed_hosts": "--allowed-host",
         "ViewerSettings.proxies": "--proxy",
+        "ViewerSettings.workers": "--workers",
     }
     for setting, option in words.items():
         message = message.replace(setting, option)
@@ -38,16 +39,29 @@ def _options(message: str, token_env: str | None) -> str:
 @click.option(
     "--token-env",
     metavar="NAME",
-    help="Environment variable holding the token approving requires (22 or more random characters).",
+    help="Environment variable holding the token every action requires (22 or more random characters).",
 )
 @click.option(
     "--token-label",
     metavar="NAME",
     default="viewer",
     show_default=True,
-    help="Who decides through this viewer: signed as the operator of each Approve and Deny (name the token holders).",
+    help="Who decides through this viewer: signed as the operator of each action (name the token holders).",
 )
-@click.option("--app", "app_path", metavar="MODULE:ATTR", help="The FlowApp, to approve or deny paused runs.")
+@click.option(
+    "--app",
+    "app_path",
+    metavar="MODULE:ATTR",
+    help="The FlowApp, to act on runs (approve, deny, cancel, retry, decide, fork); without it, read-only.",
+)
+@click.option(
+    "--workers",
+    "workers_path",
+    metavar="MODULE:ATTR",
+    envvar="AGENTFLOW_WORKERS",
+    help="The deployment's AgentflowTasks (e.g. workers.celery_app:tasks): the workers run every tool an action "
+    "starts, never the viewer ($AGENTFLOW_WORKERS; needs the celery extra).",
+)
 @click.option(
     "--allowed-host",
     "allowed_hosts",
@@ -70,6 +84,7 @@ def viewer(
     token_env: str | None,
     token_label: str,
     app_path: str | None,
+    workers_path: str | None,
     allowed_hosts: tuple[str, ...],
     proxies: tuple[str, ...],
 ) -> None:
@@ -95,6 +110,7 @@ def viewer(
             allowed_hosts=allowed_hosts,
             proxies=proxies,
             token_label=token_label,
+            workers=workers_path or None,
         )
     except ValueError as exc:
         raise _errors.CliError(_options(str(exc), token_env)) from None
@@ -103,9 +119,9 @@ def viewer(
         if not allowed_hosts:
             echo("note: browsers that reach it by a name need --allowed-host NAME (other names get a 400)", err=True)
         if token is None and not proxies:
-            echo("note: without --token-env, approving works only from this machine", err=True)
+            echo("note: without --token-env, acting on runs works only from this machine", err=True)
     if token is None and proxies:
-        echo("note: with --proxy and without --token-env, nobody can approve from the viewer", err=True)
+        echo("note: with --proxy and without --token-env, nobody can act on runs from the viewer", err=True)
     echo(f"agentflow viewer on http://{host}:{port}/  (store {redact(store_url)}; Ctrl-C stops it)", err=True)
     try:
         serve(settings, host=host, port=port)

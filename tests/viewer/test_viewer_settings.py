@@ -100,14 +100,15 @@ def test_out_of_range_numbers_are_refused(db, field, value):
 
 
 def run_viewer(
-    db: Path, monkeypatch: pytest.MonkeyPatch, *args: str, token: str | None = None
+    db: Path, monkeypatch: pytest.MonkeyPatch, *args: str, token: str | None = None, workers: str | None = None
 ) -> tuple[int, str, list[ViewerSettings]]:
-    """``agentflow viewer --store sqlite:///db ...args``, with `serve` replaced by a recorder."""
+    """``agentflow viewer --store sqlite:///db ...args`` (``$AGENTFLOW_WORKERS``: `workers`), `serve` recorded."""
     import agentflow.viewer
 
     served: list[ViewerSettings] = []
     monkeypatch.setattr(agentflow.viewer, "serve", lambda settings, **where: served.append(settings))
     env = {"AGENTFLOW_CHECKPOINT_KEYS": runs_kit.KEY_TEXT, "AGENTFLOW_ALLOW_DEMO_KEY": "1", "VIEWER_TOKEN": token}
+    env["AGENTFLOW_WORKERS"] = workers
     result = CliRunner().invoke(cli, ["viewer", "--store", f"sqlite:///{db}", *args], env=env)
     return result.exit_code, result.stderr, served
 

@@ -1,7 +1,8 @@
 """Helpers of the viewer tests: apps over a copy of the runs store, clients, a uvicorn server.
 
 Imported as ``viewer_kit`` (tests/viewer is on ``sys.path`` under pytest's prepend import mode).
-``runs_kit`` is tests/cli/runs_kit.py, loaded by path under the name the CLI tests use.
+``runs_kit`` is tests/cli/runs_kit.py, loaded by path under the name the CLI tests use (`load_kit`
+loads another folder's kit the same way).
 """
 
 from __future__ import annotations
@@ -31,18 +32,18 @@ from agentflow.viewer import ViewerSettings, create_app
 from agentflow.viewer._serve import UVICORN_OPTIONS, bound
 
 
-def _load_kit() -> ModuleType:
-    """tests/cli/runs_kit.py, as the module ``runs_kit`` (the CLI tests import it under that name)."""
-    if "runs_kit" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("runs_kit", Path(__file__).parents[1] / "cli" / "runs_kit.py")
+def load_kit(name: str, folder: str) -> ModuleType:
+    """tests/<folder>/<name>.py, as the module `name` (the name that folder's own tests import it under)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / folder / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules["runs_kit"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["runs_kit"]
+    return sys.modules[name]
 
 
-runs_kit = _load_kit()
+runs_kit = load_kit("runs_kit", "cli")
 
 LOCAL = ("127.0.0.1", 50000)
 #: Where test clients send requests: a loopback name the viewer trusts (TestClient's own "testserver" is not).
