@@ -1,1 +1,1 @@
-"""The ``agentflow`` command: list, show, verify, recover and resume stored runs; serve the viewer."""
+"""The ``agentflow`` command: list, show and verify runs; act on them (here or on the workers); the viewer."""

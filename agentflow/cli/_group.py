@@ -15,12 +15,14 @@ from agentflow.cli._cmd_verify import verify
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="agentflow", prog_name="agentflow")
 def cli() -> None:
-    """Inspect, check, recover, resume, decide, cancel and fork durable agentflow runs.
+    """Inspect, check, recover, resume, decide, retry, cancel and fork durable agentflow runs.
 
     Every command but demo takes --store URL (or $AGENTFLOW_STORE) and reads the checkpoint
     key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the demo's public
-    key only with --allow-demo-key. What the store holds is shown with control characters
-    escaped.
+    key only with --allow-demo-key. The acting commands can act through the deployment's
+    Celery workers instead (--workers MODULE:ATTR, or $AGENTFLOW_WORKERS): its store and
+    key, and the tools run on the workers. What the store holds is shown with control
+    characters escaped.
     """
 
 

@@ -55,7 +55,8 @@ class Target:
         return _errors.run(job, self.key_env, close=self.store)
 
 
-def _demo_key_allowed() -> bool:
+def demo_key_allowed() -> bool:
+    """Whether the command was told to accept the demo's public key (``--allow-demo-key``)."""
     ctx = click.get_current_context(silent=True)
     return bool(ctx is not None and ctx.meta.get(ALLOW_DEMO_KEY))
 
@@ -73,7 +74,7 @@ def open_target(store_url: str, key_env: str, *, must_exist: bool = True, allow_
     Raises:
         CliError: the URL or the key is not usable.
     """
-    allow = _demo_key_allowed() if allow_demo_key is None else allow_demo_key
+    allow = demo_key_allowed() if allow_demo_key is None else allow_demo_key
     try:
         keys = read_keys(key_env, allow_demo_key=allow)
         store = open_store(store_url, must_exist=must_exist)

@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from agentflow._display import printable
+from agentflow._keys import is_public
 from agentflow._run_types import RunKind
 from agentflow.cli import _errors
 from agentflow.cli._apps import search_cwd
+from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV
+from agentflow.cli._target import demo_key_allowed
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
@@ -120,11 +123,18 @@ def load_workers(path: str, *, wait: bool, timeout_s: float) -> Workers:
     """The workers at ``--workers`` `path` (the current directory is searched first, as for ``--app``).
 
     Raises:
-        CliError: the path is malformed, does not import, or names something else.
+        CliError: the path is malformed, does not import, or names something else; or the
+            deployment signs with the demo's public key and ``--allow-demo-key`` was not given.
     """
     search_cwd()
     try:
         tasks = load_tasks(path)
     except ValueError as exc:
         raise _errors.CliError(str(exc)) from None
+    key = tasks.worker.checkpoint_key
+    if any(is_public(k) for k in ([key] if isinstance(key, bytes) else key)) and not demo_key_allowed():
+        raise _errors.CliError(
+            f"--workers {path!r} signs with the demo's public key, which anyone can sign with: it protects "
+            f"nothing; to act on the demo's runs, add --allow-demo-key (or set {ALLOW_DEMO_KEY_ENV}=1)"
+        )
     return Workers(tasks, wait=wait, timeout_s=timeout_s)

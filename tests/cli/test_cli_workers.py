@@ -236,6 +236,19 @@ def test_a_bad_workers_path_is_one_line(args: list[str], says: str) -> None:
     assert says in one_line_error(result)
 
 
+def test_the_demos_workers_are_acted_through_only_with_allow_demo_key(redis_url: str) -> None:
+    # Given the demo's deployment (signed with the demo's public key), on a prefix nobody uses
+    env = {"AGENTFLOW_REDIS_URL": redis_url, "AGENTFLOW_DEMO_PREFIX": "cli-test-demo", "AGENTFLOW_STORE": None}
+    args = ["recover", "nope", "--workers", "agentflow.demo.celery_app:tasks"]
+    # When a command acts through it without --allow-demo-key, Then it stops in one line that says why
+    refused = CliRunner().invoke(cli, args, env={**env, "AGENTFLOW_ALLOW_DEMO_KEY": None})
+    assert refused.exit_code == 2
+    assert "signs with the demo's public key" in one_line_error(refused) and "--allow-demo-key" in refused.stderr
+    # And with the flag it acts (here: it looks the run up, and there is none)
+    allowed = CliRunner().invoke(cli, [*args, "--allow-demo-key"], env=env)
+    assert allowed.exit_code == 2 and "no run 'nope' in this store" in one_line_error(allowed)
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
