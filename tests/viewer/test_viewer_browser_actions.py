@@ -108,5 +108,6 @@ def test_forking_from_a_chosen_step_with_a_patch(page, ops_url, db, shots):
     expect(page).to_have_url(re.compile(r"/runs/[^/?]+\?done=forked$"))
     expect(page.locator("h1 .status")).to_have_text("done")
     expect(page.locator("pre.state")).to_contain_text("shipped to Porto")
+    expect(page.locator("#lineage")).to_contain_text("Forked from ship-1 at step 1 by night-shift")
     assert "/runs/ship-1?" not in page.url
     page.screenshot(path=shots / "13-run-forked.png", full_page=True)
