@@ -9,7 +9,9 @@ worker's process.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from viewer_kit import client_for, load_kit, make_app, settings_for
 from agentflow.celery import AgentflowTasks, register_tasks
 from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
-from agentflow.viewer import create_app
+from agentflow.viewer import ViewerSettings, create_app
 
 #: The module the tests' deployment is imported from, as ``--workers MODULE:ATTR`` names it.
 MODULE = "viewer_test_deployment"
@@ -137,6 +139,34 @@ def test_a_bad_workers_option_is_one_line_naming_it(db, monkeypatch):
     assert len(err.strip().splitlines()) == 1 and "--workers 'no_such_module_here:tasks': cannot import" in err, err
 
 
+async def test_a_parked_run_offers_the_decision_and_the_workers_spend_it(monkeypatch):
+    # Given the Celery tests' in-process worker set-up (sends recorded), and a mail run its worker parked:
+    # the send call is in doubt and not idempotent
+    worker_kit = load_kit("worker_kit", "celery")
+    s = worker_kit.Setup()
+    s.record_sends(monkeypatch)
+    try:
+        step = await s.parked("r1")
+        settings = ViewerSettings(s.store, [worker_kit.KEY], workers=s.tasks, token_label="night-shift")
+        with client_for(create_app(settings)) as client:
+            # When its page is opened, it waits for a decision and offers the form
+            page = " ".join(client.get("/runs/r1").text.split())
+            assert "Waiting for a decision" in page and "Decide the calls in doubt" in page
+            # And the operator says the mail went out
+            call = re.search(r'name="call.0" value="([^"]+)"', page)
+            assert call is not None
+            fields = {"call.0": call.group(1), "word.0": "happened", "result.0": '"sent"'}
+            answer = act(client, "r1", "decide", **fields)
+        # Then the decision is stored, signed, and a worker is sent to spend it; the mail was not sent again here
+        assert answer.status_code == 303, answer.text
+        assert s.sent == [("mail", "r1", step + 1, "rerun", None)]
+        assert s.effects == ["a@b"]
+        body = await s.body("r1")
+        assert body["claim"] == "decision" and body["operator"] == "night-shift"
+    finally:
+        await asyncio.to_thread(s.tasks.bridge.close)
+
+
 # --- real workers ----------------------------------------------------------------------------
 
 
@@ -150,7 +180,6 @@ async def test_approve_through_the_viewer_runs_the_tool_on_a_worker_not_in_the_v
     from _kit.tickets import Ledger
 
     from agentflow.exec.checkpoints import RedisCheckpointStore
-    from agentflow.viewer import ViewerSettings
 
     celery_kit = load_kit("celery_kit", "celery")
     deployment = celery_kit.Deployment(tmp_path, redis_url)
