@@ -30,6 +30,7 @@ from agentflow import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow._errors import (
     AgentflowError,
     CheckpointConflict,
+    CheckpointError,
     CheckpointNotFound,
     FlowError,
     IdentityMismatch,
@@ -233,6 +234,8 @@ async def _carry_out(viewer: Viewer, request: Request, operation: Operation[T], 
         return viewer.problem(request, 409, "Calls in doubt need a decision", str(exc), run_id)
     except (CheckpointNotFound, FlowError, ValueError) as exc:
         return viewer.problem(request, 400, "Not accepted", str(exc), run_id)
+    except CheckpointError as exc:  # unreachable, or a row that fails its check since the page was read
+        return viewer.problem(request, 503, "The store failed", str(exc), run_id)
     except AgentflowError as exc:
         return viewer.problem(request, 500, "The run could not go on", str(exc), run_id)
     where = f"{root_of(request)}/runs/{quote(done.run_id, safe='')}?done={done.what}"

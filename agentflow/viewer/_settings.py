@@ -124,9 +124,9 @@ def check_token_label(label: object, what: str) -> None:
 class ViewerSettings:
     """What the viewer serves and who may act through it.
 
-    Checked when made: a bad token, host name or proxy address raises `ValueError`
-    naming the setting (never a token's value). Neither `repr` nor `str` shows the key
-    ring or the token.
+    Checked when made: a bad token, host name or proxy address, or a `workers` path that
+    names no deployment, raises `ValueError` naming the setting (never a token's value).
+    Neither `repr` nor `str` shows the key ring, the token or the workers.
     """
 
     store: CheckpointStore
