@@ -13,7 +13,6 @@ doubt is accounted for.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import socket
@@ -22,7 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import pytest
-from _kit.tickets import Order
+from _kit.tickets import Ledger, Order
 from celery_kit import Deployment
 
 from agentflow.celery import RunView
@@ -121,10 +120,8 @@ async def _all_up(deployment: Deployment, chaos: Chaos, timeout_s: float = 90.0)
 
 def _idempotency_keys(deployment: Deployment) -> dict[tuple[str, str], list[str]]:
     keys: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for line in deployment.ledger.read_text().splitlines():
-        if line.strip():
-            tool, run_id, key = json.loads(line)
-            keys[(tool, run_id)].append(key)
+    for effect in Ledger(deployment.ledger).entries():
+        keys[(effect.tool, effect.run_id)].append(effect.key)
     return keys
 
 

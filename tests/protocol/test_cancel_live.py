@@ -9,16 +9,19 @@ import asyncio
 
 import pytest
 from _kit.faults import body
-from _kit.tickets import BATCH, KEY, KEY_B, LOOKUP, ORDER, REFUNDS, Refund, make_tickets
+from _kit.tickets import BATCH, KEY, KEY_B, LOOKUP, ORDER, REFUNDS, Order, Refund, make_tickets
+from _kit.workers import Workers
 
-from agentflow import RunStatus
+from agentflow import Flow, RunResult, RunStatus
 from agentflow.exec import cancel_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_cancel import REQUEST_TTL_S, CancelRequest, request_key
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 
-async def _inside_slow_lookup(workers, flow, run_id: str) -> tuple[asyncio.Event, asyncio.Task]:
+async def _inside_slow_lookup(
+    workers: Workers, flow: Flow[Order], run_id: str
+) -> tuple[asyncio.Event, asyncio.Task[RunResult[Order]]]:
     """Start `flow` on a worker and return once its slow_lookup call is in flight (gate closed)."""
     release, entered = workers.tickets.gate("slow_lookup")
     running = asyncio.create_task(workers.runner().run(flow, ORDER, run_id=run_id))
@@ -26,7 +29,7 @@ async def _inside_slow_lookup(workers, flow, run_id: str) -> tuple[asyncio.Event
     return release, running
 
 
-async def _request(workers, run_id: str) -> str | None:
+async def _request(workers: Workers, run_id: str) -> str | None:
     """What the cancel request marker holds (None: no request)."""
     mark = (await workers.raw.leases([request_key(run_id)])).get(request_key(run_id))
     return None if mark is None else mark.owner

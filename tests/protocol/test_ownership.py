@@ -328,9 +328,11 @@ async def test_a_live_run_is_never_taken_over(shared_spec, tmp_path, spawn, monk
         shown = await agentflow(shared_spec, "runs", "show", "order-1")
         assert f"running on {owner} until " in shown.stdout and "not in doubt" in shown.stdout
 
-        # And the viewer offers no decision on the held paused run, and refuses the Approve posted from before
+        # And the viewer offers no decision on the held paused run (Cancel asks the holder to stop; Fork reads only),
+        # and refuses the Approve posted from before
         page = await viewer.page("refund-1")
-        assert 'name="csrf"' not in page and f"is held by {owner} until" in page
+        assert 'value="approve"' not in page and f"is held by {owner} until" in page
+        assert 'name="reason"' in page  # the Cancel form
         status, answer = await viewer.approve("refund-1", csrf)
         assert status == 409 and "The run is held by a live worker" in answer
         assert f"run &#39;refund-1&#39; is held by {owner} until" in answer
