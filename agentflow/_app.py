@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow._errors import FlowError
+from agentflow._events import Events
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._registry import Registry
 from agentflow.exec._run_lease import DEFAULT_LEASE_S
@@ -74,10 +75,11 @@ class FlowApp:
         approver: Approver | None = None,
         lease_s: float = DEFAULT_LEASE_S,
         owner: str | None = None,
+        events: Events | None = None,
     ) -> FlowRunner:
-        """A `FlowRunner` over this app's tools (see `FlowRunner` for `lease_s` and `owner`)."""
+        """A `FlowRunner` over this app's tools (see `FlowRunner` for `lease_s` and `owner`), reporting to `events`."""
         return FlowRunner(
-            Executor(self.registry, approver=approver),
+            Executor(self.registry, approver=approver, events=events),
             checkpoints=store,
             checkpoint_key=checkpoint_key,
             lease_s=lease_s,

@@ -5,9 +5,15 @@ Names in use (data in parentheses):
   replayed, rerun), ``run.paused`` (pending)
 - ``node.started`` / ``node.finished`` (node, superstep)
 - ``tool.started`` (tool, call_id, attempt), ``tool.finished`` (tool, call_id, ms),
-  ``tool.failed`` (tool, call_id, error), ``tool.retrying`` (tool, call_id, attempt, delay_s),
-  ``tool.replayed`` (tool, call_id)
-- ``checkpoint.saved`` (kind, step, status, flow or stage, unreplayed)
+  ``tool.failed`` (tool, call_id, error, ms), ``tool.retrying`` (tool, call_id, attempt, delay_s),
+  ``tool.replayed`` (tool, call_id), ``tool.rerun`` (tool, call_id): a call in doubt runs again
+- ``checkpoint.saved`` (kind, step, status, flow, or loop and stage, unreplayed, claim, segment,
+  seconds): ``claim`` is the claim's cause (None for a checkpoint that ends a step), ``seconds``
+  the time since this process last saved the run or took it up
+- ``run.parked`` (step, tools): a worker parked the run on calls in doubt (their tools)
+- ``lease.lost`` (owner): a holder's renewal found the run's lease lapsed or taken over
+- ``runs.swept`` (waiting): a worker's recover_all counted the runs waiting for a person,
+  per flow and reason (``agentflow.celery._waiting``); no run id
 - ``run.cancel_requested`` (holder, reason, operator): a live worker holds the run, so a
   signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
 - ``control.refused`` (kind, why): a control request that does not check was ignored and removed
@@ -70,4 +76,4 @@ class Events:
             try:
                 callback(event)
             except Exception:
-                log.exception("event subscriber %r failed on %s", callback, name)
+                log.exception("event subscriber %r failed on %s", callback, name, extra={"run_id": run_id})

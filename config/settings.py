@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import MAKE_ONE, parse_keys
@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     """A run found held is looked at again this long after its lease was due to end."""
     recover_sweep: bool = False
     """recover_all also finds runs the listing index forgot, by scanning the stored keys."""
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    """Serve the worker's Prometheus metrics at ``http://<metrics_host>:<port>/metrics`` (unset: off).
+
+    Needs the ``metrics`` extra and ``PROMETHEUS_MULTIPROC_DIR`` (an existing directory of the
+    worker's own) in the worker's environment: see docs/observability.md. One port per worker
+    on a host. Beat and Flower never serve them.
+    """
+    metrics_host: str = "127.0.0.1"
+    """The address the metrics endpoint binds: the loopback interface unless you say otherwise."""
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -43,10 +43,12 @@ from agentflow._errors import (
     RunHeld,
     Stale,
 )
+from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._waiting import Waiting
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
@@ -143,6 +145,8 @@ class Worker:
         self._store_factory = store_factory
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
+        #: Every run this process drives reports here (made before the pool forks: see agentflow.observe).
+        self.events = Events()
         #: The Celery node name (``name@host``) the tasks run under, set by the first task.
         self.node = f"agentflow@{socket.gethostname()}"
 
@@ -156,9 +160,20 @@ class Worker:
         """This process's runner (made on first use, in the process that uses it)."""
         if self._runner is None:
             self._runner = self.flow_app.runner(
-                self._store_factory(), self.checkpoint_key, lease_s=self.settings.lease_s, owner=self.owner
+                self._store_factory(),
+                self.checkpoint_key,
+                lease_s=self.settings.lease_s,
+                owner=self.owner,
+                events=self.events,
             )
         return self._runner
+
+    def wrap_store(self, wrap: Callable[[CheckpointStore], CheckpointStore]) -> None:
+        """Wrap the store this process makes (timing, tracing); only before the runner exists."""
+        if self._runner is not None:
+            raise RuntimeError("the worker's store exists already: wrap it before the first task")
+        made = self._store_factory
+        self._store_factory = lambda: wrap(made())
 
     @property
     def store(self) -> CheckpointStore:
@@ -271,6 +286,7 @@ class Worker:
                     expected_step=step,
                     handoff=handoff,
                     name=name,
+                    events=self.events,
                     lease_s=self.settings.lease_s,
                     owner=self.owner,
                     park=True,
@@ -349,12 +365,18 @@ class Worker:
     async def _stranded(self, startup: bool) -> Stranded:
         found = Stranded()
         now = time.time()
+        waiting = Waiting(now)
         reports = Reporter(self.store, self.sealer, self.runner.events, self.owner, log)
         columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
         others: list[str] = []  # forgotten runs of flows the app does not know
         if self.settings.sweep_forgotten:
             for lost in await relist_forgotten(self.store, self.sealer, columns):
-                log.warning("run %s was missing from the store's listing index: %s", lost.run_id, lost.why)
+                log.warning(
+                    "run %s was missing from the store's listing index: %s",
+                    lost.run_id,
+                    lost.why,
+                    extra={"run_id": lost.run_id},
+                )
                 others += [] if lost.relisted or lost.flow in columns else [lost.run_id]
         for name in columns:
             run_ids = list(await self.store.list_unfinished(name))
@@ -368,6 +390,8 @@ class Worker:
                     if startup and await self._watch(run_id, held[run_id].expires_at):
                         found.recheck.append((name, run_id, row.step, held[run_id].expires_at))
                     continue
+                if row.status == "paused":
+                    waiting.add(name, "approval", row.saved_at)
                 if row.status != "running" or now - row.saved_at < self.settings.stale_after_s:
                     continue
                 try:
@@ -375,9 +399,12 @@ class Worker:
                 except CheckpointStoreCorrupt as exc:
                     await reports.failed(row, str(exc))
                     continue
-                if not parked(body):
+                if parked(body):
+                    waiting.add(name, "in_doubt", row.saved_at)
+                else:
                     found.recover.append((name, run_id, row.step))
         await reports.moving([run_id for _, run_id, _ in found.recover])
         await reports.unknown_flows(columns, others, now - self.settings.stale_after_s)
         found.quarantined, found.unknown = reports.quarantined, reports.unknown
+        self.events.emit("runs.swept", None, waiting=waiting.report(columns))
         return found

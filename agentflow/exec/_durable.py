@@ -281,6 +281,7 @@ class CallLog:
             await self.watch.check()
         if seed is not None and seed.in_doubt:
             self.rerun.append(call_id)
+            self.executor.events.emit("tool.rerun", self.run_id, tool=tool.name, call_id=call_id)
         elif seed is None and any(k.startswith(prefix) for k in self.seeds):
             self.unreplayed.append(call_id)
         request = ApprovalRequest(call_id, tool.name, encoded, node, self.ctx)

@@ -128,7 +128,10 @@ class Executor:
             except Exception as exc:
                 retryable = isinstance(exc, spec.retry.retry_on) and attempt < spec.retry.attempts
                 if not retryable:
-                    self.events.emit("tool.failed", run_id, tool=spec.name, call_id=call_id, error=repr(exc))
+                    ms = (time.perf_counter() - began) * 1000
+                    self.events.emit(
+                        "tool.failed", run_id, tool=spec.name, call_id=call_id, error=repr(exc), ms=round(ms, 3)
+                    )
                     raise
                 delay = spec.retry.delay(attempt)
                 self.events.emit(

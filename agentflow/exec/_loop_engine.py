@@ -172,8 +172,8 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         cur.chain, cur.saved_len = body["history"]["chain"], len(cur.history)
 
     def event_fields(self, cur: LoopCursor) -> dict[str, Any]:
-        """The loop's stage."""
-        return {"stage": cur.stage}
+        """The loop's name and stage."""
+        return {"loop": self.name, "stage": cur.stage}
 
     def superstep(self, cur: LoopCursor) -> int:
         """The loop's turn."""

@@ -7,6 +7,7 @@ writes lives on the base, so the protocol never needs to know which kind it hold
 
 from __future__ import annotations
 
+import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -42,6 +43,9 @@ class RunCursor:
     """Record counts of earlier segments, pinned by the claim that opened this segment."""
     watch: CancelWatch | None = None
     """The look-out for a cancel request while this worker drives the run (None without a store)."""
+    clock: float = field(default_factory=time.perf_counter, repr=False)
+    """When this worker last saved the run, or took it up (`time.perf_counter`): the ``seconds``
+    of its next ``checkpoint.saved`` event are counted from here."""
 
     def outcome(self, replayed: list[str] | None = None, rerun: list[str] | None = None) -> dict[str, Any]:
         """The keyword fields of `RunOutcome` as this cursor stands."""

@@ -70,7 +70,7 @@ class RunDriver(ABC, Generic[C, R]):
 
     @abstractmethod
     def event_fields(self, cur: C) -> dict[str, Any]:
-        """What ``checkpoint.saved`` reports besides kind, step and status (``flow`` or ``stage``)."""
+        """What ``checkpoint.saved`` reports besides kind, step and status (``flow``, or ``loop`` and ``stage``)."""
 
     @abstractmethod
     def superstep(self, cur: C) -> int:

@@ -15,8 +15,8 @@ Invariants:
   its lease (SIGSTOP, a long pause) is taken over, and when it wakes the segment fencing
   refuses its next ``started`` record and the compare-and-set its next save. A call it
   had already begun cannot be stopped; idempotency keys cover that.
-- A renewal that finds the lease lost is logged at WARNING; the block goes on and is
-  fenced at its next write, as above.
+- A renewal that finds the lease lost is logged at WARNING (and emitted as ``lease.lost``
+  to the ownership's event hub); the block goes on and is fenced at its next write, as above.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentflow._errors import RunHeld
+from agentflow._events import Events
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease
 
@@ -53,6 +54,8 @@ class Ownership:
     """Names the holder for people: ``<name>@<host>:<pid>``."""
     lease_s: float = DEFAULT_LEASE_S
     """A lease lapses this long after its holder last renewed it."""
+    events: Events | None = field(default=None, compare=False, repr=False)
+    """Where a lease this holder lost is reported (``lease.lost``); the run protocol sets its own."""
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -73,8 +76,8 @@ class _Renewer:
     could leave the store's connection unusable for the release that follows).
     """
 
-    def __init__(self, store: CheckpointStore, lease: Lease, lease_s: float) -> None:
-        self._store, self._lease, self._lease_s = store, lease, lease_s
+    def __init__(self, store: CheckpointStore, lease: Lease, lease_s: float, events: Events | None) -> None:
+        self._store, self._lease, self._lease_s, self._events = store, lease, lease_s, events
         self._loop = asyncio.get_running_loop()
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
@@ -99,6 +102,8 @@ class _Renewer:
                     lease.owner,
                     extra={"run_id": lease.run_id},
                 )
+                if self._events is not None:
+                    self._events.emit("lease.lost", lease.run_id, owner=lease.owner)
         if not self._stopped:
             self._timer = self._loop.call_later(self._lease_s / 3, self._due)
 
@@ -131,7 +136,7 @@ async def holding(store: CheckpointStore, run_id: str, ownership: Ownership) -> 
         RunHeld: another holder's lease is live (the block does not run).
     """
     lease = await take(store, run_id, ownership)
-    renewer = _Renewer(store, lease, ownership.lease_s)
+    renewer = _Renewer(store, lease, ownership.lease_s, ownership.events)
     try:
         yield lease
     finally:

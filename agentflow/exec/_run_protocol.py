@@ -341,6 +341,7 @@ class RunProtocol(RunSteps[C, R]):
                 except RecoveryNeedsDecision as exc:
                     if park and not parked(body):
                         await self.claim(cur, "parked", counts, awaiting_record(exc.calls))
+                        self.events.emit("run.parked", run_id, step=cur.step, tools=[tool for tool, _ in exc.calls])
                     raise
                 # Nothing logged since the checkpoint: any seeds predate it (the finished calls of
                 # a step paused for approval, or a decision's claim) and replay as a resume's do.

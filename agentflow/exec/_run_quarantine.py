@@ -46,6 +46,11 @@ MARK_TTL_S: Final = 7 * 24 * 3600.0
 SCAN: Final = 1000
 
 
+def _fields(row: SealedCheckpoint) -> dict[str, object]:
+    """The structured fields of a log line about the run of `row` (``extra=``)."""
+    return {"run_id": row.run_id, "step": row.step, "segment": row.segment}
+
+
 def marker(run_id: str, why: str) -> str:
     """The lease id that marks `run_id` as reported for `why`."""
     return f"agentflow/{why}/{run_id}"
@@ -123,7 +128,7 @@ class Reporter:
     async def failed(self, row: SealedCheckpoint, why: str) -> None:
         """Quarantine a run whose latest checkpoint `row` failed its check, unless it is already."""
         if not await mark(self.store, row.run_id, QUARANTINED, self.owner):
-            self.log.debug("run %s stays quarantined: %s", row.run_id, why, extra={"run_id": row.run_id})
+            self.log.debug("run %s stays quarantined: %s", row.run_id, why, extra=_fields(row))
             return
         self.log.warning(
             "run %s is not recovered: %s; it is quarantined (reported once, never enqueued) until its rows check "
@@ -132,7 +137,7 @@ class Reporter:
             row.run_id,
             why,
             row.run_id,
-            extra={"run_id": row.run_id},
+            extra=_fields(row),
         )
         self.events.emit("run.quarantined", row.run_id, flow=row.flow, step=row.step, why=why)
         self.quarantined.append((row.flow, row.run_id))
@@ -157,7 +162,7 @@ class Reporter:
                 "(add the flow to the app, or end or delete the run)",
                 row.run_id,
                 row.flow,
-                extra={"run_id": row.run_id},
+                extra=_fields(row),
             )
             self.events.emit("run.unknown_flow", row.run_id, flow=row.flow, step=row.step)
             self.unknown.append((row.flow, row.run_id))

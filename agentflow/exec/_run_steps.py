@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic
 
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, CheckpointTooLarge
@@ -84,7 +84,8 @@ class RunSteps(Generic[C, R]):
         ownership: Ownership | None = None,
     ) -> None:
         self.driver = driver
-        self.ownership = ownership
+        # A lease this protocol's holder loses is reported on its hub (`_run_lease`, ``lease.lost``).
+        self.ownership = replace(ownership, events=events) if ownership and ownership.events is None else ownership
         self.store = store
         self.sealer = sealer
         self.registry = registry
@@ -181,6 +182,7 @@ class RunSteps(Generic[C, R]):
         await cur.journal.save(step, row)  # with a held ``done`` record, if the step left one
         cur.step = step
         self.driver.after_save(cur, body)
+        saved_at = time.perf_counter()
         self.events.emit(
             "checkpoint.saved",
             cur.run_id,
@@ -189,7 +191,11 @@ class RunSteps(Generic[C, R]):
             status=str(status),
             **self.driver.event_fields(cur),
             unreplayed=list(unreplayed),
+            claim=claim,
+            segment=cur.journal.segment,
+            seconds=saved_at - cur.clock,
         )
+        cur.clock = saved_at
 
     async def start(self, cur: C, lineage: Mapping[str, Any] | None = None) -> None:
         """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run).

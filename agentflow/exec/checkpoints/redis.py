@@ -196,7 +196,13 @@ class RedisCheckpointStore:
                     await self._index.update(bound, run_id, cp, before=False)
             except redis_errors.RedisError as exc:
                 # The save itself is durable; the listings skip and repair stale entries.
-                _log.warning("run %r: step %d saved, but its index update failed: %s", run_id, step, exc)
+                _log.warning(
+                    "run %r: step %d saved, but its index update failed: %s",
+                    run_id,
+                    step,
+                    exc,
+                    extra={"run_id": run_id, "step": step, "segment": cp.segment},
+                )
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""

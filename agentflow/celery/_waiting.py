@@ -1,0 +1,42 @@
+"""What a recover_all saw of the runs that wait for a person, by flow: how many, and the longest wait.
+
+A run waits for a decision when it is paused for an approval (``approval``: its latest
+checkpoint is ``paused``) or parked on calls in doubt (``in_doubt``: a signed ``parked``
+claim). recover_all reads every unfinished run's latest checkpoint anyway, so it counts
+them on the way and reports the figures in one ``runs.swept`` event; a metrics exporter
+turns that into gauges. No other process can know them without reading the store: a run
+paused by one worker is resumed from another process, so counting events would drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Why a run waits: for an approval, or for an operator's word on calls in doubt.
+WHY = ("approval", "in_doubt")
+
+
+@dataclass
+class Waiting:
+    """Runs waiting for a decision, as one sweep found them."""
+
+    now: float
+    """When the sweep started (seconds since the epoch)."""
+    since: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    """``(flow, why)`` -> when each such run's waiting checkpoint was saved."""
+
+    def add(self, flow: str, why: str, saved_at: float) -> None:
+        """Note one run of `flow` waiting for `why` since its checkpoint of `saved_at`."""
+        self.since.setdefault((flow, why), []).append(saved_at)
+
+    def report(self, flows: Iterable[str]) -> list[dict[str, Any]]:
+        """One entry per flow and reason (zeros included): ``flow``, ``why``, ``runs``, ``oldest_s``."""
+        out = []
+        for flow in flows:
+            for why in WHY:
+                since = self.since.get((flow, why), [])
+                oldest = max(0.0, self.now - min(since)) if since else 0.0
+                out.append({"flow": flow, "why": why, "runs": len(since), "oldest_s": round(oldest, 3)})
+        return out
