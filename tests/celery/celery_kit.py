@@ -72,6 +72,10 @@ class Deployment:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.redis_url = redis_url
         self.logs = tmp_path
+        #: Environment of one worker only, by name (its metrics port and directory, say).
+        self.worker_env: dict[str, dict[str, str]] = {}
+        #: The log level the workers started from now on log at.
+        self.log_level = "INFO"
 
     def set_delay(self, low: float, high: float) -> None:
         self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
@@ -114,7 +118,8 @@ class Deployment:
     def start_worker(self, name: str, concurrency: int = 2, *, wait: bool = True) -> subprocess.Popen[bytes]:
         proc = self._spawn(
             name, "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h",
-            "-Q", self.values["queue"], "-E", "--without-mingle", "--without-gossip", "-l", "INFO",
+            "-Q", self.values["queue"], "-E", "--without-mingle", "--without-gossip", "-l", self.log_level,
+            env=self.worker_env.get(name),
         )  # fmt: skip
         if wait:
             self.wait_ready(name)
