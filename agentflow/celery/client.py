@@ -52,7 +52,7 @@ class RunView:
     @property
     def settled(self) -> bool:
         """Whether the run stopped moving on its own (ended, paused, or waiting for a decision)."""
-        return self.status in ("done", "failed", "paused") or self.waiting_for_decision is not None
+        return self.status in ("done", "failed", "cancelled", "paused") or self.waiting_for_decision is not None
 
 
 class FlowClient:
@@ -274,7 +274,6 @@ class FlowClient:
             CheckpointConflict: the run already ended.
             CheckpointStoreCorrupt: its latest checkpoint fails its check.
         """
-        assert self.runner.checkpoints is not None
         row = await self._unheld(run_id)
         if row is None:
             return None

@@ -56,8 +56,10 @@ async def test_recover_runs_the_named_run_on_a_worker_and_leaves_the_others(dep:
     async with client_of(dep) as client:
         one = await stranded(client, "tickets", f"{dep.prefix}-one", show="Aida")
         other = await stranded(client, "tickets", f"{dep.prefix}-other", show="Tosca")
-    # When the operator recovers the first through the workers
-    ran = await asyncio.to_thread(agentflow, dep, "recover", one, "--workers", WORKERS, "--as", "ana")
+    # When the operator recovers the first through the workers (--rerun-in-doubt: it has no call in doubt,
+    # so it is recovered as without)
+    args = ["recover", one, "--rerun-in-doubt", "--workers", WORKERS, "--as", "ana"]
+    ran = await asyncio.to_thread(agentflow, dep, *args)
     # Then it is done, a worker ran every tool of it, and the command waited for it and says who ran it
     assert ran.code == 0, ran.output
     assert f"{one}  done     by w1@" in ran.stdout and "replayed 0 call(s), reran 0" in ran.stdout
