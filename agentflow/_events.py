@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,25 +55,48 @@ class Events:
     """A hub: `subscribe` a callback, get back a function that unsubscribes it."""
 
     def __init__(self) -> None:
-        self._subscribers: list[Subscriber] = []
+        #: Replaced, never changed in place: an emit goes on over the subscribers it started with.
+        self._subscribers: tuple[tuple[Subscriber, frozenset[str] | None], ...] = ()
+        #: The names some subscriber wants (None: some subscriber wants every event).
+        self._wanted: frozenset[str] | None = frozenset()
 
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call `callback` with every event from now on; return the unsubscribe function."""
-        self._subscribers.append(callback)
+    def subscribe(self, callback: Subscriber, names: Collection[str] | None = None) -> Callable[[], None]:
+        """Call `callback` with every event from now on (only those named in `names`, if given).
+
+        An event no subscriber wants is never built: a hub whose subscribers want a few
+        names costs the others nothing but a set lookup.
+
+        Returns:
+            The function that unsubscribes it.
+        """
+        entry = (callback, None if names is None else frozenset(names))
+        self._subscribers += (entry,)
+        self._rewant()
 
         def unsubscribe() -> None:
-            if callback in self._subscribers:
-                self._subscribers.remove(callback)
+            if entry in self._subscribers:
+                self._subscribers = tuple(e for e in self._subscribers if e is not entry)
+                self._rewant()
 
         return unsubscribe
 
+    def _rewant(self) -> None:
+        wanted: frozenset[str] | None = frozenset()
+        for _, names in self._subscribers:
+            wanted = None if names is None or wanted is None else wanted | names
+        self._wanted = wanted
+
     def emit(self, name: str, run_id: str | None, **data: Any) -> None:
-        """Deliver an event to every subscriber."""
-        if not self._subscribers:
+        """Deliver an event to every subscriber that wants it."""
+        wanted = self._wanted
+        if wanted is not None and name not in wanted:
             return
         event = Event(name, run_id, data)
-        for callback in list(self._subscribers):
+        for callback, names in self._subscribers:
+            if names is not None and name not in names:
+                continue
             try:
                 callback(event)
             except Exception:
-                log.exception("event subscriber %r failed on %s", callback, name, extra={"run_id": run_id})
+                who = getattr(callback, "__qualname__", None) or repr(callback)
+                log.exception("event subscriber %s failed on %s", who, name, extra={"run_id": run_id})

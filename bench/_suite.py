@@ -34,6 +34,7 @@ BENCHMARKS: list[str] = [
     "rss",  # issue 8 item 4: memory stays flat over 1,000 runs
     "celery_steps",  # P3: supersteps/s with 2 workers vs bare chained Celery tasks
     "recovery",  # issue 14: SIGKILL -> the run moving again, default settings (a few minutes)
+    "observe",  # issue 18: metrics off and on, per superstep on the memory store
 ]
 
 

@@ -65,8 +65,8 @@ class Settings(BaseSettings):
     """A run found held is looked at again this long after its lease was due to end."""
     recover_sweep: bool = False
     """recover_all also finds runs the listing index forgot, by scanning the stored keys."""
-    metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    """Serve the worker's Prometheus metrics at ``http://<metrics_host>:<port>/metrics`` (unset: off).
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Serve the worker's Prometheus metrics at ``http://<metrics_host>:<port>/metrics`` (0: off).
 
     Needs the ``metrics`` extra and ``PROMETHEUS_MULTIPROC_DIR`` (an existing directory of the
     worker's own) in the worker's environment: see docs/observability.md. One port per worker

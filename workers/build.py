@@ -38,7 +38,7 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
             queue=settings.queue,
         ),
     )
-    if settings.metrics_port is not None:
+    if settings.metrics_port:
         from agentflow.observe.celery import serve_worker_metrics  # the metrics extra, only when asked for
 
         serve_worker_metrics(celery_app, registered, port=settings.metrics_port, host=settings.metrics_host)

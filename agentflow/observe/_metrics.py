@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from agentflow._app import FlowApp
 from agentflow._events import Event, Events
@@ -104,17 +105,30 @@ class Metrics:
             "checkpoint.saved": self._saved,
             "tool.finished": lambda e: self._tool_call(e, "ok"),
             "tool.failed": lambda e: self._tool_call(e, "failed"),
-            "tool.replayed": lambda e: self.calls_replayed.labels(e.data["tool"]).inc(),
-            "tool.rerun": lambda e: self.calls_rerun.labels(e.data["tool"]).inc(),
+            "tool.replayed": lambda e: self._of(self.calls_replayed, e.data["tool"]).inc(),
+            "tool.rerun": lambda e: self._of(self.calls_rerun, e.data["tool"]).inc(),
             "run.parked": self._parked,
             "control.refused": self._refused,
             "lease.lost": lambda e: self.leases_lost.inc(),
             "runs.swept": self._swept,
         }
+        #: Each series' child, once looked up: `labels()` costs more than the increment itself.
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
 
     def watch(self, events: Events) -> Callable[[], None]:
-        """Keep the metrics from every event of `events` from now on; returns the unsubscribe function."""
-        return events.subscribe(self.observe)
+        """Keep the metrics from the events of `events` from now on; returns the unsubscribe function.
+
+        Only the events the metrics use are subscribed to, so the hub builds no other.
+        """
+        return events.subscribe(self.observe, names=self._handlers)
+
+    def _of(self, family: MetricWrapperBase, *labels: str) -> Any:
+        """The child of `family` for `labels` (cached)."""
+        key = (family, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
 
     def observe(self, event: Event) -> None:
         """Count one event (the `Events` subscriber)."""
@@ -145,33 +159,33 @@ class Metrics:
         flow, status, claim = column(data), data["status"], data.get("claim")
         if claim is not None:
             if claim == "recovery":
-                self.recoveries.labels(flow).inc()
+                self._of(self.recoveries, flow).inc()
             elif claim in DECISIONS:
-                self.decisions.labels(flow, DECISIONS[claim]).inc()
+                self._of(self.decisions, flow, DECISIONS[claim]).inc()
         elif data["step"] == 0:
-            self.runs_started.labels(flow).inc()
+            self._of(self.runs_started, flow).inc()
         else:  # a checkpoint that ends a superstep
-            self.superstep_seconds.labels(flow).observe(data["seconds"])
+            self._of(self.superstep_seconds, flow).observe(data["seconds"])
         if status in FINISHED:
-            self.runs_finished.labels(flow, status).inc()
+            self._of(self.runs_finished, flow, status).inc()
         elif status == "paused":
-            self.runs_paused.labels(flow).inc()
+            self._of(self.runs_paused, flow).inc()
 
     def _tool_call(self, event: Event, outcome: str) -> None:
         ms = event.data.get("ms")
         if ms is not None:
-            self.tool_call_seconds.labels(event.data["tool"], outcome).observe(ms / 1000)
+            self._of(self.tool_call_seconds, event.data["tool"], outcome).observe(ms / 1000)
 
     def _parked(self, event: Event) -> None:
         for tool in event.data["tools"]:
-            self.calls_in_doubt.labels(tool).inc()
+            self._of(self.calls_in_doubt, tool).inc()
 
     def _refused(self, event: Event) -> None:
         kind = str(event.data.get("cause") or event.data.get("kind"))
-        self.control_refused.labels(kind if kind in REFUSED else "other").inc()
+        self._of(self.control_refused, kind if kind in REFUSED else "other").inc()
 
     def _swept(self, event: Event) -> None:
         for entry in event.data["waiting"]:
-            self.runs_waiting.labels(entry["flow"], entry["why"]).set(entry["runs"])
-            self.oldest_wait.labels(entry["flow"], entry["why"]).set(entry["oldest_s"])
+            self._of(self.runs_waiting, entry["flow"], entry["why"]).set(entry["runs"])
+            self._of(self.oldest_wait, entry["flow"], entry["why"]).set(entry["oldest_s"])
         self.swept_at.set(event.at)

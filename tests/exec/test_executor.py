@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 from pydantic import BaseModel
 
-from agentflow import Call, Executor, Flow, FlowRunner, Registry
+from agentflow import Call, Executor, Flow, FlowRunner, Registry, _events
 from agentflow._errors import ApprovalDenied, ToolTimeout
-from agentflow._events import Event
+from agentflow._events import Event, Events
 from agentflow.exec import ApprovalRequest, Approver, current_call, idempotency_key
 from agentflow.flow import NodeHandle
 
@@ -272,6 +272,26 @@ async def test_unsubscribe_stops_delivery():
 
     assert delivered == 2
     assert len(seen) == delivered
+
+
+def test_a_subscriber_gets_only_the_events_it_names_and_the_hub_builds_no_other(monkeypatch):
+    # Given a hub with a subscriber to tool.finished only, and one to everything that comes and goes
+    hub = Events()
+    finished: list[str] = []
+    hub.subscribe(lambda e: finished.append(e.name), names={"tool.finished"})
+    everything: list[str] = []
+    unsubscribe = hub.subscribe(lambda e: everything.append(e.name))
+    hub.emit("tool.started", "r1")
+    hub.emit("tool.finished", "r1")
+    unsubscribe()
+    # When the subscriber to everything is gone, an event nobody names is not even built
+    built: list[str] = []
+    monkeypatch.setattr(_events, "Event", lambda name, run_id, data: built.append(name))
+    hub.emit("tool.started", "r1")
+    # Then each subscriber got what it asked for, and nothing was built for the unwanted event
+    assert finished == ["tool.finished"]
+    assert everything == ["tool.started", "tool.finished"]
+    assert built == []
 
 
 async def test_a_subscriber_that_raises_does_not_break_the_call(caplog: pytest.LogCaptureFixture) -> None:
