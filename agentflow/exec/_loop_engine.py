@@ -209,14 +209,15 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             if limit is not None and stages >= limit:
                 return self.result(lp, RunStatus.RUNNING, replayed, rerun)
             stages += 1
-            if lp.watch is not None:  # a boundary: a cancel request stops the loop before the stage
-                await lp.watch.check(boundary=True)
+            if stages == 1:  # a boundary: a cancel request stops the loop before it starts
+                await self._boundary(lp)
             if lp.stage in ("start", "tools"):
                 if lp.model_calls >= lp.max_steps:
                     lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
                     await proto.save(lp, RunStatus.FAILED)
                     return self.result(lp, RunStatus.FAILED, replayed, rerun)
                 reply = await self._ask_model(lp)
+                await self._boundary(lp)
                 lp.history.append(reply)
                 lp.stage = "model"
                 status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
@@ -227,6 +228,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
             log.watch = lp.watch
             results = await self._run_tools(lp, log)
+            await self._boundary(lp)
             replayed += log.replayed
             rerun += log.rerun
             recovered = proto.report_step(lp, log.replayed, log.rerun, recovering)
@@ -238,6 +240,12 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             lp.stage, lp.decisions, lp.pending = "tools", {}, []
             await proto.save(lp, RunStatus.RUNNING, recovered=recovered)
             seeds, recovering = {}, False
+
+    @staticmethod
+    async def _boundary(lp: LoopCursor) -> None:
+        """Stop at a stage's end if a cancel request came: nothing of the stage is kept (`CancelRequested`)."""
+        if lp.watch is not None:
+            await lp.watch.check(boundary=True)
 
     async def _ask_model(self, lp: LoopCursor) -> Message:
         if lp.journal is not None:

@@ -10,9 +10,10 @@ Moving parts:
   (`_run_quarantine.marker`): every process shares the store's leases, a take is atomic,
   and the marker lapses on its own after `REQUEST_TTL_S` (a run that ended meanwhile
   never reads it).
-- `CancelWatch`: the holder's side. It reads the marker at every step boundary and before
-  a call starts (calls that start together, with no call ending in between, share one
-  read) and raises `CancelRequested` once a signed request is there.
+- `CancelWatch`: the holder's side. It reads the marker at every step boundary (before a
+  drive's first step and after each step, before its save) and before a call starts
+  (calls that start together, with no call ending in between, share one read) and raises
+  `CancelRequested` once a signed request is there.
 - `RunProtocol` catches `CancelRequested` around every drive: the calls already in flight
   have finished and are logged by then (a superstep lets its other nodes finish; a tool
   loop runs its calls one by one), and the run ends ``cancelled`` with the same signed
@@ -171,11 +172,6 @@ class CancelWatch:
                 await self._refuse(mark, str(exc))
                 return
         raise CancelRequested(self.found)
-
-    def raise_if_found(self) -> None:
-        """Raise `CancelRequested` if a request was seen (a node may have swallowed the first raise)."""
-        if self.found is not None:
-            raise CancelRequested(self.found)
 
     async def _refuse(self, mark: Lease, why: str) -> None:
         log.warning(

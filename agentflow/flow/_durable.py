@@ -145,7 +145,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         ran = 0
         while limit is None or ran < limit:
             ran += 1
-            if cur.watch is not None:  # a boundary: a cancel request stops the run before the superstep
+            if ran == 1 and cur.watch is not None:  # a boundary: a cancel request stops the run before it starts
                 await cur.watch.check(boundary=True)
             log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
             log.watch = cur.watch
@@ -161,6 +161,8 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
                 raise
             except Exception as exc:
                 return await self._fail(proto, cur, exc, replayed + log.replayed, rerun + log.rerun)
+            if cur.watch is not None:  # a boundary: once a request is seen, nothing of this superstep is kept
+                await cur.watch.check(boundary=True)
             replayed += log.replayed
             rerun += log.rerun
             recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)

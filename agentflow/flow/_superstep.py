@@ -103,8 +103,6 @@ async def run_superstep(
     Raises:
         FlowError: a node ran past its visit limit, two nodes wrote one plain field, an
             update does not fit the state, or no edge leads on from a node that is not an end.
-        CancelRequested: a cancel request stopped a call from starting (after the other
-            nodes finished theirs).
         Exception: whatever a node or tool raised (the other nodes are cancelled).
     """
     counted = dict(visits)
@@ -123,7 +121,7 @@ async def run_superstep(
         except PauseForApproval:
             paused.add(node.name)
             return {}
-        except CancelRequested:  # the node's call did not start; the others finish theirs
+        except CancelRequested:  # the node's call did not start; the others finish theirs (the driver then stops)
             return {}
 
     if len(frontier) == 1:  # nothing to run beside it: no task needed
@@ -135,8 +133,6 @@ async def run_superstep(
         except BaseExceptionGroup as group_error:
             raise _first_error(group_error) from None
         results = [task.result() for task in tasks]
-    if log.watch is not None:  # even when a node swallowed the raise: nothing of this superstep is kept
-        log.watch.raise_if_found()
     if paused or log.pending:
         return Outcome(state, frontier, dict(visits), paused=True)
     updates = list(zip(frontier, results, strict=True))

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 from _kit.faults import body
-from _kit.tickets import BATCH, KEY, KEY_B, LOOKUP, ORDER, REFUNDS, Order, Refund, make_tickets
+from _kit.tickets import BATCH, KEY, KEY_B, LOOKUP, ORDER, REFUNDS, Order, Refund, make_tickets, show_args
 from _kit.workers import Workers
 
-from agentflow import Flow, RunResult, RunStatus
+from agentflow import Call, Flow, RunResult, RunStatus
 from agentflow.exec import cancel_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_cancel import REQUEST_TTL_S, CancelRequest, request_key
@@ -58,6 +58,22 @@ async def test_a_held_run_finishes_its_call_in_flight_then_ends_cancelled_before
     assert body(latest)["reason"] == "customer left"
     # And the request is spent: its marker is gone
     assert await _request(workers, "lookup-1") is None
+
+
+#: One superstep: its only call is also its last.
+ONE_STEP = Flow("one-step", state=Order).node("look", Call("slow_lookup", args=show_args, into="looked")).end("look")
+
+
+async def test_a_request_during_the_last_call_ends_the_run_cancelled_with_the_call_logged(workers):
+    # Given a one-superstep run inside its only call
+    release, running = await _inside_slow_lookup(workers, ONE_STEP, "one-1")
+    # When it is cancelled and the call then finishes
+    await workers.runner().cancel(ONE_STEP, "one-1", reason="not needed", operator="gus")
+    release.set()
+    # Then the run ends cancelled, not done: the call's result is in the log, not in the state
+    result = await asyncio.wait_for(running, 10)
+    assert result.status == RunStatus.CANCELLED and result.state.looked == ""
+    assert [r.kind for r in await workers.calls("one-1")] == ["started", "done"]
 
 
 async def test_a_node_calling_several_tools_starts_none_after_the_request(workers):
