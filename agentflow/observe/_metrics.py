@@ -103,8 +103,8 @@ class Metrics:
         self.swept_at = gauge("sweep_timestamp_seconds", "When this process last swept the unfinished runs.")
         self._handlers: dict[str, Callable[[Event], None]] = {
             "checkpoint.saved": self._saved,
-            "tool.finished": lambda e: self._tool_call(e, "ok"),
-            "tool.failed": lambda e: self._tool_call(e, "failed"),
+            "tool.finished": self._tool_ok,
+            "tool.failed": self._tool_failed,
             "tool.replayed": lambda e: self._of(self.calls_replayed, e.data["tool"]).inc(),
             "tool.rerun": lambda e: self._of(self.calls_rerun, e.data["tool"]).inc(),
             "run.parked": self._parked,
@@ -171,10 +171,11 @@ class Metrics:
         elif status == "paused":
             self._of(self.runs_paused, flow).inc()
 
-    def _tool_call(self, event: Event, outcome: str) -> None:
-        ms = event.data.get("ms")
-        if ms is not None:
-            self._of(self.tool_call_seconds, event.data["tool"], outcome).observe(ms / 1000)
+    def _tool_ok(self, event: Event) -> None:
+        self._of(self.tool_call_seconds, event.data["tool"], "ok").observe(event.data["ms"] / 1000)
+
+    def _tool_failed(self, event: Event) -> None:
+        self._of(self.tool_call_seconds, event.data["tool"], "failed").observe(event.data["ms"] / 1000)
 
     def _parked(self, event: Event) -> None:
         for tool in event.data["tools"]:
