@@ -183,13 +183,15 @@ class FlowClient:
         return result.step
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> str:
-        """Cancel a run (or tool loop) that no live worker holds; return its status (``cancelled``).
+        """Cancel a run (or tool loop); return its status as it stands after the request.
 
-        The cancellation is a signed claim saved here (see `FlowRunner.cancel`); no message
-        is needed: the run is final, and any message still queued for it finds it ended.
+        A run no live worker holds is cancelled here: a signed claim (see `FlowRunner.cancel`),
+        and the result is ``cancelled``; no message is needed (the run is final, and any
+        message still queued for it finds it ended). A run a worker is moving gets a signed
+        cancel request instead: the result is its status now (``running``), and that worker
+        ends it ``cancelled`` before its next call (`wait` for it).
 
         Raises:
-            RunHeld: a live worker holds the run (cancelling a run in flight is not built yet).
             CheckpointConflict: the run already ended.
         """
         assert self.runner.checkpoints is not None
