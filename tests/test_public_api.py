@@ -118,8 +118,9 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.exec.checkpoints": [
         "CheckpointConflict", "CheckpointError", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt",
-        "MemoryCheckpointStore", "RecoveryNeedsDecision", "RedisCheckpointStore", "SQLAlchemyCheckpointStore",
-        "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint", "StoreDefaults", "idempotency_key",
+        "MemoryCheckpointStore", "Pruned", "RecoveryNeedsDecision", "RedisCheckpointStore", "RetentionPolicy",
+        "RetentionStore", "SQLAlchemyCheckpointStore", "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint",
+        "StoreDefaults", "idempotency_key", "prune_finished",
     ],
     "agentflow.flow": ["Call", "Flow", "FlowError", "FlowRunner", "NodeHandle", "RunResult", "RunStatus"],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],

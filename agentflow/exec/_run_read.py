@@ -15,7 +15,9 @@ store's lease, read before and after the rows (a run held at either read is show
 held: a call it logs as started is running there, not in doubt).
 
 Problems are collected, not raised, so a listing can show a corrupt run next to healthy
-ones; the `RunReport` of a corrupt run then carries no data read from that run at all.
+ones; the `RunReport` of a corrupt run then carries no data read from that run at all. A
+run deleted (pruned) while it was read is reported gone, not corrupt: a reader sees a run
+whole or not at all.
 """
 
 from __future__ import annotations
@@ -301,6 +303,7 @@ async def _read_rows(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.R
         if not ahead or (await store.latest(run_id)).step == last.step:
             break
     if report.problems:
+        await _still_stored(store, run_id)
         report.checkpoints = [_bare(row, report.problems) for row in rows]
         report.other_keys = sorted({row.kid for row in rows if any(_unknown(row, p) for p in report.problems)})
         return report
@@ -315,6 +318,19 @@ async def _read_rows(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.R
         report.problems.append(f"run {run_id!r}: a checked row does not have the expected fields ({exc!r})")
         report.checkpoints = [_bare(row, report.problems) for row in rows]
     return report
+
+
+async def _still_stored(store: CheckpointStore, run_id: str) -> None:
+    """Raise `CheckpointNotFound` if the run is gone now: it was deleted (pruned) while it was read.
+
+    The checkpoints and the call log are two reads; a run deleted between them reads as
+    checkpoints without their log. Such a run is reported gone, not corrupt: a reader sees
+    a run whole or not at all.
+    """
+    try:
+        await store.latest(run_id)
+    except CheckpointNotFound:
+        raise CheckpointNotFound(f"no run {run_id!r} in this store (deleted while it was read)") from None
 
 
 async def read_runs(

@@ -16,8 +16,9 @@ from agentflow.exec.checkpoints._errors import (
     CheckpointStoreCorrupt,
     RecoveryNeedsDecision,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore
+from agentflow.exec.checkpoints._records import Pruned, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
@@ -32,14 +33,18 @@ __all__ = [
     "CheckpointStore",
     "CheckpointStoreCorrupt",
     "MemoryCheckpointStore",
+    "Pruned",
     "RecoveryNeedsDecision",
     "RedisCheckpointStore",
+    "RetentionPolicy",
+    "RetentionStore",
     "SQLAlchemyCheckpointStore",
     "SQLiteCheckpointStore",
     "SealedCall",
     "SealedCheckpoint",
     "StoreDefaults",
     "idempotency_key",
+    "prune_finished",
 ]
 
 _OPTIONAL = {

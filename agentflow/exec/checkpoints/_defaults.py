@@ -15,20 +15,30 @@ mixin gives:
 - ``save_after_calls``: every rule checked up front against one read of the run, then
   the records and the checkpoint written one call at a time (not atomic; see its
   docstring);
-- ``local_key = None``: a store shared with other processes has no key of its own.
+- ``local_key = None``: a store shared with other processes has no key of its own;
+- ``prunable`` and ``prune`` (retention): the generic versions below, built on
+  ``list_runs``, ``leases``, ``take_lease``, ``latest``, ``history``, ``calls`` and
+  ``delete``, one run at a time. A run is pruned whole only if the store's ``delete`` is
+  atomic; they are also what `_retention` falls back on for a store without them.
 
 The stores agentflow ships do not use it: each has a one-transaction or one-script
-``save_after_calls`` and a cheaper ``head``.
+``save_after_calls``, a cheaper ``head`` and batched ``prunable`` and ``prune``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+import secrets
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final, Protocol
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_row, check_save
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import check_call, check_prune_statuses, check_row, check_save
+
+#: How many runs the generic `default_prunable` reads from the listing (all of them, in practice).
+_EVERY_RUN: Final = 1_000_000
+#: How long the generic `default_prune` holds a run's lease while it deletes it (seconds; released after).
+PRUNE_LEASE_S: Final = 60.0
 
 
 class _CoreStore(Protocol):
@@ -43,6 +53,66 @@ class _CoreStore(Protocol):
     async def calls(self, run_id: str) -> Sequence[SealedCall]: ...
 
 
+class _PrunedStore(_CoreStore, Protocol):
+    """The methods the generic prune is built from."""
+
+    async def history(self, run_id: str) -> Sequence[SealedCheckpoint]: ...
+
+    async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]: ...
+
+    async def delete(self, run_id: str) -> None: ...
+
+    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease: ...
+
+    async def release_lease(self, run_id: str, token: str) -> bool: ...
+
+    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]: ...
+
+
+async def default_prunable(store: _PrunedStore, before: float, statuses: Collection[str], limit: int) -> list[str]:
+    """The runs a prune would take now, oldest first: read from one listing of every run, then their leases."""
+    chosen = check_prune_statuses(statuses)
+    found = [cp for cp in await store.list_runs(None, _EVERY_RUN) if cp.status in chosen and cp.saved_at < before]
+    found.sort(key=lambda cp: cp.saved_at)
+    held = await store.leases([cp.run_id for cp in found])
+    return [cp.run_id for cp in found if cp.run_id not in held][: max(limit, 0)]
+
+
+async def default_prune(
+    store: _PrunedStore, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str
+) -> Pruned:
+    """Delete each run that still qualifies, one at a time, under its lease.
+
+    For each run: take its lease (a live holder keeps it), read its newest checkpoint
+    again, and if it still ended with one of `statuses` before `before`, count its rows
+    and `delete` it (which forgets the lease too); else give the lease back. Whole or
+    not at all only as far as the store's `delete` is one atomic step.
+    """
+    chosen = check_prune_statuses(statuses)
+    pruned: list[str] = []
+    rows = 0
+    for run_id in dict.fromkeys(run_ids):
+        token = secrets.token_hex(16)
+        if (await store.take_lease(run_id, owner, token, PRUNE_LEASE_S)).token != token:
+            continue  # held: someone is moving it
+        deleted = False
+        try:
+            try:
+                latest = await store.latest(run_id)
+            except CheckpointNotFound:
+                continue
+            if latest.status in chosen and latest.saved_at < before:
+                count = len(await store.history(run_id)) + len(await store.calls(run_id))
+                await store.delete(run_id)
+                deleted = True
+                pruned.append(run_id)
+                rows += count
+        finally:
+            if not deleted:
+                await store.release_lease(run_id, token)
+    return Pruned(tuple(pruned), rows)
+
+
 async def _read_head(store: _CoreStore, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
     """The latest checkpoint, then the record count of each segment (read after it)."""
     latest = await store.latest(run_id)
@@ -53,10 +123,10 @@ async def _read_head(store: _CoreStore, run_id: str) -> tuple[SealedCheckpoint, 
 
 
 class StoreDefaults:
-    """Default ``head``, ``save_after_calls`` and ``local_key`` for a store built on the core methods.
+    """Defaults for a store built on the core methods: ``head``, ``save_after_calls``, ``local_key``, retention.
 
     Use it as a base class (``class MyStore(StoreDefaults): ...``); a store that can do
-    better overrides any of the three.
+    better overrides any of them.
     """
 
     #: A store shared with other processes signs nothing itself: runners need ``checkpoint_key``.
@@ -111,3 +181,21 @@ class StoreDefaults:
         for record in calls:
             await self.record_call(run_id, record)
         await self.save(run_id, step, checkpoint)
+
+    async def prunable(self: _PrunedStore, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
+        """The runs a prune would take now, oldest first (see `RetentionStore.prunable`).
+
+        Reads every listed run's newest checkpoint (one ``list_runs``), then their leases:
+        a store with an index by time should override it.
+        """
+        return await default_prunable(self, before, statuses, limit)
+
+    async def prune(
+        self: _PrunedStore, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str
+    ) -> Pruned:
+        """Delete each run that still qualifies, one at a time under its lease (see `default_prune`).
+
+        A run goes whole only if this store's ``delete`` removes all of it in one atomic
+        step; a store that can delete a batch of runs in one transaction should override it.
+        """
+        return await default_prune(self, run_ids, before, statuses, owner)

@@ -44,14 +44,20 @@ A store written outside agentflow can take default ``head``, ``save_after_calls`
 ``local_key`` from `agentflow.exec.checkpoints.StoreDefaults` (``_defaults``); the stores
 agentflow ships implement each of them natively. ``stored_runs`` and ``relist`` have no
 default: only the backend knows where its rows and its listing index are.
+
+Retention (`RetentionStore`: ``prunable`` and ``prune``) is the port's optional part: a
+store that has it prunes finished runs in batches, natively; any other store (a wrapper
+that forwards only `CheckpointStore`, a third-party store) is pruned by the generic
+version built on the methods above (`_defaults.default_prune`), one run at a time.
+Callers go through `agentflow.exec.checkpoints._retention`, which picks one or the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
 
 
 @runtime_checkable
@@ -226,4 +232,37 @@ class CheckpointStore(Protocol):
 
     async def aclose(self) -> None:
         """Release connections (the store can still be used again afterwards)."""
+        ...
+
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """The retention part of the port: find finished runs older than a cut-off, and delete them whole."""
+
+    async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
+        """Return the ids of up to `limit` runs a prune would take now, oldest first.
+
+        A run qualifies when its newest checkpoint's status is one of `statuses` (statuses
+        of a run that ended only), that checkpoint was saved before `before` (seconds since
+        the epoch), and no live lease holds the run. Read from the listing index (a run it
+        forgot is not found), without writing.
+
+        Raises:
+            ValueError: `statuses` names a status of a run that has not ended.
+        """
+        ...
+
+    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+        """Delete each run of `run_ids` that still qualifies, whole; leave every other one as it is.
+
+        Each run is judged again at the moment it is deleted, under the same rule as
+        `prunable`, and deleted in one atomic step with everything the store keeps of it:
+        its checkpoints, call records, lease and listing entries. A reader sees the run
+        whole or not at all; a prune cut off midway leaves each run whole or gone; a run
+        resumed or retried meanwhile (a new checkpoint, a live lease) is kept. The pruner
+        holds the run's lease (as `owner`) while it deletes it. Unknown ids are skipped.
+
+        Raises:
+            ValueError: `statuses` names a status of a run that has not ended.
+        """
         ...

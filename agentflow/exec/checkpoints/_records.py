@@ -89,3 +89,16 @@ class Lease:
     """Random per take: only the holder of this token renews or releases the lease."""
     expires_at: float
     """When it lapses unless renewed (seconds since the epoch, on the store's clock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What a prune deleted: whole runs, each with every row and entry it had."""
+
+    run_ids: tuple[str, ...]
+    """The runs deleted, in the order they were asked for."""
+    rows: int
+    """How many checkpoint rows and call records were deleted with them."""
+
+    def __add__(self, other: Pruned) -> Pruned:
+        return Pruned(self.run_ids + other.run_ids, self.rows + other.rows)

@@ -77,7 +77,7 @@ class Index:
                 found.append(run_id)
             else:
                 stale.append((run_id, score))
-        await self._prune(bound, index, stale)
+        await self.forget(bound, index, stale)
         return found
 
     async def runs(self, bound: Bound, flow: str | None, limit: int) -> list[SealedCheckpoint]:
@@ -104,10 +104,11 @@ class Index:
                     stale.append((run_id, score))
                 else:
                     found[run_id] = cp
-        await self._prune(bound, index, stale)
+        await self.forget(bound, index, stale)
         return sorted(found.values(), key=lambda cp: cp.saved_at, reverse=True)[: max(limit, 0)]
 
-    async def _prune(self, bound: Bound, index: str, stale: list[tuple[str, float]]) -> None:
+    async def forget(self, bound: Bound, index: str, stale: list[tuple[str, float]]) -> None:
+        """Remove ``(run id, score)`` entries from `index`, each only if its score is still the one given."""
         if stale:
             args = [part for run_id, score in stale for part in (run_id, repr(score))]
             await bound.scripts["prune"](keys=[index], args=args)

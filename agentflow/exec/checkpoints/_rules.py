@@ -6,6 +6,8 @@ same rules in Lua and SQL stores in a transaction, with the same messages.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint
 
@@ -107,3 +109,22 @@ def check_lease_args(owner: str, token: str, ttl_s: float) -> None:
         raise ValueError("a lease needs a non-empty owner and token")
     if not ttl_s > 0:
         raise ValueError(f"a lease's ttl_s must be positive, not {ttl_s!r}")
+
+
+def check_prune_statuses(statuses: Collection[str]) -> tuple[str, ...]:
+    """Return the statuses a prune may take, sorted; refuse any but those of a run that ended.
+
+    Raises:
+        ValueError: `statuses` is empty or names ``running``, ``paused`` or an unknown status.
+        TypeError: `statuses` is one string (a collection of them is wanted).
+    """
+    if isinstance(statuses, str | bytes):
+        raise TypeError(f"statuses must be a collection of status names, not the string {statuses!r}")
+    chosen = tuple(sorted(set(statuses)))
+    wrong = [status for status in chosen if status not in ENDED]
+    if not chosen or wrong:
+        raise ValueError(
+            f"a prune takes only runs that ended ({', '.join(sorted(ENDED))}), never running or paused ones; "
+            f"got {', '.join(map(repr, wrong)) or 'no status'}"
+        )
+    return chosen

@@ -101,7 +101,8 @@ class SQLLeases:
         self._tx = tx
         self._shown = shown
 
-    def _params(self, **values: Any) -> dict[str, Any]:
+    def params(self, **values: Any) -> dict[str, Any]:
+        """`values`, with the host's clock as ``now`` on SQLite (PostgreSQL reads its own)."""
         return values | {"now": time.time()} if self._sqlite else values
 
     def _lease(self, row: sa.Row[Any]) -> Lease:
@@ -117,16 +118,25 @@ class SQLLeases:
         """Take the lease unless another live token holds it; return the lease as it stands."""
         check_lease_args(owner, token, ttl_s)
         async with self._tx(write=True) as conn:
-            await conn.execute(self._q.take, self._params(run=run_id, owner=owner, held=token, ttl=ttl_s))
+            await conn.execute(self._q.take, self.params(run=run_id, owner=owner, held=token, ttl=ttl_s))
             row = (await conn.execute(self._q.read_one, {"run": run_id})).one_or_none()
         if row is None:
             raise CheckpointStoreCorrupt(f"{self._shown}: the lease of run {run_id!r} was taken but cannot be read")
         return self._lease(row)
 
+    async def take_many(
+        self, conn: AsyncConnection, run_ids: Sequence[str], owner: str, token: str, ttl_s: float
+    ) -> None:
+        """Take the leases of `run_ids` for `token` in the caller's transaction (a prune's), where free or lapsed."""
+        check_lease_args(owner, token, ttl_s)
+        rows = [self.params(run=run_id, owner=owner, held=token, ttl=ttl_s) for run_id in run_ids]
+        if rows:
+            await conn.execute(self._q.take, rows)
+
     async def renew(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live; None if it does not."""
         async with self._tx(write=True) as conn:
-            renewed = await conn.execute(self._q.renew, self._params(run=run_id, held=token, ttl=ttl_s))
+            renewed = await conn.execute(self._q.renew, self.params(run=run_id, held=token, ttl=ttl_s))
             if not renewed.rowcount:
                 return None
             row = (await conn.execute(self._q.read_one, {"run": run_id})).one()
@@ -135,7 +145,7 @@ class SQLLeases:
     async def release(self, run_id: str, token: str) -> bool:
         """Delete `token`'s lease of the run; return whether it was live."""
         async with self._tx(write=True) as conn:
-            live = await conn.execute(self._q.release_live, self._params(run=run_id, held=token))
+            live = await conn.execute(self._q.release_live, self.params(run=run_id, held=token))
             await conn.execute(self._q.release_any, {"run": run_id, "held": token})
         return bool(live.rowcount)
 
@@ -145,6 +155,6 @@ class SQLLeases:
         found: dict[str, Lease] = {}
         for start in range(0, len(unique), _CHUNK):
             async with self._tx() as conn:
-                rows = await conn.execute(self._q.read_live, self._params(runs=unique[start : start + _CHUNK]))
+                rows = await conn.execute(self._q.read_live, self.params(runs=unique[start : start + _CHUNK]))
                 found.update((lease.run_id, lease) for lease in map(self._lease, rows.all()))
         return {run_id: found[run_id] for run_id in unique if run_id in found}

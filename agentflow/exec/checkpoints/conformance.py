@@ -17,8 +17,9 @@ This module is the public entry: the checks live in `_conformance_saves` (the pr
 members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
 written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
 concurrency) and `_conformance_leases` (run leases: one holder, renew and release by its
-token, lapsing, racing takers), their helpers and `SEALER` in `_conformance_base`; all are
-re-exported here.
+token, lapsing, racing takers) and `_conformance_retention` (prunes: only old finished
+runs, each whole, none under a live lease, judged again as they go), their helpers and
+`SEALER` in `_conformance_base`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ from agentflow.exec.checkpoints._conformance_leases import (
 )
 from agentflow.exec.checkpoints._conformance_leases import (
     check_lease_take_again_by_holder_renews as check_lease_take_again_by_holder_renews,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
+    check_prune_judges_each_run_again as check_prune_judges_each_run_again,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
+    check_prune_leaves_a_held_run as check_prune_leaves_a_held_run,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
+    check_prune_limit_and_cut_off as check_prune_limit_and_cut_off,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
+    check_prune_refuses_runs_that_have_not_ended as check_prune_refuses_runs_that_have_not_ended,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
+    check_prune_takes_only_old_finished_runs as check_prune_takes_only_old_finished_runs,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
+    check_pruned_run_id_starts_afresh as check_pruned_run_id_starts_afresh,
 )
 from agentflow.exec.checkpoints._conformance_saves import check_delete as check_delete
 from agentflow.exec.checkpoints._conformance_saves import check_ended_run_takes_no_save as check_ended_run_takes_no_save
@@ -148,6 +167,12 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_lease_race_of_takers,
     check_lease_needs_no_checkpoint_and_delete_forgets_it,
     check_lease_arguments,
+    check_prune_takes_only_old_finished_runs,
+    check_prune_refuses_runs_that_have_not_ended,
+    check_prune_leaves_a_held_run,
+    check_prune_judges_each_run_again,
+    check_pruned_run_id_starts_afresh,
+    check_prune_limit_and_cut_off,
 )
 
 

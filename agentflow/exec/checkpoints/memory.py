@@ -13,20 +13,24 @@ to mend.
 
 Leases live in a dict (``_leases``) and are judged against ``time.time()``; like every
 other method, a take runs without awaiting, so racing takers on one loop cannot interleave.
+
+`prune` judges and forgets each run without awaiting too: a run is gone whole, in one
+step, and one a live lease holds is kept.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import UNFINISHED, Lease, Pruned, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import (
     check_call,
     check_lease_args,
     check_no_stored_rows,
+    check_prune_statuses,
     check_row,
     check_save,
 )
@@ -102,8 +106,39 @@ class MemoryCheckpointStore:
         self._listed.setdefault(run_id, None)
         return rows[-1]
 
+    def _prunable(self, run_id: str, before: float, chosen: Collection[str]) -> SealedCheckpoint | None:
+        """The run's newest row if a prune may take the run now (ended as chosen, before the cut-off, not held)."""
+        rows = self._checkpoints.get(run_id)
+        last = rows[-1] if rows else None
+        if last is None or last.status not in chosen or not last.saved_at < before:
+            return None
+        return last if self._live(run_id) is None else None
+
+    async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
+        """The listed runs a prune would take now, oldest first (see `RetentionStore.prunable`)."""
+        chosen = check_prune_statuses(statuses)
+        found = [last for run_id in self._listed if (last := self._prunable(run_id, before, chosen)) is not None]
+        found.sort(key=lambda cp: cp.saved_at)
+        return [cp.run_id for cp in found[: max(limit, 0)]]
+
+    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+        """Forget each run that still qualifies, whole, without awaiting (see `RetentionStore.prune`)."""
+        chosen = check_prune_statuses(statuses)
+        pruned: list[str] = []
+        rows = 0
+        for run_id in dict.fromkeys(run_ids):
+            if self._prunable(run_id, before, chosen) is None:
+                continue
+            rows += len(self._checkpoints[run_id]) + sum(map(len, self._calls.get(run_id, {}).values()))
+            self._forget(run_id)
+            pruned.append(run_id)
+        return Pruned(tuple(pruned), rows)
+
     async def delete(self, run_id: str) -> None:
         """Forget the run."""
+        self._forget(run_id)
+
+    def _forget(self, run_id: str) -> None:
         self._checkpoints.pop(run_id, None)
         self._calls.pop(run_id, None)
         self._listed.pop(run_id, None)

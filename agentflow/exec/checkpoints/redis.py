@@ -38,6 +38,12 @@ Leases are `_redis_leases`'s: ``_lua/lease.lua`` takes, renews and releases a ru
 the server's clock, and the key expires by itself when the lease lapses. The lease key is
 not one of the run keys the other scripts take; `delete` removes it with them.
 
+Retention is `_redis_prune`'s: finished runs are found through ``P:runs`` (sorted by the
+time of their newest save) and each is deleted whole by ``_lua/prune_run.lua``, which
+removes its five keys (and, on one server, its index entries) in one step. TTL expiry is
+retention too: a run's keys expire ``ttl_s`` after its last write, whatever its status
+but paused.
+
 Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
 client: `_redis_clients`.
 """
@@ -46,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -54,17 +60,18 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_leases import Leases
+from agentflow.exec.checkpoints._redis_prune import RedisPrune
 from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _text
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
-_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease")
+_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 #: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
 _RELIST_ATTEMPTS = 3
@@ -124,6 +131,7 @@ class RedisCheckpointStore:
         self._ttl = str(ttl_s or 0)
         self._index = Index(prefix, self._run_keys)
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
+        self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
 
     @classmethod
     def from_url(
@@ -352,6 +360,14 @@ class RedisCheckpointStore:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`: pipelined reads of their keys, which expire as they lapse."""
         return await self._leases.read(run_ids)
+
+    async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
+        """The runs a prune would take now, oldest first, found through the time index (see `_redis_prune`)."""
+        return await self._retention.prunable(before, statuses, limit)
+
+    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+        """Delete the runs that still qualify, whole: one script per run, pipelined (see `_redis_prune`)."""
+        return await self._retention.prune(run_ids, before, statuses)
 
     async def aclose(self) -> None:
         """Close this event loop's client; the store connects again when used afterwards.

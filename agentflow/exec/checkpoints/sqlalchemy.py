@@ -27,14 +27,15 @@ every store does; the compare-and-set and the fencing check read the locked ``ru
 `relist` writes that row again from the newest checkpoint row (see its docstring), so a
 run whose ``runs`` row was deleted or rolled back takes saves and records again.
 
-A duplicate key anywhere is a `CheckpointConflict`. URLs, the engine of each event loop and
-the transactions on it are `_sql_engines`.
+Retention (`prunable`, `prune`: a batch judged, its leases taken and its rows deleted in
+one transaction) is `_sql_prune`'s. A duplicate key anywhere is a `CheckpointConflict`.
+URLs, the engine of each event loop and the transactions on it are `_sql_engines`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import fields
 from typing import Any, Final, TypeVar
@@ -44,10 +45,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
 from agentflow.exec.checkpoints._sql_engines import Connector, check_url
 from agentflow.exec.checkpoints._sql_leases import SQLLeases
+from agentflow.exec.checkpoints._sql_prune import SQLPrune
 from agentflow.exec.checkpoints._sql_statements import (
     CALL_FIELDS,
     LATEST_FIELDS,
@@ -120,6 +122,7 @@ class SQLAlchemyCheckpointStore:
         self._t = tables(table_prefix)
         self._q = statements(self._t)
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
+        self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -371,6 +374,14 @@ class SQLAlchemyCheckpointStore:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`, judged on the database's clock."""
         return await self._leases.read(run_ids)
+
+    async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
+        """The runs a prune would take now, oldest first (see `RetentionStore.prunable`)."""
+        return await self._prune.prunable(before, statuses, limit)
+
+    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+        """Delete the runs that still qualify, whole, in one transaction (see `RetentionStore.prune`)."""
+        return await self._prune.prune(run_ids, before, statuses, owner)
 
     def _sealed(self, cls: type[_R], row: sa.Row[Any], run_id: str) -> _R:
         """Rebuild a sealed row, checking each field's type (SQLite columns take values of any type)."""

@@ -24,6 +24,8 @@ and the worker thread) is `_sqlite_file`'s.
 - Payloads are opaque: rows go in and come out exactly as given, checked only for types.
 - Leases (``leases`` table) are `_sqlite_leases`'s statements, run here like the other
   writes: a take is one upsert and its read-back in one write transaction.
+- Retention (`prunable`, `prune`) is `_sqlite_prune`'s: a batch of runs is judged and
+  deleted from every table in one write transaction.
 """
 
 from __future__ import annotations
@@ -33,16 +35,17 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints import _sqlite_leases
-from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints import _sqlite_leases, _sqlite_prune
+from agentflow.exec.checkpoints._records import UNFINISHED, Lease, Pruned, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints._rules import check_prune_statuses as _statuses
 from agentflow.exec.checkpoints._sqlite_file import MIGRATIONS as MIGRATIONS  # re-exported: tests import it here
 from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _Worker
 
@@ -359,6 +362,18 @@ class SQLiteCheckpointStore:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`."""
         return await self._do(partial(_sqlite_leases.read, list(run_ids), self.path))
+
+    # -- retention (`_sqlite_prune`) ----------------------------------------------------
+
+    async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
+        """The runs a prune would take now, oldest first (see `RetentionStore.prunable`)."""
+        return await self._do(partial(_sqlite_prune.prunable, before, _statuses(statuses), limit))
+
+    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+        """Delete the runs that still qualify, whole, in one write transaction (see `RetentionStore.prune`)."""
+        job = partial(_sqlite_prune.prune, list(run_ids), before, _statuses(statuses))
+        pruned, rows = await self._do(partial(_immediate, job=job))
+        return Pruned(tuple(pruned), rows)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -1,0 +1,59 @@
+-- prune_run.lua: delete one finished run whole, if it still qualifies (retention).
+--
+-- Key layout (P = store prefix, R = run id; "{R}" is the hash tag, so the run's five keys
+-- live in one Redis Cluster slot):
+--   KEYS[1]  P:run:{R}:cp       list    checkpoint rows
+--   KEYS[2]  P:run:{R}:latest   hash    step, flow, status, segment, saved_at of the newest row
+--   KEYS[3]  P:run:{R}:calls    hash    call-record rows
+--   KEYS[4]  P:run:{R}:next     hash    record count per segment
+--   KEYS[5]  P:run:{R}:lease    hash    the run's lease (the key exists only while it is live)
+-- On a standalone server (not Cluster) the indexes come too, so the run leaves them in the
+-- same atomic step:
+--   KEYS[6]  P:runs             zset    run id -> saved_at
+--   KEYS[7]  P:runs:<flow>      zset    run id -> saved_at
+--   KEYS[8]  P:unfinished:<flow> zset   unfinished runs
+--
+-- ARGV[1] the cut-off (seconds since the epoch): the newest save must be older
+-- ARGV[2] run id (the index member)
+-- ARGV[3] the flow the caller read (the index keys are named after it)
+-- ARGV[4..] the statuses a prune takes (only those of a run that ended)
+--
+-- The run qualifies when its latest hash names the flow the caller read, one of the
+-- statuses and a saved_at before the cut-off, and no live lease holds it: a lease's key
+-- expires when the lease lapses, so its existence is a live holder. Then every key of the
+-- run is deleted at once: no reader and no writer sees a part of it, and a script is never
+-- cut off halfway. A run whose latest hash is missing is left alone: if rows of it remain,
+-- a step 0 over them is still refused (save.lua).
+--
+-- Returns:
+--   {"pruned", rows, saved_at}   deleted; rows = checkpoint rows + call records
+--   {"gone"}                     no latest hash
+--   {"kept", why}                another flow, status or time; or held by a live lease
+
+local last = redis.call('HMGET', KEYS[2], 'status', 'saved_at', 'flow')
+if not last[1] then
+  return {'gone'}
+end
+if last[3] ~= ARGV[3] then
+  return {'kept', 'flow'}
+end
+local chosen = false
+for i = 4, #ARGV do
+  if ARGV[i] == last[1] then
+    chosen = true
+  end
+end
+if not chosen or not (tonumber(last[2]) < tonumber(ARGV[1])) then
+  return {'kept', last[1]}
+end
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  return {'kept', 'held'}
+end
+local rows = redis.call('LLEN', KEYS[1]) + redis.call('HLEN', KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+if #KEYS == 8 then
+  redis.call('ZREM', KEYS[6], ARGV[2])
+  redis.call('ZREM', KEYS[7], ARGV[2])
+  redis.call('ZREM', KEYS[8], ARGV[2])
+end
+return {'pruned', tostring(rows), last[2]}

@@ -1,0 +1,100 @@
+"""Retention of `SQLAlchemyCheckpointStore`: find finished runs, and delete a batch of them whole.
+
+A run qualifies when its ``runs`` row points at its newest checkpoint row, that row ended
+with one of the chosen statuses before the cut-off, and no live lease holds the run. The
+``runs`` row is the way in (its ``saved_at`` index); the newest checkpoint row is judged.
+
+`SQLPrune.prune` is one write transaction per batch:
+
+1. the qualifying ``runs`` rows among the ids asked for are read and locked (PostgreSQL
+   ``FOR UPDATE OF runs``, in run id order; SQLite holds its write lock from ``BEGIN
+   IMMEDIATE``), so no save, call record or relist of those runs runs meanwhile;
+2. their leases are taken, with the lease statements' own upsert (`_sql_leases`), for one
+   token of this prune: a run a live holder has (taken since it was listed) is left
+   alone, and a taker that comes later waits for the commit and then finds no run;
+3. the runs this token holds are deleted from ``checkpoints``, ``calls``, ``leases`` and
+   ``runs``.
+
+The lock order (``runs`` rows, then ``leases`` rows) is `delete`'s, and a lease take locks
+only its ``leases`` row, so a prune deadlocks with neither. A reader sees each run before
+the commit or after it, and a process killed midway leaves the transaction rolled back.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from agentflow.exec.checkpoints._records import Pruned
+from agentflow.exec.checkpoints._rules import check_prune_statuses
+from agentflow.exec.checkpoints._sql_leases import SQLLeases, Transaction
+from agentflow.exec.checkpoints._sql_statements import Tables
+
+#: How long a prune holds the leases of a batch (seconds): the transaction's length at most.
+_LEASE_S = 60.0
+
+
+class SQLPrune:
+    """The retention statements of one store's tables."""
+
+    def __init__(self, t: Tables, *, sqlite: bool, tx: Transaction, leases: SQLLeases) -> None:
+        runs, cps, lease = t.runs, t.checkpoints, t.leases
+        self._sqlite = sqlite
+        self._tx = tx
+        self._leases = leases
+        clock: sa.ColumnElement[float] = (
+            sa.bindparam("now", type_=sa.Double)
+            if sqlite
+            else sa.cast(sa.extract("epoch", sa.func.clock_timestamp()), sa.Double)
+        )
+        before = sa.bindparam("before", type_=sa.Double)
+        newer = sa.exists().where(cps.c.run_id == runs.c.run_id, cps.c.step > runs.c.step)
+        newest = cps.alias("newest")
+        qualify = (
+            sa.select(runs.c.run_id)
+            .join(newest, (newest.c.run_id == runs.c.run_id) & (newest.c.step == runs.c.step))
+            .where(
+                newest.c.status.in_(sa.bindparam("statuses", expanding=True)),
+                runs.c.saved_at < before,
+                newest.c.saved_at < before,
+                ~newer,
+            )
+        )
+        held = sa.exists().where(lease.c.run_id == runs.c.run_id, lease.c.expires_at > clock)
+        self._prunable = qualify.where(~held).order_by(runs.c.saved_at).limit(sa.bindparam("limit", type_=sa.Integer))
+        ids: sa.BindParameter[list[str]] = sa.bindparam("runs", expanding=True)
+        self._lock = qualify.where(runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
+        self._ours = sa.select(lease.c.run_id).where(lease.c.run_id.in_(ids), lease.c.token == sa.bindparam("token"))
+        #: Counted as the run's rows: checkpoints and calls; then its lease and its runs row.
+        self._deletes = [sa.delete(table).where(table.c.run_id.in_(ids)) for table in (cps, t.calls, lease, runs)]
+
+    def _clock(self, **values: Any) -> dict[str, Any]:
+        return self._leases.params(**values)
+
+    async def prunable(self, before: float, statuses: Collection[str], limit: int) -> list[str]:
+        """The runs a prune would take now, oldest first."""
+        params = self._clock(before=before, statuses=list(check_prune_statuses(statuses)), limit=max(limit, 0))
+        async with self._tx() as conn:
+            return [str(run_id) for run_id in (await conn.scalars(self._prunable, params)).all()]
+
+    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+        """Delete the runs of `run_ids` that qualify, whole, in one transaction (see the module docstring)."""
+        chosen = list(check_prune_statuses(statuses))
+        unique = list(dict.fromkeys(run_ids))
+        token = f"prune-{secrets.token_hex(16)}"
+        async with self._tx(write=True) as conn:
+            params = {"before": before, "statuses": chosen, "runs": unique}
+            locked = list((await conn.scalars(self._lock, params)).all())
+            if not locked:
+                return Pruned((), 0)
+            await self._leases.take_many(conn, locked, owner, token, _LEASE_S)
+            ours = set((await conn.scalars(self._ours, {"runs": locked, "token": token})).all())
+            pruned = [run_id for run_id in unique if run_id in ours]
+            rows = 0
+            for i, delete in enumerate(self._deletes):
+                deleted = (await conn.execute(delete, {"runs": pruned})).rowcount
+                rows += deleted if i < 2 else 0
+        return Pruned(tuple(pruned), rows)
