@@ -54,7 +54,12 @@ class RedisPrune:
         while len(found) < limit:
             async with self._clients.use() as bound:
                 page = await bound.client.zrangebyscore(
-                    self._every, "-inf", f"({before!r}", start=start, num=_PAGE, withscores=True
+                    self._every,
+                    "-inf",
+                    f"({before!r}",
+                    start=start,
+                    num=min(_PAGE, limit - len(found)),
+                    withscores=True,
                 )
                 entries = _scored(page)
                 if not entries:

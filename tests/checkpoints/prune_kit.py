@@ -1,0 +1,98 @@
+"""Finished runs to prune, by the hundred: one real run of the ticket flow, cloned under new ids.
+
+`template()` runs the seed's ticket flow once on a memory store (4 checkpoints, 6 call
+records, signed with `KEY`). `seed(store, run_ids, at)` writes a clone of it for each id,
+its rows sealed again for that id (a body names no run id), saved as the runner saves them
+(step 0, then each superstep's two records with its checkpoint), with the last save at
+`at` and the last status `status`: so every clone reads back through `read_run` as a
+healthy run. `whole_or_gone` says which a run is, and fails on anything in between.
+
+Also a worker process (run with `_kit.specs.child_env`, so ``_kit`` imports):
+``python prune_kit.py SPEC BEFORE BATCH`` opens the store of a spec
+(`_kit.specs.open_spec`), prints ``ready``, then prunes every run ended before BEFORE in
+batches of BATCH, printing ``batch <runs>`` after each, and ``done`` at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from _kit.specs import open_spec
+from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
+
+from agentflow import Executor, FlowRunner
+from agentflow._errors import CheckpointNotFound
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
+from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
+
+SEALER = Sealer(KEY)
+#: Checkpoints and call records of one clone.
+ROWS_PER_RUN = 4 + 6
+
+Template = tuple[list[SealedCheckpoint], list[SealedCall]]
+
+
+async def template() -> Template:
+    """The rows of one finished run of the ticket flow."""
+    store = MemoryCheckpointStore()
+    runner = FlowRunner(Executor(make_tickets().registry), checkpoints=store, checkpoint_key=KEY)
+    result = await runner.run(TICKETS, ORDER)
+    assert result.status == "done"
+    return list(await store.history(result.run_id)), list(await store.calls(result.run_id))
+
+
+async def write_clone(store: CheckpointStore, rows: Template, run_id: str, at: float, status: str = "done") -> None:
+    """Write the template's rows as run `run_id`, its last save at `at` with status `status`."""
+    checkpoints, calls = rows
+    shift = at - checkpoints[-1].saved_at
+    for cp in checkpoints:
+        last = cp.step == checkpoints[-1].step
+        row = SEALER.seal_encoded_checkpoint(
+            run_id, cp.step, cp.flow, status if last else cp.status, cp.segment, cp.saved_at + shift, cp.payload
+        )
+        records = [
+            SEALER.seal_encoded_call(run_id, c.segment, c.seq, c.kind, c.payload)
+            for c in (calls[2 * cp.step - 2 : 2 * cp.step] if cp.step else [])
+        ]
+        await store.save_after_calls(run_id, cp.step, row, records)
+
+
+async def seed(
+    store: CheckpointStore, rows: Template, run_ids: Sequence[str], at: float, status: str = "done", width: int = 16
+) -> None:
+    """Write a clone for each id, `width` at a time."""
+    for start in range(0, len(run_ids), width):
+        await asyncio.gather(*(write_clone(store, rows, r, at, status) for r in run_ids[start : start + width]))
+
+
+async def whole_or_gone(store: CheckpointStore, run_id: str) -> str:
+    """``whole`` (every check of `read_run` passes) or ``gone`` (nothing of it is stored); else fail."""
+    try:
+        report = await read_run(store, SEALER, run_id)
+    except CheckpointNotFound:
+        assert not await store.calls(run_id), f"run {run_id} has no checkpoint but call records"
+        return "gone"
+    assert not report.problems, f"run {run_id} is neither whole nor gone: {report.problems}"
+    assert report.status == "done" and len(report.checkpoints) == 4, f"run {run_id} is not the clone written"
+    return "whole"
+
+
+async def _work(spec: str, before: float, batch: int) -> None:
+    from agentflow.exec.checkpoints import RetentionPolicy, prune_finished
+
+    store = open_spec(spec)
+    try:
+        await store.stored_runs()  # connected (and set up) before the parent starts watching
+        print("ready", flush=True)
+        policy = RetentionPolicy(0.0, batch=batch)
+        await prune_finished(store, policy, now=before, on_batch=lambda p: print(f"batch {len(p.run_ids)}", flush=True))
+        print("done", flush=True)
+    finally:
+        await store.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(_work(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))

@@ -1,0 +1,155 @@
+"""Retention on every store set-up: old finished runs pruned whole, in batches; nothing else touched.
+
+The rules themselves (only ended runs, none held, each judged again) are conformance checks
+(`_conformance_retention`); these tests prune real runs (clones of one ticket run, so every
+run left reads back healthy through `read_run`) on every set-up, count rows before and
+after, kill a prune midway on the stores another process shares, and show a reader racing
+a prune sees the run whole or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import prune_kit
+import pytest
+from _kit.stores import StoreSetup, child_env, setups
+
+from agentflow._errors import CheckpointConflict, CheckpointNotFound
+from agentflow.exec._run_read import read_run
+from agentflow.exec.checkpoints import MemoryCheckpointStore, Pruned, RetentionPolicy, SealedCall, prune_finished
+from agentflow.exec.checkpoints._records import ENDED
+
+WORKER = Path(__file__).with_name("prune_kit.py")
+#: Old runs are saved a day ago, recent ones now; the policy keeps an hour.
+DAY, HOUR = 86_400.0, 3_600.0
+
+
+async def _counts(setup: StoreSetup, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+    return {run_id: await setup.rows.counts(run_id) for run_id in run_ids}
+
+
+async def test_prune_deletes_old_finished_runs_whole_and_leaves_the_rest(store_setup: StoreSetup) -> None:
+    # Given old runs of every status, and recent finished ones
+    store, rows, now = store_setup.raw, await prune_kit.template(), time.time()
+    statuses = ["done"] * 4 + ["failed"] * 2 + ["cancelled"] * 2 + ["running"] * 2 + ["paused"] * 2
+    old = {f"old-{i}-{status}": status for i, status in enumerate(statuses)}
+    for i, (run_id, status) in enumerate(old.items()):
+        await prune_kit.write_clone(store, rows, run_id, now - DAY + i, status)
+    recent = [f"recent-{i}" for i in range(2)]
+    await prune_kit.seed(store, rows, recent, now)
+    kept = [r for r, s in old.items() if s not in ENDED] + recent
+    before = await _counts(store_setup, kept)
+    assert len(await store.stored_runs()) == 14
+    # When the finished runs older than an hour are pruned, three runs per batch
+    batches: list[Pruned] = []
+    pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=3), on_batch=batches.append)
+    # Then the eight old finished runs went, with all their rows, in three full batches and a last one
+    ended = sorted(r for r, s in old.items() if s in ENDED)
+    assert sorted(pruned.run_ids) == ended
+    assert pruned.rows == 8 * prune_kit.ROWS_PER_RUN
+    assert [len(b.run_ids) for b in batches] == [3, 3, 2, 0]
+    assert sorted(await store.stored_runs()) == sorted(kept)
+    for run_id in ended:
+        assert await store_setup.rows.counts(run_id) == (0, 0)
+        with pytest.raises(CheckpointNotFound):
+            await read_run(store, prune_kit.SEALER, run_id)
+    # And the running, paused and recent runs are exactly as they were
+    assert await _counts(store_setup, kept) == before
+    for run_id in recent:
+        assert await prune_kit.whole_or_gone(store, run_id) == "whole"
+    # And a pruned id starts afresh, with no old row in sight
+    await prune_kit.write_clone(store, rows, ended[0], now)
+    assert await store_setup.rows.counts(ended[0]) == (4, 6)
+    assert await prune_kit.whole_or_gone(store, ended[0]) == "whole"
+
+
+async def test_a_half_deleted_run_takes_no_step_zero(store_setup: StoreSetup) -> None:
+    # Given a finished run whose checkpoints a careless pruner deleted, leaving its call log
+    store, rows = store_setup.raw, await prune_kit.template()
+    await prune_kit.write_clone(store, rows, "half", time.time() - DAY)
+    for cp in reversed(await store.history("half")):
+        await store_setup.rows.drop_checkpoint(cp)
+    # When the id is started again, Then the store refuses (the old records would be read as the new run's)
+    first = prune_kit.SEALER.seal_encoded_checkpoint("half", 0, rows[0][0].flow, "running", 0, time.time(), b"{}")
+    with pytest.raises(CheckpointConflict, match="already has stored rows"):
+        await store.save("half", 0, first)
+    assert len(await store.calls("half")) == 6
+
+
+class PrunedWhileRead(MemoryCheckpointStore):
+    """A store whose run is pruned between a reader's read of the checkpoints and of the call log."""
+
+    async def calls(self, run_id: str) -> Sequence[SealedCall]:
+        await self.prune([run_id], time.time(), ENDED, "pruner")
+        return await super().calls(run_id)
+
+
+async def test_a_run_pruned_while_it_is_read_reads_as_gone() -> None:
+    # Given a finished run, and a prune that lands between the reader's two reads
+    store = PrunedWhileRead()
+    await prune_kit.write_clone(store, await prune_kit.template(), "raced", time.time() - DAY)
+    # When it is read, Then it is gone (not a corrupt run: checkpoints without their log)
+    with pytest.raises(CheckpointNotFound, match="deleted while it was read"):
+        await read_run(store, prune_kit.SEALER, "raced")
+
+
+async def test_prune_stops_after_max_batches() -> None:
+    store, now = MemoryCheckpointStore(), time.time()
+    await prune_kit.seed(store, await prune_kit.template(), [f"r{i}" for i in range(5)], now - DAY)
+    # When at most two batches of two may run, Then four runs go and one is left for the next time
+    pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=2), max_batches=2)
+    assert len(pruned.run_ids) == 4 and len(await store.stored_runs()) == 1
+
+
+def test_a_policy_keeps_unfinished_runs_and_says_what_is_wrong() -> None:
+    assert RetentionPolicy.days(30).keep_s == 30 * DAY
+    assert RetentionPolicy.days(1).cut_off(now=DAY) == 0.0
+    with pytest.raises(ValueError, match="never running or paused"):
+        RetentionPolicy(DAY, frozenset({"done", "running"}))
+    with pytest.raises(ValueError, match="keep_s"):
+        RetentionPolicy(-1.0)
+    with pytest.raises(ValueError, match="batch"):
+        RetentionPolicy(DAY, batch=0)
+
+
+#: Runs a killed prune works on, and how many it deletes per batch (PostgreSQL commits cost more: fewer runs).
+KILLED = {"sqlite": (600, 1), "redis": (600, 1), "sql-postgres": (200, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_setup", setups("sqlite", "redis", "sql-postgres"), indirect=True)
+async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup: StoreSetup) -> None:
+    assert store_setup.spec is not None
+    # Given many finished runs
+    store, now = store_setup.raw, time.time()
+    count, batch = KILLED[store_setup.name]
+    run_ids = [f"k{i:04d}" for i in range(count)]
+    await prune_kit.seed(store, await prune_kit.template(), run_ids, now - DAY)
+    # When a prune in another process is SIGKILLed once its first batch is done
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), store_setup.spec, repr(now - HOUR), str(batch),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=child_env(),
+    )  # fmt: skip
+    assert worker.stdout is not None and worker.stderr is not None
+    try:
+        assert (await asyncio.wait_for(worker.stdout.readline(), 60)).strip() == b"ready"
+        first = await asyncio.wait_for(worker.stdout.readline(), 60)
+        worker.kill()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.wait()
+    assert first.startswith(b"batch "), (first, await worker.stderr.read())
+    # Then it was cut off midway, and every run is whole or gone: none half-pruned
+    found = [await prune_kit.whole_or_gone(store, run_id) for run_id in run_ids]
+    assert 0 < found.count("gone") < count, "the prune was not cut off midway"
+    assert sorted(await store.stored_runs()) == [r for r, f in zip(run_ids, found, strict=True) if f == "whole"]
+    # And no lease a pruner took is left to block the runs; a prune run again finishes the job
+    assert not await store.leases(run_ids)
+    await prune_finished(store, RetentionPolicy(HOUR, batch=200))
+    assert not await store.stored_runs()
