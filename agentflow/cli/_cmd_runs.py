@@ -22,7 +22,7 @@ from agentflow.exec._run_view import CORRUPT, LIVE, STATUSES, RunReport
 
 @click.group("runs")
 def runs() -> None:
-    """List the runs of a store, or show one run."""
+    """List the runs of a store, show one run, or prune finished ones."""
 
 
 def list_row(report: RunReport) -> list[str]:

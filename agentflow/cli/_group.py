@@ -6,6 +6,7 @@ import click
 
 from agentflow.cli._cmd_act import resume
 from agentflow.cli._cmd_operate import cancel, decide, fork, retry
+from agentflow.cli._cmd_prune import prune_runs
 from agentflow.cli._cmd_recover import recover
 from agentflow.cli._cmd_runs import runs
 from agentflow.cli._cmd_serve import demo, viewer
@@ -15,7 +16,7 @@ from agentflow.cli._cmd_verify import verify
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="agentflow", prog_name="agentflow")
 def cli() -> None:
-    """Inspect, check, recover, resume, decide, retry, cancel and fork durable agentflow runs.
+    """Inspect, check, recover, resume, decide, retry, cancel, fork and prune durable agentflow runs.
 
     Every command but demo takes --store URL (or $AGENTFLOW_STORE) and reads the checkpoint
     key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the demo's public
@@ -26,5 +27,6 @@ def cli() -> None:
     """
 
 
+runs.add_command(prune_runs)
 for command in (runs, verify, recover, resume, decide, retry, cancel, fork, viewer, demo):
     cli.add_command(command)

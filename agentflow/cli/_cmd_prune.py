@@ -1,0 +1,152 @@
+"""``agentflow runs prune``: delete finished runs older than a duration, whole, in batches.
+
+``runs prune --older-than 30d`` lists the runs that ended (``done``, ``failed``,
+``cancelled``; ``--status`` picks some) and were last saved longer ago than that, says how
+many, asks (``--yes`` does not; with no terminal to ask on, it refuses), then prunes them
+in batches (``--batch``) with a progress bar. ``--dry-run`` counts and deletes nothing.
+
+The store does the work (`agentflow.exec.checkpoints._retention`): each run is judged
+again as it is deleted and goes whole, with its checkpoints, call records, lease and
+listing entries; a run a live worker holds, or one retried or resumed since it was listed,
+is left. A running or paused run is never pruned, however old. The command reads only the
+fields the store keeps in clear (status, time), as the store's own rules do, so it needs
+no checkpoint key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from typing import Final
+
+import click
+
+from agentflow._display import when
+from agentflow.cli import _errors
+from agentflow.cli._stores import StoreURLError, open_store
+from agentflow.cli._text import echo
+from agentflow.exec._run_read import ALL_RUNS
+from agentflow.exec.checkpoints._records import ENDED
+from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, prunable, prune, pruner
+from agentflow.exec.checkpoints._rules import check_prune_statuses
+
+#: Seconds per unit of a duration.
+UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``.
+
+    Raises:
+        CliError: it is not a number followed by one of those units.
+    """
+    found = _DURATION.fullmatch(text.strip().lower())
+    if found is None:
+        raise _errors.CliError(
+            f"--older-than {text!r} is not a duration: write a number and a unit, e.g. 30d, 12h, 90m, 45s or 2w"
+        )
+    return float(found[1]) * UNITS[found[2]]
+
+
+def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    return parse_duration(value)
+
+
+def _statuses(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
+    try:
+        return check_prune_statuses([part.strip() for part in value.split(",") if part.strip()])
+    except ValueError as exc:
+        raise _errors.CliError(f"--status {value!r}: {exc}") from None
+
+
+def _can_ask() -> bool:
+    """Whether a person can answer the question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+async def _go_ahead(count: str, yes: bool) -> bool:
+    """Whether to delete: --yes, or the person at the terminal said so."""
+    if yes:
+        return True
+    if not _can_ask():
+        raise _errors.CliError(f"runs prune deletes the {count}: say --yes to go ahead (no terminal to ask)")
+    return await asyncio.to_thread(click.confirm, f"Delete the {count} for good?", default=False, err=True)
+
+
+@click.command("prune")
+@click.option(
+    "--store",
+    "store_url",
+    envvar="AGENTFLOW_STORE",
+    required=True,
+    metavar="URL",
+    help="The checkpoint store, e.g. sqlite:///runs.db or redis://host:6379/0 (env: AGENTFLOW_STORE).",
+)
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    metavar="DURATION",
+    callback=_duration,
+    help="Prune runs last saved longer ago than this: 30d, 12h, 90m, 45s, 2w.",
+)
+@click.option(
+    "--status",
+    "statuses",
+    default=",".join(sorted(ENDED)),
+    show_default=True,
+    metavar="LIST",
+    callback=_statuses,
+    help="Which finished runs, comma-separated (never running or paused ones).",
+)
+@click.option("--dry-run", is_flag=True, help="Count the runs it would prune; delete nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Prune without asking.")
+@click.option(
+    "--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1, 10_000), help="Runs per batch."
+)
+def prune_runs(
+    store_url: str, older_than: float, statuses: tuple[str, ...], dry_run: bool, yes: bool, batch: int
+) -> None:
+    """Delete the runs that ended (done, failed, cancelled) and were last saved longer ago than --older-than.
+
+    Each run goes whole: its checkpoints, call records, lease and listing entries. Runs a
+    worker holds, and runs retried or resumed meanwhile, are left. Asks first (--yes does
+    not); --dry-run only counts.
+    """
+    try:
+        store = open_store(store_url)
+    except (StoreURLError, ImportError) as exc:
+        raise _errors.explain(exc) from None
+    before = time.time() - older_than
+    what = f"ended ({', '.join(statuses)}) and last saved before {when(before)}"
+
+    async def job() -> None:
+        run_ids = await prunable(store, before, statuses, ALL_RUNS)
+        if not run_ids:
+            echo(f"no runs to prune: none {what}")
+            return
+        count = f"{len(run_ids)} run(s) {what}"
+        if len(run_ids) == ALL_RUNS:
+            count += " (the first million: run it again for the rest)"
+        if dry_run:
+            echo(f"would prune {count} (--dry-run: nothing was deleted)")
+            return
+        echo(f"found {count}")
+        if not await _go_ahead(count, yes):
+            echo("nothing was pruned")
+            return
+        owner, pruned, rows = pruner("cli"), 0, 0
+        with click.progressbar(length=len(run_ids), label="pruning", file=sys.stderr) as bar:
+            for start in range(0, len(run_ids), batch):
+                chunk = run_ids[start : start + batch]
+                done = await prune(store, chunk, before, statuses, owner)
+                pruned, rows = pruned + len(done.run_ids), rows + done.rows
+                bar.update(len(chunk))
+        echo(f"pruned {pruned} run(s) ({rows} checkpoint and call rows)")
+        if pruned < len(run_ids):
+            echo(f"{len(run_ids) - pruned} run(s) were left: held by a worker, or retried or resumed since listed")
+
+    _errors.run(job, close=store)

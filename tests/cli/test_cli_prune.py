@@ -1,0 +1,144 @@
+"""``agentflow runs prune``: finished runs older than a duration deleted whole; nothing else, and only when told."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import runs_kit
+from _kit.stores import setups
+from runs_kit import one_line_error
+
+from agentflow.cli import _cmd_prune
+from agentflow.cli._stores import open_store
+
+#: The kit's runs: four finished (order-1..3, tamper-1: done), three not (refund-1, refund-2 paused; ship-1 running).
+FINISHED = ("order-1", "order-2", "order-3", "tamper-1")
+UNFINISHED = ("refund-1", "refund-2", "ship-1")
+
+
+def counts(db: Path, run_ids: Sequence[str] = FINISHED + UNFINISHED) -> dict[str, tuple[int, int]]:
+    return {run_id: runs_kit.stored(db, run_id) for run_id in run_ids}
+
+
+def test_dry_run_counts_and_deletes_nothing(agentflow, db):
+    before = counts(db)
+    # When a dry run looks for finished runs older than no time at all
+    result = agentflow("runs", "prune", "--older-than", "0s", "--dry-run")
+    # Then it counts the four finished runs, and every row is still there
+    assert result.exit_code == 0, result.output
+    assert "would prune 4 run(s) ended (cancelled, done, failed) and last saved before" in result.stdout
+    assert "nothing was deleted" in result.stdout
+    assert counts(db) == before
+
+
+def test_prune_deletes_the_finished_runs_whole_and_leaves_paused_and_running_ones(agentflow, db):
+    before = counts(db, UNFINISHED)
+    # When the finished runs are pruned (without a question: --yes)
+    result = agentflow("runs", "prune", "--older-than", "0s", "--yes", "--batch", "3")
+    # Then the four went, every row of them (the tampered one too: its status is read in clear, like the store's rules)
+    assert result.exit_code == 0, result.output
+    assert "found 4 run(s)" in result.stdout
+    assert "pruned 4 run(s)" in result.stdout
+    assert "pruning" in result.stderr  # the progress bar's label (no bar: the output is not a terminal)
+    assert counts(db, FINISHED) == dict.fromkeys(FINISHED, (0, 0))
+    # And the paused and running runs are as they were, and listed
+    assert counts(db, UNFINISHED) == before
+    listed = agentflow("runs", "list").stdout
+    assert all(run_id in listed for run_id in UNFINISHED) and "order-1" not in listed
+    # And a pruned run reads as not found
+    shown = agentflow("runs", "show", "order-1")
+    assert shown.exit_code == 2 and "no run 'order-1'" in one_line_error(shown)
+
+
+def test_a_run_a_worker_holds_is_left(agentflow, db):
+    # Given a finished run whose lease a live worker holds
+    runs_kit.hold(db, "order-3")
+    # When the finished runs are pruned
+    result = agentflow("runs", "prune", "--older-than", "0s", "--yes")
+    # Then the other three went, and the held one is whole
+    assert "pruned 3 run(s)" in result.stdout
+    assert runs_kit.stored(db, "order-3") != (0, 0)
+    assert agentflow("runs", "show", "order-3").exit_code == 0
+
+
+def test_status_and_age_choose_the_runs(agentflow, db):
+    before = counts(db)
+    # When only failed runs, or only runs older than 30 days, are asked for, Then there are none
+    for args in (("--status", "failed"), ("--older-than", "30d")):
+        result = agentflow("runs", "prune", "--older-than", "0s", "--yes", *args)
+        assert result.exit_code == 0, result.output
+        assert result.stdout.startswith("no runs to prune: none ended")
+    assert counts(db) == before
+
+
+def test_without_yes_it_asks_and_refuses_when_nobody_can_answer(agentflow, db, monkeypatch):
+    before = counts(db)
+    # With no terminal to ask on, it refuses (exit 2) and deletes nothing
+    refused = agentflow("runs", "prune", "--older-than", "0s")
+    assert refused.exit_code == 2
+    assert "say --yes to go ahead (no terminal to ask)" in one_line_error(refused)
+    # A person who says no: nothing is deleted
+    monkeypatch.setattr(_cmd_prune, "_can_ask", lambda: True)
+    declined = agentflow("runs", "prune", "--older-than", "0s", input="n\n")
+    assert declined.exit_code == 0 and "nothing was pruned" in declined.stdout
+    assert "Delete the 4 run(s) ended" in declined.stderr
+    assert counts(db) == before
+    # A person who says yes: they go
+    agreed = agentflow("runs", "prune", "--older-than", "0s", input="y\n")
+    assert "pruned 4 run(s)" in agreed.stdout
+
+
+def test_a_bad_duration_or_status_is_one_line(agentflow):
+    for args, said in (
+        (("--older-than", "30x"), "--older-than '30x' is not a duration: write a number and a unit, e.g. 30d"),
+        (("--older-than", "d"), "is not a duration"),
+        (("--older-than", "1d", "--status", "done,running"), "never running or paused ones; got 'running'"),
+    ):
+        result = agentflow("runs", "prune", "--yes", *args)
+        assert result.exit_code == 2
+        assert said in one_line_error(result)
+
+
+def test_durations_parse_to_seconds():
+    assert [_cmd_prune.parse_duration(d) for d in ("30d", "12h", "90m", "45s", "2w", "1.5h")] == [
+        2_592_000,
+        43_200,
+        5_400,
+        45,
+        1_209_600,
+        5_400,
+    ]
+
+
+def _url(spec: str) -> str:
+    """The --store URL of a store set-up's spec (``redis:URL#PREFIX``, ``sql:URL#TABLE_PREFIX``)."""
+    kind, _, rest = spec.partition(":")
+    url, _, prefix = rest.rpartition("#")
+    return f"{url}?{'prefix' if kind == 'redis' else 'table_prefix'}={prefix}"
+
+
+async def _two_shipped_one_paused(url: str) -> None:
+    store = open_store(url, must_exist=False)
+    try:
+        runner = runs_kit.app.runner(store, runs_kit.KEY)
+        for run_id in ("shipped-1", "shipped-2"):
+            await runner.run(runs_kit.shipping, runs_kit.Parcel(address="Porto"), run_id=run_id)
+        await runner.run(runs_kit.refunds, runs_kit.Refund(order="o-1", amount=5), run_id="waiting")
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("store_setup", setups("redis", "sql-postgres"), indirect=True)
+def test_prune_on_redis_and_postgres(agentflow, store_setup):
+    # Given two finished runs and a paused one on the server
+    assert store_setup.spec is not None
+    url = _url(store_setup.spec)
+    runs_kit.in_thread(lambda: _two_shipped_one_paused(url))
+    # When the finished ones are pruned
+    result = agentflow("runs", "prune", "--older-than", "0s", "--yes", "--store", url)
+    # Then they went and the paused one is listed
+    assert "pruned 2 run(s) (10 checkpoint and call rows)" in result.stdout, result.output
+    listed = agentflow("runs", "list", "--store", url).stdout
+    assert "waiting" in listed and "shipped" not in listed
