@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import MAKE_ONE, parse_keys
@@ -65,6 +65,14 @@ class Settings(BaseSettings):
     """A run found held is looked at again this long after its lease was due to end."""
     recover_sweep: bool = False
     """recover_all also finds runs the listing index forgot, by scanning the stored keys."""
+    retention_days: float | None = Field(default=None, gt=0)
+    """Finished runs last saved longer ago than this are pruned by beat's ``agentflow.prune_finished`` (unset: never).
+
+    On top of the store's TTL (``ttl_s``), which expires any run but a paused one this long
+    after its last write.
+    """
+    retention_interval_s: float = Field(default=3600.0, gt=0)
+    """How often beat sends ``agentflow.prune_finished`` (when ``retention_days`` is set)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Serve the worker's Prometheus metrics at ``http://<metrics_host>:<port>/metrics`` (0: off).
 
@@ -74,6 +82,12 @@ class Settings(BaseSettings):
     """
     metrics_host: str = "127.0.0.1"
     """The address the metrics endpoint binds: the loopback interface unless you say otherwise."""
+
+    @field_validator("retention_days", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """An empty ``AGENTFLOW_RETENTION_DAYS=`` (as in ``.env.example``) keeps finished runs."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

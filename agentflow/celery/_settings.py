@@ -1,4 +1,4 @@
-"""`WorkerSettings`: how distributed runs are paced and guarded (leases, rechecks, recover_all, time limits).
+"""`WorkerSettings`: how distributed runs are paced and guarded (leases, rechecks, recover_all, time limits, retention).
 
 The settings every worker of a deployment shares; `config.Settings` fills them from
 ``AGENTFLOW_*`` variables for the runnable ``workers`` app.
@@ -7,6 +7,8 @@ The settings every worker of a deployment shares; `config.Settings` fills them f
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from agentflow.exec.checkpoints._retention import RetentionPolicy
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,22 @@ class WorkerSettings:
     ``SELECT DISTINCT``), so turn it on where that is cheap enough at the beat's interval.
     """
 
+    retention_days: float | None = None
+    """Finished runs (done, failed, cancelled) last saved longer ago than this are pruned (None: never).
+
+    A beat task (``agentflow.prune_finished``, every `retention_interval_s`) prunes them in
+    bounded batches, one worker at a time (the ``agentflow/prune`` lease). Running and
+    paused runs are never pruned.
+    """
+    retention_interval_s: float = 3600.0
+    """Beat period of the prune task (when `retention_days` is set)."""
+    retention_batches: int = 20
+    """Batches one prune tick deletes at most (500 runs each); what is left waits for the next tick."""
+
+    def retention(self) -> RetentionPolicy | None:
+        """The retention policy of `retention_days`, or None."""
+        return None if self.retention_days is None else RetentionPolicy.days(self.retention_days)
+
     def __post_init__(self) -> None:
         if self.soft_time_limit_s >= self.time_limit_s:
             raise ValueError("soft_time_limit_s must be below time_limit_s")
@@ -46,3 +64,7 @@ class WorkerSettings:
             raise ValueError("lease_s must be positive and recheck_margin_s not negative")
         if self.lease_s >= self.time_limit_s:
             raise ValueError("lease_s must be below time_limit_s (the lease is renewed while a superstep runs)")
+        if self.retention_days is not None and not self.retention_days > 0:
+            raise ValueError("retention_days must be positive, or None to keep finished runs")
+        if self.retention_interval_s <= 0 or self.retention_batches < 1:
+            raise ValueError("retention_interval_s must be positive and retention_batches at least 1")

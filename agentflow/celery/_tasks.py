@@ -14,6 +14,9 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
   that points at anything else is refused, so a message alone approves nothing.
 - ``agentflow.recover_all`` ``(startup=False)``: enqueue a superstep for every stranded
   run; on a worker's start, also a ``recheck`` for every held run, due when its lease ends.
+- ``agentflow.prune_finished`` ``()``: prune, in bounded batches, the finished runs that
+  `WorkerSettings.retention_days` no longer keeps (one worker at a time; beat sends it every
+  ``retention_interval_s`` when ``retention_days`` is set).
 
 Causes a superstep message can carry: ``start``, ``next`` (the handoff between
 supersteps), ``resume`` and ``rerun`` (spend a signed decision; anything else is refused),
@@ -83,6 +86,7 @@ class AgentflowTasks:
     resume: Task
     recover_all: Task
     loop_stage: Task
+    prune_finished: Task
     worker: Worker
     bridge: LoopBridge
 
@@ -314,12 +318,19 @@ def register_tasks(
         worker.node = task.request.hostname or worker.node  # before the runner exists: leases name this worker
         return tasks.run_recover_all(startup is True)
 
+    def prune_finished(task: Task) -> dict[str, Any]:
+        worker.node = task.request.hostname or worker.node
+        return bridge.run(worker.prune())
+
     handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)
     handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
     handles["recover_superstep"] = app.task(name="agentflow.recover_superstep", **options)(superstep)
     handles["resume"] = app.task(name="agentflow.resume", **options)(resume)
     handles["loop_stage"] = app.task(name="agentflow.loop_stage", **options)(superstep)
     handles["recover_all"] = app.task(name="agentflow.recover_all", **{**options, "acks_late": False})(recover_all)
+    handles["prune_finished"] = app.task(name="agentflow.prune_finished", **{**options, "acks_late": False})(
+        prune_finished
+    )
     routes = dict(app.conf.task_routes or {}) if isinstance(app.conf.task_routes, dict) else {}
     app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}
     tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
@@ -346,5 +357,14 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
             "task": "agentflow.recover_all",
             "schedule": settings.recover_interval_s,
             "options": {"expires": expires, "queue": settings.queue},
+        }
+        app.conf.beat_schedule = schedule
+    if settings.retention_days is not None:
+        every = settings.retention_interval_s
+        schedule = dict(app.conf.beat_schedule or {})
+        schedule["agentflow-prune-finished"] = {
+            "task": "agentflow.prune_finished",
+            "schedule": every,
+            "options": {"expires": max(5.0, every - 5), "queue": settings.queue},
         }
         app.conf.beat_schedule = schedule

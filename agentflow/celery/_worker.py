@@ -19,6 +19,7 @@
   whose latest checkpoint fails its check, and a stranded run of a flow the app does not
   know, are reported once (WARNING, an event, the task's result) and marked in the store
   (`agentflow.exec._run_quarantine`); a run that checks again loses its marker.
+- `prune`: one tick of the retention beat (`_retention.prune_tick`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.celery._rechecks import first_to_watch
+from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._waiting import Waiting
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
@@ -143,6 +145,8 @@ class Worker:
         self._models: dict[str, Model] = {}
         self.settings = settings
         self._store_factory = store_factory
+        #: The store as made, never wrapped: the prune tick opens one of its own (`_retention`).
+        self._unwrapped_factory = store_factory
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
         #: Every run this process drives reports here (made before the pool forks: see agentflow.observe).
@@ -349,6 +353,10 @@ class Worker:
         return Outcome(
             run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
         )
+
+    async def prune(self) -> dict[str, Any]:
+        """One tick of the retention beat: prune what `WorkerSettings.retention_days` no longer keeps."""
+        return await prune_tick(self._unwrapped_factory, self.settings, self.owner)
 
     async def stranded(self, *, startup: bool = False) -> Stranded | None:
         """Unfinished runs nobody works on (and, on `startup`, the held ones); None if another recover_all runs."""

@@ -1,0 +1,92 @@
+"""The workers' retention, in-process: the prune beat task's body on a memory store, and its beat entry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from celery import Celery
+
+from agentflow import FlowApp, Registry
+from agentflow.celery import WorkerSettings, register_tasks
+from agentflow.celery._retention import PRUNE_LEASE
+from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.checkpoints.conformance import SEALER
+
+DAY = 86_400.0
+
+
+async def _runs(store: MemoryCheckpointStore, count: int, status: str, at: float) -> list[str]:
+    run_ids = [f"{status}-{i}" for i in range(count)]
+    for run_id in run_ids:
+        await store.save(run_id, 0, SEALER.seal_checkpoint(run_id, 0, "mail", "running", 0, at - 1, {}))
+        await store.save(run_id, 1, SEALER.seal_checkpoint(run_id, 1, "mail", status, 0, at, {}))
+    return run_ids
+
+
+async def test_a_prune_tick_deletes_old_finished_runs_in_bounded_batches() -> None:
+    # Given 1,100 runs that ended two days ago, a paused one as old, and one that ended now
+    store, now = MemoryCheckpointStore(), time.time()
+    old = await _runs(store, 1100, "done", now - 2 * DAY)
+    kept = await _runs(store, 1, "paused", now - 2 * DAY) + await _runs(store, 1, "failed", now)
+    tasks = register_tasks(
+        Celery("retention-logic"),
+        FlowApp(Registry(), []),
+        store_factory=lambda: store,
+        checkpoint_key=b"k" * 32,
+        settings=WorkerSettings(retention_days=1, retention_batches=2),
+    )
+    try:
+        # When beat's prune task runs three times (two batches of 500 at most per tick)
+        ticks = [await asyncio.to_thread(tasks.prune_finished) for _ in range(3)]
+    finally:
+        await asyncio.to_thread(tasks.bridge.close)
+    # Then 1,000 went on the first tick, the last 100 on the second, none on the third
+    assert ticks == [{"pruned": 1000, "rows": 2000}, {"pruned": 100, "rows": 200}, {"pruned": 0, "rows": 0}]
+    assert sorted(await store.stored_runs()) == sorted(kept)
+    assert not [run_id for run_id in old if await store.history(run_id)]
+
+
+async def test_one_prune_tick_at_a_time() -> None:
+    # Given a tick of another worker in progress (it holds the prune lease)
+    store = MemoryCheckpointStore()
+    await _runs(store, 3, "done", time.time() - 2 * DAY)
+    await store.take_lease(PRUNE_LEASE, "beat-tick@w2:7", "its-token", 60.0)
+    tasks = register_tasks(
+        Celery("retention-logic"),
+        FlowApp(Registry(), []),
+        store_factory=lambda: store,
+        checkpoint_key=b"k" * 32,
+        settings=WorkerSettings(retention_days=1),
+    )
+    try:
+        # When this worker's tick comes, Then it leaves the work to that one
+        result = await asyncio.to_thread(tasks.prune_finished)
+    finally:
+        await asyncio.to_thread(tasks.bridge.close)
+    assert result == {"skipped": "another worker is pruning (beat-tick@w2:7)"}
+    assert len(await store.stored_runs()) == 3
+
+
+def test_beat_sends_the_prune_task_only_when_retention_is_set() -> None:
+    def schedule(settings: WorkerSettings) -> dict[str, object]:
+        app = Celery("retention-beat")
+        tasks = register_tasks(app, FlowApp(Registry(), []), store_factory=MemoryCheckpointStore,
+                               checkpoint_key=b"k" * 32, settings=settings)  # fmt: skip
+        assert tasks.prune_finished.name == "agentflow.prune_finished"
+        return dict(app.conf.beat_schedule or {})
+
+    assert "agentflow-prune-finished" not in schedule(WorkerSettings())
+    entry = schedule(WorkerSettings(retention_days=30, retention_interval_s=600))["agentflow-prune-finished"]
+    assert entry == {
+        "task": "agentflow.prune_finished",
+        "schedule": 600,
+        "options": {"expires": 595, "queue": "agentflow"},
+    }
+    # And a task sent while no retention is set says so and deletes nothing
+    tasks = register_tasks(Celery("retention-off"), FlowApp(Registry(), []), store_factory=MemoryCheckpointStore,
+                           checkpoint_key=b"k" * 32)  # fmt: skip
+    try:
+        assert tasks.prune_finished() == {"skipped": "no retention is set (retention_days)"}
+    finally:
+        tasks.bridge.close()
