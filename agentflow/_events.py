@@ -13,7 +13,7 @@ Names in use (data in parentheses):
 - ``run.parked`` (step, tools): a worker parked the run on calls in doubt (their tools)
 - ``lease.lost`` (owner): a holder's renewal found the run's lease lapsed or taken over
 - ``runs.swept`` (waiting): a worker's recover_all counted the runs waiting for a person,
-  per flow and reason (``agentflow.celery._waiting``); no run id
+  per flow and reason (``agentflow.celery._stranded``); no run id
 - ``run.cancel_requested`` (holder, reason, operator): a live worker holds the run, so a
   signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
 - ``control.refused`` (kind, why): a control request that does not check was ignored and removed

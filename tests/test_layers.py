@@ -29,7 +29,7 @@ VIOLATIONS = {
     "exec-below-flow": ("agentflow/exec/_context.py", "import agentflow.flow"),
     "seal": ("agentflow/exec/_durable_seal.py", "import agentflow._events"),
     "surfaces": ("agentflow/viewer/_pages.py", "import agentflow.cli._text"),
-    "observe": ("agentflow/celery/_waiting.py", "import agentflow.observe"),
+    "observe": ("agentflow/celery/_stranded.py", "import agentflow.observe"),
     "wheel": ("agentflow/_display.py", "import config"),
     "demo": ("agentflow/celery/client.py", "import agentflow.demo.tickets"),
     "config": ("config/settings.py", "import agentflow.demo.worker"),

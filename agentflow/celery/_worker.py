@@ -50,7 +50,7 @@ from agentflow._run_types import RunKind
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
-from agentflow.celery._waiting import Waiting
+from agentflow.celery._stranded import Stranded, Waiting
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
@@ -105,29 +105,6 @@ RECOVER_ALL_LEASE = "agentflow/recover_all"
 
 #: What each control cause must find signed in the run's latest checkpoint.
 SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry"}
-
-
-@dataclass
-class Stranded:
-    """What a recover_all found: runs to recover now, and runs to look at when their leases end."""
-
-    recover: list[tuple[str, str, int]] = field(default_factory=list)
-    """``(flow, run_id, step)`` of each run nobody holds that should move and does not."""
-    recheck: list[tuple[str, str, int, float]] = field(default_factory=list)
-    """``(flow, run_id, step, lease end)`` of each run someone holds (found on a worker's start)."""
-    quarantined: list[tuple[str, str]] = field(default_factory=list)
-    """``(flow, run_id)`` of each run whose latest checkpoint fails its check, reported this time (once)."""
-    unknown: list[tuple[str, str]] = field(default_factory=list)
-    """``(flow, run_id)`` of each stranded run of a flow the app does not know, reported this time (once)."""
-
-    def as_result(self) -> dict[str, Any]:
-        """The recover_all task's result: the run ids enqueued and rechecked, and (when any) reported now, by flow."""
-        result: dict[str, Any] = {
-            "enqueued": [r for _, r, _ in self.recover],
-            "rechecks": [r for _, r, _, _ in self.recheck],
-        }
-        reported = {"quarantined": self.quarantined, "unknown_flows": self.unknown}
-        return result | {key: {run_id: flow for flow, run_id in runs} for key, runs in reported.items() if runs}
 
 
 class Worker:

@@ -1,4 +1,4 @@
-"""What a recover_all saw of the runs that wait for a person, by flow: how many, and the longest wait.
+"""What a recover_all found: runs to move (`Stranded`), and the runs that wait for a person (`Waiting`).
 
 A run waits for a decision when it is paused for an approval (``approval``: its latest
 checkpoint is ``paused``) or parked on calls in doubt (``in_doubt``: a signed ``parked``
@@ -13,6 +13,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class Stranded:
+    """What a recover_all found: runs to recover now, and runs to look at when their leases end."""
+
+    recover: list[tuple[str, str, int]] = field(default_factory=list)
+    """``(flow, run_id, step)`` of each run nobody holds that should move and does not."""
+    recheck: list[tuple[str, str, int, float]] = field(default_factory=list)
+    """``(flow, run_id, step, lease end)`` of each run someone holds (found on a worker's start)."""
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each run whose latest checkpoint fails its check, reported this time (once)."""
+    unknown: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each stranded run of a flow the app does not know, reported this time (once)."""
+
+    def as_result(self) -> dict[str, Any]:
+        """The recover_all task's result: the run ids enqueued and rechecked, and (when any) reported now, by flow."""
+        result: dict[str, Any] = {
+            "enqueued": [r for _, r, _ in self.recover],
+            "rechecks": [r for _, r, _, _ in self.recheck],
+        }
+        reported = {"quarantined": self.quarantined, "unknown_flows": self.unknown}
+        return result | {key: {run_id: flow for flow, run_id in runs} for key, runs in reported.items() if runs}
+
 
 #: Why a run waits: for an approval, or for an operator's word on calls in doubt.
 WHY = ("approval", "in_doubt")
