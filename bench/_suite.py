@@ -35,6 +35,7 @@ BENCHMARKS: list[str] = [
     "celery_steps",  # P3: supersteps/s with 2 workers vs bare chained Celery tasks
     "recovery",  # issue 14: SIGKILL -> the run moving again, default settings (a few minutes)
     "observe",  # issue 18: metrics off and on, per superstep on the memory store
+    "prune",  # issue 19: pruning 100,000 finished runs (SQLite file, PostgreSQL, Redis)
 ]
 
 
