@@ -128,6 +128,7 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
+    "agentflow.observe": ["Metrics", "MetricsServer", "TimedStore", "serve_metrics"],
 }  # fmt: skip
 #: Packages with no public names of their own (a command and a demo).
 NO_API = ["agentflow.cli", "agentflow.demo"]
