@@ -339,10 +339,13 @@ async def cancel_tool_loop(
     lease_s: float = DEFAULT_LEASE_S,
     owner: str | None = None,
 ) -> LoopResult:
-    """End a tool loop that no live worker holds as ``cancelled`` (see `FlowRunner.cancel`).
+    """Cancel a tool loop (see `FlowRunner.cancel`).
+
+    A loop nobody holds is cancelled at once; a loop a live worker holds gets a signed
+    request its holder honours before its next model or tool call (the result is then the
+    loop as it stands, ``running``).
 
     Raises:
-        RunHeld: a live worker holds the loop.
         CheckpointConflict: the loop already ended.
         ValueError: `reason` is empty.
     """

@@ -91,15 +91,16 @@ class RunOperations(ABC):
         return result
 
     async def cancel(self, flow: Flow[S], run_id: str, *, reason: str, operator: str | None = None) -> RunResult[S]:
-        """End a run that no live worker holds: it becomes ``cancelled`` (final, never recovered).
+        """Cancel a run: it becomes ``cancelled`` (final, never recovered).
 
         A signed claim records `reason` and `operator`; a paused run's pending calls are
-        dropped, and a worker that lost the run is fenced. A run a live worker holds is
-        refused with `RunHeld` (cancelling a run in flight is not built yet: wait for it to
-        pause or end, or for its lease to lapse).
+        dropped, and a worker that lost the run is fenced. A run nobody holds is cancelled
+        here and the result says ``cancelled``. A run a live worker holds gets a signed
+        cancel request instead, and the result is the run as it stands (``running``): that
+        worker starts no call after it sees the request, lets the calls in flight finish
+        and be logged, then saves the same claim (see docs/operating.md).
 
         Raises:
-            RunHeld: a live worker holds the run.
             CheckpointConflict: the run already ended.
             ValueError: `reason` is empty.
         """
