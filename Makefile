@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,redis,sqlalchemy,celery,metrics]'
+	$(PY) -m pip install -q -e '.[dev,redis,sqlalchemy,celery,metrics,otel]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -17,6 +17,7 @@ from agentflow._events import Events
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._registry import Registry
 from agentflow.exec._run_lease import DEFAULT_LEASE_S
+from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._graph import Flow
 from agentflow.flow._runner import FlowRunner
@@ -76,10 +77,14 @@ class FlowApp:
         lease_s: float = DEFAULT_LEASE_S,
         owner: str | None = None,
         events: Events | None = None,
+        tracer: Tracer | None = None,
     ) -> FlowRunner:
-        """A `FlowRunner` over this app's tools (see `FlowRunner` for `lease_s` and `owner`), reporting to `events`."""
+        """A `FlowRunner` over this app's tools (see `FlowRunner` for `lease_s` and `owner`).
+
+        Its runs report to `events`, and their spans to `tracer` (`agentflow.observe.Tracing`; off by default).
+        """
         return FlowRunner(
-            Executor(self.registry, approver=approver, events=events),
+            Executor(self.registry, approver=approver, events=events, tracer=tracer),
             checkpoints=store,
             checkpoint_key=checkpoint_key,
             lease_s=lease_s,

@@ -128,7 +128,9 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
-    "agentflow.observe": ["Metrics", "MetricsServer", "TimedStore", "serve_metrics"],
+    "agentflow.observe": [
+        "Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker",
+    ],
 }  # fmt: skip
 #: Packages with no public names of their own (a command and a demo).
 NO_API = ["agentflow.cli", "agentflow.demo"]

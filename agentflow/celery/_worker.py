@@ -58,6 +58,7 @@ from agentflow.exec._run_control import InDoubtDecision, parked
 from agentflow.exec._run_lease import Ownership, held_by, take
 from agentflow.exec._run_quarantine import Reporter
 from agentflow.exec._run_sweep import relist_forgotten
+from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model
@@ -128,6 +129,8 @@ class Worker:
         self._runner: FlowRunner | None = None
         #: Every run this process drives reports here (made before the pool forks: see agentflow.observe).
         self.events = Events()
+        #: Where its runs report spans (off; `agentflow.observe.celery.trace_worker` sets one before the first task).
+        self.tracer: Tracer = NO_TRACING
         #: The Celery node name (``name@host``) the tasks run under, set by the first task.
         self.node = f"agentflow@{socket.gethostname()}"
 
@@ -146,6 +149,7 @@ class Worker:
                 lease_s=self.settings.lease_s,
                 owner=self.owner,
                 events=self.events,
+                tracer=self.tracer,
             )
         return self._runner
 
@@ -272,6 +276,7 @@ class Worker:
                     owner=self.owner,
                     park=True,
                     spend=spend,
+                    tracer=self.tracer,
                 )
 
         else:

@@ -336,6 +336,7 @@ class FlowClient:
             max_steps=spec.max_steps,
             ctx=ctx,
             name=name,
+            tracer=self.runner.executor.tracer,
         )
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
         return started.run_id

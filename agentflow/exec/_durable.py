@@ -37,6 +37,7 @@ from agentflow.exec._durable_seal import Sealer, canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
 from agentflow.exec._run_cancel import CancelWatch
+from agentflow.exec._tracing import CallSpan
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 
@@ -260,9 +261,11 @@ class CallLog:
     """Hold a call's ``done`` record for the checkpoint (the call is the last thing before it)."""
     watch: CancelWatch | None = None
     """Looked at before a call starts: a cancel request stops the run there (`CancelRequested`)."""
+    span: str | None = None
+    """The superstep's span id, written into each ``started`` record (None: untraced)."""
 
     async def call(self, node: str, ordinal: int, tool_name: str, args: Mapping[str, Any]) -> Any:
-        """Make (or replay) one call of `node`.
+        """Make (or replay) one call of `node`, in a span of its own (`Tracer.tool_call`).
 
         Raises:
             PauseForApproval: the call needs approval and no port is configured.
@@ -275,8 +278,11 @@ class CallLog:
         prefix = f"{self.superstep}/{node}/{ordinal}/"
         call_id = prefix + digest(encoded)[:16]
         seed = self.seeds.get(call_id)
+        tracer = self.executor.tracer
         if seed is not None and seed.kind in FINAL:
-            return self._replay(tool, seed)
+            with tracer.tool_call(self.run_id, tool, call_id, encoded) as span:
+                span.outcome("replayed")
+                return self._replay(tool, seed)
         if self.watch is not None:
             await self.watch.check()
         if seed is not None and seed.in_doubt:
@@ -285,43 +291,61 @@ class CallLog:
         elif seed is None and any(k.startswith(prefix) for k in self.seeds):
             self.unreplayed.append(call_id)
         request = ApprovalRequest(call_id, tool.name, encoded, node, self.ctx)
-        decision = self.decisions.get(call_id)
+        with tracer.tool_call(self.run_id, tool, call_id, encoded) as span:
+            return await self._decide(tool, kwargs, request, span, rerun=seed is not None and seed.in_doubt)
+
+    async def _decide(
+        self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, *, rerun: bool
+    ) -> Any:
+        """Settle the call's approval, log ``started`` and run it (`call`, past replay and the cancel check)."""
+        decision = self.decisions.get(request.call_id)
         asks_port = False
         if decision is None and tool.needs_approval(kwargs, self.ctx):
             if self.executor.approver is None:
-                await self._write("pending", request, tool=tool.name, node=node, args=encoded)
+                await self._write("pending", request, tool=tool.name, node=request.node, args=request.args)
                 self.pending.append(request)
+                span.outcome("pending")
                 raise PauseForApproval(request)
             asks_port = True
         if decision is not None and not decision.approve:
             await self._write("denied", request, note=decision.note)
+            span.outcome("denied")
             raise denial(tool.name, decision.note)
-        await self._write("started", request, tool=tool.name, node=node, args=encoded, idempotent=tool.idempotent)
-        return await self._run(tool, kwargs, request, asks_port)
-
-    async def _run(self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, asks_port: bool) -> Any:
+        started: dict[str, Any] = {"tool": tool.name, "node": request.node, "args": request.args}
+        started["idempotent"] = tool.idempotent
+        if self.span is not None:  # the superstep's span: a recovery links to it (`RunSteps.cut_off`)
+            started["span"] = self.span
+        await self._write("started", request, **started)
         if asks_port and not await self.executor.ask_approver(request):
             await self._write("denied", request, note="denied by the approval port")
+            span.outcome("denied")
             raise denial(tool.name, "denied by the approval port")
+        return await self._run(tool, kwargs, request, span, "rerun" if rerun else "ran")
+
+    async def _run(self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, ran: str) -> Any:
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
         try:
-            result = await self.executor.run(tool, kwargs, call=info, validated=True, approved=True)
+            result = await self.executor.run(tool, kwargs, call=info, validated=True, approved=True, span=span)
         except Exception as exc:
             if self.watch is not None:
                 self.watch.moved()
+            span.outcome("failed")
             await self._write("failed", request, error=describe_failure(exc))
             raise
         if self.watch is not None:
             self.watch.moved()
+        span.outcome(ran, result)
         if self.journal is not None:
             try:  # encoded once: here, where a value JSON cannot carry makes the call unrecordable
                 payload = canonical(self._body(request, result=tool.encode_result(result)))
             except Exception as exc:
+                span.outcome("in doubt")
                 await self._write("unrecordable", request, why=f"{type(exc).__name__}: {exc}")
                 return result
             limit = self.journal.max_bytes
             if limit is not None and len(payload) > limit:  # it ran, but its result cannot be kept
                 why = f"its result is {len(payload)} bytes, over the run's max_checkpoint_bytes ({limit})"
+                span.outcome("in doubt")
                 await self._write("unrecordable", request, why=why)
                 return result
             if self.defer_done:

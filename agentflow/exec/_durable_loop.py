@@ -33,6 +33,7 @@ from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import RunProtocol
+from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._messages import Message
 from agentflow.models._protocol import Model
@@ -59,13 +60,16 @@ def _protocol(
     events: Events | None = None,
     lease_s: float = DEFAULT_LEASE_S,
     owner: str | None = None,
+    tracer: Tracer | None = None,
 ) -> LoopProtocol:
     """The run protocol for the loop `name` over `checkpoints`, holding runs as `owner` for `lease_s`."""
-    executor = Executor(registry, approver=approver, events=events)
+    executor = Executor(registry, approver=approver, events=events, tracer=tracer)
     driver = LoopDriver(model, executor, name)
     ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
     sealer = sealer_for(checkpoints, checkpoint_key)
-    return RunProtocol(driver, checkpoints, sealer, registry, executor.events, ownership=ownership)
+    return RunProtocol(
+        driver, checkpoints, sealer, registry, executor.events, ownership=ownership, tracer=executor.tracer
+    )
 
 
 def _cursor(
@@ -93,6 +97,7 @@ async def run_tool_loop(
     events: Events | None = None,
     lease_s: float = DEFAULT_LEASE_S,
     owner: str | None = None,
+    tracer: Tracer | None = None,
 ) -> LoopResult:
     """Run a tool loop: ask the model, run the tools it asks for, repeat until it answers.
 
@@ -117,6 +122,7 @@ async def run_tool_loop(
         lease_s: how long this process's hold on the run lasts unless renewed (renewed every
             third of it while the loop works); nothing else acts on the run meanwhile.
         owner: names this process in leases and checkpoints (default ``runner@<host>:<pid>``).
+        tracer: where the loop reports its spans (`agentflow.observe.Tracing`; off by default).
 
     Raises:
         CheckpointConflict: the run id belongs to a loop that is running or ended.
@@ -124,7 +130,7 @@ async def run_tool_loop(
     """
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner, tracer)
     if run_id is not None and checkpoints is not None and await _exists(checkpoints, run_id):
         if approve is None:
             return await _paused(proto, run_id, ctx)
@@ -194,8 +200,9 @@ async def recover_tool_loop(
     lease_s: float = DEFAULT_LEASE_S,
     owner: str | None = None,
     operator: str | None = None,
+    tracer: Tracer | None = None,
 ) -> LoopResult:
-    """Continue a tool loop whose worker died, from its latest checkpoint.
+    """Continue a tool loop whose worker died, from its latest checkpoint (`tracer`: see `run_tool_loop`).
 
     Raises:
         CheckpointNotFound: nothing is stored for the run.
@@ -204,7 +211,7 @@ async def recover_tool_loop(
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
         IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner, tracer)
     return await proto.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
 
 
@@ -220,8 +227,11 @@ async def start_tool_loop(
     name: str = "tool_loop",
     lease_s: float = DEFAULT_LEASE_S,
     owner: str | None = None,
+    tracer: Tracer | None = None,
 ) -> LoopResult:
     """Save a new loop's step 0 (its messages) without running it; a worker advances it.
+
+    With `tracer`, step 0 carries the trace the loop's stages continue (see `run_tool_loop`).
 
     Raises:
         CheckpointConflict: the run id is taken.
@@ -230,7 +240,9 @@ async def start_tool_loop(
         raise ValueError("max_steps must be at least 1")
     if not messages:
         raise ValueError("start_tool_loop needs the messages to start from")
-    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
+    proto = _protocol(
+        _NoModel(), registry, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner, tracer=tracer
+    )
     lp = _cursor(proto, run_id, messages, max_steps, ctx)
     async with proto.hold(lp.run_id):
         await proto.start(lp)
@@ -253,15 +265,18 @@ async def advance_tool_loop(
     owner: str | None = None,
     park: bool = False,
     spend: str | None = None,
+    tracer: Tracer | None = None,
 ) -> LoopResult:
     """Claim a loop and run exactly one stage of it: one model call, or one round of tools.
+
+    `tracer`: see `run_tool_loop`.
 
     Raises:
         Stale: the latest step is not `expected_step` (a late or duplicate message).
         CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events, lease_s, owner)
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events, lease_s, owner, tracer)
     return await proto.advance(
         run_id,
         expected_step=expected_step,

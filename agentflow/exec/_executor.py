@@ -22,6 +22,7 @@ from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo, _current
 from agentflow.exec._registry import Registry, Tool
+from agentflow.exec._tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ class Executor:
         approver: Approver | None = None,
         sync_executor: concurrent.futures.Executor | None = None,
         events: Events | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """Build an executor.
 
@@ -63,10 +65,13 @@ class Executor:
                 pauses the run instead.
             sync_executor: where sync tools run (default: the event loop's default executor).
             events: the hub to report to (a new one by default).
+            tracer: where the runs of this executor report their spans
+                (`agentflow.observe.Tracing`; off by default).
         """
         self.registry = registry
         self.approver = approver
         self.events = events if events is not None else Events()
+        self.tracer: Tracer = tracer if tracer is not None else NO_TRACING
         self._sync_executor = sync_executor
 
     async def ask_approver(self, request: ApprovalRequest) -> bool:
@@ -88,6 +93,7 @@ class Executor:
         call: CallInfo | None = None,
         validated: bool = False,
         approved: bool = False,
+        span: CallSpan = NO_SPAN,
     ) -> Any:
         """Run one call: validate, ask the approval port if needed, then attempt it.
 
@@ -98,6 +104,7 @@ class Executor:
             validated: `args` already went through `Tool.validate`.
             approved: the call's approval was already settled (the call log asks the
                 port itself, after logging ``started``).
+            span: the call's span (told of each attempt).
 
         Raises:
             UnknownTool, ToolArgumentsInvalid: before anything runs.
@@ -119,6 +126,7 @@ class Executor:
         attempt = 1
         while True:
             info = CallInfo(run_id or "", call_id or spec.name, spec.name, attempt)
+            span.attempt(attempt)
             self.events.emit("tool.started", run_id, tool=spec.name, call_id=call_id, attempt=attempt)
             began = time.perf_counter()
             try:

@@ -201,7 +201,10 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         limit: int | None,
         recovering: bool,
     ) -> LoopResult:
-        """Run stages (a model call, or a round of tools) until the loop ends, pauses, or `limit` ran."""
+        """Run stages (a model call, or a round of tools) until the loop ends, pauses, or `limit` ran.
+
+        Each stage runs in a span of its own (`RunSteps.step_span`).
+        """
         replayed: list[str] = []
         rerun: list[str] = []
         stages = 0
@@ -211,35 +214,49 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             stages += 1
             if stages == 1:  # a boundary: a cancel request stops the loop before it starts
                 await self._boundary(lp)
-            if lp.stage in ("start", "tools"):
-                if lp.model_calls >= lp.max_steps:
-                    lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
-                    await proto.save(lp, RunStatus.FAILED)
-                    return self.result(lp, RunStatus.FAILED, replayed, rerun)
-                reply = await self._ask_model(lp)
-                await self._boundary(lp)
-                lp.history.append(reply)
-                lp.stage = "model"
-                status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
-                await proto.save(lp, status)
-                if status is RunStatus.DONE:
-                    return self.result(lp, status, replayed, rerun)
-                continue
-            log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
-            log.watch = lp.watch
-            results = await self._run_tools(lp, log)
-            await self._boundary(lp)
-            replayed += log.replayed
-            rerun += log.rerun
-            recovered = proto.report_step(lp, log.replayed, log.rerun, recovering)
-            if results is None:
-                lp.pending = list(log.pending)
-                await proto.save(lp, RunStatus.PAUSED, recovered=recovered)
-                return self.result(lp, RunStatus.PAUSED, replayed, rerun)
-            lp.history.extend(results)
-            lp.stage, lp.decisions, lp.pending = "tools", {}, []
-            await proto.save(lp, RunStatus.RUNNING, recovered=recovered)
+            with proto.step_span(lp):
+                ended = await self._stage(proto, lp, seeds, recovering, replayed, rerun)
+            if ended is not None:
+                return ended
             seeds, recovering = {}, False
+
+    async def _stage(
+        self,
+        proto: RunSteps[LoopCursor, LoopResult],
+        lp: LoopCursor,
+        seeds: Mapping[str, CallState],
+        recovering: bool,
+        replayed: list[str],
+        rerun: list[str],
+    ) -> LoopResult | None:
+        """Run one stage and save its checkpoint; the result if the loop ended or paused, else None."""
+        if lp.stage in ("start", "tools"):
+            if lp.model_calls >= lp.max_steps:
+                lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
+                await proto.save(lp, RunStatus.FAILED)
+                return self.result(lp, RunStatus.FAILED, replayed, rerun)
+            reply = await self._ask_model(lp)
+            await self._boundary(lp)
+            lp.history.append(reply)
+            lp.stage = "model"
+            status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
+            await proto.save(lp, status)
+            return self.result(lp, status, replayed, rerun) if status is RunStatus.DONE else None
+        log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
+        log.watch, log.span = lp.watch, lp.span.ref
+        results = await self._run_tools(lp, log)
+        await self._boundary(lp)
+        replayed += log.replayed
+        rerun += log.rerun
+        recovered = proto.report_step(lp, log.replayed, log.rerun, recovering)
+        if results is None:
+            lp.pending = list(log.pending)
+            await proto.save(lp, RunStatus.PAUSED, recovered=recovered)
+            return self.result(lp, RunStatus.PAUSED, replayed, rerun)
+        lp.history.extend(results)
+        lp.stage, lp.decisions, lp.pending = "tools", {}, []
+        await proto.save(lp, RunStatus.RUNNING, recovered=recovered)
+        return None
 
     @staticmethod
     async def _boundary(lp: LoopCursor) -> None:
@@ -248,13 +265,17 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             await lp.watch.check(boundary=True)
 
     async def _ask_model(self, lp: LoopCursor) -> Message:
-        if lp.journal is not None:
-            marker = {"call_id": f"{lp.turn + 1}/model", "superstep": lp.turn + 1, "model": True}
-            await lp.journal.write("started", marker)
-        lp.model_calls += 1
-        reply = await self.model.complete(list(lp.history), self.executor.registry.schemas())
-        if not isinstance(reply, Message) or reply.role != "assistant":
-            raise ModelError(f"the model returned {reply!r}, not an assistant Message")
+        with self.executor.tracer.model_call(lp.run_id, self.model, lp.turn + 1) as span:
+            if lp.journal is not None:
+                marker = {"call_id": f"{lp.turn + 1}/model", "superstep": lp.turn + 1, "model": True}
+                if lp.span.ref is not None:  # the stage's span: a recovery links to it
+                    marker["span"] = lp.span.ref
+                await lp.journal.write("started", marker)
+            lp.model_calls += 1
+            reply = await self.model.complete(list(lp.history), self.executor.registry.schemas())
+            if not isinstance(reply, Message) or reply.role != "assistant":
+                raise ModelError(f"the model returned {reply!r}, not an assistant Message")
+            span.reply(reply)
         lp.turn += 1
         return reply
 

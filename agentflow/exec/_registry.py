@@ -84,6 +84,10 @@ class Tool:
     args_model: type[BaseModel] = field(repr=False)
     returns: TypeAdapter[Any] = field(repr=False)
     is_async: bool = False
+    trace_args: bool = False
+    """Its calls' spans show their arguments (JSON); off by default."""
+    trace_result: bool = False
+    """Its calls' spans show their results (JSON) and error messages; off by default."""
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validate `args`, returning the keyword arguments to call the tool with.
@@ -162,6 +166,8 @@ class Registry:
         retry_on: tuple[type[Exception], ...] = (Exception,),
         timeout_s: float | None = None,
         description: str | None = None,
+        trace_args: bool = False,
+        trace_result: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -177,6 +183,8 @@ class Registry:
         retry_on: tuple[type[Exception], ...] = (Exception,),
         timeout_s: float | None = None,
         description: str | None = None,
+        trace_args: bool = False,
+        trace_result: bool = False,
     ) -> Any:
         """Register a sync or async function as a tool (usable bare or with options).
 
@@ -190,6 +198,9 @@ class Registry:
             retry_on: exception types to retry.
             timeout_s: per-attempt timeout in seconds.
             description: for the model; defaults to the docstring's first paragraph.
+            trace_args: show the calls' arguments in their trace spans (off: a span carries
+                the tool, the call id and the outcome, nothing the call was given).
+            trace_result: show the calls' results and error messages in their spans.
 
         Raises:
             ValueError: the name is taken, or an option is out of range.
@@ -204,6 +215,8 @@ class Registry:
                 retry=RetryPolicy(attempts=retries + 1, backoff_s=backoff_s, retry_on=retry_on),
                 timeout_s=timeout_s,
                 description=description,
+                trace_args=trace_args,
+                trace_result=trace_result,
             )
             return func
 
@@ -219,6 +232,8 @@ class Registry:
         retry: RetryPolicy | None = None,
         timeout_s: float | None = None,
         description: str | None = None,
+        trace_args: bool = False,
+        trace_result: bool = False,
     ) -> Tool:
         """Register `fn` and return its `Tool` (the non-decorator form of `tool`)."""
         tool_name = name or getattr(fn, "__name__", None)
@@ -241,6 +256,8 @@ class Registry:
             args_model=_args_model(fn, tool_name),
             returns=TypeAdapter(hints.get("return", Any)),
             is_async=inspect.iscoroutinefunction(fn),
+            trace_args=trace_args,
+            trace_result=trace_result,
         )
         self._tools[tool_name] = tool
         return tool

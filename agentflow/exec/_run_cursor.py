@@ -16,6 +16,7 @@ from agentflow._run_types import RunStatus
 from agentflow.exec._durable import Decision, Journal
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_cancel import CancelWatch
+from agentflow.exec._tracing import NO_SPAN, StepSpan
 
 
 @dataclass
@@ -46,6 +47,16 @@ class RunCursor:
     clock: float = field(default_factory=time.perf_counter, repr=False)
     """When this worker last saved the run, or took it up (`time.perf_counter`): the ``seconds``
     of its next ``checkpoint.saved`` event are counted from here."""
+    trace: str | None = None
+    """The run's trace context (a W3C ``traceparent``), signed into every checkpoint from step 0 on
+    (None: the run was started untraced; a tracer then derives one from the run id)."""
+    cause: str = "start"
+    """Why the next superstep runs (`agentflow.exec._tracing.CAUSES`); the protocol sets it."""
+    cut_off: tuple[str, ...] | None = None
+    """Set when the next superstep continues a cut-off one (a recovery): the span ids its
+    ``started`` records carry (the spans of the superstep the dead worker left)."""
+    span: StepSpan = field(default=NO_SPAN, repr=False)
+    """The span of the superstep under way (`NO_SPAN` outside one, or untraced)."""
 
     def outcome(self, replayed: list[str] | None = None, rerun: list[str] | None = None) -> dict[str, Any]:
         """The keyword fields of `RunOutcome` as this cursor stands."""

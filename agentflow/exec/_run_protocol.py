@@ -61,6 +61,7 @@ class RunProtocol(RunSteps[C, R]):
         Raises:
             RunHeld: another holder's lease is live.
         """
+        self.tracer.taking_up()
         if self.store is None or self.ownership is None:
             return contextlib.nullcontext(None)
         return holding(self.store, run_id, self.ownership)
@@ -171,6 +172,7 @@ class RunProtocol(RunSteps[C, R]):
             if opened.status != RunStatus.RUNNING:
                 raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to recover")
             records, counts = await self.read(opened)
+            opened.cur.cause, opened.cur.cut_off = "recovery", self.cut_off(opened.body, records)
             seeds = self.seeds(opened, records, rerun_in_doubt)
             doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
             control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
@@ -203,6 +205,7 @@ class RunProtocol(RunSteps[C, R]):
                     f"run {run_id!r} is not paused ({opened.status}); only a paused run can be resumed{hint}"
                 )
             cur = opened.cur
+            cur.cause = "resume"
             chosen = decide(run_id, cur.pending, approve, note)
             records, counts = await self.read(opened, resuming=True)
             seeds = self.seeds(opened, records, rerun_in_doubt=False)
@@ -230,6 +233,7 @@ class RunProtocol(RunSteps[C, R]):
             if opened.status != RunStatus.FAILED:
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only a failed run can be retried")
             records, counts = await self.read(opened)
+            opened.cur.cause = "retry"
             states = self.driver.seeds(opened.cur, records)
             seeds = without_failed(states)
             calls_in_doubt(run_id, seeds, self.registry, granted(opened.body, opened.row.segment, seeds))
@@ -326,6 +330,7 @@ class RunProtocol(RunSteps[C, R]):
                 )
             if opened.status != RunStatus.RUNNING:
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}; only a running run can be advanced")
+            cur.cause = advance_cause(body, cur.step, handoff)
             next_seq: int | None = None
             if handoff and "claim" not in body and opened.row is head_row:
                 try:
@@ -336,6 +341,8 @@ class RunProtocol(RunSteps[C, R]):
             seeds: dict[str, CallState] = {}
             if next_seq is None:
                 records, counts = await self.read(opened)
+                # A recovery, unless a decision is spent, or nothing was logged since (then cleared below).
+                cur.cut_off = None if cur.cause in SPENT else self.cut_off(body, records)
                 try:
                     seeds = self.seeds(opened, records, rerun_in_doubt)
                 except RecoveryNeedsDecision as exc:
@@ -347,9 +354,31 @@ class RunProtocol(RunSteps[C, R]):
                 # a step paused for approval, or a decision's claim) and replay as a resume's do.
                 next_seq = untouched(body, counts) if handoff else None
                 if next_seq is None:  # something was logged after the checkpoint: its worker died in the step
+                    if cur.cause not in SPENT:
+                        cur.cause = "recovery"
                     await self.claim(cur, "recovery", counts)
                     return await self._drive(cur, seeds, limit=1, recovering=True)
             mark = marker_of(body)
             assert mark is not None
+            cur.cut_off = None  # handed over cleanly: nothing was cut off
             cur.journal = self.journal(run_id, mark[0], next_seq)
             return await self._drive(cur, seeds, limit=1, recovering=False)
+
+
+#: Claims that carry a decision a superstep spends: its span's cause names the decision.
+SPENT = frozenset({"resume", "decision", "retry"})
+
+
+def advance_cause(body: Mapping[str, Any], step: int | None, handoff: bool) -> str:
+    """Why a worker's `advance` runs a superstep (a span's ``cause``), as far as the checkpoint shows it.
+
+    A signed decision being spent names it; a message that is not a clean handoff is a
+    recovery; else the run's first superstep (``start``) or a ``handoff`` between workers.
+    `advance` makes it a ``recovery`` when it finds the superstep cut off.
+    """
+    claim = body.get("claim")
+    if claim in SPENT:
+        return str(claim)
+    if not handoff or claim == "recovery":
+        return "recovery"
+    return "start" if step == 0 else "handoff"

@@ -9,7 +9,9 @@ state codec and how it drives a step) and this process's `Ownership`. Its parts:
   segment, with the claim's control record (see `_run_protocol`); of racing workers
   exactly one wins;
 - `save`: the checkpoint after a step (with a held ``done`` record, atomically), naming
-  who saved it (``by``).
+  who saved it (``by``);
+- `step_span`: the span of the superstep a driver begins (`agentflow.exec._tracing`); every
+  checkpoint body carries the run's trace context (``trace``) from step 0 on.
 The entry points that put the parts in order, under the run's lease, are in `_run_protocol`.
 """
 
@@ -17,10 +19,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Generic
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, CheckpointTooLarge
+from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, CheckpointTooLarge, RecoveryNeedsDecision
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow._run_types import RunStatus
@@ -41,6 +44,7 @@ from agentflow.exec._run_checks import (
 from agentflow.exec._run_control import granted, without_failed
 from agentflow.exec._run_driver import C, R, RunDriver
 from agentflow.exec._run_lease import Ownership
+from agentflow.exec._tracing import NO_TRACING, StepSpan, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 
@@ -82,6 +86,7 @@ class RunSteps(Generic[C, R]):
         events: Events,
         max_bytes: int = MAX_CHECKPOINT_BYTES,
         ownership: Ownership | None = None,
+        tracer: Tracer = NO_TRACING,
     ) -> None:
         self.driver = driver
         # A lease this protocol's holder loses is reported on its hub (`_run_lease`, ``lease.lost``).
@@ -91,6 +96,7 @@ class RunSteps(Generic[C, R]):
         self.registry = registry
         self.events = events
         self.max_bytes = max_bytes
+        self.tracer = tracer
 
     # -- writing ----------------------------------------------------------------------
 
@@ -130,6 +136,8 @@ class RunSteps(Generic[C, R]):
             body["forked_from"] = dict(lineage)
         if self.ownership is not None:
             body["by"] = self.ownership.owner
+        if cur.trace is not None:
+            body["trace"] = cur.trace
         return body
 
     async def save(
@@ -181,6 +189,7 @@ class RunSteps(Generic[C, R]):
         )
         await cur.journal.save(step, row)  # with a held ``done`` record, if the step left one
         cur.step = step
+        cur.span.saved(step, str(status))
         self.driver.after_save(cur, body)
         saved_at = time.perf_counter()
         self.events.emit(
@@ -200,10 +209,19 @@ class RunSteps(Generic[C, R]):
     async def start(self, cur: C, lineage: Mapping[str, Any] | None = None) -> None:
         """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run).
 
+        Its span (`Tracer.start`) gives the run its trace context, which step 0 carries.
+
         Raises:
             CheckpointConflict: the run id is taken.
         """
-        await self.save(cur, RunStatus.RUNNING, segment=0, lineage=lineage)
+        with self.tracer.start(cur, self.driver.column):
+            await self.save(cur, RunStatus.RUNNING, segment=0, lineage=lineage)
+
+    def step_span(self, cur: C) -> AbstractContextManager[StepSpan]:
+        """The span of the superstep `cur` begins now; its cause and cut-off links are spent on it."""
+        span = self.tracer.superstep(cur, self.driver.column, self.driver.superstep(cur))
+        cur.cause, cur.cut_off = "next", None
+        return span
 
     async def claim(
         self,
@@ -238,6 +256,7 @@ class RunSteps(Generic[C, R]):
         """
         if not recovering:
             return None
+        cur.span.recovered(replayed, rerun)
         self.events.emit(
             "run.recovered", cur.run_id, kind=self.driver.kind.value, step=cur.step, replayed=replayed, rerun=rerun
         )
@@ -276,6 +295,8 @@ class RunSteps(Generic[C, R]):
             cur.error = body.get("error")
             cur.pins = pins_of(body)
             marker_of(body)
+            trace = body.get("trace")
+            cur.trace = trace if isinstance(trace, str) else None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointStoreCorrupt(
                 f"checkpoint {row.step} of run {run_id!r} is signed but does not fit a {self.driver.kind} run: {exc!r}"
@@ -333,5 +354,26 @@ class RunSteps(Generic[C, R]):
         if opened.body.get("claim") == "retry":  # a stored retry, not yet spent: the failed calls run again
             states = without_failed(states)
         allowed: bool | set[str] = rerun_in_doubt or granted(opened.body, opened.row.segment, states)
-        calls_in_doubt(opened.cur.run_id, states, self.registry, allowed)
+        try:
+            calls_in_doubt(opened.cur.run_id, states, self.registry, allowed)
+        except RecoveryNeedsDecision as exc:
+            cur = opened.cur
+            self.tracer.in_doubt(cur, self.driver.column, self.driver.superstep(cur), exc.calls)
+            raise
         return states
+
+    @staticmethod
+    def cut_off(body: Mapping[str, Any], records: Sequence[LoggedRecord]) -> tuple[str, ...]:
+        """The span ids the ``started`` records logged after the checkpoint `body` carry (a dead worker's superstep)."""
+        mark = marker_of(body)
+        if mark is None:
+            return ()
+        segment, count = mark
+        spans = {
+            str(rec.body["span"])
+            for rec in records
+            if rec.kind == "started"
+            and "span" in rec.body
+            and (rec.segment > segment or (rec.segment == segment and rec.seq >= count))
+        }
+        return tuple(sorted(spans))

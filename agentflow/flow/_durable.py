@@ -139,7 +139,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         limit: int | None,
         recovering: bool,
     ) -> RunResult[Any]:
-        """Run supersteps from the cursor until the run ends, pauses, or `limit` supersteps ran."""
+        """Run supersteps from the cursor until the run ends, pauses, or `limit` supersteps ran (each in its span)."""
         replayed: list[str] = []
         rerun: list[str] = []
         ran = 0
@@ -147,40 +147,56 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             ran += 1
             if ran == 1 and cur.watch is not None:  # a boundary: a cancel request stops the run before it starts
                 await cur.watch.check(boundary=True)
-            log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
-            log.watch = cur.watch
-            # A lone `Call` node returns as soon as its call does: nothing but the merge lies
-            # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
-            log.defer_done = len(cur.frontier) == 1 and isinstance(self.flow.nodes[cur.frontier[0]].action, Call)
-            try:
-                out = await run_superstep(self.flow, cur.state, cur.frontier, cur.visits, log, self.events)
-            except (CheckpointError, CancelRequested):
-                raise  # the store refused a write or failed, or the run is being cancelled: the protocol ends it
-            except FlowError as exc:
-                await self._fail(proto, cur, exc)
-                raise
-            except Exception as exc:
-                return await self._fail(proto, cur, exc, replayed + log.replayed, rerun + log.rerun)
-            if cur.watch is not None:  # a boundary: once a request is seen, nothing of this superstep is kept
-                await cur.watch.check(boundary=True)
-            replayed += log.replayed
-            rerun += log.rerun
-            recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
-            if out.paused:
-                cur.pending = list(log.pending)
-                await proto.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
-                self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
-                return self.result(cur, RunStatus.PAUSED, replayed, rerun)
-            cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
-            cur.superstep += 1
-            cur.decisions, cur.pending = {}, []
-            status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
-            await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
-            if status is RunStatus.DONE:
-                self.events.emit("run.finished", cur.run_id, flow=self.flow.name, status=status.value)
-                return self.result(cur, status, replayed, rerun)
+            with proto.step_span(cur):
+                ended = await self._superstep(proto, cur, seeds, recovering, replayed, rerun)
+            if ended is not None:
+                return ended
             seeds, recovering = {}, False
         return self.result(cur, RunStatus.RUNNING, replayed, rerun)
+
+    async def _superstep(
+        self,
+        proto: RunSteps[Cursor, RunResult[Any]],
+        cur: Cursor,
+        seeds: Mapping[str, CallState],
+        recovering: bool,
+        replayed: list[str],
+        rerun: list[str],
+    ) -> RunResult[Any] | None:
+        """Run one superstep and save its checkpoint; the result if the run ended or paused, else None."""
+        log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
+        log.watch, log.span = cur.watch, cur.span.ref
+        # A lone `Call` node returns as soon as its call does: nothing but the merge lies
+        # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
+        log.defer_done = len(cur.frontier) == 1 and isinstance(self.flow.nodes[cur.frontier[0]].action, Call)
+        try:
+            out = await run_superstep(self.flow, cur.state, cur.frontier, cur.visits, log, self.events)
+        except (CheckpointError, CancelRequested):
+            raise  # the store refused a write or failed, or the run is being cancelled: the protocol ends it
+        except FlowError as exc:
+            await self._fail(proto, cur, exc)
+            raise
+        except Exception as exc:
+            return await self._fail(proto, cur, exc, replayed + log.replayed, rerun + log.rerun)
+        if cur.watch is not None:  # a boundary: once a request is seen, nothing of this superstep is kept
+            await cur.watch.check(boundary=True)
+        replayed += log.replayed
+        rerun += log.rerun
+        recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
+        if out.paused:
+            cur.pending = list(log.pending)
+            await proto.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
+            self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
+            return self.result(cur, RunStatus.PAUSED, replayed, rerun)
+        cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
+        cur.superstep += 1
+        cur.decisions, cur.pending = {}, []
+        status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
+        await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
+        if status is RunStatus.DONE:
+            self.events.emit("run.finished", cur.run_id, flow=self.flow.name, status=status.value)
+            return self.result(cur, status, replayed, rerun)
+        return None
 
     async def _fail(
         self,

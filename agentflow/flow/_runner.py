@@ -52,7 +52,7 @@ class FlowRunner(RunOperations):
         """Build a runner.
 
         Args:
-            executor: runs the tool calls (its `events` hub is the runner's too).
+            executor: runs the tool calls (its `events` hub and its `tracer` are the runner's too).
             checkpoints: a checkpoint store; None runs without durability.
             checkpoint_key: the signing key (32+ bytes), or a list for rotation (newest
                 first). Required with any store but the memory one.
@@ -95,6 +95,7 @@ class FlowRunner(RunOperations):
             self.events,
             self.max_checkpoint_bytes,
             self.ownership,
+            self.executor.tracer,
         )
 
     def fresh_run_id(self) -> str:

@@ -26,6 +26,7 @@ from agentflow._errors import ModelError
 from agentflow.models._decode import Body, Malformed, check_limits, loads, read_body
 from agentflow.models._messages import Message
 from agentflow.models._secrets import Scrubber
+from agentflow.models._usage import note_usage
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class SDKModel:
 
     errors: ClassVar[SDKErrors]
     """The SDK's exception classes."""
+    usage_keys: ClassVar[tuple[str, str]] = ("input_tokens", "output_tokens")
+    """Where a reply's ``usage`` reports its prompt and reply tokens (`note_usage`)."""
 
     def __init__(
         self,
@@ -182,7 +185,10 @@ class SDKModel:
             failure = f"failed: {self._describe(exc)}"
         else:
             try:
-                return self._parse(loads(data, "the body", self._scrub.quote))
+                body = loads(data, "the body", self._scrub.quote)
+                reply = self._parse(body)
+                note_usage(body, *self.usage_keys)
+                return reply
             except Malformed as exc:
                 failure = f"sent a malformed reply: {self._scrub(str(exc))}"
             except ValueError as exc:  # a Message that does not validate (its text quotes the server's)

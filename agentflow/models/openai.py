@@ -49,6 +49,7 @@ class OpenAIChatModel(SDKModel):
     Whatever still fails, is refused, or comes back unusable raises `ModelError`.
     """
 
+    usage_keys = ("prompt_tokens", "completion_tokens")
     errors = SDKErrors(
         status=openai.APIStatusError, connection=openai.APIConnectionError, timeout=openai.APITimeoutError
     )

@@ -1,19 +1,39 @@
-"""Observing runs: Prometheus metrics from the event hub (needs the ``metrics`` extra).
+"""Observing runs: Prometheus metrics (the ``metrics`` extra) and OpenTelemetry traces (the ``otel`` extra).
 
 `Metrics` keeps agentflow's counters, histograms and gauges from a runner's `Events`;
 `serve_metrics` serves a registry over HTTP (127.0.0.1 by default); `TimedStore` times a
 checkpoint store's operations. `agentflow.observe.celery.serve_worker_metrics` wires all
 of it into Celery workers (prometheus-client's multiprocess mode; needs the ``celery``
-extra too). docs/observability.md says what each metric means.
+extra too).
+
+`Tracing` reports a run's spans to OpenTelemetry (``Executor(registry, tracer=Tracing())``),
+one trace per run across every worker; `TracedStore` makes a store's operations events of
+those spans, and `trace_worker` wires both into a Celery worker.
+
+Each name is imported on first use and says which extra to install when its library is
+missing. docs/observability.md says what each metric and span means.
 """
 
-try:
-    import prometheus_client as _prometheus_client  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("agentflow.observe needs the 'metrics' extra: pip install 'agentflow[metrics]'") from exc
+import typing
 
-from agentflow.observe._metrics import Metrics
-from agentflow.observe._serve import MetricsServer, serve_metrics
-from agentflow.observe._store import TimedStore
+from agentflow import _optional
 
-__all__ = ["Metrics", "MetricsServer", "TimedStore", "serve_metrics"]
+if typing.TYPE_CHECKING:
+    from agentflow.observe._metrics import Metrics
+    from agentflow.observe._serve import MetricsServer, serve_metrics
+    from agentflow.observe._store import TimedStore
+    from agentflow.observe._tracing import TracedStore, Tracing, trace_worker
+
+__all__ = ["Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker"]
+
+_OPTIONAL = {
+    "Metrics": ("agentflow.observe._metrics", "metrics"),
+    "MetricsServer": ("agentflow.observe._serve", "metrics"),
+    "serve_metrics": ("agentflow.observe._serve", "metrics"),
+    "TimedStore": ("agentflow.observe._store", "metrics"),
+    "Tracing": ("agentflow.observe._tracing", "otel"),
+    "TracedStore": ("agentflow.observe._tracing", "otel"),
+    "trace_worker": ("agentflow.observe._tracing", "otel"),
+}
+
+__getattr__ = _optional.lazy_attributes(__name__, _OPTIONAL)

@@ -1,124 +1,30 @@
 """`TimedStore`: a checkpoint store that times every operation of the store it wraps.
 
 The stores stay as they are: the wrapper forwards each method of the `CheckpointStore`
-port unchanged (arguments, results, errors) and observes how long it took, labelled by
-the operation's name. It passes the stores' conformance suite (tests/observe).
+port unchanged (arguments, results, errors; `ForwardingStore`) and observes how long it
+took, labelled by the operation's name. It passes the stores' conformance suite (tests/observe).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
-from typing import TypeVar
+from collections.abc import Callable
 
 from prometheus_client import Histogram
 
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
-
-T = TypeVar("T")
+from agentflow.observe._forward import ForwardingStore
 
 
-class TimedStore:
+class TimedStore(ForwardingStore):
     """Forwards every operation to `inner` and observes its duration in `histogram` (label ``op``)."""
 
     def __init__(self, inner: CheckpointStore, histogram: Histogram) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._histogram = histogram
         self._op = {op: histogram.labels(op) for op in OPS}  # resolved once, not per call
-        #: Whether the wrapped store lives inside this process.
-        self.in_process: bool = inner.in_process
 
-    async def _timed(self, op: str, work: Awaitable[T]) -> T:
-        began = time.perf_counter()
-        try:
-            return await work
-        finally:
-            self._op[op].observe(time.perf_counter() - began)
-
-    @property
-    def local_key(self) -> bytes | None:
-        """The wrapped store's own signing key (the memory store's), else None."""
-        return self.inner.local_key
-
-    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
-        """`CheckpointStore.save`, timed."""
-        await self._timed("save", self.inner.save(run_id, step, checkpoint))
-
-    async def save_after_calls(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
-    ) -> None:
-        """`CheckpointStore.save_after_calls`, timed."""
-        await self._timed("save_after_calls", self.inner.save_after_calls(run_id, step, checkpoint, calls))
-
-    async def latest(self, run_id: str) -> SealedCheckpoint:
-        """`CheckpointStore.latest`, timed."""
-        return await self._timed("latest", self.inner.latest(run_id))
-
-    async def head(self, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
-        """`CheckpointStore.head`, timed."""
-        return await self._timed("head", self.inner.head(run_id))
-
-    async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
-        """`CheckpointStore.history`, timed."""
-        return await self._timed("history", self.inner.history(run_id))
-
-    async def list_unfinished(self, flow: str) -> Sequence[str]:
-        """`CheckpointStore.list_unfinished`, timed."""
-        return await self._timed("list_unfinished", self.inner.list_unfinished(flow))
-
-    async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
-        """`CheckpointStore.list_runs`, timed."""
-        return await self._timed("list_runs", self.inner.list_runs(flow, limit))
-
-    async def delete(self, run_id: str) -> None:
-        """`CheckpointStore.delete`, timed."""
-        await self._timed("delete", self.inner.delete(run_id))
-
-    async def record_call(self, run_id: str, record: SealedCall) -> None:
-        """`CheckpointStore.record_call`, timed."""
-        await self._timed("record_call", self.inner.record_call(run_id, record))
-
-    async def calls(self, run_id: str) -> Sequence[SealedCall]:
-        """`CheckpointStore.calls`, timed."""
-        return await self._timed("calls", self.inner.calls(run_id))
-
-    async def stored_runs(self) -> Sequence[str]:
-        """`CheckpointStore.stored_runs`, timed."""
-        return await self._timed("stored_runs", self.inner.stored_runs())
-
-    async def relist(self, run_id: str) -> SealedCheckpoint | None:
-        """`CheckpointStore.relist`, timed."""
-        return await self._timed("relist", self.inner.relist(run_id))
-
-    async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
-        """`CheckpointStore.take_lease`, timed."""
-        return await self._timed("take_lease", self.inner.take_lease(run_id, owner, token, ttl_s))
-
-    async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
-        """`CheckpointStore.renew_lease`, timed."""
-        return await self._timed("renew_lease", self.inner.renew_lease(run_id, token, ttl_s))
-
-    async def release_lease(self, run_id: str, token: str) -> bool:
-        """`CheckpointStore.release_lease`, timed."""
-        return await self._timed("release_lease", self.inner.release_lease(run_id, token))
-
-    async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
-        """`CheckpointStore.leases`, timed."""
-        return await self._timed("leases", self.inner.leases(run_ids))
-
-    async def aclose(self) -> None:
-        """Close the wrapped store (not timed: it is no operation on runs)."""
-        await self.inner.aclose()
-
-    async def __aenter__(self) -> TimedStore:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
+    def _done(self, op: str, duration_ns: int) -> None:
+        self._op[op].observe(duration_ns / 1e9)
 
 
 #: The operations timed: every async method of the `CheckpointStore` port but `aclose`.

@@ -18,6 +18,7 @@ from agentflow.exec import Registry, run_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.flow import RunStatus
 from agentflow.models import AnthropicModel, Message, ToolCall
+from agentflow.models._usage import Usage, clear_usage, last_usage
 
 
 def make_model(stub: StubServer, **options: Any) -> AnthropicModel:
@@ -197,3 +198,11 @@ async def test_the_durable_tool_loop_runs_against_the_endpoint(stub):
         "role": "user",
         "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Oslo: sunny"}],
     }
+
+
+async def test_a_replys_token_counts_are_noted_for_its_span(stub):
+    stub.add(Reply(body={**message("Hi."), "usage": {"input_tokens": 7, "output_tokens": 2}}))
+    async with make_model(stub) as model:
+        clear_usage()
+        await model.complete([Message.user("Hi")], [])
+    assert last_usage() == Usage(input_tokens=7, output_tokens=2)

@@ -18,6 +18,7 @@ from agentflow.exec import Registry, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.flow import RunStatus
 from agentflow.models import Message, ToolCall
+from agentflow.models._usage import Usage, clear_usage, last_usage
 from agentflow.models.openai import OpenAIChatModel
 
 
@@ -322,3 +323,19 @@ async def test_bad_tool_arguments_leave_the_run_recoverable(stub):
     assert result.text == "Sunny in Oslo."
     assert ran == ["Oslo"]
     assert len(stub.requests) == 3
+
+
+async def test_a_replys_token_counts_are_noted_for_its_span(stub):
+    # Given a server whose answer reports its token counts, then one that reports none
+    stub.add(Reply(body={**completion("Hi."), "usage": {"prompt_tokens": 12, "completion_tokens": 3}}))
+    stub.add(answer("Hi again."))
+    async with make_model(stub) as model:
+        # When the model is asked (after the counts were cleared, as a model call's span does)
+        clear_usage()
+        await model.complete([Message.user("Hi")], [])
+        # Then the counts of its reply are noted, by their names in agentflow
+        assert last_usage() == Usage(input_tokens=12, output_tokens=3)
+        # and a reply without them notes nothing
+        clear_usage()
+        await model.complete([Message.user("Hi")], [])
+        assert last_usage() is None

@@ -1,0 +1,425 @@
+"""`Tracing`: agentflow's OpenTelemetry spans, one trace per run across every worker (the ``otel`` extra).
+
+`Tracing` implements the tracing port (`agentflow.exec._tracing.Tracer`) on the
+OpenTelemetry API: pass it to an `Executor` and the runs it drives report spans to the
+tracer provider you configured (the global one by default). Without an SDK configured,
+the API makes every span a no-op.
+
+The trace: saving a run's step 0 opens ``agentflow.start <flow>`` (a child of the caller's
+current span, else the root of a new trace), whose context the run carries in every
+checkpoint. Each superstep (a tool loop's stage) is a span ``agentflow.superstep <flow>``
+whose parent is that context, in whatever process runs it; each tool call inside it is
+``agentflow.tool <tool>`` (the current span while the tool runs, so a client the tool
+instruments nests under it), each model call ``chat <model>``. A run started untraced
+gets a trace id derived from its run id, the same on every worker. A superstep that
+continues one a dead worker cut off carries ``agentflow.recovered`` and a link to the
+span of the cut-off superstep (whose id its ``started`` records carry).
+
+Store operations are span events (``store.<op>``, with ``agentflow.store.ms``) when the
+store is wrapped in `TracedStore`; what an entry point does before its first span opens
+(the lease, reading the head and the log, the claim) becomes events of that span, which
+starts when the entry point began.
+
+Attributes are ids, names and counts (see docs/observability.md): never the state, a
+principal, a key, or a tool's arguments and result unless the tool opted in
+(``trace_args``, ``trace_result``). An error is named by its type only (``error.type``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
+
+from agentflow.exec._registry import Tool
+from agentflow.exec._run_cancel import CancelRequested
+from agentflow.exec._run_cursor import RunCursor
+from agentflow.exec._tracing import NO_SPAN
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.models._usage import clear_usage, last_usage
+from agentflow.observe._forward import ForwardingStore
+
+#: The instrumentation scope's name (``otel.scope.name`` in a backend).
+SCOPE = "agentflow"
+#: A W3C ``traceparent`` of version 00.
+TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+#: At most this many store operations wait for the first span of an entry point.
+MAX_PENDING = 64
+#: Parsed trace contexts kept (a worker sees the same few runs' over and over).
+MAX_PARENTS = 1024
+
+
+def traceparent(ctx: SpanContext) -> str:
+    """The W3C ``traceparent`` of a span context."""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def derived_context(run_id: str) -> SpanContext:
+    """The trace context of a run that carries none (started untraced): derived from its run id, sampled."""
+    digest = hashlib.sha256(b"agentflow/trace/" + run_id.encode()).digest()
+    trace_id = int.from_bytes(digest[:16], "big") or 1
+    span_id = int.from_bytes(digest[16:24], "big") or 1
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def run_context(run_id: str, stored: str | None) -> SpanContext:
+    """The run's trace context: the one its checkpoints carry, else (none, or malformed) `derived_context`."""
+    found = TRACEPARENT.match(stored or "")
+    if found is not None:
+        trace_id, span_id, flags = (int(part, 16) for part in found.groups())
+        if trace_id and span_id:
+            return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return derived_context(run_id)
+
+
+# -- what happens before an entry point's first span ---------------------------------------
+
+
+@dataclass
+class _Pending:
+    """Store operations of an entry point that opened no span yet (`Tracing.taking_up`)."""
+
+    began: int
+    """When the entry point began (ns since the epoch): its first span starts then."""
+    ops: list[tuple[str, int, int]] = field(default_factory=list)
+    """``(op, start ns, duration ns)``."""
+    closed: bool = False
+    """Its first span took the operations; later ones (a lease renewal's) are dropped."""
+
+
+#: The entry point under way in this context whose first span has not opened.
+_pending: ContextVar[_Pending | None] = ContextVar("agentflow_trace_pending", default=None)
+#: agentflow's span current in this context (store operations become its events).
+_current: ContextVar[Span | None] = ContextVar("agentflow_trace_span", default=None)
+
+
+def _store_op(op: str, start_ns: int, duration_ns: int) -> None:
+    """Note a store operation: on the entry point's pending list, else as an event of agentflow's current span."""
+    pending = _pending.get()
+    if pending is not None:
+        if not pending.closed and len(pending.ops) < MAX_PENDING:
+            pending.ops.append((op, start_ns, duration_ns))
+        return
+    span = _current.get()
+    if span is not None:
+        span.add_event(f"store.{op}", {"agentflow.store.ms": duration_ns / 1e6}, start_ns)
+
+
+def _take_pending() -> _Pending | None:
+    pending = _pending.get()
+    if pending is not None:
+        pending.closed = True
+        _pending.set(None)
+    return pending
+
+
+class _Open:
+    """A span made current for a block (in OpenTelemetry's context and as agentflow's `_current`)."""
+
+    span: Span = trace.INVALID_SPAN
+    _token: object = None
+    _ours: Token[Span | None] | None = None
+
+    def _open(self, span: Span, pending: _Pending | None = None) -> None:
+        self.span = span
+        if pending is not None:
+            for op, start, duration in pending.ops:
+                span.add_event(f"store.{op}", {"agentflow.store.ms": duration / 1e6}, start)
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._ours = _current.set(span)
+
+    def _close(self, exc: BaseException | None, error: bool) -> None:
+        if exc is not None and error:
+            self.span.set_status(Status(StatusCode.ERROR))
+            self.span.set_attribute("error.type", type(exc).__name__)
+        if self._ours is not None:
+            _current.reset(self._ours)
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        self.span.end()
+
+
+class _Start(_Open):
+    """The span around the save of a run's step 0; gives the run its trace context."""
+
+    def __init__(self, tracer: trace.Tracer, cur: RunCursor, flow: str) -> None:
+        self._tracer, self._cur, self._flow = tracer, cur, flow
+
+    def __enter__(self) -> _Start:
+        pending = _take_pending()
+        attributes = {"agentflow.run_id": self._cur.run_id, "agentflow.flow": self._flow}
+        span = self._tracer.start_span(
+            f"agentflow.start {self._flow}",
+            attributes=attributes,
+            start_time=pending.began if pending is not None else None,
+            record_exception=False,
+        )
+        self._open(span, pending)
+        ctx = span.get_span_context()
+        self._cur.trace = traceparent(ctx) if ctx.is_valid else None
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._close(exc, error=True)
+
+
+class _Step(_Open):
+    """One superstep's span (`StepSpan`): while it is open, the cursor's ``span``."""
+
+    def __init__(self, tracing: Tracing, cur: RunCursor, flow: str, superstep: int) -> None:
+        self._tracing, self._cur = tracing, cur
+        self._name = f"agentflow.superstep {flow}"
+        self._attributes: dict[str, Any] = {
+            "agentflow.run_id": cur.run_id,
+            "agentflow.flow": flow,
+            "agentflow.superstep": superstep,
+            "agentflow.cause": cur.cause,
+        }
+        if cur.step is not None:
+            self._attributes["agentflow.step"] = cur.step
+        if cur.journal is not None:
+            self._attributes["agentflow.segment"] = cur.journal.segment
+        self._cut_off = cur.cut_off
+
+    @property
+    def ref(self) -> str | None:
+        """The span's id, for the superstep's ``started`` records (None when it is not recorded)."""
+        ctx = self.span.get_span_context()
+        return f"{ctx.span_id:016x}" if ctx.is_valid else None
+
+    def __enter__(self) -> _Step:
+        parent, links = self._tracing.parent(self._cur, self._cut_off)
+        if self._cut_off is not None:
+            self._attributes["agentflow.recovered"] = True
+        pending = _take_pending()
+        span = self._tracing.tracer.start_span(
+            self._name,
+            parent,
+            attributes=self._attributes,
+            links=links,
+            start_time=pending.began if pending is not None else None,
+            record_exception=False,
+        )
+        self._open(span, pending)
+        self._cur.span = self
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._cur.span = NO_SPAN
+        self._close(exc, error=exc is not None and not isinstance(exc, CancelRequested))
+
+    def saved(self, step: int, status: str) -> None:
+        """The checkpoint the superstep saved, and its status (a failed run is an error)."""
+        self.span.set_attribute("agentflow.saved_step", step)
+        self.span.set_attribute("agentflow.status", status)
+        if status == "failed":
+            self.span.set_status(Status(StatusCode.ERROR))
+
+    def recovered(self, replayed: Sequence[str], rerun: Sequence[str]) -> None:
+        """It continued a cut-off superstep: the ``agentflow.recovered`` event counts what it replayed and reran."""
+        self.span.add_event("agentflow.recovered", {"agentflow.replayed": len(replayed), "agentflow.rerun": len(rerun)})
+
+
+class _Call(_Open):
+    """One tool call's span (`CallSpan`); current while the tool runs."""
+
+    def __init__(self, tracer: trace.Tracer, run_id: str, tool: Tool, call_id: str, args: dict[str, Any]) -> None:
+        self._tracer, self._tool = tracer, tool
+        self._attributes: dict[str, Any] = {
+            "agentflow.run_id": run_id,
+            "agentflow.tool": tool.name,
+            "agentflow.call_id": call_id,
+            "agentflow.idempotent": tool.idempotent,
+        }
+        if tool.trace_args:
+            self._attributes["agentflow.tool.args"] = _json(lambda: args)
+        self._outcome: str | None = None
+        self._attempts = 0
+
+    def __enter__(self) -> _Call:
+        self._open(
+            self._tracer.start_span(
+                f"agentflow.tool {self._tool.name}", attributes=self._attributes, record_exception=False
+            )
+        )
+        return self
+
+    def attempt(self, number: int) -> None:
+        """Attempt `number` of the tool begins."""
+        self._attempts = number
+
+    def outcome(self, outcome: str, result: Any = None) -> None:
+        """How the call ended (and its result, for a tool that opted in)."""
+        self._outcome = outcome
+        if self._tool.trace_result and result is not None:
+            self.span.set_attribute("agentflow.tool.result", _json(lambda: self._tool.encode_result(result)))
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        span = self.span
+        if self._outcome is not None:
+            span.set_attribute("agentflow.outcome", self._outcome)
+        span.set_attribute("agentflow.attempts", self._attempts)
+        failed = exc is not None and self._outcome in (None, "failed")
+        if failed and self._tool.trace_result:
+            span.record_exception(exc)  # type: ignore[arg-type]
+        self._close(exc, error=failed)
+
+
+class _Model(_Open):
+    """One model call's span (`ModelSpan`), named as OpenTelemetry's GenAI conventions name a chat call."""
+
+    def __init__(self, tracer: trace.Tracer, run_id: str, model: Any, turn: int) -> None:
+        name = getattr(model, "model", None)
+        self._model = name if isinstance(name, str) else type(model).__name__
+        self._tracer = tracer
+        self._attributes: dict[str, Any] = {
+            "agentflow.run_id": run_id,
+            "agentflow.turn": turn,
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": self._model,
+        }
+
+    def __enter__(self) -> _Model:
+        clear_usage()
+        self._open(self._tracer.start_span(f"chat {self._model}", attributes=self._attributes, record_exception=False))
+        return self
+
+    def reply(self, message: Any) -> None:
+        """The model's reply: how many calls it asks for, and its token counts when the adapter noted them."""
+        self.span.set_attribute("agentflow.tool_calls", len(getattr(message, "tool_calls", ())))
+        usage = last_usage()
+        if usage is not None and usage.input_tokens is not None:
+            self.span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+        if usage is not None and usage.output_tokens is not None:
+            self.span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._close(exc, error=True)
+
+
+def _json(value: Callable[[], Any]) -> str:
+    """`value()` as JSON for an attribute (one that cannot be encoded is named: tracing never breaks a run)."""
+    try:
+        return json.dumps(value(), sort_keys=True, default=str)
+    except Exception as exc:
+        return f"<not encodable: {type(exc).__name__}>"
+
+
+class Tracing:
+    """agentflow's spans on OpenTelemetry (see the module docstring): ``Executor(registry, tracer=Tracing())``."""
+
+    def __init__(self, provider: trace.TracerProvider | None = None) -> None:
+        """Trace to `provider` (default: the global tracer provider, looked up when a span starts).
+
+        Args:
+            provider: an SDK `TracerProvider` of your own (a test's, or one per tenant).
+        """
+        self.tracer = trace.get_tracer(SCOPE, tracer_provider=provider)
+        self._parents: dict[str | None, tuple[Context, SpanContext]] = {}
+
+    def parent(self, cur: RunCursor, cut_off: tuple[str, ...] | None) -> tuple[Context, list[Link]]:
+        """The context a superstep span of `cur` is a child of, and its links.
+
+        The links: one to each span of a cut-off superstep (`cut_off`), and one to the
+        caller's span when a caller in another trace drives the run (a recovery from a web
+        request, say).
+        """
+        key = cur.trace if cur.trace is not None else None
+        cached = self._parents.get(key) if key is not None else None
+        if cached is None:
+            ctx = run_context(cur.run_id, cur.trace)
+            cached = (trace.set_span_in_context(NonRecordingSpan(ctx)), ctx)
+            if key is not None:
+                if len(self._parents) >= MAX_PARENTS:
+                    self._parents.clear()
+                self._parents[key] = cached
+        parent, ctx = cached
+        links = [
+            Link(SpanContext(ctx.trace_id, int(span_id, 16), True, ctx.trace_flags), {"agentflow.link": "cut_off"})
+            for span_id in cut_off or ()
+        ]
+        caller = trace.get_current_span().get_span_context()
+        if caller.is_valid and caller.trace_id != ctx.trace_id:
+            links.append(Link(caller, {"agentflow.link": "caller"}))
+        return parent, links
+
+    def taking_up(self) -> None:
+        """An entry point begins: keep its store operations for its first span, which starts now."""
+        _pending.set(_Pending(time.time_ns()))
+
+    def start(self, cur: RunCursor, flow: str) -> _Start:
+        """The span around step 0's save; it sets ``cur.trace``."""
+        return _Start(self.tracer, cur, flow)
+
+    def superstep(self, cur: RunCursor, flow: str, superstep: int) -> _Step:
+        """One superstep's span."""
+        return _Step(self, cur, flow, superstep)
+
+    def tool_call(self, run_id: str, tool: Tool, call_id: str, args: dict[str, Any]) -> _Call:
+        """One tool call's span."""
+        return _Call(self.tracer, run_id, tool, call_id, args)
+
+    def model_call(self, run_id: str, model: Any, turn: int) -> _Model:
+        """One model call's span."""
+        return _Model(self.tracer, run_id, model, turn)
+
+    def in_doubt(self, cur: RunCursor, flow: str, superstep: int, calls: Sequence[tuple[str, str]]) -> None:
+        """A superstep span that stopped at calls in doubt, and a span per call (its outcome ``in doubt``)."""
+        with self.superstep(cur, flow, superstep) as step:
+            step.span.set_attribute("agentflow.status", "needs decision")
+            for tool, call_id in calls:
+                attributes = {
+                    "agentflow.run_id": cur.run_id,
+                    "agentflow.tool": tool,
+                    "agentflow.call_id": call_id,
+                    "agentflow.outcome": "in doubt",
+                }
+                self.tracer.start_span(f"agentflow.tool {tool}", attributes=attributes).end()
+
+
+class _Wrappable(Protocol):
+    """What `trace_worker` needs of a Celery worker (`agentflow.celery._worker.Worker`)."""
+
+    tracer: Any
+
+    def wrap_store(self, wrap: Callable[[CheckpointStore], CheckpointStore]) -> None: ...
+
+
+def trace_worker(worker: _Wrappable, tracing: Tracing | None = None) -> Tracing:
+    """Have a Celery worker's runs report spans: `tracing` (a new `Tracing` by default), its store traced.
+
+    Call it after `register_tasks`, before the first task (``register_tasks(...).worker``);
+    the runnable workers do when ``AGENTFLOW_TRACING=1``. Returns the tracing.
+    """
+    chosen = tracing if tracing is not None else Tracing()
+    worker.tracer = chosen
+    worker.wrap_store(TracedStore)
+    return chosen
+
+
+class TracedStore(ForwardingStore):
+    """Forwards every operation to `inner` and notes it as an event of agentflow's current span (``store.<op>``)."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        super().__init__(inner)
+
+    def _done(self, op: str, duration_ns: int) -> None:
+        _store_op(op, time.time_ns() - duration_ns, duration_ns)
