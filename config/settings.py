@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     """
     metrics_host: str = "127.0.0.1"
     """The address the metrics endpoint binds: the loopback interface unless you say otherwise."""
+    tracing: bool = False
+    """Report every run's spans to OpenTelemetry (``AGENTFLOW_TRACING=1``; needs the ``otel`` extra).
+
+    The spans go to the global tracer provider, which the worker's app configures (an SDK
+    and an exporter, e.g. OTLP to a collector): see docs/observability.md.
+    """
 
     @field_validator("retention_days", mode="before")
     @classmethod

@@ -44,4 +44,8 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
         from agentflow.observe.celery import serve_worker_metrics  # the metrics extra, only when asked for
 
         serve_worker_metrics(celery_app, registered, port=settings.metrics_port, host=settings.metrics_host)
+    if settings.tracing:
+        from agentflow.observe import trace_worker  # the otel extra, only when asked for
+
+        trace_worker(registered.worker)
     return celery_app, registered

@@ -358,7 +358,8 @@ class RunSteps(Generic[C, R]):
             calls_in_doubt(opened.cur.run_id, states, self.registry, allowed)
         except RecoveryNeedsDecision as exc:
             cur = opened.cur
-            self.tracer.in_doubt(cur, self.driver.column, self.driver.superstep(cur), exc.calls)
+            doubtful = [(tool, call_id) for (tool, _), call_id in zip(exc.calls, exc.call_ids, strict=True)]
+            self.tracer.in_doubt(cur, self.driver.column, self.driver.superstep(cur), doubtful)
             raise
         return states
 

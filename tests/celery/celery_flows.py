@@ -3,6 +3,9 @@
 Worker processes import it as ``celery_flows:app`` (tests/celery and tests/ on ``PYTHONPATH``).
 Effects go to the file `_kit.tickets.Ledger` named by ``AGENTFLOW_TEST_LEDGER``; the ticket
 tools wait a random time in ``AGENTFLOW_TEST_DELAY`` ("low,high" seconds) around their effect.
+With ``AGENTFLOW_TEST_SPANS`` (a folder), each pool process exports its spans there with the
+OpenTelemetry SDK, one JSON line per span in a file of its own (as docs/observability.md
+configures a worker's SDK: in ``worker_process_init``).
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from pathlib import Path
+from typing import Any
 
 from _kit.tickets import FANOUT, SLOW, TICKETS, Ledger, make_tickets
+from celery.signals import worker_process_init
 
 from agentflow import FlowApp, LoopSpec, Registry
 from agentflow.exec import current_call, idempotency_key
@@ -72,3 +78,25 @@ app = FlowApp(
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
     },
 )
+
+
+def export_spans(**_: Any) -> None:
+    """Have this pool process export its spans to ``$AGENTFLOW_TEST_SPANS/spans-<pid>.jsonl`` (the SDK's exporter)."""
+    folder = os.environ.get("AGENTFLOW_TEST_SPANS")
+    if not folder:
+        return
+    from opentelemetry import trace
+
+    # (mypy without namespace packages, as the Makefile runs it on tests/, cannot see into opentelemetry.sdk)
+    from opentelemetry.sdk.trace import TracerProvider  # type: ignore[attr-defined]
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor  # type: ignore[attr-defined]
+
+    out = (Path(folder) / f"spans-{os.getpid()}.jsonl").open("a")
+    exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
+    provider = TracerProvider()
+    # Each span is written as it ends: a SIGKILL loses none that ended.
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+worker_process_init.connect(export_spans, weak=False)

@@ -182,7 +182,7 @@ async def test_calls_in_doubt_that_may_not_rerun_show_as_spans_in_doubt():
     # Given a run whose worker died inside a call that is not idempotent
     one, two, flow, _ = await crashed("r-2", idempotent=False)
     # When another runner tries to recover it
-    with pytest.raises(RecoveryNeedsDecision):
+    with pytest.raises(RecoveryNeedsDecision) as needs:
         await two.runner.recover(flow, "r-2")
     # Then a superstep span in the run's trace says it needs a decision, with a span for the call in doubt
     (step,) = two.spans("agentflow.superstep")
@@ -191,6 +191,7 @@ async def test_calls_in_doubt_that_may_not_rerun_show_as_spans_in_doubt():
     assert attrs(step)["agentflow.status"] == "needs decision" and attrs(step)["agentflow.recovered"] is True
     assert call.parent.span_id == step.context.span_id
     assert (attrs(call)["agentflow.tool"], attrs(call)["agentflow.outcome"]) == ("second", "in doubt")
+    assert [attrs(call)["agentflow.call_id"]] == needs.value.call_ids
 
 
 async def test_a_pending_call_a_denied_call_a_failed_call_and_an_unrecordable_result_have_their_outcomes():
