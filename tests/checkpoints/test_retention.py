@@ -25,6 +25,8 @@ from agentflow.exec.checkpoints import MemoryCheckpointStore, Pruned, RetentionP
 from agentflow.exec.checkpoints._records import ENDED
 
 WORKER = Path(__file__).with_name("prune_kit.py")
+#: A run's keys in Redis (its lease has none while nobody holds it).
+RUN_PARTS = ("cp", "latest", "calls", "next")
 #: Old runs are saved a day ago, recent ones now; the policy keeps an hour.
 DAY, HOUR = 86_400.0, 3_600.0
 
@@ -153,3 +155,28 @@ async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup:
     assert not await store.leases(run_ids)
     await prune_finished(store, RetentionPolicy(HOUR, batch=200))
     assert not await store.stored_runs()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+async def test_prune_on_redis_cluster_leaves_no_key_and_no_index_entry(redis_cluster: list[int]) -> None:
+    import redis.asyncio
+
+    from agentflow.exec.checkpoints import RedisCheckpointStore
+
+    # Given finished runs spread over the three nodes of a Redis Cluster, and a running one
+    cluster = redis.asyncio.RedisCluster(host="127.0.0.1", port=redis_cluster[0])
+    rows, now = await prune_kit.template(), time.time()
+    async with RedisCheckpointStore(lambda: cluster, prefix="pr") as store:
+        await prune_kit.seed(store, rows, [f"c{i}" for i in range(40)], now - DAY)
+        await prune_kit.write_clone(store, rows, "moving", now - DAY, "running")
+        # When they are pruned, 15 per batch (each run's script on its node, the indexes after it)
+        pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=15))
+        # Then every finished run's keys and index entries are gone; the running one is whole and listed
+        assert len(pruned.run_ids) == 40 and pruned.rows == 40 * prune_kit.ROWS_PER_RUN
+        assert await store.stored_runs() == ["moving"]
+        flow = rows[0][0].flow
+        for index in ("pr:runs", f"pr:runs:{flow}", f"pr:unfinished:{flow}"):
+            assert await cluster.zrange(index, 0, -1) == [b"moving"], index
+        keys = {key.decode() async for key in cluster.scan_iter(match="pr:*", count=1000)}
+        assert {key for key in keys if ":run:{" in key} == {f"pr:run:{{moving}}:{part}" for part in RUN_PARTS}

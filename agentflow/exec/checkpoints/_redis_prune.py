@@ -32,6 +32,8 @@ from agentflow.exec.checkpoints._rules import check_prune_statuses
 
 #: Index entries read per page, and runs pruned per pipeline.
 _PAGE: Final = 500
+#: Scripts in flight at once on a Cluster (each on its own connection).
+_CLUSTER_CALLS: Final = 32
 #: The run's keys the prune script takes, in its KEYS order.
 _PARTS: Final = ("cp", "latest", "calls", "next", "lease")
 
@@ -104,8 +106,14 @@ class RedisPrune:
             keys = self._keys(run_id, _PARTS) + ([] if bound.cluster else self._index.keys(flow))
             return script(keys=keys, args=[repr(before), run_id, flow, *chosen], client=client)
 
-        if bound.cluster:  # each script to its slot's node
-            replies = await asyncio.gather(*(call(run_id, flow) for run_id, flow in flows))
+        if bound.cluster:  # each script to its slot's node, a bounded number at a time
+            gate = asyncio.Semaphore(_CLUSTER_CALLS)
+
+            async def gated(run_id: str, flow: str) -> Any:
+                async with gate:
+                    return await call(run_id, flow)
+
+            replies = await asyncio.gather(*(gated(run_id, flow) for run_id, flow in flows))
         else:  # one round trip: the scripts in one pipeline
             pipe = bound.client.pipeline(transaction=False)
             for run_id, flow in flows:

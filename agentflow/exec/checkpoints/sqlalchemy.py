@@ -27,9 +27,8 @@ every store does; the compare-and-set and the fencing check read the locked ``ru
 `relist` writes that row again from the newest checkpoint row (see its docstring), so a
 run whose ``runs`` row was deleted or rolled back takes saves and records again.
 
-Retention (`prunable`, `prune`: a batch judged, its leases taken and its rows deleted in
-one transaction) is `_sql_prune`'s. A duplicate key anywhere is a `CheckpointConflict`.
-URLs, the engine of each event loop and the transactions on it are `_sql_engines`.
+Retention (`prunable`, `prune`: one transaction per batch) is `_sql_prune`'s. A duplicate key
+is a `CheckpointConflict`. URLs, each loop's engine and its transactions are `_sql_engines`.
 """
 
 from __future__ import annotations
