@@ -193,11 +193,8 @@ class _Step(_Open):
             self._attributes["agentflow.segment"] = cur.journal.segment
         self._cut_off = cur.cut_off
 
-    @property
-    def ref(self) -> str | None:
-        """The span's id, for the superstep's ``started`` records (None when it is not recorded)."""
-        ctx = self.span.get_span_context()
-        return f"{ctx.span_id:016x}" if ctx.is_valid else None
+    #: The span's id, for the superstep's ``started`` records (None when it is not recorded: sampled out).
+    ref: str | None = None
 
     def __enter__(self) -> _Step:
         parent, links = self._tracing.parent(self._cur, self._cut_off)
@@ -213,6 +210,8 @@ class _Step(_Open):
             record_exception=False,
         )
         self._open(span, pending)
+        if span.is_recording():  # (a span a sampler dropped is exported by nobody: nothing to link to)
+            self.ref = f"{span.get_span_context().span_id:016x}"
         self._cur.span = self
         return self
 
@@ -224,8 +223,7 @@ class _Step(_Open):
 
     def saved(self, step: int, status: str) -> None:
         """The checkpoint the superstep saved, and its status (a failed run is an error)."""
-        self.span.set_attribute("agentflow.saved_step", step)
-        self.span.set_attribute("agentflow.status", status)
+        self.span.set_attributes({"agentflow.saved_step": step, "agentflow.status": status})
         if status == "failed":
             self.span.set_status(Status(StatusCode.ERROR))
 
@@ -272,9 +270,10 @@ class _Call(_Open):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         span = self.span
+        ended: dict[str, Any] = {"agentflow.attempts": self._attempts}
         if self._outcome is not None:
-            span.set_attribute("agentflow.outcome", self._outcome)
-        span.set_attribute("agentflow.attempts", self._attempts)
+            ended["agentflow.outcome"] = self._outcome
+        span.set_attributes(ended)
         failed = exc is not None and self._outcome in (None, "failed")
         if failed and self._tool.trace_result:
             span.record_exception(exc)  # type: ignore[arg-type]
@@ -339,7 +338,7 @@ class Tracing:
         """The context a superstep span of `cur` is a child of, and its links.
 
         The links: one to each span of a cut-off superstep (`cut_off`), and one to the
-        caller's span when a caller in another trace drives the run (a recovery from a web
+        caller's span when a caller in another trace takes the run up (a recovery from a web
         request, say).
         """
         key = cur.trace if cur.trace is not None else None
@@ -356,9 +355,10 @@ class Tracing:
             Link(SpanContext(ctx.trace_id, int(span_id, 16), True, ctx.trace_flags), {"agentflow.link": "cut_off"})
             for span_id in cut_off or ()
         ]
-        caller = trace.get_current_span().get_span_context()
-        if caller.is_valid and caller.trace_id != ctx.trace_id:
-            links.append(Link(caller, {"agentflow.link": "caller"}))
+        if cur.cause != "next":  # (a next superstep has the same caller as the one before it)
+            caller = trace.get_current_span().get_span_context()
+            if caller.is_valid and caller.trace_id != ctx.trace_id:
+                links.append(Link(caller, {"agentflow.link": "caller"}))
         return parent, links
 
     def taking_up(self) -> None:
