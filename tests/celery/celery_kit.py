@@ -243,7 +243,14 @@ class Deployment:
         views = await asyncio.gather(*(self.client.wait(r, timeout_s=timeout_s, poll_s=0.2) for r in run_ids))
         return dict(zip(run_ids, views, strict=True))
 
+    async def aclose_clients(self) -> None:
+        """Close the store clients this process used, on the loop that used them (no socket left to the GC)."""
+        await self.tasks.worker.store.aclose()
+        if self.client.runner.checkpoints is not None:
+            await self.client.runner.checkpoints.aclose()
+
     def close(self) -> None:
+        self.celery_app.close()  # the broker connections the client's sends and pings opened
         for proc in self.procs.values():
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

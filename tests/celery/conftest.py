@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -12,10 +12,13 @@ from worker_kit import Setup
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, redis_url: str) -> Iterator[Deployment]:
+async def deployment(tmp_path: Path, redis_url: str) -> AsyncIterator[Deployment]:
     dep = Deployment(tmp_path, redis_url)
-    yield dep
-    dep.close()
+    try:
+        yield dep
+        await dep.aclose_clients()
+    finally:
+        dep.close()
 
 
 @pytest.fixture
