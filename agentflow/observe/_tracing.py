@@ -32,6 +32,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -45,7 +46,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Statu
 from agentflow.exec._registry import Tool
 from agentflow.exec._run_cancel import CancelRequested
 from agentflow.exec._run_cursor import RunCursor
-from agentflow.exec._tracing import NO_SPAN
+from agentflow.exec._tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._usage import clear_usage, last_usage
 from agentflow.observe._forward import ForwardingStore
@@ -332,7 +333,19 @@ class Tracing:
             provider: an SDK `TracerProvider` of your own (a test's, or one per tenant).
         """
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=provider)
-        self._parents: dict[str | None, tuple[Context, SpanContext]] = {}
+        self._parents: dict[str, tuple[Context, SpanContext]] = {}
+
+    def run(self, cur: RunCursor) -> tuple[Context, SpanContext]:
+        """The run's trace context (`run_context`), and a context whose span it is (cached per run)."""
+        key = cur.trace if cur.trace is not None else cur.run_id  # (a run id: a derived context)
+        cached = self._parents.get(key)
+        if cached is None:
+            ctx = run_context(cur.run_id, cur.trace)
+            cached = (trace.set_span_in_context(NonRecordingSpan(ctx)), ctx)
+            if len(self._parents) >= MAX_PARENTS:
+                self._parents.clear()
+            self._parents[key] = cached
+        return cached
 
     def parent(self, cur: RunCursor, cut_off: tuple[str, ...] | None) -> tuple[Context, list[Link]]:
         """The context a superstep span of `cur` is a child of, and its links.
@@ -341,16 +354,7 @@ class Tracing:
         caller's span when a caller in another trace takes the run up (a recovery from a web
         request, say).
         """
-        key = cur.trace if cur.trace is not None else None
-        cached = self._parents.get(key) if key is not None else None
-        if cached is None:
-            ctx = run_context(cur.run_id, cur.trace)
-            cached = (trace.set_span_in_context(NonRecordingSpan(ctx)), ctx)
-            if key is not None:
-                if len(self._parents) >= MAX_PARENTS:
-                    self._parents.clear()
-                self._parents[key] = cached
-        parent, ctx = cached
+        parent, ctx = self.run(cur)
         links = [
             Link(SpanContext(ctx.trace_id, int(span_id, 16), True, ctx.trace_flags), {"agentflow.link": "cut_off"})
             for span_id in cut_off or ()
@@ -369,21 +373,31 @@ class Tracing:
         """The span around step 0's save; it sets ``cur.trace``."""
         return _Start(self.tracer, cur, flow)
 
-    def superstep(self, cur: RunCursor, flow: str, superstep: int) -> _Step:
-        """One superstep's span."""
+    def superstep(self, cur: RunCursor, flow: str, superstep: int) -> AbstractContextManager[StepSpan]:
+        """One superstep's span; none in a run whose start was not sampled (its context says so)."""
+        if not self.run(cur)[1].trace_flags.sampled:
+            return NO_SPAN
         return _Step(self, cur, flow, superstep)
 
-    def tool_call(self, run_id: str, tool: Tool, call_id: str, args: dict[str, Any]) -> _Call:
-        """One tool call's span."""
+    def tool_call(
+        self, run_id: str, tool: Tool, call_id: str, args: dict[str, Any]
+    ) -> AbstractContextManager[CallSpan]:
+        """One tool call's span, inside the superstep's (none outside one: an unsampled run's)."""
+        if _current.get() is None:
+            return NO_SPAN
         return _Call(self.tracer, run_id, tool, call_id, args)
 
-    def model_call(self, run_id: str, model: Any, turn: int) -> _Model:
-        """One model call's span."""
+    def model_call(self, run_id: str, model: Any, turn: int) -> AbstractContextManager[ModelSpan]:
+        """One model call's span, inside the stage's (none outside one)."""
+        if _current.get() is None:
+            return NO_SPAN
         return _Model(self.tracer, run_id, model, turn)
 
     def in_doubt(self, cur: RunCursor, flow: str, superstep: int, calls: Sequence[tuple[str, str]]) -> None:
         """A superstep span that stopped at calls in doubt, and a span per call (its outcome ``in doubt``)."""
-        with self.superstep(cur, flow, superstep) as step:
+        if not self.run(cur)[1].trace_flags.sampled:
+            return
+        with _Step(self, cur, flow, superstep) as step:
             step.span.set_attribute("agentflow.status", "needs decision")
             for tool, call_id in calls:
                 attributes = {

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # type: ignore[attr-defined]
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # type: ignore[attr-defined]
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # type: ignore[import-not-found]
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # type: ignore[import-not-found]
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
@@ -401,3 +402,22 @@ async def test_the_traced_store_keeps_every_rule_of_the_store_it_wraps():
     report = await validate(lambda: TracedStore(MemoryCheckpointStore()))
     # Then every rule holds through the wrapper
     assert {name: why for name, why in report.items() if why} == {}
+
+
+async def test_a_run_whose_start_was_sampled_out_makes_no_span_on_any_worker():
+    # Given a process whose sampler records no trace, and another that records every one
+    registry, _ = crashing_tools(idempotent=True)
+    store = MemoryCheckpointStore()
+    one, two = Process(registry, store), Process(registry, store)
+    one.provider = TracerProvider(sampler=ALWAYS_OFF)
+    one.runner.executor.tracer = Tracing(one.provider)
+    # When the first starts a run (its worker dies in the superstep) and the second recovers it
+    with pytest.raises(Crash):
+        await one.runner.run(two_calls(registry), {}, run_id="s-1")
+    assert (await two.runner.recover(two_calls(registry), "s-1")).status == "done"
+    # Then the run carries its trace context, marked not sampled, and nobody made a span of it
+    sealer = two.runner.sealer
+    assert sealer is not None
+    (context,) = {sealer.open_checkpoint(row, "s-1")["trace"] for row in await store.history("s-1")}
+    assert int(context[-2:], 16) & 1 == 0  # the W3C flags: not sampled
+    assert two.spans() == [] and one.spans() == []
