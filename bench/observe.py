@@ -79,14 +79,20 @@ def _tracing(ratio: float = 1.0) -> Tracing:
     """A `Tracing` on an SDK provider recording `ratio` of the traces, its batch processor's exporter
     dropping them (what a real exporter does with a span, encoding and sending it, is its own cost)."""
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from agentflow.observe import Tracing
 
-    class Dropped(SpanExporter):
+    class Dropped:  # a `SpanExporter` (the processor calls these three)
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            return None
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
 
     provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(Dropped(), max_queue_size=1 << 16))

@@ -86,10 +86,8 @@ def export_spans(**_: Any) -> None:
     if not folder:
         return
     from opentelemetry import trace
-
-    # (mypy without namespace packages, as the Makefile runs it on tests/, cannot see into opentelemetry.sdk)
-    from opentelemetry.sdk.trace import TracerProvider  # type: ignore[attr-defined]
-    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor  # type: ignore[attr-defined]
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
     out = (Path(folder) / f"spans-{os.getpid()}.jsonl").open("a")
     exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")

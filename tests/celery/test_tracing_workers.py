@@ -8,11 +8,9 @@ from typing import Any
 
 import pytest
 from _kit.poll import until
-
-# (mypy without namespace packages, as the Makefile runs it on tests/, cannot see into opentelemetry.sdk)
-from opentelemetry.sdk.trace import TracerProvider  # type: ignore[attr-defined]
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # type: ignore[attr-defined]
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # type: ignore[import-not-found]
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentflow.observe import Tracing
 

@@ -13,12 +13,10 @@ from typing import Any
 import pytest
 from _kit.tickets import TICKETS, Crash, make_tickets
 from opentelemetry import trace
-
-# (mypy without namespace packages, as the Makefile runs it on tests/, cannot see into opentelemetry.sdk)
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # type: ignore[attr-defined]
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # type: ignore[attr-defined]
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # type: ignore[import-not-found]
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # type: ignore[import-not-found]
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
