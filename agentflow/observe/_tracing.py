@@ -27,21 +27,18 @@ principal, a key, or a tool's arguments and result unless the tool opted in
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from contextvars import ContextVar, Token
-from dataclasses import dataclass, field
+from contextvars import Token
 from types import TracebackType
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
 
 from agentflow.exec._registry import Tool
 from agentflow.exec._run_cancel import CancelRequested
@@ -49,103 +46,45 @@ from agentflow.exec._run_cursor import RunCursor
 from agentflow.exec._tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._usage import clear_usage, last_usage
-from agentflow.observe._forward import ForwardingStore
+from agentflow.observe._trace_context import (
+    Pending,
+    TracedStore,
+    current,
+    pending_ops,
+    run_context,
+    take_pending,
+    traceparent,
+)
+
+__all__ = ["SCOPE", "TracedStore", "Tracing", "trace_worker"]
 
 #: The instrumentation scope's name (``otel.scope.name`` in a backend).
 SCOPE = "agentflow"
-#: A W3C ``traceparent`` of version 00.
-TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-#: At most this many store operations wait for the first span of an entry point.
-MAX_PENDING = 64
 #: Parsed trace contexts kept (a worker sees the same few runs' over and over).
 MAX_PARENTS = 1024
 
 
-def traceparent(ctx: SpanContext) -> str:
-    """The W3C ``traceparent`` of a span context."""
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-
-
-def derived_context(run_id: str) -> SpanContext:
-    """The trace context of a run that carries none (started untraced): derived from its run id, sampled."""
-    digest = hashlib.sha256(b"agentflow/trace/" + run_id.encode()).digest()
-    trace_id = int.from_bytes(digest[:16], "big") or 1
-    span_id = int.from_bytes(digest[16:24], "big") or 1
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-
-
-def run_context(run_id: str, stored: str | None) -> SpanContext:
-    """The run's trace context: the one its checkpoints carry, else (none, or malformed) `derived_context`."""
-    found = TRACEPARENT.match(stored or "")
-    if found is not None:
-        trace_id, span_id, flags = (int(part, 16) for part in found.groups())
-        if trace_id and span_id:
-            return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-    return derived_context(run_id)
-
-
-# -- what happens before an entry point's first span ---------------------------------------
-
-
-@dataclass
-class _Pending:
-    """Store operations of an entry point that opened no span yet (`Tracing.taking_up`)."""
-
-    began: int
-    """When the entry point began (ns since the epoch): its first span starts then."""
-    ops: list[tuple[str, int, int]] = field(default_factory=list)
-    """``(op, start ns, duration ns)``."""
-    closed: bool = False
-    """Its first span took the operations; later ones (a lease renewal's) are dropped."""
-
-
-#: The entry point under way in this context whose first span has not opened.
-_pending: ContextVar[_Pending | None] = ContextVar("agentflow_trace_pending", default=None)
-#: agentflow's span current in this context (store operations become its events).
-_current: ContextVar[Span | None] = ContextVar("agentflow_trace_span", default=None)
-
-
-def _store_op(op: str, start_ns: int, duration_ns: int) -> None:
-    """Note a store operation: on the entry point's pending list, else as an event of agentflow's current span."""
-    pending = _pending.get()
-    if pending is not None:
-        if not pending.closed and len(pending.ops) < MAX_PENDING:
-            pending.ops.append((op, start_ns, duration_ns))
-        return
-    span = _current.get()
-    if span is not None:
-        span.add_event(f"store.{op}", {"agentflow.store.ms": duration_ns / 1e6}, start_ns)
-
-
-def _take_pending() -> _Pending | None:
-    pending = _pending.get()
-    if pending is not None:
-        pending.closed = True
-        _pending.set(None)
-    return pending
-
-
 class _Open:
-    """A span made current for a block (in OpenTelemetry's context and as agentflow's `_current`)."""
+    """A span made current for a block (in OpenTelemetry's context, and as agentflow's `current` span)."""
 
     span: Span = trace.INVALID_SPAN
     _token: object = None
     _ours: Token[Span | None] | None = None
 
-    def _open(self, span: Span, pending: _Pending | None = None) -> None:
+    def _open(self, span: Span, pending: Pending | None = None) -> None:
         self.span = span
         if pending is not None:
             for op, start, duration in pending.ops:
                 span.add_event(f"store.{op}", {"agentflow.store.ms": duration / 1e6}, start)
         self._token = otel_context.attach(trace.set_span_in_context(span))
-        self._ours = _current.set(span)
+        self._ours = current.set(span)
 
     def _close(self, exc: BaseException | None, error: bool) -> None:
         if exc is not None and error:
             self.span.set_status(Status(StatusCode.ERROR))
             self.span.set_attribute("error.type", type(exc).__name__)
         if self._ours is not None:
-            _current.reset(self._ours)
+            current.reset(self._ours)
         otel_context.detach(self._token)  # type: ignore[arg-type]
         self.span.end()
 
@@ -157,7 +96,7 @@ class _Start(_Open):
         self._tracer, self._cur, self._flow = tracer, cur, flow
 
     def __enter__(self) -> _Start:
-        pending = _take_pending()
+        pending = take_pending()
         attributes = {"agentflow.run_id": self._cur.run_id, "agentflow.flow": self._flow}
         span = self._tracer.start_span(
             f"agentflow.start {self._flow}",
@@ -201,7 +140,7 @@ class _Step(_Open):
         parent, links = self._tracing.parent(self._cur, self._cut_off)
         if self._cut_off is not None:
             self._attributes["agentflow.recovered"] = True
-        pending = _take_pending()
+        pending = take_pending()
         span = self._tracing.tracer.start_span(
             self._name,
             parent,
@@ -367,7 +306,7 @@ class Tracing:
 
     def taking_up(self) -> None:
         """An entry point begins: keep its store operations for its first span, which starts now."""
-        _pending.set(_Pending(time.time_ns()))
+        pending_ops.set(Pending(time.time_ns()))
 
     def start(self, cur: RunCursor, flow: str) -> _Start:
         """The span around step 0's save; it sets ``cur.trace``."""
@@ -383,13 +322,13 @@ class Tracing:
         self, run_id: str, tool: Tool, call_id: str, args: dict[str, Any]
     ) -> AbstractContextManager[CallSpan]:
         """One tool call's span, inside the superstep's (none outside one: an unsampled run's)."""
-        if _current.get() is None:
+        if current.get() is None:
             return NO_SPAN
         return _Call(self.tracer, run_id, tool, call_id, args)
 
     def model_call(self, run_id: str, model: Any, turn: int) -> AbstractContextManager[ModelSpan]:
         """One model call's span, inside the stage's (none outside one)."""
-        if _current.get() is None:
+        if current.get() is None:
             return NO_SPAN
         return _Model(self.tracer, run_id, model, turn)
 
@@ -427,13 +366,3 @@ def trace_worker(worker: _Wrappable, tracing: Tracing | None = None) -> Tracing:
     worker.tracer = chosen
     worker.wrap_store(TracedStore)
     return chosen
-
-
-class TracedStore(ForwardingStore):
-    """Forwards every operation to `inner` and notes it as an event of agentflow's current span (``store.<op>``)."""
-
-    def __init__(self, inner: CheckpointStore) -> None:
-        super().__init__(inner)
-
-    def _done(self, op: str, duration_ns: int) -> None:
-        _store_op(op, time.time_ns() - duration_ns, duration_ns)

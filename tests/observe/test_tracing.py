@@ -27,7 +27,7 @@ from agentflow.exec.checkpoints.conformance import validate
 from agentflow.models import Message, ScriptedModel, ToolCall
 from agentflow.models._usage import note_usage
 from agentflow.observe import TracedStore, Tracing
-from agentflow.observe._tracing import derived_context, traceparent
+from agentflow.observe._trace_context import derived_context, traceparent
 
 
 class Process:
