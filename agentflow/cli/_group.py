@@ -18,9 +18,9 @@ from agentflow.cli._cmd_verify import verify
 def cli() -> None:
     """Inspect, check, recover, resume, decide, retry, cancel, fork and prune durable agentflow runs.
 
-    Every command but demo takes --store URL (or $AGENTFLOW_STORE) and reads the checkpoint
-    key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the demo's public
-    key only with --allow-demo-key. The acting commands can act through the deployment's
+    Every command but demo takes --store URL (or $AGENTFLOW_STORE) and, but runs prune, reads
+    the checkpoint key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the
+    demo's public key only with --allow-demo-key. The acting commands can act through the deployment's
     Celery workers instead (--workers MODULE:ATTR, or $AGENTFLOW_WORKERS): its store and
     key, and the tools run on the workers. What the store holds is shown with control
     characters escaped.
