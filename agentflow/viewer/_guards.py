@@ -82,7 +82,9 @@ async def read_form(request: Request) -> dict[str, str] | None:
     """The posted form (URL-encoded, small), or None if it is not one."""
     if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
         return None
-    body = await request.body()
-    if len(body) > MAX_FORM:
-        return None
+    body = bytearray()
+    async for chunk in request.stream():  # read no more than a form may hold, whatever Content-Length says
+        body += chunk
+        if len(body) > MAX_FORM:
+            return None
     return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))

@@ -101,3 +101,16 @@ def test_each_action_needs_its_own_csrf_token_for_this_run_and_step(ops, db, run
         assert answer.status_code == 409 and "Stale page" in answer.text, csrf
     assert snapshot(db) == before
     assert ops.post(f"/runs/{run_id}/{action}", data={"csrf": own, **fields(db)}).status_code == 303
+
+
+def test_a_form_larger_than_any_page_makes_is_refused_unread(store):
+    # Given a loopback client posting a cancel with a reason of a megabyte (a form holds 16 KiB at most)
+    app = make_app(store, flows=ops_kit.app)
+    with client_for(app, client=LOCAL) as local:
+        page = local.get("/runs/refund-1").text
+        data = {"csrf": csrf_for(page, "refund-1", "cancel"), "reason": "x" * (1 << 20)}
+        before = snapshot(store)
+        # Then it is refused as not a form, and nothing is stored
+        answer = local.post("/runs/refund-1/cancel", data=data)
+        assert answer.status_code == 400 and "Not a form" in answer.text
+        assert snapshot(store) == before
