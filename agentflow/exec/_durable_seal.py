@@ -23,7 +23,7 @@ from json.encoder import encode_basestring as _json_str
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint, SealedEvent
 
 #: The shortest key accepted, in bytes (HMAC-SHA256's block of output).
 MIN_KEY_BYTES = 32
@@ -32,6 +32,7 @@ _CHECKPOINT_DOMAIN = "agentflow/checkpoint/1"
 _CALL_DOMAIN = "agentflow/call/1"
 _PRINCIPAL_DOMAIN = b"agentflow/principal/1\n"
 _REQUEST_DOMAIN = "agentflow/request/1"
+_EVENT_DOMAIN = "agentflow/event/1"
 
 
 #: One encoder for every canonical encoding (building one per call costs as much as encoding).
@@ -179,10 +180,17 @@ class Sealer:
             CheckpointStoreCorrupt: the record belongs to another run, or its signature does not match.
         """
         what = f"call record {row.segment}.{row.seq} of run {run_id!r}"
-        if row.run_id != run_id:
-            raise CheckpointStoreCorrupt(f"{what}: the store returned a record of run {row.run_id!r}")
-        self._verify(what, row.kid, row.sig, self._call_header(row.run_id, row.segment, row.seq, row.kind), row.payload)
-        return _decode(what, row.payload)
+        header = self._call_header(row.run_id, row.segment, row.seq, row.kind)
+        return self._open(what, "a record", row.run_id, run_id, row.kid, row.sig, header, row.payload)
+
+    def _open(
+        self, what: str, kind: str, row_run: str, run_id: str, kid: str, sig: str, header: bytes, payload: bytes
+    ) -> dict[str, Any]:
+        """Check that a row is the run's and that its signature matches, then decode its payload."""
+        if row_run != run_id:
+            raise CheckpointStoreCorrupt(f"{what}: the store returned {kind} of run {row_run!r}")
+        self._verify(what, kid, sig, header, payload)
+        return _decode(what, payload)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -217,6 +225,32 @@ class Sealer:
         except ValueError:
             raise CheckpointStoreCorrupt(f"{what}: its body is not base64") from None
         return _decode(what, payload)
+
+    # -- events ------------------------------------------------------------------------
+
+    @staticmethod
+    def _event_header(run_id: str) -> bytes:
+        return f'["{_EVENT_DOMAIN}",{_json_str(run_id)}]'.encode()
+
+    def seal_event(self, run_id: str, body: dict[str, Any]) -> SealedEvent:
+        """Encode and sign one event of a run's stream (``{"name", "at", "data"}``).
+
+        Raises:
+            TypeError, ValueError: the body holds something JSON cannot carry.
+        """
+        payload = canonical(body)
+        return SealedEvent(run_id, payload, self._kid, self._mac(self._kid, self._event_header(run_id), payload))
+
+    def open_event(self, row: SealedEvent, run_id: str) -> dict[str, Any]:
+        """Check an event of the run's stream, then decode its body.
+
+        Raises:
+            CheckpointStoreCorrupt: the event belongs to another run, or its signature does not match.
+        """
+        what = f"an event of run {run_id!r}"
+        return self._open(
+            what, "an event", row.run_id, run_id, row.kid, row.sig, self._event_header(row.run_id), row.payload
+        )
 
     # -- identity ----------------------------------------------------------------------
 

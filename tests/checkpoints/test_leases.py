@@ -84,7 +84,7 @@ async def test_sqlalchemy_tables_of_schema_version_1_gain_the_leases_table(store
     # Then the leases table is there again, the schema is current, and the run's rows are kept
     assert (await store.leases(["old"]))["old"] == lease
     assert await store.latest("old") == row
-    assert await _sql(url, f"SELECT value FROM {prefix}meta WHERE key = 'schema_version'") == [("2",)]
+    assert await _sql(url, f"SELECT value FROM {prefix}meta WHERE key = 'schema_version'") == [("3",)]
 
 
 # -- Redis: one key per run, in the run's slot, expiring with the lease -----------------------

@@ -50,6 +50,12 @@ store that has it prunes finished runs in batches, natively; any other store (a 
 that forwards only `CheckpointStore`, a third-party store) is pruned by the generic
 version built on the methods above (`_defaults.default_prune`), one run at a time.
 Callers go through `agentflow.exec.checkpoints._retention`, which picks one or the other.
+
+Event streams (`EventStore`: ``append_events`` and ``read_events``) are optional too: a
+store that has them keeps every event of a run, in order, readable from any process with
+a cursor (`agentflow.exec._run_events`); a store without them (a wrapper that forwards only
+`CheckpointStore`) simply records no stream. A run's events go with the run: ``delete`` and
+``prune`` remove them.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
 
 
 @runtime_checkable
@@ -264,5 +270,29 @@ class RetentionStore(Protocol):
 
         Raises:
             ValueError: `statuses` names a status of a run that has not ended.
+        """
+        ...
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """The event-stream part of the port: a bounded, ordered log of each run's events."""
+
+    async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
+        """Append `events` to the run's stream, in order, each given the next cursor.
+
+        The stream keeps the newest `EVENTS_KEPT` events (Redis trims approximately: a few
+        more). Appending needs no checkpoint: a run's first events come before its step 0.
+
+        Raises:
+            ValueError: an event is of another run.
+        """
+        ...
+
+    async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
+        """Return up to `limit` of the run's events appended after cursor `after` (from the oldest kept if None).
+
+        Raises:
+            ValueError: `after` is not a cursor this store gave.
         """
         ...

@@ -102,3 +102,32 @@ class Pruned:
 
     def __add__(self, other: Pruned) -> Pruned:
         return Pruned(self.run_ids + other.run_ids, self.rows + other.rows)
+
+
+#: How many events a store keeps per run: appending more drops the oldest (Redis trims
+#: approximately, so it may keep a few more).
+EVENTS_KEPT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class SealedEvent:
+    """One signed event of a run's event stream, as a store keeps it."""
+
+    run_id: str
+    """The run the event happened in."""
+    payload: bytes
+    """Canonical JSON of ``{"name", "at", "data"}``; decoded only after the signature checks."""
+    kid: str
+    """Id of the key that signed this event."""
+    sig: str
+    """HMAC-SHA256 (hex) over the run id and the payload."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A sealed event as read back, with the cursor the store gave it."""
+
+    cursor: str
+    """Opaque and ordered per run: reading after it returns the events appended after this one."""
+    event: SealedEvent
+    """The event, still sealed."""

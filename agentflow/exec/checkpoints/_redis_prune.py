@@ -9,7 +9,7 @@ lapses). An entry whose run has no keys left (expired by its TTL, deleted) is re
 No KEYS and no SCAN: the index is sorted by time.
 
 `prune` reads the flow of each run asked for (one pipelined round trip per chunk), then
-runs ``_lua/prune_run.lua`` for each, which judges the run again and deletes its five keys
+runs ``_lua/prune_run.lua`` for each, which judges the run again and deletes its six keys
 in one step (no live lease: the script runs while nobody else can take one). On one server
 the scripts also remove the run from the three indexes, and a chunk's scripts go in one
 pipeline. On Redis Cluster each run's script goes to its slot's node (concurrently), and
@@ -35,7 +35,7 @@ _PAGE: Final = 500
 #: Scripts in flight at once on a Cluster (each on its own connection).
 _CLUSTER_CALLS: Final = 32
 #: The run's keys the prune script takes, in its KEYS order.
-_PARTS: Final = ("cp", "latest", "calls", "next", "lease")
+_PARTS: Final = ("cp", "latest", "calls", "next", "lease", "events")
 
 
 class RedisPrune:

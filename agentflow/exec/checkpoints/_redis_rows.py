@@ -4,6 +4,7 @@ A row is one JSON header line and then the payload bytes exactly as given::
 
     checkpoint   [1, run_id, step, flow, status, segment, saved_at, kid, sig] LF payload
     call record  [1, run_id, segment, seq, kind, kid, sig] LF payload
+    event        [1, run_id, kid, sig] LF payload
 
 The first header field is the row format version (`_FORMAT`); JSON escapes every newline,
 so the first LF ends the header. Reading a row checks the version, the number and type of
@@ -18,13 +19,14 @@ import json
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint, SealedEvent
 
 #: Version written first in every row header.
 _FORMAT = 1
 #: Types of the row header fields.
 _CHECKPOINT_HEAD = (int, str, int, str, str, int, (int, float), str, str)
 _CALL_HEAD = (int, str, int, int, str, str, str)
+_EVENT_HEAD = (int, str, str, str)
 
 
 def _encode(fields: list[Any], payload: bytes) -> bytes:
@@ -63,6 +65,11 @@ def _decode_checkpoint(run_id: str, raw: object, what: str) -> SealedCheckpoint:
 def _decode_call(run_id: str, raw: object, what: str) -> SealedCall:
     f, payload = _split(run_id, raw, what, _CALL_HEAD)
     return SealedCall(f[1], f[2], f[3], f[4], payload, f[5], f[6])
+
+
+def _decode_event(run_id: str, raw: object, what: str) -> SealedEvent:
+    f, payload = _split(run_id, raw, what, _EVENT_HEAD)
+    return SealedEvent(f[1], payload, f[2], f[3])
 
 
 def _text(value: object) -> str:

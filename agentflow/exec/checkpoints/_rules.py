@@ -6,10 +6,10 @@ same rules in Lua and SQL stores in a transaction, with the same messages.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
-from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint, SealedEvent
 
 
 def check_row(run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
@@ -128,3 +128,27 @@ def check_prune_statuses(statuses: Collection[str]) -> tuple[str, ...]:
             f"got {', '.join(map(repr, wrong)) or 'no status'}"
         )
     return chosen
+
+
+def check_events(run_id: str, events: Sequence[SealedEvent]) -> None:
+    """Refuse to append another run's event to this run's stream.
+
+    Raises:
+        ValueError: an event is of another run.
+    """
+    for event in events:
+        if event.run_id != run_id:
+            raise ValueError(f"an event of run {event.run_id!r} cannot be appended to run {run_id!r}'s stream")
+
+
+def int_cursor(after: str | None) -> int:
+    """The number a store's integer cursor stands for (0 before the first event).
+
+    Raises:
+        ValueError: `after` is not such a cursor.
+    """
+    if after is None:
+        return 0
+    if not isinstance(after, str) or not after.isdigit():
+        raise ValueError(f"{after!r} is not an event cursor of this store")
+    return int(after)

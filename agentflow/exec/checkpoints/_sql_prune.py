@@ -68,8 +68,10 @@ class SQLPrune:
         ids: sa.BindParameter[list[str]] = sa.bindparam("runs", expanding=True)
         self._lock = qualify.where(runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
         self._ours = sa.select(lease.c.run_id).where(lease.c.run_id.in_(ids), lease.c.token == sa.bindparam("token"))
-        #: Counted as the run's rows: checkpoints and calls; then its lease and its runs row.
-        self._deletes = [sa.delete(table).where(table.c.run_id.in_(ids)) for table in (cps, t.calls, lease, runs)]
+        #: Counted as the run's rows: checkpoints and calls; then its lease, its runs row and its events.
+        self._deletes = [
+            sa.delete(table).where(table.c.run_id.in_(ids)) for table in (cps, t.calls, lease, runs, t.events)
+        ]
 
     def _clock(self, **values: Any) -> dict[str, Any]:
         return self._leases.params(**values)

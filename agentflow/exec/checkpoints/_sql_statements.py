@@ -32,13 +32,14 @@ class Tables:
     runs: sa.Table
     calls: sa.Table
     leases: sa.Table
+    events: sa.Table
 
 
 def tables(p: str) -> Tables:
     """Describe the tables whose names start with `p`."""
     md = sa.MetaData()
 
-    def col(name: str, kind: type[sa.types.TypeEngine[Any]], **kw: Any) -> sa.Column[Any]:
+    def col(name: str, kind: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any], **kw: Any) -> sa.Column[Any]:
         return sa.Column(name, kind, nullable=False, **kw)
 
     def sealed() -> list[sa.Column[Any]]:
@@ -65,6 +66,12 @@ def tables(p: str) -> Tables:
         sa.Table(
             f"{p}leases", md, col("run_id", sa.Text, primary_key=True), col("owner", sa.Text),
             col("token", sa.Text), col("expires_at", sa.Double),
+        ),
+        sa.Table(
+            f"{p}events", md,
+            col("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+            col("run_id", sa.Text), *sealed(),
+            sa.Index(f"{p}events_by_run", "run_id", "id"), sqlite_autoincrement=True,
         ),
     )  # fmt: skip
 
@@ -152,7 +159,9 @@ def statements(t: Tables) -> Statements:
         list_runs=list_runs.limit(limit),
         list_runs_of_flow=list_runs.where(runs.c.flow == sa.bindparam("flow")).limit(limit),
         # runs first, in a save's lock order; runs again last, for a row a relist inserted meanwhile
-        delete=tuple(sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls, leases, runs)),
+        delete=tuple(
+            sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls, leases, t.events, runs)
+        ),
         segment_counts=sa.select(calls.c.segment, sa.func.count())
         .where(calls.c.run_id == run_id)
         .group_by(calls.c.segment),

@@ -3,7 +3,7 @@
 This module owns everything about the database file itself, not the store's rules:
 
 - The schema (`MIGRATIONS`), one script per version, and bringing a file up to date (version
-  2 added the ``leases`` table, so a file written at version 1 gains it on first open). The
+  2 added the ``leases`` table, 3 the ``events`` table, so an older file gains them on first open). The
   version is kept in ``agentflow_meta``; migrating takes the write lock, so with several
   processes opening a new file at once exactly one of them does it, and a file written by
   a newer agentflow is refused.
@@ -58,6 +58,14 @@ MIGRATIONS: list[str] = [
     CREATE TABLE leases (
         run_id TEXT NOT NULL PRIMARY KEY, owner TEXT NOT NULL, token TEXT NOT NULL, expires_at REAL NOT NULL
     );
+    """,
+    # 3: each run's event stream (`_sqlite_events`); the id is the cursor, in append order.
+    """
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
+        payload BLOB NOT NULL, kid TEXT NOT NULL, sig TEXT NOT NULL
+    );
+    CREATE INDEX events_by_run ON events (run_id, id);
     """,
 ]
 

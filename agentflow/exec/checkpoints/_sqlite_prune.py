@@ -7,8 +7,8 @@ index finds old runs quickly); what is judged is the newest checkpoint row, as t
 judge saves. A run the listing forgot (no ``runs`` row) is not found, and not pruned.
 
 `prune` is one job for the store's write transaction (``BEGIN IMMEDIATE``): it judges the
-runs asked for and deletes those that qualify from ``checkpoints``, ``calls``, ``leases``
-and ``runs``, all in that one transaction. No other connection writes meanwhile (so no
+runs asked for and deletes those that qualify from ``checkpoints``, ``calls``, ``leases``,
+``runs`` and ``events``, all in that one transaction. No other connection writes meanwhile (so no
 lease is taken and no save made under it: holding the write lock is holding every lease),
 readers see the run before or after it, and a process killed midway leaves the
 transaction rolled back: every run whole or gone, never a part.
@@ -31,7 +31,7 @@ _QUALIFY: Final = """
 #: Run ids per statement (older SQLite allows 999 parameters).
 _CHUNK: Final = 400
 #: The tables a run has rows in: the ones counted as its rows first.
-_TABLES: Final = ("checkpoints", "calls", "leases", "runs")
+_TABLES: Final = ("checkpoints", "calls", "leases", "runs", "events")
 
 
 def _qualify(statuses: Sequence[str]) -> str:

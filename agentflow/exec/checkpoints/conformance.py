@@ -52,6 +52,14 @@ from agentflow.exec.checkpoints._conformance_calls import check_started_is_fence
 from agentflow.exec.checkpoints._conformance_calls import (
     check_started_refused_after_end as check_started_refused_after_end,
 )
+from agentflow.exec.checkpoints._conformance_events import check_events_are_bounded as check_events_are_bounded
+from agentflow.exec.checkpoints._conformance_events import check_events_go_with_the_run as check_events_go_with_the_run
+from agentflow.exec.checkpoints._conformance_events import (
+    check_events_in_order_with_cursors as check_events_in_order_with_cursors,
+)
+from agentflow.exec.checkpoints._conformance_events import (
+    check_forged_event_is_refused as check_forged_event_is_refused,
+)
 from agentflow.exec.checkpoints._conformance_leases import check_lease_arguments as check_lease_arguments
 from agentflow.exec.checkpoints._conformance_leases import check_lease_is_exclusive as check_lease_is_exclusive
 from agentflow.exec.checkpoints._conformance_leases import check_lease_lapses as check_lease_lapses
@@ -173,6 +181,10 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_prune_judges_each_run_again,
     check_pruned_run_id_starts_afresh,
     check_prune_limit_and_cut_off,
+    check_events_in_order_with_cursors,
+    check_events_are_bounded,
+    check_events_go_with_the_run,
+    check_forged_event_is_refused,
 )
 
 

@@ -16,23 +16,38 @@ other method, a take runs without awaiting, so racing takers on one loop cannot 
 
 `prune` judges and forgets each run without awaiting too: a run is gone whole, in one
 step, and one a live lease holds is kept.
+
+Event streams (``_events``) hold the newest `EVENTS_KEPT` events of each run, numbered by
+one counter for the store: a cursor is the event's number.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import UNFINISHED, Lease, Pruned, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import (
+    EVENTS_KEPT,
+    UNFINISHED,
+    Lease,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+)
 from agentflow.exec.checkpoints._rules import (
     check_call,
+    check_events,
     check_lease_args,
     check_no_stored_rows,
     check_prune_statuses,
     check_row,
     check_save,
+    int_cursor,
 )
 
 
@@ -50,6 +65,9 @@ class MemoryCheckpointStore:
         self._listed: dict[str, None] = {}
         #: Who holds which run (a lapsed entry is free; it is overwritten by the next take).
         self._leases: dict[str, Lease] = {}
+        #: Each run's event stream, oldest first, and the last number given to an event.
+        self._events: dict[str, deque[StoredEvent]] = {}
+        self._event_no = 0
 
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
@@ -143,6 +161,7 @@ class MemoryCheckpointStore:
         self._calls.pop(run_id, None)
         self._listed.pop(run_id, None)
         self._leases.pop(run_id, None)
+        self._events.pop(run_id, None)
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
@@ -181,6 +200,20 @@ class MemoryCheckpointStore:
         """Return the run's call records by segment, then sequence number."""
         segments = self._calls.get(run_id, {})
         return [rec for seg in sorted(segments) for rec in segments[seg]]
+
+    async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
+        """Append to the run's stream, keeping the newest `EVENTS_KEPT` (see `EventStore.append_events`)."""
+        check_events(run_id, events)
+        stream = self._events.setdefault(run_id, deque(maxlen=EVENTS_KEPT))
+        for event in events:
+            self._event_no += 1
+            stream.append(StoredEvent(str(self._event_no), event))
+
+    async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
+        """The run's events after cursor `after`, oldest first (see `EventStore.read_events`)."""
+        number = int_cursor(after)
+        found = [e for e in self._events.get(run_id, ()) if int(e.cursor) > number]
+        return found[: max(limit, 0)]
 
     def _live(self, run_id: str) -> Lease | None:
         lease = self._leases.get(run_id)

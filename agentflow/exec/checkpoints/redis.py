@@ -60,18 +60,19 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
 from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
+from agentflow.exec.checkpoints._redis_events import RedisEvents
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_leases import Leases
 from agentflow.exec.checkpoints._redis_prune import RedisPrune
 from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _text
-from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints._rules import check_call, check_events, check_no_stored_rows, check_row, check_save
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
-_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run")
+_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run", "append_events")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 #: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
 _RELIST_ATTEMPTS = 3
@@ -132,6 +133,7 @@ class RedisCheckpointStore:
         self._index = Index(prefix, self._run_keys)
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
         self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
+        self._events = RedisEvents(self._clients, self._run_keys, self._ttl)
 
     @classmethod
     def from_url(
@@ -293,7 +295,7 @@ class RedisCheckpointStore:
         keys = self._run_keys(run_id)
         async with self._clients.use() as bound:
             flow = await bound.client.hget(keys[1], "flow")
-            await bound.client.delete(*keys, *self._run_keys(run_id, ("lease",)))  # one slot: one DEL
+            await bound.client.delete(*keys, *self._run_keys(run_id, ("lease", "events")))  # one slot: one DEL
             pipe = bound.client.pipeline(transaction=False)
             pipe.zrem(f"{self._prefix}:runs", run_id)
             if flow is not None:
@@ -368,6 +370,16 @@ class RedisCheckpointStore:
     async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
         """Delete the runs that still qualify, whole: one script per run, pipelined (see `_redis_prune`)."""
         return await self._retention.prune(run_ids, before, statuses)
+
+    async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
+        """Append to the run's Stream, trimmed and expiring with the run (see `EventStore.append_events`)."""
+        check_events(run_id, events)
+        if events:
+            await self._events.append(run_id, events)
+
+    async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
+        """The run's events after cursor `after` (a stream id), oldest first (see `EventStore.read_events`)."""
+        return await self._events.read(run_id, after, limit)
 
     async def aclose(self) -> None:
         """Close this event loop's client; the store connects again when used afterwards.

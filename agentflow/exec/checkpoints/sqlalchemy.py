@@ -44,9 +44,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints._rules import (
+    check_call,
+    check_events,
+    check_no_stored_rows,
+    check_row,
+    check_save,
+    int_cursor,
+)
 from agentflow.exec.checkpoints._sql_engines import Connector, check_url
+from agentflow.exec.checkpoints._sql_events import SQLEvents
 from agentflow.exec.checkpoints._sql_leases import SQLLeases
 from agentflow.exec.checkpoints._sql_prune import SQLPrune
 from agentflow.exec.checkpoints._sql_statements import (
@@ -80,8 +88,17 @@ def _v2_create_leases(conn: sa.Connection, t: Tables) -> None:
     t.metadata.create_all(conn, tables=[t.leases], checkfirst=True)
 
 
+def _v3_create_events(conn: sa.Connection, t: Tables) -> None:
+    """Version 3: the event-stream table (`_sql_events`)."""
+    t.metadata.create_all(conn, tables=[t.events], checkfirst=True)
+
+
 #: Schema changes in order; ``schema_version`` counts how many a database has applied.
-MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [_v1_create_tables, _v2_create_leases]
+MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [
+    _v1_create_tables,
+    _v2_create_leases,
+    _v3_create_events,
+]
 
 
 async def _insert(conn: AsyncConnection, insert: sa.Insert, values: dict[str, Any], taken: str) -> None:
@@ -122,6 +139,7 @@ class SQLAlchemyCheckpointStore:
         self._q = statements(self._t)
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
+        self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -381,6 +399,18 @@ class SQLAlchemyCheckpointStore:
     async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
         """Delete the runs that still qualify, whole, in one transaction (see `RetentionStore.prune`)."""
         return await self._prune.prune(run_ids, before, statuses, owner)
+
+    # -- event streams (`_sql_events`) -------------------------------------------------
+
+    async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
+        """Append to the run's stream, keeping the newest (see `EventStore.append_events`)."""
+        check_events(run_id, events)
+        if events:
+            await self._events.append(run_id, events)
+
+    async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
+        """The run's events after cursor `after`, oldest first (see `EventStore.read_events`)."""
+        return await self._events.read(run_id, int_cursor(after), limit)
 
     def _sealed(self, cls: type[_R], row: sa.Row[Any], run_id: str) -> _R:
         """Rebuild a sealed row, checking each field's type (SQLite columns take values of any type)."""

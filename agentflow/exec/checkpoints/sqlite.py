@@ -42,9 +42,25 @@ from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints import _sqlite_leases, _sqlite_prune
-from agentflow.exec.checkpoints._records import UNFINISHED, Lease, Pruned, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_prune
+from agentflow.exec.checkpoints._records import (
+    UNFINISHED,
+    Lease,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+)
+from agentflow.exec.checkpoints._rules import (
+    check_call,
+    check_events,
+    check_lease_args,
+    check_no_stored_rows,
+    check_row,
+    check_save,
+    int_cursor,
+)
 from agentflow.exec.checkpoints._rules import check_prune_statuses as _statuses
 from agentflow.exec.checkpoints._sqlite_file import MIGRATIONS as MIGRATIONS  # re-exported: tests import it here
 from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _Worker
@@ -269,10 +285,10 @@ class SQLiteCheckpointStore:
         return row
 
     async def delete(self, run_id: str) -> None:
-        """Forget the run: its checkpoints, its listing row, its call log and its lease."""
+        """Forget the run: its checkpoints, its listing row, its call log, its lease and its events."""
 
         def job(conn: sqlite3.Connection) -> None:
-            for table in ("checkpoints", "runs", "calls", "leases"):
+            for table in ("checkpoints", "runs", "calls", "leases", "events"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
 
         await self._do(partial(_immediate, job=job))
@@ -374,6 +390,19 @@ class SQLiteCheckpointStore:
         job = partial(_sqlite_prune.prune, list(run_ids), before, _statuses(statuses))
         pruned, rows = await self._do(partial(_immediate, job=job))
         return Pruned(tuple(pruned), rows)
+
+    # -- event streams (`_sqlite_events`) -----------------------------------------------
+
+    async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
+        """Append to the run's stream, keeping the newest (see `EventStore.append_events`)."""
+        check_events(run_id, events)
+        if events:
+            await self._do(partial(_immediate, job=partial(_sqlite_events.append, run_id, events)))
+
+    async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
+        """The run's events after cursor `after`, oldest first (see `EventStore.read_events`)."""
+        after_no = int_cursor(after)
+        return await self._do(partial(_sqlite_events.read, run_id, after_no, limit, where=str(self.path)))
 
     # -- lifecycle ---------------------------------------------------------------------
 
