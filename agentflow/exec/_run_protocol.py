@@ -45,6 +45,7 @@ from agentflow.exec._run_cancel import CancelRequest, CancelRequested, CancelWat
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, pins_for, untouched
 from agentflow.exec._run_control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
 from agentflow.exec._run_driver import C, R
+from agentflow.exec._run_events import recording
 from agentflow.exec._run_lease import holding
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Head, Opened, RunSteps
 from agentflow.exec.checkpoints._records import Lease
@@ -63,8 +64,10 @@ class RunProtocol(RunSteps[C, R]):
         """
         self.tracer.taking_up()
         if self.store is None or self.ownership is None:
-            return contextlib.nullcontext(None)
-        return holding(self.store, run_id, self.ownership)
+            held: contextlib.AbstractAsyncContextManager[Lease | None] = contextlib.nullcontext(None)
+        else:
+            held = holding(self.store, run_id, self.ownership)
+        return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
 
     def operator(self, name: str | None) -> dict[str, Any]:
         """The ``operator`` field of a control record: `name`, else this process's owner name."""

@@ -1,0 +1,203 @@
+"""A run's event stream: recorded from the `Events` hub into the store, read back from any process.
+
+- `recording` wraps the block in which a process holds a run (`RunProtocol.hold`): every
+  event the hub emits for that run is buffered and appended to the store's stream
+  (`EventStore`) by one background task, in emit order, live; leaving the block awaits the
+  last append, so a superstep's events are stored before its drive returns. Nothing is
+  recorded when the store has no stream or there is no sealer. A failed append is logged
+  and dropped: observing a run never breaks it.
+- Each event is sealed (`Sealer.seal_event`: the MAC covers the run id and the payload)
+  and checked before its payload is decoded (`read_events`): a forged or moved event comes
+  back as a `RunEvent` with a ``problem``, never as data.
+- `follow_events` reads on after a cursor, polling, until the run has ended and its last
+  events are read: what `FlowClient.events` and the viewer's live page use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow._events import Event, Events
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
+
+log = logging.getLogger("agentflow.events")
+
+_T = TypeVar("_T")
+#: How often a follower polls the store for new events (seconds).
+POLL_S: Final = 0.2
+#: How long a follower goes on reading after it saw the run ended (its last events may still come).
+SETTLE_S: Final = 1.0
+#: Event names after which a run has no more events.
+_LAST: Final = frozenset({"run.finished", "run.cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of a run's stream, checked, with its cursor."""
+
+    cursor: str
+    """Where it sits in the stream: pass it as ``after`` to read on from the next one."""
+    name: str
+    """Dotted event name (``checkpoint.saved``); empty when the event did not check."""
+    at: float = 0.0
+    """Wall-clock time it was emitted."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Its fields (see `agentflow._events`); empty when the event did not check."""
+    problem: str | None = None
+    """Why the stored event was not shown (forged, moved to another run, unreadable), else None."""
+
+
+def stream_of(store: object) -> EventStore | None:
+    """The store as an `EventStore`, or None when it keeps no event streams."""
+    return store if isinstance(store, EventStore) else None
+
+
+def _body(event: Event) -> dict[str, Any]:
+    body = {"name": event.name, "at": event.at, "data": event.data}
+    try:
+        json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError):  # a field JSON cannot carry is shown as text
+        body = json.loads(json.dumps(body, default=str).replace("NaN", "null"))
+    return body
+
+
+class _Recorder:
+    """Buffers one run's events and appends them in order from one task on the loop."""
+
+    def __init__(self, store: EventStore, sealer: Sealer, run_id: str) -> None:
+        self._store, self._sealer, self._run_id = store, sealer, run_id
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._buffer: list[Event] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self, event: Event) -> None:
+        if event.run_id != self._run_id:
+            return
+        if threading.get_ident() == self._thread:
+            self._add(event)
+        else:
+            self._loop.call_soon_threadsafe(self._add, event)
+
+    def _add(self, event: Event) -> None:
+        self._buffer.append(event)
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self._buffer:
+            batch, self._buffer = self._buffer, []
+            try:
+                sealed = [self._sealer.seal_event(self._run_id, _body(e)) for e in batch]
+                await self._store.append_events(self._run_id, sealed)
+            except Exception:
+                log.exception("could not store %d events of run %s", len(batch), self._run_id)
+
+    async def drain(self) -> None:
+        """Wait until every event buffered so far is stored."""
+        while self._task is not None and not self._task.done():
+            await self._task
+        if self._buffer:
+            await self._flush()
+
+
+@contextlib.asynccontextmanager
+async def recording(
+    store: CheckpointStore | None,
+    sealer: Sealer | None,
+    events: Events,
+    run_id: str,
+    held: contextlib.AbstractAsyncContextManager[_T],
+) -> AsyncIterator[_T]:
+    """Hold `held` and record the run's events meanwhile; the last append is awaited before it is let go."""
+    stream = stream_of(store)
+    if stream is None or sealer is None:
+        async with held as value:
+            yield value
+        return
+    async with held as value:
+        recorder = _Recorder(stream, sealer, run_id)
+        unsubscribe = events.subscribe(recorder)
+        try:
+            yield value
+        finally:
+            unsubscribe()
+            await recorder.drain()
+
+
+def _opened(sealer: Sealer, run_id: str, cursor: str, stored: Any) -> RunEvent:
+    try:
+        body = sealer.open_event(stored, run_id)
+    except CheckpointStoreCorrupt as exc:
+        return RunEvent(cursor, "", problem=str(exc))
+    name, at, data = body.get("name"), body.get("at"), body.get("data")
+    if not isinstance(name, str) or not isinstance(at, int | float) or not isinstance(data, dict):
+        return RunEvent(cursor, "", problem=f"event {cursor} of run {run_id!r} is not an event body")
+    return RunEvent(cursor, name, float(at), data)
+
+
+async def read_events(
+    store: CheckpointStore, sealer: Sealer, run_id: str, after: str | None = None, limit: int = 1000
+) -> list[RunEvent]:
+    """The run's stored events after cursor `after` (from the oldest kept if None), each checked.
+
+    A store without event streams has none: the list is empty.
+
+    Raises:
+        ValueError: `after` is not a cursor of this store.
+    """
+    stream = stream_of(store)
+    if stream is None:
+        return []
+    return [_opened(sealer, run_id, e.cursor, e.event) for e in await stream.read_events(run_id, after, limit)]
+
+
+async def _ended(store: CheckpointStore, run_id: str) -> bool:
+    try:
+        return (await store.latest(run_id)).ended
+    except CheckpointNotFound:
+        return False
+
+
+async def follow_events(
+    store: CheckpointStore,
+    sealer: Sealer,
+    run_id: str,
+    after: str | None = None,
+    *,
+    poll_s: float = POLL_S,
+    settle_s: float = SETTLE_S,
+) -> AsyncIterator[RunEvent]:
+    """Yield the run's events after `after`, as they are stored, until the run has ended.
+
+    It stops after a ``run.finished`` or ``run.cancelled`` event, or once the run's newest
+    checkpoint has ended and no event came for `settle_s` seconds (a tool loop's end, or
+    a run whose last events were trimmed). A paused run is followed until it goes on.
+    """
+    loop = asyncio.get_running_loop()
+    quiet_since: float | None = None
+    while True:
+        batch = await read_events(store, sealer, run_id, after)
+        for event in batch:
+            after = event.cursor
+            yield event
+            if event.name in _LAST:
+                return
+        if batch:
+            quiet_since = None
+            continue
+        if await _ended(store, run_id):
+            now = loop.time()
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= settle_s:
+                return
+        await asyncio.sleep(poll_s)
