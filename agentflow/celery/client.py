@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from agentflow.exec._durable_loop import LoopResult, cancel_tool_loop, read_tool
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
+from agentflow.exec._run_events import RunEvent, follow_events
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import SegmentView
@@ -133,6 +134,21 @@ class FlowClient:
             report.running_on,
             report.segments,
         )
+
+    async def events(self, run_id: str, after: str | None = None, *, poll_s: float = 0.2) -> AsyncIterator[RunEvent]:
+        """Follow the run's event stream from any process: each event after cursor `after`, until the run ends.
+
+        Each `RunEvent` carries its ``cursor``: give the last one seen as `after` to resume,
+        after a disconnect, with the next event (none lost, none repeated). Events are
+        checked under the workers' key; one that is not shows as a ``problem``, never as data.
+        The store must keep event streams (every store agentflow ships does).
+
+        Raises:
+            ValueError: `after` is not a cursor of this store.
+        """
+        assert self.runner.checkpoints is not None
+        async for event in follow_events(self.runner.checkpoints, self.sealer, run_id, after, poll_s=poll_s):
+            yield event
 
     async def _awaiting(self, run_id: str) -> str | None:
         """What a parked run waits for a decision about (from its signed latest checkpoint), or None."""
