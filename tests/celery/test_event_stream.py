@@ -1,0 +1,65 @@
+"""A run's event stream followed from another process while real workers run it (issue 18, item 4)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from _kit.poll import until
+from celery_kit import HERE, ROOT, Deployment
+
+from agentflow.exec._run_events import read_events
+
+pytestmark = [pytest.mark.redis, pytest.mark.celery]
+
+
+def _follower(deployment: Deployment, run_id: str, *after: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "event_follower.py"), run_id, *after],
+        cwd=ROOT, env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+
+def _lines(out: bytes) -> list[str]:
+    """The whole lines printed (a line cut by the kill is not one)."""
+    text = out.decode()
+    return text.split("\n")[:-1]
+
+
+async def test_a_follower_killed_mid_run_resumes_from_its_last_cursor_with_no_event_lost_or_repeated(deployment):
+    # Given a worker whose tools take a while, and a run it carries out
+    deployment.set_delay(0.1, 0.2)
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "stream"})
+    # When a follower in another process prints events, and is killed mid-run
+    first = _follower(deployment, run_id)
+    assert first.stdout is not None and first.stderr is not None
+    stdout, out = first.stdout, bytearray()
+    os.set_blocking(stdout.fileno(), False)
+
+    def printed_some() -> bool:
+        out.extend(stdout.read() or b"")
+        return len(_lines(bytes(out))) >= 3
+
+    await until(printed_some, "the first follower printed three events", timeout_s=30)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    out.extend(stdout.read() or b"")
+    stdout.close()
+    first.stderr.close()
+    before = _lines(bytes(out))
+    assert (await deployment.client.status(run_id)).status == "running"  # it was disconnected mid-run
+    # And a new follower resumes from the last cursor the first one printed
+    second = _follower(deployment, run_id, before[-1].split()[0])
+    rest, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err.decode()[-2000:]
+    after = _lines(rest)
+    # Then together they saw the whole stream, in order: nothing lost, nothing repeated
+    view = await deployment.client.wait(run_id, timeout_s=30)
+    assert view.status == "done"
+    stored = await read_events(deployment.client.runner.checkpoints, deployment.client.sealer, run_id)
+    assert before + after == [f"{e.cursor} {e.name}" for e in stored]
+    assert after[-1].endswith("run.finished")
