@@ -11,12 +11,18 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
 
 T = TypeVar("T")
+
+
+#: Parts of the port beyond `CheckpointStore` that a wrapper hands through untimed when the wrapped
+#: store has them (`EventStore`: a run's event stream), so the wrapper is one exactly when it is.
+#: The retention port is not among them: a prune opens an unwrapped store of its own.
+PASSED_THROUGH = frozenset({"append_events", "read_events"})
 
 
 class ForwardingStore(ABC):
@@ -26,6 +32,12 @@ class ForwardingStore(ABC):
         self.inner = inner
         #: Whether the wrapped store lives inside this process.
         self.in_process: bool = inner.in_process
+
+    def __getattr__(self, name: str) -> Any:
+        """`PASSED_THROUGH` methods of the wrapped store (an AttributeError where it has none)."""
+        if name in PASSED_THROUGH:
+            return getattr(self.inner, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @abstractmethod
     def _done(self, op: str, duration_ns: int) -> None:

@@ -23,6 +23,7 @@ from agentflow import Call, Executor, Flow, FlowRunner, RecoveryNeedsDecision, R
 from agentflow.exec import run_tool_loop
 from agentflow.exec._tracing import NO_TRACING
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
+from agentflow.exec.checkpoints._protocol import EventStore, RetentionStore
 from agentflow.exec.checkpoints.conformance import validate
 from agentflow.models import Message, ScriptedModel, ToolCall
 from agentflow.models._usage import note_usage
@@ -419,3 +420,17 @@ async def test_a_run_whose_start_was_sampled_out_makes_no_span_on_any_worker():
     (context,) = {sealer.open_checkpoint(row, "s-1")["trace"] for row in await store.history("s-1")}
     assert int(context[-2:], 16) & 1 == 0  # the W3C flags: not sampled
     assert two.spans() == [] and one.spans() == []
+
+
+async def test_a_wrapped_store_keeps_the_event_stream_of_the_store_it_wraps_and_nothing_else():
+    # Given a traced runner whose memory store (an EventStore, not a retention store once wrapped) is traced
+    tickets = make_tickets()
+    inner = MemoryCheckpointStore()
+    store = TracedStore(inner)
+    assert isinstance(store, EventStore) and not isinstance(store, RetentionStore)
+    p = Process(tickets.registry, store)
+    # When a run goes from start to done
+    await p.runner.run(TICKETS, {"show": "Hamlet"}, run_id="e-1")
+    # Then its events went into the wrapped store's stream, read the same through the wrapper
+    events = await store.read_events("e-1")
+    assert events and events == await inner.read_events("e-1")
