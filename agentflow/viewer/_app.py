@@ -16,14 +16,17 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from agentflow.viewer._actions import OPERATIONS, endpoint
 from agentflow.viewer._hosts import HostCheck
-from agentflow.viewer._pages import list_page, run_page
+from agentflow.viewer._pages import Endpoint, list_page, run_page
 from agentflow.viewer._settings import Viewer, ViewerSettings
+from agentflow.viewer._stream import event_stream
 
 __all__ = ["ViewerSettings", "create_app"]
 
@@ -37,6 +40,24 @@ class RunIdConvertor(PathConvertor):
 register_url_convertor("agentflow_run_id", RunIdConvertor())
 
 
+def events_or_page(viewer: Viewer, page: Endpoint) -> Endpoint:
+    """``GET /runs/{run_id}/events``: the run's event stream; but the page of a run whose id ends in ``/events``.
+
+    The path is matched decoded, so ``/runs/a%2Fevents`` (the page of run ``a/events``, as the
+    pages link it) looks like the stream of run ``a``: the raw path tells them apart.
+    """
+
+    async def endpoint(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        raw = request.scope.get("raw_path")
+        if isinstance(raw, bytes) and not raw.split(b"?", 1)[0].endswith(b"/events"):
+            request.path_params["run_id"] = f"{run_id}/events"
+            return await page(request)
+        return await event_stream(viewer, request, run_id)
+
+    return endpoint
+
+
 def create_app(settings: ViewerSettings) -> Starlette:
     """Build the viewer's ASGI app (serve it with any ASGI server; `serve` uses uvicorn).
 
@@ -45,6 +66,7 @@ def create_app(settings: ViewerSettings) -> Starlette:
     `ViewerSettings.proxies` itself.
     """
     viewer = Viewer(settings)
+    page = run_page(viewer)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -61,10 +83,13 @@ def create_app(settings: ViewerSettings) -> Starlette:
     routes = [
         Route("/", list_page(viewer), name="runs"),
         *actions,
-        Route("/runs/{run_id:agentflow_run_id}", run_page(viewer), name="run"),
+        Route("/runs/{run_id:agentflow_run_id}/events", events_or_page(viewer, page), methods=["GET"], name="events"),
+        Route("/runs/{run_id:agentflow_run_id}", page, name="run"),
         Mount("/static", StaticFiles(packages=[("agentflow.viewer", "static")]), name="static"),
     ]
     middleware = [Middleware(HostCheck, trusted=viewer.trusted)]
     if settings.proxies:  # first: a named proxy's X-Forwarded-Proto sets the scheme the Host's port defaults by
         middleware.insert(0, Middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.proxies)))
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.viewer = viewer  # `ViewerServer` ends its event streams when it shuts down
+    return app

@@ -16,6 +16,7 @@ from agentflow.exec._run_read import read_heads
 from agentflow.exec._run_view import STATUSES, RunHead
 from agentflow.viewer._offers import offers
 from agentflow.viewer._settings import Viewer, root_of
+from agentflow.viewer._stream import EVENT_NAMES
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -121,6 +122,7 @@ def run_page(viewer: Viewer) -> Endpoint:
             "ops": offers(viewer, request, report),
             "done": done if done in DONE else None,
             "distributed": viewer.operator is not None and viewer.operator.distributed,
+            "event_names": EVENT_NAMES,
         }
         return viewer.page(request, "run.html", context)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
+import socket
+import sys
 from typing import Any, Final
 
 import uvicorn
@@ -13,6 +16,27 @@ from agentflow.viewer._app import ViewerSettings, create_app
 #: How `serve` runs uvicorn. Its own proxy headers stay off (its default trusts ``X-Forwarded-For``
 #: from ``$FORWARDED_ALLOW_IPS``): the app believes only `ViewerSettings.proxies`.
 UVICORN_OPTIONS: Final[dict[str, Any]] = {"log_level": "warning", "server_header": False, "proxy_headers": False}
+
+
+class ViewerServer(uvicorn.Server):
+    """uvicorn's server, which ends the viewer's open event streams when it shuts down.
+
+    uvicorn waits for every running response before it stops, and an event stream of a run
+    that has not ended never finishes on its own: without this, an open run page would hold
+    the viewer up until the browser left.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Tell the app's event streams to stop, then shut down as uvicorn does."""
+        state = getattr(self.config.app, "state", None)
+        viewer = getattr(state, "viewer", None)
+        if viewer is not None:
+            viewer.closing = True
+        await super().shutdown(sockets)
+
+
+#: What `serve` exits with when the server did not start (uvicorn.run's code).
+STARTUP_FAILURE: Final = 3
 
 
 def bound(settings: ViewerSettings, host: str, port: int) -> ViewerSettings:
@@ -37,4 +61,9 @@ def bound(settings: ViewerSettings, host: str, port: int) -> ViewerSettings:
 
 def serve(settings: ViewerSettings, *, host: str = "127.0.0.1", port: int = 8765) -> None:
     """Serve the viewer on `host`:`port` until the process is interrupted (loopback by default)."""
-    uvicorn.run(create_app(bound(settings, host, port)), host=host, port=port, **UVICORN_OPTIONS)
+    config = uvicorn.Config(create_app(bound(settings, host, port)), host=host, port=port, **UVICORN_OPTIONS)
+    server = ViewerServer(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # as uvicorn.run: the port was taken, say
+        sys.exit(STARTUP_FAILURE)

@@ -234,6 +234,8 @@ class Viewer:
         self.trusted = TrustedHosts.of(settings.allowed_hosts, settings.port)
         #: Signs the CSRF tokens of this process's forms (a restart makes open pages stale).
         self.csrf_secret = secrets.token_bytes(32)
+        #: Set when the server shuts down: every open event stream ends (`agentflow.viewer._stream`).
+        self.closing = False
         env = jinja2.Environment(
             loader=jinja2.PackageLoader("agentflow.viewer", "templates"),
             autoescape=jinja2.select_autoescape(["html"]),

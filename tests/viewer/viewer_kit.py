@@ -29,7 +29,7 @@ from starlette.types import ASGIApp
 from agentflow import FlowApp
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.viewer import ViewerSettings, create_app
-from agentflow.viewer._serve import UVICORN_OPTIONS, bound
+from agentflow.viewer._serve import UVICORN_OPTIONS, ViewerServer, bound
 
 
 def load_kit(name: str, folder: str) -> ModuleType:
@@ -119,7 +119,7 @@ def _served(make: Callable[[int], ASGIApp]) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port: int = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make(port), lifespan="on", **UVICORN_OPTIONS))
+    server = ViewerServer(uvicorn.Config(make(port), lifespan="on", **UVICORN_OPTIONS))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
