@@ -49,6 +49,7 @@ EVENT_NAMES: Final = (
     "run.parked",
     "run.cancel_requested",
     "run.cancelled",
+    "run.retried",
     "run.forked",
     "run.quarantined",
     "run.unknown_flow",
@@ -116,7 +117,7 @@ async def _stream(viewer: Viewer, request: Request, run_id: str, after: str | No
     events = follow_events(viewer.settings.store, viewer.sealer, run_id, after)
     pending: asyncio.Task[RunEvent | None] | None = None
     quiet_since = loop.time()
-    why = "the run ended"
+    why = "the client went away"
     try:
         yield f"retry: {RETRY_MS}\n\n"
         while True:
@@ -125,7 +126,7 @@ async def _stream(viewer: Viewer, request: Request, run_id: str, after: str | No
             done, _ = await asyncio.wait({pending}, timeout=TICK_S)
             if not done:
                 if viewer.closing or await request.is_disconnected():
-                    why = "the server is stopping" if viewer.closing else "the client went away"
+                    why = "the server is stopping" if viewer.closing else why
                     return
                 if loop.time() - quiet_since >= KEEPALIVE_S:
                     quiet_since = loop.time()
@@ -134,6 +135,7 @@ async def _stream(viewer: Viewer, request: Request, run_id: str, after: str | No
             task, pending = pending, None
             event = task.result()
             if event is None:
+                why = "the run ended"
                 yield END
                 return
             quiet_since = loop.time()

@@ -125,3 +125,32 @@ def live_refresh(page: Page, base: str, db: Path) -> None:
     runs_kit.in_thread(approve)
     # Then the page shows it within a refresh or two, without a reload
     expect(page.locator("tr[data-run='refund-1'] .status")).to_have_text("done", timeout=15_000)
+
+
+def test_the_live_events_list_follows_a_run_as_it_goes(page, db, shots):
+    with served(make_app(db, refresh_s=2)) as base:
+        live_events(page, base, db)
+        page.screenshot(path=shots / "08-run-live-events.png", full_page=True)
+
+
+def live_events(page: Page, base: str, db: Path) -> None:
+    # Given refund-1, paused, open: its live list shows the events stored so far
+    page.goto(base + "/runs/refund-1")
+    events = page.locator("#live-events .event-list")
+    expect(events.locator("li .name").last).to_have_text("run.paused")
+    expect(page.locator("#live-events .events-state")).to_have_text("Following the run…")
+    # When another process approves the refund, and the run goes on to done
+
+    async def approve() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            await runs_kit.app.runner(store, runs_kit.KEY).resume(runs_kit.refunds, "refund-1", approve=True)
+
+    runs_kit.in_thread(approve)
+    # Then its events come into the list as they are stored, up to the run's end
+    expect(events.locator("li .name").last).to_have_text("run.finished")
+    expect(page.locator("#live-events .events-state")).to_have_text("The run has ended: every event is shown.")
+    # and the page's own live refresh (which shows the run done) keeps the list as it was
+    expect(page.locator("h1 .status")).to_have_text("done", timeout=15_000)
+    names = events.locator("li .name").all_text_contents()
+    assert names[0] == "checkpoint.saved" and "run.paused" in names and names[-1] == "run.finished"
+    assert names.count("run.paused") == 1
