@@ -1,8 +1,8 @@
 """Events: what a run reports while it goes, and the small hub that delivers them.
 
 Names in use (data in parentheses):
-- ``run.started`` (flow), ``run.finished`` (flow, status), ``run.recovered`` (kind, step,
-  replayed, rerun), ``run.paused`` (pending)
+- ``run.started`` (kind, and flow, or loop and stage): step 0 is saved; ``run.finished``
+  (flow, status), ``run.recovered`` (kind, step, replayed, rerun), ``run.paused`` (pending)
 - ``node.started`` / ``node.finished`` (node, superstep)
 - ``tool.started`` (tool, call_id, attempt), ``tool.finished`` (tool, call_id, ms),
   ``tool.failed`` (tool, call_id, error, ms), ``tool.retrying`` (tool, call_id, attempt, delay_s),

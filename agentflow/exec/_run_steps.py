@@ -207,7 +207,7 @@ class RunSteps(Generic[C, R]):
         cur.clock = saved_at
 
     async def start(self, cur: C, lineage: Mapping[str, Any] | None = None) -> None:
-        """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run).
+        """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run), then emit ``run.started``.
 
         Its span (`Tracer.start`) gives the run its trace context, which step 0 carries.
 
@@ -216,6 +216,8 @@ class RunSteps(Generic[C, R]):
         """
         with self.tracer.start(cur, self.driver.column):
             await self.save(cur, RunStatus.RUNNING, segment=0, lineage=lineage)
+        # Under the run's lease and after step 0 is stored: the event goes into the run's stream too.
+        self.events.emit("run.started", cur.run_id, kind=self.driver.kind.value, **self.driver.event_fields(cur))
 
     def step_span(self, cur: C) -> AbstractContextManager[StepSpan]:
         """The span of the superstep `cur` begins now; its cause and cut-off links are spent on it."""

@@ -132,7 +132,6 @@ class FlowRunner(RunOperations):
         if not rid or not isinstance(rid, str):
             raise ValueError("run_id must be a non-empty string")
         cur = Cursor(rid, identity_body(self.sealer, rid, ctx), ctx, flow, start, [flow.entry], {}, 0)
-        self.events.emit("run.started", rid, flow=flow.name)
         result: RunResult[S] = await proto.begin(cur, max_supersteps)
         return result
 
