@@ -12,8 +12,9 @@ Names in use (data in parentheses):
   the time since this process last saved the run or took it up
 - ``run.parked`` (step, tools): a worker parked the run on calls in doubt (their tools)
 - ``lease.lost`` (owner): a holder's renewal found the run's lease lapsed or taken over
-- ``runs.swept`` (waiting): a worker's recover_all counted the runs waiting for a person,
-  per flow and reason (``agentflow.celery._stranded``); no run id
+- ``runs.swept`` (waiting, unfinished): a worker's recover_all counted the runs waiting for a
+  person, per flow and reason, and the unfinished runs and the oldest one's age, per flow
+  (``agentflow.celery._stranded``); no run id
 - ``run.cancel_requested`` (holder, reason, operator): a live worker holds the run, so a
   signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
 - ``control.refused`` (kind, why): a control request that does not check was ignored and removed

@@ -1,5 +1,8 @@
 """What a recover_all found: runs to move (`Stranded`), and the runs that wait for a person (`Waiting`).
 
+Every unfinished run's age (from the ``started`` its checkpoints carry) is reported too, so
+an alert can find a run older than its flow should ever take.
+
 A run waits for a decision when it is paused for an approval (``approval``: its latest
 checkpoint is ``paused``) or parked on calls in doubt (``in_doubt``: a signed ``parked``
 claim). recover_all reads every unfinished run's latest checkpoint anyway, so it counts
@@ -51,9 +54,25 @@ class Waiting:
     since: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     """``(flow, why)`` -> when each such run's waiting checkpoint was saved."""
 
+    started: dict[str, list[float]] = field(default_factory=dict)
+    """flow -> when each of its unfinished runs started (runs saved before ``started`` existed are left out)."""
+
     def add(self, flow: str, why: str, saved_at: float) -> None:
         """Note one run of `flow` waiting for `why` since its checkpoint of `saved_at`."""
         self.since.setdefault((flow, why), []).append(saved_at)
+
+    def unfinished(self, flow: str, started_at: float | None) -> None:
+        """Note one unfinished run of `flow` (running or paused, held or not) that started at `started_at`."""
+        self.started.setdefault(flow, []).extend([] if started_at is None else [started_at])
+
+    def ages(self, flows: Iterable[str]) -> list[dict[str, Any]]:
+        """One entry per flow (zeros included): ``flow``, ``runs`` (with a known start), ``oldest_s``."""
+        out = []
+        for flow in flows:
+            started = self.started.get(flow, [])
+            oldest = max(0.0, self.now - min(started)) if started else 0.0
+            out.append({"flow": flow, "runs": len(started), "oldest_s": round(oldest, 3)})
+        return out
 
     def report(self, flows: Iterable[str]) -> list[dict[str, Any]]:
         """One entry per flow and reason (zeros included): ``flow``, ``why``, ``runs``, ``oldest_s``."""

@@ -57,6 +57,7 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_control import InDoubtDecision, parked
 from agentflow.exec._run_lease import Ownership, held_by, take
 from agentflow.exec._run_quarantine import Reporter
+from agentflow.exec._run_steps import started_of
 from agentflow.exec._run_sweep import relist_forgotten
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -352,22 +353,26 @@ class Worker:
         finally:
             await self.store.release_lease(RECOVER_ALL_LEASE, lease.token)
 
+    async def _relisted(self, columns: list[str]) -> list[str]:
+        """Relist the runs the listing index forgot; return those of flows the app does not know."""
+        others: list[str] = []
+        for lost in await relist_forgotten(self.store, self.sealer, columns):
+            log.warning(
+                "run %s was missing from the store's listing index: %s",
+                lost.run_id,
+                lost.why,
+                extra={"run_id": lost.run_id},
+            )
+            others += [] if lost.relisted or lost.flow in columns else [lost.run_id]
+        return others
+
     async def _stranded(self, startup: bool) -> Stranded:
         found = Stranded()
         now = time.time()
         waiting = Waiting(now)
         reports = Reporter(self.store, self.sealer, self.runner.events, self.owner, log)
         columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
-        others: list[str] = []  # forgotten runs of flows the app does not know
-        if self.settings.sweep_forgotten:
-            for lost in await relist_forgotten(self.store, self.sealer, columns):
-                log.warning(
-                    "run %s was missing from the store's listing index: %s",
-                    lost.run_id,
-                    lost.why,
-                    extra={"run_id": lost.run_id},
-                )
-                others += [] if lost.relisted or lost.flow in columns else [lost.run_id]
+        others = await self._relisted(columns) if self.settings.sweep_forgotten else []
         for name in columns:
             run_ids = list(await self.store.list_unfinished(name))
             held = await held_by(self.store, run_ids)
@@ -376,6 +381,13 @@ class Worker:
                     row = await self.store.latest(run_id)
                 except CheckpointNotFound:
                     continue  # deleted meanwhile
+                try:
+                    body: dict[str, Any] | None = self.sealer.open_checkpoint(row, run_id)
+                    problem = ""
+                except CheckpointStoreCorrupt as exc:
+                    body, problem = None, str(exc)
+                if body is not None:
+                    waiting.unfinished(name, started_of(body))
                 if run_id in held:
                     if startup and await self._watch(run_id, held[run_id].expires_at):
                         found.recheck.append((name, run_id, row.step, held[run_id].expires_at))
@@ -384,10 +396,8 @@ class Worker:
                     waiting.add(name, "approval", row.saved_at)
                 if row.status != "running" or now - row.saved_at < self.settings.stale_after_s:
                     continue
-                try:
-                    body = self.sealer.open_checkpoint(row, run_id)
-                except CheckpointStoreCorrupt as exc:
-                    await reports.failed(row, str(exc))
+                if body is None:
+                    await reports.failed(row, problem)
                     continue
                 if parked(body):
                     waiting.add(name, "in_doubt", row.saved_at)
@@ -396,5 +406,5 @@ class Worker:
         await reports.moving([run_id for _, run_id, _ in found.recover])
         await reports.unknown_flows(columns, others, now - self.settings.stale_after_s)
         found.quarantined, found.unknown = reports.quarantined, reports.unknown
-        self.events.emit("runs.swept", None, waiting=waiting.report(columns))
+        self.events.emit("runs.swept", None, waiting=waiting.report(columns), unfinished=waiting.ages(columns))
         return found

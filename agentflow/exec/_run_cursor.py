@@ -47,6 +47,9 @@ class RunCursor:
     clock: float = field(default_factory=time.perf_counter, repr=False)
     """When this worker last saved the run, or took it up (`time.perf_counter`): the ``seconds``
     of its next ``checkpoint.saved`` event are counted from here."""
+    started_at: float | None = None
+    """When the run's step 0 was saved (seconds since the epoch), signed into every checkpoint
+    from step 0 on (None: a run saved before the field existed)."""
     trace: str | None = None
     """The run's trace context (a W3C ``traceparent``), signed into every checkpoint from step 0 on
     (None: the run was started untraced; a tracer then derives one from the run id)."""

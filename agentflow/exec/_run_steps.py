@@ -60,6 +60,12 @@ CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked",
 Head = tuple[SealedCheckpoint, Mapping[int, int]]
 
 
+def started_of(body: Mapping[str, Any]) -> float | None:
+    """When the run a checked checkpoint body belongs to started (its ``started``; None if it has none)."""
+    started = body.get("started")
+    return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+
+
 @dataclass
 class Opened(Generic[C]):
     """A run as its latest checkpoint shows it, every check of that row passed."""
@@ -138,6 +144,8 @@ class RunSteps(Generic[C, R]):
             body["by"] = self.ownership.owner
         if cur.trace is not None:
             body["trace"] = cur.trace
+        if cur.started_at is not None:
+            body["started"] = cur.started_at
         return body
 
     async def save(
@@ -214,6 +222,7 @@ class RunSteps(Generic[C, R]):
         Raises:
             CheckpointConflict: the run id is taken.
         """
+        cur.started_at = time.time()
         with self.tracer.start(cur, self.driver.column):
             await self.save(cur, RunStatus.RUNNING, segment=0, lineage=lineage)
         # Under the run's lease and after step 0 is stored: the event goes into the run's stream too.
@@ -299,6 +308,7 @@ class RunSteps(Generic[C, R]):
             marker_of(body)
             trace = body.get("trace")
             cur.trace = trace if isinstance(trace, str) else None
+            cur.started_at = started_of(body)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointStoreCorrupt(
                 f"checkpoint {row.step} of run {run_id!r} is signed but does not fit a {self.driver.kind} run: {exc!r}"

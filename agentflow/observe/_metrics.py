@@ -100,6 +100,12 @@ class Metrics:
         self.oldest_wait = gauge(
             "decision_wait_oldest_seconds", "The longest wait for a person, at the last sweep.", ("flow", "why")
         )
+        self.runs_unfinished = gauge(
+            "runs_unfinished", "Unfinished runs (running or paused) with a known start, at the last sweep.", ("flow",)
+        )
+        self.oldest_run = gauge(
+            "unfinished_run_oldest_seconds", "The age of the oldest unfinished run, at the last sweep.", ("flow",)
+        )
         self.swept_at = gauge("sweep_timestamp_seconds", "When this process last swept the unfinished runs.")
         self._handlers: dict[str, Callable[[Event], None]] = {
             "checkpoint.saved": self._saved,
@@ -189,4 +195,7 @@ class Metrics:
         for entry in event.data["waiting"]:
             self._of(self.runs_waiting, entry["flow"], entry["why"]).set(entry["runs"])
             self._of(self.oldest_wait, entry["flow"], entry["why"]).set(entry["oldest_s"])
+        for entry in event.data.get("unfinished", []):
+            self._of(self.runs_unfinished, entry["flow"]).set(entry["runs"])
+            self._of(self.oldest_run, entry["flow"]).set(entry["oldest_s"])
         self.swept_at.set(event.at)

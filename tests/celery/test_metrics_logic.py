@@ -65,6 +65,24 @@ async def test_a_sweep_sets_the_runs_waiting_for_a_person_by_flow_and_why(s):
     assert value(metrics, "agentflow_decision_wait_oldest_seconds", flow="wires", why="approval") == 0
 
 
+async def test_a_sweep_sets_the_unfinished_runs_and_the_oldest_ones_age_by_flow(s):
+    metrics = watched(s)
+    # Given a wires run paused for an approval, started now (its checkpoints carry when)
+    before = time.time()
+    await s.worker.superstep("wires", "w1", await s.start("wires", "w1"), handoff=True)
+    # When a recover_all sweeps, Then it counts the run under its flow, with its age from its start
+    await s.worker.stranded()
+    assert value(metrics, "agentflow_runs_unfinished", flow="wires") == 1
+    assert value(metrics, "agentflow_runs_unfinished", flow="mail") == 0
+    age = value(metrics, "agentflow_unfinished_run_oldest_seconds", flow="wires")
+    assert age is not None and 0 <= age <= time.time() - before + 1
+    # And once the run ended, the next sweep finds none
+    await s.worker.runner.cancel(s.app.flow("wires"), "w1", reason="no", operator="alice")
+    await s.worker.stranded()
+    assert value(metrics, "agentflow_runs_unfinished", flow="wires") == 0
+    assert value(metrics, "agentflow_unfinished_run_oldest_seconds", flow="wires") == 0
+
+
 def test_a_worker_times_its_store_when_wrapped_before_its_first_task():
     # Given a worker whose store is wrapped before it made one
     store = MemoryCheckpointStore()

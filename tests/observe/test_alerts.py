@@ -28,7 +28,7 @@ def exported() -> set[str]:
 def test_promtool_checks_the_rules():
     checked = promtool("check", "rules", RULES.name)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 10 rules found" in checked.stdout
+    assert "SUCCESS: 12 rules found" in checked.stdout
 
 
 def test_the_rules_unit_tests_pass():
@@ -49,5 +49,6 @@ def test_the_rules_and_the_dashboard_name_only_metrics_that_exist():
         "agentflow:runs_waiting_for_decision",
         "agentflow:decision_wait_oldest_seconds",
         "agentflow:recoveries:per_minute",
+        "agentflow:unfinished_run_oldest_seconds",
     }
     assert len(exprs) >= 10 and all(panel["datasource"]["uid"] == "${DS_PROMETHEUS}" for panel in dashboard["panels"])
