@@ -249,8 +249,22 @@ class Deployment:
         if self.client.runner.checkpoints is not None:
             await self.client.runner.checkpoints.aclose()
 
+    def close_sockets(self) -> None:
+        """Close what this process opened through the app: broker connections (sends, pings) and the result
+        backend's (``AsyncResult.get``: a client and a pub/sub). `Celery.close` closes neither."""
+        app = self.celery_app
+        app.pool.force_close_all()
+        backend = app.backend
+        consumer = getattr(backend, "result_consumer", None)
+        if consumer is not None:
+            consumer.stop()
+        client = getattr(backend, "client", None)
+        if client is not None:
+            client.connection_pool.disconnect()
+        app.close()
+
     def close(self) -> None:
-        self.celery_app.close()  # the broker connections the client's sends and pings opened
+        self.close_sockets()
         for proc in self.procs.values():
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
