@@ -53,9 +53,19 @@ Subscriber = Callable[[Event], None]
 
 
 class Events:
-    """A hub: `subscribe` a callback, get back a function that unsubscribes it."""
+    """A hub: `subscribe` a callback, get back a function that unsubscribes it.
 
-    def __init__(self) -> None:
+    With ``record=True``, the events of each run are also appended to the run's stream in
+    its store while a runner on this hub holds the run (`agentflow.exec._run_events`), for
+    any process to read or follow. Off by default: recording seals and stores every event,
+    which costs a superstep on the memory store as much as the superstep itself; the
+    Celery workers record (their supersteps take milliseconds, and following a run from
+    another process is what the stream is for there).
+    """
+
+    def __init__(self, *, record: bool = False) -> None:
+        self.record = record
+        """Whether runners on this hub record their runs' events into the runs' streams."""
         #: Replaced, never changed in place: an emit goes on over the subscribers it started with.
         self._subscribers: tuple[tuple[Subscriber, frozenset[str] | None], ...] = ()
         #: The names some subscriber wants (None: some subscriber wants every event).

@@ -129,7 +129,7 @@ class Worker:
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
         #: Every run this process drives reports here (made before the pool forks: see agentflow.observe).
-        self.events = Events()
+        self.events = Events(record=True)  # any process can follow a run the workers move
         #: Where its runs report spans (off; `agentflow.observe.celery.trace_worker` sets one before the first task).
         self.tracer: Tracer = NO_TRACING
         #: The Celery node name (``name@host``) the tasks run under, set by the first task.

@@ -21,6 +21,7 @@ import click
 from click.core import ParameterSource
 
 from agentflow._app import FlowApp
+from agentflow._events import Events
 from agentflow.cli._apps import import_app
 from agentflow.cli._target import Target, open_target, store_options
 from agentflow.exec._durable_seal import Sealer
@@ -88,7 +89,9 @@ class Acting:
         assert self.store_url is not None and self.app_path is not None
         app = import_app(self.app_path)
         target = open_target(self.store_url, self.key_env)
-        return Here(app, target, app.runner(target.store, target.keys, owner=process_owner("cli")))
+        # It acts on stored runs someone may be following: their events go into the runs' streams.
+        runner = app.runner(target.store, target.keys, owner=process_owner("cli"), events=Events(record=True))
+        return Here(app, target, runner)
 
 
 async def column_of(store: CheckpointStore, sealer: Sealer, run_id: str) -> str:

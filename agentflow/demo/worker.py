@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentflow import Event, Executor, FlowRunner
+from agentflow import Event, Events, Executor, FlowRunner
 from agentflow._errors import RunHeld
 from agentflow.demo.tickets import Order, flow, registry
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
@@ -39,7 +39,7 @@ def on_event(event: Event) -> None:
 async def work(db: Path, action: str, run_ids: list[str], rerun: bool) -> None:
     """Run new orders, or recover every unfinished one."""
     store = SQLiteCheckpointStore(db, synchronous="NORMAL")
-    executor = Executor(registry)
+    executor = Executor(registry, events=Events(record=True))  # the viewer shows each run's events live
     executor.events.subscribe(on_event)
     runner = FlowRunner(executor, checkpoints=store, checkpoint_key=DEMO_KEY, lease_s=DEMO_LEASE_S)
     try:

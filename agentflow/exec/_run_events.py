@@ -4,7 +4,8 @@
   event the hub emits for that run is buffered and appended to the store's stream
   (`EventStore`) by one background task, in emit order, live; leaving the block awaits the
   last append, so a superstep's events are stored before its drive returns. Nothing is
-  recorded when the store has no stream or there is no sealer. A failed append is logged
+  recorded unless the hub says so (``Events(record=True)``, as the Celery workers' hub
+  does), nor when the store has no stream or there is no sealer. A failed append is logged
   and dropped: observing a run never breaks it.
 - Each event is sealed (`Sealer.seal_event`: the MAC covers the run id and the payload)
   and checked before its payload is decoded (`read_events`): a forged or moved event comes
@@ -120,7 +121,7 @@ async def recording(
 ) -> AsyncIterator[_T]:
     """Hold `held` and record the run's events meanwhile; the last append is awaited before it is let go."""
     stream = stream_of(store)
-    if stream is None or sealer is None:
+    if stream is None or sealer is None or not events.record:
         async with held as value:
             yield value
         return

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow import InDoubtDecision
 from agentflow._app import FlowApp
 from agentflow._errors import CheckpointConflict
+from agentflow._events import Events
 from agentflow._run_types import RunKind
 from agentflow.exec._durable_loop import cancel_tool_loop
 from agentflow.exec._run_lease import process_owner
@@ -67,7 +68,8 @@ class Here(Operator):
         self.store, self.keys, self.flows = store, list(keys), flows
 
     def _runner(self) -> FlowRunner:
-        return self.flows.runner(self.store, self.keys, owner=process_owner("viewer"))
+        # It acts on stored runs the live page may be following: their events go into the runs' streams.
+        return self.flows.runner(self.store, self.keys, owner=process_owner("viewer"), events=Events(record=True))
 
     async def resume(self, report: RunReport, *, approve: bool, note: str | None, operator: str) -> None:
         """See `Operator.resume`: the approved tools run here."""

@@ -32,6 +32,7 @@ from click.testing import Result
 from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry, RunContext
+from agentflow._events import Events
 from agentflow.demo.worker import DEMO_KEY
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.checkpoints._records import Lease
@@ -103,7 +104,7 @@ app = FlowApp(registry, [refunds, shipping])
 
 async def _add_runs(db: Path) -> None:
     async with SQLiteCheckpointStore(db) as store:
-        runner = app.runner(store, KEY)
+        runner = app.runner(store, KEY, events=Events(record=True))  # the viewer's live page reads the streams
         await runner.run(refunds, Refund(order="order-1", amount=90), run_id="refund-1")
         ctx = RunContext(user="alice", thread="t-9", principal=PRINCIPAL)
         await runner.run(refunds, Refund(order="order-3", amount=45), run_id="refund-2", ctx=ctx)

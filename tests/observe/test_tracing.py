@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from pydantic import BaseModel
 
-from agentflow import Call, Executor, Flow, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
+from agentflow import Call, Events, Executor, Flow, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
 from agentflow.exec import run_tool_loop
 from agentflow.exec._tracing import NO_TRACING
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
@@ -428,9 +428,10 @@ async def test_a_wrapped_store_keeps_the_event_stream_of_the_store_it_wraps_and_
     inner = MemoryCheckpointStore()
     store = TracedStore(inner)
     assert isinstance(store, EventStore) and not isinstance(store, RetentionStore)
-    p = Process(tickets.registry, store)
-    # When a run goes from start to done
-    await p.runner.run(TICKETS, {"show": "Hamlet"}, run_id="e-1")
+    tracing = Process(tickets.registry, store).tracing
+    runner = FlowRunner(Executor(tickets.registry, tracer=tracing, events=Events(record=True)), checkpoints=store)
+    # When a run goes from start to done, recorded
+    await runner.run(TICKETS, {"show": "Hamlet"}, run_id="e-1")
     # Then its events went into the wrapped store's stream, read the same through the wrapper
     events = await store.read_events("e-1")
     assert events and events == await inner.read_events("e-1")

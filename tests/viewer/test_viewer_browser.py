@@ -14,6 +14,7 @@ import runs_kit
 from playwright.sync_api import Dialog, Page, expect
 from viewer_kit import make_app, served
 
+from agentflow import Events
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
@@ -120,7 +121,8 @@ def live_refresh(page: Page, base: str, db: Path) -> None:
 
     async def approve() -> None:
         async with SQLiteCheckpointStore(db) as store:
-            await runs_kit.app.runner(store, runs_kit.KEY).resume(runs_kit.refunds, "refund-1", approve=True)
+            runner = runs_kit.app.runner(store, runs_kit.KEY, events=Events(record=True))  # it records its events
+            await runner.resume(runs_kit.refunds, "refund-1", approve=True)
 
     runs_kit.in_thread(approve)
     # Then the page shows it within a refresh or two, without a reload
@@ -143,7 +145,8 @@ def live_events(page: Page, base: str, db: Path) -> None:
 
     async def approve() -> None:
         async with SQLiteCheckpointStore(db) as store:
-            await runs_kit.app.runner(store, runs_kit.KEY).resume(runs_kit.refunds, "refund-1", approve=True)
+            runner = runs_kit.app.runner(store, runs_kit.KEY, events=Events(record=True))  # it records its events
+            await runner.resume(runs_kit.refunds, "refund-1", approve=True)
 
     runs_kit.in_thread(approve)
     # Then its events come into the list as they are stored, up to the run's end
