@@ -26,6 +26,8 @@ Invariants:
   real request out.
 - A call that started before the holder saw the request is not interrupted: it finishes
   and its ``done`` (or ``failed``) record is logged before the run ends.
+- A request made before the run started (for an earlier run of the same id, pruned since)
+  is removed, never obeyed: each checkpoint carries the run's signed start.
 - The request is a wish; the ``cancel`` claim is the fact. Nothing but a holder of the run's
   lease saves that claim, so a request can neither fork a run nor end one twice.
 """
@@ -138,9 +140,13 @@ async def withdraw(store: CheckpointStore, run_id: str) -> None:
 class CancelWatch:
     """A holder's look-out for a cancel request on one run (see the module docstring)."""
 
-    def __init__(self, store: CheckpointStore, sealer: Sealer, run_id: str, events: Events) -> None:
+    def __init__(
+        self, store: CheckpointStore, sealer: Sealer, run_id: str, events: Events, started_at: float | None = None
+    ) -> None:
         self._store, self._sealer, self._events = store, sealer, events
         self.run_id = run_id
+        self._started_at = started_at
+        self._extra = {"run_id": run_id}
         self._key = request_key(run_id)
         self._fresh = False
         self.found: CancelRequest | None = None
@@ -167,10 +173,18 @@ class CancelWatch:
             if mark is None:
                 return
             try:
-                self.found = read_request(self._sealer, mark, self.run_id)
+                found = read_request(self._sealer, mark, self.run_id)
             except CheckpointStoreCorrupt as exc:
                 await self._refuse(mark, str(exc))
                 return
+            if self._started_at is not None and found.at < self._started_at:
+                # Made for an earlier run of this id (pruned since): it is not this run's to obey.
+                log.info(
+                    "run %s: removing a cancel request older than the run", self.run_id, extra={"run_id": self.run_id}
+                )
+                await self._store.release_lease(self._key, mark.token)
+                return
+            self.found = found
         raise CancelRequested(self.found)
 
     async def _refuse(self, mark: Lease, why: str) -> None:

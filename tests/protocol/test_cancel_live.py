@@ -6,6 +6,7 @@ Every rule runs on every store set-up (the ``workers`` fixture).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from _kit.faults import body
@@ -135,7 +136,7 @@ async def test_a_request_that_finds_the_run_let_go_cancels_it_at_once(workers):
     # Given a paused run (nobody holds it) and a request left for a holder that is gone
     await workers.runner().run(REFUNDS, Refund(amount=500), run_id="refund-1")
     sealer = Sealer(KEY)
-    request = CancelRequest("refund-1", "left over", "dave", 0.0)
+    request = CancelRequest("refund-1", "left over", "dave", time.time())
     await workers.raw.take_lease(
         request_key("refund-1"), sealer.seal_request("refund-1", "cancel", request.body()), "t" * 32, REQUEST_TTL_S
     )
@@ -166,3 +167,16 @@ async def test_a_tool_loop_a_worker_holds_stops_before_its_next_model_call(store
     assert result.status == RunStatus.CANCELLED and result.error == "cancelled by erin: enough"
     assert tickets.ledger.counts() == {"slow_lookup": 1}
     assert result.model_calls == 1
+
+
+async def test_a_request_left_from_an_earlier_run_of_the_same_id_is_removed_not_obeyed(workers):
+    # Given a signed request made an hour ago for "order-9" (a run of that id since pruned)
+    sealer = Sealer(KEY)
+    old = CancelRequest("order-9", "for the run before", "ivy", time.time() - 3600)
+    await workers.raw.take_lease(
+        request_key("order-9"), sealer.seal_request("order-9", "cancel", old.body()), "t" * 32, REQUEST_TTL_S
+    )
+    # When a new run takes that id, Then it runs to its end, and the old request is gone
+    result = await workers.runner().run(LOOKUP, ORDER, run_id="order-9")
+    assert result.status == RunStatus.DONE
+    assert await _request(workers, "order-9") is None
