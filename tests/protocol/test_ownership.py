@@ -113,7 +113,10 @@ class Worker:
                 raise AssertionError(f"no {event!r} event within {timeout_s} s; stderr:\n{self.stderr()}") from None
             if not line:
                 self.proc.wait(5)
-                raise AssertionError(f"the worker exited ({self.proc.returncode}) before {event!r}:\n{self.stderr()}")
+                raise AssertionError(  # what it said last (its "end" names the outcome) and its log
+                    f"the worker exited ({self.proc.returncode}) before {event!r}; it said {self._backlog}:\n"
+                    f"{self.stderr()}"
+                )
             self._backlog.append(json.loads(line))
 
     def freeze(self) -> None:
