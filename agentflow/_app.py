@@ -92,20 +92,30 @@ class FlowApp:
         )
 
 
+def import_attribute(path: str, option: str, example: str) -> tuple[Any, str, str]:
+    """Import what ``"package.module:attribute"`` names; return it (None if absent), the module's name and its own.
+
+    Raises:
+        ValueError: the path is malformed or its module cannot be imported (the message
+            names `option` and shows `example`).
+    """
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{option} {path!r}: write it as package.module:attribute, e.g. {example}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{option} {path!r}: cannot import {module_name!r} ({exc})") from None
+    return getattr(module, attr, None), module_name, attr
+
+
 def load_app(path: str) -> FlowApp:
     """Import a `FlowApp` from ``"package.module:attribute"``.
 
     Raises:
         ValueError: the path is malformed, cannot be imported, or does not name a FlowApp.
     """
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"--app {path!r}: write it as package.module:attribute, e.g. my_company.agents:app")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--app {path!r}: cannot import {module_name!r} ({exc})") from None
-    app = getattr(module, attr, None)
+    app, module_name, attr = import_attribute(path, "--app", "my_company.agents:app")
     if not isinstance(app, FlowApp):
         raise ValueError(f"--app {path!r}: {attr!r} in {module_name!r} is not a FlowApp")
     return app

@@ -8,8 +8,7 @@ store, key ring, prefix and queue, and sends every action that runs a tool to th
 
 from __future__ import annotations
 
-import importlib
-
+from agentflow._app import import_attribute
 from agentflow.celery._tasks import AgentflowTasks
 
 
@@ -19,18 +18,14 @@ def load_tasks(path: str) -> AgentflowTasks:
     Raises:
         ValueError: the path is malformed, does not import, or names something else.
     """
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"--workers {path!r}: write it as package.module:attribute, e.g. workers.celery_app:tasks")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--workers {path!r}: cannot import {module_name!r} ({exc})") from None
+        tasks, module_name, attr = import_attribute(path, "--workers", "workers.celery_app:tasks")
+    except ValueError:
+        raise
     except Exception as exc:  # the module failed while building the deployment (bad settings, ...)
         raise ValueError(
-            f"--workers {path!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc})"
+            f"--workers {path!r}: importing {path.partition(':')[0]!r} failed ({type(exc).__name__}: {exc})"
         ) from None
-    tasks = getattr(module, attr, None)
     if not isinstance(tasks, AgentflowTasks):
         found = "nothing" if tasks is None else type(tasks).__name__
         raise ValueError(

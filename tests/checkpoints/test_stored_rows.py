@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
+from _kit.poll import until
 
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
@@ -325,10 +326,13 @@ async def _until_waiting(entry: Any, task: asyncio.Future[Any]) -> None:
                 writes.append(statement)
 
         sa.event.listen(entry.engine.sync_engine, "before_cursor_execute", seen)
+
+        def asked() -> bool:
+            assert not task.done(), "the task finished without waiting for the write lock"
+            return bool(writes)
+
         try:
-            while not writes:
-                assert time.monotonic() < deadline and not task.done(), "the task never asked for the write lock"
-                await asyncio.sleep(0.01)
+            await until(asked, "the task asking for the write lock", every=0.01)
         finally:
             sa.event.remove(entry.engine.sync_engine, "before_cursor_execute", seen)
         return
