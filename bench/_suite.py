@@ -53,9 +53,15 @@ class Context:
     """Unique per benchmark: the Redis key prefix and PostgreSQL table prefix/schema to use (and drop)."""
     key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     """A checkpoint key for stores that need one."""
+    cases: tuple[str, ...] = ()
+    """``--case`` filters: a benchmark that supports them measures only the cases whose name contains one."""
 
     def sized(self, full: int, quick: int) -> int:
         return quick if self.quick else full
+
+    def wants(self, case: str) -> bool:
+        """Whether `case` is measured in this run (every case when no ``--case`` was given)."""
+        return not self.cases or any(part.lower() in case.lower() for part in self.cases)
 
 
 def load(name: str) -> ModuleType:

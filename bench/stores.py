@@ -5,7 +5,9 @@ superstep is (with - without) / 3. LangGraph's checkpointers for the same back-e
 alongside as a reference, per checkpoint (its graph writes 5 per run): InMemorySaver,
 AsyncSqliteSaver (SQLite's default ``synchronous=FULL``, like agentflow's SQLite store)
 and AsyncPostgresSaver. LangGraph's Redis saver needs the RedisJSON and RediSearch
-modules, which plain Redis lacks, so Redis has no LangGraph reference.
+modules, which plain Redis lacks, so Redis has no LangGraph reference. ``--case PART``
+keeps the set-ups whose name contains PART, and their references:
+``python -m bench --only stores --case PostgreSQL``.
 """
 
 from __future__ import annotations
@@ -37,36 +39,47 @@ async def _stores(ctx: Context, stack: AsyncExitStack, report: Report) -> dict[s
     from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore
 
     svc = ctx.services
-    stores: dict[str, Any] = {"memory": MemoryCheckpointStore()}
-    stores["SQLite (FULL)"] = SQLiteCheckpointStore(ctx.tmp / "agentflow.db")
-    stack.push_async_callback(stores["SQLite (FULL)"].aclose)
-    stores["fakeredis"] = await stack.enter_async_context(_services.fakeredis_store(ctx.tag))
-    if svc.redis_url:
+    stores: dict[str, Any] = {}
+    if ctx.wants("memory"):
+        stores["memory"] = MemoryCheckpointStore()
+    if ctx.wants("SQLite (FULL)"):
+        stores["SQLite (FULL)"] = SQLiteCheckpointStore(ctx.tmp / "agentflow.db")
+        stack.push_async_callback(stores["SQLite (FULL)"].aclose)
+    if ctx.wants("fakeredis"):
+        stores["fakeredis"] = await stack.enter_async_context(_services.fakeredis_store(ctx.tag))
+    if ctx.wants("Redis") and svc.redis_url:
         stores["Redis"] = await stack.enter_async_context(_services.redis_store(svc.redis_url, ctx.tag))
-    else:
+    elif ctx.wants("Redis"):
         report.notes.append(f"Redis skipped: {svc.redis_why}")
-    stores["SQLAlchemy + aiosqlite"] = SQLAlchemyCheckpointStore(
-        f"sqlite+aiosqlite:///{ctx.tmp / 'sqlalchemy.db'}", table_prefix=f"{ctx.tag}_"
-    )
-    stack.push_async_callback(stores["SQLAlchemy + aiosqlite"].aclose)
-    if svc.pg_url:
+    if ctx.wants("SQLAlchemy + aiosqlite"):
+        stores["SQLAlchemy + aiosqlite"] = SQLAlchemyCheckpointStore(
+            f"sqlite+aiosqlite:///{ctx.tmp / 'sqlalchemy.db'}", table_prefix=f"{ctx.tag}_"
+        )
+        stack.push_async_callback(stores["SQLAlchemy + aiosqlite"].aclose)
+    if ctx.wants("SQLAlchemy + PostgreSQL") and svc.pg_url:
         stores["SQLAlchemy + PostgreSQL"] = await stack.enter_async_context(
             _services.sqlalchemy_pg_store(svc.pg_url, f"{ctx.tag}_")
         )
-    else:
+    elif ctx.wants("SQLAlchemy + PostgreSQL"):
         report.notes.append(f"PostgreSQL skipped: {svc.pg_why}")
     return stores
 
 
-async def _langgraph_cases(ctx: Context, stack: AsyncExitStack, tmp: Path) -> tuple[dict[str, Any], dict[str, int]]:
+async def _langgraph_cases(
+    ctx: Context, stack: AsyncExitStack, tmp: Path, stores: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """LangGraph's run without a checkpointer and with the reference saver of each store measured."""
     order, graph = _flows.ORDER, _flows.graph()
     plain = graph.compile()
     cases: dict[str, Any] = {"LangGraph ainvoke, no checkpointer": lambda: plain.ainvoke(order)}
-    savers = {"LangGraph InMemorySaver": _langgraph.memory_saver()}
-    savers["LangGraph AsyncSqliteSaver (FULL)"] = await stack.enter_async_context(
-        _langgraph.async_sqlite_saver(tmp / "langgraph.db", "FULL")
-    )
-    if ctx.services.pg_url:
+    savers: dict[str, Any] = {}
+    if "memory" in stores:
+        savers["LangGraph InMemorySaver"] = _langgraph.memory_saver()
+    if "SQLite (FULL)" in stores:
+        savers["LangGraph AsyncSqliteSaver (FULL)"] = await stack.enter_async_context(
+            _langgraph.async_sqlite_saver(tmp / "langgraph.db", "FULL")
+        )
+    if ctx.services.pg_url and "SQLAlchemy + PostgreSQL" in stores:
         savers["LangGraph AsyncPostgresSaver"] = await stack.enter_async_context(
             _langgraph.async_postgres_saver(ctx.services.pg_url, f"{ctx.tag}_langgraph")
         )
@@ -91,7 +104,7 @@ async def run(ctx: Context) -> Report:
             runner = _flows.runner(store, None if name == "memory" else ctx.key)
             await runner.run(flow, order)  # creates tables and connections before the timing
             cases[name] = lambda r=runner: r.run(flow, order)
-        lg_cases, lg_counts = await _langgraph_cases(ctx, stack, ctx.tmp)
+        lg_cases, lg_counts = await _langgraph_cases(ctx, stack, ctx.tmp, stores)
         cases |= lg_cases
         plan = Plan(warmup=ctx.sized(20, 5), blocks=ctx.sized(7, 3), per_block=ctx.sized(40, 10))
         times = await interleave(cases, plan)
