@@ -17,6 +17,11 @@ Names in use (data in parentheses):
   (``agentflow.celery._stranded``); no run id
 - ``run.cancel_requested`` (holder, reason, operator): a live worker holds the run, so a
   signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
+- ``call.waiting`` (tool or model, call_id, limit, why, wait_s): a call waits for a slot of a
+  shared limit (why: ``concurrency``, ``rate`` or ``closed``), said once per reason;
+  ``call.admitted`` (tool or model, call_id, waited_s): it got every slot and starts;
+  ``limit.closed`` (tool or model, call_id, limit, retry_after_s, closed_s): the call's provider
+  said 429, so the limit is closed for every worker sharing it (`agentflow.exec.limits`)
 - ``control.refused`` (kind, why): a control request that does not check was ignored and removed
 - ``run.unlisted`` (flow, relisted, why): `recover_all(sweep=True)` found a run with stored
   rows and no listing entry, and listed it again (or says why not)

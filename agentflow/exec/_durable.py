@@ -325,7 +325,9 @@ class CallLog:
     async def _run(self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, ran: str) -> Any:
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
         try:
-            result = await self.executor.run(tool, kwargs, call=info, validated=True, approved=True, span=span)
+            result = await self.executor.run(
+                tool, kwargs, call=info, validated=True, approved=True, span=span, ctx=self.ctx
+            )
         except Exception as exc:
             if self.watch is not None:
                 self.watch.moved()

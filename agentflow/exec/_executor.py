@@ -1,8 +1,10 @@
-"""`Executor`: runs one tool call (validation, approval port, timeout, retries, events).
+"""`Executor`: runs one tool call (validation, approval port, limits, timeout, retries, events).
 
 The executor knows nothing about durability: the call log (`_durable.py`) wraps each call
 with its records. Sync tools run off the event loop on the executor the caller chose
 (default: `asyncio.to_thread`'s pool); the current call's `CallInfo` is visible inside them.
+Each attempt of a call takes a slot of every limit of its tool first (`limits._gate`,
+on the backend its registry names); waiting for one is not part of the tool's timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo, _current
 from agentflow.exec._registry import Registry, Tool
 from agentflow.exec._tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
+from agentflow.exec.limits._gate import Gate
+from agentflow.exec.limits._spec import RateLimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,8 @@ class Executor:
         self.events = events if events is not None else Events()
         self.tracer: Tracer = tracer if tracer is not None else NO_TRACING
         self._sync_executor = sync_executor
+        self.gate = Gate(registry.limits.backend, self.events)
+        """Where calls (and a tool loop's model calls) take the slots of their limits."""
 
     async def ask_approver(self, request: ApprovalRequest) -> bool:
         """Ask the approval port about a call (a sync port runs off the event loop)."""
@@ -94,6 +100,7 @@ class Executor:
         validated: bool = False,
         approved: bool = False,
         span: CallSpan = NO_SPAN,
+        ctx: RunContext | None = None,
     ) -> Any:
         """Run one call: validate, ask the approval port if needed, then attempt it.
 
@@ -105,12 +112,14 @@ class Executor:
             approved: the call's approval was already settled (the call log asks the
                 port itself, after logging ``started``).
             span: the call's span (told of each attempt).
+            ctx: who the run acts for (its limits' tenant keys may depend on it).
 
         Raises:
             UnknownTool, ToolArgumentsInvalid: before anything runs.
             ApprovalDenied: the call needs approval and the port denied it, or there is no
                 port (outside a flow nothing can pause for a person).
             ToolTimeout: the last attempt timed out.
+            RateLimited: the tool kept raising it past its limits' `retries_429`.
             Exception: whatever the tool raised on its last attempt.
         """
         spec = self.registry.get(tool) if isinstance(tool, str) else tool
@@ -127,30 +136,39 @@ class Executor:
         while True:
             info = CallInfo(run_id or "", call_id or spec.name, spec.name, attempt)
             span.attempt(attempt)
-            self.events.emit("tool.started", run_id, tool=spec.name, call_id=call_id, attempt=attempt)
-            began = time.perf_counter()
+            began = [time.perf_counter()]  # reset when the attempt starts, past any wait for a slot
+            who = {"run_id": run_id, "tool": spec.name, "call_id": call_id}
             try:
-                result = await self._attempt(spec, kwargs, info)
+                result = await self.gate.run(
+                    spec.limits, kwargs, ctx, who, functools.partial(self._started, spec, kwargs, info, who, began)
+                )
             except ApprovalDenied:
                 raise
             except Exception as exc:
-                retryable = isinstance(exc, spec.retry.retry_on) and attempt < spec.retry.attempts
-                if not retryable:
-                    ms = (time.perf_counter() - began) * 1000
-                    self.events.emit(
-                        "tool.failed", run_id, tool=spec.name, call_id=call_id, error=repr(exc), ms=round(ms, 3)
-                    )
+                ms = round((time.perf_counter() - began[0]) * 1000, 3)
+                if not isinstance(exc, spec.retry.retry_on) or attempt >= spec.retry.attempts:
+                    self.events.emit("tool.failed", run_id, tool=spec.name, call_id=call_id, error=repr(exc), ms=ms)
                     raise
                 delay = spec.retry.delay(attempt)
+                if isinstance(exc, RateLimited):  # no limit of the tool took it: wait here as asked
+                    delay = max(delay, exc.retry_after_s)
                 self.events.emit(
                     "tool.retrying", run_id, tool=spec.name, call_id=call_id, attempt=attempt, delay_s=delay
                 )
                 await asyncio.sleep(delay)
                 attempt += 1
                 continue
-            ms = (time.perf_counter() - began) * 1000
-            self.events.emit("tool.finished", run_id, tool=spec.name, call_id=call_id, ms=round(ms, 3))
+            ms = round((time.perf_counter() - began[0]) * 1000, 3)
+            self.events.emit("tool.finished", run_id, tool=spec.name, call_id=call_id, ms=ms)
             return result
+
+    async def _started(
+        self, spec: Tool, kwargs: dict[str, Any], info: CallInfo, who: dict[str, Any], began: list[float]
+    ) -> Any:
+        """One attempt, once its limits let it start: reported as started, timed from now."""
+        self.events.emit("tool.started", who["run_id"], tool=spec.name, call_id=who["call_id"], attempt=info.attempt)
+        began[0] = time.perf_counter()
+        return await self._attempt(spec, kwargs, info)
 
     async def _attempt(self, spec: Tool, kwargs: dict[str, Any], info: CallInfo) -> Any:
         token = _current.set(info)

@@ -3,10 +3,14 @@
 `LoopDriver` is what a tool loop plugs into `agentflow.exec._run_protocol.RunProtocol`; the
 protocol owns the durable sequence. See `_durable_loop` for the public functions and the
 storage layout (each checkpoint stores only the messages added since the previous one).
+A model call takes a slot of the registry's limit named after the model's provider (its
+``provider`` attribute, else its adapter: ``openai``, ``anthropic``) through the executor's
+gate, as tool calls do; it waits for one while the run's lease is renewed.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -35,6 +39,7 @@ from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec._run_steps import RunSteps
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.limits._table import provider_of
 from agentflow.models._messages import Message, ToolCall
 from agentflow.models._protocol import Model
 
@@ -272,7 +277,13 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
                     marker["span"] = lp.span.ref
                 await lp.journal.write("started", marker)
             lp.model_calls += 1
-            reply = await self.model.complete(list(lp.history), self.executor.registry.schemas())
+            reply = await self.executor.gate.run(
+                self.executor.registry.limits.of_model(self.model),
+                {},
+                lp.ctx,
+                {"run_id": lp.run_id, "model": provider_of(self.model), "call_id": f"{lp.turn + 1}/model"},
+                functools.partial(self.model.complete, list(lp.history), self.executor.registry.schemas()),
+            )
             if not isinstance(reply, Message) or reply.role != "assistant":
                 raise ModelError(f"the model returned {reply!r}, not an assistant Message")
             span.reply(reply)

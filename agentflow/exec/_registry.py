@@ -8,7 +8,7 @@ runs. Its options say how to run it (timeout, retries) and how to treat it after
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints, overload
 
@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from agentflow._errors import ToolArgumentsInvalid, UnknownTool
 from agentflow._identity import RunContext
+from agentflow.exec.limits._backends import BackendSpec
+from agentflow.exec.limits._spec import Limit, LimitKey
+from agentflow.exec.limits._table import LimitTable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,6 +91,8 @@ class Tool:
     """Its calls' spans show their arguments (JSON); off by default."""
     trace_result: bool = False
     """Its calls' spans show their results (JSON) and error messages; off by default."""
+    limits: tuple[Limit, ...] = ()
+    """The shared limits each attempt of a call takes a slot of (`agentflow.exec.limits`)."""
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validate `args`, returning the keyword arguments to call the tool with.
@@ -144,10 +149,46 @@ class Tool:
 
 
 class Registry:
-    """The tools a worker can run, by name."""
+    """The tools a worker can run, by name, and the limits their calls share."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, limit_backend: BackendSpec = None) -> None:
+        """A registry with no tools yet.
+
+        Args:
+            limit_backend: where the state of its limits lives, shared by every process
+                naming the same one: None or ``"local"`` (this process only), a Redis URL
+                (``redis://host:6379/0``, ``#prefix`` at the end to set the key prefix), a
+                factory, or a `LimitBackend`. Nothing connects until a limited call runs,
+                and each process (a Celery prefork child) makes its own client.
+        """
         self._tools: dict[str, Tool] = {}
+        self.limits = LimitTable(limit_backend)
+        """The limits declared on this registry, and their backend."""
+
+    def limit(
+        self,
+        name: str | Limit,
+        /,
+        *,
+        concurrency: int | None = None,
+        per_second: int | None = None,
+        per_minute: int | None = None,
+        key: LimitKey | None = None,
+    ) -> Limit:
+        """Declare a limit that tools name (``limits=[name]``) and that model calls of provider `name` take.
+
+        Args:
+            name: the limit's name (a model provider's, e.g. ``"openai"``, covers that
+                provider's model calls in tool loops), or a whole `Limit`.
+            concurrency: at most this many calls in flight, on every worker together.
+            per_second: at most this many calls start in any one-second window.
+            per_minute: at most this many calls start in any one-minute window.
+            key: a tenant key ``(args, ctx) -> str``: each key gets its own slots and window.
+
+        Raises:
+            ValueError: the name is taken, or the options make no limit.
+        """
+        return self.limits.declare(name, concurrency=concurrency, per_second=per_second, per_minute=per_minute, key=key)
 
     @overload
     def tool(self, fn: F, /) -> F: ...
@@ -168,6 +209,7 @@ class Registry:
         description: str | None = None,
         trace_args: bool = False,
         trace_result: bool = False,
+        limits: Sequence[str | Limit] = (),
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -185,6 +227,7 @@ class Registry:
         description: str | None = None,
         trace_args: bool = False,
         trace_result: bool = False,
+        limits: Sequence[str | Limit] = (),
     ) -> Any:
         """Register a sync or async function as a tool (usable bare or with options).
 
@@ -201,9 +244,11 @@ class Registry:
             trace_args: show the calls' arguments in their trace spans (off: a span carries
                 the tool, the call id and the outcome, nothing the call was given).
             trace_result: show the calls' results and error messages in their spans.
+            limits: the shared limits its calls take: names of limits declared with
+                `limit` before it, or `Limit`s of its own (unnamed: named after the tool).
 
         Raises:
-            ValueError: the name is taken, or an option is out of range.
+            ValueError: the name is taken, an option is out of range, or a limit is not declared.
         """
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -217,6 +262,7 @@ class Registry:
                 description=description,
                 trace_args=trace_args,
                 trace_result=trace_result,
+                limits=limits,
             )
             return func
 
@@ -234,6 +280,7 @@ class Registry:
         description: str | None = None,
         trace_args: bool = False,
         trace_result: bool = False,
+        limits: Sequence[str | Limit] = (),
     ) -> Tool:
         """Register `fn` and return its `Tool` (the non-decorator form of `tool`)."""
         tool_name = name or getattr(fn, "__name__", None)
@@ -258,6 +305,7 @@ class Registry:
             is_async=inspect.iscoroutinefunction(fn),
             trace_args=trace_args,
             trace_result=trace_result,
+            limits=self.limits.resolve(tool_name, limits),
         )
         self._tools[tool_name] = tool
         return tool

@@ -1,0 +1,56 @@
+"""The `LimitBackend` port: where the state of shared limits lives, and how a call takes a slot.
+
+Every operation is atomic in its backend and judged on the backend's clock (Redis: the
+server's ``TIME``), so workers on hosts with skewed clocks agree. A backend never waits:
+`take` says how long to wait, and the caller (`_gate`) does the waiting, in its own event
+loop, where the run's lease goes on being renewed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from agentflow.exec.limits._spec import Limit
+
+#: Why a call cannot start yet: every slot is held, the window is full, or a 429 closed the limit.
+WaitReason = Literal["concurrency", "rate", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A refused `take`: why, and how long until it could be granted."""
+
+    why: WaitReason
+    """What is in the way."""
+    seconds: float
+    """Until the window or the back-off ends; for ``concurrency``, until the oldest hold lapses (an upper bound)."""
+
+
+@runtime_checkable
+class LimitBackend(Protocol):
+    """Keeps the state of limits: held slots, recent starts and back-offs, per limit and tenant key."""
+
+    async def take(self, limit: Limit, key: str, token: str) -> Wait | None:
+        """Take a slot for `token` (a concurrency slot and a start in the window, at once), or say why not.
+
+        Nothing is taken when the answer is a `Wait`. A taken slot is held `limit.hold_s`
+        unless renewed; a start counts for `limit.interval_s`.
+        """
+        ...
+
+    async def renew(self, limit: Limit, key: str, token: str) -> bool:
+        """Hold `token`'s slot `limit.hold_s` longer; False if it lapsed (it may have been given away)."""
+        ...
+
+    async def release(self, limit: Limit, key: str, token: str) -> None:
+        """Give `token`'s slot back (its start still counts in the window)."""
+        ...
+
+    async def close(self, limit: Limit, key: str, seconds: float) -> float:
+        """Close the limit for `seconds` from now (never shortening a longer back-off); return how long it is closed."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the clients this backend made in the running event loop."""
+        ...
