@@ -2,7 +2,8 @@
 
 The command line (``--app module:attr``), the Celery tasks and the run viewer all need
 the same two things to act on a stored run: its flow, by name, and the registry of its
-tools. A `FlowApp` bundles them.
+tools. A `FlowApp` bundles them. An app may hold several versions of one flow
+(`FlowVersions`): new runs start on the newest, and each stored run continues on its own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._graph import Flow
 from agentflow.flow._runner import FlowRunner
+from agentflow.flow._versions import FlowVersions
 from agentflow.models._protocol import Model
 
 
@@ -45,28 +47,49 @@ class FlowApp:
         """Bundle `flows` with their `registry`, and name the tool loops.
 
         Raises:
-            FlowError: two flows share a name, or a flow calls a tool the registry lacks.
+            FlowError: two flows share a name and a version, or a flow calls a tool the registry lacks.
         """
         self.registry = registry
         self.loops: dict[str, LoopSpec] = dict(loops or {})
-        self.flows: dict[str, Flow[Any]] = {}
+        gathered: dict[str, list[Flow[Any]]] = {}
         for flow in flows:
-            if flow.name in self.flows:
-                raise FlowError(f"two flows are named {flow.name!r}; flow names must be unique in an app")
             flow.validate(registry)
-            self.flows[flow.name] = flow
+            gathered.setdefault(flow.name, []).append(flow)
+        #: Every flow's versions, by name.
+        self.versions: dict[str, FlowVersions[Any]] = {name: FlowVersions(fs) for name, fs in gathered.items()}
+        #: The newest version of every flow, by name (where new runs start).
+        self.flows: dict[str, Flow[Any]] = {name: v.newest for name, v in self.versions.items()}
 
-    def flow(self, name: str) -> Flow[Any]:
-        """Return the flow called `name`.
+    def flow(self, name: str, version: str | None = None) -> Flow[Any]:
+        """Return the flow called `name`: its newest version, or `version`.
+
+        Raises:
+            FlowError: no flow has that name, or it has no such version (the message lists the known ones).
+        """
+        flows = self.flow_versions(name)
+        if version is None:
+            return flows.newest
+        found = flows.get(version)
+        if found is None:
+            known = ", ".join(flows.versions)
+            raise FlowError(f"flow {name!r} has no version {version!r} in this app (versions: {known})")
+        return found
+
+    def flow_versions(self, name: str) -> FlowVersions[Any]:
+        """Every version of the flow called `name` this app has (what acting on its stored runs needs).
 
         Raises:
             FlowError: no flow has that name (the message lists the known ones).
         """
         try:
-            return self.flows[name]
+            return self.versions[name]
         except KeyError:
-            known = ", ".join(sorted(self.flows)) or "none"
+            known = ", ".join(sorted(self.versions)) or "none"
             raise FlowError(f"unknown flow {name!r} (this app has: {known})") from None
+
+    def has_version(self, name: str, version: str) -> bool:
+        """Whether this app can carry on runs of flow `name` saved on `version`."""
+        return name in self.versions and version in self.versions[name]
 
     def runner(
         self,

@@ -14,6 +14,7 @@ AgentflowError
 ├── RunFailed                      (.run_id, .error: a run ended failed; a worker's task raises it)
 ├── IdentityMismatch               (also a PermissionError)
 ├── FlowError
+│   └── VersionNotDeployed         (.run_id, .flow, .version, .deployed: the run's flow version is not here)
 ├── ModelError
 └── ToolError
     ├── UnknownTool
@@ -134,6 +135,26 @@ class IdentityMismatch(AgentflowError, PermissionError):
 
 class FlowError(AgentflowError):
     """Raised when a flow is built wrongly, its graph changed since a checkpoint, or it cannot go on."""
+
+
+class VersionNotDeployed(FlowError):
+    """Raised when a run's flow version is not among the versions at hand: it needs that version, or a migration.
+
+    Nothing of the run is touched: it waits, unchanged, for a worker that has its version
+    or for an operator's `migrate` to a version that is deployed.
+    """
+
+    def __init__(self, run_id: str, flow: str, version: str, deployed: Sequence[str]) -> None:
+        super().__init__(run_id, flow, version, list(deployed))
+        self.run_id, self.flow, self.version, self.deployed = run_id, flow, version, list(deployed)
+
+    def __str__(self) -> str:
+        here = ", ".join(self.deployed) or "none"
+        return (
+            f"run {self.run_id!r} is on version {self.version!r} of flow {self.flow!r}, which is not deployed here "
+            f"(versions here: {here}); it needs migration (agentflow migrate {self.run_id} --to VERSION) "
+            f"or a worker that has version {self.version!r}"
+        )
 
 
 class ModelError(AgentflowError):

@@ -1,4 +1,4 @@
-"""What every run is, whatever drives it: its status and its kind.
+"""What every run is, whatever drives it: its status, its kind, and a flow run's version.
 
 Both are base types: the stores, the tool loop, flows, the workers and the surfaces read
 them, so they live below all of those and import nothing of agentflow.
@@ -10,8 +10,9 @@ stores its flow's name, a tool loop stores ``loop:<name>``. `RunKind.of` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 _LOOP_PREFIX: Final = "loop:"
 
@@ -46,3 +47,13 @@ class RunKind(StrEnum):
     def name_of(column: str) -> str:
         """The flow's or loop's own name from a stored ``flow`` column."""
         return column.removeprefix(_LOOP_PREFIX)
+
+
+#: The version of a flow built without one, and of flow runs saved before versions existed.
+DEFAULT_VERSION: Final = "1"
+
+
+def version_of(body: Mapping[str, Any]) -> str:
+    """The flow version a checked flow checkpoint body was saved on (`DEFAULT_VERSION` when it names none)."""
+    version = body.get("version", DEFAULT_VERSION)
+    return version if isinstance(version, str) else str(version)

@@ -4,7 +4,9 @@
 spend a decision, save); a `RunDriver` owns only what differs between flows and loops:
 - how its checkpoint body is read and written (`read`, `cursor`, `fields`, `after_save`),
 - where it stands (`superstep`) and which of the log's calls belong to that point (`seeds`),
-- how it runs steps (`drive`) and what it returns (`result`).
+- how it runs steps (`drive`) and what it returns (`result`);
+- for a kind that can move to another definition (a flow's version), what a move records
+  (`migration_record`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
@@ -75,6 +78,14 @@ class RunDriver(ABC, Generic[C, R]):
     @abstractmethod
     def superstep(self, cur: C) -> int:
         """The superstep (a tool loop's turn) the cursor stands at."""
+
+    def migration_record(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """What a ``migrate`` claim records of the move from the definition `body` was saved on.
+
+        Raises:
+            FlowError: this driver was not made to migrate runs (the default: a kind that cannot).
+        """
+        raise FlowError(f"a {self.kind.value} run cannot be migrated")
 
     def seeds(self, cur: C, records: Sequence[LoggedRecord]) -> dict[str, CallState]:
         """The call states of the step a worker goes on with: what replays, what is in doubt."""

@@ -6,8 +6,9 @@ Moving parts:
 - `RunProtocol` puts them in order, once for every kind of run, each entry point under the
   run's lease (`_run_lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
-  doubt), `retry`, `cancel`. `decide` (in `_durable`) is the one rule turning ``approve``
-  into decisions.
+  doubt), `retry`, `cancel`, `migrate` (onto another definition: the driver builds the
+  moved cursor). `decide` (in `_durable`) is the one rule turning ``approve`` into
+  decisions.
 - Every drive runs on the look-out for a cancel request (`_run_cancel.CancelWatch`); one
   ends the run through `_end_cancelled`, the one place a run becomes ``cancelled``.
 - Control records (`_run_control`): every decision that steers a run is a claim
@@ -36,7 +37,7 @@ import time
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsDecision, RunHeld, Stale
+from agentflow._errors import CheckpointConflict, ControlRefused, FlowError, RecoveryNeedsDecision, RunHeld, Stale
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
@@ -248,6 +249,49 @@ class RunProtocol(RunSteps[C, R]):
             )
             return await self._drive(cur, seeds, limit=limit, recovering=True)
 
+    async def migrate(
+        self,
+        run_id: str,
+        *,
+        operator: str | None,
+        ctx: RunContext | None = None,
+        limit: int | None = None,
+    ) -> R:
+        """Move an unfinished run onto the definition its driver was made to migrate to, with a ``migrate`` claim.
+
+        The driver reads the run whatever definition it was saved on and builds the cursor
+        on the new one (its state mapped and checked). The move is allowed only at a step
+        boundary: when the step the run would go on with has no call logged (a finished
+        call's effect would otherwise be lost with the old step). Pending approvals and
+        unspent decisions are dropped: the new definition asks again. The claim opens a
+        segment of its own and carries what moved where (`RunDriver.migration_record`) with `operator`.
+        `limit` 0 only stores the claim; a worker's `advance` (cause ``migrate``) goes on.
+
+        Raises:
+            CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
+            FlowError: calls were logged in the step it would go on with, or the move does not fit.
+        """
+        async with self.hold(run_id):
+            opened = await self.open(run_id, ctx)
+            self.driver.migration_record(opened.body)  # refuses a driver not made to migrate, before any read
+            if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only an unfinished run can be migrated")
+            records, counts = await self.read(opened)
+            logged = self.driver.seeds(opened.cur, records)
+            if logged:
+                raise FlowError(
+                    f"run {run_id!r} has {len(logged)} call(s) logged in the step it would go on with "
+                    f"({', '.join(sorted(logged))}); moving it now would lose what they did. Finish that step "
+                    "where the run's own version is deployed (recover, resume or decide it), then migrate"
+                )
+            record = self.driver.migration_record(opened.body)
+            cur = opened.cur
+            cur.cause, cur.pending, cur.decisions, cur.error = "migrate", [], {}, None
+            who = self.operator(operator)
+            await self.claim(cur, "migrate", counts, {**who, "migrated": dict(record)})
+            self.events.emit("run.migrated", run_id, kind=self.driver.kind.value, step=cur.step, **record, **who)
+            return await self._drive(cur, {}, limit=limit, recovering=False)
+
     async def decide_in_doubt(
         self,
         run_id: str,
@@ -369,7 +413,7 @@ class RunProtocol(RunSteps[C, R]):
 
 
 #: Claims that carry a decision a superstep spends: its span's cause names the decision.
-SPENT = frozenset({"resume", "decision", "retry"})
+SPENT = frozenset({"resume", "decision", "retry", "migrate"})
 
 
 def advance_cause(body: Mapping[str, Any], step: int | None, handoff: bool) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow._run_types import RunKind
+from agentflow._run_types import RunKind, version_of
 from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, read_log
 from agentflow.exec._durable_seal import Sealer
@@ -246,6 +246,7 @@ def _fill(
     report.error = latest.get("error")
     report.records = len(records)
     report.forked_from = _lineage(bodies[0])
+    report.version = version_of(latest) if report.kind is RunKind.FLOW else None
 
 
 def _lineage(first: Mapping[str, Any]) -> v.Lineage | None:

@@ -55,7 +55,7 @@ BODY_VERSION = 1
 MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 #: Why a run was claimed (signed into the claim checkpoint).
-CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel", "retry"})
+CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel", "retry", "migrate"})
 
 Head = tuple[SealedCheckpoint, Mapping[int, int]]
 

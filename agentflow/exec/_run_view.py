@@ -211,6 +211,8 @@ class RunReport:
     """``(tool, why)`` of the calls in doubt a parked run waits for a decision about (its latest claim)."""
     forked_from: Lineage | None = None
     """The run and checkpoint this run was forked from (None: it was started afresh)."""
+    version: str | None = None
+    """The version of the flow the run is on (None: a tool loop, or a run whose rows did not all check)."""
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""

@@ -2,21 +2,28 @@
 
 A flow checkpoint body holds, besides the envelope every run carries (identity, pending
 approvals, decisions not yet spent, the log marker and pins): the state, the frontier,
-the visits, the superstep number and the graph digest. `FlowDriver` is what a flow plugs
-into `agentflow.exec._run_protocol.RunProtocol`; the protocol owns the rest.
+the visits, the superstep number, the flow's version and its graph digest. `FlowDriver`
+is what a flow plugs into `agentflow.exec._run_protocol.RunProtocol`; the protocol owns the
+rest.
+
+A driver holds every version at hand of its flow (`FlowVersions`): reading a checkpoint
+picks the version the run is signed with (`VersionNotDeployed` when it is not at hand;
+nothing is written then), and the cursor carries that version's `Flow` from then on. A
+driver made for a `Migration` reads a run of any version and builds its cursor on the
+migration's target instead (`agentflow.flow._migrate`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agentflow._errors import CheckpointConflict, CheckpointError, FlowError
 from agentflow._identity import RunContext
-from agentflow._run_types import RunKind, RunStatus
+from agentflow._run_types import RunKind, RunStatus, version_of
 from agentflow.exec._durable import CallLog
 from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer
@@ -31,6 +38,19 @@ from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
+from agentflow.flow._versions import FlowVersions
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Where a migrated run goes: the target version, its state from the old one, its next nodes."""
+
+    to: Flow[Any]
+    """The version the run moves to."""
+    state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None
+    """The new state from the old one (its JSON form); None: the old state as it is."""
+    at: str | None
+    """The node the run goes on from; None: the nodes it would have run next."""
 
 
 @dataclass
@@ -57,57 +77,101 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
 
     kind: ClassVar[RunKind] = RunKind.FLOW
 
-    def __init__(self, flow: Flow[Any], executor: Executor) -> None:
-        self.flow = flow
+    def __init__(self, flows: FlowVersions[Any], executor: Executor, migration: Migration | None = None) -> None:
+        self.flows = flows
         self.executor = executor
         self.events = executor.events
+        self.migration = migration
 
     @property
     def column(self) -> str:
         """The flow's name."""
-        return self.flow.name
+        return self.flows.name
 
     # -- the checkpoint body ----------------------------------------------------------
 
     async def read(
         self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
     ) -> tuple[SealedCheckpoint, dict[str, Any]]:
-        """Load (unless given) and check the latest checkpoint: signature, kind, flow, graph digest."""
+        """Load (unless given) and check the latest checkpoint: signature, kind, flow, version, graph digest.
+
+        Raises:
+            VersionNotDeployed: the run's version is not at hand (unless migrating).
+            FlowError: its version's graph changed since the checkpoint (unless migrating).
+        """
         if row is None:
             row = await store.latest(run_id)
         body = sealer.open_checkpoint(row, run_id)
         if body.get("kind") != RunKind.FLOW:
             raise CheckpointConflict(f"run {run_id!r} is a {body.get('kind')!r} run, not a flow run")
-        if row.flow != self.flow.name:
-            raise CheckpointConflict(f"run {run_id!r} belongs to flow {row.flow!r}, not {self.flow.name!r}")
-        if body.get("digest") != self.flow.digest:
+        if row.flow != self.flows.name:
+            raise CheckpointConflict(f"run {run_id!r} belongs to flow {row.flow!r}, not {self.flows.name!r}")
+        if self.migration is not None:
+            return row, body  # a migration reads any version: the run leaves it
+        flow = self.flows.for_run(run_id, version_of(body))
+        if body.get("digest") != flow.digest:
             raise FlowError(
-                f"flow {self.flow.name!r} changed since run {run_id!r} was checkpointed (graph digest differs); "
-                "recover it with the flow it was started with"
+                f"flow {flow.name!r} version {flow.version!r} changed since run {run_id!r} was checkpointed "
+                "(graph digest differs); recover it with the flow it was started with, or give the changed "
+                "flow a new version and migrate the run to it"
             )
         return row, body
 
     def cursor(self, row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None) -> Cursor:
-        """Rebuild a cursor from a checked checkpoint."""
+        """Rebuild a cursor from a checked checkpoint (on the migration's target, when migrating)."""
+        if self.migration is not None:
+            return self._migrated(row, body, ctx, self.migration)
+        flow = self.flows.for_run(row.run_id, version_of(body))
         return Cursor(
             row.run_id,
             dict(body["identity"]),
             ctx,
-            self.flow,
-            self.flow.state.model_validate(body["state"]),
+            flow,
+            flow.state.model_validate(body["state"]),
             [str(n) for n in body["frontier"]],
             {str(k): int(v) for k, v in body["visits"].items()},
             int(body["superstep"]),
         )
 
+    def _migrated(
+        self, row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None, migration: Migration
+    ) -> Cursor:
+        """The cursor of a run moved onto `migration.to`: its state mapped and validated, its frontier checked."""
+        flow, where = migration.to, f"run {row.run_id!r} cannot move to version {migration.to.version!r}"
+        old = dict(body["state"])
+        try:
+            mapped = old if migration.state is None else migration.state(old)
+        except Exception as exc:
+            raise FlowError(f"{where}: the state function raised {type(exc).__name__}: {exc}") from None
+        try:
+            state = mapped if isinstance(mapped, flow.state) else flow.state.model_validate(mapped)
+        except ValidationError as exc:
+            raise FlowError(f"{where}: its state does not fit {flow.state.__name__} ({exc})") from None
+        frontier = [migration.at] if migration.at is not None else [str(n) for n in body["frontier"]]
+        unknown = [n for n in frontier if n not in flow.nodes]
+        if unknown:
+            raise FlowError(
+                f"{where}: version {flow.version!r} has no node {', '.join(map(repr, unknown))}; "
+                f"say where it goes on with at= (nodes: {', '.join(flow.nodes)})"
+            )
+        visits = {str(k): int(v) for k, v in body["visits"].items() if k in flow.nodes}
+        return Cursor(row.run_id, dict(body["identity"]), ctx, flow, state, frontier, visits, int(body["superstep"]))
+
+    def migration_record(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The versions a migrated run moves from and to, and the node it goes on from (None: where it was)."""
+        if self.migration is None:
+            return super().migration_record(body)
+        return {"from": version_of(body), "to": self.migration.to.version, "at": self.migration.at}
+
     def fields(self, cur: Cursor) -> dict[str, Any]:
-        """State, frontier, visits, superstep and graph digest."""
+        """State, frontier, visits, superstep, the flow's version and its graph digest."""
         try:
             state = cur.state.model_dump(mode="json")
         except Exception as exc:
-            raise FlowError(f"flow {self.flow.name!r}: the state cannot be stored as JSON: {exc}") from None
+            raise FlowError(f"flow {cur.flow.name!r}: the state cannot be stored as JSON: {exc}") from None
         return {
-            "digest": self.flow.digest,
+            "version": cur.flow.version,
+            "digest": cur.flow.digest,
             "state": state,
             "frontier": cur.frontier,
             "visits": cur.visits,
@@ -116,7 +180,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
 
     def event_fields(self, cur: Cursor) -> dict[str, Any]:
         """The flow's name."""
-        return {"flow": self.flow.name}
+        return {"flow": cur.flow.name}
 
     def superstep(self, cur: Cursor) -> int:
         """Supersteps done."""
@@ -126,7 +190,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         self, cur: Cursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
     ) -> RunResult[Any]:
         """The run as it stands."""
-        return RunResult(cur.run_id, status, cur.state, **cur.outcome(replayed, rerun))
+        return RunResult(cur.run_id, status, cur.state, **cur.outcome(replayed, rerun), version=cur.flow.version)
 
     # -- the superstep loop -----------------------------------------------------------
 
@@ -168,9 +232,9 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         log.watch, log.span = cur.watch, cur.span.ref
         # A lone `Call` node returns as soon as its call does: nothing but the merge lies
         # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
-        log.defer_done = len(cur.frontier) == 1 and isinstance(self.flow.nodes[cur.frontier[0]].action, Call)
+        log.defer_done = len(cur.frontier) == 1 and isinstance(cur.flow.nodes[cur.frontier[0]].action, Call)
         try:
-            out = await run_superstep(self.flow, cur.state, cur.frontier, cur.visits, log, self.events)
+            out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events)
         except (CheckpointError, CancelRequested):
             raise  # the store refused a write or failed, or the run is being cancelled: the protocol ends it
         except FlowError as exc:
@@ -194,7 +258,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
         await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
         if status is RunStatus.DONE:
-            self.events.emit("run.finished", cur.run_id, flow=self.flow.name, status=status.value)
+            self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
             return self.result(cur, status, replayed, rerun)
         return None
 
@@ -209,5 +273,5 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         cur.error = f"{type(exc).__name__}: {exc}"
         cur.pending = []
         await proto.save(cur, RunStatus.FAILED)
-        self.events.emit("run.finished", cur.run_id, flow=self.flow.name, status="failed", error=cur.error)
+        self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status="failed", error=cur.error)
         return self.result(cur, RunStatus.FAILED, replayed, rerun)

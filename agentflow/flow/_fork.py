@@ -2,10 +2,10 @@
 
 The source checkpoint is read and checked like any other (signature, flow, graph digest);
 its state is copied, patched and validated against the flow's state model, and the new
-run starts from that checkpoint's frontier. Nothing of the old run's call log carries
-over: the new run's calls have the new run's id in their idempotency keys, so an external
-system sees them as new requests. The lineage (source run, step, operator) is signed into
-the new run's step 0.
+run starts from that checkpoint's frontier, on the flow version that checkpoint was saved
+on. Nothing of the old run's call log carries over: the new run's calls have the new
+run's id in their idempotency keys, so an external system sees them as new requests. The
+lineage (source run, step, operator) is signed into the new run's step 0.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ def patched(flow: Flow[S], state: S, patch: Patch | None) -> S:
 
 async def fork(
     proto: FlowProtocol,
-    flow: Flow[Any],
     run_id: str,
     *,
     at_step: int,
@@ -68,6 +67,7 @@ async def fork(
         raise CheckpointNotFound(f"run {run_id!r} has no checkpoint at step {at_step}")
     row, body = await proto.driver.read(store, sealer, run_id, row)
     source = proto.driver.cursor(row, body, None)
+    flow = source.flow  # the new run starts on the version the source checkpoint was saved on
     state = patched(flow, source.state, patch)
     cur = Cursor(
         new_run_id,

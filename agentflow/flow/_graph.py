@@ -5,11 +5,16 @@ entry. A plain edge is always followed; an edge with ``when=`` only when its con
 holds on the state after the superstep. ``.end(name)`` marks a node where the run may
 stop; an end node may still have conditional edges (a loop that ends when its condition
 fails), but no plain ones.
+
+A flow has a version (``"1"`` unless given). A run is signed with the version it started on
+and continues on that version only (`agentflow.flow._versions`); the digest still guards a
+version against silent change.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -17,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from agentflow._errors import FlowError
+from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec._durable_seal import digest
 from agentflow.exec._registry import Registry
 
@@ -26,6 +32,8 @@ S = TypeVar("S", bound=BaseModel)
 DEFAULT_MAX_VISITS = 25
 
 _RAISE: Any = object()
+
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
 
 
 @dataclass(frozen=True)
@@ -91,19 +99,29 @@ def _reducers(state: type[BaseModel]) -> dict[str, Callable[[Any, Any], Any]]:
 class Flow(Generic[S]):
     """A graph of nodes over a pydantic state, built with `node`, `edge` and `end`."""
 
-    def __init__(self, name: str, state: type[S], *, max_visits: int = DEFAULT_MAX_VISITS) -> None:
+    def __init__(
+        self, name: str, state: type[S], *, version: str = DEFAULT_VERSION, max_visits: int = DEFAULT_MAX_VISITS
+    ) -> None:
         """Start a flow.
 
         Args:
             name: the flow's name; checkpoints and `recover_all` find runs by it.
             state: the pydantic model of the run's state.
+            version: the flow's version (letters, digits, ``.``, ``_``, ``-``; up to 40):
+                a run continues on the version it started on (see docs/versioning.md).
             max_visits: default limit of runs per node in one run.
         """
         if not name or not isinstance(name, str):
             raise FlowError("a flow needs a non-empty name")
         if not (isinstance(state, type) and issubclass(state, BaseModel)):
             raise FlowError(f"flow {name!r}: state must be a pydantic BaseModel class, not {state!r}")
+        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+            raise FlowError(
+                f"flow {name!r}: version {version!r} is not a version; use a short string of letters, digits, "
+                "'.', '_' and '-' starting with a letter or digit, e.g. version=\"2\""
+            )
         self.name = name
+        self.version = version
         self.state = state
         self.max_visits = max_visits
         self.nodes: dict[str, Node] = {}
@@ -111,6 +129,9 @@ class Flow(Generic[S]):
         self.ends: set[str] = set()
         self.reducers = _reducers(state)
         self._checked: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Flow {self.name!r} version {self.version!r}: {len(self.nodes)} nodes>"
 
     @property
     def entry(self) -> str:

@@ -6,23 +6,26 @@ decides with the operator's name, and lives once in the run protocol
 - `decide_in_doubt`: the operator's word on each call in doubt;
 - `retry`: a failed run again from the superstep that failed;
 - `cancel`: a paused or stranded run ends ``cancelled``;
-- `fork`: a new run from any checkpoint, its state patched.
+- `fork`: a new run from any checkpoint, its state patched;
+- `migrate`: an unfinished run moved onto another version of its flow.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.flow import _fork
+from agentflow.flow._durable import Migration
 from agentflow.flow._fork import Patch
-from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
+from agentflow.flow._versions import FlowLike, as_versions
 
 if TYPE_CHECKING:
     from agentflow.flow._durable import FlowProtocol
@@ -34,7 +37,7 @@ class RunOperations(ABC):
     """Operator actions on stored runs, over the run protocol a subclass (`FlowRunner`) provides."""
 
     @abstractmethod
-    def protocol(self, flow: Flow[Any]) -> FlowProtocol:
+    def protocol(self, flow: FlowLike[Any], migration: Migration | None = None) -> FlowProtocol:
         """The run protocol for runs of `flow`."""
 
     @abstractmethod
@@ -43,7 +46,7 @@ class RunOperations(ABC):
 
     async def decide_in_doubt(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         run_id: str,
         *,
         calls: Mapping[str, InDoubtDecision] | None = None,
@@ -69,7 +72,7 @@ class RunOperations(ABC):
 
     async def retry(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         run_id: str,
         *,
         operator: str | None = None,
@@ -90,7 +93,7 @@ class RunOperations(ABC):
         result: RunResult[S] = await self.protocol(flow).retry(run_id, operator=operator, ctx=ctx, limit=max_supersteps)
         return result
 
-    async def cancel(self, flow: Flow[S], run_id: str, *, reason: str, operator: str | None = None) -> RunResult[S]:
+    async def cancel(self, flow: FlowLike[S], run_id: str, *, reason: str, operator: str | None = None) -> RunResult[S]:
         """Cancel a run: it becomes ``cancelled`` (final, never recovered).
 
         A signed claim records `reason` and `operator`; a paused run's pending calls are
@@ -109,7 +112,7 @@ class RunOperations(ABC):
 
     async def fork(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         run_id: str,
         *,
         at_step: int,
@@ -148,7 +151,6 @@ class RunOperations(ABC):
         rid = new_run_id if new_run_id is not None else self.fresh_run_id()
         result: RunResult[S] = await _fork.fork(
             self.protocol(flow),
-            flow,
             run_id,
             at_step=at_step,
             new_run_id=rid,
@@ -157,4 +159,52 @@ class RunOperations(ABC):
             operator=operator,
             limit=max_supersteps,
         )
+        return result
+
+    async def migrate(
+        self,
+        flow: FlowLike[Any],
+        run_id: str,
+        *,
+        to_version: str | None = None,
+        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
+        at: str | None = None,
+        operator: str | None = None,
+        ctx: RunContext | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunResult[Any]:
+        """Move an unfinished run onto another version of its flow, and carry it on there.
+
+        For a run whose version is no longer deployed (it `needs migration`), or one an
+        operator moves on purpose. The run's state (its JSON form) goes through `state`,
+        and what it returns is validated against the target version's state model; the run
+        goes on from node `at`, or from the nodes it would have run next (each must exist in
+        the target). The move is a signed ``migrate`` claim naming `operator` and both
+        versions; the old checkpoints stay in the run's history. It is allowed only at a
+        step boundary (no call logged in the step the run would go on with), and drops
+        pending approvals (the new version asks again).
+
+        Args:
+            flow: the versions at hand (a `FlowVersions`, or one `Flow`); the target is among them.
+            run_id: the run.
+            to_version: the version to move to (default: the newest at hand).
+            state: the new state from the old one's JSON form (default: the old state as it is).
+            at: the node to go on from.
+            operator: who moved it (default: this runner's owner name).
+            ctx: who the run acts for (checked against its identity).
+            max_supersteps: as for `run` (0: only store the move; a worker goes on).
+
+        Raises:
+            FlowError: the version is not at hand, the state or node does not fit, or calls
+                were logged in the step the run would go on with.
+            CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
+        """
+        flows = as_versions(flow)
+        target = flows.newest if to_version is None else flows.get(to_version)
+        if target is None:
+            raise FlowError(
+                f"flow {flows.name!r} has no version {to_version!r} here (versions: {', '.join(flows.versions)})"
+            )
+        proto = self.protocol(flows, Migration(target, state, at))
+        result: RunResult[Any] = await proto.migrate(run_id, operator=operator, ctx=ctx, limit=max_supersteps)
         return result

@@ -18,8 +18,8 @@ from pydantic import BaseModel
 from agentflow._errors import CheckpointStoreCorrupt, RunHeld
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_sweep import relist_forgotten
-from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
+from agentflow.flow._versions import FlowLike
 
 if TYPE_CHECKING:
     from agentflow.flow._runner import FlowRunner
@@ -28,7 +28,7 @@ S = TypeVar("S", bound=BaseModel)
 
 
 async def recover_all(
-    runner: FlowRunner, flow: Flow[S], *, rerun_in_doubt: bool, sweep: bool
+    runner: FlowRunner, flow: FlowLike[S], *, rerun_in_doubt: bool, sweep: bool
 ) -> dict[str, RunResult[S] | BaseException]:
     """See `FlowRunner.recover_all`."""
     if runner.checkpoints is None or runner.sealer is None:

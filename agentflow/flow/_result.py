@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
+from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec._run_cursor import RunOutcome
 
 S = TypeVar("S", bound=BaseModel)
@@ -18,3 +19,6 @@ class RunResult(RunOutcome, Generic[S]):
 
     state: S
     """The flow's state at the run's latest checkpoint."""
+    _: KW_ONLY
+    version: str = DEFAULT_VERSION
+    """The version of the flow the run is on."""

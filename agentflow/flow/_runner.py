@@ -22,10 +22,11 @@ from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover
-from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol
+from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol, Migration
 from agentflow.flow._graph import Flow
 from agentflow.flow._operate import RunOperations
 from agentflow.flow._result import RunResult
+from agentflow.flow._versions import FlowLike, as_versions
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -79,14 +80,18 @@ class FlowRunner(RunOperations):
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
 
-    def protocol(self, flow: Flow[Any]) -> FlowProtocol:
-        """The run protocol for runs of `flow` on this runner's store.
+    def protocol(self, flow: FlowLike[Any], migration: Migration | None = None) -> FlowProtocol:
+        """The run protocol for runs of `flow` (one version, or several) on this runner's store.
 
         Raises:
-            FlowError: the flow is invalid for this runner's registry.
+            FlowError: a version of the flow is invalid for this runner's registry.
         """
-        flow.validate(self.executor.registry)
-        driver = FlowDriver(flow, self.executor)
+        flows = as_versions(flow)
+        for version in flows:
+            version.validate(self.executor.registry)
+        if migration is not None:
+            migration.to.validate(self.executor.registry)
+        driver = FlowDriver(flows, self.executor, migration)
         return RunProtocol(
             driver,
             self.checkpoints,
@@ -104,7 +109,7 @@ class FlowRunner(RunOperations):
 
     async def run(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         state: S | Mapping[str, Any],
         *,
         run_id: str | None = None,
@@ -114,7 +119,7 @@ class FlowRunner(RunOperations):
         """Start a run and drive it until it ends or pauses.
 
         Args:
-            flow: the flow to run.
+            flow: the flow to run (given several versions, the newest).
             state: its initial state (a model instance or a dict).
             run_id: the run's id; unguessable by default.
             ctx: who the run acts for.
@@ -127,16 +132,22 @@ class FlowRunner(RunOperations):
                 (`RunHeld`: a live holder has the run id).
         """
         proto = self.protocol(flow)
-        start = _coerce_state(flow, state)
+        newest: Flow[S] = as_versions(flow).newest
+        start = _coerce_state(newest, state)
         rid = run_id if run_id is not None else new_run_id()
         if not rid or not isinstance(rid, str):
             raise ValueError("run_id must be a non-empty string")
-        cur = Cursor(rid, identity_body(self.sealer, rid, ctx), ctx, flow, start, [flow.entry], {}, 0)
+        cur = Cursor(rid, identity_body(self.sealer, rid, ctx), ctx, newest, start, [newest.entry], {}, 0)
         result: RunResult[S] = await proto.begin(cur, max_supersteps)
         return result
 
     async def start(
-        self, flow: Flow[S], state: S | Mapping[str, Any], *, run_id: str | None = None, ctx: RunContext | None = None
+        self,
+        flow: FlowLike[S],
+        state: S | Mapping[str, Any],
+        *,
+        run_id: str | None = None,
+        ctx: RunContext | None = None,
     ) -> RunResult[S]:
         """Save a new run's step 0 without running it (a worker then advances it).
 
@@ -150,7 +161,7 @@ class FlowRunner(RunOperations):
 
     async def advance(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         run_id: str,
         *,
         expected_step: int | None = None,
@@ -198,7 +209,7 @@ class FlowRunner(RunOperations):
 
     async def recover(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         run_id: str,
         *,
         rerun_in_doubt: bool = False,
@@ -228,6 +239,8 @@ class FlowRunner(RunOperations):
             RecoveryNeedsDecision: a call is in doubt and its tool is not idempotent.
             IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
             FlowError: the flow's graph changed since the checkpoint.
+            VersionNotDeployed: the run is on a version of the flow not given here
+                (nothing is touched; it needs that version, or `migrate`).
         """
         result: RunResult[S] = await self.protocol(flow).recover(
             run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator
@@ -235,7 +248,7 @@ class FlowRunner(RunOperations):
         return result
 
     async def recover_all(
-        self, flow: Flow[S], *, rerun_in_doubt: bool = False, sweep: bool = False
+        self, flow: FlowLike[S], *, rerun_in_doubt: bool = False, sweep: bool = False
     ) -> dict[str, RunResult[S] | BaseException]:
         """Recover every unfinished run of `flow`: each run id maps to its result or its error.
 
@@ -256,7 +269,7 @@ class FlowRunner(RunOperations):
 
     async def resume(
         self,
-        flow: Flow[S],
+        flow: FlowLike[S],
         run_id: str,
         *,
         approve: bool | Mapping[str, bool] = True,
