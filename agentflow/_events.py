@@ -17,6 +17,8 @@ Names in use (data in parentheses):
   (``agentflow.celery._stranded``); no run id
 - ``run.cancel_requested`` (holder, reason, operator): a live worker holds the run, so a
   signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
+- ``run.migrated`` (kind, step, from, to, at, operator): an operator moved the run onto another
+  version of its flow (the signed ``migrate`` claim is at `step`)
 - ``call.waiting`` (tool or model, call_id, limit, why, wait_s): a call waits for a slot of a
   shared limit (why: ``concurrency``, ``rate`` or ``closed``), said once per reason;
   ``call.admitted`` (tool or model, call_id, waited_s): it got every slot and starts;

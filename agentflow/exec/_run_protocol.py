@@ -261,11 +261,12 @@ class RunProtocol(RunSteps[C, R]):
 
         The driver reads the run whatever definition it was saved on and builds the cursor
         on the new one (its state mapped and checked). The move is allowed only at a step
-        boundary: when the step the run would go on with has no call logged (a finished
-        call's effect would otherwise be lost with the old step). Pending approvals and
-        unspent decisions are dropped: the new definition asks again. The claim opens a
-        segment of its own and carries what moved where (`RunDriver.migration_record`) with `operator`.
-        `limit` 0 only stores the claim; a worker's `advance` (cause ``migrate``) goes on.
+        boundary: when no call of the step the run would go on with finished or is in
+        doubt (its effect would otherwise be lost with the old step). Pending approvals,
+        denials and unspent decisions are dropped (the new definition asks again), and so
+        are failed calls (they had no effect to keep). The claim opens a segment of its own
+        and carries what moved where (`RunDriver.migration_record`) with `operator`. `limit`
+        0 only stores the claim; a worker's `advance` (cause ``migrate``) goes on.
 
         Raises:
             CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
@@ -277,12 +278,13 @@ class RunProtocol(RunSteps[C, R]):
             if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only an unfinished run can be migrated")
             records, counts = await self.read(opened)
-            logged = self.driver.seeds(opened.cur, records)
-            if logged:
+            states = self.driver.seeds(opened.cur, records)
+            acted = sorted(cid for cid, state in states.items() if state.kind == "done" or state.in_doubt)
+            if acted:
                 raise FlowError(
-                    f"run {run_id!r} has {len(logged)} call(s) logged in the step it would go on with "
-                    f"({', '.join(sorted(logged))}); moving it now would lose what they did. Finish that step "
-                    "where the run's own version is deployed (recover, resume or decide it), then migrate"
+                    f"run {run_id!r} has {len(acted)} call(s) finished or in doubt in the step it would go on "
+                    f"with ({', '.join(acted)}); moving it now would lose what they did. Finish that step where "
+                    "the run's own version is deployed (recover, resume or decide it), then migrate"
                 )
             record = self.driver.migration_record(opened.body)
             cur = opened.cur

@@ -332,6 +332,7 @@ def tickets_flow(
     with_receipt: bool = False,
     pay_tool: str = "charge_card",
     state: type[Order] = Order,
+    version: str = "1",
 ) -> Flow[Order]:
     """The seed's flow: hold -> pay -> send (supersteps 0, 1, 2).
 
@@ -340,9 +341,10 @@ def tickets_flow(
         with_receipt: add a ``receipt`` node after send (the same name, another graph digest).
         pay_tool: the tool the pay node calls (another one: another digest; an unknown one: a refused flow).
         state: the state model (a subclass of `Order` with other fields: another schema digest).
+        version: the flow's version.
     """
     flow = (
-        Flow(name, state=state)
+        Flow(name, state=state, version=version)
         .node("hold", Call("hold_seats", args=order_args, into="held"))
         .node("pay", Call(pay_tool, args=order_args, into="paid"))
         .node("send", Call("email_tickets", args=show_args, into="sent"))
