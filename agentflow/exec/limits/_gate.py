@@ -81,10 +81,10 @@ class Gate:
                     return await work()
                 except RateLimited as exc:
                     named = [(lim, key) for lim, key in held if exc.limit in (None, lim.name)] or held
+                    await self._close(named, exc, who)  # every sharer backs off, whether this call tries again or not
                     if backoffs >= max(lim.retries_429 for lim, _ in named):
                         raise
                     backoffs += 1
-                    await self._close(named, exc, who)
 
     async def _close(self, named: Sequence[Keyed], exc: RateLimited, who: Mapping[str, Any]) -> None:
         backend = self.backend.get()

@@ -76,27 +76,25 @@ class Limit:
 class RateLimited(ToolError):
     """Raised by a tool (or a model) when its provider refused the call for now (an HTTP 429).
 
-    ``retry_after_s`` is how long the provider asked to wait (its ``Retry-After``); ``limit``
-    names the limit it concerns (None: every limit of the call). Every worker sharing that
-    limit waits it out, each with its own jitter; the call is then tried again.
+    ``RateLimited(message, retry_after_s=1.0, limit=None)``, all in ``args``: how long the
+    provider asked to wait (its ``Retry-After``), and the limit it concerns (None: every
+    limit of the call). Every worker sharing that limit waits it out, each with its own
+    jitter; the call is then tried again.
     """
-
-    def __init__(self, message: str = "rate limited", retry_after_s: float = 1.0, limit: str | None = None) -> None:
-        super().__init__(message, float(retry_after_s), limit)
 
     @property
     def retry_after_s(self) -> float:
-        """How long the provider asked to wait, in seconds."""
-        return float(self.args[1])
+        """How long the provider asked to wait, in seconds (1 when it did not say)."""
+        return float(self.args[1]) if len(self.args) > 1 else 1.0
 
     @property
     def limit(self) -> str | None:
         """The limit it concerns (None: every limit of the call)."""
-        value = self.args[2]
-        return None if value is None else str(value)
+        return str(self.args[2]) if len(self.args) > 2 and self.args[2] is not None else None
 
     def __str__(self) -> str:
-        return f"{self.args[0]} (retry after {self.retry_after_s} s)"
+        said = str(self.args[0]) if self.args else "rate limited"
+        return f"{said} (retry after {self.retry_after_s} s)"
 
 
 class LimitsUnavailable(AgentflowError):

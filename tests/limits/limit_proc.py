@@ -1,0 +1,41 @@
+"""A second process for the Redis limit tests: ``python limit_proc.py <what> <redis url#prefix>``.
+
+- ``hold``: take the one slot of limit ``api`` (hold 1 s), print ``held``, and sleep until killed.
+- ``throttle``: run a tool of limit ``api`` that answers 429 (Retry-After 1.5 s, no retry), print ``closed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from agentflow import Executor, Registry
+from agentflow.exec.limits import Limit, RateLimited, RedisLimits
+
+HOLD = Limit("api", concurrency=1, hold_s=1.0)
+
+
+async def hold(spec: str) -> None:
+    backend = RedisLimits.from_url(spec)
+    assert await backend.take(HOLD, "", "the-dead-one") is None
+    print("held", flush=True)
+    await asyncio.sleep(3600)
+
+
+async def throttle(spec: str) -> None:
+    registry = Registry(limit_backend=spec)
+    registry.limit(Limit("api", concurrency=3, retries_429=0))
+
+    @registry.tool(limits=["api"])
+    async def search(q: str) -> str:
+        raise RateLimited("the provider said 429", 1.5)
+
+    try:
+        await Executor(registry).run("search", {"q": "x"})
+    except RateLimited:
+        print("closed", flush=True)
+    await registry.limits.backend.get().aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run({"hold": hold, "throttle": throttle}[sys.argv[1]](sys.argv[2]))

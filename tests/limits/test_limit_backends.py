@@ -1,0 +1,126 @@
+"""The semaphore and the sliding window of each limits backend (local; Redis real and fakeredis)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from _kit.poll import until
+
+from agentflow.exec.limits import Limit, LimitBackend
+
+
+async def test_a_full_set_of_slots_refuses_until_one_is_given_back(backend: LimitBackend) -> None:
+    # Given a limit of 2 calls in flight, both held
+    lim = Limit("api", concurrency=2)
+    assert await backend.take(lim, "", "a") is None
+    assert await backend.take(lim, "", "b") is None
+
+    # When a third call asks, then one holder gives its slot back
+    refused = await backend.take(lim, "", "c")
+    await backend.release(lim, "", "a")
+
+    # Then the third was told to wait for a slot, and gets one now
+    assert refused is not None and refused.why == "concurrency"
+    assert await backend.take(lim, "", "c") is None
+    assert (await backend.take(lim, "", "d")) is not None
+
+
+async def test_the_window_refuses_the_start_past_the_rate_and_says_when_it_has_room(backend: LimitBackend) -> None:
+    # Given a limit of 3 starts per 0.5 s, used up
+    lim = Limit("api", rate=3, interval_s=0.5)
+    began = time.monotonic()
+    for token in "abc":
+        assert await backend.take(lim, "", token) is None
+
+    # When a fourth asks
+    refused = await backend.take(lim, "", "d")
+
+    # Then it waits until the oldest start leaves the window, and not longer
+    assert refused is not None and refused.why == "rate"
+    assert 0.3 < refused.seconds <= 0.5
+
+    async def taken() -> bool:
+        return await backend.take(lim, "", "d") is None
+
+    await until(taken, "room in the window", timeout_s=2)
+    assert time.monotonic() - began >= 0.45
+
+
+async def test_a_refused_take_takes_nothing(backend: LimitBackend) -> None:
+    # Given a limit of 1 in flight and 1 start per 0.3 s, whose start is used by a finished call
+    lim = Limit("api", concurrency=1, rate=1, interval_s=0.3)
+    assert await backend.take(lim, "", "a") is None
+    await backend.release(lim, "", "a")
+
+    # When a call is refused by the window (while the slot is free)
+    refused = await backend.take(lim, "", "b")
+    assert refused is not None and refused.why == "rate"
+
+    # Then it holds no slot: once the window has room, the next call gets the slot
+    async def next_call() -> bool:
+        return await backend.take(lim, "", "c") is None
+
+    await until(next_call, "the next call's start", timeout_s=2)
+    assert (await backend.take(lim, "", "d")) is not None  # and now c holds the one slot
+
+
+async def test_a_holder_that_stops_renewing_loses_its_slot_after_its_hold(backend: LimitBackend) -> None:
+    # Given the one slot held by a caller that never renews nor gives it back (it died)
+    lim = Limit("api", concurrency=1, hold_s=0.3)
+    assert await backend.take(lim, "", "dead") is None
+    began = time.monotonic()
+
+    # When another caller asks until it gets the slot
+    first = await backend.take(lim, "", "next")
+
+    async def taken() -> bool:
+        return await backend.take(lim, "", "next") is None
+
+    await until(taken, "the dead holder's slot coming back", timeout_s=3)
+
+    # Then it was refused at first, and got the slot once the hold lapsed
+    assert first is not None and first.why == "concurrency" and first.seconds <= 0.3
+    assert time.monotonic() - began >= 0.25
+    assert not await backend.renew(lim, "", "dead")
+
+
+async def test_a_renewed_slot_is_kept_past_its_hold(backend: LimitBackend) -> None:
+    lim = Limit("api", concurrency=1, hold_s=0.3)
+    assert await backend.take(lim, "", "a") is None
+    deadline = time.monotonic() + 0.8
+    while time.monotonic() < deadline:
+        assert await backend.renew(lim, "", "a")
+        assert (await backend.take(lim, "", "b")) is not None
+        await asyncio.sleep(0.05)
+
+
+async def test_a_closed_limit_refuses_everyone_until_the_back_off_ends(backend: LimitBackend) -> None:
+    # Given a limit closed for 0.4 s (a 429), then closed again for less
+    lim = Limit("api", concurrency=5, rate=100)
+    assert await backend.close(lim, "", 0.4) == pytest.approx(0.4, abs=0.05)
+    assert await backend.close(lim, "", 0.1) == pytest.approx(0.4, abs=0.05)  # a shorter one never shortens it
+
+    # When a call asks
+    refused = await backend.take(lim, "", "a")
+
+    # Then it waits out the whole back-off
+    assert refused is not None and refused.why == "closed" and 0.3 < refused.seconds <= 0.4
+
+    async def taken() -> bool:
+        return await backend.take(lim, "", "a") is None
+
+    await until(taken, "the back-off ending", timeout_s=2)
+
+
+async def test_each_tenant_key_has_its_own_slots(backend: LimitBackend) -> None:
+    lim = Limit("api", concurrency=1, rate=1, interval_s=10)
+    assert await backend.take(lim, "tenant-a", "a") is None
+    assert await backend.take(lim, "tenant-b", "b") is None
+    assert (await backend.take(lim, "tenant-a", "c")) is not None
+
+
+async def test_limits_of_other_names_are_apart(backend: LimitBackend) -> None:
+    assert await backend.take(Limit("one", concurrency=1), "", "a") is None
+    assert await backend.take(Limit("two", concurrency=1), "", "b") is None

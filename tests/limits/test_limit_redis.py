@@ -1,0 +1,130 @@
+"""RedisLimits across processes: a killed holder's slot comes back, the clock is the server's, a 429 is shared."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from _kit.poll import until
+from limit_proc import HOLD
+
+from agentflow import Event, Events, Executor, Registry
+from agentflow.exec.limits import Limit, RedisLimits
+
+pytestmark = pytest.mark.redis
+
+HERE = Path(__file__).resolve().parent
+
+
+@contextmanager
+def second_process(what: str, spec: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "limit_proc.py"), what, spec], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def wait_for_line(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdout is not None
+    said = proc.stdout.readline().strip()
+    assert said == line, f"the second process said {said!r} (exit code {proc.poll()})"
+
+
+async def test_a_killed_processs_slot_comes_back_after_its_hold(redis_url: str, prefix: str) -> None:
+    # Given a process that took the one slot of a limit (held 1 s unless renewed) and was SIGKILLed
+    spec = f"{redis_url}#{prefix}"
+    with second_process("hold", spec) as proc:
+        wait_for_line(proc, "held")
+        taken_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    backend = RedisLimits.from_url(spec)
+    try:
+        # When this process asks for the slot until it gets it
+        first = await backend.take(HOLD, "", "me")
+
+        async def taken() -> bool:
+            return await backend.take(HOLD, "", "me") is None
+
+        await until(taken, "the killed holder's slot coming back", timeout_s=5)
+
+        # Then it was refused while the dead holder's hold lasted, and got the slot when it lapsed
+        assert first is not None and first.why == "concurrency"
+        assert time.monotonic() - taken_at >= 0.9
+    finally:
+        await backend.aclose()
+
+
+async def test_the_window_runs_on_the_servers_clock_not_the_callers(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a caller whose clock is an hour ahead
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    backend = RedisLimits.from_url(f"{redis_url}#{prefix}")
+    lim = Limit("api", concurrency=2, rate=5, interval_s=10)
+    try:
+        # When it takes a slot
+        assert await backend.take(lim, "", "a") is None
+    finally:
+        await backend.aclose()
+
+    # Then the start and the hold are stamped with the server's TIME
+    client = redis.Redis.from_url(redis_url)
+    try:
+        now: Any = client.time()
+        server_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        held_key, starts_key, _ = backend.keys(lim, "")
+        started: Any = client.zrange(starts_key, 0, -1, withscores=True)
+        lapses: Any = client.zrange(held_key, 0, -1, withscores=True)
+    finally:
+        client.close()
+    assert abs(server_ms - started[0][1]) < 2000
+    assert abs(server_ms + lim.hold_s * 1000 - lapses[0][1]) < 2000
+
+
+async def test_a_429_in_one_process_holds_back_the_calls_of_another(redis_url: str, prefix: str) -> None:
+    # Given a second process whose call of a tool under limit "api" got a 429 asking for 1.5 s
+    spec = f"{redis_url}#{prefix}"
+    with second_process("throttle", spec) as proc:
+        wait_for_line(proc, "closed")
+        closed_at = time.monotonic()
+
+    # When this process calls another tool under the same limit
+    registry = Registry(limit_backend=spec)
+    registry.limit(Limit("api", concurrency=3))
+    started: list[float] = []
+
+    @registry.tool(limits=["api"])
+    async def fetch(url: str) -> str:
+        started.append(time.monotonic())
+        return url
+
+    events: list[Event] = []
+    hub = Events()
+    hub.subscribe(events.append, ["call.waiting", "call.admitted"])
+    try:
+        assert await Executor(registry, events=hub).run("fetch", {"url": "u"}) == "u"
+    finally:
+        await registry.limits.backend.get().aclose()
+
+    # Then it waited out the back-off the other process recorded, and said why it waited
+    assert started[0] - closed_at >= 1.2
+    waiting = [e for e in events if e.name == "call.waiting"]
+    assert [(e.data["limit"], e.data["why"]) for e in waiting] == [("api", "closed")]
+    assert 1.0 < waiting[0].data["wait_s"] <= 1.5
+    assert [e.name for e in events][-1] == "call.admitted"
