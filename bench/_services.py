@@ -54,8 +54,10 @@ async def redis_unlink_prefix(url: str, prefix: str) -> int:
 
 
 async def pg_drop_prefix(url: str, prefix: str) -> None:
-    """Drop every table of the current schema whose name starts with `prefix`."""
+    """Drop every table of the current schema whose name starts with `prefix`, and the store's functions."""
     import asyncpg
+
+    from agentflow.exec.checkpoints._sql_pg import drop_functions
 
     conn = await asyncpg.connect(url)
     try:
@@ -64,6 +66,8 @@ async def pg_drop_prefix(url: str, prefix: str) -> None:
         )
         for (name,) in names:
             await conn.execute(f'DROP TABLE IF EXISTS "{name}" CASCADE')
+        for statement in drop_functions(prefix):
+            await conn.execute(statement)
     finally:
         await conn.close()
 

@@ -17,6 +17,7 @@ import pytest
 from store_kit import Opened, StoreFactory
 
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
+from agentflow.exec.checkpoints._sql_pg import drop_functions
 
 
 def backend_class(module: str, name: str) -> Any:
@@ -107,6 +108,8 @@ async def _sqlalchemy_pg(request: pytest.FixtureRequest, tmp_path: Path, prefix:
             )
             for row in tables:
                 await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
+            for statement in drop_functions(table_prefix):
+                await conn.execute(statement)
         finally:
             await conn.close()
 

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from store_kit import StoreFactory
 
 from agentflow.exec.checkpoints.conformance import SEALER
+from agentflow.exec.checkpoints.sqlalchemy import MIGRATIONS
 from agentflow.exec.checkpoints.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
@@ -84,7 +85,7 @@ async def test_sqlalchemy_tables_of_schema_version_1_gain_the_leases_table(store
     # Then the leases table is there again, the schema is current, and the run's rows are kept
     assert (await store.leases(["old"]))["old"] == lease
     assert await store.latest("old") == row
-    assert await _sql(url, f"SELECT value FROM {prefix}meta WHERE key = 'schema_version'") == [("3",)]
+    assert await _sql(url, f"SELECT value FROM {prefix}meta WHERE key = 'schema_version'") == [(str(len(MIGRATIONS)),)]
 
 
 # -- Redis: one key per run, in the run's slot, expiring with the lease -----------------------

@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import Lease
 from agentflow.exec.checkpoints._rules import check_lease_args
+from agentflow.exec.checkpoints._sql_rows import lease as lease_of
 
 #: How many run ids one `leases` read asks for.
 _CHUNK: Final = 500
@@ -107,12 +108,7 @@ class SQLLeases:
 
     def _lease(self, row: sa.Row[Any]) -> Lease:
         """Rebuild a lease row, checking its types (SQLite columns take values of any type)."""
-        run_id, owner, token, expires_at = row.run_id, row.owner, row.token, row.expires_at
-        if isinstance(expires_at, int) and not isinstance(expires_at, bool):
-            expires_at = float(expires_at)
-        if not (isinstance(owner, str) and isinstance(token, str) and isinstance(expires_at, float)):
-            raise CheckpointStoreCorrupt(f"{self._shown}: the lease row of run {run_id!r} is unreadable")
-        return Lease(run_id, owner, token, expires_at)
+        return lease_of(row, self._shown)
 
     async def take(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
         """Take the lease unless another live token holds it; return the lease as it stands."""

@@ -33,6 +33,8 @@ class Tables:
     calls: sa.Table
     leases: sa.Table
     events: sa.Table
+    prefix: str
+    """What every table name starts with (and the PostgreSQL functions' names, `_sql_pg`)."""
 
 
 def tables(p: str) -> Tables:
@@ -73,6 +75,7 @@ def tables(p: str) -> Tables:
             col("run_id", sa.Text), *sealed(),
             sa.Index(f"{p}events_by_run", "run_id", "id"), sqlite_autoincrement=True,
         ),
+        p,
     )  # fmt: skip
 
 
@@ -96,8 +99,6 @@ class Statements:
     insert_run: sa.Insert  # run, SAVE_FIELDS: a new run's ``runs`` row
     update_run: sa.Update  # run, SAVE_FIELDS: point ``runs`` at the new latest
     insert_checkpoint: sa.Insert  # run, SAVE_FIELDS
-    save_first: sa.Insert  # run, SAVE_FIELDS: insert_run and insert_checkpoint in one (PostgreSQL)
-    save_next: sa.Insert  # run, SAVE_FIELDS: update_run and insert_checkpoint in one (PostgreSQL)
     latest: sa.Select[Any]  # run_id: the newest checkpoint row (read from the rows, not through ``runs``)
     lock_entry: sa.Select[Any]  # run_id: the run's whole ``runs`` row, FOR UPDATE (relist)
     newest_shared: sa.Select[Any]  # run_id: the newest checkpoint row, FOR SHARE on PostgreSQL (relist)
@@ -143,9 +144,6 @@ def statements(t: Tables) -> Statements:
         insert_run=insert_run,
         update_run=update_run,
         insert_checkpoint=insert_checkpoint,
-        # PostgreSQL runs a data-modifying WITH to completion whether or not it is read
-        save_first=insert_checkpoint.add_cte(insert_run.cte("latest")),
-        save_next=insert_checkpoint.add_cte(update_run.cte("latest")),
         latest=newest,
         lock_entry=sa.select(runs).where(runs.c.run_id == run_id).with_for_update(),
         # A relist that inserts a runs row holds this lock until it commits, so a delete (whose

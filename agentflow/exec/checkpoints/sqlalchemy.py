@@ -1,34 +1,26 @@
 """`SQLAlchemyCheckpointStore`: checkpoints in PostgreSQL (asyncpg) or SQLite (aiosqlite).
 
 Tables (names start with ``table_prefix``): ``meta`` (``schema_version``), ``checkpoints``,
-``runs`` (each run's latest), ``calls`` and ``leases`` (schema version 2; its statements,
-the take's single upsert among them, are `_sql_leases`'s). Every statement is built once per store
-(`_sql_statements`) and run with a dict of values, so a call builds and compiles nothing.
+``runs`` (each run's latest), ``calls``, ``leases`` (version 2) and ``events`` (version 3);
+version 4 installs, on PostgreSQL only, the functions of the fast path (`_sql_pg`). Every
+SQLAlchemy statement is built once per store (`_sql_statements`) and run with a dict of
+values, so a call builds and compiles nothing.
 
-Each save and call record is one transaction that reads the run's ``runs`` row once,
-applies `_rules` in Python, then writes. PostgreSQL locks the row (``FOR UPDATE``; for a
-new run the primary key picks the winner); SQLite takes its write lock first (``BEGIN
-IMMEDIATE``). The statements of each:
-
-- record: the row, the segment's record count, the INSERT. SQLite reads the count as a
-  subquery of the row read (a SQLite transaction reads one snapshot, taken under the write
-  lock); PostgreSQL counts in a statement of its own after the lock, because a statement's
-  snapshot predates its lock wait and would miss records the previous holder committed.
-- save: the row, then one INSERT of the checkpoint carrying the UPDATE (or, for step 0,
-  the INSERT) of ``runs`` in its WITH on PostgreSQL; SQLite, which allows no writes in a
-  WITH, runs the two. A step 0 reads, instead of the locked row, one row saying whether
-  the run has a ``runs`` row and whether any checkpoint or call row of it is stored: a
-  run whose ``runs`` row went missing is refused, not started again over its old rows.
-- save_after_calls: the row once (the lock keeps it unchanged), each record's count and
-  INSERT, then the save's writes.
+The hot operations (saves, call records, leases, ``latest`` and ``head``) go by database:
+on PostgreSQL each is one statement in autocommit on the pooled asyncpg connection
+(`_sql_pg`); on SQLite each is one ``BEGIN IMMEDIATE`` transaction (`_sql_writes`, and the
+lease statements of `_sql_leases`). Both read the run's ``runs`` row under a lock, apply
+`_rules` (PostgreSQL mirrors them in its function and raises with `_rules` on what it
+read), then write.
 
 `latest` (and so `head`) reads the newest ``checkpoints`` row, not through ``runs``, as
 every store does; the compare-and-set and the fencing check read the locked ``runs`` row.
 `relist` writes that row again from the newest checkpoint row (see its docstring), so a
 run whose ``runs`` row was deleted or rolled back takes saves and records again.
 
-Retention (`prunable`, `prune`: one transaction per batch) is `_sql_prune`'s. A duplicate key
-is a `CheckpointConflict`. URLs, each loop's engine and its transactions are `_sql_engines`.
+Retention (`prunable`, `prune`: one transaction per batch) is `_sql_prune`'s, event
+streams `_sql_events`'. URLs, each loop's engine, its transactions and the connections lent
+to the fast path are `_sql_engines`.
 """
 
 from __future__ import annotations
@@ -36,46 +28,25 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import fields
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow.exec.checkpoints import _sql_rows as rows_of
 from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
-from agentflow.exec.checkpoints._rules import (
-    check_call,
-    check_events,
-    check_no_stored_rows,
-    check_row,
-    check_save,
-    int_cursor,
-)
-from agentflow.exec.checkpoints._sql_engines import Connector, check_url
+from agentflow.exec.checkpoints._rules import check_events, check_row, int_cursor
+from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
 from agentflow.exec.checkpoints._sql_events import SQLEvents
 from agentflow.exec.checkpoints._sql_leases import SQLLeases
+from agentflow.exec.checkpoints._sql_pg import PgFastPath, functions
 from agentflow.exec.checkpoints._sql_prune import SQLPrune
-from agentflow.exec.checkpoints._sql_statements import (
-    CALL_FIELDS,
-    LATEST_FIELDS,
-    SAVE_FIELDS,
-    Tables,
-    statements,
-    tables,
-)
-
-_R = TypeVar("_R", SealedCheckpoint, SealedCall)
+from agentflow.exec.checkpoints._sql_statements import LATEST_FIELDS, Tables, statements, tables
+from agentflow.exec.checkpoints._sql_writes import SQLWrites, insert
 
 #: Allowed table prefixes (40 characters at most keeps index names under PostgreSQL's 63).
 _PREFIX: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}")
-#: Each sealed row's fields and their types (annotations are strings under postponed evaluation).
-_KINDS: Final[dict[str, type]] = {"str": str, "int": int, "float": float, "bytes": bytes}
-_LAYOUT: Final[dict[type, list[tuple[str, type]]]] = {
-    cls: [(f.name, _KINDS[f.type if isinstance(f.type, str) else f.type.__name__]) for f in fields(cls)]
-    for cls in (SealedCheckpoint, SealedCall)
-}
 
 
 def _v1_create_tables(conn: sa.Connection, t: Tables) -> None:
@@ -93,20 +64,20 @@ def _v3_create_events(conn: sa.Connection, t: Tables) -> None:
     t.metadata.create_all(conn, tables=[t.events], checkfirst=True)
 
 
+def _v4_pg_functions(conn: sa.Connection, t: Tables) -> None:
+    """Version 4: on PostgreSQL, the functions of the one-round-trip writes (`_sql_pg`); nothing on SQLite."""
+    if conn.dialect.name == "postgresql":
+        for ddl in functions(t.prefix):
+            conn.exec_driver_sql(ddl)
+
+
 #: Schema changes in order; ``schema_version`` counts how many a database has applied.
 MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [
     _v1_create_tables,
     _v2_create_leases,
     _v3_create_events,
+    _v4_pg_functions,
 ]
-
-
-async def _insert(conn: AsyncConnection, insert: sa.Insert, values: dict[str, Any], taken: str) -> None:
-    """Insert a row; a duplicate key means another writer got there first."""
-    try:
-        await conn.execute(insert, values)
-    except IntegrityError:
-        raise CheckpointConflict(f"{taken} was written by another writer at the same time") from None
 
 
 class SQLAlchemyCheckpointStore:
@@ -140,6 +111,8 @@ class SQLAlchemyCheckpointStore:
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
+        self._writes = SQLWrites(self._q, self._tx)
+        self._pg = None if self._sqlite else PgFastPath(self._db, self._ready, table_prefix)
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -155,13 +128,18 @@ class SQLAlchemyCheckpointStore:
         """Dispose this loop's engine and drop those of closed loops; the store can be used again."""
         await self._db.aclose()
 
-    @asynccontextmanager
-    async def _tx(self, *, write: bool = False) -> AsyncIterator[AsyncConnection]:
+    async def _ready(self) -> LoopEngine:
+        """This loop's engine, the tables set up first if this store has not yet done so."""
         entry = await self._db.engine()
         if not self._schema_ready:
             async with entry.setup_lock:
                 if not self._schema_ready:
                     await self.setup()
+        return entry
+
+    @asynccontextmanager
+    async def _tx(self, *, write: bool = False) -> AsyncIterator[AsyncConnection]:
+        entry = await self._ready()
         async with self._db.begin(entry.engine, write=write) as conn:
             yield conn
 
@@ -205,79 +183,43 @@ class SQLAlchemyCheckpointStore:
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
-        async with self._tx(write=True) as conn:
-            if step == 0:
-                first = (await conn.execute(self._q.read_first, {"run_id": run_id})).one()
-                check_no_stored_rows(run_id, first.step is None and bool(first.stored))
-                row = first if first.step is not None else None
-            else:
-                row, _ = await self._lock_run(conn, run_id, None)
-            await self._save_in(conn, run_id, step, checkpoint, row)
+        if self._pg is not None:
+            await self._pg.write(run_id, step, checkpoint, ())
+        else:
+            await self._writes.save(run_id, step, checkpoint)
 
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
     ) -> None:
         """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
-        if not calls:  # a plain save (for a step 0, its read also looks for leftover rows)
-            await self.save(run_id, step, checkpoint)
-            return
         check_row(run_id, step, checkpoint)
-        async with self._tx(write=True) as conn:
-            first = calls[0].segment
-            row, next_seq = await self._lock_run(conn, run_id, first)
-            # The row is locked and unchanged (records do not touch it); under the lock only this
-            # transaction adds records, so a segment's count moves by one per insert.
-            counts = {first: next_seq}
-            for record in calls:
-                if record.segment not in counts:
-                    counts[record.segment] = await self._count(conn, run_id, record.segment)
-                await self._record_in(conn, run_id, record, row, counts[record.segment])
-                counts[record.segment] += 1
-            await self._save_in(conn, run_id, step, checkpoint, row)
+        if self._pg is not None:
+            await self._pg.write(run_id, step, checkpoint, calls)
+        elif calls:
+            await self._writes.save_after_calls(run_id, step, checkpoint, calls)
+        else:  # a plain save (for a step 0, its read also looks for leftover rows)
+            await self._writes.save(run_id, step, checkpoint)
 
-    async def _lock_run(
-        self, conn: AsyncConnection, run_id: str, segment: int | None
-    ) -> tuple[sa.Row[Any] | None, int]:
-        """Lock and read the run's row and, given a `segment`, count its records (0 without a row)."""
-        params = {"run_id": run_id, "segment": segment}
-        if segment is not None and self._sqlite:  # the write lock is held: one statement reads both
-            row = (await conn.execute(self._q.read_run_counted, params)).one_or_none()
-            return row, row.calls if row else 0
-        row = (await conn.execute(self._q.lock_run, params)).one_or_none()
-        return row, await self._count(conn, run_id, segment) if row and segment is not None else 0
-
-    async def _count(self, conn: AsyncConnection, run_id: str, segment: int) -> int:
-        """How many records the segment holds; trusted only under the run's lock."""
-        count: int = (await conn.execute(self._q.count_calls, {"run_id": run_id, "segment": segment})).scalar_one()
-        return count
-
-    async def _save_in(
-        self, conn: AsyncConnection, run_id: str, step: int, checkpoint: SealedCheckpoint, row: sa.Row[Any] | None
-    ) -> None:
-        """The compare-and-set and the writes of a save, given the run's row read under the lock.
-
-        Without a row there is nothing to lock yet: the primary key of ``runs`` decides
-        between two writers of step 0 (the only step `check_save` lets through then).
-        """
-        check_save(run_id, step, checkpoint.flow, (row.step, row.flow, row.status) if row else None)
-        values = {"run": run_id} | {f: getattr(checkpoint, f) for f in SAVE_FIELDS}
-        taken = f"run {run_id!r} step {step}"
-        if not self._sqlite:  # one statement writes both tables (SQLite has no INSERT or UPDATE in WITH)
-            await _insert(conn, self._q.save_first if row is None else self._q.save_next, values, taken)
-            return
-        if row is None:
-            await _insert(conn, self._q.insert_run, values, taken)
+    async def record_call(self, run_id: str, record: SealedCall) -> None:
+        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
+        if self._pg is not None:
+            if record.run_id != run_id:  # `check_call`'s first rule, before any round trip
+                raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
+            await self._pg.write(run_id, None, None, (record,))
         else:
-            await conn.execute(self._q.update_run, values)
-        await _insert(conn, self._q.insert_checkpoint, values, taken)
+            await self._writes.record_call(run_id, record)
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint row of the run (read from ``checkpoints``, whatever ``runs`` says)."""
-        async with self._tx() as conn:
-            row = (await conn.execute(self._q.latest, {"run_id": run_id})).one_or_none()
-        if row is None:
+        if self._pg is not None:
+            found = await self._pg.latest(run_id)
+        else:
+            async with self._tx() as conn:
+                row = (await conn.execute(self._q.latest, {"run_id": run_id})).one_or_none()
+            found = None if row is None else row._mapping
+        if found is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-        return self._sealed(SealedCheckpoint, row, run_id)
+        return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self))
 
     async def relist(self, run_id: str) -> SealedCheckpoint | None:
         """Write the run's ``runs`` row again from its newest checkpoint row; return that row.
@@ -301,10 +243,10 @@ class SQLAlchemyCheckpointStore:
             newest = (await conn.execute(self._q.newest_shared, params)).one_or_none()
             if newest is None:
                 return None
-            row = self._sealed(SealedCheckpoint, newest, run_id)
+            row = rows_of.sealed(SealedCheckpoint, newest._mapping, run_id, repr(self))
             entry = {name: getattr(row, name) for name in LATEST_FIELDS}
             if listed is None:
-                await _insert(conn, self._q.insert_run, {"run": run_id} | entry, f"the runs row of run {run_id!r}")
+                await insert(conn, self._q.insert_run, {"run": run_id} | entry, f"the runs row of run {run_id!r}")
             elif {name: getattr(listed, name) for name in LATEST_FIELDS} != entry:
                 await conn.execute(self._q.update_run, {"run": run_id} | entry)
         return row
@@ -313,7 +255,7 @@ class SQLAlchemyCheckpointStore:
         """Return every checkpoint of the run, oldest first."""
         async with self._tx() as conn:
             rows = (await conn.execute(self._q.history, {"run_id": run_id})).all()
-        return [self._sealed(SealedCheckpoint, row, run_id) for row in rows]
+        return [rows_of.sealed(SealedCheckpoint, row._mapping, run_id, repr(self)) for row in rows]
 
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
@@ -325,14 +267,14 @@ class SQLAlchemyCheckpointStore:
         query = self._q.list_runs if flow is None else self._q.list_runs_of_flow
         async with self._tx() as conn:
             rows = (await conn.execute(query, {"flow": flow, "limit": max(limit, 0)})).all()
-        return [self._sealed(SealedCheckpoint, row, row.run_id) for row in rows]
+        return [rows_of.sealed(SealedCheckpoint, row._mapping, row.run_id, repr(self)) for row in rows]
 
     async def stored_runs(self) -> Sequence[str]:
         """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""
         async with self._tx() as conn:
             found = (await conn.scalars(self._q.stored_runs)).all()
         try:
-            return sorted(_as(str, run_id, "run_id") for run_id in found)
+            return sorted(rows_of.as_kind(str, run_id, "run_id") for run_id in found)
         except TypeError as exc:
             raise CheckpointStoreCorrupt(f"{self!r}: a stored checkpoint row is unreadable: {exc}") from None
 
@@ -341,20 +283,6 @@ class SQLAlchemyCheckpointStore:
         async with self._tx(write=True) as conn:
             for statement in self._q.delete:
                 await conn.execute(statement, {"run_id": run_id})
-
-    async def record_call(self, run_id: str, record: SealedCall) -> None:
-        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
-        async with self._tx(write=True) as conn:
-            row, next_seq = await self._lock_run(conn, run_id, record.segment)
-            await self._record_in(conn, run_id, record, row, next_seq)
-
-    async def _record_in(
-        self, conn: AsyncConnection, run_id: str, record: SealedCall, row: sa.Row[Any] | None, next_seq: int
-    ) -> None:
-        """The numbering and fencing checks and the insert of a record, given the locked row and the count."""
-        check_call(run_id, record, (row.step, row.status, row.segment) if row else None, next_seq)
-        values = {f: getattr(record, f) for f in CALL_FIELDS}
-        await _insert(conn, self._q.insert_call, values, f"call record {record.segment}.{record.seq} of run {run_id!r}")
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
         """Return the latest checkpoint and how many call records each segment holds.
@@ -365,6 +293,11 @@ class SQLAlchemyCheckpointStore:
         Raises:
             CheckpointNotFound: nothing is stored for the run.
         """
+        if self._pg is not None:  # one statement: one snapshot, which serves as well
+            found, counts = await self._pg.head(run_id)
+            if found is None:
+                raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
+            return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self)), counts
         latest = await self.latest(run_id)
         async with self._tx() as conn:
             rows = (await conn.execute(self._q.segment_counts, {"run_id": run_id})).all()
@@ -374,23 +307,37 @@ class SQLAlchemyCheckpointStore:
         """Return the run's call records by segment, then sequence number."""
         async with self._tx() as conn:
             rows = (await conn.execute(self._q.calls, {"run_id": run_id})).all()
-        return [self._sealed(SealedCall, row, run_id) for row in rows]
+        return [rows_of.sealed(SealedCall, row._mapping, run_id, repr(self)) for row in rows]
 
     async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
         """Take the run's lease unless another live token holds it: one upsert, then the row read back."""
-        return await self._leases.take(run_id, owner, token, ttl_s)
+        if self._pg is None:
+            return await self._leases.take(run_id, owner, token, ttl_s)
+        row = await self._pg.take_lease(run_id, owner, token, ttl_s)
+        if row is None:
+            raise CheckpointStoreCorrupt(f"{self._shown}: the lease of run {run_id!r} was taken but cannot be read")
+        return rows_of.lease(row.values(), self._shown)
 
     async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
-        return await self._leases.renew(run_id, token, ttl_s)
+        if self._pg is None:
+            return await self._leases.renew(run_id, token, ttl_s)
+        row = await self._pg.renew_lease(run_id, token, ttl_s)
+        return None if row is None else rows_of.lease(row.values(), self._shown)
 
     async def release_lease(self, run_id: str, token: str) -> bool:
         """Give the lease up if `token` holds it; whether it was live."""
-        return await self._leases.release(run_id, token)
+        if self._pg is None:
+            return await self._leases.release(run_id, token)
+        return await self._pg.release_lease(run_id, token)
 
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`, judged on the database's clock."""
-        return await self._leases.read(run_ids)
+        if self._pg is None:
+            return await self._leases.read(run_ids)
+        unique = list(dict.fromkeys(run_ids))
+        found = {row["run_id"]: rows_of.lease(row.values(), self._shown) for row in await self._pg.leases(unique)}
+        return {run_id: found[run_id] for run_id in unique if run_id in found}
 
     async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
         """The runs a prune would take now, oldest first (see `RetentionStore.prunable`)."""
@@ -411,21 +358,3 @@ class SQLAlchemyCheckpointStore:
     async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
         """The run's events after cursor `after`, oldest first (see `EventStore.read_events`)."""
         return await self._events.read(run_id, int_cursor(after), limit)
-
-    def _sealed(self, cls: type[_R], row: sa.Row[Any], run_id: str) -> _R:
-        """Rebuild a sealed row, checking each field's type (SQLite columns take values of any type)."""
-        try:
-            return cls(**{name: _as(kind, getattr(row, name), name) for name, kind in _LAYOUT[cls]})
-        except TypeError as exc:
-            raise CheckpointStoreCorrupt(f"{self!r}: a stored row of run {run_id!r} is unreadable: {exc}") from None
-
-
-def _as(kind: type, value: object, name: str) -> Any:
-    """Return `value` as `kind`, widening int to float and buffers to bytes; refuse anything else."""
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    elif kind is bytes and isinstance(value, bytearray | memoryview):
-        value = bytes(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise TypeError(f"{name} is {type(value).__name__}, not {kind.__name__}")
-    return value
