@@ -29,7 +29,7 @@ async def test_a_full_set_of_slots_refuses_until_one_is_given_back(backend: Limi
 
 async def test_the_window_refuses_the_start_past_the_rate_and_says_when_it_has_room(backend: LimitBackend) -> None:
     # Given a limit of 3 starts per 0.5 s, used up
-    lim = Limit("api", rate=3, interval_s=0.5)
+    lim = Limit("api", rate=3, interval_s=0.5, margin_s=0)
     began = time.monotonic()
     for token in "abc":
         assert await backend.take(lim, "", token) is None
@@ -50,7 +50,7 @@ async def test_the_window_refuses_the_start_past_the_rate_and_says_when_it_has_r
 
 async def test_a_refused_take_takes_nothing(backend: LimitBackend) -> None:
     # Given a limit of 1 in flight and 1 start per 0.3 s, whose start is used by a finished call
-    lim = Limit("api", concurrency=1, rate=1, interval_s=0.3)
+    lim = Limit("api", concurrency=1, rate=1, interval_s=0.3, margin_s=0)
     assert await backend.take(lim, "", "a") is None
     await backend.release(lim, "", "a")
 
@@ -124,3 +124,10 @@ async def test_each_tenant_key_has_its_own_slots(backend: LimitBackend) -> None:
 async def test_limits_of_other_names_are_apart(backend: LimitBackend) -> None:
     assert await backend.take(Limit("one", concurrency=1), "", "a") is None
     assert await backend.take(Limit("two", concurrency=1), "", "b") is None
+
+
+async def test_the_margin_widens_the_window(backend: LimitBackend) -> None:
+    lim = Limit("api", rate=1, interval_s=0.2, margin_s=0.3)
+    assert await backend.take(lim, "", "a") is None
+    refused = await backend.take(lim, "", "b")
+    assert refused is not None and 0.4 < refused.seconds <= 0.5

@@ -1,7 +1,7 @@
 """`LocalLimits`: the state of limits in this process, for runs on the memory store (or one process).
 
 The same rules as the Redis backend, on this process's monotonic clock: a slot lapses
-`hold_s` after its last renewal, a start counts for `interval_s`, a back-off closes the
+`hold_s` after its last renewal, a start counts for `window_s`, a back-off closes the
 limit until a moment. Operations do not await, so each is atomic on the event loop. After
 a fork the child starts with no state (the parent's holders are not its own).
 """
@@ -39,7 +39,7 @@ class LocalLimits:
         now = time.monotonic()
         state = self._states.setdefault((limit.name, key), _State())
         state.held = {token: ends for token, ends in state.held.items() if ends > now}
-        while state.starts and state.starts[0] <= now - limit.interval_s:
+        while state.starts and state.starts[0] <= now - limit.window_s:
             state.starts.popleft()
         return state, now
 
@@ -51,7 +51,7 @@ class LocalLimits:
         if limit.concurrency is not None and len(state.held) >= limit.concurrency:
             return Wait("concurrency", min(state.held.values()) - now)
         if limit.rate is not None and len(state.starts) >= limit.rate:
-            return Wait("rate", state.starts[0] + limit.interval_s - now)
+            return Wait("rate", state.starts[0] + limit.window_s - now)
         if limit.concurrency is not None:
             state.held[token] = now + limit.hold_s
         if limit.rate is not None:

@@ -35,7 +35,7 @@ class LimitBackend(Protocol):
         """Take a slot for `token` (a concurrency slot and a start in the window, at once), or say why not.
 
         Nothing is taken when the answer is a `Wait`. A taken slot is held `limit.hold_s`
-        unless renewed; a start counts for `limit.interval_s`.
+        unless renewed; a start counts for `limit.window_s`.
         """
         ...
 

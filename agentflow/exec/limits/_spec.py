@@ -3,7 +3,8 @@
 Invariants:
 - A limit bounds calls that *start*: at most `concurrency` in flight, at most `rate` starts
   in any window of `interval_s` seconds (a sliding window, not a bucket that can burst
-  twice its size across a boundary).
+  twice its size across a boundary), widened by `margin_s` for the jitter between a slot
+  being granted and the request reaching the provider.
 - Its state is shared by every process that names it with the same backend; the state of
   one limit is split by tenant key (`key`), each key with its own slots and window.
 - A limit is only a description: no client, no clock, nothing made at import or declaration.
@@ -34,6 +35,10 @@ class Limit:
     """At most this many calls start in any window of `interval_s` (None: no bound)."""
     interval_s: float = 1.0
     """The rate's window, in seconds."""
+    margin_s: float = 0.05
+    """Added to the window a start counts in: a call's request reaches its provider a little after
+    its slot was granted (scheduling, the network), and not always equally late; with this margin,
+    requests delayed up to that much more than others still arrive at most `rate` per `interval_s`."""
     key: LimitKey | None = None
     """The tenant key of a call: each key gets its own slots and window (None: one for all)."""
     hold_s: float = 60.0
@@ -54,10 +59,17 @@ class Limit:
         for field, seconds in (("interval_s", self.interval_s), ("hold_s", self.hold_s), ("poll_s", self.poll_s)):
             if not seconds > 0:
                 raise ValueError(f"limit {self.name!r}: {field} must be positive, not {seconds!r}")
+        if not self.margin_s >= 0:
+            raise ValueError(f"limit {self.name!r}: margin_s must be >= 0, not {self.margin_s!r}")
         if self.retries_429 < 0 or not 0 <= self.jitter <= 1:
             raise ValueError(f"limit {self.name!r}: retries_429 must be >= 0 and jitter within [0, 1]")
         if "\n" in self.name:
             raise ValueError("a limit's name is one line")
+
+    @property
+    def window_s(self) -> float:
+        """How long a start counts against the rate: `interval_s` plus `margin_s`."""
+        return self.interval_s + self.margin_s
 
     def key_of(self, args: Mapping[str, Any], ctx: RunContext | None) -> str:
         """The tenant key of a call ("" when the limit has no `key`).

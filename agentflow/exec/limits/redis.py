@@ -84,7 +84,7 @@ class RedisLimits:
         if self._pid != os.getpid():  # forked: never use the parent's connections
             self._clients, self._pid = LoopClients(self._factory, {"limit": _SCRIPT}, self._timeout), os.getpid()
         args: list[str | int] = [op, token, limit.concurrency or 0, _ms(limit.hold_s), limit.rate or 0]
-        args += [_ms(limit.interval_s), close_ms]
+        args += [_ms(limit.window_s), close_ms]
         try:
             async with self._clients.use() as bound:
                 word, ms = await bound.scripts["limit"](keys=self.keys(limit, key), args=args)
