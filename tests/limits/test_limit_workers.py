@@ -80,7 +80,7 @@ def fullest_window(starts: list[float]) -> int:
     return most
 
 
-async def test_four_worker_processes_never_exceed_the_limit_and_use_all_of_it(deployment: Any, tmp_path: Path):
+async def test_four_worker_processes_never_exceed_the_limit_and_use_all_of_it(deployment: Any, tmp_path: Path) -> None:
     # Given 4 worker processes (2 workers x 2) sharing a tool limited to 3 calls in flight and 20 a second
     deployment.start_worker("w1", concurrency=2, wait=False)
     deployment.start_worker("w2", concurrency=2, wait=False)
