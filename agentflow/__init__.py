@@ -21,13 +21,14 @@ from agentflow._errors import (
     ToolError,
     ToolTimeout,
     UnknownTool,
+    VersionNotDeployed,
 )
 from agentflow._events import Event, Events
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
-from agentflow.flow import Call, Flow, FlowRunner, RunResult
+from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, RunResult
 
 __all__ = [
     "AgentflowError",
@@ -47,6 +48,7 @@ __all__ = [
     "FlowApp",
     "FlowError",
     "FlowRunner",
+    "FlowVersions",
     "Happened",
     "IdentityMismatch",
     "InDoubtDecision",
@@ -66,4 +68,5 @@ __all__ = [
     "ToolError",
     "ToolTimeout",
     "UnknownTool",
+    "VersionNotDeployed",
 ]

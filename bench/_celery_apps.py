@@ -57,12 +57,12 @@ def make_bare_app(settings: Any) -> Any:
     import redis
     from celery import Celery
 
+    from agentflow.celery._config import task_options
     from agentflow.celery._settings import WorkerSettings
-    from agentflow.celery._tasks import _task_options
 
     bare = Celery("bench-bare")
     bare.conf.update(settings.celery())
-    options = _task_options(
+    options = task_options(
         WorkerSettings(time_limit_s=settings.time_limit_s, soft_time_limit_s=settings.soft_time_limit_s)
     )
     queue, done_key, url = settings.queue, f"{settings.key_prefix}:bench:done", settings.redis_url.get_secret_value()

@@ -104,10 +104,10 @@ PUBLIC: dict[str, list[str]] = {
     "agentflow": [
         "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
-        "Flow", "FlowApp", "FlowError", "FlowRunner", "Happened", "IdentityMismatch", "InDoubtDecision", "LoopSpec",
-        "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext", "RunFailed", "RunHeld",
-        "RunKind",
-        "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
+        "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
+        "InDoubtDecision", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext",
+        "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError",
+        "ToolTimeout", "UnknownTool", "VersionNotDeployed",
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "Registry",
@@ -122,7 +122,9 @@ PUBLIC: dict[str, list[str]] = {
         "RetentionStore", "SQLAlchemyCheckpointStore", "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint",
         "StoreDefaults", "idempotency_key", "prune_finished",
     ],
-    "agentflow.flow": ["Call", "Flow", "FlowError", "FlowRunner", "NodeHandle", "RunResult", "RunStatus"],
+    "agentflow.flow": [
+        "Call", "Flow", "FlowError", "FlowRunner", "FlowVersions", "NodeHandle", "RunResult", "RunStatus",
+    ],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
     "agentflow.celery": [
         "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
@@ -283,6 +285,7 @@ def test_recovery_needs_decision_carries_its_calls_as_pairs():
 SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "RecoveryNeedsDecision": ("order-7", [("email_tickets", "call 0/send/0/ab was started and has no result")]),
     "RunHeld": ("order-7", "w1@host:4242", 1_800_000_000.0),
+    "VersionNotDeployed": ("order-7", "tickets", "1", ["2", "3"]),
     "RunFailed": ("order-7", "ValueError: could not convert string to float: 'broken'"),
 }
 

@@ -4,11 +4,12 @@ Every unfinished run's age (from the ``started`` its checkpoints carry) is repor
 an alert can find a run older than its flow should ever take.
 
 A run waits for a decision when it is paused for an approval (``approval``: its latest
-checkpoint is ``paused``) or parked on calls in doubt (``in_doubt``: a signed ``parked``
-claim). recover_all reads every unfinished run's latest checkpoint anyway, so it counts
-them on the way and reports the figures in one ``runs.swept`` event; a metrics exporter
-turns that into gauges. No other process can know them without reading the store: a run
-paused by one worker is resumed from another process, so counting events would drift.
+checkpoint is ``paused``), parked on calls in doubt (``in_doubt``: a signed ``parked``
+claim), or on a flow version the sweeping worker lacks (``migration``). recover_all reads
+every unfinished run's latest checkpoint anyway, so it counts them on the way and reports
+the figures in one ``runs.swept`` event; a metrics exporter turns that into gauges. No
+other process can know them without reading the store: a run paused by one worker is
+resumed from another process, so counting events would drift.
 """
 
 from __future__ import annotations
@@ -22,27 +23,35 @@ from typing import Any
 class Stranded:
     """What a recover_all found: runs to recover now, and runs to look at when their leases end."""
 
-    recover: list[tuple[str, str, int]] = field(default_factory=list)
-    """``(flow, run_id, step)`` of each run nobody holds that should move and does not."""
+    recover: list[tuple[str, str, int, str]] = field(default_factory=list)
+    """``(flow, run_id, step, version)`` of each run nobody holds that should move and does not (a
+    tool loop's version is the default one: its messages go to the deployment's queue)."""
     recheck: list[tuple[str, str, int, float]] = field(default_factory=list)
     """``(flow, run_id, step, lease end)`` of each run someone holds (found on a worker's start)."""
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each run whose latest checkpoint fails its check, reported this time (once)."""
     unknown: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each stranded run of a flow the app does not know, reported this time (once)."""
+    migrate: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(flow, run_id, version)`` of each unfinished run on a flow version this worker's app lacks."""
 
     def as_result(self) -> dict[str, Any]:
         """The recover_all task's result: the run ids enqueued and rechecked, and (when any) reported now, by flow."""
         result: dict[str, Any] = {
-            "enqueued": [r for _, r, _ in self.recover],
+            "enqueued": [r for _, r, _, _ in self.recover],
             "rechecks": [r for _, r, _, _ in self.recheck],
         }
-        reported = {"quarantined": self.quarantined, "unknown_flows": self.unknown}
+        reported = {
+            "quarantined": self.quarantined,
+            "unknown_flows": self.unknown,
+            "needs_migration": [(f"{flow} version {version}", run_id) for flow, run_id, version in self.migrate],
+        }
         return result | {key: {run_id: flow for flow, run_id in runs} for key, runs in reported.items() if runs}
 
 
-#: Why a run waits: for an approval, or for an operator's word on calls in doubt.
-WHY = ("approval", "in_doubt")
+#: Why a run waits: for an approval, for an operator's word on calls in doubt, or for a
+#: migration (its flow version is not in the sweeping worker's app).
+WHY = ("approval", "in_doubt", "migration")
 
 
 @dataclass

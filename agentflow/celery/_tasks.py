@@ -19,8 +19,9 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
   ``retention_interval_s`` when ``retention_days`` is set).
 
 Causes a superstep message can carry: ``start``, ``next`` (the handoff between
-supersteps), ``resume`` and ``rerun`` (spend a signed decision; anything else is refused),
-``recover`` and ``recheck`` (look at a run whose holder may be gone). A superstep that
+supersteps), ``resume``, ``rerun``, ``retry`` and ``migrate`` (spend a signed decision;
+anything else is refused), ``recover`` and ``recheck`` (look at a run whose holder may be
+gone). A flow run's messages go to its version's queue (`_routing`). A superstep that
 finds the run held by someone else sends one ``recheck`` for when that lease ends; a
 recheck that finds it held again at the same step sends the next one (the holder renewed:
 it is alive, or the countdown ran ahead of the store's clock), and one that finds the run
@@ -38,9 +39,9 @@ redelivered, and neither is a ``FAILURE`` (the tasks acknowledge on failure and 
 on an exception).
 
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
-process dies, time limits, JSON), because the user's app defaults may differ. `celery_config`
-gives the app-wide configuration to go with them (the runnable ``workers`` app and the demo
-both use it).
+process dies, time limits, JSON: `_config.task_options`), because the user's app defaults
+may differ. `celery_config` gives the app-wide configuration to go with them (the runnable
+``workers`` app and the demo both use it).
 """
 
 from __future__ import annotations
@@ -60,17 +61,21 @@ from agentflow._app import FlowApp
 from agentflow._errors import RunFailed
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
+from agentflow.celery._config import celery_config, task_options
+from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._worker import Outcome, Worker
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
+__all__ = ["AgentflowTasks", "celery_config", "register_tasks"]
+
 log = logging.getLogger("agentflow.celery")
 
 #: Causes a superstep message can carry. ``next`` is the normal handoff between supersteps.
-CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume", "retry")
+CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume", "retry", "migrate")
 #: Causes of a superstep sent to recover a run (its holder may be gone, or an operator decided on
 #: its calls in doubt): sent as ``agentflow.recover_superstep``.
-RECOVERY_CAUSES = ("recover", "recheck", "rerun", "retry")
+RECOVERY_CAUSES = ("recover", "recheck", "rerun", "retry", "migrate")
 
 #: The final task states Flower shows for a superstep whose run did not simply go on or finish.
 PAUSED, NEEDS_DECISION, RECOVERED, CANCELLED = "PAUSED", "NEEDS_DECISION", "RECOVERED", "CANCELLED"
@@ -90,8 +95,21 @@ class AgentflowTasks:
     worker: Worker
     bridge: LoopBridge
 
-    def send_superstep(self, flow: str, run_id: str, step: int, cause: str, countdown: float | None = None) -> str:
-        """Enqueue one superstep (after `countdown` seconds); returns the task id."""
+    def send_superstep(
+        self,
+        flow: str,
+        run_id: str,
+        step: int,
+        cause: str,
+        countdown: float | None = None,
+        *,
+        version: str | None = None,
+    ) -> str:
+        """Enqueue one superstep (after `countdown` seconds); returns the task id.
+
+        With the run's flow `version`, the message goes to that version's queue (`_routing`),
+        which only workers that have the version read; else to the deployment's queue.
+        """
         if cause not in CAUSES:
             raise ValueError(f"unknown cause {cause!r}; one of {CAUSES}")
         task_id = f"af-{run_id}-{step}" if cause == "next" else f"af-{run_id}-{step}-{cause}-{uuid.uuid4().hex[:6]}"
@@ -100,9 +118,8 @@ class AgentflowTasks:
             task = self.loop_stage
         if cause in RECOVERY_CAUSES:
             task = self.recover_superstep
-        task.apply_async(
-            args=(flow, run_id, step, cause), task_id=task_id, queue=self.worker.settings.queue, countdown=countdown
-        )
+        queue = queue_for(self.worker.settings.queue, flow, version)
+        task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=queue, countdown=countdown)
         return task_id
 
     def send_recheck(self, flow: str, run_id: str, step: int, lease_ends: float) -> str:
@@ -128,8 +145,24 @@ class AgentflowTasks:
         if outcome.held_until is not None:  # held: look again when that lease ends (see `Worker.superstep`)
             self.send_recheck(flow, run_id, step, outcome.held_until)
         if outcome.next_step is not None:
-            self.send_superstep(flow, run_id, outcome.next_step, "next")
+            self.send_superstep(flow, run_id, outcome.next_step, "next", version=outcome.version)
+        if outcome.done == "elsewhere":
+            self.send_on(task, flow, run_id, step, cause, outcome)
         return outcome
+
+    def send_on(self, task: Task, flow: str, run_id: str, step: int, cause: str, outcome: Outcome) -> None:
+        """Send a message about a run of a flow version this worker lacks on to that version's queue, once."""
+        assert outcome.version is not None
+        target = queue_for(self.worker.settings.queue, flow, outcome.version)
+        came_from = (task.request.delivery_info or {}).get("routing_key")
+        extra = {"run_id": run_id, "step": step}
+        if came_from == target:  # cannot happen with the queues a worker reads (`_routing`); never loop
+            log.warning("run %s: version %s of flow %r is not here, yet its message came from %s", run_id,
+                        outcome.version, flow, target, extra=extra)  # fmt: skip
+            return
+        self.send_superstep(flow, run_id, step, cause, version=outcome.version)
+        log.info("run %s is on version %s of flow %r, which this worker does not have: sent it on to %s", run_id,
+                 outcome.version, flow, target, extra=extra)  # fmt: skip
 
     @staticmethod
     def handoff(task: Task, cause: str) -> bool:
@@ -193,84 +226,11 @@ class AgentflowTasks:
         found = self.bridge.run(self.worker.stranded(startup=startup))
         if found is None:
             return {"skipped": "another recover_all holds its lease"}
-        for flow, run_id, step in found.recover:
-            self.send_superstep(flow, run_id, step, "recover")
+        for flow, run_id, step, version in found.recover:
+            self.send_superstep(flow, run_id, step, "recover", version=version)
         for flow, run_id, step, ends in found.recheck:
             self.send_recheck(flow, run_id, step, ends)
         return found.as_result()
-
-
-def celery_config(
-    redis_url: str, *, key_prefix: str = "agentflow", queue: str = "agentflow", visibility_timeout_s: int = 3600
-) -> dict[str, Any]:
-    """The Celery configuration of an app whose broker and result backend are one Redis.
-
-    JSON only; late acks, a task whose worker is lost is rejected (so redelivered), one message
-    prefetched at a time; task events on (Flower sees the tasks); every broker and result key
-    under ``<key_prefix>:celery:``; unacknowledged messages swept back every 10 s and
-    redelivered after `visibility_timeout_s` (keep it at least twice a task's time limit).
-
-    Args:
-        redis_url: the Redis of the broker and the result backend (may hold a password).
-        key_prefix: the deployment's (or tenant's) key prefix.
-        queue: the default queue.
-        visibility_timeout_s: how long Redis waits before it redelivers an unacknowledged message.
-
-    Returns:
-        Settings for ``app.conf.update(...)``.
-    """
-    transport = {
-        "visibility_timeout": visibility_timeout_s,
-        "global_keyprefix": f"{key_prefix}:celery:",
-        "socket_timeout": 30,
-        "socket_connect_timeout": 5,
-        "socket_keepalive": True,
-        "health_check_interval": 25,
-        "unacked_restore_interval": 10,
-        "unacked_restore_throttle": 1,
-    }
-    return {
-        "broker_url": redis_url,
-        "result_backend": redis_url,
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "event_serializer": "json",
-        "accept_content": ["json"],
-        "result_accept_content": ["json"],
-        "task_acks_late": True,
-        "task_acks_on_failure": True,
-        "task_acks_on_timeout": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "broker_connection_retry_on_startup": True,
-        "broker_transport_options": transport,
-        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:celery:"},
-        "result_expires": 86400,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
-        "task_default_queue": queue,
-        "timezone": "UTC",
-        "beat_enable_remote_control": True,
-    }
-
-
-def _task_options(settings: WorkerSettings) -> dict[str, Any]:
-    return {
-        "bind": True,
-        "acks_late": True,
-        "acks_on_failure": True,
-        "acks_on_timeout": True,
-        "reject_on_worker_lost": True,
-        "retry_on_worker_lost": True,
-        "time_limit": settings.time_limit_s,
-        "soft_time_limit": settings.soft_time_limit_s,
-        "max_retries": settings.max_retries,
-        "default_retry_delay": 2,
-        "serializer": "json",
-        # A run that ended failed is an outcome, not a crash: logged at INFO, no traceback.
-        "throws": (RunFailed,),
-    }
 
 
 def register_tasks(
@@ -297,7 +257,7 @@ def register_tasks(
     settings = settings or WorkerSettings()
     bridge = LoopBridge()
     worker = Worker(flow_app, store_factory, checkpoint_key, settings)
-    options = _task_options(settings)
+    options = task_options(settings)
     handles: dict[str, Task] = {}
 
     def superstep(task: Task, flow: str, run_id: str, step: int, cause: str = "next") -> dict[str, Any]:
@@ -335,6 +295,7 @@ def register_tasks(
     app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}
     tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
     _connect_signals(app, tasks, settings)
+    consume_version_queues(app, flow_app, settings.queue)
     return tasks
 
 

@@ -12,13 +12,18 @@
   a signed claim of that kind. Anything else (a forged message, a decision signed with
   another key) is refused: logged at WARNING, emitted as a ``control.refused`` event,
   and the run is left as it was.
-- `stranded`: under the recover_all lease, find the unfinished runs that nobody holds,
-  that are running (not paused, not parked), whose latest checkpoint checks, and whose
-  last save is older than `stale_after_s`; on a worker's start, also the runs held by
-  someone, with the time each lease ends, so each is looked at again right then. A run
-  whose latest checkpoint fails its check, and a stranded run of a flow the app does not
-  know, are reported once (WARNING, an event, the task's result) and marked in the store
-  (`agentflow.exec._run_quarantine`); a run that checks again loses its marker.
+- A message about a run on a flow version this worker lacks touches nothing: the outcome
+  (``elsewhere``) names the version, and the caller sends the message on to that version's
+  queue (`_routing`).
+- `stranded`: under the recover_all lease, sort every unfinished run (`_sweep`): the ones
+  nobody holds, that are running (not paused, not parked), whose latest checkpoint checks,
+  and whose last save is older than `stale_after_s`, are to be recovered; on a worker's
+  start, also the runs held by someone, with the time each lease ends, so each is looked
+  at again right then; runs on a flow version this worker lacks are listed as needing
+  migration. A run whose latest checkpoint fails its check, and a stranded run of a flow
+  the app does not know, are reported once (WARNING, an event, the task's result) and
+  marked in the store (`agentflow.exec._run_quarantine`); a run that checks again loses
+  its marker.
 - `prune`: one tick of the retention beat (`_retention.prune_tick`).
 """
 
@@ -28,7 +33,6 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +47,7 @@ from agentflow._errors import (
     RecoveryNeedsDecision,
     RunHeld,
     Stale,
+    VersionNotDeployed,
 )
 from agentflow._events import Events
 from agentflow._identity import RunContext
@@ -50,15 +55,13 @@ from agentflow._run_types import RunKind
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
-from agentflow.celery._stranded import Stranded, Waiting
+from agentflow.celery._stranded import Stranded
+from agentflow.celery._sweep import sweep
 from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_control import InDoubtDecision, parked
-from agentflow.exec._run_lease import Ownership, held_by, take
-from agentflow.exec._run_quarantine import Reporter
-from agentflow.exec._run_steps import started_of
-from agentflow.exec._run_sweep import relist_forgotten
+from agentflow.exec._run_control import InDoubtDecision
+from agentflow.exec._run_lease import Ownership, take
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
@@ -74,8 +77,9 @@ class Outcome:
     run_id: str
     flow: str
     done: str
-    """``ran``, ``skipped``, ``decision`` (calls in doubt), ``conflict`` or ``refused`` (a control
-    message no signed decision backs, or a row that fails its check)."""
+    """``ran``, ``skipped``, ``decision`` (calls in doubt), ``conflict``, ``refused`` (a control
+    message no signed decision backs, or a row that fails its check) or ``elsewhere`` (the
+    run's flow version is not here: the message goes on to a worker that has it)."""
     status: str | None = None
     step: int | None = None
     replayed: list[str] = field(default_factory=list)
@@ -83,6 +87,8 @@ class Outcome:
     why: str | None = None
     held_until: float | None = None
     """When the lease of the live holder that kept this superstep from running ends."""
+    version: str | None = None
+    """The version of the run's flow (None: a tool loop, or not read): its messages go to that version's queue."""
 
     @property
     def next_step(self) -> int | None:
@@ -106,7 +112,7 @@ class Outcome:
 RECOVER_ALL_LEASE = "agentflow/recover_all"
 
 #: What each control cause must find signed in the run's latest checkpoint.
-SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry"}
+SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry", "migrate": "migrate"}
 
 
 class Worker:
@@ -236,7 +242,8 @@ class Worker:
                 lease_s=self.settings.lease_s,
                 owner=self.owner,
             )
-        return await self.runner.decide_in_doubt(self.flow_app.flow(column), run_id, calls=calls, operator=operator)
+        flows = self.flow_app.flow_versions(column)
+        return await self.runner.decide_in_doubt(flows, run_id, calls=calls, operator=operator)
 
     def refuse(self, flow_name: str, run_id: str, step: int, cause: str, why: str) -> Outcome:
         """Log and report a control message or a row that was refused; the run is left as it was."""
@@ -281,7 +288,7 @@ class Worker:
                 )
 
         else:
-            flow = self.flow_app.flow(flow_name)
+            flow = self.flow_app.flow_versions(flow_name)
             # Read the run's head while the lease is being taken: two round trips in flight at
             # once. Read before the lease is held, the head may be a step behind; then the
             # first record (its position is taken) or the save (its step is taken) is refused.
@@ -296,7 +303,7 @@ class Worker:
             outcome = await self._advance(flow_name, run_id, step, cause, advance)
             if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
                 outcome.held_until = None  # the run moved on since: its new holder's messages look after it
-            if outcome.held_until is not None and not await self._watch(run_id, outcome.held_until):
+            if outcome.held_until is not None and not await self.watch(run_id, outcome.held_until):
                 outcome.held_until = None  # another worker's recheck is due for this lease already
             return outcome
         finally:
@@ -305,7 +312,7 @@ class Worker:
             elif head is not None and not head.cancelled():
                 head.exception()  # retrieved, so an unused failure is not reported as lost
 
-    async def _watch(self, run_id: str, lease_ends: float) -> bool:
+    async def watch(self, run_id: str, lease_ends: float) -> bool:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
         return await first_to_watch(self.store, run_id, self.owner, lease_ends)
 
@@ -323,6 +330,8 @@ class Worker:
             result = await advance()
         except RunHeld as exc:
             return Outcome(run_id, flow_name, "skipped", why=str(exc), held_until=exc.expires_at)
+        except VersionNotDeployed as exc:  # nothing was touched: a worker with that version carries it on
+            return Outcome(run_id, flow_name, "elsewhere", why=str(exc), version=exc.version)
         except RecoveryNeedsDecision as exc:
             return Outcome(run_id, flow_name, "decision", why=str(exc))
         except Stale as exc:
@@ -334,7 +343,15 @@ class Worker:
         except CheckpointStoreCorrupt as exc:
             return self.refuse(flow_name, run_id, step, cause, str(exc))
         return Outcome(
-            run_id, flow_name, "ran", str(result.status), result.step, result.replayed, result.rerun, result.error
+            run_id,
+            flow_name,
+            "ran",
+            str(result.status),
+            result.step,
+            result.replayed,
+            result.rerun,
+            result.error,
+            version=getattr(result, "version", None),  # a flow run's (a tool loop has none)
         )
 
     async def prune(self) -> dict[str, Any]:
@@ -349,62 +366,6 @@ class Worker:
         except RunHeld:
             return None
         try:
-            return await self._stranded(startup)
+            return await sweep(self, startup)
         finally:
             await self.store.release_lease(RECOVER_ALL_LEASE, lease.token)
-
-    async def _relisted(self, columns: list[str]) -> list[str]:
-        """Relist the runs the listing index forgot; return those of flows the app does not know."""
-        others: list[str] = []
-        for lost in await relist_forgotten(self.store, self.sealer, columns):
-            log.warning(
-                "run %s was missing from the store's listing index: %s",
-                lost.run_id,
-                lost.why,
-                extra={"run_id": lost.run_id},
-            )
-            others += [] if lost.relisted or lost.flow in columns else [lost.run_id]
-        return others
-
-    async def _stranded(self, startup: bool) -> Stranded:
-        found = Stranded()
-        now = time.time()
-        waiting = Waiting(now)
-        reports = Reporter(self.store, self.sealer, self.runner.events, self.owner, log)
-        columns = [*self.flow_app.flows, *(RunKind.LOOP.column(n) for n in self.loops)]
-        others = await self._relisted(columns) if self.settings.sweep_forgotten else []
-        for name in columns:
-            run_ids = list(await self.store.list_unfinished(name))
-            held = await held_by(self.store, run_ids)
-            for run_id in run_ids:
-                try:
-                    row = await self.store.latest(run_id)
-                except CheckpointNotFound:
-                    continue  # deleted meanwhile
-                try:
-                    body: dict[str, Any] | None = self.sealer.open_checkpoint(row, run_id)
-                    problem = ""
-                except CheckpointStoreCorrupt as exc:
-                    body, problem = None, str(exc)
-                if body is not None:
-                    waiting.unfinished(name, started_of(body))
-                if run_id in held:
-                    if startup and await self._watch(run_id, held[run_id].expires_at):
-                        found.recheck.append((name, run_id, row.step, held[run_id].expires_at))
-                    continue
-                if row.status == "paused":
-                    waiting.add(name, "approval", row.saved_at)
-                if row.status != "running" or now - row.saved_at < self.settings.stale_after_s:
-                    continue
-                if body is None:
-                    await reports.failed(row, problem)
-                    continue
-                if parked(body):
-                    waiting.add(name, "in_doubt", row.saved_at)
-                else:
-                    found.recover.append((name, run_id, row.step))
-        await reports.moving([run_id for _, run_id, _ in found.recover])
-        await reports.unknown_flows(columns, others, now - self.settings.stale_after_s)
-        found.quarantined, found.unknown = reports.quarantined, reports.unknown
-        self.events.emit("runs.swept", None, waiting=waiting.report(columns), unfinished=waiting.ages(columns))
-        return found

@@ -6,58 +6,34 @@ and reads status and results from the checkpoint store, never from Celery result
 
 from __future__ import annotations
 
+__all__ = ["FlowClient", "RunView"]
+
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError, RunHeld
 from agentflow._identity import RunContext
-from agentflow._run_types import RunKind
+from agentflow._run_types import DEFAULT_VERSION, RunKind
+from agentflow.celery._loop_client import LoopOperations
 from agentflow.celery._tasks import AgentflowTasks
-from agentflow.exec._durable_loop import LoopResult, cancel_tool_loop, read_tool_loop, start_tool_loop
+from agentflow.celery._view import RunView
+from agentflow.exec._durable_loop import cancel_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
 from agentflow.exec._run_events import RunEvent, follow_events
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_read import read_run
-from agentflow.exec._run_view import SegmentView
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._runner import FlowRunner
-from agentflow.models._messages import Message
 
 
-@dataclass
-class RunView:
-    """A run as its latest checkpoint shows it."""
-
-    run_id: str
-    flow: str
-    status: str
-    """``running``, ``paused``, ``done`` or ``failed``."""
-    step: int
-    state: BaseModel
-    pending: list[ApprovalRequest] = field(default_factory=list)
-    error: str | None = None
-    waiting_for_decision: str | None = None
-    """Why the run waits for an operator (calls in doubt), or None."""
-    running_on: str | None = None
-    """The worker that holds the run's lease right now (``<node>:<pid>``), or None."""
-    segments: list[SegmentView] = field(default_factory=list)
-    """Who held the run when, and who decided each claim (`SegmentView.owner`, `.operator`)."""
-
-    @property
-    def settled(self) -> bool:
-        """Whether the run stopped moving on its own (ended, paused, or waiting for a decision)."""
-        return self.status in ("done", "failed", "cancelled", "paused") or self.waiting_for_decision is not None
-
-
-class FlowClient:
-    """Starts and follows runs that Celery workers carry out."""
+class FlowClient(LoopOperations):
+    """Starts and follows runs (and tool loops: `LoopOperations`) that Celery workers carry out."""
 
     def __init__(self, tasks: AgentflowTasks, runner: FlowRunner | None = None) -> None:
         """Build a client.
@@ -94,10 +70,14 @@ class FlowClient:
         """
         if ctx is not None and ctx.principal is not None:
             raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
-        flow = self.flow_app.flow(flow_name)
-        result = await self.runner.start(flow, state, run_id=run_id, ctx=ctx)
-        await asyncio.to_thread(self.tasks.send_superstep, flow_name, result.run_id, 0, "start")
+        flows = self.flow_app.flow_versions(flow_name)
+        result = await self.runner.start(flows, state, run_id=run_id, ctx=ctx)  # on the newest version
+        await self._send(flow_name, result.run_id, 0, "start", result.version)
         return result.run_id
+
+    async def _send(self, flow: str, run_id: str, step: int, cause: str, version: str | None = None) -> None:
+        """Enqueue a superstep of the run (to its version's queue, when the version is known)."""
+        await asyncio.to_thread(self.tasks.send_superstep, flow, run_id, step, cause, version=version)
 
     async def status(self, run_id: str) -> RunView:
         """Read the run from the store through the run read model (every row of it checked).
@@ -113,13 +93,14 @@ class FlowClient:
             raise CheckpointStoreCorrupt("; ".join(report.problems))
         if report.kind is RunKind.LOOP:
             raise FlowError(f"run {run_id!r} is a tool loop: read it with loop_status({report.name!r}, {run_id!r})")
-        flow = self.flow_app.flow(report.flow)
+        version = report.version or DEFAULT_VERSION
+        flow = self.flow_app.flow_versions(report.flow).get(version)
         try:
-            state = flow.state.model_validate(report.state)
+            state = report.state if flow is None else flow.state.model_validate(report.state)
             pending = [ApprovalRequest(p["call_id"], p["tool"], p["args"], p["node"]) for p in report.pending]
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointStoreCorrupt(
-                f"run {run_id!r} is signed but does not fit flow {flow.name!r}: {exc}"
+                f"run {run_id!r} is signed but does not fit flow {report.flow!r} version {version!r}: {exc}"
             ) from None
         waiting = "; ".join(f"{tool}: {why}" for tool, why in report.awaiting) or None
         return RunView(
@@ -133,6 +114,8 @@ class FlowClient:
             waiting,
             report.running_on,
             report.segments,
+            version,
+            flow is None,
         )
 
     async def events(self, run_id: str, after: str | None = None, *, poll_s: float = 0.2) -> AsyncIterator[RunEvent]:
@@ -190,12 +173,12 @@ class FlowClient:
             CheckpointConflict: the run is not paused, or another resume won.
         """
         view = await self.status(run_id)
-        flow = self.flow_app.flow(view.flow)
+        flows = self.flow_app.flow_versions(view.flow)
         result = await self.runner.resume(
-            flow, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
+            flows, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
         )
         assert result.step is not None
-        await asyncio.to_thread(self.tasks.send_superstep, view.flow, run_id, result.step, "resume")
+        await self._send(view.flow, run_id, result.step, "resume", result.version)
         return result.step
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> str:
@@ -224,7 +207,8 @@ class FlowClient:
                 owner=self.runner.ownership.owner,
             )
             return str(loop.status)
-        result = await self.runner.cancel(self.flow_app.flow(row.flow), run_id, reason=reason, operator=operator)
+        flows = self.flow_app.flow_versions(row.flow)
+        result = await self.runner.cancel(flows, run_id, reason=reason, operator=operator)
         return str(result.status)
 
     async def retry(self, run_id: str, *, operator: str | None = None) -> int:
@@ -243,9 +227,44 @@ class FlowClient:
         self.sealer.open_checkpoint(row, run_id)
         if RunKind.of(row.flow) is RunKind.LOOP:
             raise FlowError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
-        result = await self.runner.retry(self.flow_app.flow(row.flow), run_id, operator=operator, max_supersteps=0)
+        flows = self.flow_app.flow_versions(row.flow)
+        result = await self.runner.retry(flows, run_id, operator=operator, max_supersteps=0)
         assert result.step is not None
-        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, result.step, "retry")
+        await self._send(row.flow, run_id, result.step, "retry", result.version)
+        return result.step
+
+    async def migrate(
+        self,
+        run_id: str,
+        *,
+        to_version: str | None = None,
+        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
+        at: str | None = None,
+        operator: str | None = None,
+    ) -> int:
+        """Move an unfinished run onto another version of its flow (default: the newest); a worker carries it on.
+
+        See `FlowRunner.migrate`: the state is mapped by `state` and validated against the
+        target version, the run goes on from `at` (or where it was), and the move is a signed
+        claim naming `operator`, saved here. The message that follows goes to the target
+        version's queue and only points at the claim. Returns the claim's step.
+
+        Raises:
+            FlowError: the version is not in the client's app, the state or node does not fit,
+                or calls finished in the step the run would go on with.
+            CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
+        """
+        assert self.runner.checkpoints is not None
+        row = await self.runner.checkpoints.latest(run_id)
+        self.sealer.open_checkpoint(row, run_id)
+        if RunKind.of(row.flow) is RunKind.LOOP:
+            raise FlowError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
+        flows = self.flow_app.flow_versions(row.flow)
+        result = await self.runner.migrate(
+            flows, run_id, to_version=to_version, state=state, at=at, operator=operator, max_supersteps=0
+        )
+        assert result.step is not None
+        await self._send(row.flow, run_id, result.step, "migrate", result.version)
         return result.step
 
     async def fork(
@@ -265,11 +284,11 @@ class FlowClient:
         assert self.runner.checkpoints is not None
         row = await self.runner.checkpoints.latest(run_id)
         self.sealer.open_checkpoint(row, run_id)
-        flow = self.flow_app.flow(row.flow)
+        flows = self.flow_app.flow_versions(row.flow)
         result = await self.runner.fork(
-            flow, run_id, at_step=at_step, new_run_id=new_run_id, patch=patch, operator=operator, max_supersteps=0
+            flows, run_id, at_step=at_step, new_run_id=new_run_id, patch=patch, operator=operator, max_supersteps=0
         )
-        await asyncio.to_thread(self.tasks.send_superstep, flow.name, result.run_id, 0, "start")
+        await self._send(row.flow, result.run_id, 0, "start", result.version)
         return result.run_id
 
     async def recover(self, run_id: str, *, rerun_in_doubt: bool = False, operator: str | None = None) -> int | None:
@@ -305,9 +324,9 @@ class FlowClient:
                 if row is None:
                     return None
             else:
-                await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, step, "rerun")
+                await self._send(row.flow, run_id, step, "rerun")
                 return step
-        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, row.step, "recover")
+        await self._send(row.flow, run_id, row.step, "recover")
         return row.step
 
     async def _unheld(self, run_id: str) -> SealedCheckpoint | None:
@@ -329,78 +348,6 @@ class FlowClient:
         if row.status != "running":
             raise CheckpointConflict(f"run {run_id!r} already ended ({row.status}); there is nothing to recover")
         return row
-
-    async def start_loop(
-        self, name: str, messages: Sequence[Message], *, run_id: str | None = None, ctx: RunContext | None = None
-    ) -> str:
-        """Save a tool loop's step 0 (its messages) and enqueue its first stage; return the run id.
-
-        Raises:
-            FlowError: no loop has that name.
-            ValueError: `ctx` carries a principal.
-        """
-        if ctx is not None and ctx.principal is not None:
-            raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
-        worker = self.tasks.worker
-        spec = worker.loop(name)
-        started = await start_tool_loop(
-            spec.registry,
-            messages,
-            run_id=run_id,
-            checkpoints=worker.store,
-            checkpoint_key=worker.checkpoint_key,
-            max_steps=spec.max_steps,
-            ctx=ctx,
-            name=name,
-            tracer=self.runner.executor.tracer,
-        )
-        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
-        return started.run_id
-
-    async def loop_status(self, name: str, run_id: str) -> LoopResult:
-        """Read a tool loop from the store (history checked)."""
-        worker = self.tasks.worker
-        return await read_tool_loop(run_id, checkpoints=worker.store, checkpoint_key=worker.checkpoint_key, name=name)
-
-    async def wait_loop(self, name: str, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> LoopResult:
-        """Poll until the loop ended, paused, or waits for a decision.
-
-        Raises:
-            TimeoutError: it did not settle in time.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = await self.loop_status(name, run_id)
-            if result.status != "running" or await self._awaiting(run_id):
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"loop {run_id!r} is still running after {timeout_s}s")
-            await asyncio.sleep(poll_s)
-
-    async def resume_loop(
-        self,
-        name: str,
-        run_id: str,
-        *,
-        approve: bool | Mapping[str, bool],
-        note: str | None = None,
-        ctx: RunContext | None = None,
-        operator: str | None = None,
-    ) -> int:
-        """Store the decision on a tool loop paused for approval, then enqueue its next stage.
-
-        Returns the step the loop goes on from. The decision is a compare-and-set save: of
-        racing decisions one wins, and a worker spends it (an approved call runs once).
-
-        Raises:
-            FlowError: no loop has that name.
-            CheckpointConflict: the loop is not paused, or another decision won.
-            ValueError: `approve` maps call ids and leaves a pending call undecided.
-        """
-        decided = await self.tasks.worker.decide_loop(name, run_id, approve, note, ctx, operator)
-        assert decided.step is not None
-        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, decided.step, "resume")
-        return decided.step
 
     async def decide_in_doubt(
         self,
@@ -425,5 +372,5 @@ class FlowClient:
         assert self.runner.checkpoints is not None
         row = await self.runner.checkpoints.latest(run_id)
         step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator, calls)
-        await asyncio.to_thread(self.tasks.send_superstep, row.flow, run_id, step, "rerun")
+        await self._send(row.flow, run_id, step, "rerun")
         return step

@@ -36,7 +36,7 @@ async def _resume_here(
     column = await column_of(here.target.store, here.target.sealer, run_id)
     _not_a_loop(column, run_id)
     try:
-        flow = here.app.flow(column)
+        flow = here.app.flow_versions(column)
     except FlowError as exc:
         raise _errors.CliError(str(exc)) from None
     result: RunResult[Any] = await here.runner.resume(flow, run_id, approve=approve, note=note, operator=operator)

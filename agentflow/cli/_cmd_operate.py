@@ -28,15 +28,16 @@ from agentflow.cli._acting import Acting, Here, acting, column_of
 from agentflow.cli._text import echo, paint
 from agentflow.exec._durable_loop import cancel_tool_loop, decide_in_doubt_tool_loop
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
-from agentflow.flow._graph import Flow
+from agentflow.flow._versions import FlowVersions
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers
 
 
-def _flow(app: FlowApp, column: str) -> Flow[Any]:
+def _flow(app: FlowApp, column: str) -> FlowVersions[Any]:
+    """Every version of the run's flow the app has (each stored run goes on on its own)."""
     try:
-        return app.flow(column)
+        return app.flow_versions(column)
     except FlowError as exc:
         raise _errors.CliError(str(exc)) from None
 

@@ -29,6 +29,7 @@ from agentflow._errors import (
     IdentityMismatch,
     RecoveryNeedsDecision,
     RunHeld,
+    VersionNotDeployed,
 )
 from agentflow._run_types import RunKind
 from agentflow.cli import _errors
@@ -58,6 +59,8 @@ def outcome(result: RunOutcome | BaseException) -> tuple[str, str]:
         return "needs its principal", str(result)
     if isinstance(result, RunHeld):
         return "held", f"held by {result.owner} until {when(result.expires_at)}: live on that worker, left alone"
+    if isinstance(result, VersionNotDeployed):
+        return "needs migration", str(result)
     if isinstance(result, CheckpointConflict):
         return "skipped", str(result)
     if isinstance(result, CheckpointStoreCorrupt):
@@ -115,7 +118,8 @@ async def _recover_one(here: Here, run_id: str, rerun: bool, operator: str | Non
     if RunKind.of(row.flow) is RunKind.LOOP:
         how = f"recover_tool_loop(..., run_id={run_id!r}) from your code, or through the workers (--workers)"
         return "skipped", f"a tool loop: recover it with {how}"
-    return outcome(await here.runner.recover(here.app.flow(row.flow), run_id, rerun_in_doubt=rerun, operator=operator))
+    flows = here.app.flow_versions(row.flow)
+    return outcome(await here.runner.recover(flows, run_id, rerun_in_doubt=rerun, operator=operator))
 
 
 async def _recover_through(workers: Workers, run_ids: Sequence[str], rerun: bool, operator: str | None) -> Outcomes:

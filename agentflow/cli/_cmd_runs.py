@@ -7,12 +7,25 @@ on stderr how many failed; it exits non-zero for them only with ``--strict``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
+from agentflow._app import FlowApp
 from agentflow._display import short, when
+from agentflow._run_types import DEFAULT_VERSION
 from agentflow.cli import _errors
+from agentflow.cli._apps import import_app
 from agentflow.cli._keys import key_ids
-from agentflow.cli._show import check_summary, corrupt_text, other_keys_text, quarantine_text, run_text
+from agentflow.cli._show import (
+    NEEDS_MIGRATION,
+    check_summary,
+    corrupt_text,
+    needs_migration,
+    other_keys_text,
+    quarantine_text,
+    run_text,
+)
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, table
 from agentflow.exec._run_quarantine import QUARANTINED, marks
@@ -25,30 +38,50 @@ def runs() -> None:
     """List the runs of a store, show one run, or prune finished ones."""
 
 
-def list_row(report: RunReport) -> list[str]:
-    """One line of the listing; a corrupt run shows its reason and nothing read from it (`table` escapes each cell)."""
+def list_row(report: RunReport, app: FlowApp | None = None) -> list[str]:
+    """One line of the listing; a corrupt run shows its reason and nothing read from it (`table` escapes each cell).
+
+    A flow run on a version other than the default shows it after the flow's name; given the
+    deployment's `app`, a run on a version the app lacks is marked ``needs migration``.
+    """
     if report.corrupt:
         if report.other_keys:
             why = f"signed with key id {', '.join(report.other_keys)}, which the keys given do not hold"
         else:
             why = short(report.problems[0], 100)
         return [report.run_id, "-", CORRUPT, "-", "-", "CORRUPT: " + why]
-    marks = ", ".join(f"{LIVE} on {report.running_on}" if m == LIVE else m for m in report.marks)
-    return [report.run_id, report.flow, report.status, str(report.step), when(report.saved_at), marks]
+    marks = [f"{LIVE} on {report.running_on}" if m == LIVE else m for m in report.marks]
+    if needs_migration(report, app):
+        marks.append(NEEDS_MIGRATION)
+    flow = report.flow if report.version in (None, DEFAULT_VERSION) else f"{report.flow} v{report.version}"
+    return [report.run_id, flow, report.status, str(report.step), when(report.saved_at), ", ".join(marks)]
+
+
+def _app_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--app",
+        "app_path",
+        metavar="MODULE:ATTR",
+        help="The deployment's FlowApp: runs on a flow version it lacks are marked needs migration.",
+    )(fn)
 
 
 @runs.command("list")
 @store_options
+@_app_option
 @click.option("--flow", help="Only the runs of this flow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--limit", default=200, show_default=True, help="At most this many runs, newest first.")
 @click.option("--strict", is_flag=True, help="Exit 1 when a run fails its check (by default: listed, marked, exit 0).")
-def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None, limit: int, strict: bool) -> None:
+def list_runs(
+    store_url: str, key_env: str, app_path: str | None, flow: str | None, status: str | None, limit: int, strict: bool
+) -> None:
     """List runs: id, flow, status, step, last update and marks (recovered, live, in doubt, paused, CORRUPT).
 
     A run whose rows fail their check is listed too, marked CORRUPT with the reason, and a
     line on stderr counts them; the exit code is 0 unless ``--strict`` is given.
     """
+    app = import_app(app_path) if app_path else None
     target = open_target(store_url, key_env)
     reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(max(limit, 0), ALL_RUNS)))
     shown = [rep for rep in reports if rep.has_status(status)]
@@ -56,7 +89,7 @@ def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None
         echo("no runs" + (" match" if flow or status else " in this store"))
     else:
         headers = ["run", "flow", "status", "step", "updated", "marks"]
-        echo(table(headers, [list_row(rep) for rep in shown], colour=2))
+        echo(table(headers, [list_row(rep, app) for rep in shown], colour=2))
         echo(f"{len(shown)} run(s)")
     summary = check_summary(reports, key_env, key_ids(target.keys))
     if summary is None:
@@ -69,9 +102,11 @@ def list_runs(store_url: str, key_env: str, flow: str | None, status: str | None
 
 @runs.command("show")
 @store_options
+@_app_option
 @click.argument("run_id")
-def show_run(store_url: str, key_env: str, run_id: str) -> None:
+def show_run(store_url: str, key_env: str, app_path: str | None, run_id: str) -> None:
     """Show one run: checkpoints, segments, calls and their states, recoveries, approvals, state."""
+    app = import_app(app_path) if app_path else None
     target = open_target(store_url, key_env)
 
     async def read() -> tuple[RunReport, dict[str, str]]:
@@ -86,4 +121,4 @@ def show_run(store_url: str, key_env: str, run_id: str) -> None:
     if report.corrupt:
         echo("\n".join([corrupt_text(report), *(f"\n{line}" for line in quarantined.values())]))
         raise _errors.ProblemsFound(f"run {run_id!r} has rows that fail their check")
-    echo(run_text(report))
+    echo(run_text(report, app))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from agentflow.cli._cmd_act import resume
+from agentflow.cli._cmd_migrate import migrate
 from agentflow.cli._cmd_operate import cancel, decide, fork, retry
 from agentflow.cli._cmd_prune import prune_runs
 from agentflow.cli._cmd_recover import recover
@@ -16,7 +17,7 @@ from agentflow.cli._cmd_verify import verify
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="agentflow", prog_name="agentflow")
 def cli() -> None:
-    """Inspect, check, recover, resume, decide, retry, cancel, fork and prune durable agentflow runs.
+    """Inspect, check, recover, resume, decide, retry, cancel, fork, migrate and prune durable agentflow runs.
 
     Every command but demo takes --store URL (or $AGENTFLOW_STORE) and, but runs prune, reads
     the checkpoint key from $AGENTFLOW_CHECKPOINT_KEYS (or the variable --key-env names); the
@@ -28,5 +29,5 @@ def cli() -> None:
 
 
 runs.add_command(prune_runs)
-for command in (runs, verify, recover, resume, decide, retry, cancel, fork, viewer, demo):
+for command in (runs, verify, recover, resume, decide, retry, cancel, fork, migrate, viewer, demo):
     cli.add_command(command)

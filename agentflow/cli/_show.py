@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
@@ -162,6 +163,31 @@ def _rerun_command(report: RunReport) -> str:
     return f"agentflow recover {printable(report.run_id)} --app ... --rerun-in-doubt"
 
 
+#: The mark of a run on a flow version the deployment's app lacks.
+NEEDS_MIGRATION = "needs migration"
+
+
+def needs_migration(report: RunReport, app: FlowApp | None) -> bool:
+    """Whether `report` is an unfinished flow run on a version `app` lacks (False without an app)."""
+    return (
+        app is not None
+        and report.version is not None
+        and report.status in ("running", "paused")
+        and report.flow in app.versions
+        and not app.has_version(report.flow, report.version)
+    )
+
+
+def _migration(report: RunReport, app: FlowApp) -> list[str]:
+    here = ", ".join(app.flow_versions(report.flow).versions)
+    run_id, version = printable(report.run_id), printable(report.version or "?")
+    return [
+        f"{NEEDS_MIGRATION}: version {version} of its flow is not in the app (versions there: {here}); "
+        "no worker of this app carries it on",
+        f"  move it with: agentflow migrate {run_id} --to VERSION [--state MODULE:FUNCTION] [--at NODE] --app ...",
+    ]
+
+
 def _now(report: RunReport) -> list[str]:
     """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt."""
     if report.lease is not None:
@@ -187,16 +213,19 @@ def _now(report: RunReport) -> list[str]:
     return []
 
 
-def run_text(report: RunReport) -> str:
-    """The whole report of a run whose rows all checked."""
+def run_text(report: RunReport, app: FlowApp | None = None) -> str:
+    """The whole report of a run whose rows all checked (given the deployment's `app`: whether it needs migration)."""
     ident = report.identity
-    marks = ", ".join(paint(m) for m in report.marks) or "none"
+    marks = ", ".join(paint(m) for m in [*report.marks, *([NEEDS_MIGRATION] if needs_migration(report, app) else [])])
     run_id, flow = printable(report.run_id), printable(report.flow)
+    version = "" if report.version is None else f"   version {printable(report.version)}"
     lines = [
-        f"run {run_id}   flow {flow}   status {paint(report.status)}   step {report.step}   "
+        f"run {run_id}   flow {flow}{version}   status {paint(report.status)}   step {report.step}   "
         f"updated {when(report.saved_at)}",
-        f"marks: {marks}",
+        f"marks: {marks or 'none'}",
     ]
+    if app is not None and needs_migration(report, app):
+        lines += _migration(report, app)
     if ident is not None:
         principal = "set" if ident.principal else "none"
         user, thread = printable(ident.user or "-"), printable(ident.thread or "-")

@@ -13,8 +13,9 @@ from starlette.responses import Response
 from agentflow._errors import CheckpointError
 from agentflow.exec._durable_seal import key_id
 from agentflow.exec._run_read import read_heads
-from agentflow.exec._run_view import STATUSES, RunHead
+from agentflow.exec._run_view import STATUSES, RunHead, RunReport
 from agentflow.viewer._offers import offers
+from agentflow.viewer._rules import needs_migration_text
 from agentflow.viewer._settings import Viewer, root_of
 from agentflow.viewer._stream import EVENT_NAMES
 
@@ -109,6 +110,17 @@ def list_page(viewer: Viewer) -> Endpoint:
     return endpoint
 
 
+def _migration(viewer: Viewer, report: RunReport) -> str | None:
+    """Why an unfinished run needs migration (its flow version is not in the viewer's app), or None."""
+    flows = viewer.flows
+    unfinished = report.status in ("running", "paused") and not report.corrupt
+    if flows is None or report.version is None or not unfinished or report.flow not in flows.versions:
+        return None
+    if flows.has_version(report.flow, report.version):
+        return None
+    return needs_migration_text(report, flows.flow_versions(report.flow).versions)
+
+
 def run_page(viewer: Viewer) -> Endpoint:
     """``/runs/{run_id}``: timeline, state, call log, recoveries, and the actions (every row checked)."""
 
@@ -123,6 +135,7 @@ def run_page(viewer: Viewer) -> Endpoint:
             "done": done if done in DONE else None,
             "distributed": viewer.operator is not None and viewer.operator.distributed,
             "event_names": EVENT_NAMES,
+            "migration": _migration(viewer, report),
         }
         return viewer.page(request, "run.html", context)
 

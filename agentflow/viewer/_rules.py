@@ -24,6 +24,15 @@ HELD_TITLE: Final = "The run is held by a live worker"
 CORRUPT: Final = "a run whose rows fail their check is not acted on here"
 
 
+def needs_migration_text(report: RunReport, versions: list[str]) -> str:
+    """Why nothing is done here to a run on a flow version the viewer's app lacks, and what to do instead."""
+    return (
+        f"the run is on version {report.version} of flow {report.flow!r}, which the viewer's app does not have "
+        f"(it has {', '.join(versions)}): it needs migration (agentflow migrate {report.run_id} --to VERSION), "
+        "or a process with that version"
+    )
+
+
 def held_text(report: RunReport) -> str | None:
     """Who holds the run and until when, if a live worker does."""
     lease = report.lease
@@ -59,6 +68,8 @@ class Rule:
             return self.loop_why
         if report.flow not in flows.flows:
             return f"the app given to the viewer has no flow {report.flow!r}"
+        if report.version is not None and not flows.has_version(report.flow, report.version):
+            return needs_migration_text(report, flows.flow_versions(report.flow).versions)
         if self.principal_why is not None and report.identity is not None and report.identity.principal:
             return self.principal_why
         return None

@@ -76,6 +76,23 @@ class Deployment:
         self.worker_env: dict[str, dict[str, str]] = {}
         #: The log level the workers started from now on log at.
         self.log_level = "INFO"
+        #: Celery apps and task handles `client_for` built (closed with the deployment).
+        self.others: list[tuple[Any, Any]] = []
+
+    def client_for(self, app: str) -> Any:
+        """A `FlowClient` of this deployment whose process has the FlowApp at `app` (a deploy's other code)."""
+        from agentflow.celery import FlowClient
+        from config import Settings
+        from workers.build import build
+
+        celery_app, tasks = build(Settings(**{**self.values, "app": app}))
+        self.others.append((celery_app, tasks))
+        return FlowClient(tasks)
+
+    def start_worker_of(self, name: str, app: str) -> subprocess.Popen[bytes]:
+        """Start worker `name` with the FlowApp at `app` (its deploy's flows) instead of the kit's."""
+        self.worker_env[name] = {**self.worker_env.get(name, {}), "AGENTFLOW_APP": app}
+        return self.start_worker(name)
 
     def set_delay(self, low: float, high: float) -> None:
         self.env["AGENTFLOW_TEST_DELAY"] = f"{low},{high}"
@@ -245,13 +262,17 @@ class Deployment:
 
     async def aclose_clients(self) -> None:
         """Close the store clients this process used, on the loop that used them (no socket left to the GC)."""
-        await self.tasks.worker.store.aclose()
+        for tasks in [self.tasks, *(t for _, t in self.others)]:
+            await tasks.worker.store.aclose()
         if self.client.runner.checkpoints is not None:
             await self.client.runner.checkpoints.aclose()
 
     def close_sockets(self) -> None:
         """Close what this process opened through the app: broker connections (sends, pings) and the result
         backend's (``AsyncResult.get``: a client and a pub/sub). `Celery.close` closes neither."""
+        for other, _ in self.others:
+            other.pool.force_close_all()
+            other.close()
         app = self.celery_app
         app.pool.force_close_all()
         backend = app.backend

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from worker_kit import KEY, OTHER_KEY, RIVAL, Job
 
-from agentflow import Flow, FlowApp, LoopSpec, Registry
+from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
 from agentflow.celery import WorkerSettings
 from agentflow.celery._worker import RECOVER_ALL_LEASE, Worker
 from agentflow.exec._durable_loop import start_tool_loop
@@ -26,7 +27,7 @@ async def test_stranded_finds_a_run_nobody_moves(s):
     step = await s.start("mail", "r1")
     # When recover_all looks, Then it finds the run
     found = await s.worker.stranded()
-    assert found is not None and found.recover == [("mail", "r1", step)] and found.recheck == []
+    assert found is not None and found.recover == [("mail", "r1", step, "1")] and found.recheck == []
 
 
 async def test_stranded_leaves_parked_and_paused_runs_alone(s):
@@ -82,7 +83,7 @@ async def test_a_quarantined_run_whose_rows_check_again_is_recovered_and_its_mar
     rotated = Worker(s.app, lambda: s.store, [KEY, OTHER_KEY], WorkerSettings(stale_after_s=0.0))
     found = await rotated.stranded()
     # Then the run is recovered like any stranded run, and its marker is gone
-    assert found is not None and found.recover == [("mail", "forged", 0)] and found.quarantined == []
+    assert found is not None and found.recover == [("mail", "forged", 0, "1")] and found.quarantined == []
     assert await marks(s.store, ["forged"], QUARANTINED) == {}
 
 
@@ -131,7 +132,7 @@ async def test_a_worker_that_knows_the_flow_recovers_the_run_and_removes_its_unk
     upgraded = Worker(FlowApp(Registry(), [billing]), lambda: s.store, KEY, WorkerSettings(stale_after_s=0.0))
     found = await upgraded.stranded()
     # Then it recovers the run, and the marker is gone
-    assert found is not None and found.recover == [("billing", "b1", 0)] and found.unknown == []
+    assert found is not None and found.recover == [("billing", "b1", 0, "1")] and found.unknown == []
     assert await marks(s.store, ["b1"], UNKNOWN_FLOW) == {}
 
 
@@ -151,3 +152,41 @@ async def test_stranded_gives_way_to_another_recover_all(s):
     await take(s.store, RECOVER_ALL_LEASE, RIVAL)
     # When this worker's recover_all runs, Then it does nothing
     assert await s.worker.stranded() is None
+
+
+async def test_a_run_on_a_flow_version_the_worker_lacks_is_listed_for_migration_and_never_sent(s):
+    # Given a stranded mail run on version 1, and a worker whose app has only version 2 of the flow
+    await s.start("mail", "r1")
+    mail_v2 = _mail_v2()
+    upgraded = Worker(FlowApp(s.app.registry, [mail_v2]), lambda: s.store, KEY, WorkerSettings(stale_after_s=0.0))
+    seen: list[Any] = []
+    upgraded.events.subscribe(seen.append)
+    # When that worker's recover_all looks
+    found = await upgraded.stranded()
+    # Then the run is listed as needing migration and counted as waiting, and not recovered
+    assert found is not None and found.recover == [] and found.migrate == [("mail", "r1", "1")]
+    assert found.as_result()["needs_migration"] == {"r1": "mail version 1"}
+    (swept,) = [e for e in seen if e.name == "runs.swept"]
+    waiting = {(w["flow"], w["why"]): w["runs"] for w in swept.data["waiting"]}
+    assert waiting[("mail", "migration")] == 1
+    # And a worker that has version 1 recovers it
+    assert (await s.worker.stranded()).recover == [("mail", "r1", 0, "1")]
+
+
+async def test_a_superstep_of_a_version_the_worker_lacks_touches_nothing_and_sends_the_message_on(s):
+    # Given a mail run on version 1 whose message reaches a worker with only version 2
+    step = await s.start("mail", "r1")
+    before = await s.store.history("r1")
+    mail_v2 = _mail_v2()
+    s.worker.flow_app = FlowApp(s.app.registry, [mail_v2])
+    # When its superstep task runs
+    outcome = await s.task("mail", "r1", step, "next")
+    # Then nothing was written or sent by mail, and the message went on to version 1's queue, once
+    assert outcome.done == "elsewhere" and outcome.version == "1"
+    assert await s.store.history("r1") == before and s.effects == []
+    assert s.sent == [("mail", "r1", step, "next", None)] and s.sent_versions == ["1"]
+
+
+def _mail_v2() -> Flow[Job]:
+    """Version 2 of the kit's mail flow: it mails someone else."""
+    return Flow("mail", state=Job, version="2").node("send", Call("send", args={"to": "c@d"}, into="note")).end("send")

@@ -69,14 +69,19 @@ class Setup:
         self.worker.runner.events.subscribe(self.events.append)
         #: What the task bodies sent: ``(flow, run_id, step, cause, countdown)``.
         self.sent: list[tuple[str, str, int, str, float | None]] = []
+        #: The flow version each sent message was routed by (None: the deployment's queue), in the order sent.
+        self.sent_versions: list[str | None] = []
         #: The Celery events the task bodies sent: ``(type, fields)``.
         self.celery_events: list[tuple[str, dict[str, Any]]] = []
 
     def record_sends(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Record what the task bodies enqueue instead of sending it to a broker."""
 
-        def send(flow: str, run_id: str, step: int, cause: str, countdown: float | None = None) -> str:
+        def send(
+            flow: str, run_id: str, step: int, cause: str, countdown: float | None = None, *, version: str | None = None
+        ) -> str:
             self.sent.append((flow, run_id, step, cause, countdown))
+            self.sent_versions.append(version)
             return "recorded"
 
         monkeypatch.setattr(self.tasks, "send_superstep", send)

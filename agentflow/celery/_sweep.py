@@ -1,0 +1,120 @@
+"""The body of recover_all's sweep: read every unfinished run once and sort it (see `Worker.stranded`).
+
+For each unfinished run of the app's flows and tool loops, its latest checkpoint is read
+and checked, and the run goes into one of:
+- held by a live worker: left alone (on a worker's start, a recheck is due when its lease ends);
+- paused for an approval, or parked on calls in doubt: waits for a person (counted);
+- on a flow version this worker's app lacks: needs migration (listed and counted, never
+  enqueued: no worker here could move it, and a message per sweep would pile up in a
+  queue nobody reads);
+- running, idle longer than `stale_after_s`: stranded, to be recovered;
+- failing its check: quarantined (reported once).
+The caller holds the recover_all lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow._run_types import RunKind, version_of
+from agentflow.celery._stranded import Stranded, Waiting
+from agentflow.exec._run_control import parked
+from agentflow.exec._run_lease import held_by
+from agentflow.exec._run_quarantine import Reporter
+from agentflow.exec._run_steps import started_of
+from agentflow.exec._run_sweep import relist_forgotten
+from agentflow.exec.checkpoints._records import Lease
+
+if TYPE_CHECKING:
+    from agentflow.celery._worker import Worker
+
+log = logging.getLogger("agentflow.celery._worker")
+
+
+async def relisted(worker: Worker, columns: list[str]) -> list[str]:
+    """Relist the runs the listing index forgot; return those of flows the app does not know."""
+    others: list[str] = []
+    for lost in await relist_forgotten(worker.store, worker.sealer, columns):
+        log.warning(
+            "run %s was missing from the store's listing index: %s",
+            lost.run_id,
+            lost.why,
+            extra={"run_id": lost.run_id},
+        )
+        others += [] if lost.relisted or lost.flow in columns else [lost.run_id]
+    return others
+
+
+async def sweep(worker: Worker, startup: bool) -> Stranded:
+    """Sort every unfinished run of the worker's flows and loops (see the module docstring)."""
+    store, settings = worker.store, worker.settings
+    sorter = _Sorter(worker, startup)
+    columns = [*worker.flow_app.flows, *(RunKind.LOOP.column(n) for n in worker.loops)]
+    others = await relisted(worker, columns) if settings.sweep_forgotten else []
+    for name in columns:
+        run_ids = list(await store.list_unfinished(name))
+        held = await held_by(store, run_ids)
+        for run_id in run_ids:
+            await sorter.one(name, run_id, held.get(run_id))
+    found, reports = sorter.found, sorter.reports
+    await reports.moving([run_id for _, run_id, _, _ in found.recover])
+    await reports.unknown_flows(columns, others, sorter.now - settings.stale_after_s)
+    found.quarantined, found.unknown = reports.quarantined, reports.unknown
+    if found.migrate:
+        log.warning(
+            "%d unfinished run(s) are on flow versions this worker does not have and need migration "
+            "(or a worker with their version): %s",
+            len(found.migrate),
+            ", ".join(sorted({f"{flow} version {version}" for flow, _, version in found.migrate})),
+        )
+    waiting = sorter.waiting
+    worker.events.emit("runs.swept", None, waiting=waiting.report(columns), unfinished=waiting.ages(columns))
+    return found
+
+
+class _Sorter:
+    """One sweep's findings, one run at a time."""
+
+    def __init__(self, worker: Worker, startup: bool) -> None:
+        self.worker, self.startup = worker, startup
+        self.now = time.time()
+        self.found = Stranded()
+        self.waiting = Waiting(self.now)
+        self.reports = Reporter(worker.store, worker.sealer, worker.runner.events, worker.owner, log)
+
+    async def one(self, name: str, run_id: str, lease: Lease | None) -> None:
+        """Sort one unfinished run of flow (or loop column) `name`; `lease` is its live lease, if any."""
+        worker, found, waiting = self.worker, self.found, self.waiting
+        try:
+            row = await worker.store.latest(run_id)
+        except CheckpointNotFound:
+            return  # deleted meanwhile
+        try:
+            body: dict[str, Any] | None = worker.sealer.open_checkpoint(row, run_id)
+            problem = ""
+        except CheckpointStoreCorrupt as exc:
+            body, problem = None, str(exc)
+        if body is not None:
+            waiting.unfinished(name, started_of(body))
+        if lease is not None:
+            if self.startup and await worker.watch(run_id, lease.expires_at):
+                found.recheck.append((name, run_id, row.step, lease.expires_at))
+            return
+        app = worker.flow_app
+        if body is not None and name in app.versions and not app.has_version(name, version_of(body)):
+            found.migrate.append((name, run_id, version_of(body)))
+            waiting.add(name, "migration", row.saved_at)
+            return
+        if row.status == "paused":
+            waiting.add(name, "approval", row.saved_at)
+        if row.status != "running" or self.now - row.saved_at < worker.settings.stale_after_s:
+            return
+        if body is None:
+            await self.reports.failed(row, problem)
+        elif parked(body):
+            waiting.add(name, "in_doubt", row.saved_at)
+        else:
+            found.recover.append((name, run_id, row.step, version_of(body)))
