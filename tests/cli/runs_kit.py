@@ -12,6 +12,9 @@ tests/viewer/conftest.py loads it by path). ``--app runs_kit:app`` names its Flo
 - tamper-1: a finished shipping run whose checkpoint 1 payload had one byte changed
   (``Berlin`` became ``berlin``) with sqlite3, behind agentflow's back.
 
+``--app runs_kit:app_v2`` is a later deploy with version 2 of the refunds flow only
+(``--state runs_kit:in_euros`` maps a version 1 refund to it).
+
 `hold(db, run_id)` takes a run's lease as a live worker (`HOLDER`) would; `stored` counts a
 run's rows, to show that nothing ran.
 """
@@ -100,6 +103,27 @@ shipping = (
     .end("ship")
 )
 app = FlowApp(registry, [refunds, shipping])
+
+
+class RefundV2(Refund):
+    """Version 2's state: a refund names its currency."""
+
+    currency: str
+
+
+#: A later deploy: version 2 of the refunds flow only (refund-1 and refund-2 are on version 1).
+refunds_v2 = (
+    Flow("refunds", state=RefundV2, version="2")
+    .node("refund", Call("refund", args=lambda s: {"order": s.order, "amount": s.amount}, into="note"))
+    .end("refund")
+)
+app_v2 = FlowApp(registry, [refunds_v2, shipping])
+NOT_A_FUNCTION = "a string, not a function"
+
+
+def in_euros(old: dict[str, Any]) -> dict[str, Any]:
+    """Version 1's refund state as version 2's (the ``--state`` of a migration)."""
+    return {**old, "currency": "EUR"}
 
 
 async def _add_runs(db: Path) -> None:
