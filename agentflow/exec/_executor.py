@@ -77,7 +77,7 @@ class Executor:
         self.events = events if events is not None else Events()
         self.tracer: Tracer = tracer if tracer is not None else NO_TRACING
         self._sync_executor = sync_executor
-        self.gate = Gate(registry.limits.backend, self.events)
+        self.gate = Gate(registry.limits.backend, lambda: self.events)
         """Where calls (and a tool loop's model calls) take the slots of their limits."""
 
     async def ask_approver(self, request: ApprovalRequest) -> bool:

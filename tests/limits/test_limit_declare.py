@@ -92,3 +92,14 @@ def test_a_backend_is_local_by_default_or_made_by_a_factory():
         Registry(limit_backend="http://example.com")
     with pytest.raises(TypeError):
         Registry(limit_backend=42)  # type: ignore[arg-type]
+
+
+def test_the_limits_package_exports_exactly_its_names() -> None:
+    import agentflow.exec.limits as limits
+
+    assert sorted(limits.__all__) == [
+        "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",
+        "RedisLimits", "Wait",
+    ]  # fmt: skip
+    assert limits.RedisLimits is RedisLimits
+    assert RedisLimits.__module__ == "agentflow.exec.limits.redis"

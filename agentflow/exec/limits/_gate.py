@@ -45,9 +45,10 @@ Keyed = tuple[Limit, str]
 class Gate:
     """Runs work under limits, on the backend a registry names, reporting to an event hub."""
 
-    def __init__(self, backend: BackendRef, events: Events) -> None:
+    def __init__(self, backend: BackendRef, events: Callable[[], Events]) -> None:
+        """A gate on `backend`, reporting to the hub `events` returns (looked up at each event)."""
         self.backend = backend
-        self.events = events
+        self._events = events
 
     async def run(
         self,
@@ -131,7 +132,7 @@ class Gate:
 
     def _emit(self, name: str, who: Mapping[str, Any], **data: Any) -> None:
         fields = {k: v for k, v in who.items() if k != "run_id"}
-        self.events.emit(name, who.get("run_id"), **fields, **data)
+        self._events().emit(name, who.get("run_id"), **fields, **data)
 
 
 def pause(lim: Limit, wait: Wait) -> float:
