@@ -188,7 +188,14 @@ class Registry:
         Raises:
             ValueError: the name is taken, or the options make no limit.
         """
-        return self.limits.declare(name, concurrency=concurrency, per_second=per_second, per_minute=per_minute, key=key)
+        if isinstance(name, Limit):
+            if (concurrency, per_second, per_minute, key) != (None, None, None, None):
+                raise ValueError("give either a Limit or the options of one, not both")
+            return self.limits.declare(name)
+        if per_second is not None and per_minute is not None:
+            raise ValueError(f"limit {name!r}: give per_second or per_minute, not both")
+        rate, interval_s = (per_second, 1.0) if per_minute is None else (per_minute, 60.0)
+        return self.limits.declare(Limit(name, concurrency=concurrency, rate=rate, interval_s=interval_s, key=key))
 
     @overload
     def tool(self, fn: F, /) -> F: ...

@@ -6,21 +6,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-import redis
-import redis.asyncio
+from _kit.stores import _remove_redis_keys
 
 from agentflow.exec.limits import LimitBackend, LocalLimits, RedisLimits
-
-
-def remove_keys(url: str, prefix: str) -> None:
-    """Delete this test's keys only (never FLUSHALL a server others use)."""
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=500))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -47,4 +35,4 @@ async def backend(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[
         yield made
         await made.aclose()
     finally:
-        remove_keys(url, prefix)
+        _remove_redis_keys(url, prefix)  # this test's keys only

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from agentflow.exec.limits._backends import BackendRef, BackendSpec
-from agentflow.exec.limits._spec import Limit, LimitKey
+from agentflow.exec.limits._spec import Limit
 
 
 def provider_of(model: Any) -> str | None:
@@ -33,29 +33,12 @@ class LimitTable:
         self.backend = BackendRef(backend)
         self._named: dict[str, Limit] = {}
 
-    def declare(
-        self,
-        name: str | Limit,
-        *,
-        concurrency: int | None = None,
-        per_second: int | None = None,
-        per_minute: int | None = None,
-        key: LimitKey | None = None,
-    ) -> Limit:
+    def declare(self, limit: Limit) -> Limit:
         """Declare a named limit (see `Registry.limit`).
 
         Raises:
-            ValueError: the name is taken, or the options make no limit.
+            ValueError: it has no name, or its name is taken.
         """
-        if isinstance(name, Limit):
-            if (concurrency, per_second, per_minute, key) != (None, None, None, None):
-                raise ValueError("give either a Limit or the options of one, not both")
-            limit = name
-        else:
-            if per_second is not None and per_minute is not None:
-                raise ValueError(f"limit {name!r}: give per_second or per_minute, not both")
-            rate, interval_s = (per_second, 1.0) if per_minute is None else (per_minute, 60.0)
-            limit = Limit(name, concurrency=concurrency, rate=rate, interval_s=interval_s, key=key)
         if not limit.name:
             raise ValueError("a limit declared on the registry needs a name")
         if limit.name in self._named:
