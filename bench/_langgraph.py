@@ -85,8 +85,11 @@ def sqlite_rows(path: Path, thread_id: str) -> tuple[int, int]:
 
 
 @asynccontextmanager
-async def async_postgres_saver(pg_url: str, schema: str) -> AsyncIterator[Any]:
-    """An `AsyncPostgresSaver` whose tables live in `schema` (created here, dropped afterwards)."""
+async def async_postgres_saver(pg_url: str, schema: str, *, synchronous_commit: bool = True) -> AsyncIterator[Any]:
+    """An `AsyncPostgresSaver` whose tables live in `schema` (created here, dropped afterwards).
+
+    ``synchronous_commit=False``: its commits do not wait for the disk (a diagnostic, as for the store).
+    """
     import psycopg
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg.rows import dict_row
@@ -95,7 +98,11 @@ async def async_postgres_saver(pg_url: str, schema: str) -> AsyncIterator[Any]:
         await admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
         conn = await psycopg.AsyncConnection.connect(
-            pg_url, autocommit=True, prepare_threshold=0, row_factory=dict_row, options=f"-c search_path={schema}"
+            pg_url,
+            autocommit=True,
+            prepare_threshold=0,
+            row_factory=dict_row,
+            options=f"-c search_path={schema}" + ("" if synchronous_commit else " -c synchronous_commit=off"),
         )
         async with conn:
             saver = AsyncPostgresSaver(conn=conn)

@@ -101,12 +101,17 @@ async def fakeredis_store(prefix: str) -> AsyncIterator[Any]:
 
 
 @asynccontextmanager
-async def sqlalchemy_pg_store(url: str, table_prefix: str) -> AsyncIterator[Any]:
-    """A `SQLAlchemyCheckpointStore` on PostgreSQL under `table_prefix`; its tables are dropped afterwards."""
+async def sqlalchemy_pg_store(url: str, table_prefix: str, *, synchronous_commit: bool = True) -> AsyncIterator[Any]:
+    """A `SQLAlchemyCheckpointStore` on PostgreSQL under `table_prefix`; its tables are dropped afterwards.
+
+    ``synchronous_commit=False`` sets it off for the store's sessions: commits stop waiting
+    for the disk (a diagnostic of how much of a write is the flush, never a set-up to run).
+    """
     from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore
 
+    settings = {} if synchronous_commit else {"connect_args": {"server_settings": {"synchronous_commit": "off"}}}
     store = SQLAlchemyCheckpointStore(
-        url.replace("postgresql://", "postgresql+asyncpg://", 1), table_prefix=table_prefix
+        url.replace("postgresql://", "postgresql+asyncpg://", 1), table_prefix=table_prefix, engine_options=settings
     )
     try:
         yield store

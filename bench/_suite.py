@@ -61,7 +61,11 @@ class Context:
 
     def wants(self, case: str) -> bool:
         """Whether `case` is measured in this run (every case when no ``--case`` was given)."""
-        return not self.cases or any(part.lower() in case.lower() for part in self.cases)
+        return not self.cases or self.named(case)
+
+    def named(self, case: str) -> bool:
+        """Whether a ``--case`` names `case`: diagnostic cases run only then, never in a full run."""
+        return any(part.lower() in case.lower() for part in self.cases)
 
 
 def load(name: str) -> ModuleType:

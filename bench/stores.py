@@ -24,6 +24,10 @@ from bench._timing import Plan, Series, fmt_span, interleave
 
 TITLE = "Durability cost per superstep of the six store set-ups side by side (LangGraph per checkpoint for reference)"
 
+#: A diagnostic pair, run only when a ``--case`` names it (``--case synchronous_commit``): both
+#: sides' PostgreSQL sessions with ``synchronous_commit=off``, so what remains is all but the flushes.
+_NO_FLUSH_SUFFIX = " (synchronous_commit off)"
+_NO_FLUSH = f"SQLAlchemy + PostgreSQL{_NO_FLUSH_SUFFIX}"
 #: agentflow set-up -> the LangGraph case for the same back-end (None: no such saver).
 REFERENCE = {
     "memory": "LangGraph InMemorySaver",
@@ -32,6 +36,7 @@ REFERENCE = {
     "Redis": None,
     "SQLAlchemy + aiosqlite": None,
     "SQLAlchemy + PostgreSQL": "LangGraph AsyncPostgresSaver",
+    _NO_FLUSH: f"LangGraph AsyncPostgresSaver{_NO_FLUSH_SUFFIX}",
 }
 
 
@@ -62,6 +67,10 @@ async def _stores(ctx: Context, stack: AsyncExitStack, report: Report) -> dict[s
         )
     elif ctx.wants("SQLAlchemy + PostgreSQL"):
         report.notes.append(f"PostgreSQL skipped: {svc.pg_why}")
+    if ctx.named(_NO_FLUSH) and svc.pg_url:
+        stores[_NO_FLUSH] = await stack.enter_async_context(
+            _services.sqlalchemy_pg_store(svc.pg_url, f"{ctx.tag}_nf_", synchronous_commit=False)
+        )
     return stores
 
 
@@ -82,6 +91,10 @@ async def _langgraph_cases(
     if ctx.services.pg_url and "SQLAlchemy + PostgreSQL" in stores:
         savers["LangGraph AsyncPostgresSaver"] = await stack.enter_async_context(
             _langgraph.async_postgres_saver(ctx.services.pg_url, f"{ctx.tag}_langgraph")
+        )
+    if ctx.services.pg_url and _NO_FLUSH in stores:
+        savers[REFERENCE[_NO_FLUSH] or ""] = await stack.enter_async_context(
+            _langgraph.async_postgres_saver(ctx.services.pg_url, f"{ctx.tag}_langgraph_nf", synchronous_commit=False)
         )
     counts: dict[str, int] = {}
     for name, saver in savers.items():

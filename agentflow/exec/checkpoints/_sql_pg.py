@@ -22,8 +22,9 @@ transaction did before, in one round trip.
   refuses to start over stored rows; two writers of one step 0 meet at the primary key.
 - ``<prefix>take_lease``: the leases module's upsert, then the row read back under the
   lock the upsert took (on the conflicting row too, when its ``WHERE`` failed).
-- renew, release, the live leases, the latest checkpoint and a run's head are single
-  statements.
+- ``<prefix>release_lease``: the DELETE, committed without waiting for the disk (see
+  `PgFastPath.release_lease`: saves one flush per run, safely).
+- renew, the live leases, the latest checkpoint and a run's head are single statements.
 
 The rules' status sets (ended, final) are passed in as arrays, so `_records` stays their
 one definition. Duplicate keys become `CheckpointConflict`, every other driver error one
@@ -139,12 +140,23 @@ BEGIN
         FROM {p}leases l WHERE l.run_id = p_run;
 END
 $fn$""",
+        f"""
+CREATE OR REPLACE FUNCTION {p}release_lease(p_run text, p_token text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    live boolean;
+BEGIN
+    SET LOCAL synchronous_commit TO off;  -- this statement's transaction only: see release_lease
+    DELETE FROM {p}leases l WHERE l.run_id = p_run AND l.token = p_token RETURNING l.expires_at > {_NOW} INTO live;
+    RETURN coalesce(live, false);
+END
+$fn$""",
     ]
 
 
 def drop_functions(p: str) -> list[str]:
     """Statements dropping the functions of tables prefixed `p` (for whoever drops the tables by hand)."""
-    return [f"DROP FUNCTION IF EXISTS {p}write", f"DROP FUNCTION IF EXISTS {p}take_lease"]
+    return [f"DROP FUNCTION IF EXISTS {p}{name}" for name in ("write", "take_lease", "release_lease")]
 
 
 class PgFastPath:
@@ -162,7 +174,7 @@ class PgFastPath:
             f"UPDATE {p}leases SET expires_at = {_NOW} + $3 WHERE run_id = $1 AND token = $2 AND expires_at > {_NOW} "
             f"RETURNING {_LEASE}"
         )
-        self._release = f"DELETE FROM {p}leases WHERE run_id = $1 AND token = $2 RETURNING expires_at > {_NOW}"
+        self._release = f"SELECT {p}release_lease($1, $2)"
         self._leases = f"SELECT {_LEASE} FROM {p}leases WHERE run_id = ANY($1::text[]) AND expires_at > {_NOW}"
         self._latest = f"SELECT * FROM {p}checkpoints WHERE run_id = $1 ORDER BY step DESC LIMIT 1"
         # one snapshot: the counts can show no fewer records than the checkpoint saw
@@ -220,7 +232,13 @@ class PgFastPath:
         return row
 
     async def release_lease(self, run_id: str, token: str) -> bool:
-        """Delete `token`'s lease of the run, live or lapsed; whether it was live."""
+        """Delete `token`'s lease of the run, live or lapsed; whether it was live.
+
+        The only write whose commit does not wait for the disk (``synchronous_commit`` off
+        for its own transaction): a release lost to a server crash leaves the lease to lapse,
+        as a worker that dies holding it does, and any later commit that waits (a take of
+        the same lease among them) makes it durable first, the log being written in order.
+        """
         async with self._db.driver(await self._ready()) as conn:
             live = await conn.fetchval(self._release, run_id, token)
         return bool(live)
