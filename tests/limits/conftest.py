@@ -1,14 +1,19 @@
-"""The ``backend`` fixture: each limits backend in turn (local; Redis real and fakeredis), on a prefix of its own."""
+"""The ``backend`` fixture: each limits backend in turn, on a prefix of its own.
+
+Backends: local; Redis, real and fakeredis; SQL on a SQLite file and on PostgreSQL.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from _kit.stores import _remove_redis_keys
+from _kit.stores import _remove_postgres_tables, _remove_redis_keys
 
 from agentflow.exec.limits import LimitBackend, LocalLimits, RedisLimits
+from agentflow.exec.limits.sql import SQLLimits
 
 
 @pytest.fixture
@@ -16,10 +21,31 @@ def prefix() -> str:
     return f"lim{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=["local", "fakeredis", pytest.param("redis", marks=pytest.mark.redis)])
-async def backend(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[LimitBackend]:
+@pytest.fixture(
+    params=[
+        "local",
+        "fakeredis",
+        pytest.param("redis", marks=pytest.mark.redis),
+        "sql-sqlite",
+        pytest.param("sql-postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def backend(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> AsyncIterator[LimitBackend]:
     if request.param == "local":
         yield LocalLimits()
+        return
+    if request.param.startswith("sql-"):
+        if request.param == "sql-sqlite":
+            db = f"sqlite+aiosqlite:///{tmp_path / 'limits.db'}"
+        else:
+            db = request.getfixturevalue("postgres_url")
+        made_sql = SQLLimits(db, table_prefix=f"{prefix}_")
+        try:
+            yield made_sql
+            await made_sql.aclose()
+        finally:
+            if request.param == "sql-postgres":
+                _remove_postgres_tables(db.replace("+asyncpg", "", 1), f"{prefix}_")
         return
     if request.param == "fakeredis":
         import fakeredis

@@ -1,7 +1,7 @@
-"""A second process for the Redis limit tests: ``python limit_proc.py <what> <redis url#prefix>``.
+"""A second process for the shared-limit tests: ``python limit_proc.py <what> <backend URL#prefix>``.
 
-- ``hold``: take the one slot of limit ``api`` (hold 1 s), print ``held``, and sleep until killed.
-- ``throttle``: run a tool of limit ``api`` that answers 429 (Retry-After 1.5 s, no retry), print ``closed``.
+- ``hold``: take the one slot of limit ``api`` (hold 0.6 s), print ``held``, and sleep until killed.
+- ``throttle``: run a tool of limit ``api`` that answers 429 (Retry-After 0.8 s, no retry), print ``closed``.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import asyncio
 import sys
 
 from agentflow import Executor, Registry
-from agentflow.exec.limits import Limit, RateLimited, RedisLimits
+from agentflow.exec.limits import Limit, RateLimited
+from agentflow.exec.limits._backends import BackendRef
 
-HOLD = Limit("api", concurrency=1, hold_s=1.0)
+HOLD = Limit("api", concurrency=1, hold_s=0.6)
 
 
 async def hold(spec: str) -> None:
-    backend = RedisLimits.from_url(spec)
+    backend = BackendRef(spec).get()
     assert await backend.take(HOLD, "", "the-dead-one") is None
     print("held", flush=True)
     await asyncio.sleep(3600)
@@ -28,7 +29,7 @@ async def throttle(spec: str) -> None:
 
     @registry.tool(limits=["api"])
     async def search(q: str) -> str:
-        raise RateLimited("the provider said 429", 1.5)
+        raise RateLimited("the provider said 429", 0.8)
 
     try:
         await Executor(registry).run("search", {"q": "x"})

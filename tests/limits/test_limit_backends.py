@@ -87,9 +87,9 @@ async def test_a_holder_that_stops_renewing_loses_its_slot_after_its_hold(backen
 
 
 async def test_a_renewed_slot_is_kept_past_its_hold(backend: LimitBackend) -> None:
-    lim = Limit("api", concurrency=1, hold_s=0.3)
+    lim = Limit("api", concurrency=1, hold_s=0.2)
     assert await backend.take(lim, "", "a") is None
-    deadline = time.monotonic() + 0.8
+    deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         assert await backend.renew(lim, "", "a")
         assert (await backend.take(lim, "", "b")) is not None

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agentflow.exec import Registry
-from agentflow.exec.limits import Limit, LocalLimits, RedisLimits
+from agentflow.exec.limits import Limit, LocalLimits, RedisLimits, SQLLimits
 from agentflow.exec.limits._table import provider_of
 from agentflow.models import ScriptedModel
 
@@ -90,6 +90,8 @@ def test_a_backend_is_local_by_default_or_made_by_a_factory():
     assert registry.limits.backend.get() is made[0]
     with pytest.raises(ValueError, match="redis://"):
         Registry(limit_backend="http://example.com")
+    sql = Registry(limit_backend="sqlite+aiosqlite:///limits.db#team_").limits.backend.get()
+    assert isinstance(sql, SQLLimits) and sql._t == "team_"
     with pytest.raises(TypeError):
         Registry(limit_backend=42)  # type: ignore[arg-type]
 
@@ -99,7 +101,7 @@ def test_the_limits_package_exports_exactly_its_names() -> None:
 
     assert sorted(limits.__all__) == [
         "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",
-        "RedisLimits", "Wait",
+        "RedisLimits", "SQLLimits", "Wait",
     ]  # fmt: skip
     assert limits.RedisLimits is RedisLimits
     assert RedisLimits.__module__ == "agentflow.exec.limits.redis"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from agentflow.exec.limits._backends import BackendSpec
@@ -11,6 +12,7 @@ from agentflow.exec.limits._spec import Limit, LimitKey, LimitsUnavailable, Rate
 
 if TYPE_CHECKING:
     from agentflow.exec.limits.redis import RedisLimits
+    from agentflow.exec.limits.sql import SQLLimits
 
 __all__ = [
     "BackendSpec",
@@ -21,15 +23,21 @@ __all__ = [
     "LocalLimits",
     "RateLimited",
     "RedisLimits",
+    "SQLLimits",
     "Wait",
 ]
 
 
+#: The backends on optional extras: name -> (module, extra).
+_OPTIONAL = {"RedisLimits": ("redis", "redis"), "SQLLimits": ("sql", "sqlalchemy")}
+
+
 def __getattr__(name: str) -> Any:
-    if name == "RedisLimits":
-        try:
-            from agentflow.exec.limits.redis import RedisLimits
-        except ImportError as exc:  # pragma: no cover - the extra is installed in the test environment
-            raise ImportError(f"RedisLimits needs the redis extra: pip install 'agentflow[redis]' ({exc})") from exc
-        return RedisLimits
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _OPTIONAL:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, extra = _OPTIONAL[name]
+    try:
+        found = importlib.import_module(f"{__name__}.{module}")
+    except ImportError as exc:  # pragma: no cover - the extras are installed in the test environment
+        raise ImportError(f"{name} needs the {extra} extra: pip install 'agentflow[{extra}]' ({exc})") from exc
+    return getattr(found, name)

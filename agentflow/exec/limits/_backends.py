@@ -1,7 +1,8 @@
 """Naming a limits backend once, and making it lazily in each process that uses it.
 
-A registry (or an executor) is given a `BackendSpec`: None or ``"local"`` (this process
-only), a Redis URL, a factory, or a backend object. Nothing is made when it is given: the
+A registry is given a `BackendSpec`: None or ``"local"`` (this process only), a Redis URL,
+a SQL URL (PostgreSQL, or a SQLite file for the processes of one host), a factory, or a
+backend object. Nothing is made when it is given: the
 first call under a limit in a process makes that process's backend, and a process forked
 after that (a Celery prefork child) makes its own, never sharing its parent's clients.
 """
@@ -10,21 +11,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 from agentflow.exec.limits._local import LocalLimits
 from agentflow.exec.limits._protocol import LimitBackend
 
-#: How a backend is named: None or "local", a ``redis://`` URL (``#prefix`` at its end), a factory, or a backend.
+#: How a backend is named: None or "local", a Redis or SQL URL (``#prefix`` at its end), a factory, or a backend.
 BackendSpec: TypeAlias = "str | Callable[[], LimitBackend] | LimitBackend | None"
+
+#: URL schemes of the Redis backend and of the SQL one.
+_REDIS: Final = ("redis://", "rediss://", "unix://")
+_SQL: Final = ("postgresql+asyncpg://", "sqlite+aiosqlite://")
 
 
 def _check(spec: BackendSpec) -> None:
     if spec is None or (isinstance(spec, str) and spec == "local"):
         return
     if isinstance(spec, str):
-        if not spec.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"a limits backend URL is 'local' or redis://, rediss://, unix://; got {spec!r}")
+        if not spec.startswith(_REDIS + _SQL):
+            known = ", ".join(_REDIS + _SQL)
+            raise ValueError(f"a limits backend URL is 'local' or one of {known}; got {spec!r}")
         return
     if not callable(spec) and not isinstance(spec, LimitBackend):
         raise TypeError(f"a limits backend is a URL, a factory or a LimitBackend, not {spec!r}")
@@ -55,6 +61,11 @@ class BackendRef:
         spec = self.spec
         if spec is None or spec == "local":
             return LocalLimits()
+        if isinstance(spec, str) and spec.startswith(_SQL):
+            from agentflow.exec.limits.sql import SQLLimits  # the sqlalchemy extra, only when named
+
+            url, _, prefix = spec.partition("#")
+            return SQLLimits(url, table_prefix=prefix or "agentflow_")
         if isinstance(spec, str):
             from agentflow.exec.limits.redis import RedisLimits  # the redis extra, only when named
 
