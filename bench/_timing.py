@@ -45,8 +45,10 @@ class Series:
     def hi(self) -> float:
         return max(self.values)
 
-    def __sub__(self, other: Series) -> Series:
-        return Series(tuple(a - b for a, b in zip(self.values, other.values, strict=True)))
+    def __sub__(self, other: Series | float) -> Series:
+        if isinstance(other, Series):
+            return Series(tuple(a - b for a, b in zip(self.values, other.values, strict=True)))
+        return Series(tuple(a - other for a in self.values))
 
     def __truediv__(self, other: Series | float) -> Series:
         if isinstance(other, Series):

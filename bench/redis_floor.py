@@ -11,6 +11,16 @@ trips with redis.asyncio, with the same argument bytes, under keys of its own:
 
 Overhead = (run with the Redis store - run without) / 3 supersteps; floor = one replay of
 a run's round trips / 3. All three cases run interleaved.
+
+What the overhead above the floor is made of, measured beside it (issue 17 item 2):
+
+- sealing: the probe run's rows sealed again from their bodies (canonical JSON and HMAC
+  of its call records and checkpoints), a fourth case in the same interleaved blocks;
+- Lua: the server's time in ``EVALSHA`` per superstep (``INFO commandstats``, its
+  ``usec`` counted over runs of the store alone, then of the floor alone), which the
+  floor's trivial script takes almost none of;
+- the rest is agentflow's client side: the run protocol and journal, the store's row
+  encoding, reply checks and per-operation deadline, and the keys the scripts take.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from typing import Any
 from bench import _flows, _services
 from bench._report import Report, Table, Target
 from bench._suite import Context
-from bench._timing import Plan, fmt_ratio, fmt_span, interleave
+from bench._timing import Plan, Series, fmt_ratio, fmt_span, fmt_time, interleave
 
 TITLE = (
     "P2: Redis durability overhead per one-call superstep vs the floor (same round trips, same bytes, redis.asyncio)"
@@ -77,6 +87,39 @@ def _describe(ops: list[tuple[str, Any]]) -> list[str]:
     return out
 
 
+def _resealer(key: bytes, calls: Any, checkpoints: Any) -> Any:
+    """Seal a run's rows again from their bodies, as a run seals them (canonical JSON, then HMAC)."""
+    import json
+
+    from agentflow.exec._durable_seal import Sealer
+
+    sealer = Sealer(key)
+    bodies = [(c.run_id, c.segment, c.seq, c.kind, json.loads(c.payload)) for c in calls]
+    states = [(c.run_id, c.step, c.flow, c.status, c.segment, c.saved_at, json.loads(c.payload)) for c in checkpoints]
+
+    def reseal() -> None:
+        for args in bodies:
+            sealer.seal_call(*args)
+        for state in states:
+            sealer.seal_checkpoint(*state)
+
+    return reseal
+
+
+async def _lua_us(client: Any, job: Any, times: int) -> tuple[float, float]:
+    """The server's EVALSHA time (µs) and calls per call of `job`, from INFO commandstats before and after."""
+
+    async def evalsha() -> tuple[float, float]:
+        stats = (await client.info("commandstats")).get("cmdstat_evalsha", {})
+        return float(stats.get("usec", 0)), float(stats.get("calls", 0))
+
+    usec, calls = await evalsha()
+    for _ in range(times):
+        await job()
+    usec_after, calls_after = await evalsha()
+    return (usec_after - usec) / times, (calls_after - calls) / times
+
+
 class Floor:
     """Replays one run's round trips (see the module docstring)."""
 
@@ -120,8 +163,9 @@ async def run(ctx: Context) -> Report:
         probe = _flows.runner(probe_store, ctx.key)
         await probe.run(flow, order)  # first run: loads the scripts on this client
         log.clear()
-        await probe.run(flow, order)
+        probed = await probe.run(flow, order)
         ops = list(log)
+        reseal = _resealer(ctx.key, await probe_store.calls(probed.run_id), await probe_store.history(probed.run_id))
         client = _services.redis_factory(url)()  # the store's kind of client
         stack.push_async_callback(client.aclose)
         floor = Floor(client, ops, ctx.tag)
@@ -130,9 +174,15 @@ async def run(ctx: Context) -> Report:
             "agentflow, no store": lambda: plain.run(flow, order),
             "agentflow Redis store": lambda: runner.run(flow, order),
             "floor: the same round trips": floor.run,
+            "sealing a run's rows": reseal,
         }
         plan = Plan(warmup=ctx.sized(30, 5), blocks=ctx.sized(9, 3), per_block=ctx.sized(60, 10))
         times = await interleave(cases, plan)
+        lua_runs = ctx.sized(300, 30)
+        lua = {
+            "agentflow Redis store": await _lua_us(client, lambda: runner.run(flow, order), lua_runs),
+            "floor: the same round trips": await _lua_us(client, floor.run, lua_runs),
+        }
     steps = _flows.SUPERSTEPS
     overhead = (times["agentflow Redis store"] - times["agentflow, no store"]) / steps
     floor_step = times["floor: the same round trips"] / steps
@@ -144,13 +194,16 @@ async def run(ctx: Context) -> Report:
     for name, series in times.items():
         table.add(name, fmt_span(series), fmt_span(series / steps))
     table.add("agentflow overhead (store - no store)", "", fmt_span(overhead))
+    parts = _parts(overhead, floor_step, times["sealing a run's rows"] / steps, lua, steps)
+    report.tables.append(parts)
     trips = Table(
         f"Round trips of one run ({len(ops)}: step 0, then {steps} supersteps of one tool call)",
         ["#", "round trip (command, bytes sent)"],
     )
     for i, line in enumerate(_describe(ops), 1):
         trips.add(i, line)
-    report.tables += [table, trips]
+    report.tables[0:0] = [table]
+    report.tables.append(trips)
     report.targets.append(Target("P2 Redis overhead / floor", ratio.median, LIMIT, fmt_ratio(ratio), f"<= {LIMIT}x"))
     report.data = {
         "plan": plan.__dict__,
@@ -159,6 +212,37 @@ async def run(ctx: Context) -> Report:
         "floor_per_superstep_s": floor_step,
         "ratio": ratio,
         "round_trips_per_run": len(ops),
+        "lua_us_and_evalsha_calls_per_run": lua,
         "round_trips": _describe(ops),
     }
     return report
+
+
+def _parts(overhead: Series, floor: Series, sealing: Series, lua: dict[str, tuple[float, float]], steps: int) -> Table:
+    """What the overhead above the floor is made of, per superstep."""
+    ours_us, ours_calls = lua["agentflow Redis store"]
+    floor_us, floor_calls = lua["floor: the same round trips"]
+    lua_extra = (ours_us - floor_us) / steps * 1e-6
+    above = overhead - floor
+    table = Table(
+        "The overhead above the floor, per superstep (sealing interleaved with the cases above; Lua from INFO "
+        "commandstats, EVALSHA usec over runs of each side alone)",
+        ["part", "per superstep", "of the overhead above the floor"],
+    )
+    table.add("overhead above the floor (store - no store - floor)", fmt_span(above), "")
+    table.add(
+        "sealing (canonical JSON + HMAC of the run's rows)", fmt_span(sealing), f"{sealing.median / above.median:.0%}"
+    )
+    table.add(
+        f"Lua on the server (EVALSHA: {ours_calls:.1f} calls per run, {ours_us / max(ours_calls, 1):.1f} µs each; "
+        f"the floor's {floor_us / max(floor_calls, 1):.1f} µs)",
+        fmt_time(lua_extra),
+        f"{lua_extra / above.median:.0%}",
+    )
+    rest = above - sealing - lua_extra
+    table.add(
+        "the rest: the protocol, journal, encoding, checks, deadlines",
+        fmt_span(rest),
+        f"{rest.median / above.median:.0%}",
+    )
+    return table

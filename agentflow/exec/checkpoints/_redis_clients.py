@@ -125,12 +125,12 @@ class LoopClients:
     async def _bind(self) -> Bound:
         """Return the running loop's client, making it (and registering the scripts) on first use."""
         loop = asyncio.get_running_loop()
-        for key, old in list(self.bound.items()):
-            if old.loop.is_closed():  # it ended without shutting its async generators down
-                self.bound.pop(key, None)
         bound = self.bound.get(id(loop))
         if bound is not None and bound.loop is loop:
             return bound
+        for key, old in list(self.bound.items()):  # only when a loop is new: entries come with loops
+            if old.loop.is_closed():  # it ended without shutting its async generators down
+                self.bound.pop(key, None)
         client = self._factory()
         if client.get_encoder().decode_responses:
             await client.aclose()

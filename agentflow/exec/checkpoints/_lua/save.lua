@@ -41,14 +41,14 @@
 --   {"call", i, step, status, segment, next} record i is refused (as record_call.lua would)
 --   {"call-missing", i}                      record i is for a run with no checkpoint
 
-local last = redis.call('HMGET', KEYS[2], 'step', 'flow', 'status')
+local last = redis.call('HMGET', KEYS[2], 'step', 'flow', 'status', 'segment')
 
 local n = tonumber(ARGV[9] or '0')
 if n > 0 then
   if not last[1] then
     return {'call-missing', '1'}
   end
-  local segment_of_latest = redis.call('HGET', KEYS[2], 'segment')
+  local segment_of_latest = last[4]
   local ended = last[3] == 'done' or last[3] == 'failed' or last[3] == 'cancelled'
   local counts = {}
   for i = 1, n do
