@@ -28,7 +28,7 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
-from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, RunResult
+from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, RunResult, Wait
 
 __all__ = [
     "AgentflowError",
@@ -69,4 +69,5 @@ __all__ = [
     "ToolTimeout",
     "UnknownTool",
     "VersionNotDeployed",
+    "Wait",
 ]

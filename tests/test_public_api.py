@@ -107,7 +107,7 @@ PUBLIC: dict[str, list[str]] = {
         "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
         "InDoubtDecision", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext",
         "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError",
-        "ToolTimeout", "UnknownTool", "VersionNotDeployed",
+        "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "Registry",
@@ -123,7 +123,7 @@ PUBLIC: dict[str, list[str]] = {
         "StoreDefaults", "idempotency_key", "prune_finished",
     ],
     "agentflow.flow": [
-        "Call", "Flow", "FlowError", "FlowRunner", "FlowVersions", "NodeHandle", "RunResult", "RunStatus",
+        "Call", "Flow", "FlowError", "FlowRunner", "FlowVersions", "NodeHandle", "RunResult", "RunStatus", "Wait",
     ],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
     "agentflow.celery": [
@@ -286,6 +286,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "RecoveryNeedsDecision": ("order-7", [("email_tickets", "call 0/send/0/ab was started and has no result")]),
     "RunHeld": ("order-7", "w1@host:4242", 1_800_000_000.0),
     "VersionNotDeployed": ("order-7", "tickets", "1", ["2", "3"]),
+    "NotDue": ("order-7", 1_800_000_000.0),
     "RunFailed": ("order-7", "ValueError: could not convert string to float: 'broken'"),
 }
 

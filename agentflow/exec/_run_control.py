@@ -34,7 +34,7 @@ from agentflow.exec._durable_read import CallState
 from agentflow.exec._registry import Registry
 
 #: The fields a claim may carry besides its cause.
-CONTROL_FIELDS = ("operator", "rerun", "awaiting", "reason", "migrated")
+CONTROL_FIELDS = ("operator", "rerun", "awaiting", "reason", "migrated", "woke")
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,9 @@ class RunCursor:
     trace: str | None = None
     """The run's trace context (a W3C ``traceparent``), signed into every checkpoint from step 0 on
     (None: the run was started untraced; a tracer then derives one from the run id)."""
+    wake: dict[str, Any] | None = None
+    """A paused run's timer, signed into its checkpoint: ``{"at": seconds since the epoch, "for": "timer"
+    or "approval"}`` (`_run_timers`); None when nothing but a person wakes it."""
     cause: str = "start"
     """Why the next superstep runs (`agentflow.exec._tracing.CAUSES`); the protocol sets it."""
     cut_off: tuple[str, ...] | None = None

@@ -87,6 +87,19 @@ class RunDriver(ABC, Generic[C, R]):
         """
         raise FlowError(f"a {self.kind.value} run cannot be migrated")
 
+    def woken(self, cur: C, wake: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply what a due timer decides to the paused cursor; return what to record of it in the ``wake`` claim.
+
+        A plain timer (``for: timer``) decides nothing. An approval's deadline is the
+        kind's to settle (a flow decides each pending call by its node's ``on_timeout``).
+
+        Raises:
+            FlowError: this kind cannot settle an approval's deadline.
+        """
+        if wake.get("for") != "timer":
+            raise FlowError(f"a {self.kind.value} run has no approval deadlines to settle")
+        return {}
+
     def seeds(self, cur: C, records: Sequence[LoggedRecord]) -> dict[str, CallState]:
         """The call states of the step a worker goes on with: what replays, what is in doubt."""
         return analyze(records, self.superstep(cur))

@@ -7,8 +7,8 @@ Moving parts:
   run's lease (`_run_lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
   doubt), `retry`, `cancel`, `migrate` (onto another definition: the driver builds the
-  moved cursor). `decide` (in `_durable`) is the one rule turning ``approve`` into
-  decisions.
+  moved cursor), `wake` (a paused run whose signed timer is due: `_run_timers`).
+  `decide` (in `_durable`) is the one rule turning ``approve`` into decisions.
 - Every drive runs on the look-out for a cancel request (`_run_cancel.CancelWatch`); one
   ends the run through `_end_cancelled`, the one place a run becomes ``cancelled``.
 - Control records (`_run_control`): every decision that steers a run is a claim
@@ -49,6 +49,7 @@ from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_events import recording
 from agentflow.exec._run_lease import holding
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Head, Opened, RunSteps
+from agentflow.exec._run_timers import NotDue, due
 from agentflow.exec.checkpoints._records import Lease
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
@@ -294,6 +295,46 @@ class RunProtocol(RunSteps[C, R]):
             self.events.emit("run.migrated", run_id, kind=self.driver.kind.value, step=cur.step, **record, **who)
             return await self._drive(cur, {}, limit=limit, recovering=False)
 
+    async def wake(
+        self,
+        run_id: str,
+        *,
+        limit: int | None,
+        expected_step: int | None = None,
+        ctx: RunContext | None = None,
+        now: float | None = None,
+    ) -> R:
+        """Wake a paused run whose signed timer is due: a ``wake`` claim, then drive it (see `_run_timers`).
+
+        A plain timer lets the run go on; an approval's deadline settles the pending calls
+        as the driver says (`RunDriver.woken`). The claim opens a segment, so of two wakes
+        one wins and the run is woken once.
+
+        Raises:
+            Stale: the run is not at `expected_step` (a late or duplicate message).
+            NotDue: the run waits on a timer that is not due yet (nothing is done).
+            CheckpointConflict: the run is not waiting on a timer (`RunHeld`: a live worker holds it).
+        """
+        async with self.hold(run_id):
+            opened = await self.open(run_id, ctx)
+            cur, wake = opened.cur, opened.cur.wake
+            if expected_step is not None and cur.step != expected_step:
+                raise Stale(f"run {run_id!r} is at step {cur.step}, not {expected_step}: this wake is late")
+            if opened.status != RunStatus.PAUSED or wake is None:
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status} and not waiting on a timer")
+            clock = time.time() if now is None else now
+            if due(wake) > clock:
+                raise NotDue(run_id, due(wake))
+            records, counts = await self.read(opened, resuming=True)
+            seeds = self.seeds(opened, records, rerun_in_doubt=False)
+            decided = self.driver.woken(cur, wake)
+            cur.cause = "wake"
+            record = {"at": due(wake), "for": wake["for"], **decided}
+            await self.claim(cur, "wake", counts, {**self.operator(None), "woke": record})
+            late = round(clock - due(wake), 3)
+            self.events.emit("run.woken", run_id, kind=self.driver.kind.value, step=cur.step, late_s=late, **record)
+            return await self._drive(cur, seeds, limit=limit, recovering=False)
+
     async def decide_in_doubt(
         self,
         run_id: str,
@@ -415,7 +456,7 @@ class RunProtocol(RunSteps[C, R]):
 
 
 #: Claims that carry a decision a superstep spends: its span's cause names the decision.
-SPENT = frozenset({"resume", "decision", "retry", "migrate"})
+SPENT = frozenset({"resume", "decision", "retry", "migrate", "wake"})
 
 
 def advance_cause(body: Mapping[str, Any], step: int | None, handoff: bool) -> str:

@@ -44,6 +44,7 @@ from agentflow.exec._run_checks import (
 from agentflow.exec._run_control import granted, without_failed
 from agentflow.exec._run_driver import C, R, RunDriver
 from agentflow.exec._run_lease import Ownership
+from agentflow.exec._run_timers import wake_of
 from agentflow.exec._tracing import NO_TRACING, StepSpan, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
@@ -55,7 +56,7 @@ BODY_VERSION = 1
 MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 #: Why a run was claimed (signed into the claim checkpoint).
-CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel", "retry", "migrate"})
+CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel", "retry", "migrate", "wake"})
 
 Head = tuple[SealedCheckpoint, Mapping[int, int]]
 
@@ -146,6 +147,8 @@ class RunSteps(Generic[C, R]):
             body["trace"] = cur.trace
         if cur.started_at is not None:
             body["started"] = cur.started_at
+        if cur.wake is not None:
+            body["wake"] = dict(cur.wake)
         return body
 
     async def save(
@@ -183,6 +186,8 @@ class RunSteps(Generic[C, R]):
             cur.step = None
             return
         step = 0 if cur.step is None else cur.step + 1
+        if str(status) != RunStatus.PAUSED:
+            cur.wake = None  # only a paused checkpoint carries a timer: every other one spends or drops it
         if segment is not None:
             cur.journal = self.journal(cur.run_id, segment)
         assert cur.journal is not None
@@ -309,6 +314,7 @@ class RunSteps(Generic[C, R]):
             trace = body.get("trace")
             cur.trace = trace if isinstance(trace, str) else None
             cur.started_at = started_of(body)
+            cur.wake = wake_of(body) if row.status == RunStatus.PAUSED else None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointStoreCorrupt(
                 f"checkpoint {row.step} of run {run_id!r} is signed but does not fit a {self.driver.kind} run: {exc!r}"

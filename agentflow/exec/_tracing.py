@@ -41,7 +41,7 @@ OUTCOMES = ("ran", "replayed", "rerun", "in doubt", "denied", "failed", "pending
 
 #: Why a superstep runs (``cause``): the first of a run, the next in the same process, a recovery
 #: of a cut-off one, a run handed over between workers, or a signed decision being spent.
-CAUSES = ("start", "next", "recovery", "resume", "handoff", "retry", "decision", "migrate")
+CAUSES = ("start", "next", "recovery", "resume", "handoff", "retry", "decision", "migrate", "wake")
 
 
 class StepSpan(Protocol):

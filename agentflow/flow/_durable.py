@@ -15,8 +15,9 @@ migration's target instead (`agentflow.flow._migrate`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
@@ -38,6 +39,7 @@ from agentflow.exec.checkpoints._records import SealedCheckpoint
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
+from agentflow.flow._timers import approval_deadline, settle_deadline
 from agentflow.flow._versions import FlowVersions
 
 
@@ -67,6 +69,8 @@ class Cursor(RunCursor):
     """How often each node ran."""
     superstep: int
     """Supersteps done."""
+    detours: dict[str, str] = field(default_factory=dict)
+    """Nodes whose approval deadline passed, and where the run goes on from instead (a ``wake`` claim's)."""
 
 
 FlowProtocol = RunProtocol[Cursor, RunResult[Any]]
@@ -131,6 +135,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             [str(n) for n in body["frontier"]],
             {str(k): int(v) for k, v in body["visits"].items()},
             int(body["superstep"]),
+            {str(k): str(v) for k, v in body.get("detours", {}).items()},
         )
 
     def _migrated(
@@ -169,7 +174,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             state = cur.state.model_dump(mode="json")
         except Exception as exc:
             raise FlowError(f"flow {cur.flow.name!r}: the state cannot be stored as JSON: {exc}") from None
-        return {
+        fields = {
             "version": cur.flow.version,
             "digest": cur.flow.digest,
             "state": state,
@@ -177,6 +182,13 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             "visits": cur.visits,
             "superstep": cur.superstep,
         }
+        return fields | ({"detours": dict(cur.detours)} if cur.detours else {})
+
+    def woken(self, cur: Cursor, wake: Mapping[str, Any]) -> dict[str, Any]:
+        """Settle what a due timer decides (`agentflow.flow._timers.settle_deadline`)."""
+        if wake.get("for") == "approval":
+            return settle_deadline(cur, wake)
+        return super().woken(cur, wake)
 
     def event_fields(self, cur: Cursor) -> dict[str, Any]:
         """The flow's name."""
@@ -234,7 +246,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
         log.defer_done = len(cur.frontier) == 1 and isinstance(cur.flow.nodes[cur.frontier[0]].action, Call)
         try:
-            out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events)
+            out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events, cur.detours)
         except (CheckpointError, CancelRequested):
             raise  # the store refused a write or failed, or the run is being cancelled: the protocol ends it
         except FlowError as exc:
@@ -249,14 +261,20 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
         if out.paused:
             cur.pending = list(log.pending)
+            cur.wake = approval_deadline(cur.flow, cur.pending, time.time())
             await proto.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
-            self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending])
+            self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending], wake=cur.wake)
             return self.result(cur, RunStatus.PAUSED, replayed, rerun)
         cur.state, cur.frontier, cur.visits = out.state, out.frontier, out.visits
         cur.superstep += 1
-        cur.decisions, cur.pending = {}, []
+        cur.decisions, cur.pending, cur.detours = {}, [], {}
         status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
+        if status is RunStatus.RUNNING and out.wake_at is not None and out.wake_at > time.time():
+            cur.wake, status = {"at": out.wake_at, "for": "timer"}, RunStatus.PAUSED  # a `Wait`: nothing is held
         await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
+        if status is RunStatus.PAUSED:
+            self.events.emit("run.waiting", cur.run_id, until=out.wake_at)
+            return self.result(cur, status, replayed, rerun)
         if status is RunStatus.DONE:
             self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
             return self.result(cur, status, replayed, rerun)

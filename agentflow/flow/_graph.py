@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -25,65 +24,17 @@ from agentflow._errors import FlowError
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec._durable_seal import digest
 from agentflow.exec._registry import Registry
+from agentflow.flow._nodes import _RAISE, TIMEOUT_DECISIONS, Call, Edge, Node, Wait, label
+
+__all__ = ["DEFAULT_MAX_VISITS", "_RAISE", "Call", "Edge", "Flow", "Node", "Wait"]
 
 S = TypeVar("S", bound=BaseModel)
 
 #: Default limit of runs per node in one run (a cycle past it stops with FlowError).
 DEFAULT_MAX_VISITS = 25
 
-_RAISE: Any = object()
 
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
-
-
-@dataclass(frozen=True)
-class Call:
-    """A node that makes one tool call and (optionally) stores its result in a state field.
-
-    Args:
-        tool: the tool's name.
-        args: a function of the state returning the keyword arguments, or a fixed mapping.
-        into: the state field that receives the result (None: the result is dropped).
-        on_deny: if given, the value put into `into` when an approval is denied (so the
-            flow can branch on it); otherwise a denial fails the run.
-    """
-
-    tool: str
-    args: Callable[[Any], Mapping[str, Any]] | Mapping[str, Any] | None = None
-    into: str | None = None
-    on_deny: Any = field(default=_RAISE)
-
-    def arguments(self, state: BaseModel) -> dict[str, Any]:
-        """The call's arguments for `state`."""
-        if self.args is None:
-            return {}
-        if callable(self.args):
-            return dict(self.args(state))
-        return dict(self.args)
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node of a flow."""
-
-    name: str
-    action: Call | Callable[..., Any]
-    max_visits: int
-    takes_handle: bool = False
-    is_async: bool = False
-
-
-@dataclass(frozen=True)
-class Edge:
-    """An edge; `when` None means always followed."""
-
-    src: str
-    dst: str
-    when: Callable[[Any], bool] | None = None
-
-
-def _label(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _reducers(state: type[BaseModel]) -> dict[str, Callable[[Any, Any], Any]]:
@@ -140,8 +91,8 @@ class Flow(Generic[S]):
             raise FlowError(f"flow {self.name!r} has no nodes; add one with .node(name, action)")
         return next(iter(self.nodes))
 
-    def node(self, name: str, action: Call | Callable[..., Any], *, max_visits: int | None = None) -> Flow[S]:
-        """Add a node: a `Call`, or a function ``(state)`` or ``(state, handle)``, sync or async.
+    def node(self, name: str, action: Call | Wait | Callable[..., Any], *, max_visits: int | None = None) -> Flow[S]:
+        """Add a node: a `Call`, a `Wait`, or a function ``(state)`` or ``(state, handle)``, sync or async.
 
         A function returns a dict of the fields it changes (or None).
 
@@ -159,13 +110,15 @@ class Flow(Generic[S]):
                     f"{self.state.__name__} does not have (fields: {fields})"
                 )
             self.nodes[name] = Node(name, action, limit)
+        elif isinstance(action, Wait):
+            self.nodes[name] = Node(name, action, limit)
         elif callable(action):
             params = len(inspect.signature(action).parameters)
             if params not in (1, 2):
                 raise FlowError(f"flow {self.name!r}, node {name!r}: a node function takes (state) or (state, handle)")
             self.nodes[name] = Node(name, action, limit, params == 2, inspect.iscoroutinefunction(action))
         else:
-            raise FlowError(f"flow {self.name!r}, node {name!r}: the action must be a Call or a function")
+            raise FlowError(f"flow {self.name!r}, node {name!r}: the action must be a Call, a Wait or a function")
         self._checked = None
         return self
 
@@ -214,6 +167,13 @@ class Flow(Generic[S]):
         for name in self.ends:
             if name not in self.nodes:
                 raise FlowError(f"{where}: .end({name!r}) names an unknown node")
+        for node in self.nodes.values():
+            action = node.action
+            if isinstance(action, Call) and action.on_timeout not in (*TIMEOUT_DECISIONS, *self.nodes):
+                raise FlowError(
+                    f"{where}, node {node.name!r}: on_timeout={action.on_timeout!r} is not 'deny', 'approve' "
+                    "or a node of the flow"
+                )
 
     def _check_exits(self) -> None:
         where = f"flow {self.name!r}"
@@ -231,10 +191,12 @@ class Flow(Generic[S]):
         seen, todo = {self.entry}, [self.entry]
         while todo:
             here = todo.pop()
-            for edge in self.edges:
-                if edge.src == here and edge.dst not in seen:
-                    seen.add(edge.dst)
-                    todo.append(edge.dst)
+            action = self.nodes[here].action
+            detour = [action.on_timeout] if isinstance(action, Call) and action.on_timeout in self.nodes else []
+            for dst in [e.dst for e in self.edges if e.src == here] + detour:
+                if dst not in seen:
+                    seen.add(dst)
+                    todo.append(dst)
         unreachable = [n for n in self.nodes if n not in seen]
         if unreachable:
             names = ", ".join(map(repr, unreachable))
@@ -248,13 +210,20 @@ class Flow(Generic[S]):
         return self._checked
 
     def _digest(self) -> str:
-        nodes = []
+        nodes: list[list[Any]] = []
         for node in self.nodes.values():
             if isinstance(node.action, Call):
-                nodes.append([node.name, "call", node.action.tool, node.action.into, node.max_visits])
+                call = node.action
+                nodes.append([node.name, "call", call.tool, call.into, node.max_visits])
+                if call.timeout_s is not None:  # only then: the digests of flows without deadlines stay as they were
+                    nodes[-1] += [call.timeout_s, call.on_timeout]
+            elif isinstance(node.action, Wait):
+                wait = node.action
+                seconds = label(wait.seconds) if callable(wait.seconds) else wait.seconds
+                nodes.append([node.name, "wait", seconds, label(wait.until) if wait.until else None, node.max_visits])
             else:
-                nodes.append([node.name, "function", _label(node.action), node.max_visits])
-        edges = [[e.src, e.dst, _label(e.when) if e.when else None] for e in self.edges]
+                nodes.append([node.name, "function", label(node.action), node.max_visits])
+        edges = [[e.src, e.dst, label(e.when) if e.when else None] for e in self.edges]
         return digest(
             {
                 "flow": self.name,
@@ -262,6 +231,6 @@ class Flow(Generic[S]):
                 "edges": edges,
                 "ends": sorted(self.ends),
                 "state": self.state.model_json_schema(),
-                "reducers": {name: _label(fn) for name, fn in sorted(self.reducers.items())},
+                "reducers": {name: label(fn) for name, fn in sorted(self.reducers.items())},
             }
         )

@@ -21,7 +21,7 @@ from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow import _recover
+from agentflow.flow import _recover, _timers
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol, Migration
 from agentflow.flow._graph import Flow
 from agentflow.flow._operate import RunOperations
@@ -298,6 +298,43 @@ class FlowRunner(RunOperations):
             run_id, approve=approve, note=note, ctx=ctx, limit=max_supersteps, operator=operator
         )
         return result
+
+
+    async def wake(
+        self,
+        flow: FlowLike[S],
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        ctx: RunContext | None = None,
+        now: float | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunResult[S]:
+        """Wake a paused run whose timer is due (a `Wait`, or an approval's deadline), and carry it on.
+
+        The sweepers call this (`wake_due`, `run_timers`, a Celery worker's recover_all);
+        call it yourself to wake one run. Of two wakes, one wins.
+
+        Raises:
+            NotDue: the run's timer is not due yet (nothing is done).
+            CheckpointConflict: the run is not waiting on a timer, or someone woke or resumed it first.
+        """
+        result: RunResult[S] = await self.protocol(flow).wake(
+            run_id, limit=max_supersteps, expected_step=expected_step, ctx=ctx, now=now
+        )
+        return result
+
+    async def wake_due(self, flow: FlowLike[Any], *, now: float | None = None) -> dict[str, Any]:
+        """Wake every paused run of `flow` whose timer is due (one pass); each maps to its result or its error."""
+        return await _timers.wake_due(self, flow, now=now)
+
+    async def run_timers(self, flow: FlowLike[Any], *, every_s: float = 1.0) -> None:
+        """Wake `flow`'s due runs every `every_s` seconds until cancelled (the in-process sweeper).
+
+        Run it as a task beside your runner (``asyncio.create_task(runner.run_timers(flow))``);
+        a run then wakes at most `every_s` after its time.
+        """
+        await _timers.run_timers(self, flow, every_s=every_s)
 
 
 def _coerce_state(flow: Flow[S], state: S | Mapping[str, Any]) -> S:

@@ -10,6 +10,7 @@ such a field combines every write, also a single one, with its current value.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from agentflow._errors import ApprovalDenied, FlowError
 from agentflow._events import Events
 from agentflow.exec._durable import CallLog, PauseForApproval
 from agentflow.exec._run_cancel import CancelRequested
-from agentflow.flow._graph import _RAISE, Call, Flow, Node
+from agentflow.flow._graph import _RAISE, Call, Flow, Node, Wait
 
 
 class NodeHandle:
@@ -66,9 +67,13 @@ class Outcome:
     visits: dict[str, int]
     paused: bool = False
     ran: list[str] = field(default_factory=list)
+    wake_at: float | None = None
+    """When the next superstep may start, if a `Wait` node ran (seconds since the epoch)."""
 
 
-async def _run_node(flow: Flow[Any], node: Node, state: BaseModel, log: CallLog, events: Events) -> dict[str, Any]:
+async def _run_node(
+    flow: Flow[Any], node: Node, state: BaseModel, log: CallLog, events: Events, detoured: bool = False
+) -> dict[str, Any]:
     events.emit("node.started", log.run_id, node=node.name, superstep=log.superstep)
     view = state.model_copy(deep=True)
     handle = NodeHandle(node.name, log, asyncio.get_running_loop())
@@ -77,10 +82,15 @@ async def _run_node(flow: Flow[Any], node: Node, state: BaseModel, log: CallLog,
         try:
             result = await handle.call(action.tool, **action.arguments(view))
         except ApprovalDenied:
-            if action.on_deny is _RAISE or action.into is None:
+            if detoured and (action.on_deny is _RAISE or action.into is None):
+                result, action = None, Call(action.tool)  # its deadline passed: the run goes on elsewhere
+            elif action.on_deny is _RAISE or action.into is None:
                 raise
-            result = action.on_deny
+            else:
+                result = action.on_deny
         update: Any = {action.into: result} if action.into else {}
+    elif isinstance(action, Wait):
+        update = {}  # its wake time is the superstep's (`run_superstep`)
     else:
         params = (view, handle) if node.takes_handle else (view,)
         update = await action(*params) if node.is_async else await asyncio.to_thread(action, *params)
@@ -96,9 +106,18 @@ async def _run_node(flow: Flow[Any], node: Node, state: BaseModel, log: CallLog,
 
 
 async def run_superstep(
-    flow: Flow[Any], state: BaseModel, frontier: list[str], visits: Mapping[str, int], log: CallLog, events: Events
+    flow: Flow[Any],
+    state: BaseModel,
+    frontier: list[str],
+    visits: Mapping[str, int],
+    log: CallLog,
+    events: Events,
+    detours: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Run one superstep of `flow`.
+
+    `detours` maps a node whose approval deadline passed to the node the run goes on from
+    instead of that node's edges (its call was denied by the deadline).
 
     Raises:
         FlowError: a node ran past its visit limit, two nodes wrote one plain field, an
@@ -117,7 +136,7 @@ async def run_superstep(
 
     async def guarded(node: Node) -> dict[str, Any]:
         try:
-            return await _run_node(flow, node, state, log, events)
+            return await _run_node(flow, node, state, log, events, node.name in (detours or {}))
         except PauseForApproval:
             paused.add(node.name)
             return {}
@@ -137,7 +156,11 @@ async def run_superstep(
         return Outcome(state, frontier, dict(visits), paused=True)
     updates = list(zip(frontier, results, strict=True))
     merged = merge(flow, state, updates)
-    return Outcome(merged, next_frontier(flow, merged, frontier), counted, ran=list(frontier))
+    waits = [node.action for node in (flow.nodes[n] for n in frontier) if isinstance(node.action, Wait)]
+    now = time.time()
+    wake_at = max((wait.wake_at(state, now) for wait in waits), default=None)
+    following = next_frontier(flow, merged, frontier, detours or {})
+    return Outcome(merged, following, counted, ran=list(frontier), wake_at=wake_at)
 
 
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -171,10 +194,15 @@ def merge(flow: Flow[Any], state: BaseModel, updates: list[tuple[str, dict[str, 
     return merged
 
 
-def next_frontier(flow: Flow[Any], state: BaseModel, ran: list[str]) -> list[str]:
-    """The nodes of the next superstep, in the order they were added (a join runs once)."""
+def next_frontier(
+    flow: Flow[Any], state: BaseModel, ran: list[str], detours: Mapping[str, str] | None = None
+) -> list[str]:
+    """The nodes of the next superstep, in the order they were added (a join runs once; a detour replaces edges)."""
     chosen: set[str] = set()
     for name in ran:
+        if detours and name in detours:
+            chosen.add(detours[name])
+            continue
         followed = False
         for edge in flow.edges:
             if edge.src == name and (edge.when is None or edge.when(state)):

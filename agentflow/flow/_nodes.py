@@ -1,0 +1,137 @@
+"""The kinds of node a flow is built of: `Call` (one tool call), `Wait` (a durable timer), a function.
+
+A `Call` may need an approval (its tool says when); with ``timeout_s`` the approval has a
+deadline, and ``on_timeout`` says what the deadline decides: ``"deny"``, ``"approve"``, or
+the name of a node the run goes on from instead. A `Wait` holds the run's next superstep
+back until a time: ``seconds`` after the superstep it is in, or ``until`` a time computed
+from the state. Neither kind of wait holds a worker: the wake time is signed into the
+run's checkpoint, and a sweeper wakes the run when it is due (`agentflow.flow._timers`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentflow._errors import FlowError
+
+_RAISE: Any = object()
+
+#: What an approval's deadline may decide besides going to a node.
+TIMEOUT_DECISIONS = ("deny", "approve")
+
+
+@dataclass(frozen=True)
+class Call:
+    """A node that makes one tool call and (optionally) stores its result in a state field.
+
+    Args:
+        tool: the tool's name.
+        args: a function of the state returning the keyword arguments, or a fixed mapping.
+        into: the state field that receives the result (None: the result is dropped).
+        on_deny: if given, the value put into `into` when an approval is denied (so the
+            flow can branch on it); otherwise a denial fails the run.
+        timeout_s: when the call waits for an approval, how long it waits before
+            `on_timeout` decides (None: it waits for a person however long it takes).
+        on_timeout: ``"deny"`` (as a person denying it: `on_deny` applies), ``"approve"``,
+            or the name of a node the run goes on from instead of this call.
+    """
+
+    tool: str
+    args: Callable[[Any], Mapping[str, Any]] | Mapping[str, Any] | None = None
+    into: str | None = None
+    on_deny: Any = field(default=_RAISE)
+    timeout_s: float | None = None
+    on_timeout: str = "deny"
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None and not (_number(self.timeout_s) and self.timeout_s > 0):
+            raise FlowError(f"Call({self.tool!r}): timeout_s must be a positive number of seconds ({self.timeout_s})")
+        if not isinstance(self.on_timeout, str) or not self.on_timeout:
+            raise FlowError(f"Call({self.tool!r}): on_timeout is 'deny', 'approve' or a node's name")
+
+    def arguments(self, state: BaseModel) -> dict[str, Any]:
+        """The call's arguments for `state`."""
+        if self.args is None:
+            return {}
+        if callable(self.args):
+            return dict(self.args(state))
+        return dict(self.args)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A node that waits: the run's next superstep starts no earlier than the time it names.
+
+    Give one of:
+        seconds: how long to wait (a number, or a function of the state returning one).
+        until: a function of the state returning when to wake (an aware `datetime`, or
+            seconds since the epoch).
+
+    A superstep that runs a `Wait` beside other nodes runs them, then waits for the latest
+    wake time of its `Wait` nodes. A time already past wakes the run at once.
+    """
+
+    seconds: float | Callable[[Any], float] | None = None
+    until: Callable[[Any], datetime | float] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.seconds is None) == (self.until is None):
+            raise FlowError("Wait takes seconds= or until= (one of them)")
+        if self.seconds is not None and not callable(self.seconds):
+            if not (_number(self.seconds) and self.seconds >= 0):
+                raise FlowError(f"Wait(seconds={self.seconds!r}): give a number of seconds, 0 or more")
+
+    def wake_at(self, state: BaseModel, now: float) -> float:
+        """When a run whose state is `state` wakes, waiting from `now` (seconds since the epoch).
+
+        Raises:
+            FlowError: the function returned something that is not a time.
+        """
+        if self.until is not None:
+            when = self.until(state)
+            if isinstance(when, datetime):
+                if when.tzinfo is None:
+                    raise FlowError(f"Wait(until=...) returned {when!r} without a time zone; return an aware datetime")
+                return when.timestamp()
+            if _number(when):
+                return float(when)
+            raise FlowError(f"Wait(until=...) returned {when!r}; return a datetime or seconds since the epoch")
+        seconds: Any = self.seconds(state) if callable(self.seconds) else self.seconds
+        if not (_number(seconds) and seconds >= 0):
+            raise FlowError(f"Wait(seconds=...) returned {seconds!r}; return a number of seconds, 0 or more")
+        return now + float(seconds)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a flow."""
+
+    name: str
+    action: Call | Wait | Callable[..., Any]
+    max_visits: int
+    takes_handle: bool = False
+    is_async: bool = False
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An edge; `when` None means always followed."""
+
+    src: str
+    dst: str
+    when: Callable[[Any], bool] | None = None
+
+
+def label(fn: Callable[..., Any]) -> str:
+    """A function's stable name (``module.qualname``), as the graph digest records it."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
