@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import closing, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +19,7 @@ import pytest
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._sqlite_file import _unflushed
 from agentflow.exec.checkpoints.sqlite import MIGRATIONS, SQLiteCheckpointStore
 
 SEALER = Sealer(b"k" * 32)
@@ -78,6 +80,23 @@ async def test_connection_settings_are_applied(
         # `_run` executes on the store's own connection: these pragmas are per connection.
         assert await store._run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == expected
         assert await store._run(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == 2500
+
+
+@pytest.mark.parametrize(("synchronous", "expected"), [("FULL", 2), ("NORMAL", 1)])
+async def test_lease_writes_leave_the_synchronous_level_as_set(
+    db_path: Path, synchronous: Literal["NORMAL", "FULL"], expected: int
+) -> None:
+    # Given a store whose lease commits do not wait for the disk (a lease matters to live processes only)
+    async with SQLiteCheckpointStore(db_path, synchronous=synchronous) as store:
+        await store._run(lambda c: None)  # the schema is in place: statements run inline from now on
+        # When a lease is taken, renewed and released, inline and on the worker thread
+        await store.take_lease("r", "A", "token", 30)
+        await store.renew_lease("r", "token", 30)
+        await store._run(partial(_unflushed, job=lambda c: None, level=synchronous))
+        assert await store.release_lease("r", "token")
+        # Then both connections are back at the store's level for the saves and records that follow
+        assert store._inline_connection().execute("PRAGMA synchronous").fetchone()[0] == expected
+        assert await store._run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == expected
 
 
 async def test_schema_version_is_recorded(sqlite_store: SQLiteCheckpointStore, db_path: Path) -> None:

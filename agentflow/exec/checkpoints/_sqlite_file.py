@@ -94,6 +94,24 @@ def _immediate(conn: sqlite3.Connection, job: Callable[[sqlite3.Connection], _T]
     return result
 
 
+def _unflushed(conn: sqlite3.Connection, job: Callable[[sqlite3.Connection], _T], level: str) -> _T:
+    """Run `job` as `_immediate` does, its commit not waiting for the disk; `level` is restored after.
+
+    At ``synchronous=NORMAL`` a WAL commit survives a crash of any process (the OS holds
+    it) and is made durable by the next commit that syncs the log. Only a power loss can
+    drop it, and that ends every process on the host, so it is for writes that matter only
+    to live processes: leases (the setting cannot change inside a transaction, so it is
+    set around it).
+    """
+    if level != "FULL":
+        return _immediate(conn, job)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        return _immediate(conn, job)
+    finally:
+        conn.execute(f"PRAGMA synchronous = {level}")
+
+
 def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
     """Return the schema version recorded in the database (0 for a database agentflow never used)."""
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agentflow_meta'").fetchone() is None:

@@ -23,7 +23,11 @@ and the worker thread) is `_sqlite_file`'s.
   is handed to the worker thread, which waits for the lock without blocking the loop.
 - Payloads are opaque: rows go in and come out exactly as given, checked only for types.
 - Leases (``leases`` table) are `_sqlite_leases`'s statements, run here like the other
-  writes: a take is one upsert and its read-back in one write transaction.
+  writes: a take is one upsert and its read-back in one write transaction. Their commits
+  do not wait for the disk (`_sqlite_file._unflushed`): a lease matters only to live
+  processes, and the power loss that could drop such a commit ends every one of them.
+- The rows' columns, type checks and the statements of a save, a call record and a
+  relist (run inside the write transaction) are `_sqlite_rows`'.
 - Retention (`prunable`, `prune`) is `_sqlite_prune`'s: a batch of runs is judged and
   deleted from every table in one write transaction.
 """
@@ -39,10 +43,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_prune
+from agentflow._errors import CheckpointNotFound
+from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_prune, _sqlite_rows
 from agentflow.exec.checkpoints._records import (
     UNFINISHED,
     Lease,
@@ -53,48 +57,27 @@ from agentflow.exec.checkpoints._records import (
     StoredEvent,
 )
 from agentflow.exec.checkpoints._rules import (
-    check_call,
     check_events,
     check_lease_args,
-    check_no_stored_rows,
     check_row,
-    check_save,
     int_cursor,
 )
 from agentflow.exec.checkpoints._rules import check_prune_statuses as _statuses
 from agentflow.exec.checkpoints._sqlite_file import MIGRATIONS as MIGRATIONS  # re-exported: tests import it here
-from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _Worker
+from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _unflushed, _Worker
+from agentflow.exec.checkpoints._sqlite_rows import (
+    CHECKPOINT_COLUMNS,
+    LATEST_OF_RUN,
+    SELECT_CALL,
+    SELECT_CHECKPOINT,
+    call_of,
+    checked,
+    checkpoint_of,
+    insert_call,
+    insert_checkpoint,
+)
 
 _T = TypeVar("_T")
-
-#: Columns of a checkpoint row, in `SealedCheckpoint` field order, and the type each must hold.
-_CHECKPOINT_COLUMNS: Final = ("run_id", "step", "flow", "status", "segment", "saved_at", "payload", "kid", "sig")
-_CHECKPOINT_TYPES: Final = (str, int, str, str, int, float, bytes, str, str)
-#: Columns of a call row, in `SealedCall` field order, and the type each must hold.
-_CALL_COLUMNS: Final = ("run_id", "segment", "seq", "kind", "payload", "kid", "sig")
-_CALL_TYPES: Final = (str, int, int, str, bytes, str, str)
-
-_SELECT_CHECKPOINT: Final = f"SELECT {', '.join(_CHECKPOINT_COLUMNS)} FROM checkpoints"
-_SELECT_CALL: Final = f"SELECT {', '.join(_CALL_COLUMNS)} FROM calls"
-_LATEST_OF_RUN: Final = "WHERE run_id = ? ORDER BY step DESC LIMIT 1"
-_INSERT_CHECKPOINT: Final = f"INSERT INTO checkpoints ({', '.join(_CHECKPOINT_COLUMNS)}) VALUES (?,?,?,?,?,?,?,?,?)"
-_INSERT_CALL: Final = f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES (?,?,?,?,?,?,?)"
-#: The listing entry (``runs`` row) of a run: what a save writes there, from its checkpoint's fields in clear.
-_RUN_COLUMNS: Final = ("flow", "status", "step", "saved_at")
-_WRITE_RUN: Final = f"INSERT OR REPLACE INTO runs (run_id, {', '.join(_RUN_COLUMNS)}) VALUES (?, ?, ?, ?, ?)"
-
-
-def _checked(row: Sequence[Any], columns: Sequence[str], types: Sequence[type], what: str) -> tuple[Any, ...]:
-    """Return `row` as a tuple once each value has its column's type.
-
-    Raises:
-        CheckpointStoreCorrupt: a value is NULL or of another type; the message names `what`.
-    """
-    for column, value, expected in zip(columns, row, types, strict=True):
-        if not isinstance(value, expected):
-            found = "NULL" if value is None else type(value).__name__
-            raise CheckpointStoreCorrupt(f"{what}: column {column} holds {found}, not {expected.__name__}")
-    return tuple(row)
 
 
 class SQLiteCheckpointStore:
@@ -193,49 +176,24 @@ class SQLiteCheckpointStore:
         """Run one read-only statement and return its rows."""
         return await self._do(lambda conn: conn.execute(sql, params).fetchall())
 
-    def _checkpoint(self, row: Sequence[Any]) -> SealedCheckpoint:
-        what = f"checkpoint row (run {row[0]!r}, step {row[1]!r}) in {self.path}"
-        return SealedCheckpoint(*_checked(row, _CHECKPOINT_COLUMNS, _CHECKPOINT_TYPES, what))
-
-    def _call(self, row: Sequence[Any]) -> SealedCall:
-        what = f"call row (run {row[0]!r}, record {row[1]!r}.{row[2]!r}) in {self.path}"
-        return SealedCall(*_checked(row, _CALL_COLUMNS, _CALL_TYPES, what))
-
     # -- checkpoints -------------------------------------------------------------------
 
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
-        await self._do(partial(_immediate, job=partial(self._insert_checkpoint, checkpoint)))
-
-    def _insert_checkpoint(self, row: SealedCheckpoint, conn: sqlite3.Connection) -> None:
-        """Check the compare-and-set rule and insert `row`; runs inside the write transaction."""
-        last = conn.execute(f"SELECT step, flow, status FROM checkpoints {_LATEST_OF_RUN}", (row.run_id,)).fetchone()
-        if last is not None:
-            what = f"latest checkpoint row of run {row.run_id!r} in {self.path}"
-            last = _checked(last, ("step", "flow", "status"), (int, str, str), what)
-        check_save(row.run_id, row.step, row.flow, last)
-        if last is None:  # a step 0: no checkpoint row, and no call row may be left either
-            leftover = conn.execute("SELECT 1 FROM calls WHERE run_id = ? LIMIT 1", (row.run_id,)).fetchone()
-            check_no_stored_rows(row.run_id, leftover is not None)
-        values = (row.run_id, row.step, row.flow, row.status, row.segment, row.saved_at, row.payload, row.kid, row.sig)
-        try:
-            conn.execute(_INSERT_CHECKPOINT, values)
-        except sqlite3.IntegrityError as exc:
-            raise CheckpointConflict(f"run {row.run_id!r}: step {row.step} is already stored") from exc
-        conn.execute(_WRITE_RUN, (row.run_id, row.flow, row.status, row.step, row.saved_at))
+        await self._do(partial(_immediate, job=partial(insert_checkpoint, checkpoint, self.path)))
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
-        rows = await self._fetch(f"{_SELECT_CHECKPOINT} {_LATEST_OF_RUN}", (run_id,))
+        rows = await self._fetch(f"{SELECT_CHECKPOINT} {LATEST_OF_RUN}", (run_id,))
         if not rows:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-        return self._checkpoint(rows[0])
+        return checkpoint_of(rows[0], self.path)
 
     async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
         """Return every checkpoint of the run, oldest first."""
-        rows = await self._fetch(f"{_SELECT_CHECKPOINT} WHERE run_id = ? ORDER BY step", (run_id,))
-        return [self._checkpoint(row) for row in rows]
+        rows = await self._fetch(f"{SELECT_CHECKPOINT} WHERE run_id = ? ORDER BY step", (run_id,))
+        return [checkpoint_of(row, self.path) for row in rows]
 
     async def list_unfinished(self, flow: str) -> Sequence[str]:
         """Return the ids of the flow's running and paused runs."""
@@ -244,23 +202,23 @@ class SQLiteCheckpointStore:
             f"SELECT run_id FROM runs WHERE flow = ? AND status IN ({marks}) ORDER BY saved_at",
             (flow, *sorted(UNFINISHED)),
         )
-        return [_checked(row, ("run_id",), (str,), f"runs row of flow {flow!r} in {self.path}")[0] for row in rows]
+        return [checked(row, ("run_id",), (str,), f"runs row of flow {flow!r} in {self.path}")[0] for row in rows]
 
     async def list_runs(self, flow: str | None = None, limit: int = 1000) -> Sequence[SealedCheckpoint]:
         """Return the latest checkpoint of each run, newest first."""
-        columns = ", ".join(f"c.{column}" for column in _CHECKPOINT_COLUMNS)
+        columns = ", ".join(f"c.{column}" for column in CHECKPOINT_COLUMNS)
         where, params = ("WHERE r.flow = ?", (flow,)) if flow is not None else ("", ())
         rows = await self._fetch(
             f"SELECT {columns} FROM runs AS r JOIN checkpoints AS c ON c.run_id = r.run_id AND c.step = r.step "
             f"{where} ORDER BY r.saved_at DESC LIMIT ?",
             (*params, max(limit, 0)),
         )
-        return [self._checkpoint(row) for row in rows]
+        return [checkpoint_of(row, self.path) for row in rows]
 
     async def stored_runs(self) -> Sequence[str]:
         """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""
         rows = await self._fetch("SELECT DISTINCT run_id FROM checkpoints")
-        return sorted(_checked(row, ("run_id",), (str,), f"checkpoint row in {self.path}")[0] for row in rows)
+        return sorted(checked(row, ("run_id",), (str,), f"checkpoint row in {self.path}")[0] for row in rows)
 
     async def relist(self, run_id: str) -> SealedCheckpoint | None:
         """Write the run's ``runs`` row again from its newest checkpoint row; return that row.
@@ -270,19 +228,7 @@ class SQLiteCheckpointStore:
         read the ``checkpoints`` rows, so saves and call records never needed the entry; the
         listings do.
         """
-        return await self._do(partial(_immediate, job=partial(self._relist, run_id)))
-
-    def _relist(self, run_id: str, conn: sqlite3.Connection) -> SealedCheckpoint | None:
-        """Rewrite the ``runs`` row if it differs from the newest checkpoint; runs in the write transaction."""
-        newest = conn.execute(f"{_SELECT_CHECKPOINT} {_LATEST_OF_RUN}", (run_id,)).fetchone()
-        if newest is None:
-            return None
-        row = self._checkpoint(newest)
-        entry = (row.flow, row.status, row.step, row.saved_at)
-        listed = conn.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if listed is None or tuple(listed) != entry:
-            conn.execute(_WRITE_RUN, (run_id, *entry))
-        return row
+        return await self._do(partial(_immediate, job=partial(_sqlite_rows.relist, run_id, self.path)))
 
     async def delete(self, run_id: str) -> None:
         """Forget the run: its checkpoints, its listing row, its call log, its lease and its events."""
@@ -297,25 +243,7 @@ class SQLiteCheckpointStore:
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
-        await self._do(partial(_immediate, job=partial(self._insert_call, run_id, record)))
-
-    def _insert_call(self, run_id: str, record: SealedCall, conn: sqlite3.Connection) -> None:
-        """Check numbering and fencing and insert `record`; runs inside the write transaction."""
-        last = conn.execute(f"SELECT step, status, segment FROM checkpoints {_LATEST_OF_RUN}", (run_id,)).fetchone()
-        if last is not None:
-            what = f"latest checkpoint row of run {run_id!r} in {self.path}"
-            last = _checked(last, ("step", "status", "segment"), (int, str, int), what)
-        (count,) = conn.execute(
-            "SELECT COUNT(*) FROM calls WHERE run_id = ? AND segment = ?", (run_id, record.segment)
-        ).fetchone()
-        check_call(run_id, record, last, count)
-        values = (run_id, record.segment, record.seq, record.kind, record.payload, record.kid, record.sig)
-        try:
-            conn.execute(_INSERT_CALL, values)
-        except sqlite3.IntegrityError as exc:
-            raise CheckpointConflict(
-                f"run {run_id!r}: call record {record.segment}.{record.seq} is already stored"
-            ) from exc
+        await self._do(partial(_immediate, job=partial(insert_call, run_id, record, self.path)))
 
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
@@ -325,8 +253,8 @@ class SQLiteCheckpointStore:
 
         def job(conn: sqlite3.Connection) -> None:
             for record in calls:
-                self._insert_call(run_id, record, conn)
-            self._insert_checkpoint(checkpoint, conn)
+                insert_call(run_id, record, self.path, conn)
+            insert_checkpoint(checkpoint, self.path, conn)
 
         await self._do(partial(_immediate, job=job))
 
@@ -341,7 +269,7 @@ class SQLiteCheckpointStore:
         """
 
         def job(conn: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
-            latest = conn.execute(f"{_SELECT_CHECKPOINT} {_LATEST_OF_RUN}", (run_id,)).fetchall()
+            latest = conn.execute(f"{SELECT_CHECKPOINT} {LATEST_OF_RUN}", (run_id,)).fetchall()
             counts = conn.execute(
                 "SELECT segment, COUNT(*) FROM calls WHERE run_id = ? GROUP BY segment", (run_id,)
             ).fetchall()
@@ -351,12 +279,13 @@ class SQLiteCheckpointStore:
         if not latest:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         what = f"call rows of run {run_id!r} in {self.path}"
-        return self._checkpoint(latest[0]), dict(_checked(c, ("segment", "count"), (int, int), what) for c in counts)
+        counted = dict(checked(c, ("segment", "count"), (int, int), what) for c in counts)
+        return checkpoint_of(latest[0], self.path), counted
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
-        rows = await self._fetch(f"{_SELECT_CALL} WHERE run_id = ? ORDER BY segment, seq", (run_id,))
-        return [self._call(row) for row in rows]
+        rows = await self._fetch(f"{SELECT_CALL} WHERE run_id = ? ORDER BY segment, seq", (run_id,))
+        return [call_of(row, self.path) for row in rows]
 
     # -- leases (`_sqlite_leases`) ------------------------------------------------------
 
@@ -364,16 +293,17 @@ class SQLiteCheckpointStore:
         """Take the run's lease unless another live token holds it: one upsert and its read-back, one transaction."""
         check_lease_args(owner, token, ttl_s)
         job = partial(_sqlite_leases.take, run_id, owner, token, ttl_s, self.path)
-        return await self._do(partial(_immediate, job=job))
+        return await self._do(partial(_unflushed, job=job, level=self._synchronous))
 
     async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
         job = partial(_sqlite_leases.renew, run_id, token, ttl_s, self.path)
-        return await self._do(partial(_immediate, job=job))
+        return await self._do(partial(_unflushed, job=job, level=self._synchronous))
 
     async def release_lease(self, run_id: str, token: str) -> bool:
         """Give the lease up if `token` holds it; whether it was live."""
-        return await self._do(partial(_immediate, job=partial(_sqlite_leases.release, run_id, token)))
+        job = partial(_sqlite_leases.release, run_id, token)
+        return await self._do(partial(_unflushed, job=job, level=self._synchronous))
 
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`."""
