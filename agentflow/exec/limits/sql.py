@@ -109,34 +109,28 @@ class SQLLimits:
         if closed > now:
             return Wait("closed", closed - now)
         if limit.concurrency is not None:
-            await conn.execute(
-                self._sql("DELETE FROM {t}limit_held WHERE name = :n AND key = :k AND lapses_at <= :now"), ids
-            )
-            count, oldest = (
-                await conn.execute(
-                    self._sql("SELECT count(*), min(lapses_at) FROM {t}limit_held WHERE name = :n AND key = :k"), ids
-                )
-            ).one()
+            count, oldest = await self._live(conn, "held", "lapses_at", now, ids)
             if count >= limit.concurrency:
-                return Wait("concurrency", float(oldest) - now)
+                return Wait("concurrency", oldest - now)
         if limit.rate is not None:
-            ids["since"] = now - limit.window_s
-            await conn.execute(
-                self._sql("DELETE FROM {t}limit_starts WHERE name = :n AND key = :k AND started_at <= :since"), ids
-            )
-            count, oldest = (
-                await conn.execute(
-                    self._sql("SELECT count(*), min(started_at) FROM {t}limit_starts WHERE name = :n AND key = :k"), ids
-                )
-            ).one()
+            count, oldest = await self._live(conn, "starts", "started_at", now - limit.window_s, ids)
             if count >= limit.rate:
-                return Wait("rate", float(oldest) + limit.window_s - now)
+                return Wait("rate", oldest + limit.window_s - now)
         if limit.concurrency is not None:
             ids["lapses"] = now + limit.hold_s
             await conn.execute(self._sql("INSERT INTO {t}limit_held VALUES (:n, :k, :tok, :lapses)"), ids)
         if limit.rate is not None:
             await conn.execute(self._sql("INSERT INTO {t}limit_starts VALUES (:n, :k, :tok, :now)"), ids)
         return None
+
+    async def _live(
+        self, conn: AsyncConnection, table: str, column: str, cutoff: float, ids: dict[str, Any]
+    ) -> tuple[int, float]:
+        """Drop the rows of `table` whose `column` is at or before `cutoff`; count the rest, and their oldest."""
+        where = f"FROM {{t}}limit_{table} WHERE name = :n AND key = :k"
+        await conn.execute(self._sql(f"DELETE {where} AND {column} <= :cutoff"), {**ids, "cutoff": cutoff})
+        count, oldest = (await conn.execute(self._sql(f"SELECT count(*), min({column}) {where}"), ids)).one()
+        return int(count), float(oldest or 0.0)
 
     async def _renew(
         self, conn: AsyncConnection, limit: Limit, key: str, token: str, _: float, now: float, __: float
