@@ -18,6 +18,7 @@ its codec live in `_redis_rows`.
 `save` and `record_call` run ``_lua/save.lua`` and ``_lua/record_call.lua`` (EVALSHA, loaded
 again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
 every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
+Their arguments and replies are `_redis_writes`'.
 
 The three indexes (``P:runs...``, ``P:unfinished:...``) and the listings that read them
 are `_redis_index`'s: on one server the save script keeps them exact and atomic with the
@@ -50,13 +51,11 @@ client: `_redis_clients`.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
@@ -66,8 +65,9 @@ from agentflow.exec.checkpoints._redis_events import RedisEvents
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_leases import Leases
 from agentflow.exec.checkpoints._redis_prune import RedisPrune
-from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _encode, _text
-from agentflow.exec.checkpoints._rules import check_call, check_events, check_no_stored_rows, check_row, check_save
+from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _text
+from agentflow.exec.checkpoints._redis_writes import RedisWrites
+from agentflow.exec.checkpoints._rules import check_events, check_row
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
@@ -80,8 +80,6 @@ _RELIST_ATTEMPTS = 3
 _SCAN_COUNT = 1000
 #: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
 _GLOB = re.compile(r"([*?\[\]\\])")
-
-_log = logging.getLogger(__name__)
 
 
 class RedisCheckpointStore:
@@ -134,6 +132,7 @@ class RedisCheckpointStore:
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
         self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
         self._events = RedisEvents(self._clients, self._run_keys, self._ttl)
+        self._writes = RedisWrites(self._clients, self._index, self._run_keys, self._ttl)
 
     @classmethod
     def from_url(
@@ -167,52 +166,7 @@ class RedisCheckpointStore:
     ) -> None:
         """Append `calls`, then save `checkpoint`, in one script: one round trip, all or nothing."""
         check_row(run_id, step, checkpoint)
-        cp = checkpoint
-        row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
-        args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
-        args += [run_id, len(calls)]
-        for record in calls:
-            if record.run_id != run_id:
-                raise ValueError(f"save_after_calls({run_id!r}) was given a record of run {record.run_id!r}")
-            encoded = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
-            args += [record.segment, record.seq, record.kind, encoded]
-        async with self._clients.use() as bound:
-            keys = self._run_keys(run_id)
-            # On Cluster the indexes live in other slots: separate commands keep them up to date.
-            # On one server the script updates them itself, in the same atomic step.
-            cluster = bound.cluster
-            if cluster and step == 0:
-                await self._index.update(bound, run_id, cp, before=True)
-            if not cluster:
-                keys += self._index.keys(cp.flow)
-            reply = [_text(part) for part in await bound.scripts["save"](keys=keys, args=args)]
-            if reply[0] in ("call", "call-missing"):
-                record = calls[int(reply[1]) - 1]
-                if reply[0] == "call-missing":
-                    check_call(run_id, record, None, 0)
-                check_call(run_id, record, (int(reply[2]), reply[3], int(reply[4])), int(reply[5]))
-                raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
-            if reply[0] == "rows":
-                check_no_stored_rows(run_id, True)
-            if reply[0] == "corrupt":
-                raise CheckpointStoreCorrupt(
-                    f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but its latest step is {reply[2]}"
-                )
-            if reply[0] != "ok":
-                check_save(run_id, step, cp.flow, (int(reply[1]), reply[2], reply[3]) if len(reply) > 1 else None)
-                raise CheckpointConflict(f"run {run_id!r}: the store refused step {step} ({reply})")
-            try:
-                if cluster:
-                    await self._index.update(bound, run_id, cp, before=False)
-            except redis_errors.RedisError as exc:
-                # The save itself is durable; the listings skip and repair stale entries.
-                _log.warning(
-                    "run %r: step %d saved, but its index update failed: %s",
-                    run_id,
-                    step,
-                    exc,
-                    extra={"run_id": run_id, "step": step, "segment": cp.segment},
-                )
+        await self._writes.save(run_id, step, checkpoint, calls)
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint of the run."""
@@ -305,17 +259,7 @@ class RedisCheckpointStore:
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
-        if record.run_id != run_id:
-            raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
-        row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
-        args: list[str | int | bytes] = [record.segment, record.seq, record.kind, row, self._ttl]
-        async with self._clients.use() as bound:
-            reply = [_text(part) for part in await bound.scripts["record_call"](keys=self._run_keys(run_id), args=args)]
-        if reply[0] == "missing":
-            check_call(run_id, record, None, 0)
-        elif reply[0] != "ok":
-            check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
-            raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
+        await self._writes.record(run_id, record)
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
         """Return the latest checkpoint and how many call records each segment holds, in one round trip.
