@@ -1,4 +1,4 @@
-"""The app the limit test's Celery workers run: one tool under a shared limit, and a flow that calls it four times.
+"""The app the limit test's Celery workers run: one tool under a shared limit, and a flow that calls it six times.
 
 Worker processes import it as ``limit_app:app`` (tests/limits on ``PYTHONPATH``). The limit's
 state lives in the workers' Redis under the prefix ``AGENTFLOW_TEST_LIMITS`` names (read when
@@ -49,26 +49,27 @@ async def work(n: int) -> int:
     return n
 
 
+#: How many calls the flow's second node makes at once through its handle.
+FAN_OUT = 5
+
+
 class Job(BaseModel):
     n: int = 0
     a: int = 0
-    b: int = 0
-    c: list[int] = []
+    b: list[int] = []
 
 
-async def both(job: Job, handle: Any) -> dict[str, Any]:
-    """Two calls at once through the node's handle."""
-    return {"c": list(await asyncio.gather(handle.call("work", n=job.n + 2), handle.call("work", n=job.n + 3)))}
+async def many(job: Job, handle: Any) -> dict[str, Any]:
+    """FAN_OUT calls at once through the node's handle."""
+    return {"b": list(await asyncio.gather(*(handle.call("work", n=job.n + 1 + i) for i in range(FAN_OUT))))}
 
 
 LIMITED = (
     Flow("limited", state=Job)
     .node("a", Call("work", args=lambda j: {"n": j.n}, into="a"))
-    .node("b", Call("work", args=lambda j: {"n": j.n + 1}, into="b"))
-    .node("c", both)
+    .node("b", many)
     .edge("a", "b")
-    .edge("b", "c")
-    .end("c")
+    .end("b")
 )
 
 app = FlowApp(registry, [LIMITED])

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from limit_app import CALL_S, CONCURRENCY, PER_SECOND
+from limit_app import CALL_S, CONCURRENCY, FAN_OUT, PER_SECOND
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-RUNS = 30  # 4 calls each: 120 calls, 6 s at 20 a second
+RUNS = 20  # 1 + FAN_OUT calls each: 120 calls, 6 s at 20 a second
 WINDOW_S = 1.0
 
 
@@ -87,7 +87,7 @@ async def test_four_worker_processes_never_exceed_the_limit_and_use_all_of_it(de
     deployment.wait_ready("w1")
     deployment.wait_ready("w2")
 
-    # When 30 runs of 4 calls each (a Call, a Call, then two calls at once through a handle) go through them
+    # When 20 runs of 6 calls each (a Call node, then 5 calls at once through a node's handle) go through them
     run_ids = [
         await deployment.client.start("limited", {"n": 10 * i}, run_id=f"{deployment.prefix}-{i}") for i in range(RUNS)
     ]
@@ -97,7 +97,7 @@ async def test_four_worker_processes_never_exceed_the_limit_and_use_all_of_it(de
     assert {view.status for view in views.values()} == {"done"}, views
     ledger = tmp_path / "calls.jsonl"
     calls = sorted(tuple(json.loads(line)) for line in ledger.read_text().splitlines())
-    assert len(calls) == 4 * RUNS
+    assert len(calls) == (1 + FAN_OUT) * RUNS
     assert len({pid for _, _, pid in calls}) == 4
 
     # and the ledger shows the limit never exceeded: never more than 3 in flight, never 21 starts in a second
