@@ -19,6 +19,9 @@ Names in use (data in parentheses):
   signed cancel request was left for it; ``run.cancelled`` (kind, step, reason, operator)
 - ``run.migrated`` (kind, step, from, to, at, operator): an operator moved the run onto another
   version of its flow (the signed ``migrate`` claim is at `step`)
+- ``run.waiting`` (until): a `Wait` node paused the run until a time; ``run.woken`` (kind, step,
+  late_s, at, for, and what a deadline decided): a due timer woke it (the ``wake`` claim is at `step`);
+  ``run.paused`` also carries ``wake`` when the approvals have a deadline
 - ``call.waiting`` (tool or model, call_id, limit, why, wait_s): a call waits for a slot of a
   shared limit (why: ``concurrency``, ``rate`` or ``closed``), said once per reason;
   ``call.admitted`` (tool or model, call_id, waited_s): it got every slot and starts;

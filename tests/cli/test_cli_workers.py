@@ -196,13 +196,16 @@ async def test_cancel_through_the_workers_ends_an_idle_run_at_once_and_a_live_on
     # Given a run nobody moves, and one whose worker is writing a report (a second) before it mails
     async with client_of(dep) as client:
         idle = await stranded(client, "tickets", f"{dep.prefix}-idle", show="Lakmé")
-        busy = await client.start("late_mail", {"show": "busy", "seconds": 1.0})
+        # (long enough for a command to start: a loaded machine takes seconds to launch one)
+        busy = await client.start("late_mail", {"show": "busy", "seconds": 6.0})
         store = client.runner.checkpoints
         assert store is not None
         await until(lambda: store.leases([busy]), f"a worker holding {busy}")
     # When the operator cancels both through the workers
-    now = await asyncio.to_thread(agentflow, dep, "cancel", idle, "--reason", "sold out", "--workers", WORKERS)
-    asked = await asyncio.to_thread(agentflow, dep, "cancel", busy, "--reason", "too slow", "--workers", WORKERS)
+    now, asked = await asyncio.gather(
+        asyncio.to_thread(agentflow, dep, "cancel", idle, "--reason", "sold out", "--workers", WORKERS),
+        asyncio.to_thread(agentflow, dep, "cancel", busy, "--reason", "too slow", "--workers", WORKERS),
+    )
     # Then the idle one is cancelled at once, and nothing of it ran
     assert now.code == 0, now.output
     assert now.stdout.strip() == f"run {idle}: cancelled (sold out)"

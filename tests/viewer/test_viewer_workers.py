@@ -51,7 +51,9 @@ def sent(db: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sent]:
     )
     recorded: Sent = []
 
-    def send(flow: str, run_id: str, step: int, cause: str, countdown: float | None = None) -> str:
+    def send(
+        flow: str, run_id: str, step: int, cause: str, countdown: float | None = None, *, version: str | None = None
+    ) -> str:
         recorded.append((flow, run_id, step, cause))
         return "recorded"
 
