@@ -299,7 +299,6 @@ class FlowRunner(RunOperations):
         )
         return result
 
-
     async def wake(
         self,
         flow: FlowLike[S],
