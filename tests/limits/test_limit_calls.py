@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from agentflow import Call, Event, Events, Executor, Flow, FlowRunner, RunContext, RunHeld
 from agentflow.exec import Registry, run_tool_loop
+from agentflow.exec._run_events import read_events
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.limits import Limit, LocalLimits, RateLimited
 from agentflow.models import Message, ScriptedModel, ToolCall
@@ -234,6 +235,7 @@ async def test_a_run_waiting_for_a_slot_keeps_its_lease(tmp_path):
 
     flow = Flow("one", state=Pages).node("get", Call("fetch", args=lambda s: {"url": "u"}, into="first")).end("get")
     events_hub, events = hub(["call.waiting", "lease.lost"])
+    events_hub.record = True  # as the Celery workers' hub: the run's events go to its stream in the store
     store = SQLiteCheckpointStore(tmp_path / "runs.db")
     runner = FlowRunner(Executor(registry, events=events_hub), checkpoints=store, checkpoint_key=KEY, lease_s=0.3)
     other = FlowRunner(Executor(registry), checkpoints=store, checkpoint_key=KEY, lease_s=0.3)
@@ -254,6 +256,10 @@ async def test_a_run_waiting_for_a_slot_keeps_its_lease(tmp_path):
     assert result.status == "done" and result.state.first == "u"
     assert refusals >= 8
     assert [e.name for e in events] == ["call.waiting"]
+    # and the wait is in the run's event stream, for any process to show
+    assert runner.sealer is not None
+    stream = [e for e in await read_events(store, runner.sealer, "waits") if e.name.startswith("call.")]
+    assert [(e.name, e.data.get("why")) for e in stream] == [("call.waiting", "closed"), ("call.admitted", None)]
 
 
 async def test_a_tool_loops_model_calls_take_the_limit_named_after_the_provider():
