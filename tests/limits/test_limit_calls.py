@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -300,3 +301,28 @@ async def test_a_tool_loops_model_calls_take_the_limit_named_after_the_provider(
         ("call.waiting", "acme"),
         ("call.admitted", "acme"),
     ]
+
+
+async def test_a_flows_calls_are_keyed_by_the_runs_identity():
+    # Given a limit keyed by the run's user, and a flow calling a tool under it
+    seen: list[tuple[str, str | None]] = []
+
+    def by_user(args: Mapping[str, Any], ctx: RunContext | None) -> str:
+        seen.append((str(args["url"]), ctx.user if ctx else None))
+        return ctx.user if ctx and ctx.user else ""
+
+    registry = Registry()
+    registry.limit("api", concurrency=1, key=by_user)
+
+    @registry.tool(limits=["api"])
+    async def fetch(url: str) -> str:
+        return url
+
+    flow = Flow("one", state=Pages).node("get", Call("fetch", args=lambda s: {"url": "u"}, into="first")).end("get")
+
+    # When runs for two users go through it
+    for user in ("ann", "bob"):
+        await FlowRunner(Executor(registry)).run(flow, {}, ctx=RunContext(user=user, thread="t"))
+
+    # Then each call's key came from its own run's identity
+    assert seen == [("u", "ann"), ("u", "bob")]
