@@ -23,7 +23,7 @@ Names in use (data in parentheses):
   late_s, at, for, and what a deadline decided): a due timer woke it (the ``wake`` claim is at `step`);
   ``run.paused`` also carries ``wake`` when the approvals have a deadline
 - ``call.waiting`` (tool or model, call_id, limit, why, wait_s): a call waits for a slot of a
-  shared limit (why: ``concurrency``, ``rate`` or ``closed``), said once per reason;
+  shared limit (why: ``concurrency``, ``rate`` or ``closed``), said again only when the reason changes;
   ``call.admitted`` (tool or model, call_id, waited_s): it got every slot and starts;
   ``limit.closed`` (tool or model, call_id, limit, retry_after_s, closed_s): the call's provider
   said 429, so the limit is closed for every worker sharing it (`agentflow.exec.limits`)
