@@ -32,6 +32,8 @@ class Stranded:
     """``(flow, run_id)`` of each run whose latest checkpoint fails its check, reported this time (once)."""
     unknown: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each stranded run of a flow the app does not know, reported this time (once)."""
+    wake: list[tuple[str, str, int, str]] = field(default_factory=list)
+    """``(flow, run_id, step, version)`` of each paused run whose signed timer is due."""
     migrate: list[tuple[str, str, str]] = field(default_factory=list)
     """``(flow, run_id, version)`` of each unfinished run on a flow version this worker's app lacks."""
 
@@ -41,6 +43,8 @@ class Stranded:
             "enqueued": [r for _, r, _, _ in self.recover],
             "rechecks": [r for _, r, _, _ in self.recheck],
         }
+        if self.wake:
+            result["woken"] = [r for _, r, _, _ in self.wake]
         reported = {
             "quarantined": self.quarantined,
             "unknown_flows": self.unknown,

@@ -3,6 +3,7 @@
 For each unfinished run of the app's flows and tool loops, its latest checkpoint is read
 and checked, and the run goes into one of:
 - held by a live worker: left alone (on a worker's start, a recheck is due when its lease ends);
+- paused with a signed timer that is due (a `Wait`, or an approval's deadline): to be woken;
 - paused for an approval, or parked on calls in doubt: waits for a person (counted);
 - on a flow version this worker's app lacks: needs migration (listed and counted, never
   enqueued: no worker here could move it, and a message per sweep would pile up in a
@@ -26,6 +27,7 @@ from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_quarantine import Reporter
 from agentflow.exec._run_steps import started_of
 from agentflow.exec._run_sweep import relist_forgotten
+from agentflow.exec._run_timers import due_at
 from agentflow.exec.checkpoints._records import Lease
 
 if TYPE_CHECKING:
@@ -108,8 +110,12 @@ class _Sorter:
             found.migrate.append((name, run_id, version_of(body)))
             waiting.add(name, "migration", row.saved_at)
             return
-        if row.status == "paused":
-            waiting.add(name, "approval", row.saved_at)
+        wake = due_at(row, body) if body is not None else None
+        if wake is not None and wake <= self.now:
+            found.wake.append((name, run_id, row.step, version_of(body or {})))
+            return
+        if row.status == "paused" and (body is None or (body.get("wake") or {}).get("for") != "timer"):
+            waiting.add(name, "approval", row.saved_at)  # a run paused by a `Wait` waits for no one
         if row.status != "running" or self.now - row.saved_at < worker.settings.stale_after_s:
             return
         if body is None:

@@ -13,7 +13,9 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
   holding the checkpoint key saved (`FlowClient.resume`, the CLI, the viewer); a message
   that points at anything else is refused, so a message alone approves nothing.
 - ``agentflow.recover_all`` ``(startup=False)``: enqueue a superstep for every stranded
-  run; on a worker's start, also a ``recheck`` for every held run, due when its lease ends.
+  run, and a ``wake`` for every paused run whose signed timer is due (so a waiting run costs
+  no message until then); on a worker's start, also a ``recheck`` for every held run, due
+  when its lease ends.
 - ``agentflow.prune_finished`` ``()``: prune, in bounded batches, the finished runs that
   `WorkerSettings.retention_days` no longer keeps (one worker at a time; beat sends it every
   ``retention_interval_s`` when ``retention_days`` is set).
@@ -72,7 +74,7 @@ __all__ = ["AgentflowTasks", "celery_config", "register_tasks"]
 log = logging.getLogger("agentflow.celery")
 
 #: Causes a superstep message can carry. ``next`` is the normal handoff between supersteps.
-CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume", "retry", "migrate")
+CAUSES = ("start", "next", "recover", "recheck", "rerun", "resume", "retry", "migrate", "wake")
 #: Causes of a superstep sent to recover a run (its holder may be gone, or an operator decided on
 #: its calls in doubt): sent as ``agentflow.recover_superstep``.
 RECOVERY_CAUSES = ("recover", "recheck", "rerun", "retry", "migrate")
@@ -168,7 +170,7 @@ class AgentflowTasks:
     def handoff(task: Task, cause: str) -> bool:
         """Whether the message is a clean handoff: a start, a next or a resume, delivered for the first time."""
         redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
-        return cause in ("next", "start", "resume") and not redelivered
+        return cause in ("next", "start", "resume", "wake") and not redelivered
 
     @staticmethod
     def final_state(outcome: Outcome, recovering: bool) -> str:
@@ -230,6 +232,8 @@ class AgentflowTasks:
             self.send_superstep(flow, run_id, step, "recover", version=version)
         for flow, run_id, step, ends in found.recheck:
             self.send_recheck(flow, run_id, step, ends)
+        for flow, run_id, step, version in found.wake:
+            self.send_superstep(flow, run_id, step, "wake", version=version)
         return found.as_result()
 
 

@@ -295,6 +295,8 @@ class Worker:
             head = asyncio.ensure_future(read_head(self.store, run_id))
 
             def advance() -> Coroutine[Any, Any, Any]:
+                if cause == "wake":  # a timer the sweep found due: checked against the run's signed wake time
+                    return self.runner.wake(flow, run_id, expected_step=step, max_supersteps=1)
                 return self.runner.advance(
                     flow, run_id, expected_step=step, handoff=handoff, head=head, park=True, spend=spend
                 )

@@ -202,6 +202,11 @@ def _now(report: RunReport) -> list[str]:
             f"waiting for a decision about calls in doubt: {calls}",
             f"  check each at its system, then decide: {_rerun_command(report)}",
         ]
+    if report.wake is not None:
+        at = when(report.wake["at"])
+        if report.wake["for"] == "timer":
+            return [f"waiting until {at} (a Wait node): a sweeper wakes it then; nothing is held meanwhile"]
+        return [f"the approval's deadline is {at}: then each pending call's on_timeout decides it"]
     decided = report.decision
     if decided is not None:
         who = printable(decided.operator or "someone")

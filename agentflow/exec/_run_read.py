@@ -36,6 +36,7 @@ from agentflow.exec._run_control import control_of
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_steps import CLAIM_CAUSES
 from agentflow.exec._run_sweep import forgotten
+from agentflow.exec._run_timers import wake_of
 from agentflow.exec._run_view import RunHead
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
@@ -247,6 +248,7 @@ def _fill(
     report.records = len(records)
     report.forked_from = _lineage(bodies[0])
     report.version = version_of(latest) if report.kind is RunKind.FLOW else None
+    report.wake = wake_of(latest) if report.status == "paused" else None
 
 
 def _lineage(first: Mapping[str, Any]) -> v.Lineage | None:

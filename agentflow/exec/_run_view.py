@@ -213,6 +213,8 @@ class RunReport:
     """The run and checkpoint this run was forked from (None: it was started afresh)."""
     version: str | None = None
     """The version of the flow the run is on (None: a tool loop, or a run whose rows did not all check)."""
+    wake: dict[str, Any] | None = None
+    """A paused run's signed timer: ``{"at": seconds since the epoch, "for": "timer" or "approval"}``."""
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""

@@ -16,10 +16,22 @@ import random
 from pathlib import Path
 from typing import Any
 
-from _kit.tickets import FANOUT, SLOW, TICKETS, Ledger, make_tickets
+from _kit.tickets import (
+    FANOUT,
+    SLOW,
+    TICKETS,
+    Ledger,
+    Order,
+    Refund,
+    amount_args,
+    make_tickets,
+    show_args,
+    was_denied,
+    went_out,
+)
 from celery.signals import worker_process_init
 
-from agentflow import FlowApp, LoopSpec, Registry
+from agentflow import Call, Flow, FlowApp, LoopSpec, Registry, Wait
 from agentflow.exec import current_call, idempotency_key
 from agentflow.models import Message, ToolCall
 
@@ -70,9 +82,28 @@ class RefundModel:
         return Message.assistant(f"answer: {results[-1].content}")
 
 
+#: Waits ``order.seconds``, then mails: a run that waits holds nothing, and a sweep wakes it.
+COOLED = (
+    Flow("cooled", state=Order)
+    .node("cool", Wait(seconds=lambda o: o.seconds))
+    .node("send", Call("email_tickets", args=show_args, into="sent"))
+    .edge("cool", "send")
+    .end("send")
+)
+#: A refund of over 100 waits two seconds for an approval, then the deadline denies it (and apologizes).
+DEADLINE = (
+    Flow("deadline", state=Refund)
+    .node("refund", Call("refund", args=amount_args, into="outcome", on_deny="denied", timeout_s=2.0))
+    .node("notify", Call("notify", args=amount_args, into="after"))
+    .node("apologize", Call("apologize", args=amount_args, into="after"))
+    .edge("refund", "notify", when=went_out)
+    .edge("refund", "apologize", when=was_denied)
+    .end("notify", "apologize")
+)
+
 app = FlowApp(
     tickets.registry,
-    [TICKETS, SLOW, FANOUT],
+    [TICKETS, SLOW, FANOUT, COOLED, DEADLINE],
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
