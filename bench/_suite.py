@@ -36,6 +36,7 @@ BENCHMARKS: list[str] = [
     "recovery",  # issue 14: SIGKILL -> the run moving again, default settings (a few minutes)
     "observe",  # issue 18: metrics off and on, per superstep on the memory store
     "prune",  # issue 19: pruning 100,000 finished runs (SQLite file, PostgreSQL, Redis)
+    "scale",  # P8 (issue 17): 10,000 runs through 2 Celery workers on one Redis (about 10 minutes)
 ]
 
 
