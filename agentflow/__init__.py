@@ -28,7 +28,7 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
-from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, RunResult, Wait
+from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, Map, RunResult, Wait
 
 __all__ = [
     "AgentflowError",
@@ -53,6 +53,7 @@ __all__ = [
     "IdentityMismatch",
     "InDoubtDecision",
     "LoopSpec",
+    "Map",
     "ModelError",
     "RecoveryNeedsDecision",
     "Registry",

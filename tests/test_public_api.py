@@ -105,7 +105,7 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
         "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
-        "InDoubtDecision", "LoopSpec", "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext",
+        "InDoubtDecision", "LoopSpec", "Map", "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext",
         "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError",
         "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
     ],
@@ -123,7 +123,8 @@ PUBLIC: dict[str, list[str]] = {
         "StoreDefaults", "idempotency_key", "prune_finished",
     ],
     "agentflow.flow": [
-        "Call", "Flow", "FlowError", "FlowRunner", "FlowVersions", "NodeHandle", "RunResult", "RunStatus", "Wait",
+        "Call", "Flow", "FlowError", "FlowRunner", "FlowVersions", "Map", "NodeHandle", "RunResult", "RunStatus",
+        "Wait",
     ],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
     "agentflow.celery": [

@@ -24,9 +24,9 @@ from agentflow._errors import FlowError
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec._durable_seal import digest
 from agentflow.exec._registry import Registry
-from agentflow.flow._nodes import _RAISE, TIMEOUT_DECISIONS, Call, Edge, Node, Wait, label
+from agentflow.flow._nodes import _RAISE, TIMEOUT_DECISIONS, Call, Edge, Map, Node, Wait, label
 
-__all__ = ["DEFAULT_MAX_VISITS", "_RAISE", "Call", "Edge", "Flow", "Node", "Wait"]
+__all__ = ["DEFAULT_MAX_VISITS", "_RAISE", "Call", "Edge", "Flow", "Map", "Node", "Wait"]
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -91,8 +91,10 @@ class Flow(Generic[S]):
             raise FlowError(f"flow {self.name!r} has no nodes; add one with .node(name, action)")
         return next(iter(self.nodes))
 
-    def node(self, name: str, action: Call | Wait | Callable[..., Any], *, max_visits: int | None = None) -> Flow[S]:
-        """Add a node: a `Call`, a `Wait`, or a function ``(state)`` or ``(state, handle)``, sync or async.
+    def node(
+        self, name: str, action: Call | Map | Wait | Callable[..., Any], *, max_visits: int | None = None
+    ) -> Flow[S]:
+        """Add a node: a `Call`, a `Map`, a `Wait`, or a function ``(state)`` or ``(state, handle)``, sync or async.
 
         A function returns a dict of the fields it changes (or None).
 
@@ -110,6 +112,14 @@ class Flow(Generic[S]):
                     f"{self.state.__name__} does not have (fields: {fields})"
                 )
             self.nodes[name] = Node(name, action, limit)
+        elif isinstance(action, Map):
+            for field_name in (action.into, action.errors_into):
+                if field_name is not None and field_name not in self.state.model_fields:
+                    raise FlowError(
+                        f"flow {self.name!r}, node {name!r}: Map names a field {field_name!r} that "
+                        f"{self.state.__name__} does not have"
+                    )
+            self.nodes[name] = Node(name, action, limit)
         elif isinstance(action, Wait):
             self.nodes[name] = Node(name, action, limit)
         elif callable(action):
@@ -118,7 +128,7 @@ class Flow(Generic[S]):
                 raise FlowError(f"flow {self.name!r}, node {name!r}: a node function takes (state) or (state, handle)")
             self.nodes[name] = Node(name, action, limit, params == 2, inspect.iscoroutinefunction(action))
         else:
-            raise FlowError(f"flow {self.name!r}, node {name!r}: the action must be a Call, a Wait or a function")
+            raise FlowError(f"flow {self.name!r}, node {name!r}: the action is a Call, a Map, a Wait or a function")
         self._checked = None
         return self
 
@@ -143,7 +153,7 @@ class Flow(Generic[S]):
         self._check_structure()
         if registry is not None:
             for node in self.nodes.values():
-                if isinstance(node.action, Call) and node.action.tool not in registry:
+                if isinstance(node.action, Call | Map) and node.action.tool not in registry:
                     raise FlowError(
                         f"flow {self.name!r}, node {node.name!r} calls tool {node.action.tool!r}, "
                         "which the registry does not have; register it with @registry.tool"
@@ -217,6 +227,11 @@ class Flow(Generic[S]):
                 nodes.append([node.name, "call", call.tool, call.into, node.max_visits])
                 if call.timeout_s is not None:  # only then: the digests of flows without deadlines stay as they were
                     nodes[-1] += [call.timeout_s, call.on_timeout]
+            elif isinstance(node.action, Map):
+                m = node.action
+                args = label(m.args) if m.args else None
+                shape = [label(m.over), args, m.into, m.max_concurrency, m.collect_errors, m.errors_into]
+                nodes.append([node.name, "map", m.tool, *shape, node.max_visits])
             elif isinstance(node.action, Wait):
                 wait = node.action
                 seconds = label(wait.seconds) if callable(wait.seconds) else wait.seconds

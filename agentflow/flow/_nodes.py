@@ -1,4 +1,4 @@
-"""The kinds of node a flow is built of: `Call` (one tool call), `Wait` (a durable timer), a function.
+"""The kinds of node a flow is built of: `Call` (one tool call), `Map` (one per element), `Wait`, a function.
 
 A `Call` may need an approval (its tool says when); with ``timeout_s`` the approval has a
 deadline, and ``on_timeout`` says what the deadline decides: ``"deny"``, ``"approve"``, or
@@ -6,12 +6,15 @@ the name of a node the run goes on from instead. A `Wait` holds the run's next s
 back until a time: ``seconds`` after the superstep it is in, or ``until`` a time computed
 from the state. Neither kind of wait holds a worker: the wake time is signed into the
 run's checkpoint, and a sweeper wakes the run when it is due (`agentflow.flow._timers`).
+A `Map` calls one tool per element of a list in the state, each call logged on its own
+(identity ``superstep/node/index/argument digest``, so its own idempotency key), at most
+``max_concurrency`` at a time, and joins the results in input order (`agentflow.flow._map`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -62,6 +65,58 @@ class Call:
         if callable(self.args):
             return dict(self.args(state))
         return dict(self.args)
+
+
+@dataclass(frozen=True)
+class Map:
+    """A node that calls `tool` once per element of a list in the state, and joins the results in input order.
+
+    Args:
+        tool: the tool's name.
+        over: a function of the state returning the elements (any sequence).
+        args: a function of one element returning that call's arguments (default: ``{"item": element}``).
+        into: the state field that receives the list of results (None: they are dropped).
+        max_concurrency: how many calls run at once.
+        collect_errors: False: one failing element fails the node (the others still finish
+            and are logged). True: a failed element's result is None, and its error goes
+            into `errors_into` (``{index: "Type: message"}``) when given.
+        errors_into: the state field for the collected errors (a dict).
+
+    Each element is a call of its own in the log: a crash replays the finished ones and
+    applies the in-doubt rules to the rest. Records hold one element's arguments and
+    result each, never the whole list.
+    """
+
+    tool: str
+    over: Callable[[Any], Sequence[Any]]
+    args: Callable[[Any], Mapping[str, Any]] | None = None
+    into: str | None = None
+    max_concurrency: int = 10
+    collect_errors: bool = False
+    errors_into: str | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.over):
+            raise FlowError(f"Map({self.tool!r}): over= is a function of the state returning the elements")
+        if not (isinstance(self.max_concurrency, int) and self.max_concurrency >= 1):
+            raise FlowError(f"Map({self.tool!r}): max_concurrency must be 1 or more, not {self.max_concurrency!r}")
+        if self.errors_into is not None and not self.collect_errors:
+            raise FlowError(f"Map({self.tool!r}): errors_into= needs collect_errors=True")
+
+    def elements(self, state: BaseModel) -> list[Any]:
+        """The elements of `state` to call the tool for.
+
+        Raises:
+            FlowError: `over` did not return a sequence.
+        """
+        found = self.over(state)
+        if isinstance(found, str | bytes | Mapping) or not isinstance(found, Sequence):
+            raise FlowError(f"Map({self.tool!r}): over= returned {type(found).__name__}; return a list of elements")
+        return list(found)
+
+    def arguments(self, element: Any) -> dict[str, Any]:
+        """One call's arguments."""
+        return {"item": element} if self.args is None else dict(self.args(element))
 
 
 @dataclass(frozen=True)
@@ -117,7 +172,7 @@ class Node:
     """One node of a flow."""
 
     name: str
-    action: Call | Wait | Callable[..., Any]
+    action: Call | Map | Wait | Callable[..., Any]
     max_visits: int
     takes_handle: bool = False
     is_async: bool = False

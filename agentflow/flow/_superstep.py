@@ -21,7 +21,8 @@ from agentflow._errors import ApprovalDenied, FlowError
 from agentflow._events import Events
 from agentflow.exec._durable import CallLog, PauseForApproval
 from agentflow.exec._run_cancel import CancelRequested
-from agentflow.flow._graph import _RAISE, Call, Flow, Node, Wait
+from agentflow.flow._graph import _RAISE, Call, Flow, Map, Node, Wait
+from agentflow.flow._map import run_map
 
 
 class NodeHandle:
@@ -91,6 +92,8 @@ async def _run_node(
         update: Any = {action.into: result} if action.into else {}
     elif isinstance(action, Wait):
         update = {}  # its wake time is the superstep's (`run_superstep`)
+    elif isinstance(action, Map):
+        update = await run_map(node.name, action, view, log)
     else:
         params = (view, handle) if node.takes_handle else (view,)
         update = await action(*params) if node.is_async else await asyncio.to_thread(action, *params)
