@@ -30,8 +30,9 @@ from _kit.tickets import (
     went_out,
 )
 from celery.signals import worker_process_init
+from pydantic import BaseModel
 
-from agentflow import Call, Flow, FlowApp, LoopSpec, Registry, Wait
+from agentflow import Call, Flow, FlowApp, LoopSpec, Map, Registry, Wait
 from agentflow.exec import current_call, idempotency_key
 from agentflow.models import Message, ToolCall
 
@@ -101,9 +102,35 @@ DEADLINE = (
     .end("notify", "apologize")
 )
 
+
+@tickets.registry.tool
+async def publish(item: int) -> str:
+    """Publish one item (not idempotent: an element in doubt needs a decision)."""
+    await _pause()
+    _effect("publish")
+    return f"published {item}"
+
+
+class Items(BaseModel):
+    """The elements a map goes over, and what it made of them."""
+
+    items: list[int]
+    results: list[str] = []
+
+
+#: One publish per item, twenty at a time.
+MAPPED = (
+    Flow("mapped", state=Items)
+    .node(
+        "publish",
+        Map("publish", over=lambda s: s.items, args=lambda i: {"item": i}, into="results", max_concurrency=20),
+    )  # fmt: skip
+    .end("publish")
+)
+
 app = FlowApp(
     tickets.registry,
-    [TICKETS, SLOW, FANOUT, COOLED, DEADLINE],
+    [TICKETS, SLOW, FANOUT, COOLED, DEADLINE, MAPPED],
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
