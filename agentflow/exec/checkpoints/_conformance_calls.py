@@ -208,6 +208,30 @@ async def check_save_after_calls_is_all_or_nothing(store: CheckpointStore) -> No
     _expect((await store.latest(run_id)).step == 2, "save_after_calls without records did not save")
 
 
+async def check_save_after_calls_numbers_each_segment(store: CheckpointStore) -> None:
+    """`save_after_calls` numbers each record within its own segment, an old segment's `done` too."""
+    combined = store.save_after_calls
+    run_id, flow = _ids()
+    await _save_steps(store, run_id, flow, "running")
+    await store.record_call(run_id, _call(run_id, 0, 0))
+    await store.save(run_id, 1, _checkpoint(run_id, 1, flow, segment=1))  # a claim: segment 1 fences 0
+    # The old segment's late `done`, then a call of the new segment, then its `done`: each counted on its own.
+    records = [_call(run_id, 0, 1, "done"), _call(run_id, 1, 0), _call(run_id, 1, 1, "done")]
+    await combined(run_id, 2, _checkpoint(run_id, 2, flow, segment=1), records)
+    got = [(c.segment, c.seq) for c in await store.calls(run_id)]
+    _expect(got == [(0, 0), (0, 1), (1, 0), (1, 1)], f"after records of two segments the log is {got}")
+    # A record numbered as if the batch's record of the other segment were its own is refused, with the rest.
+    batch = [_call(run_id, 1, 2), _call(run_id, 0, 3, "done")]
+    await _expect_raises(
+        CheckpointConflict,
+        combined(run_id, 3, _checkpoint(run_id, 3, flow, segment=1), batch),
+        "save_after_calls with records 1.2 and 0.3 (segment 0's next is 0.2)",
+    )
+    got = [(c.segment, c.seq) for c in await store.calls(run_id)]
+    _expect(got == [(0, 0), (0, 1), (1, 0), (1, 1)], f"a refused save_after_calls left the log as {got}")
+    _expect((await store.latest(run_id)).step == 2, "a refused save_after_calls stored its checkpoint")
+
+
 async def check_head_counts_records_per_segment(store: CheckpointStore) -> None:
     """`head` gives the latest checkpoint and each segment's record count, read no earlier than it."""
     run_id, flow = _ids()

@@ -48,6 +48,9 @@ from agentflow.exec.checkpoints._conformance_calls import (
 from agentflow.exec.checkpoints._conformance_calls import (
     check_save_after_calls_is_all_or_nothing as check_save_after_calls_is_all_or_nothing,
 )
+from agentflow.exec.checkpoints._conformance_calls import (
+    check_save_after_calls_numbers_each_segment as check_save_after_calls_numbers_each_segment,
+)
 from agentflow.exec.checkpoints._conformance_calls import check_started_is_fenced as check_started_is_fenced
 from agentflow.exec.checkpoints._conformance_calls import (
     check_started_refused_after_end as check_started_refused_after_end,
@@ -162,6 +165,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_started_refused_after_end,
     check_record_call_of_unknown_run,
     check_save_after_calls_is_all_or_nothing,
+    check_save_after_calls_numbers_each_segment,
     check_head_counts_records_per_segment,
     check_rows_come_back_as_written,
     check_concurrent_first_saves,
