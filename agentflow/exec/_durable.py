@@ -5,10 +5,17 @@ Moving parts:
   its segment, one at a time (concurrent nodes queue on a lock), so the store can refuse
   a gap or a fenced writer.
 - `CallLog`: what a node's tool calls go through. For each call it replays a finished
-  result, pauses for an approval, or logs ``started``, runs the tool and logs the end.
+  result, pauses for an approval, or takes the slots of its tool's limits, logs
+  ``started``, runs the tool and logs the end.
 
 Invariants:
 - A tool never runs unless its ``started`` record is in the store (accepted, not fenced).
+- Nothing is logged ``started`` until the call holds a slot of every limit of its tool
+  (`Gate.holding`, renewed until the first attempt ends): a call waiting for a slot is not
+  in doubt, so a worker killed while it waits leaves a call that simply runs on recovery.
+  A cancel request that came during the wait is honoured before ``started`` (the call
+  does not start). A call that asks a synchronous approval port holds its slots while
+  the port decides (the port is asked after ``started``).
 - Call identity is ``superstep/node/ordinal/argument digest``: the same on every worker.
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
 
@@ -40,6 +47,7 @@ from agentflow.exec._run_cancel import CancelWatch
 from agentflow.exec._tracing import CallSpan
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.limits._gate import Slots
 
 
 class PauseForApproval(Exception):
@@ -297,7 +305,7 @@ class CallLog:
     async def _decide(
         self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, *, rerun: bool
     ) -> Any:
-        """Settle the call's approval, log ``started`` and run it (`call`, past replay and the cancel check)."""
+        """Settle the approval, take the slots, log ``started`` and run the call (`call`, past replay and cancel)."""
         decision = self.decisions.get(request.call_id)
         asks_port = False
         if decision is None and tool.needs_approval(kwargs, self.ctx):
@@ -311,22 +319,32 @@ class CallLog:
             await self._write("denied", request, note=decision.note)
             span.outcome("denied")
             raise denial(tool.name, decision.note)
+        who = {"run_id": self.run_id, "tool": tool.name, "call_id": request.call_id}
+        async with self.executor.gate.holding(tool.limits, kwargs, self.ctx, who) as slots:
+            if slots.waited and self.watch is not None:
+                await self.watch.check(boundary=True)  # a cancel request that came while it waited: no start
+            await self._start(tool, request)
+            if asks_port and not await self.executor.ask_approver(request):
+                await self._write("denied", request, note="denied by the approval port")
+                span.outcome("denied")
+                raise denial(tool.name, "denied by the approval port")
+            return await self._run(tool, kwargs, request, span, "rerun" if rerun else "ran", slots)
+
+    async def _start(self, tool: Tool, request: ApprovalRequest) -> None:
+        """Log the call ``started`` (it holds its slots by now): from here on, a crash leaves it in doubt."""
         started: dict[str, Any] = {"tool": tool.name, "node": request.node, "args": request.args}
         started["idempotent"] = tool.idempotent
         if self.span is not None:  # the superstep's span: a recovery links to it (`RunSteps.cut_off`)
             started["span"] = self.span
         await self._write("started", request, **started)
-        if asks_port and not await self.executor.ask_approver(request):
-            await self._write("denied", request, note="denied by the approval port")
-            span.outcome("denied")
-            raise denial(tool.name, "denied by the approval port")
-        return await self._run(tool, kwargs, request, span, "rerun" if rerun else "ran")
 
-    async def _run(self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, ran: str) -> Any:
+    async def _run(
+        self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, ran: str, slots: Slots
+    ) -> Any:
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
         try:
             result = await self.executor.run(
-                tool, kwargs, call=info, validated=True, approved=True, span=span, ctx=self.ctx
+                tool, kwargs, call=info, validated=True, approved=True, span=span, ctx=self.ctx, held=slots
             )
         except Exception as exc:
             if self.watch is not None:

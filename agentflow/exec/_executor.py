@@ -3,8 +3,10 @@
 The executor knows nothing about durability: the call log (`_durable.py`) wraps each call
 with its records. Sync tools run off the event loop on the executor the caller chose
 (default: `asyncio.to_thread`'s pool); the current call's `CallInfo` is visible inside them.
-Each attempt of a call takes a slot of every limit of its tool first (`limits._gate`,
-on the backend its registry names); waiting for one is not part of the tool's timeout.
+Each attempt of a call holds a slot of every limit of its tool (`limits._gate`, on the
+backend its registry names); waiting for one is not part of the tool's timeout. A logged
+call's first attempt runs on the slots the call log took before it logged ``started``
+(``held``); every later attempt takes its own.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo, _current
 from agentflow.exec._registry import Registry, Tool
 from agentflow.exec._tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
-from agentflow.exec.limits._gate import Gate
+from agentflow.exec.limits._gate import Gate, Slots
 from agentflow.exec.limits._spec import RateLimited
 
 
@@ -101,6 +103,7 @@ class Executor:
         approved: bool = False,
         span: CallSpan = NO_SPAN,
         ctx: RunContext | None = None,
+        held: Slots | None = None,
     ) -> Any:
         """Run one call: validate, ask the approval port if needed, then attempt it.
 
@@ -113,6 +116,8 @@ class Executor:
                 port itself, after logging ``started``).
             span: the call's span (told of each attempt).
             ctx: who the run acts for (its limits' tenant keys may depend on it).
+            held: the slots of the tool's limits, already taken for this call (`Gate.take`):
+                the first attempt runs on them and gives them back; later attempts take their own.
 
         Raises:
             UnknownTool, ToolArgumentsInvalid: before anything runs.
@@ -138,9 +143,15 @@ class Executor:
             span.attempt(attempt)
             began = [time.perf_counter()]  # reset when the attempt starts, past any wait for a slot
             who = {"run_id": run_id, "tool": spec.name, "call_id": call_id}
+            first, held = held, None
             try:
                 result = await self.gate.run(
-                    spec.limits, kwargs, ctx, who, functools.partial(self._started, spec, kwargs, info, who, began)
+                    spec.limits,
+                    kwargs,
+                    ctx,
+                    who,
+                    functools.partial(self._started, spec, kwargs, info, who, began),
+                    held=first,
                 )
             except ApprovalDenied:
                 raise

@@ -1,20 +1,31 @@
 """The gate every limited call passes: take a slot of each of its limits, run, give them back.
 
-`Gate.run(limits, args, ctx, who, work)` is the one sequence, used by the executor for each
-attempt of a tool call and by the tool loop for each model call:
+Two ways through it, one sequence of taking, waiting, renewing and giving back:
 
+- `Gate.holding(limits, args, ctx, who)`: take the slots and hold them (renewed) until the
+  block ends. The call log takes a call's first slots so, *before* it logs the call
+  ``started``: a call waiting for a slot has no ``started`` record, so a worker killed
+  while it waits leaves nothing in doubt. It hands the `Slots` to the executor (``held``),
+  whose first attempt runs on them.
+- `Gate.run(limits, args, ctx, who, work, held=None)`: run `work` holding slots (``held``
+  for the first try, if given, else taken now), give them back after it, and after a 429
+  take fresh ones for the next try. The executor runs each attempt of a call through it,
+  and the tool loop each model call.
+
+The sequence:
 1. Work out each limit's tenant key; take the slots in one fixed order (limit name, then
    key), so two calls needing the same two limits never hold one each while waiting for
    the other. A slot already taken is kept while the next one is waited for.
 2. A refused take is waited out here, with ``asyncio.sleep``: the run's lease is renewed
    by its timer meanwhile (`_run_lease`), so a waiting run is never taken for a dead one.
-   The first wait of each kind is reported (``call.waiting``), the end of the wait too
-   (``call.admitted``).
-3. While the work runs, concurrency slots are renewed every third of their `hold_s`.
-4. The slots are given back however the work ended. If it raised `RateLimited`, the limit
-   it names (else every limit of the call) is closed for its ``retry_after_s`` in the
-   backend, so every worker sharing it waits (each with its own jitter), and the work is
-   tried again, up to the limit's `retries_429`.
+   The wait is reported when it begins and when its reason changes (``call.waiting``),
+   and its end too (``call.admitted``).
+3. While slots are held, concurrency slots are renewed every third of their `hold_s`.
+4. The slots are given back once, however the work ended (a wait that is cancelled gives
+   back what it took). If the work raised `RateLimited`, the limit it names (else every
+   limit of the call) is closed for its ``retry_after_s`` in the backend, so every worker
+   sharing it waits (each with its own jitter), and the work is tried again on fresh
+   slots, up to the limit's `retries_429`.
 """
 
 from __future__ import annotations
@@ -42,6 +53,50 @@ T = TypeVar("T")
 Keyed = tuple[Limit, str]
 
 
+class Slots:
+    """The slots one call holds: taken in order, renewed while held, given back once (`release`)."""
+
+    def __init__(self, backend: LimitBackend | None, keyed: Sequence[Keyed]) -> None:
+        self.keyed: tuple[Keyed, ...] = tuple(keyed)
+        """Every limit of the call with its tenant key, in the order they are taken."""
+        self.waited = False
+        """Whether taking them meant waiting (the call was reported ``call.waiting``)."""
+        self._backend = backend
+        self._token = secrets.token_hex(12)
+        self._taken: list[Keyed] = []
+        self._renewer: _Renewer | None = None
+        self._released = False
+
+    async def _take(self, gate: Gate, who: Mapping[str, Any]) -> None:
+        """Take every slot, waiting as long as it takes; on any failure give back what was taken."""
+        if self._backend is None:
+            return
+        began = time.monotonic()
+        try:
+            for lim, key in self.keyed:
+                self.waited = await gate.take_one(self._backend, lim, key, self._token, who) or self.waited
+                self._taken.append((lim, key))
+        except BaseException:
+            await self.release()
+            raise
+        if self.waited:
+            gate.emit("call.admitted", who, waited_s=round(time.monotonic() - began, 3))
+        renewed = [(lim, key) for lim, key in self._taken if lim.concurrency is not None]
+        if renewed:
+            self._renewer = _Renewer(self._backend, renewed, self._token)
+
+    async def release(self) -> None:
+        """Stop renewing and give the concurrency slots back (their starts still count); once only."""
+        if self._released or self._backend is None:
+            return
+        self._released = True
+        if self._renewer is not None:
+            await self._renewer.stop()
+        for lim, key in self._taken:
+            if lim.concurrency is not None:
+                await _give_back(self._backend, lim, key, self._token)
+
+
 class Gate:
     """Runs work under limits, on the backend a registry names, reporting to an event hub."""
 
@@ -50,6 +105,39 @@ class Gate:
         self.backend = backend
         self._events = events
 
+    async def take(
+        self, limits: Sequence[Limit], args: Mapping[str, Any], ctx: RunContext | None, who: Mapping[str, Any]
+    ) -> Slots:
+        """Take a slot of each of `limits` for one call, waiting as long as it takes (see the module docstring).
+
+        Args:
+            limits: the call's limits (none: nothing is taken and no backend is made).
+            args: the call's arguments, for the limits' tenant keys.
+            ctx: the run's identity, for the tenant keys.
+            who: what the events say about the call (``run_id``, ``call_id``, ``tool`` or ``model``).
+
+        Raises:
+            LimitsUnavailable: the backend cannot be reached.
+            TypeError: a tenant key function returned something other than a str.
+        """
+        if not limits:
+            return Slots(None, ())
+        keyed = sorted({(lim.name, lim.key_of(args, ctx)): lim for lim in limits}.items())
+        slots = Slots(self.backend.get(), [(lim, key) for (_, key), lim in keyed])
+        await slots._take(self, who)
+        return slots
+
+    @contextlib.asynccontextmanager
+    async def holding(
+        self, limits: Sequence[Limit], args: Mapping[str, Any], ctx: RunContext | None, who: Mapping[str, Any]
+    ) -> AsyncIterator[Slots]:
+        """Hold a slot of each of `limits` (`take`) for the block; give them back after it (if not given back yet)."""
+        slots = await self.take(limits, args, ctx, who)
+        try:
+            yield slots
+        finally:
+            await slots.release()
+
     async def run(
         self,
         limits: Sequence[Limit],
@@ -57,6 +145,7 @@ class Gate:
         ctx: RunContext | None,
         who: Mapping[str, Any],
         work: Callable[[], Awaitable[T]],
+        held: Slots | None = None,
     ) -> T:
         """Run `work` holding a slot of each of `limits` (see the module docstring).
 
@@ -66,59 +155,39 @@ class Gate:
             ctx: the run's identity, for the tenant keys.
             who: what the events say about the call (``run_id``, ``call_id``, ``tool`` or ``model``).
             work: the call itself; called again after a back-off.
+            held: slots already taken for this call (`take`): the first try runs on them (and
+                gives them back after it), a try after a back-off takes fresh ones.
 
         Raises:
             RateLimited: the work raised it more often than the limit's `retries_429`.
             LimitsUnavailable: the backend cannot be reached.
         """
-        if not limits:
+        slots = held if held is not None else await self.take(limits, args, ctx, who)
+        if not slots.keyed:
             return await work()
-        keyed = sorted({(lim.name, lim.key_of(args, ctx)): lim for lim in limits}.items())
-        held: list[Keyed] = [(lim, key) for (_, key), lim in keyed]
         backoffs = 0
         while True:
-            async with self._holding(held, who):
-                try:
-                    return await work()
-                except RateLimited as exc:
-                    named = [(lim, key) for lim, key in held if exc.limit in (None, lim.name)] or held
-                    await self._close(named, exc, who)  # every sharer backs off, whether this call tries again or not
-                    if backoffs >= max(lim.retries_429 for lim, _ in named):
-                        raise
-                    backoffs += 1
+            try:
+                return await work()
+            except RateLimited as exc:
+                named = [(lim, key) for lim, key in slots.keyed if exc.limit in (None, lim.name)] or list(slots.keyed)
+                await self._close(named, exc, who)  # every sharer backs off, whether this call tries again or not
+                if backoffs >= max(lim.retries_429 for lim, _ in named):
+                    raise
+                backoffs += 1
+            finally:
+                await slots.release()
+            retaken = Slots(self.backend.get(), slots.keyed)
+            await retaken._take(self, who)
+            slots = retaken
 
     async def _close(self, named: Sequence[Keyed], exc: RateLimited, who: Mapping[str, Any]) -> None:
         backend = self.backend.get()
         for lim, key in named:
             closed_s = await backend.close(lim, key, exc.retry_after_s)
-            self._emit("limit.closed", who, limit=lim.name, retry_after_s=exc.retry_after_s, closed_s=closed_s)
+            self.emit("limit.closed", who, limit=lim.name, retry_after_s=exc.retry_after_s, closed_s=closed_s)
 
-    @contextlib.asynccontextmanager
-    async def _holding(self, held: Sequence[Keyed], who: Mapping[str, Any]) -> AsyncIterator[None]:
-        backend = self.backend.get()
-        token = secrets.token_hex(12)
-        taken: list[Keyed] = []
-        renewer: _Renewer | None = None
-        began = time.monotonic()
-        try:
-            waited = False
-            for lim, key in held:
-                waited = await self._take(backend, lim, key, token, who) or waited
-                taken.append((lim, key))
-            if waited:
-                self._emit("call.admitted", who, waited_s=round(time.monotonic() - began, 3))
-            slots = [(lim, key) for lim, key in taken if lim.concurrency is not None]
-            if slots:
-                renewer = _Renewer(backend, slots, token)
-            yield
-        finally:
-            if renewer is not None:
-                await renewer.stop()
-            for lim, key in taken:
-                if lim.concurrency is not None:
-                    await _give_back(backend, lim, key, token)
-
-    async def _take(self, backend: LimitBackend, lim: Limit, key: str, token: str, who: Mapping[str, Any]) -> bool:
+    async def take_one(self, backend: LimitBackend, lim: Limit, key: str, token: str, who: Mapping[str, Any]) -> bool:
         """Take a slot of `lim`, waiting as long as it takes; whether it had to wait."""
         said: str | None = None
         while True:
@@ -126,11 +195,12 @@ class Gate:
             if wait is None:
                 return said is not None
             if wait.why != said:
-                self._emit("call.waiting", who, limit=lim.name, why=wait.why, wait_s=round(wait.seconds, 3))
+                self.emit("call.waiting", who, limit=lim.name, why=wait.why, wait_s=round(wait.seconds, 3))
                 said = wait.why
             await asyncio.sleep(pause(lim, wait))
 
-    def _emit(self, name: str, who: Mapping[str, Any], **data: Any) -> None:
+    def emit(self, name: str, who: Mapping[str, Any], **data: Any) -> None:
+        """Report `name` about the call `who` names to the hub."""
         fields = {k: v for k, v in who.items() if k != "run_id"}
         self._events().emit(name, who.get("run_id"), **fields, **data)
 

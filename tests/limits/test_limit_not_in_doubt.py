@@ -1,0 +1,79 @@
+"""A call waiting for a limit is not in doubt: its slots come before its ``started`` record.
+
+A real worker process on a real store (SQLite) and a real shared limits backend (a SQLite
+file) is SIGKILLed while its call waits for the one slot another holder keeps; the call
+has no ``started`` record, and recovery runs it once, with no decision asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from _kit.poll import until
+from _kit.specs import child_env, open_spec
+from limit_wait_proc import API, KEY
+
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_events import read_events
+from agentflow.exec.limits._backends import BackendRef
+
+HERE = Path(__file__).resolve().parent
+
+
+def worker(action: str, store: str, limits: str, ledger: Path, run_id: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(HERE / "limit_wait_proc.py"), action, store, limits, str(ledger), run_id]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(HERE))
+
+
+def outcome(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    said: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return said
+
+
+async def test_a_worker_killed_while_its_call_waits_for_a_slot_leaves_nothing_in_doubt(tmp_path: Path) -> None:
+    store_spec = f"sqlite:{tmp_path / 'runs.db'}"
+    limits = f"sqlite+aiosqlite:///{tmp_path / 'limits.db'}#lim_"
+    ledger = tmp_path / "ledger.txt"
+    backend = BackendRef(limits).get()
+    store = open_spec(store_spec)
+    try:
+        # Given another holder keeping the only slot of limit "api"
+        assert await backend.take(API, "", "another-holder") is None
+
+        # When a worker process starts a run whose non-idempotent call is under that limit,
+        # and is SIGKILLed once its call is waiting for the slot
+        proc = worker("run", store_spec, limits, ledger, "pay-1")
+        try:
+
+            async def waiting() -> bool:
+                return any(e.name == "call.waiting" for e in await read_events(store, Sealer(KEY), "pay-1"))
+
+            await until(waiting, "the worker's call waiting for the slot", timeout_s=30)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+        assert proc.returncode == -signal.SIGKILL
+
+        # Then the call has no record at all (no started: nothing in doubt), and the tool never ran
+        assert [record.kind for record in await store.calls("pay-1")] == []
+        assert not ledger.exists()
+
+        # When the slot is free again and another worker process recovers the run
+        await backend.release(API, "", "another-holder")
+        recovered = outcome(worker("recover", store_spec, limits, ledger, "pay-1"))
+
+        # Then the call ran once, with no operator's decision asked and nothing rerun
+        assert recovered == {"outcome": "done", "receipt": "charged o-1", "rerun": []}
+        assert len(ledger.read_text().splitlines()) == 1
+        assert [record.kind for record in await store.calls("pay-1")] == ["started", "done"]
+    finally:
+        await backend.aclose()
+        await store.aclose()
