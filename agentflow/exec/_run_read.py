@@ -7,7 +7,7 @@ Two stages:
    (`agentflow.exec._run_checks`), and against what every older checkpoint saw and pinned.
    No row is decoded before its signature checks.
 2. The views (segments, calls and their states, recoveries, identity, state) are built
-   only when stage 1 found nothing wrong.
+   only when stage 1 found nothing wrong (`agentflow.exec._run_fill`).
 
 Who did what comes from the checked bodies only (`_run_control.control_of`: who saved each
 checkpoint, who decided each claim); whether a worker holds the run now comes from the
@@ -22,21 +22,18 @@ whole or not at all.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow._run_types import RunKind, version_of
+from agentflow._run_types import RunKind
 from agentflow.exec import _run_view as v
-from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, read_log
+from agentflow.exec._durable_read import LoggedRecord, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
-from agentflow.exec._run_control import control_of
+from agentflow.exec._run_fill import Body, fill, superstep_of
 from agentflow.exec._run_lease import held_by
-from agentflow.exec._run_steps import CLAIM_CAUSES
 from agentflow.exec._run_sweep import forgotten
-from agentflow.exec._run_timers import wake_of
 from agentflow.exec._run_view import RunHead
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
@@ -47,8 +44,6 @@ ALL_RUNS: Final = 1_000_000
 UNKNOWN_KEY: Final = "which this worker does not have"
 #: How often a run that moves on while it is read is read again.
 _READS: Final = 3
-
-Body = dict[str, Any]
 
 # --- stage 1: the row checks -------------------------------------------------------------
 
@@ -123,141 +118,13 @@ async def _open_log(
             if step < last:
                 check_held(run_id, step, body, counts)
                 continue
-            at = _superstep(body)
+            at = superstep_of(body)
             marker_lead = 1 if body.get("kind") == RunKind.LOOP else 0
             check_records(run_id, step, body, records, at if at is not None else 0, model_ahead=marker_lead)
         except CheckpointStoreCorrupt as exc:
             problems.append(str(exc))
             ahead = ahead or isinstance(exc, AheadOfCheckpoint)
     return records, ahead
-
-
-# --- stage 2: the views of a run whose rows all checked -----------------------------------
-
-
-def _claim_cause(previous: SealedCheckpoint, body: Body) -> str:
-    """Why a worker claimed the run: as the claim says, or (older rows) from what came before it."""
-    said = body.get("claim")
-    if said in CLAIM_CAUSES:
-        return str(said)
-    return "resume" if previous.status == "paused" else "recovery"
-
-
-def _what(row: SealedCheckpoint, previous: SealedCheckpoint | None, body: Body) -> str:
-    if previous is None:
-        return "start"
-    if row.segment == row.step:
-        return f"claim ({_claim_cause(previous, body)})"
-    return row.status if row.status in ("paused", "done", "failed") else "superstep"
-
-
-def _superstep(body: Body) -> int | None:
-    value = body.get("superstep", body.get("turn"))
-    return value if isinstance(value, int) else None
-
-
-def _segments(
-    rows: Sequence[SealedCheckpoint], bodies: Sequence[Body], records: Sequence[LoggedRecord]
-) -> list[v.SegmentView]:
-    out: list[v.SegmentView] = []
-    for i, row in enumerate(rows):
-        if i == 0 or row.segment == row.step:
-            how = "start" if i == 0 else _claim_cause(rows[i - 1], bodies[i])
-            count = sum(1 for rec in records if rec.segment == row.segment)
-            said = control_of(bodies[i])
-            seg = v.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count)
-            out.append(
-                dataclasses.replace(
-                    seg, owner=said.by, operator=said.operator, rerun=said.rerun, awaiting=said.awaiting
-                )
-            )
-        else:
-            out[-1] = dataclasses.replace(out[-1], last_step=row.step, until=row.saved_at)
-    return out
-
-
-def _fold_calls(records: Sequence[LoggedRecord]) -> list[v.CallView]:
-    """One view per call identity, in the order the calls first appear in the log (`fold`)."""
-    return [
-        v.CallView(c.call_id, c.tool, c.node, c.superstep, c.kind, c.args, c.segments, c.result, c.error)
-        for c in fold(records).values()
-    ]
-
-
-def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
-    """Set each call's shown state from its deciding record and what the recoveries say."""
-    replayed = {cid for rec in recoveries for cid in rec.replayed}
-    rerun = {cid for rec in recoveries for cid in rec.rerun}
-    for call in calls:
-        if call.kind == "done":
-            call.state = v.REPLAYED if call.call_id in replayed else v.DONE
-            call.note = "rerun after recovery (it was in doubt)" if call.call_id in rerun else ""
-        elif call.kind in IN_DOUBT:
-            call.state = v.IN_DOUBT
-            why = "ran, but its result could not be stored" if call.kind == "unrecordable" else "started, no result"
-            call.note = why
-        else:
-            call.state = {"pending": v.PENDING, "failed": v.FAILED, "denied": v.DENIED}.get(call.kind, call.kind)
-
-
-def _state(body: Body) -> Any:
-    if body.get("kind") == RunKind.LOOP:
-        keys = ("stage", "turn", "model_calls", "max_steps")
-        return {k: body.get(k) for k in keys} | {"messages": (body.get("history") or {}).get("len")}
-    return body.get("state")
-
-
-def _fill(
-    report: v.RunReport, rows: Sequence[SealedCheckpoint], bodies: list[Body], records: Sequence[LoggedRecord]
-) -> None:
-    """Build the views of a run whose every row checked."""
-    segments = _segments(rows, bodies, records)
-    held = {s.segment: s for s in segments}
-    for i, (row, body) in enumerate(zip(rows, bodies, strict=True)):
-        what = _what(row, rows[i - 1] if i else None, body)
-        said = control_of(body)
-        report.checkpoints.append(
-            v.CheckpointView(
-                row.step,
-                row.saved_at,
-                row.status,
-                row.segment,
-                _superstep(body),
-                what,
-                by=said.by,
-                operator=said.operator,
-            )
-        )
-        done = body.get("recovered")
-        if isinstance(done, dict):
-            seg = held.get(row.segment)
-            how, by, operator = (seg.how, seg.owner, seg.operator) if seg else ("recovery", said.by, None)
-            replayed, rerun = list(done.get("replayed", [])), list(done.get("rerun", []))
-            report.recoveries.append(v.Recovery(row.step, how, replayed, rerun, by, operator))
-    latest = bodies[-1]
-    if "claim" in latest:  # a parked run: what it waits for a decision about
-        report.awaiting = list(control_of(latest).awaiting)
-    ident = latest.get("identity") or {}
-    report.identity = v.Identity(ident.get("user"), ident.get("thread"), bool(ident.get("principal")))
-    report.segments = segments
-    report.calls = _fold_calls(records)
-    _label(report.calls, report.recoveries)
-    report.pending = [dict(p) for p in latest.get("pending") or []]
-    report.state = _state(latest)
-    report.error = latest.get("error")
-    report.records = len(records)
-    report.forked_from = _lineage(bodies[0])
-    report.version = version_of(latest) if report.kind is RunKind.FLOW else None
-    report.wake = wake_of(latest) if report.status == "paused" else None
-
-
-def _lineage(first: Mapping[str, Any]) -> v.Lineage | None:
-    """Where a forked run came from, as its (checked) step 0 says."""
-    source = first.get("forked_from")
-    if not isinstance(source, Mapping):
-        return None
-    operator = source.get("operator")
-    return v.Lineage(str(source.get("run")), int(source.get("step", 0)), str(operator) if operator else None)
 
 
 def _unknown(row: SealedCheckpoint, problem: str) -> bool:
@@ -312,7 +179,7 @@ async def _read_rows(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.R
         return report
     checked = [b for b in bodies if b is not None]
     try:
-        _fill(report, rows, checked, records)
+        fill(report, rows, checked, records)
     except CheckpointStoreCorrupt as exc:  # the log folds into something no worker writes
         report.problems.append(str(exc))
         report.checkpoints = [_bare(row, report.problems) for row in rows]
