@@ -12,19 +12,29 @@ These settings are the production wiring: nothing in them defaults to the demo's
 
 Every problem found is reported at once, in one message.
 
-No secret shows in ``repr`` or ``str`` of the settings: the Redis URL (it may hold a
+The broker and the store are named apart (``AGENTFLOW_BROKER_URL``, ``AGENTFLOW_STORE_URL``);
+each one left unset is ``AGENTFLOW_REDIS_URL``, so one Redis stays the default for both.
+The store URL picks the store as the ``agentflow`` command's ``--store`` does; leases (and
+everything else about a run) live there, never in the broker.
+
+No secret shows in ``repr`` or ``str`` of the settings: the URLs (they may hold a
 password) and the keys are `SecretStr`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import MAKE_ONE, parse_keys
 from agentflow.celery import celery_config
+from agentflow.celery._config import AMQP_SCHEMES, REDIS_SCHEMES, is_rabbitmq
+
+#: Store URL schemes of the SQL store (`agentflow.cli._stores.open_store` opens them).
+SQL_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
 
 #: Why the settings refuse an unset ``AGENTFLOW_APP``, and what to set.
 APP_NOT_SET = (
@@ -47,7 +57,22 @@ class Settings(BaseSettings):
     Required: the empty default stands for "not set" and is refused at validation.
     """
     redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
-    """Broker, leases and the checkpoint store (may hold a password: never logged)."""
+    """The Redis of the broker and the store when they are not named apart (may hold a password: never logged).
+
+    With a RabbitMQ broker, set it only to keep Celery's task results there (else there are none).
+    """
+    broker_url: SecretStr | None = None
+    """The Celery broker: ``redis://...``, or RabbitMQ's ``amqp://user:password@host:5672/vhost`` (unset: `redis_url`).
+
+    With RabbitMQ: quorum queues, native delayed delivery, results off the broker (`agentflow.celery.celery_config`).
+    """
+    store_url: SecretStr | None = None
+    """The checkpoint store, its leases included (unset: `redis_url`).
+
+    ``redis://...``, ``postgresql+asyncpg://user@host/db`` or ``sqlite+aiosqlite:///path.db``;
+    a SQL store's tables are named ``<key_prefix>_...`` unless the URL says ``?table_prefix=``,
+    a Redis store's keys ``<key_prefix>:...`` unless it says ``?prefix=``.
+    """
     checkpoint_keys: SecretStr | None = None
     """One key or a comma-separated list, newest first: ``hex:...``, ``base64:...`` or text."""
     key_prefix: str = "agentflow"
@@ -89,10 +114,10 @@ class Settings(BaseSettings):
     and an exporter, e.g. OTLP to a collector): see docs/observability.md.
     """
 
-    @field_validator("retention_days", mode="before")
+    @field_validator("retention_days", "broker_url", "store_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
-        """An empty ``AGENTFLOW_RETENTION_DAYS=`` (as in ``.env.example``) keeps finished runs."""
+        """An empty value (as ``.env.example`` has) is unset: finished runs are kept, a URL is `redis_url`."""
         return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
@@ -104,7 +129,8 @@ class Settings(BaseSettings):
             problems.append(str(exc))
         if not self.app.strip():
             problems.append(APP_NOT_SET)
-        if self.visibility_timeout_s < 2 * self.time_limit_s:
+        problems.extend(self._url_problems())
+        if not is_rabbitmq(self.broker()) and self.visibility_timeout_s < 2 * self.time_limit_s:
             problems.append(
                 "AGENTFLOW_VISIBILITY_TIMEOUT_S must be at least twice AGENTFLOW_TIME_LIMIT_S, "
                 "or Redis redelivers supersteps that are still running"
@@ -112,6 +138,30 @@ class Settings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def broker(self) -> str:
+        """The broker's URL: `broker_url`, else `redis_url`."""
+        return (self.broker_url or self.redis_url).get_secret_value()
+
+    def store(self) -> str:
+        """The checkpoint store's URL: `store_url`, else `redis_url`."""
+        return (self.store_url or self.redis_url).get_secret_value()
+
+    def _url_problems(self) -> list[str]:
+        problems = []
+        if urlsplit(self.broker()).scheme not in (*REDIS_SCHEMES, *AMQP_SCHEMES):
+            problems.append("AGENTFLOW_BROKER_URL must be a redis://, rediss://, amqp:// or amqps:// URL")
+        if urlsplit(self.store()).scheme not in (*REDIS_SCHEMES, *SQL_SCHEMES):
+            problems.append(
+                "AGENTFLOW_STORE_URL must be a redis://, rediss://, postgresql+asyncpg:// or sqlite+aiosqlite:// URL"
+            )
+        return problems
+
+    def result_backend(self) -> str | None:
+        """Where Celery keeps task results: the broker's Redis; with RabbitMQ, `redis_url` if set, else nowhere."""
+        if not is_rabbitmq(self.broker()):
+            return self.broker()
+        return self.redis_url.get_secret_value() if "redis_url" in self.model_fields_set else None
 
     def keys(self) -> list[bytes]:
         """The checkpoint keys, newest first.
@@ -130,10 +180,11 @@ class Settings(BaseSettings):
     def celery(self) -> dict[str, Any]:
         """The Celery configuration (`agentflow.celery.celery_config` of these settings)."""
         return celery_config(
-            self.redis_url.get_secret_value(),
+            self.broker(),
             key_prefix=self.key_prefix,
             queue=self.queue,
             visibility_timeout_s=self.visibility_timeout_s,
+            result_backend=self.result_backend(),
         )
 
 

@@ -1,30 +1,63 @@
-"""Wiring: settings -> Celery app -> agentflow tasks on it (imported without side effects)."""
+"""Wiring: settings -> Celery app -> agentflow tasks on it (imported without side effects).
+
+The broker is `Settings.broker` (Redis or RabbitMQ: `agentflow.celery.celery_config`); the
+checkpoint store, leases included, is `Settings.store`, opened by the same code as the
+``agentflow`` command's ``--store`` (`agentflow.cli._stores.open_store`). The deployment's
+key prefix and TTL fill in what the store URL leaves out: a Redis store's ``prefix`` and
+``ttl_s``, a SQL store's ``table_prefix`` (``<key_prefix>_``).
+"""
 
 from __future__ import annotations
 
-import redis.asyncio
+from collections.abc import Callable
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
 from celery import Celery
 
 from agentflow.celery import AgentflowTasks, WorkerSettings, register_tasks
-from agentflow.exec.checkpoints import RedisCheckpointStore
+from agentflow.cli._stores import open_store
+from agentflow.exec.checkpoints import CheckpointStore
 from config import Settings
 from workers.flows import load_flow_app
 
 
+def store_url(settings: Settings) -> str:
+    """The store URL with the deployment's prefix (and, on Redis, TTL) wherever the URL names none."""
+    url = settings.store()
+    scheme, query = urlsplit(url).scheme, urlsplit(url).query
+    given = dict(parse_qsl(query, keep_blank_values=True))
+    if scheme in ("redis", "rediss"):
+        defaults = {"prefix": settings.key_prefix, "ttl_s": str(settings.ttl_s)}
+    else:
+        defaults = {"table_prefix": f"{settings.key_prefix.lower().replace('-', '_')}_"}
+    missing = {k: v for k, v in defaults.items() if k not in given}
+    if not missing:
+        return url
+    return f"{url}{'&' if query else '?'}{urlencode(missing)}"
+
+
+def store_factory(settings: Settings) -> Callable[[], CheckpointStore]:
+    """What makes each worker process's store (nothing connects until it is first used).
+
+    Raises:
+        SystemExit: the store URL is not one the store opener accepts (the message says why).
+    """
+    url = store_url(settings)
+    try:
+        open_store(url, must_exist=False)  # refuse a bad URL at start, not in the first task
+    except ValueError as exc:
+        raise SystemExit(f"AGENTFLOW_STORE_URL: {exc}") from None
+    return lambda: open_store(url, must_exist=False)
+
+
 def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
     """Make the Celery app and register agentflow's tasks on it."""
-    url = settings.redis_url.get_secret_value()
-
-    def connect() -> redis.asyncio.Redis:
-        # No socket timeout: the store gives each command (leases included) a deadline of its own.
-        return redis.asyncio.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=5)
-
     celery_app = Celery("agentflow-workers")
     celery_app.conf.update(settings.celery())
     registered = register_tasks(
         celery_app,
         load_flow_app(settings.app),
-        store_factory=lambda: RedisCheckpointStore(connect, prefix=settings.key_prefix, ttl_s=settings.ttl_s),
+        store_factory=store_factory(settings),
         checkpoint_key=settings.keys(),
         settings=WorkerSettings(
             lease_s=settings.lease_s,

@@ -1,45 +1,69 @@
-"""The Celery settings agentflow relies on: the app-wide configuration, and each task's own options."""
+"""The Celery settings agentflow relies on: the app-wide configuration, and each task's own options.
+
+`celery_config` picks the broker's half from the URL's scheme:
+
+- Redis (``redis://``, ``rediss://``; any URL that is not AMQP): broker and result backend on that Redis, every key
+  under ``<key_prefix>:celery:``; an unacknowledged message is redelivered once it has
+  been unacknowledged for the visibility timeout (counted from delivery), so that timeout
+  stays long and recovery comes from the run's lease instead.
+- RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``): every queue a quorum queue behind a
+  topic exchange (the deployment's, and each flow version's queue, made as a missing
+  queue: `_routing`), publisher confirms, and countdowns by native delayed delivery (the
+  broker holds a recheck until it is due; a worker never holds it in memory). The broker
+  requeues a message at once when the channel that took it closes, unacknowledged: there
+  is no visibility timeout. Results go to the result backend given, else nowhere: runs
+  are read from the checkpoint store, and Flower follows tasks by their events.
+
+Common to both: JSON only, late acks, prefetch multiplier 1, task events on.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 from agentflow._errors import RunFailed
 from agentflow.celery._settings import WorkerSettings
 
+#: Broker URL schemes of RabbitMQ (kombu's AMQP transports).
+AMQP_SCHEMES: Final = ("amqp", "amqps", "pyamqp")
+#: Broker URL schemes of Redis.
+REDIS_SCHEMES: Final = ("redis", "rediss")
+
+
+def is_rabbitmq(broker_url: str) -> bool:
+    """Whether `broker_url` names a RabbitMQ broker (an AMQP URL)."""
+    return urlsplit(broker_url).scheme in AMQP_SCHEMES
+
 
 def celery_config(
-    redis_url: str, *, key_prefix: str = "agentflow", queue: str = "agentflow", visibility_timeout_s: int = 3600
+    broker_url: str,
+    *,
+    key_prefix: str = "agentflow",
+    queue: str = "agentflow",
+    visibility_timeout_s: int = 3600,
+    result_backend: str | None = None,
 ) -> dict[str, Any]:
-    """The Celery configuration of an app whose broker and result backend are one Redis.
-
-    JSON only; late acks, a task whose worker is lost is rejected (so redelivered), one message
-    prefetched at a time; task events on (Flower sees the tasks); every broker and result key
-    under ``<key_prefix>:celery:``; unacknowledged messages swept back every 10 s and
-    redelivered after `visibility_timeout_s` (keep it at least twice a task's time limit).
+    """The Celery configuration of an app on a Redis or a RabbitMQ broker (see the module notes).
 
     Args:
-        redis_url: the Redis of the broker and the result backend (may hold a password).
-        key_prefix: the deployment's (or tenant's) key prefix.
+        broker_url: the broker, ``redis://...`` or ``amqp://...`` (may hold a password).
+        key_prefix: the deployment's (or tenant's) key prefix of the Redis broker and result keys.
         queue: the default queue.
-        visibility_timeout_s: how long Redis waits before it redelivers an unacknowledged message.
+        visibility_timeout_s: how long a Redis broker waits before it redelivers an
+            unacknowledged message (keep it at least twice a task's time limit; RabbitMQ has none).
+        result_backend: where Celery stores task results. Default: the broker itself on
+            Redis; none on RabbitMQ (results are kept off the broker).
 
     Returns:
         Settings for ``app.conf.update(...)``.
     """
-    transport = {
-        "visibility_timeout": visibility_timeout_s,
-        "global_keyprefix": f"{key_prefix}:celery:",
-        "socket_timeout": 30,
-        "socket_connect_timeout": 5,
-        "socket_keepalive": True,
-        "health_check_interval": 25,
-        "unacked_restore_interval": 10,
-        "unacked_restore_throttle": 1,
-    }
+    if is_rabbitmq(broker_url):
+        broker = _rabbitmq(broker_url, key_prefix, result_backend)
+    else:
+        broker = _redis(broker_url, key_prefix, visibility_timeout_s, result_backend)
     return {
-        "broker_url": redis_url,
-        "result_backend": redis_url,
+        **broker,
         "task_serializer": "json",
         "result_serializer": "json",
         "event_serializer": "json",
@@ -52,8 +76,6 @@ def celery_config(
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": transport,
-        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:celery:"},
         "result_expires": 86400,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
@@ -61,6 +83,47 @@ def celery_config(
         "timezone": "UTC",
         "beat_enable_remote_control": True,
     }
+
+
+def _redis(url: str, key_prefix: str, visibility_timeout_s: int, result_backend: str | None) -> dict[str, Any]:
+    """Broker and (by default) results on one Redis, under the key prefix; unacked messages swept every 10 s."""
+    transport = {
+        "visibility_timeout": visibility_timeout_s,
+        "global_keyprefix": f"{key_prefix}:celery:",
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 25,
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+    }
+    return {
+        "broker_url": url,
+        "result_backend": result_backend or url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:celery:"},
+    }
+
+
+def _rabbitmq(url: str, key_prefix: str, result_backend: str | None) -> dict[str, Any]:
+    """Quorum queues behind topic exchanges (native delayed delivery needs both), publisher confirms."""
+    config: dict[str, Any] = {
+        "broker_url": url,
+        "result_backend": result_backend,
+        # Every queue agentflow sends to or reads is declared alike (a second declaration with
+        # other arguments is refused by the broker): the default queue, and each missing one.
+        "task_default_queue_type": "quorum",
+        "task_default_exchange_type": "topic",
+        "task_create_missing_queue_type": "quorum",
+        "task_create_missing_queue_exchange_type": "topic",
+        "broker_native_delayed_delivery_queue_type": "quorum",
+        "worker_detect_quorum_queues": True,
+        # A send returns once the broker has the message (on a quorum queue: on a majority of nodes).
+        "broker_transport_options": {"confirm_publish": True},
+    }
+    if result_backend is not None and urlsplit(result_backend).scheme in REDIS_SCHEMES:
+        config["result_backend_transport_options"] = {"global_keyprefix": f"{key_prefix}:celery:"}
+    return config
 
 
 def task_options(settings: WorkerSettings) -> dict[str, Any]:

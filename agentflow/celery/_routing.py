@@ -54,8 +54,11 @@ def consume_version_queues(app: Celery, flow_app: FlowApp, queue: str) -> None:
     def add(sender: Any = None, instance: Any = None, **_: Any) -> None:
         if instance is None or getattr(instance, "app", None) is not app:
             return
+        known = instance.app.amqp.queues
         for name in version_queues(flow_app, queue):
-            instance.app.amqp.queues.select_add(name)
+            # Declared as a sender declares a queue it names (`new_missing`: on RabbitMQ a quorum
+            # queue behind a topic exchange); the broker refuses a second, different declaration.
+            known.select_add(known[name])
         log.info("consuming the version queues %s", ", ".join(version_queues(flow_app, queue)))
 
     celeryd_after_setup.connect(add, weak=False)

@@ -2,7 +2,8 @@
 
 Imported as ``celery_kit`` (tests/celery is on ``sys.path`` under pytest's prepend import mode);
 tests/celery/conftest.py makes one `Deployment` per test (the ``deployment`` fixture), with its
-own key prefix and queue.
+own key prefix and queue. A deployment may name its broker and its store apart instead
+(``broker_url``, ``store_url``: RabbitMQ and PostgreSQL in `rabbit_kit`); then it touches no Redis.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
 from _kit.poll import until
 from _kit.tickets import Ledger
+from kombu import pools
 
 if TYPE_CHECKING:
     from agentflow.celery import RunView
@@ -38,7 +41,14 @@ HERE = Path(__file__).resolve().parent
 class Deployment:
     """Workers, beat and Flower of one test, and a client to drive them."""
 
-    def __init__(self, tmp_path: Path, redis_url: str) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        redis_url: str | None = None,
+        *,
+        broker_url: str | None = None,
+        store_url: str | None = None,
+    ) -> None:
         from agentflow.celery import FlowClient
         from config import Settings
         from workers.build import build
@@ -46,9 +56,10 @@ class Deployment:
         self.prefix = f"t{uuid.uuid4().hex[:12]}"
         self.ledger = tmp_path / "ledger.jsonl"
         self.ledger.touch()
+        urls = {"redis_url": redis_url, "broker_url": broker_url, "store_url": store_url}
         self.values: dict[str, Any] = {
             "app": "celery_flows:app",
-            "redis_url": redis_url,
+            **{name: url for name, url in urls.items() if url is not None},
             # The workers have no default key: each deployment gets one of its own.
             "checkpoint_keys": "hex:" + secrets.token_hex(32),
             "key_prefix": self.prefix,
@@ -107,6 +118,7 @@ class Deployment:
 
     def unacked(self) -> set[str]:
         """The ids of the tasks whose messages a worker took and has not acknowledged (nor rejected) yet."""
+        assert self.redis_url is not None, "a deployment on another broker keeps no Redis hash of unacked messages"
         client = redis.Redis.from_url(self.redis_url)
         try:
             held = client.hvals(f"{self.prefix}:celery:unacked")
@@ -272,9 +284,11 @@ class Deployment:
         backend's (``AsyncResult.get``: a client and a pub/sub). `Celery.close` closes neither."""
         for other, _ in self.others:
             other.pool.force_close_all()
+            _forget_pools(other)
             other.close()
         app = self.celery_app
         app.pool.force_close_all()
+        _forget_pools(app)
         backend = app.backend
         consumer = getattr(backend, "result_consumer", None)
         if consumer is not None:
@@ -292,9 +306,25 @@ class Deployment:
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
-        client = redis.Redis.from_url(self.redis_url)
-        keys = list(client.scan_iter(match=f"{self.prefix}*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i : i + 500])
-        client.close()
+        if self.redis_url is not None:
+            client = redis.Redis.from_url(self.redis_url)
+            keys = list(client.scan_iter(match=f"{self.prefix}*", count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+            client.close()
         sys.path.remove(str(HERE))
+
+
+def _forget_pools(app: Any) -> None:
+    """Drop the app's closed broker pools from kombu's process-wide groups.
+
+    The groups key a pool by the connection's settings: the next app on the same broker
+    (another test on the same RabbitMQ vhost) would be handed the closed pool.
+    """
+    conn = app.connection_for_write()
+    try:
+        for group in (pools.producers, pools.connections):
+            with suppress(KeyError):
+                del group[conn]
+    finally:
+        conn.release()
