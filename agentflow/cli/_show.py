@@ -188,13 +188,26 @@ def _migration(report: RunReport, app: FlowApp) -> list[str]:
     ]
 
 
+def _limit_waits(report: RunReport) -> list[str]:
+    """A line per call of the run waiting for a slot of a shared limit (it has not started: nothing is in doubt)."""
+    return [
+        f"  waiting for limit {printable(wait.limit)} ({printable(wait.why)}) since {when(wait.since)}: "
+        f"{printable(wait.tool)} (call {printable(wait.call_id)}), not started yet"
+        for wait in report.waiting_for_limit
+    ]
+
+
 def _now(report: RunReport) -> list[str]:
-    """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt."""
+    """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt.
+
+    A run on a live worker also says which of its calls wait there for a slot of a shared limit.
+    """
     if report.lease is not None:
         owner, until = printable(report.lease.owner), when(report.lease.expires_at)
         return [
             f"running on {owner} until {until} (its lease, renewed while it works): its calls are under way "
-            "there, not in doubt; nothing else may act on the run meanwhile"
+            "there, not in doubt; nothing else may act on the run meanwhile",
+            *_limit_waits(report),
         ]
     if report.awaiting:
         calls = printable("; ".join(f"{tool} ({why})" for tool, why in report.awaiting))

@@ -12,7 +12,9 @@ Two stages:
 Who did what comes from the checked bodies only (`_run_control.control_of`: who saved each
 checkpoint, who decided each claim); whether a worker holds the run now comes from the
 store's lease, read before and after the rows (a run held at either read is shown as
-held: a call it logs as started is running there, not in doubt).
+held: a call it logs as started is running there, not in doubt). Of a held run, the calls
+waiting for a shared limit come from its event stream (`_run_waits`): such a call has no
+record in the log yet.
 
 Problems are collected, not raised, so a listing can show a corrupt run next to healthy
 ones; the `RunReport` of a corrupt run then carries no data read from that run at all. A
@@ -35,6 +37,7 @@ from agentflow.exec._run_fill import Body, fill, superstep_of
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_sweep import forgotten
 from agentflow.exec._run_view import RunHead
+from agentflow.exec._run_waits import read_limit_waits
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
 
@@ -142,7 +145,7 @@ def _bare(row: SealedCheckpoint, problems: list[str]) -> v.CheckpointView:
 
 
 async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.RunReport:
-    """Read and check one run, and whether a live worker holds it.
+    """Read and check one run, whether a live worker holds it, and if one does, which calls wait for a limit.
 
     Raises:
         CheckpointNotFound: nothing is stored for `run_id`.
@@ -151,6 +154,8 @@ async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.Run
     before = await store.leases([run_id])
     report = await _read_rows(store, sealer, run_id)
     _held(report, before, await store.leases([run_id]))
+    if report.lease is not None and report.status == "running" and not report.corrupt:
+        report.waiting_for_limit = await read_limit_waits(store, sealer, run_id)
     return report
 
 

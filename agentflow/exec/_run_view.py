@@ -9,6 +9,9 @@ and every claim that carried a decision names who decided (``operator``); a run 
 worker holds carries that worker's lease, and then no call of it is "in doubt": its calls
 are running on that worker.
 
+A call waiting for a slot of a shared limit has no record in the call log; a live run's
+waits come from its event stream (`_run_waits`), the one place that says so.
+
 A run with any problem carries its problems and the position of each row, nothing else:
 no state, no results, nothing decoded from a payload that failed its check. A principal is
 never kept, not even its proof: `Identity.principal` only says whether the run has one.
@@ -169,6 +172,22 @@ class Lineage:
     """Who forked it."""
 
 
+@dataclass(frozen=True, slots=True)
+class LimitWait:
+    """A call of a live run waiting for a slot of a shared limit (from the run's event stream)."""
+
+    call_id: str
+    """The waiting call's identity (it has no record in the call log yet)."""
+    tool: str
+    """The tool it calls, or ``model <provider>`` for a tool loop's model call."""
+    limit: str
+    """The limit it waits for."""
+    why: str
+    """``concurrency`` (every slot is held), ``rate`` (the window is full) or ``closed`` (a 429's back-off)."""
+    since: float
+    """When the wait began (seconds since the epoch, the waiting worker's clock)."""
+
+
 @dataclass(slots=True)
 class RunReport:
     """Everything shown about one run."""
@@ -215,6 +234,9 @@ class RunReport:
     """The version of the flow the run is on (None: a tool loop, or a run whose rows did not all check)."""
     wake: dict[str, Any] | None = None
     """A paused run's signed timer: ``{"at": seconds since the epoch, "for": "timer" or "approval"}``."""
+    waiting_for_limit: list[LimitWait] = field(default_factory=list)
+    """The calls of a run a live worker holds that wait for a slot of a shared limit, oldest wait first
+    (read from the run's event stream, if the store keeps one; empty for a run nobody holds)."""
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""
