@@ -28,6 +28,7 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
+from agentflow.exec.limits import Limit, RateLimited
 from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, Map, RunResult, Wait
 
 __all__ = [
@@ -52,9 +53,11 @@ __all__ = [
     "Happened",
     "IdentityMismatch",
     "InDoubtDecision",
+    "Limit",
     "LoopSpec",
     "Map",
     "ModelError",
+    "RateLimited",
     "RecoveryNeedsDecision",
     "Registry",
     "Rerun",

@@ -16,12 +16,17 @@ AgentflowError
 ├── FlowError
 │   └── VersionNotDeployed         (.run_id, .flow, .version, .deployed: the run's flow version is not here)
 ├── ModelError
+├── LimitsUnavailable              (the shared limits' backend cannot be reached; agentflow.exec.limits)
 └── ToolError
     ├── UnknownTool
     ├── ToolArgumentsInvalid
     ├── ToolTimeout
-    └── ApprovalDenied
+    ├── ApprovalDenied
+    └── RateLimited                (a provider's 429: .retry_after_s, .limit; agentflow.exec.limits)
 ```
+
+`LimitsUnavailable` and `RateLimited` are defined with the limits (`agentflow.exec.limits`),
+which import this tree; `RateLimited` is also exported from ``agentflow``.
 
 Every error keeps all of its state in ``args`` and that state is JSON-able, so a Celery
 result backend can carry it and ``type(e)(*e.args)`` rebuilds it.

@@ -9,9 +9,11 @@ import pytest
 import agentflow
 import agentflow.exec
 import agentflow.exec.checkpoints
+import agentflow.exec.limits
 import agentflow.flow
 from agentflow import _errors
 from agentflow._errors import AgentflowError
+from agentflow.exec.limits import LimitsUnavailable, RateLimited
 
 DESIGN_TOP_LEVEL = ["Flow", "Call", "Registry", "Executor", "FlowRunner", "RunContext"]
 DESIGN_CHECKPOINTS = [
@@ -105,9 +107,9 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
         "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
-        "InDoubtDecision", "LoopSpec", "Map", "ModelError", "RecoveryNeedsDecision", "Registry", "Rerun", "RunContext",
-        "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale", "ToolArgumentsInvalid", "ToolError",
-        "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
+        "InDoubtDecision", "Limit", "LoopSpec", "Map", "ModelError", "RateLimited", "RecoveryNeedsDecision", "Registry",
+        "Rerun", "RunContext", "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale",
+        "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "Registry",
@@ -115,6 +117,10 @@ PUBLIC: dict[str, list[str]] = {
         "decide_tool_loop",
         "idempotency_key",
         "recover_tool_loop", "run_tool_loop",
+    ],
+    "agentflow.exec.limits": [
+        "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",
+        "RedisLimits", "SQLLimits", "Wait",
     ],
     "agentflow.exec.checkpoints": [
         "CheckpointConflict", "CheckpointError", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt",
@@ -258,8 +264,24 @@ def test_every_error_subclasses_agentflow_error_where_the_tree_draws_it(name: st
     assert issubclass(error, ERRORS[DRAWN[name]])
 
 
+#: Errors the tree draws that are defined with their subsystem, not in `agentflow._errors`.
+ELSEWHERE: dict[str, type[BaseException]] = {"LimitsUnavailable": LimitsUnavailable, "RateLimited": RateLimited}
+
+
 def test_the_drawn_tree_names_only_real_errors():
-    assert set(DRAWN) <= set(ERRORS)
+    assert set(DRAWN) <= set(ERRORS) | set(ELSEWHERE)
+
+
+@pytest.mark.parametrize("name", sorted(ELSEWHERE))
+def test_the_errors_defined_elsewhere_are_drawn_under_their_real_parent(name: str) -> None:
+    error = ELSEWHERE[name]
+
+    assert DRAWN[name] in ERRORS
+    assert error.__base__ is ERRORS[DRAWN[name]]
+
+
+def test_rate_limited_is_the_same_from_agentflow_and_from_the_limits():
+    assert agentflow.RateLimited is RateLimited and agentflow.Limit is agentflow.exec.limits.Limit
 
 
 def test_identity_mismatch_is_a_permission_error():
