@@ -480,6 +480,26 @@ def test_a_loop_closed_without_shutdown_is_left_behind(tmp_path: Path) -> None:
     gc.collect()  # an undisposed connection would warn here
 
 
+async def test_a_pool_of_one_connection_serves_every_operation(backend: Backend) -> None:
+    # Given a store whose pool holds one connection and may open no other (and gives up after 2 s)
+    options = backend.engine_options | {"pool_size": 1, "max_overflow": 0, "pool_timeout": 2}
+    store = SQLAlchemyCheckpointStore(backend.url, engine_options=options)
+    async with store:
+        # When the one-round-trip operations (which keep their connection for the next one) and
+        # the transactions (listings, relist, delete) take turns, and several run at once
+        await save_steps(store, "r", "running")
+        await store.record_call("r", record("r", 0, 0))
+        assert (await store.list_runs())[0].run_id == "r"
+        await store.take_lease("r", "A", "token", 30)
+        assert await store.relist("r") is not None
+        await asyncio.gather(*(store.latest("r") for _ in range(5)), store.history("r"), store.leases(["r"]))
+        await store.save_after_calls("r", 1, checkpoint("r", 1), [record("r", 0, 1, "done")])
+        # Then none waited for a connection the store kept for itself
+        assert [c.step for c in await store.history("r")] == [0, 1]
+        await store.delete("r")
+        assert await store.stored_runs() == []
+
+
 async def test_the_store_can_be_used_again_after_aclose(backend: Backend) -> None:
     # Given a store that was closed
     store = backend.store()

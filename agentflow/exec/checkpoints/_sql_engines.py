@@ -16,7 +16,9 @@ single autocommit statement (`_sql_pg`). A checkout from SQLAlchemy's pool costs
 150 µs of greenlet switching, so each loop keeps the connections it lent in a free list of
 its own, up to the pool's size, still checked out of the pool: they bypass ``pool_recycle``
 and ``pool_pre_ping``, and one that fails at the connection level is invalidated, never
-lent again. They are closed before the engine is disposed.
+lent again. A transaction (`Connector.begin`) takes a kept connection first, and while any
+operation waits for the pool a connection given back goes to the pool, not the free list,
+so the kept ones never starve it. They are closed before the engine is disposed.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class LoopEngine:
         pool = engine.sync_engine.pool
         #: How many connections `idle` keeps: none for a pool that keeps none (NullPool).
         self.keep = pool.size() if isinstance(pool, sa.QueuePool) else 0
+        #: Operations of this loop waiting for a connection from the pool: while any does, none is kept.
+        self.waiting = 0
 
     async def _keep(self) -> AsyncGenerator[None, None]:
         try:
@@ -146,17 +150,16 @@ class Connector:
         return entry
 
     @asynccontextmanager
-    async def begin(self, engine: AsyncEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
+    async def begin(self, entry: LoopEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
         """Open a transaction; turn driver errors into one clear `CheckpointError`.
 
+        A connection the fast path keeps idle is used first (and goes back to the pool
+        afterwards), so those kept connections never starve a small pool.
         Duplicate keys are left to the caller (`IntegrityError` is not caught here).
         """
         if self._folder is not None and not self._folder.is_dir():
             raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: no directory {self._folder}")
-        try:
-            conn = await engine.connect()
-        except (OSError, DBAPIError) as exc:
-            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: {_reason(exc)}") from exc
+        conn = (await self._checkout(entry))[0]
         try:
             if write and self.sqlite:
                 await conn.execution_options(**{_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
@@ -177,15 +180,10 @@ class Connector:
         """
         import asyncpg
 
-        if entry.idle:
-            conn, raw = entry.idle.pop()
-        else:
-            try:
-                conn = await entry.engine.connect()
-                raw = (await conn.get_raw_connection()).driver_connection
-            except (OSError, DBAPIError) as exc:
-                raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: {_reason(exc)}") from exc
+        conn, raw = await self._checkout(entry)
         try:
+            if raw is None:
+                raw = (await conn.get_raw_connection()).driver_connection
             yield raw
         except asyncpg.UniqueViolationError:
             await self._give_back(entry, conn, raw)
@@ -206,9 +204,22 @@ class Connector:
         else:
             await self._give_back(entry, conn, raw)
 
+    async def _checkout(self, entry: LoopEngine) -> tuple[AsyncConnection, Any]:
+        """A kept connection (with its asyncpg connection), else one from the pool (with None)."""
+        if entry.idle:
+            return entry.idle.pop()
+        entry.waiting += 1
+        try:
+            return await entry.engine.connect(), None
+        except (OSError, DBAPIError) as exc:
+            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: {_reason(exc)}") from exc
+        finally:
+            entry.waiting -= 1
+
     @staticmethod
     async def _give_back(entry: LoopEngine, conn: AsyncConnection, raw: Any) -> None:
-        if len(entry.idle) < entry.keep and not entry.abandoned:
+        """Keep `conn` for the next operation, unless someone is waiting for the pool (it goes back there)."""
+        if len(entry.idle) < entry.keep and not entry.waiting and not entry.abandoned:
             entry.idle.append((conn, raw))
         else:
             await conn.close()

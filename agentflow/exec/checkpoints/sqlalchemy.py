@@ -140,7 +140,7 @@ class SQLAlchemyCheckpointStore:
     @asynccontextmanager
     async def _tx(self, *, write: bool = False) -> AsyncIterator[AsyncConnection]:
         entry = await self._ready()
-        async with self._db.begin(entry.engine, write=write) as conn:
+        async with self._db.begin(entry, write=write) as conn:
             yield conn
 
     async def setup(self) -> None:
@@ -154,7 +154,7 @@ class SQLAlchemyCheckpointStore:
             CheckpointError: the database cannot be reached, or a migration failed.
         """
         entry = await self._db.engine()
-        async with self._db.begin(entry.engine, write=True) as conn:
+        async with self._db.begin(entry, write=True) as conn:
             if not self._sqlite:
                 lock = sa.text("SELECT pg_advisory_xact_lock(hashtext(coalesce(current_schema(), '') || :k))")
                 await conn.execute(lock, {"k": f":agentflow-setup:{self._prefix}"})
