@@ -29,12 +29,13 @@ from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec.limits import Limit, RateLimited
-from agentflow.flow import Call, Flow, FlowRunner, FlowVersions, Map, RunResult, Wait
+from agentflow.flow import Call, Child, Flow, FlowRunner, FlowVersions, Map, RunResult, Wait
 
 __all__ = [
     "AgentflowError",
     "ApprovalDenied",
     "Call",
+    "Child",
     "CheckpointConflict",
     "CheckpointError",
     "CheckpointNotFound",

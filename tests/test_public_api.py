@@ -104,7 +104,8 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 #: helpers) and the run read model (``agentflow.exec._run_read``, ``_run_view``).
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
-        "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
+        "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "Child", "CheckpointError",
+        "CheckpointNotFound",
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
         "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
         "InDoubtDecision", "Limit", "LoopSpec", "Map", "ModelError", "RateLimited", "RecoveryNeedsDecision", "Registry",
@@ -129,7 +130,8 @@ PUBLIC: dict[str, list[str]] = {
         "StoreDefaults", "idempotency_key", "prune_finished",
     ],
     "agentflow.flow": [
-        "Call", "Flow", "FlowError", "FlowRunner", "FlowVersions", "Map", "NodeHandle", "RunResult", "RunStatus",
+        "Call", "Child", "Flow", "FlowError", "FlowRunner", "FlowVersions", "Map", "NodeHandle", "RunResult",
+        "RunStatus",
         "Wait",
     ],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],

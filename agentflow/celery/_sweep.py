@@ -27,7 +27,7 @@ from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_quarantine import Reporter
 from agentflow.exec._run_steps import started_of
 from agentflow.exec._run_sweep import relist_forgotten
-from agentflow.exec._run_timers import due_at
+from agentflow.exec._run_timers import a_child_ended, due_at, wake_of
 from agentflow.exec.checkpoints._records import Lease
 
 if TYPE_CHECKING:
@@ -87,6 +87,16 @@ class _Sorter:
         self.waiting = Waiting(self.now)
         self.reports = Reporter(worker.store, worker.sealer, worker.runner.events, worker.owner, log)
 
+    async def _due(self, body: dict[str, Any]) -> bool:
+        """Whether a paused run's timer is due now (a parent waiting for children: once one of them ended)."""
+        wake = wake_of(body)
+        if wake is None or wake["for"] != "child":
+            return True
+        try:
+            return await a_child_ended(self.worker.store, self.worker.sealer, wake)
+        except CheckpointStoreCorrupt:
+            return False  # a child's row fails its check: the child is reported on its own
+
     async def one(self, name: str, run_id: str, lease: Lease | None) -> None:
         """Sort one unfinished run of flow (or loop column) `name`; `lease` is its live lease, if any."""
         worker, found, waiting = self.worker, self.found, self.waiting
@@ -111,7 +121,7 @@ class _Sorter:
             waiting.add(name, "migration", row.saved_at)
             return
         wake = due_at(row, body) if body is not None else None
-        if wake is not None and wake <= self.now:
+        if wake is not None and wake <= self.now and await self._due(body or {}):
             found.wake.append((name, run_id, row.step, version_of(body or {})))
             return
         if row.status == "paused" and (body is None or (body.get("wake") or {}).get("for") != "timer"):

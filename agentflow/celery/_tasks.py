@@ -150,6 +150,11 @@ class AgentflowTasks:
             self.send_superstep(flow, run_id, outcome.next_step, "next", version=outcome.version)
         if outcome.done == "elsewhere":
             self.send_on(task, flow, run_id, step, cause, outcome)
+        if outcome.parent is not None and outcome.status in ("done", "failed", "cancelled"):
+            waiting = self.bridge.run(worker.parent_waiting(outcome.parent))
+            if waiting is not None:  # a child ended: its parent goes on (the sweep would find it too, later)
+                parent_flow, parent_step, version = waiting
+                self.send_superstep(parent_flow, outcome.parent, parent_step, "wake", version=version)
         return outcome
 
     def send_on(self, task: Task, flow: str, run_id: str, step: int, cause: str, outcome: Outcome) -> None:
@@ -298,6 +303,7 @@ def register_tasks(
     routes = dict(app.conf.task_routes or {}) if isinstance(app.conf.task_routes, dict) else {}
     app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}
     tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
+    worker.send = tasks.send_superstep
     _connect_signals(app, tasks, settings)
     consume_version_queues(app, flow_app, settings.queue)
     return tasks

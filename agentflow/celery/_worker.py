@@ -51,7 +51,8 @@ from agentflow._errors import (
 )
 from agentflow._events import Events
 from agentflow._identity import RunContext
-from agentflow._run_types import RunKind
+from agentflow._run_types import RunKind, version_of
+from agentflow.celery._children import QueuedChildren, Send
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
@@ -89,6 +90,8 @@ class Outcome:
     """When the lease of the live holder that kept this superstep from running ends."""
     version: str | None = None
     """The version of the run's flow (None: a tool loop, or not read): its messages go to that version's queue."""
+    parent: str | None = None
+    """The parent run that started this one as a child (its end wakes the parent)."""
 
     @property
     def next_step(self) -> int | None:
@@ -140,6 +143,8 @@ class Worker:
         self.tracer: Tracer = NO_TRACING
         #: The Celery node name (``name@host``) the tasks run under, set by the first task.
         self.node = f"agentflow@{socket.gethostname()}"
+        #: Enqueues a superstep (`AgentflowTasks.send_superstep`, set when the tasks are registered).
+        self.send: Send | None = None
 
     @property
     def owner(self) -> str:
@@ -158,7 +163,21 @@ class Worker:
                 events=self.events,
                 tracer=self.tracer,
             )
+            if self.send is not None:  # a `Child` node's run is left to the queue, never driven inside a superstep
+                self._runner.children = QueuedChildren(self.send)
         return self._runner
+
+    async def parent_waiting(self, parent: str) -> tuple[str, int, str] | None:
+        """``(flow, step, version)`` of a parent run paused for its children, to send it a wake (None: it is not)."""
+        try:
+            row = await self.store.latest(parent)
+            body = self.sealer.open_checkpoint(row, parent)
+        except (CheckpointNotFound, CheckpointStoreCorrupt):
+            return None
+        wake = body.get("wake") if row.status == "paused" else None
+        if not isinstance(wake, dict) or wake.get("for") != "child":
+            return None
+        return row.flow, row.step, version_of(body)
 
     def wrap_store(self, wrap: Callable[[CheckpointStore], CheckpointStore]) -> None:
         """Wrap the store this process makes (timing, tracing); only before the runner exists."""
@@ -354,6 +373,7 @@ class Worker:
             result.rerun,
             result.error,
             version=getattr(result, "version", None),  # a flow run's (a tool loop has none)
+            parent=getattr(result, "parent", None),
         )
 
     async def prune(self) -> dict[str, Any]:

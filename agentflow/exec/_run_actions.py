@@ -25,7 +25,7 @@ from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_events import recording
 from agentflow.exec._run_lease import holding
 from agentflow.exec._run_steps import RunSteps
-from agentflow.exec._run_timers import NotDue, due
+from agentflow.exec._run_timers import NotDue, a_child_ended, due
 from agentflow.exec.checkpoints._records import Lease
 
 
@@ -232,6 +232,8 @@ class RunActions(RunSteps[C, R]):
             clock = time.time() if now is None else now
             if due(wake) > clock:
                 raise NotDue(run_id, due(wake))
+            if wake["for"] == "child" and not await a_child_ended(*self._stores(), wake):
+                raise NotDue(run_id, clock)  # its children are still under way
             records, counts = await self.read(opened, resuming=True)
             seeds = self.seeds(opened, records, rerun_in_doubt=False)
             decided = self.driver.woken(cur, wake)

@@ -96,9 +96,9 @@ class RunDriver(ABC, Generic[C, R]):
         Raises:
             FlowError: this kind cannot settle an approval's deadline.
         """
-        if wake.get("for") != "timer":
+        if wake.get("for") == "approval":
             raise FlowError(f"a {self.kind.value} run has no approval deadlines to settle")
-        return {}
+        return {}  # a timer, or a child that ended: the step runs again and finds what it waited for
 
     def seeds(self, cur: C, records: Sequence[LoggedRecord]) -> dict[str, CallState]:
         """The call states of the step a worker goes on with: what replays, what is in doubt."""

@@ -9,7 +9,9 @@ and wakes each through `RunProtocol.wake`: a ``wake`` claim (a compare-and-set o
 step, so of two sweepers one wins), then the next superstep. Invariants:
 - only a paused checkpoint carries a timer; every later checkpoint drops it, so a person
   who resumes the run first leaves the timer nothing to do;
-- a wake before ``at`` is refused (`NotDue`): a forged or early message wakes nothing;
+- a wake before ``at`` is refused (`NotDue`): a forged or early message wakes nothing; a
+  parent waiting for child runs (``{"for": "child", "runs": [...]}``) is due once one of
+  them ended (`a_child_ended`);
 - the wake is recorded in the claim (``woke``: when it was due, what for, and what a
   deadline decided), signed like any decision.
 """
@@ -20,12 +22,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunStatus
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCheckpoint
 
 #: What a timer may wake a run for.
-WAKES = ("timer", "approval")
+WAKES = ("timer", "approval", "child")
+
+#: A run that ended: what a parent waiting for a child waits for.
+ENDED = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class NotDue(CheckpointConflict):
@@ -52,7 +59,25 @@ def wake_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
     ok = isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at)
     if not ok or wake.get("for") not in WAKES:
         raise CheckpointStoreCorrupt(f"a checkpoint's timer is malformed: {wake!r}")
-    return {"at": float(at), "for": str(wake["for"])}
+    if wake["for"] != "child":
+        return {"at": float(at), "for": str(wake["for"])}
+    runs = wake.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, str) for r in runs):
+        raise CheckpointStoreCorrupt(f"a checkpoint's wait for child runs is malformed: {wake!r}")
+    return {"at": float(at), "for": "child", "runs": list(runs)}
+
+
+async def a_child_ended(store: CheckpointStore, sealer: Sealer, wake: Mapping[str, Any]) -> bool:
+    """Whether a child run a parent waits for (``for: child``) has ended (its latest checkpoint checked)."""
+    for run_id in wake["runs"]:
+        try:
+            row = await store.latest(run_id)
+        except CheckpointNotFound:
+            continue  # not started yet: the parent's wake reruns the node, which starts it
+        sealer.open_checkpoint(row, run_id)
+        if row.status in ENDED:
+            return True
+    return False
 
 
 def due(wake: Mapping[str, Any]) -> float:

@@ -2,7 +2,7 @@
 
 from agentflow._errors import FlowError
 from agentflow._run_types import RunStatus
-from agentflow.flow._graph import Call, Flow, Map, Wait
+from agentflow.flow._graph import Call, Child, Flow, Map, Wait
 from agentflow.flow._result import RunResult
 from agentflow.flow._runner import FlowRunner
 from agentflow.flow._superstep import NodeHandle
@@ -10,6 +10,7 @@ from agentflow.flow._versions import FlowVersions
 
 __all__ = [
     "Call",
+    "Child",
     "Flow",
     "FlowError",
     "FlowRunner",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -40,6 +40,9 @@ from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
 from agentflow.flow._timers import approval_deadline, settle_deadline
+
+if TYPE_CHECKING:
+    from agentflow.flow._runner import FlowRunner
 from agentflow.flow._versions import FlowVersions
 
 
@@ -71,6 +74,8 @@ class Cursor(RunCursor):
     """Supersteps done."""
     detours: dict[str, str] = field(default_factory=dict)
     """Nodes whose approval deadline passed, and where the run goes on from instead (a ``wake`` claim's)."""
+    parent: dict[str, Any] | None = None
+    """A child run's signed lineage: the parent run, node and superstep that started it (None: no parent)."""
 
 
 FlowProtocol = RunProtocol[Cursor, RunResult[Any]]
@@ -81,8 +86,16 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
 
     kind: ClassVar[RunKind] = RunKind.FLOW
 
-    def __init__(self, flows: FlowVersions[Any], executor: Executor, migration: Migration | None = None) -> None:
+    def __init__(
+        self,
+        flows: FlowVersions[Any],
+        executor: Executor,
+        migration: Migration | None = None,
+        runner: FlowRunner | None = None,
+    ) -> None:
         self.flows = flows
+        self.runner = runner
+        """The runner whose protocol this is: a `Child` node starts its child run through it."""
         self.executor = executor
         self.events = executor.events
         self.migration = migration
@@ -136,6 +149,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             {str(k): int(v) for k, v in body["visits"].items()},
             int(body["superstep"]),
             {str(k): str(v) for k, v in body.get("detours", {}).items()},
+            dict(body["parent"]) if isinstance(body.get("parent"), dict) else None,
         )
 
     def _migrated(
@@ -182,7 +196,8 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             "visits": cur.visits,
             "superstep": cur.superstep,
         }
-        return fields | ({"detours": dict(cur.detours)} if cur.detours else {})
+        fields |= {"detours": dict(cur.detours)} if cur.detours else {}
+        return fields | ({"parent": dict(cur.parent)} if cur.parent else {})
 
     def woken(self, cur: Cursor, wake: Mapping[str, Any]) -> dict[str, Any]:
         """Settle what a due timer decides (`agentflow.flow._timers.settle_deadline`)."""
@@ -202,7 +217,10 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         self, cur: Cursor, status: RunStatus, replayed: list[str] | None = None, rerun: list[str] | None = None
     ) -> RunResult[Any]:
         """The run as it stands."""
-        return RunResult(cur.run_id, status, cur.state, **cur.outcome(replayed, rerun), version=cur.flow.version)
+        parent = cur.parent.get("run") if cur.parent else None
+        return RunResult(
+            cur.run_id, status, cur.state, **cur.outcome(replayed, rerun), version=cur.flow.version, parent=parent
+        )
 
     # -- the superstep loop -----------------------------------------------------------
 
@@ -246,7 +264,9 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
         log.defer_done = len(cur.frontier) == 1 and isinstance(cur.flow.nodes[cur.frontier[0]].action, Call)
         try:
-            out = await run_superstep(cur.flow, cur.state, cur.frontier, cur.visits, log, self.events, cur.detours)
+            out = await run_superstep(
+                cur.flow, cur.state, cur.frontier, cur.visits, log, self.events, cur.detours, self.runner
+            )
         except (CheckpointError, CancelRequested):
             raise  # the store refused a write or failed, or the run is being cancelled: the protocol ends it
         except FlowError as exc:
@@ -262,6 +282,8 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         if out.paused:
             cur.pending = list(log.pending)
             cur.wake = approval_deadline(cur.flow, cur.pending, time.time())
+            if out.children:  # due once a child ended (`agentflow.exec._run_timers`)
+                cur.wake = {"at": time.time(), "for": "child", "runs": list(out.children)}
             await proto.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
             self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending], wake=cur.wake)
             return self.result(cur, RunStatus.PAUSED, replayed, rerun)

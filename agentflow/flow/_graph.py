@@ -24,9 +24,9 @@ from agentflow._errors import FlowError
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec._durable_seal import digest
 from agentflow.exec._registry import Registry
-from agentflow.flow._nodes import _RAISE, TIMEOUT_DECISIONS, Call, Edge, Map, Node, Wait, label
+from agentflow.flow._nodes import _RAISE, TIMEOUT_DECISIONS, Call, Child, Edge, Map, Node, Wait, label
 
-__all__ = ["DEFAULT_MAX_VISITS", "_RAISE", "Call", "Edge", "Flow", "Map", "Node", "Wait"]
+__all__ = ["DEFAULT_MAX_VISITS", "_RAISE", "Call", "Child", "Edge", "Flow", "Map", "Node", "Wait"]
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -92,35 +92,20 @@ class Flow(Generic[S]):
         return next(iter(self.nodes))
 
     def node(
-        self, name: str, action: Call | Map | Wait | Callable[..., Any], *, max_visits: int | None = None
+        self, name: str, action: Call | Map | Child | Wait | Callable[..., Any], *, max_visits: int | None = None
     ) -> Flow[S]:
-        """Add a node: a `Call`, a `Map`, a `Wait`, or a function ``(state)`` or ``(state, handle)``, sync or async.
+        """Add a node: a `Call`, a `Map`, a `Child`, a `Wait`, or a function ``(state)`` or ``(state, handle)``.
 
-        A function returns a dict of the fields it changes (or None).
+        A function (sync or async) returns a dict of the fields it changes (or None).
 
         Raises:
-            FlowError: the name is taken, or a `Call` names a field the state lacks.
+            FlowError: the name is taken, or the node names a field the state lacks.
         """
         if name in self.nodes:
             raise FlowError(f"flow {self.name!r}: a node named {name!r} already exists; give each node its own name")
         limit = max_visits if max_visits is not None else self.max_visits
-        if isinstance(action, Call):
-            if action.into is not None and action.into not in self.state.model_fields:
-                fields = ", ".join(self.state.model_fields) or "none"
-                raise FlowError(
-                    f"flow {self.name!r}, node {name!r}: Call(into={action.into!r}) names a field "
-                    f"{self.state.__name__} does not have (fields: {fields})"
-                )
-            self.nodes[name] = Node(name, action, limit)
-        elif isinstance(action, Map):
-            for field_name in (action.into, action.errors_into):
-                if field_name is not None and field_name not in self.state.model_fields:
-                    raise FlowError(
-                        f"flow {self.name!r}, node {name!r}: Map names a field {field_name!r} that "
-                        f"{self.state.__name__} does not have"
-                    )
-            self.nodes[name] = Node(name, action, limit)
-        elif isinstance(action, Wait):
+        if isinstance(action, Call | Map | Child | Wait):
+            self._check_fields(name, action)
             self.nodes[name] = Node(name, action, limit)
         elif callable(action):
             params = len(inspect.signature(action).parameters)
@@ -131,6 +116,20 @@ class Flow(Generic[S]):
             raise FlowError(f"flow {self.name!r}, node {name!r}: the action is a Call, a Map, a Wait or a function")
         self._checked = None
         return self
+
+    def _check_fields(self, name: str, action: Call | Map | Child | Wait) -> None:
+        """Refuse a node whose action names a state field the state lacks (or a Child without a Flow)."""
+        if isinstance(action, Child) and not isinstance(action.flow, Flow):
+            raise FlowError(f"flow {self.name!r}, node {name!r}: Child(flow=...) takes a Flow")
+        named = [] if isinstance(action, Wait) else [action.into]
+        named += [action.errors_into] if isinstance(action, Map) else []
+        for field_name in named:
+            if field_name is not None and field_name not in self.state.model_fields:
+                fields = ", ".join(self.state.model_fields) or "none"
+                raise FlowError(
+                    f"flow {self.name!r}, node {name!r}: {type(action).__name__}(into={field_name!r}) names a field "
+                    f"{self.state.__name__} does not have (fields: {fields})"
+                )
 
     def edge(self, src: str, dst: str, *, when: Callable[[S], bool] | None = None) -> Flow[S]:
         """Add an edge from `src` to `dst`, followed always or only `when` the condition holds."""
@@ -151,6 +150,9 @@ class Flow(Generic[S]):
             FlowError: saying what to fix.
         """
         self._check_structure()
+        for node in self.nodes.values():
+            if isinstance(node.action, Child) and node.action.flow is not self:
+                node.action.flow.validate(registry)
         if registry is not None:
             for node in self.nodes.values():
                 if isinstance(node.action, Call | Map) and node.action.tool not in registry:
@@ -232,6 +234,10 @@ class Flow(Generic[S]):
                 args = label(m.args) if m.args else None
                 shape = [label(m.over), args, m.into, m.max_concurrency, m.collect_errors, m.errors_into]
                 nodes.append([node.name, "map", m.tool, *shape, node.max_visits])
+            elif isinstance(node.action, Child):
+                child = node.action
+                made = [child.flow.name, child.flow.version, label(child.state), child.into]
+                nodes.append([node.name, "child", *made, label(child.result) if child.result else None])
             elif isinstance(node.action, Wait):
                 wait = node.action
                 seconds = label(wait.seconds) if callable(wait.seconds) else wait.seconds

@@ -120,6 +120,40 @@ class Map:
 
 
 @dataclass(frozen=True)
+class Child:
+    """A node that starts another flow as a child run, waits for its end durably, and takes its result.
+
+    Args:
+        flow: the child's flow (in a distributed deployment, the workers' app must have it).
+        state: a function of the parent's state returning the child's initial state.
+        into: the parent's state field that receives the result (None: it is dropped).
+        result: a function of the child's final state returning that result (default: the
+            child's state as a dict).
+
+    A child that fails or is cancelled fails this node. See `agentflow.flow._children`.
+    """
+
+    flow: Any
+    state: Callable[[Any], Mapping[str, Any] | BaseModel]
+    into: str | None = None
+    result: Callable[[Any], Any] | None = None
+
+    def initial(self, parent_state: BaseModel) -> BaseModel:
+        """The child's initial state, made from the parent's and validated against the child flow's model.
+
+        Raises:
+            FlowError: it does not fit.
+        """
+        made = self.state(parent_state)
+        model: type[BaseModel] = self.flow.state
+        try:
+            return made if isinstance(made, model) else model.model_validate(dict(made))
+        except Exception as exc:
+            where = f"the child of flow {self.flow.name!r}"
+            raise FlowError(f"{where}: its state does not fit {model.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
 class Wait:
     """A node that waits: the run's next superstep starts no earlier than the time it names.
 
@@ -172,7 +206,7 @@ class Node:
     """One node of a flow."""
 
     name: str
-    action: Call | Map | Wait | Callable[..., Any]
+    action: Call | Map | Child | Wait | Callable[..., Any]
     max_visits: int
     takes_handle: bool = False
     is_async: bool = False

@@ -12,16 +12,18 @@ decides with the operator's name, and lives once in the run protocol
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from agentflow._errors import FlowError
+from agentflow._errors import CheckpointConflict, FlowError
 from agentflow._identity import RunContext
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.flow import _fork
+from agentflow.flow._children import waiting_children
 from agentflow.flow._durable import Migration
 from agentflow.flow._fork import Patch
 from agentflow.flow._result import RunResult
@@ -107,7 +109,12 @@ class RunOperations(ABC):
             CheckpointConflict: the run already ended.
             ValueError: `reason` is empty.
         """
+        children = await waiting_children(self, flow, run_id)  # type: ignore[arg-type]
         result: RunResult[S] = await self.protocol(flow).cancel(run_id, reason=reason, operator=operator)
+        for child, child_id in children:  # what the parent waits for goes with it
+            with contextlib.suppress(CheckpointConflict):  # it ended meanwhile
+                why = f"its parent run {run_id} was cancelled: {reason}"
+                await self.cancel(child.flow, child_id, reason=why, operator=operator)
         return result
 
     async def fork(

@@ -22,3 +22,5 @@ class RunResult(RunOutcome, Generic[S]):
     _: KW_ONLY
     version: str = DEFAULT_VERSION
     """The version of the flow the run is on."""
+    parent: str | None = None
+    """The parent run that started this one as a child (None: it has no parent)."""

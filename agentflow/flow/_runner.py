@@ -22,6 +22,7 @@ from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, Head, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover, _timers
+from agentflow.flow._children import ChildRuns, InlineChildren
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol, Migration
 from agentflow.flow._graph import Flow
 from agentflow.flow._operate import RunOperations
@@ -79,6 +80,9 @@ class FlowRunner(RunOperations):
             raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
+        #: How `Child` nodes carry their child runs on: here, to their end or first pause (a distributed
+        #: deployment starts them and leaves them to its workers).
+        self.children: ChildRuns = InlineChildren()
 
     def protocol(self, flow: FlowLike[Any], migration: Migration | None = None) -> FlowProtocol:
         """The run protocol for runs of `flow` (one version, or several) on this runner's store.
@@ -91,7 +95,7 @@ class FlowRunner(RunOperations):
             version.validate(self.executor.registry)
         if migration is not None:
             migration.to.validate(self.executor.registry)
-        driver = FlowDriver(flows, self.executor, migration)
+        driver = FlowDriver(flows, self.executor, migration, self)
         return RunProtocol(
             driver,
             self.checkpoints,

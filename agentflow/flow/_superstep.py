@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,8 +21,12 @@ from agentflow._errors import ApprovalDenied, FlowError
 from agentflow._events import Events
 from agentflow.exec._durable import CallLog, PauseForApproval
 from agentflow.exec._run_cancel import CancelRequested
-from agentflow.flow._graph import _RAISE, Call, Flow, Map, Node, Wait
+from agentflow.flow._children import PauseForChild, run_child
+from agentflow.flow._graph import _RAISE, Call, Child, Flow, Map, Node, Wait
 from agentflow.flow._map import run_map
+
+if TYPE_CHECKING:
+    from agentflow.flow._runner import FlowRunner
 
 
 class NodeHandle:
@@ -70,10 +74,18 @@ class Outcome:
     ran: list[str] = field(default_factory=list)
     wake_at: float | None = None
     """When the next superstep may start, if a `Wait` node ran (seconds since the epoch)."""
+    children: list[str] = field(default_factory=list)
+    """The child runs the paused superstep waits for."""
 
 
 async def _run_node(
-    flow: Flow[Any], node: Node, state: BaseModel, log: CallLog, events: Events, detoured: bool = False
+    flow: Flow[Any],
+    node: Node,
+    state: BaseModel,
+    log: CallLog,
+    events: Events,
+    detoured: bool = False,
+    runner: FlowRunner | None = None,
 ) -> dict[str, Any]:
     events.emit("node.started", log.run_id, node=node.name, superstep=log.superstep)
     view = state.model_copy(deep=True)
@@ -94,6 +106,10 @@ async def _run_node(
         update = {}  # its wake time is the superstep's (`run_superstep`)
     elif isinstance(action, Map):
         update = await run_map(node.name, action, view, log)
+    elif isinstance(action, Child):
+        if runner is None:
+            raise FlowError(f"flow {flow.name!r}, node {node.name!r}: a Child node needs a runner to start its run")
+        update = await run_child(node.name, action, view, log, runner)
     else:
         params = (view, handle) if node.takes_handle else (view,)
         update = await action(*params) if node.is_async else await asyncio.to_thread(action, *params)
@@ -116,6 +132,7 @@ async def run_superstep(
     log: CallLog,
     events: Events,
     detours: Mapping[str, str] | None = None,
+    runner: FlowRunner | None = None,
 ) -> Outcome:
     """Run one superstep of `flow`.
 
@@ -136,12 +153,17 @@ async def run_superstep(
                 f"{flow.nodes[name].max_visits}; raise max_visits or make the cycle end"
             )
     paused: set[str] = set()
+    children: list[str] = []
 
     async def guarded(node: Node) -> dict[str, Any]:
         try:
-            return await _run_node(flow, node, state, log, events, node.name in (detours or {}))
+            return await _run_node(flow, node, state, log, events, node.name in (detours or {}), runner)
         except PauseForApproval:
             paused.add(node.name)
+            return {}
+        except PauseForChild as waiting:
+            paused.add(node.name)
+            children.append(waiting.run_id)
             return {}
         except CancelRequested:  # the node's call did not start; the others finish theirs (the driver then stops)
             return {}
@@ -156,7 +178,7 @@ async def run_superstep(
             raise _first_error(group_error) from None
         results = [task.result() for task in tasks]
     if paused or log.pending:
-        return Outcome(state, frontier, dict(visits), paused=True)
+        return Outcome(state, frontier, dict(visits), paused=True, children=children)
     updates = list(zip(frontier, results, strict=True))
     merged = merge(flow, state, updates)
     waits = [node.action for node in (flow.nodes[n] for n in frontier) if isinstance(node.action, Wait)]
