@@ -32,7 +32,7 @@ from _kit.tickets import (
 from celery.signals import worker_process_init
 from pydantic import BaseModel
 
-from agentflow import Call, Flow, FlowApp, LoopSpec, Map, Registry, Wait
+from agentflow import Call, Child, Flow, FlowApp, LoopSpec, Map, Registry, Wait
 from agentflow.exec import current_call, idempotency_key
 from agentflow.models import Message, ToolCall
 
@@ -128,9 +128,36 @@ MAPPED = (
     .end("publish")
 )
 
+
+def _report_args(order: Order) -> dict[str, object]:
+    return {"show": order.show, "seconds": order.seconds}
+
+
+#: The child of FAMILY: a slow report (idempotent), its result into ``held``.
+FAMILY_CHILD = Flow("family_child", state=Order).node("report", Call("slow_report", args=_report_args, into="held"))
+FAMILY_CHILD.end("report")
+#: prepare (a slow report) -> child (FAMILY_CHILD, on the queue) -> send (mail: not idempotent).
+FAMILY = (
+    Flow("family", state=Order)
+    .node("prepare", Call("slow_report", args=_report_args, into="looked"))
+    .node(
+        "child",
+        Child(
+            FAMILY_CHILD,
+            state=lambda o: {"show": o.show, "seconds": o.seconds},
+            result=lambda child: child.held,
+            into="paid",
+        ),
+    )  # fmt: skip
+    .node("send", Call("email_tickets", args=show_args, into="sent"))
+    .edge("prepare", "child")
+    .edge("child", "send")
+    .end("send")
+)
+
 app = FlowApp(
     tickets.registry,
-    [TICKETS, SLOW, FANOUT, COOLED, DEADLINE, MAPPED],
+    [TICKETS, SLOW, FANOUT, COOLED, DEADLINE, MAPPED, FAMILY, FAMILY_CHILD],
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
