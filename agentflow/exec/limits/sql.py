@@ -92,11 +92,11 @@ class SQLLimits:
         try:
             entry = await self._db.engine()
             if id(entry) not in self._ready:
-                async with entry.setup_lock, self._db.begin(entry.engine, write=True) as conn:
+                async with entry.setup_lock, self._db.begin(entry, write=True) as conn:
                     for statement in MIGRATIONS:
                         await conn.execute(self._sql(statement))
                 self._ready.add(id(entry))
-            async with self._db.begin(entry.engine, write=True) as conn:
+            async with self._db.begin(entry, write=True) as conn:
                 now, closed = await self._now(conn, limit, key)
                 return await getattr(self, f"_{op}")(conn, limit, key, token, seconds, now, closed)
         except CheckpointError as exc:  # what the shared connector says when the database fails
