@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure the Redis and PostgreSQL servers the tests use answer on 127.0.0.1.
+# Make sure the Redis, PostgreSQL and RabbitMQ servers the tests use answer on 127.0.0.1.
 # Starts them when they are installed but stopped; says so when they are missing (the
 # tests then skip locally, and fail when CI is set).
 set -u
@@ -21,5 +21,20 @@ if command -v pg_isready >/dev/null 2>&1; then
   fi
 else
   echo "services: PostgreSQL is not installed; PostgreSQL tests will skip (or fail under CI)"
+fi
+if command -v rabbitmqctl >/dev/null 2>&1; then
+  # `await_startup` waits until the node runs its app; a stopped app (stop_app) is started too.
+  if ! rabbitmqctl -q await_startup --timeout 2 >/dev/null 2>&1; then
+    if rabbitmqctl -q ping >/dev/null 2>&1; then  # the node answers: only its app is stopped
+      echo "services: starting the RabbitMQ application"
+      rabbitmqctl -q start_app >/dev/null 2>&1 || true
+    else
+      echo "services: starting rabbitmq-server"
+      rabbitmq-server -detached >/dev/null 2>&1 || true
+    fi
+    rabbitmqctl -q await_startup --timeout 60 >/dev/null 2>&1 || echo "services: RabbitMQ did not start"
+  fi
+else
+  echo "services: RabbitMQ is not installed; RabbitMQ tests will skip (or fail under CI)"
 fi
 exit 0

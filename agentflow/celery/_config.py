@@ -11,8 +11,10 @@
   queue: `_routing`), publisher confirms, and countdowns by native delayed delivery (the
   broker holds a recheck until it is due; a worker never holds it in memory). The broker
   requeues a message at once when the channel that took it closes, unacknowledged: there
-  is no visibility timeout. Results go to the result backend given, else nowhere: runs
-  are read from the checkpoint store, and Flower follows tasks by their events.
+  is no visibility timeout. A superstep under way when the connection drops is not
+  cancelled: it saves to the store, and the lease keeps the requeued copy from acting.
+  Results go to the result backend given, else nowhere: runs are read from the
+  checkpoint store, and Flower follows tasks by their events.
 
 Common to both: JSON only, late acks, prefetch multiplier 1, task events on.
 """
@@ -63,7 +65,6 @@ def celery_config(
     else:
         broker = _redis(broker_url, key_prefix, visibility_timeout_s, result_backend)
     return {
-        **broker,
         "task_serializer": "json",
         "result_serializer": "json",
         "event_serializer": "json",
@@ -82,6 +83,7 @@ def celery_config(
         "task_default_queue": queue,
         "timezone": "UTC",
         "beat_enable_remote_control": True,
+        **broker,
     }
 
 
@@ -120,6 +122,11 @@ def _rabbitmq(url: str, key_prefix: str, result_backend: str | None) -> dict[str
         "worker_detect_quorum_queues": True,
         # A send returns once the broker has the message (on a quorum queue: on a majority of nodes).
         "broker_transport_options": {"confirm_publish": True},
+        # A superstep under way when the connection drops goes on to its save (the store is not
+        # the broker); cancelling it would leave its call in doubt. Its message, requeued by the
+        # broker at once, then finds the run held or moved on: the lease and the step keep a
+        # second copy from acting. (On Redis the setting stays on, as it was.)
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
     }
     if result_backend is not None and urlsplit(result_backend).scheme in REDIS_SCHEMES:
         config["result_backend_transport_options"] = {"global_keyprefix": f"{key_prefix}:celery:"}

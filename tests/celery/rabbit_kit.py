@@ -1,7 +1,8 @@
 """The scale-out deployment for the Celery tests: RabbitMQ as the broker, PostgreSQL as the store.
 
 Imported as ``rabbit_kit`` (tests/celery is on ``sys.path``). Isolation: one RabbitMQ virtual
-host per test session (made with ``rabbitmqctl``, deleted at the end), and in it each
+host per test session (made with ``rabbitmqctl`` when a module first needs it, deleted after
+the last one), and in it each
 `Deployment` its own queues (``q-<prefix>``) and worker names; in PostgreSQL each deployment
 its own tables (``<prefix>_...``), dropped with their functions when it closes.
 
@@ -22,8 +23,11 @@ from pathlib import Path
 
 import pytest
 from _kit.poll import until
+from _kit.stores import _remove_postgres_tables
 from celery_kit import Deployment
-from kombu import Connection
+from kombu.connection import Connection
+
+from agentflow.exec.checkpoints._sql_pg import drop_functions
 
 #: The machine's RabbitMQ (no virtual host: each session adds its own).
 RABBITMQ = os.environ.get("AGENTFLOW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
@@ -44,28 +48,42 @@ def ctl(*args: str, timeout: float = 60.0) -> str:
 def answers(url: str) -> bool:
     """Whether the broker at `url` takes an AMQP connection now."""
     try:
-        with Connection(url, connect_timeout=2) as conn:
+        with Connection(url, connect_timeout=2) as conn:  # type: ignore[no-untyped-call]  # kombu has no hints
             conn.ensure_connection(max_retries=1)
         return True
     except Exception:  # refused, reset, or the app is stopped: not up
         return False
 
 
+#: The session's virtual host (its URL) and how many fixtures use it: made by the first, deleted by the last.
+_VHOST: dict[str, int] = {}
+
+
 @contextmanager
 def session_vhost() -> Iterator[str]:
-    """A virtual host of its own (``af-<hex>``) the guest user may use; yields its URL and deletes it after."""
-    if not answers(RABBITMQ + "/"):
-        reason = f"RabbitMQ at {RABBITMQ} is not reachable"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}; CI must start it", pytrace=False)
-        pytest.skip(reason)
-    name = f"af-{uuid.uuid4().hex[:10]}"
-    ctl("add_vhost", name)
-    try:
+    """The session's virtual host (``af-<hex>``, the guest user may use it); deleted when its last user is done.
+
+    Each test module's fixture enters it: the first makes it, the last one out deletes it.
+    """
+    if not _VHOST:
+        if not answers(RABBITMQ + "/"):
+            reason = f"RabbitMQ at {RABBITMQ} is not reachable"
+            if os.environ.get("CI"):
+                pytest.fail(f"{reason}; CI must start it", pytrace=False)
+            pytest.skip(reason)
+        name = f"af-{uuid.uuid4().hex[:10]}"
+        ctl("add_vhost", name)
+        _VHOST[f"{RABBITMQ}/{name}"] = 0
         ctl("set_permissions", "-p", name, USER, ".*", ".*", ".*")
-        yield f"{RABBITMQ}/{name}"
+    url = next(iter(_VHOST))
+    _VHOST[url] += 1
+    try:
+        yield url
     finally:
-        ctl("delete_vhost", name)
+        _VHOST[url] -= 1
+        if not _VHOST[url]:
+            del _VHOST[url]
+            ctl("delete_vhost", url.rsplit("/", 1)[1])
 
 
 async def _up(url: str, timeout_s: float) -> None:
@@ -84,31 +102,39 @@ async def broker_stopped(url: str, timeout_s: float = 60.0) -> AsyncIterator[Non
 
 
 def drop_tables(postgres_url: str, table_prefix: str) -> None:
-    """Drop the tables and the functions whose names start with `table_prefix` (a deployment's)."""
+    """Drop the tables and the functions of a deployment's store (`table_prefix`: its ``<prefix>_``)."""
 
-    async def drop() -> None:
+    async def drop_functions_too() -> None:
         import asyncpg
 
         conn = await asyncpg.connect(postgres_url.replace("postgresql+asyncpg://", "postgresql://", 1))
         try:
-            found = await conn.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND starts_with(tablename, $1)",
-                table_prefix,
-            )
-            for row in found:
-                await conn.execute(f'DROP TABLE IF EXISTS "{row["tablename"]}" CASCADE')
-            functions = await conn.fetch(
-                "SELECT p.oid::regprocedure::text AS sig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                "WHERE n.nspname = current_schema() AND starts_with(p.proname, $1)",
-                table_prefix,
-            )
-            for row in functions:
-                await conn.execute(f"DROP FUNCTION IF EXISTS {row['sig']}")
+            for statement in drop_functions(table_prefix):
+                await conn.execute(statement)
         finally:
             await conn.close()
 
+    _remove_postgres_tables(postgres_url.replace("postgresql+asyncpg://", "postgresql://", 1), table_prefix)
     with ThreadPoolExecutor(max_workers=1) as pool:  # safe while an event loop runs on this thread
-        pool.submit(lambda: asyncio.run(drop())).result()
+        pool.submit(lambda: asyncio.run(drop_functions_too())).result()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_vhost() -> Iterator[str]:
+    """The session's virtual host (`session_vhost`): its URL."""
+    with session_vhost() as url:
+        yield url
+
+
+@pytest.fixture
+async def scale_out_deployment(tmp_path: Path, rabbitmq_vhost: str, postgres_url: str) -> AsyncIterator[Deployment]:
+    """A deployment on RabbitMQ (the session's vhost) and PostgreSQL (tables of its own), closed afterwards."""
+    dep = scale_out(tmp_path, rabbitmq_vhost, postgres_url)
+    try:
+        yield dep
+        await dep.aclose_clients()
+    finally:
+        close_scale_out(dep, postgres_url)
 
 
 def scale_out(tmp_path: Path, broker_url: str, postgres_url: str) -> Deployment:

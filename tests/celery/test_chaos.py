@@ -1,6 +1,9 @@
 """Chaos soak: ticket runs flow through 3 prefork workers and beat while workers are SIGKILLed at random.
 
-Bounded for CI (about a minute, 150 runs). Run it longer locally, e.g.::
+It runs on two configurations: one Redis as broker and store (the default), and the
+scale-out one, RabbitMQ as the broker and PostgreSQL as the store (`rabbit_kit`).
+Bounded for CI (about a minute and 150 runs on Redis; a third of each on RabbitMQ +
+PostgreSQL). Run it longer locally, e.g.::
 
     AGENTFLOW_CHAOS_SECONDS=600 AGENTFLOW_CHAOS_RUNS=500 .venv/bin/pytest tests/celery/test_chaos.py -s
 
@@ -23,21 +26,50 @@ from dataclasses import dataclass, field
 import pytest
 from _kit.tickets import Ledger, Order
 from celery_kit import Deployment
+from rabbit_kit import rabbitmq_vhost, scale_out_deployment
 
 from agentflow.celery import RunView
 
 SECONDS = float(os.environ.get("AGENTFLOW_CHAOS_SECONDS", "60"))
 RUNS = int(os.environ.get("AGENTFLOW_CHAOS_RUNS", "150"))
+#: The share of SECONDS and RUNS the soak on RabbitMQ + PostgreSQL takes unless they are set.
+SCALE_OUT_SHARE = 1.0 if "AGENTFLOW_CHAOS_SECONDS" in os.environ else 1 / 3
 WORKERS = 3
 #: Time for the runs to settle once the chaos stopped (lapsed leases, beat, reruns).
 SETTLE_S = 180.0
 
+__all__ = ["rabbitmq_vhost", "scale_out_deployment"]  # the scale-out deployment's fixtures, used by `soak`
+
 pytestmark = [
     pytest.mark.celery,
-    pytest.mark.redis,
     pytest.mark.slow,
     pytest.mark.timeout(int(SECONDS + SETTLE_S + 120)),
 ]
+
+
+@dataclass
+class Soak:
+    """One configuration's soak: its deployment, how long the chaos lasts, how many runs go through."""
+
+    deployment: Deployment
+    name: str
+    seconds: float
+    runs: int
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("rabbitmq+postgresql", marks=pytest.mark.postgres),
+    ]
+)
+def soak(request: pytest.FixtureRequest) -> Soak:
+    if request.param == "redis":
+        return Soak(request.getfixturevalue("deployment"), "Redis", SECONDS, RUNS)
+    share = SCALE_OUT_SHARE
+    return Soak(request.getfixturevalue("scale_out_deployment"), "RabbitMQ + PostgreSQL", SECONDS * share,
+                max(1, int(RUNS * share)))  # fmt: skip
+
 
 NON_IDEMPOTENT = ("charge_card", "email_tickets")
 
@@ -54,10 +86,10 @@ class Chaos:
     log: list[str] = field(default_factory=list)
 
 
-async def _produce(deployment: Deployment, run_ids: list[str], until: float) -> None:
-    """Start RUNS ticket runs, spread over the time until `until`."""
-    gap = max(0.0, (until - time.monotonic()) / RUNS)
-    for i in range(RUNS):
+async def _produce(deployment: Deployment, runs: int, run_ids: list[str], until: float) -> None:
+    """Start `runs` ticket runs, spread over the time until `until`."""
+    gap = max(0.0, (until - time.monotonic()) / runs)
+    for i in range(runs):
         run_ids.append(await deployment.client.start("tickets", {"show": f"show-{i}", "seats": 1 + i % 4}))
         await asyncio.sleep(random.uniform(0, 2 * gap))
 
@@ -154,7 +186,8 @@ async def _settle(
     return views, decided
 
 
-async def test_chaos_soak_loses_no_run_and_repeats_no_effect(deployment):
+async def test_chaos_soak_loses_no_run_and_repeats_no_effect(soak: Soak) -> None:
+    deployment, seconds, runs = soak.deployment, soak.seconds, soak.runs
     rng = random.Random(os.environ.get("AGENTFLOW_CHAOS_SEED") or None)
     began = time.monotonic()
     # Given three prefork workers (-c 2), beat, and ticket tools that take a little time
@@ -167,15 +200,17 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(deployment):
     deployment.start_beat()
     # When runs flow in while workers' main processes and pool children are SIGKILLed at random
     run_ids: list[str] = []
-    until = time.monotonic() + SECONDS
-    await asyncio.gather(_produce(deployment, run_ids, until - SECONDS * 0.15), _monkey(deployment, chaos, until, rng))
+    until = time.monotonic() + seconds
+    await asyncio.gather(
+        _produce(deployment, runs, run_ids, until - seconds * 0.15), _monkey(deployment, chaos, until, rng)
+    )
     await _all_up(deployment, chaos)
     # and an operator reruns the calls in doubt of every run that waits for a decision
     views, decided = await _settle(deployment, run_ids, time.monotonic() + SETTLE_S)
     duration = time.monotonic() - began
 
     # Then no run was lost: every one is done
-    assert len(run_ids) == RUNS
+    assert len(run_ids) == runs
     assert {v.status for v in views.values()} == {"done"}
     assert all(isinstance(v.state, Order) and v.state.sent == f"mailed {v.state.show}" for v in views.values())
     # and no non-idempotent tool had an effect twice, except a call in doubt that the operator reran (once more)
@@ -200,8 +235,8 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(deployment):
     hold_reruns = sum(effects[("hold_seats", r)] - 1 for r in run_ids)
 
     print(
-        f"\nchaos soak: {len(run_ids)} runs, {RUNS * 3} supersteps, {duration:.0f} s "
-        f"({SECONDS:.0f} s of chaos); kills: {chaos.main_kills} main processes (replaced), "
+        f"\nchaos soak on {soak.name}: {len(run_ids)} runs, {runs * 3} supersteps, {duration:.0f} s "
+        f"({seconds:.0f} s of chaos); kills: {chaos.main_kills} main processes (replaced), "
         f"{chaos.child_kills} pool children; workers started: {chaos.started} "
         f"({chaos.exited} replaced after exiting on their own); "
         f"decisions: {len(decided)} runs, {sum(named.values())} calls in doubt {dict(named)}, "
