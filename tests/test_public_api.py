@@ -117,7 +117,7 @@ PUBLIC: dict[str, list[str]] = {
         "RetryPolicy", "Tool", "advance_tool_loop", "cancel_tool_loop", "current_call", "decide_in_doubt_tool_loop",
         "decide_tool_loop",
         "idempotency_key",
-        "recover_tool_loop", "run_tool_loop",
+        "recover_tool_loop", "run_tool_loop", "wake_tool_loop",
     ],
     "agentflow.exec.limits": [
         "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",

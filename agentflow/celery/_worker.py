@@ -37,28 +37,29 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow._app import FlowApp, LoopSpec
+from agentflow._app import FlowApp
 from agentflow._errors import (
     CheckpointConflict,
     CheckpointNotFound,
     CheckpointStoreCorrupt,
     ControlRefused,
-    FlowError,
     RecoveryNeedsDecision,
     RunHeld,
     Stale,
     VersionNotDeployed,
 )
 from agentflow._events import Events
-from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, version_of
 from agentflow.celery._children import QueuedChildren, Send
+from agentflow.celery._loops import LoopWork
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
-from agentflow.exec._durable_loop import LoopResult, advance_tool_loop, decide_in_doubt_tool_loop, decide_tool_loop
+from agentflow.exec._durable_loop import (
+    decide_in_doubt_tool_loop,
+)
 from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_control import InDoubtDecision
@@ -118,7 +119,7 @@ RECOVER_ALL_LEASE = "agentflow/recover_all"
 SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry", "migrate": "migrate"}
 
 
-class Worker:
+class Worker(LoopWork):
     """The state one worker process keeps: its runner and store."""
 
     def __init__(
@@ -200,47 +201,6 @@ class Worker:
         assert sealer is not None
         return sealer
 
-    def loop(self, name: str) -> LoopSpec:
-        """The tool loop called `name`.
-
-        Raises:
-            FlowError: no loop has that name.
-        """
-        try:
-            return self.loops[name]
-        except KeyError:
-            known = ", ".join(sorted(self.loops)) or "none"
-            raise FlowError(f"unknown tool loop {name!r} (registered: {known})") from None
-
-    def _model(self, name: str) -> Model:
-        if name not in self._models:
-            self._models[name] = self.loop(name).model_factory()
-        return self._models[name]
-
-    async def decide_loop(
-        self,
-        name: str,
-        run_id: str,
-        approve: bool | Mapping[str, bool],
-        note: str | None = None,
-        ctx: RunContext | None = None,
-        operator: str | None = None,
-    ) -> LoopResult:
-        """Store the decision on the tool loop `name` paused for approval (see `decide_tool_loop`)."""
-        return await decide_tool_loop(
-            self.loop(name).registry,
-            run_id,
-            approve=approve,
-            note=note,
-            checkpoints=self.store,
-            checkpoint_key=self.checkpoint_key,
-            ctx=ctx,
-            name=name,
-            lease_s=self.settings.lease_s,
-            owner=self.owner,
-            operator=operator,
-        )
-
     async def decide_in_doubt(
         self,
         column: str,
@@ -289,22 +249,7 @@ class Worker:
             name = RunKind.name_of(flow_name)
 
             def advance() -> Coroutine[Any, Any, Any]:
-                return advance_tool_loop(
-                    self._model(name),
-                    self.loop(name).registry,
-                    run_id,
-                    checkpoints=self.store,
-                    checkpoint_key=self.checkpoint_key,
-                    expected_step=step,
-                    handoff=handoff,
-                    name=name,
-                    events=self.events,
-                    lease_s=self.settings.lease_s,
-                    owner=self.owner,
-                    park=True,
-                    spend=spend,
-                    tracer=self.tracer,
-                )
+                return self.loop_stage(name, run_id, step, handoff=handoff, cause=cause, spend=spend)
 
         else:
             flow = self.flow_app.flow_versions(flow_name)

@@ -9,6 +9,7 @@ from agentflow.exec._durable_loop import (
     decide_tool_loop,
     recover_tool_loop,
     run_tool_loop,
+    wake_tool_loop,
 )
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
@@ -31,4 +32,5 @@ __all__ = [
     "idempotency_key",
     "recover_tool_loop",
     "run_tool_loop",
+    "wake_tool_loop",
 ]

@@ -215,6 +215,31 @@ async def recover_tool_loop(
     return await proto.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
 
 
+async def wake_tool_loop(
+    model: Model,
+    registry: Registry,
+    run_id: str,
+    *,
+    checkpoints: CheckpointStore,
+    checkpoint_key: bytes | Sequence[bytes] | None = None,
+    ctx: RunContext | None = None,
+    name: str = "tool_loop",
+    events: Events | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
+    owner: str | None = None,
+    now: float | None = None,
+    max_stages: int | None = None,
+) -> LoopResult:
+    """Wake a tool loop that waits until the time a waiting tool returned (``@registry.tool(waits=True)``).
+
+    Raises:
+        NotDue: its time has not come (nothing is done).
+        CheckpointConflict: the loop is not waiting, or someone else woke it first.
+    """
+    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events, lease_s, owner, None)
+    return await proto.wake(run_id, limit=max_stages, ctx=ctx, now=now)
+
+
 async def start_tool_loop(
     registry: Registry,
     messages: Sequence[Message],

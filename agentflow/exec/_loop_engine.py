@@ -13,8 +13,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar
 
 from agentflow._errors import (
@@ -258,8 +260,14 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             lp.pending = list(log.pending)
             await proto.save(lp, RunStatus.PAUSED, recovered=recovered)
             return self.result(lp, RunStatus.PAUSED, replayed, rerun)
-        lp.history.extend(results)
+        messages, wake_at = results
+        lp.history.extend(messages)
         lp.stage, lp.decisions, lp.pending = "tools", {}, []
+        if wake_at is not None and wake_at > time.time():  # a waiting tool: nothing is held until then
+            lp.wake = {"at": wake_at, "for": "timer"}
+            await proto.save(lp, RunStatus.PAUSED, recovered=recovered)
+            self.events.emit("run.waiting", lp.run_id, until=wake_at)
+            return self.result(lp, RunStatus.PAUSED, replayed, rerun)
         await proto.save(lp, RunStatus.RUNNING, recovered=recovered)
         return None
 
@@ -290,14 +298,16 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         lp.turn += 1
         return reply
 
-    async def _run_tools(self, lp: LoopCursor, log: CallLog) -> list[Message] | None:
+    async def _run_tools(self, lp: LoopCursor, log: CallLog) -> tuple[list[Message], float | None] | None:
+        """The round's tool messages and, if a waiting tool ran, the latest time it said to wake at (None: paused)."""
         reply = lp.history[-1]
         out: list[Message] = []
+        wakes: list[float] = []
         for index, call in enumerate(reply.tool_calls):
-            out.append(Message.tool(call, await self._one_tool(log, index, call)))
-        return None if log.pending else out
+            out.append(Message.tool(call, await self._one_tool(log, index, call, wakes)))
+        return None if log.pending else (out, max(wakes, default=None))
 
-    async def _one_tool(self, log: CallLog, index: int, call: ToolCall) -> str:
+    async def _one_tool(self, log: CallLog, index: int, call: ToolCall, wakes: list[float]) -> str:
         try:
             value = await log.call("tools", index, call.name, call.arguments)
         except PauseForApproval:
@@ -312,7 +322,11 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             return f"error: {exc}"
         except Exception as exc:  # the same text live and when replayed after a crash
             return f"error: {describe_failure(exc)}"
+        tool = self.executor.registry.get(call.name)
+        if tool.waits and isinstance(value, datetime) and value.tzinfo is not None:
+            wakes.append(value.timestamp())
+        elif tool.waits:
+            return f"error: {call.name} returned {value!r}, not an aware datetime: the loop does not wait"
         if isinstance(value, str):
             return value
-        tool = self.executor.registry.get(call.name)
         return json.dumps(tool.encode_result(value), sort_keys=True)

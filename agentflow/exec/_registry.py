@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
@@ -93,6 +94,8 @@ class Tool:
     """Its calls' spans show their results (JSON) and error messages; off by default."""
     limits: tuple[Limit, ...] = ()
     """The shared limits each attempt of a call takes a slot of (`agentflow.exec.limits`)."""
+    waits: bool = False
+    """A tool loop waits after a round of tools until the time it returns (an aware `datetime`)."""
 
     def validate(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validate `args`, returning the keyword arguments to call the tool with.
@@ -217,6 +220,7 @@ class Registry:
         trace_args: bool = False,
         trace_result: bool = False,
         limits: Sequence[str | Limit] = (),
+        waits: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -235,6 +239,7 @@ class Registry:
         trace_args: bool = False,
         trace_result: bool = False,
         limits: Sequence[str | Limit] = (),
+        waits: bool = False,
     ) -> Any:
         """Register a sync or async function as a tool (usable bare or with options).
 
@@ -253,6 +258,8 @@ class Registry:
             trace_result: show the calls' results and error messages in their spans.
             limits: the shared limits its calls take: names of limits declared with
                 `limit` before it, or `Limit`s of its own (unnamed: named after the tool).
+            waits: the tool returns a time (an aware `datetime`) until which a tool loop
+                that called it waits, durably, before its next model call (see docs/timers.md).
 
         Raises:
             ValueError: the name is taken, an option is out of range, or a limit is not declared.
@@ -270,6 +277,7 @@ class Registry:
                 trace_args=trace_args,
                 trace_result=trace_result,
                 limits=limits,
+                waits=waits,
             )
             return func
 
@@ -288,6 +296,7 @@ class Registry:
         trace_args: bool = False,
         trace_result: bool = False,
         limits: Sequence[str | Limit] = (),
+        waits: bool = False,
     ) -> Tool:
         """Register `fn` and return its `Tool` (the non-decorator form of `tool`)."""
         tool_name = name or getattr(fn, "__name__", None)
@@ -298,6 +307,8 @@ class Registry:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"tool {tool_name!r}: timeout_s must be positive")
         hints = get_type_hints(fn)
+        if waits and hints.get("return") is not datetime:
+            raise ValueError(f"tool {tool_name!r}: a waiting tool returns the time to wake at: annotate it -> datetime")
         doc = inspect.getdoc(fn) or ""
         tool = Tool(
             name=tool_name,
@@ -313,6 +324,7 @@ class Registry:
             trace_args=trace_args,
             trace_result=trace_result,
             limits=self.limits.resolve(tool_name, limits),
+            waits=waits,
         )
         self._tools[tool_name] = tool
         return tool
