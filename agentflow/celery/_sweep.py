@@ -124,8 +124,8 @@ class _Sorter:
         if wake is not None and wake <= self.now and await self._due(body or {}):
             found.wake.append((name, run_id, row.step, version_of(body or {})))
             return
-        if row.status == "paused" and (body is None or (body.get("wake") or {}).get("for") != "timer"):
-            waiting.add(name, "approval", row.saved_at)  # a run paused by a `Wait` waits for no one
+        if row.status == "paused" and (body is None or (body.get("wake") or {}).get("for") in (None, "approval")):
+            waiting.add(name, "approval", row.saved_at)  # a `Wait` or a parent waiting for its child waits for no one
         if row.status != "running" or self.now - row.saved_at < worker.settings.stale_after_s:
             return
         if body is None:
