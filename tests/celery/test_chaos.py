@@ -193,10 +193,12 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(soak: Soak) -> None
     # Given three prefork workers (-c 2), beat, and ticket tools that take a little time
     deployment.set_delay(0.01, 0.08)
     chaos = Chaos()
-    for _ in range(WORKERS):
+    for _ in range(WORKERS):  # started side by side, then waited for
         chaos.started += 1
-        deployment.start_worker(f"w{chaos.started}")
+        deployment.start_worker(f"w{chaos.started}", wait=False)
         chaos.alive.append(f"w{chaos.started}")
+    for name in chaos.alive:
+        deployment.wait_ready(name)
     deployment.start_beat()
     # When runs flow in while workers' main processes and pool children are SIGKILLed at random
     run_ids: list[str] = []
