@@ -131,3 +131,40 @@ async def test_the_margin_widens_the_window(backend: LimitBackend) -> None:
     assert await backend.take(lim, "", "a") is None
     refused = await backend.take(lim, "", "b")
     assert refused is not None and 0.4 < refused.seconds <= 0.5
+
+
+async def test_a_start_counts_from_when_the_call_says_it_starts(backend: LimitBackend) -> None:
+    # Given a limit of 1 start per 0.5 s, granted to a call that starts a while later (its started record was written)
+    lim = Limit("api", concurrency=2, rate=1, interval_s=0.5, margin_s=0)
+    assert await backend.take(lim, "", "a") is None
+    granted = time.monotonic()
+    await asyncio.sleep(0.2)  # the time between the grant and the start (the stimulus, not a wait for a condition)
+
+    # When the call says it starts now
+    await backend.start(lim, "", "a")
+    started = time.monotonic()
+
+    # Then the window counts the start from now: the next call waits a whole window from it, not from the grant
+    refused = await backend.take(lim, "", "b")
+    assert refused is not None and refused.why == "rate"
+    assert refused.seconds > 0.5 - (time.monotonic() - started) - 0.05
+    assert refused.seconds > 0.5 - (started - granted) + 0.1
+
+
+async def test_a_start_that_left_the_window_is_not_counted_again(backend: LimitBackend) -> None:
+    # Given a call granted the one start of a 0.2 s window, which has passed
+    lim = Limit("api", rate=1, interval_s=0.2, margin_s=0)
+    assert await backend.take(lim, "", "a") is None
+
+    async def room() -> bool:
+        return await backend.take(lim, "", "probe") is None
+
+    await until(room, "the start leaving the window", timeout_s=2)
+    await backend.release(lim, "", "probe")
+
+    # When the first call says it starts now, then another asks
+    await backend.start(lim, "", "a")
+
+    # Then the late start counts nothing: only the probe's start is in the window
+    refused = await backend.take(lim, "", "b")
+    assert refused is not None and refused.seconds <= 0.2

@@ -9,8 +9,11 @@ Two ways through it, one sequence of taking, waiting, renewing and giving back:
   whose first attempt runs on them.
 - `Gate.run(limits, args, ctx, who, work, held=None)`: run `work` holding slots (``held``
   for the first try, if given, else taken now), give them back after it, and after a 429
-  take fresh ones for the next try. The executor runs each attempt of a call through it,
-  and the tool loop each model call.
+  take fresh ones for the next try. Slots held since before the call was logged have their
+  starts moved to the moment the work begins (`LimitBackend.start`) when the write of
+  ``started`` took more than half a limit's `margin_s`: that lateness then does not eat
+  the margin.
+  The executor runs each attempt of a call through it, and the tool loop each model call.
 
 The sequence:
 1. Work out each limit's tenant key; take the slots in one fixed order (limit name, then
@@ -66,6 +69,7 @@ class Slots:
         self._taken: list[Keyed] = []
         self._renewer: _Renewer | None = None
         self._released = False
+        self._granted_at = 0.0
 
     async def _take(self, gate: Gate, who: Mapping[str, Any]) -> None:
         """Take every slot, waiting as long as it takes; on any failure give back what was taken."""
@@ -79,11 +83,32 @@ class Slots:
         except BaseException:
             await self.release()
             raise
+        self._granted_at = time.monotonic()
         if self.waited:
-            gate.emit("call.admitted", who, waited_s=round(time.monotonic() - began, 3))
+            gate.emit("call.admitted", who, waited_s=round(self._granted_at - began, 3))
         renewed = [(lim, key) for lim, key in self._taken if lim.concurrency is not None]
         if renewed:
             self._renewer = _Renewer(self._backend, renewed, self._token)
+
+    async def start(self) -> None:
+        """Say that the call starts now: a rate limit counts its start from here, not from its grant.
+
+        Slots taken before the call was logged (`Gate.holding`) were granted a store write
+        earlier than the call starts; moving the start keeps the window true to what reaches
+        the provider. A limit whose `margin_s` covers twice the time since the grant keeps
+        its start as granted (the margin is there for such lateness; no round trip is spent).
+        A failure is logged, not raised: the start then counts from its grant.
+        """
+        if self._backend is None:
+            return
+        late = time.monotonic() - self._granted_at
+        for lim, key in self._taken:
+            if lim.rate is None or 2 * late <= lim.margin_s:
+                continue
+            try:
+                await self._backend.start(lim, key, self._token)
+            except Exception as exc:  # the call is logged started: it runs, its start counted from its grant
+                log.warning("could not move the start of a call under limit %s to now: %s", lim.name, exc)
 
     async def release(self) -> None:
         """Stop renewing and give the concurrency slots back (their starts still count); once only."""
@@ -165,6 +190,8 @@ class Gate:
         slots = held if held is not None else await self.take(limits, args, ctx, who)
         if not slots.keyed:
             return await work()
+        if held is not None:  # taken before the call was logged: its start is now
+            await slots.start()
         backoffs = 0
         while True:
             try:

@@ -21,8 +21,8 @@ from agentflow.exec.limits._spec import Limit
 class _State:
     held: dict[str, float] = field(default_factory=dict)
     """Holder token -> when its slot lapses."""
-    starts: deque[float] = field(default_factory=deque)
-    """Start times within the window, oldest first."""
+    starts: deque[tuple[float, str]] = field(default_factory=deque)
+    """Starts within the window (time, holder token), oldest first."""
     closed_until: float = 0.0
 
 
@@ -39,7 +39,7 @@ class LocalLimits:
         now = time.monotonic()
         state = self._states.setdefault((limit.name, key), _State())
         state.held = {token: ends for token, ends in state.held.items() if ends > now}
-        while state.starts and state.starts[0] <= now - limit.window_s:
+        while state.starts and state.starts[0][0] <= now - limit.window_s:
             state.starts.popleft()
         return state, now
 
@@ -51,12 +51,20 @@ class LocalLimits:
         if limit.concurrency is not None and len(state.held) >= limit.concurrency:
             return Wait("concurrency", min(state.held.values()) - now)
         if limit.rate is not None and len(state.starts) >= limit.rate:
-            return Wait("rate", state.starts[0] + limit.window_s - now)
+            return Wait("rate", state.starts[0][0] + limit.window_s - now)
         if limit.concurrency is not None:
             state.held[token] = now + limit.hold_s
         if limit.rate is not None:
-            state.starts.append(now)
+            state.starts.append((now, token))
         return None
+
+    async def start(self, limit: Limit, key: str, token: str) -> None:
+        """See `LimitBackend.start`."""
+        state, now = self._state(limit, key)
+        counted = [entry for entry in state.starts if entry[1] == token]
+        if counted:  # now is later than every start: moved to the end, the deque stays in order
+            state.starts.remove(counted[0])
+            state.starts.append((now, token))
 
     async def renew(self, limit: Limit, key: str, token: str) -> bool:
         """See `LimitBackend.renew`."""

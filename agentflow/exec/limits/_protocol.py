@@ -43,6 +43,15 @@ class LimitBackend(Protocol):
         """Hold `token`'s slot `limit.hold_s` longer; False if it lapsed (it may have been given away)."""
         ...
 
+    async def start(self, limit: Limit, key: str, token: str) -> None:
+        """Count `token`'s start from now, not from when it was granted (a start no longer counted stays gone).
+
+        A call logged between its grant and its start (the call log writes ``started`` once
+        it holds its slots) says when it really starts, so the window holds what reaches the
+        provider, however long that write took.
+        """
+        ...
+
     async def release(self, limit: Limit, key: str, token: str) -> None:
         """Give `token`'s slot back (its start still counts in the window)."""
         ...

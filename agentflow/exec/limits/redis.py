@@ -100,6 +100,10 @@ class RedisLimits:
         why: WaitReason = "closed" if word == "closed" else "concurrency" if word == "concurrency" else "rate"
         return Wait(why, max(seconds, 0.0))
 
+    async def start(self, limit: Limit, key: str, token: str) -> None:
+        """See `LimitBackend.start`."""
+        await self._run("start", limit, key, token)
+
     async def renew(self, limit: Limit, key: str, token: str) -> bool:
         """See `LimitBackend.renew`."""
         return (await self._run("renew", limit, key, token))[0] == "held"

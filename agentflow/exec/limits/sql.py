@@ -132,6 +132,18 @@ class SQLLimits:
         count, oldest = (await conn.execute(self._sql(f"SELECT count(*), min({column}) {where}"), ids)).one()
         return int(count), float(oldest or 0.0)
 
+    async def _start(
+        self, conn: AsyncConnection, limit: Limit, key: str, token: str, _: float, now: float, __: float
+    ) -> None:
+        ids = {"n": limit.name, "k": key, "tok": token, "now": now, "cutoff": now - limit.window_s}
+        await conn.execute(
+            self._sql(
+                "UPDATE {t}limit_starts SET started_at = :now WHERE name = :n AND key = :k AND token = :tok "
+                "AND started_at > :cutoff"
+            ),
+            ids,
+        )
+
     async def _renew(
         self, conn: AsyncConnection, limit: Limit, key: str, token: str, _: float, now: float, __: float
     ) -> bool:
@@ -163,6 +175,10 @@ class SQLLimits:
         """See `LimitBackend.take`."""
         found: Wait | None = await self._run("take", limit, key, token)
         return found
+
+    async def start(self, limit: Limit, key: str, token: str) -> None:
+        """See `LimitBackend.start`."""
+        await self._run("start", limit, key, token)
 
     async def renew(self, limit: Limit, key: str, token: str) -> bool:
         """See `LimitBackend.renew`."""

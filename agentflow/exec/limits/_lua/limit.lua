@@ -6,8 +6,8 @@
 --   KEYS[2]  P:limit:{L/K}:starts  zset   start token  -> when it started (ms)
 --   KEYS[3]  P:limit:{L/K}:closed  string until when a 429 closed the limit (ms)
 --
--- ARGV[1] what to do: "take", "renew", "release" or "close"
--- ARGV[2] token (take, renew, release)
+-- ARGV[1] what to do: "take", "start", "renew", "release" or "close"
+-- ARGV[2] token (take, start, renew, release)
 -- ARGV[3] concurrency (0: none)          ARGV[4] hold in ms
 -- ARGV[5] rate (0: none)                 ARGV[6] the rate's window in ms
 -- ARGV[7] close: for how long, in ms
@@ -20,6 +20,7 @@
 --       oldest hold lapses}; the window full -> {"rate", ms until its oldest start leaves
 --       it}; else the slot and the start are taken together -> {"taken", 0}.
 -- renew: the token's live slot -> {"held", 0} (held another hold); else {"lost", 0}.
+-- start: the token's start, if it still counts, is stamped now -> {"started", 0}.
 -- release: the token's slot is deleted -> {"released", 0} (its start still counts).
 -- close: closed until max(now + ms, an existing back-off) -> {"closed", ms left}.
 
@@ -32,6 +33,15 @@ local rate, window = tonumber(ARGV[5]), tonumber(ARGV[6])
 if op == 'release' then
   redis.call('ZREM', KEYS[1], token)
   return {'released', 0}
+end
+
+if op == 'start' then
+  local began = tonumber(redis.call('ZSCORE', KEYS[2], token))
+  if rate > 0 and began ~= nil and began > now - window then
+    redis.call('ZADD', KEYS[2], 'XX', now, token)
+    redis.call('PEXPIRE', KEYS[2], window)
+  end
+  return {'started', 0}
 end
 
 if op == 'renew' then
