@@ -2,11 +2,13 @@
 
 A real worker process on a real store (SQLite) and a real shared limits backend (a SQLite
 file) is SIGKILLed while its call waits for the one slot another holder keeps; the call
-has no ``started`` record, and recovery runs it once, with no decision asked.
+has no ``started`` record, and recovery runs it once, with no decision asked. A run
+cancelled while its call waits ends without the call ever starting.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,10 +19,13 @@ from typing import Any
 
 from _kit.poll import until
 from _kit.specs import child_env, open_spec
-from limit_wait_proc import API, KEY
+from limit_wait_proc import API, CHARGE, KEY, Order
 
+from agentflow import Event, Events, Executor, FlowRunner, Registry
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_events import read_events
+from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.limits import LocalLimits
 from agentflow.exec.limits._backends import BackendRef
 
 HERE = Path(__file__).resolve().parent
@@ -77,3 +82,36 @@ async def test_a_worker_killed_while_its_call_waits_for_a_slot_leaves_nothing_in
     finally:
         await backend.aclose()
         await store.aclose()
+
+
+async def test_a_run_cancelled_while_its_call_waits_for_a_slot_never_starts_the_call(tmp_path: Path) -> None:
+    # Given a run whose call waits for the one slot of limit "api", which another holder keeps
+    backend = LocalLimits()
+    registry = Registry(limit_backend=backend)
+    registry.limit(API)
+    charged: list[str] = []
+
+    @registry.tool(limits=["api"])
+    async def charge(order: str) -> str:
+        charged.append(order)
+        return f"charged {order}"
+
+    waiting: list[Event] = []
+    hub = Events()
+    hub.subscribe(waiting.append, ["call.waiting"])
+    assert await backend.take(API, "", "another-holder") is None
+    async with SQLiteCheckpointStore(tmp_path / "runs.db") as store:
+        runner = FlowRunner(Executor(registry, events=hub), checkpoints=store, checkpoint_key=KEY)
+        run = asyncio.create_task(runner.run(CHARGE, Order(), run_id="pay-2"))
+        await until(lambda: waiting, "the call waiting for the slot")
+
+        # When an operator cancels the run, and then the slot comes free
+        other = FlowRunner(Executor(registry), checkpoints=store, checkpoint_key=KEY)
+        await other.cancel(CHARGE, "pay-2", reason="not needed", operator="ann")
+        await backend.release(API, "", "another-holder")
+        result = await run
+
+        # Then the run ended cancelled, and the call never started: no record, no charge
+        assert result.status == "cancelled" and result.error == "cancelled by ann: not needed"
+        assert charged == []
+        assert [record.kind for record in await store.calls("pay-2")] == []
