@@ -31,6 +31,8 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     else
       echo "services: starting rabbitmq-server"
       rabbitmq-server -detached >/dev/null 2>&1 || true
+      # await_startup gives up at once while the new node is not registered yet: wait for it first.
+      for _ in $(seq 1 60); do rabbitmqctl -q ping >/dev/null 2>&1 && break; sleep 0.5; done
     fi
     rabbitmqctl -q await_startup --timeout 60 >/dev/null 2>&1 || echo "services: RabbitMQ did not start"
   fi
