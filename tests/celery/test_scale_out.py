@@ -1,9 +1,9 @@
 """The scale-out configuration on the real servers: RabbitMQ as the broker, PostgreSQL as the store.
 
 What changes against one Redis: the queues are quorum queues (each flow version's too), a
-recheck's countdown waits in the broker (native delayed delivery), a message whose worker
-died goes back to its queue at once (the channel closed with it unacknowledged), and the
-broker may go away and come back without a run being lost. The chaos soak on this
+countdown waits in the broker (native delayed delivery), a message whose worker died goes
+back to its queue at once (the channel closed with it unacknowledged: no visibility
+timeout), and the broker may go away and come back without a run being lost. The chaos soak on this
 configuration is in test_chaos.py.
 """
 
@@ -40,9 +40,9 @@ def queues(vhost_url: str) -> dict[str, tuple[str, int]]:
 
 
 def received_at(deployment: Deployment, worker: str, task_id: str) -> float | None:
-    """When (epoch seconds) `worker` logged that it received the task, if it did."""
+    """When (epoch seconds) `worker` logged that it received the task (`task_id`: the id, or how it starts)."""
     for line in deployment.log(worker).splitlines():
-        if f"[{task_id}] received" in line:
+        if f"[{task_id}" in line and "] received" in line:
             stamp = line[1:24]  # [2026-12-01 17:01:43,837: ...
             return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
     return None
@@ -74,6 +74,31 @@ async def test_runs_go_through_quorum_queues_and_a_countdown_waits_in_the_broker
     ours = {name: kind for name, (kind, _) in queues(rabbitmq_vhost).items() if name.startswith(rabbit.values["queue"])}
     assert {rabbit.values["queue"], f"{rabbit.values['queue']}.tickets.v1"} <= set(ours), ours
     assert set(ours.values()) == {"quorum"}, ours
+
+
+async def test_a_dead_workers_message_is_redelivered_at_once(scale_out_deployment: Deployment) -> None:
+    rabbit = scale_out_deployment
+    # Given two workers and no beat, and tools that take a while after their effect
+    rabbit.set_delay(0.8, 0.8)
+    rabbit.start_worker("w1", wait=False)
+    rabbit.start_worker("w2", wait=False)
+    rabbit.wait_ready("w1")
+    rabbit.wait_ready("w2")
+    # When the worker running a run's first superstep is killed, main process and pool, mid-call
+    run_id = await rabbit.client.start("tickets", {"show": "redelivered"}, run_id=f"{rabbit.prefix}-redelivered")
+    await rabbit.until_effect("hold_seats", run_id)
+    holder = (await rabbit.until_held(run_id)).owner.split("@")[0]
+    other = {"w1": "w2", "w2": "w1"}[holder]
+    killed = time.time()
+    rabbit.kill_group(holder)
+    # Then the broker hands its message to the other worker at once (no visibility timeout),
+    got = await until(lambda: received_at(rabbit, other, f"af-{run_id}-0-start"), "the redelivery", timeout_s=10)
+    assert got - killed < 5.0, got - killed  # on Redis: the visibility timeout (120 s in this kit)
+    # which waits out the dead worker's lease (a recheck) and carries the run to the end: the
+    # idempotent call in doubt reruns, the others run once
+    assert (await rabbit.client.wait(run_id, timeout_s=30)).status == "done"
+    effects = rabbit.effects()
+    assert (effects[("charge_card", run_id)], effects[("email_tickets", run_id)]) == (1, 1)
 
 
 async def test_a_broker_restart_loses_no_run(scale_out_deployment: Deployment, rabbitmq_vhost: str) -> None:
