@@ -3,8 +3,8 @@
 What changes against one Redis: the queues are quorum queues (each flow version's too), a
 countdown waits in the broker (native delayed delivery), a message whose worker died goes
 back to its queue at once (the channel closed with it unacknowledged: no visibility
-timeout), and the broker may go away and come back without a run being lost. The chaos soak on this
-configuration is in test_chaos.py.
+timeout), and the broker may go away and come back without a run being lost. The chaos
+soak on this configuration is in test_chaos.py.
 """
 
 from __future__ import annotations
