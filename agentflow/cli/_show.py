@@ -219,6 +219,9 @@ def _now(report: RunReport) -> list[str]:
         at = when(report.wake["at"])
         if report.wake["for"] == "timer":
             return [f"waiting until {at} (a Wait node): a sweeper wakes it then; nothing is held meanwhile"]
+        if report.wake["for"] == "child":
+            runs = printable(", ".join(report.wake["runs"]))
+            return [f"waiting for its child run(s) {runs} to end: then it goes on (nothing is held meanwhile)"]
         return [f"the approval's deadline is {at}: then each pending call's on_timeout decides it"]
     decided = report.decision
     if decided is not None:
@@ -244,6 +247,10 @@ def run_text(report: RunReport, app: FlowApp | None = None) -> str:
     ]
     if app is not None and needs_migration(report, app):
         lines += _migration(report, app)
+    if report.parent is not None:
+        lines.append(f"a child run of {printable(report.parent)}")
+    if report.children:
+        lines.append(f"child runs: {printable(', '.join(report.children))}")
     if ident is not None:
         principal = "set" if ident.principal else "none"
         user, thread = printable(ident.user or "-"), printable(ident.thread or "-")

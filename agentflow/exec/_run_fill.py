@@ -143,6 +143,19 @@ def fill(
     report.forked_from = _lineage(bodies[0])
     report.version = version_of(latest) if report.kind is RunKind.FLOW else None
     report.wake = wake_of(latest) if report.status == "paused" else None
+    parent = latest.get("parent")
+    report.parent = str(parent["run"]) if isinstance(parent, Mapping) and "run" in parent else None
+    report.children = _children(bodies)
+
+
+def _children(bodies: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The child runs the run waited for (its paused checkpoints' ``child`` waits), each once, in order."""
+    found: list[str] = []
+    for body in bodies:
+        wake = body.get("wake")
+        if isinstance(wake, Mapping) and wake.get("for") == "child":
+            found += [str(r) for r in wake.get("runs", []) if str(r) not in found]
+    return found
 
 
 def _lineage(first: Mapping[str, Any]) -> v.Lineage | None:

@@ -232,6 +232,10 @@ class RunReport:
     """The run and checkpoint this run was forked from (None: it was started afresh)."""
     version: str | None = None
     """The version of the flow the run is on (None: a tool loop, or a run whose rows did not all check)."""
+    parent: str | None = None
+    """The parent run that started this one as a child (its signed lineage; None: no parent)."""
+    children: list[str] = field(default_factory=list)
+    """The child runs this run waited for (a `Child` node's), in order."""
     wake: dict[str, Any] | None = None
     """A paused run's signed timer: ``{"at": seconds since the epoch, "for": "timer" or "approval"}``."""
     waiting_for_limit: list[LimitWait] = field(default_factory=list)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 from _kit.faults import body
-from _kit.tickets import Crash, Refund, amount_args
+from _kit.tickets import KEY, Crash, Refund, amount_args
 from _kit.workers import faulty
 from pydantic import BaseModel
 
 from agentflow import Call, Child, Flow, FlowError, RunStatus
 from agentflow._errors import CheckpointConflict
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
 
 #: The child: a refund (over 100: it waits for an approval).
 REFUND = (
@@ -61,6 +63,9 @@ async def test_a_parent_waits_for_a_paused_child_and_goes_on_once_it_ended(worke
     # Then the parent went on once with the child's result; the child ran once
     assert woken["case-1"].status == RunStatus.DONE and woken["case-1"].state.refund["outcome"] == "refunded 500"
     assert workers.ran("case-1.refund.0") == {"refund": 1} and workers.ran("case-1") == {"notify": 1}
+    # And the read model links them both ways
+    assert (await read_run(workers.raw, Sealer(KEY), "case-1")).children == ["case-1.refund.0"]
+    assert (await read_run(workers.raw, Sealer(KEY), "case-1.refund.0")).parent == "case-1"
 
 
 @pytest.mark.parametrize(
