@@ -480,6 +480,21 @@ def test_a_loop_closed_without_shutdown_is_left_behind(tmp_path: Path) -> None:
     gc.collect()  # an undisposed connection would warn here
 
 
+async def test_dropping_the_tables_drops_the_functions(backend: Backend) -> None:
+    if backend.name != "postgres":
+        pytest.skip("only the PostgreSQL fast path installs functions")
+    # Given a tenant's tables, set up with their functions
+    async with backend.store("t_") as store:
+        await store.setup()
+    functions = "SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace ORDER BY proname"
+    assert await backend.sql(functions) == [("t_release_lease",), ("t_take_lease",), ("t_write",)]
+    # When the tables are dropped by prefix, as the tests and the benchmarks drop them (CASCADE)
+    for table in ("meta", "checkpoints", "runs", "calls", "leases", "events"):
+        await backend.sql(f"DROP TABLE IF EXISTS t_{table} CASCADE")
+    # Then no function is left behind
+    assert await backend.sql(functions) == []
+
+
 async def test_a_pool_of_one_connection_serves_every_operation(backend: Backend) -> None:
     # Given a store whose pool holds one connection and may open no other (and gives up after 2 s)
     options = backend.engine_options | {"pool_size": 1, "max_overflow": 0, "pool_timeout": 2}

@@ -51,14 +51,19 @@ _NOW: Final = "extract(epoch from clock_timestamp())::double precision"
 
 
 def functions(p: str) -> list[str]:
-    """The DDL of the functions of tables prefixed `p` (migration 4 on PostgreSQL; idempotent)."""
+    """The DDL of the functions of tables prefixed `p` (migration 4 on PostgreSQL; idempotent).
+
+    Each takes a last, unused parameter of the ``<p>meta`` table's row type (``p_schema``,
+    NULL by default): that makes it depend on the table, so ``DROP TABLE <p>meta CASCADE``
+    (how tenants' tables are dropped by prefix) drops the functions with it.
+    """
     return [
         f"""
 CREATE OR REPLACE FUNCTION {p}write(
     p_run text, p_step integer, p_flow text, p_status text, p_segment integer, p_saved_at double precision,
     p_payload bytea, p_kid text, p_sig text,
     c_segment integer[], c_seq integer[], c_kind text[], c_payload bytea[], c_kid text[], c_sig text[],
-    p_ended text[], p_final text[],
+    p_ended text[], p_final text[], p_schema {p}meta DEFAULT NULL,
     OUT listed boolean, OUT last_step integer, OUT last_flow text, OUT last_status text, OUT last_segment integer,
     OUT counts integer[], OUT stored boolean, OUT written boolean
 ) LANGUAGE plpgsql VOLATILE AS $fn$
@@ -127,7 +132,7 @@ END
 $fn$""",
         f"""
 CREATE OR REPLACE FUNCTION {p}take_lease(
-    p_run text, p_owner text, p_token text, p_ttl double precision,
+    p_run text, p_owner text, p_token text, p_ttl double precision, p_schema {p}meta DEFAULT NULL,
     OUT run_id text, OUT owner text, OUT token text, OUT expires_at double precision
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 #variable_conflict use_column
@@ -141,7 +146,7 @@ BEGIN
 END
 $fn$""",
         f"""
-CREATE OR REPLACE FUNCTION {p}release_lease(p_run text, p_token text) RETURNS boolean
+CREATE OR REPLACE FUNCTION {p}release_lease(p_run text, p_token text, p_schema {p}meta DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     live boolean;
@@ -155,7 +160,7 @@ $fn$""",
 
 
 def drop_functions(p: str) -> list[str]:
-    """Statements dropping the functions of tables prefixed `p` (for whoever drops the tables by hand)."""
+    """Statements dropping the functions of tables prefixed `p` (``DROP TABLE <p>meta CASCADE`` does too)."""
     return [f"DROP FUNCTION IF EXISTS {p}{name}" for name in ("write", "take_lease", "release_lease")]
 
 
