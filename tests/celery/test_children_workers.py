@@ -18,7 +18,7 @@ from agentflow import CheckpointNotFound
 
 
 @pytest.mark.timeout(240)
-async def test_kills_at_every_boundary_end_with_one_child_and_one_parent_result(deployment: Deployment):
+async def test_kills_at_every_boundary_end_with_one_child_and_one_parent_result(deployment: Deployment) -> None:
     deployment.start_beat()
     client = deployment.client
     parent = await client.start("family", {"show": "Aida", "seconds": 3.0}, run_id=f"{deployment.prefix}-p")

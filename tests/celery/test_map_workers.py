@@ -51,16 +51,14 @@ async def stored_bytes(deployment: Deployment, run_id: str) -> int:
 
 
 @pytest.mark.timeout(300)
-async def test_a_map_of_a_thousand_elements_survives_two_kills_with_each_effect_once(deployment: Deployment):
+async def test_a_map_of_a_thousand_elements_survives_two_kills_with_each_effect_once(deployment: Deployment) -> None:
     deployment.set_delay(0.01, 0.03)
     run_id = await deployment.client.start("mapped", {"items": list(range(ELEMENTS))}, run_id=f"{deployment.prefix}-m")
     decided = 0
     for worker, kill_at in (("w1", 250), ("w2", 600)):
         # Given a worker publishing the elements, killed (its whole process group) in the middle
         deployment.start_worker(worker)
-        await until(
-            lambda n=kill_at: deployment.effects()[("publish", run_id)] >= n, f"{kill_at} published", timeout_s=120
-        )
+        await until(published(deployment, run_id, kill_at), f"{kill_at} published", timeout_s=120)
         deployment.kill_group(worker)
         # When the next worker takes the run over, Then it surfaces the elements in doubt for a decision
         deployment.start_worker(f"{worker}-next")
@@ -98,3 +96,8 @@ def finished_of(deployment: Deployment, run_id: str) -> Any:
         return (await deployment.client.status(run_id)).status == "done"
 
     return check
+
+
+def published(deployment: Deployment, run_id: str, count: int) -> Any:
+    """A check: at least `count` elements of the run published (in the ledger)."""
+    return lambda: deployment.effects()[("publish", run_id)] >= count

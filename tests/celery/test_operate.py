@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from celery_kit import Deployment
+from pydantic import BaseModel
 
 from agentflow import Happened
 from agentflow.exec._durable_read import read_log
@@ -47,7 +48,7 @@ async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(deploy
     forked = await deployment.client.fork(run_id, at_step=1, patch={"show": "Carmen"}, operator="yan")
     # Then a worker runs the new run's calls (new calls: charge and mail once more), and the old run is as it was
     view = await deployment.client.wait(forked, timeout_s=60)
-    assert view.status == "done" and view.state.show == "Carmen"  # type: ignore[attr-defined]
+    assert view.status == "done" and isinstance(view.state, BaseModel) and view.state.show == "Carmen"  # type: ignore[attr-defined]
     after = deployment.effects()
     assert after[("charge_card", forked)] == 1 and after[("email_tickets", forked)] == 1
     assert {k: v for k, v in after.items() if k[1] == run_id} == {k: v for k, v in before.items() if k[1] == run_id}

@@ -18,7 +18,9 @@ from versioned_flows import to_v2
 V1, V2, BOTH = "versioned_flows:v1", "versioned_flows:v2", "versioned_flows:both"
 
 
-async def test_a_rolling_deploy_finishes_every_run_on_its_version_or_lists_it_for_migration(deployment: Deployment):
+async def test_a_rolling_deploy_finishes_every_run_on_its_version_or_lists_it_for_migration(
+    deployment: Deployment,
+) -> None:
     old, new, ops = deployment.client_for(V1), deployment.client_for(V2), deployment.client_for(BOTH)
     # Given four refunds paused for approval, started while only version 1 was deployed
     deployment.start_worker_of("old", V1)
@@ -46,7 +48,7 @@ async def test_a_rolling_deploy_finishes_every_run_on_its_version_or_lists_it_fo
     assert [views[r].status for r in (a, b, started)] == ["done", "done", "done"], views
     assert [views[r].version for r in (a, b, started)] == ["1", "1", "2"]
     for run_id, worker in ((a, "v1@"), (b, "v1@"), (started, "v2@")):
-        assert (await deployment.report(run_id)).checkpoints[-1].by.startswith(worker)
+        assert ((await deployment.report(run_id)).checkpoints[-1].by or "").startswith(worker)
 
     # When only version 2 is left
     deployment.kill_group("v1")

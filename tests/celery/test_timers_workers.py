@@ -33,7 +33,7 @@ def messages_queued(deployment: Deployment) -> int:
 
     The beat's own recover_all messages are not about any run, and are left out.
     """
-    client = redis.Redis.from_url(deployment.redis_url)
+    client = redis.Redis.from_url(str(deployment.redis_url))
     try:
         prefix = f"{deployment.prefix}:celery:"
         names = client.scan_iter(match=f"{prefix}{deployment.values['queue']}*")
@@ -45,7 +45,7 @@ def messages_queued(deployment: Deployment) -> int:
 
 
 @pytest.mark.timeout(300)  # a thousand supersteps through one worker: about a minute, more on a loaded machine
-async def test_a_thousand_waiting_runs_cost_no_thread_and_no_message(deployment: Deployment):
+async def test_a_thousand_waiting_runs_cost_no_thread_and_no_message(deployment: Deployment) -> None:
     # Given one worker, warmed up by one waiting run, and the beat sweeping every 2 s
     deployment.start_worker("w1")
     deployment.start_beat()
@@ -96,13 +96,15 @@ async def ended(deployment: Deployment, run_id: str, timeout_s: float = 60.0) ->
     return await until(view, f"run {run_id} ending", timeout_s=timeout_s, every=0.2)
 
 
-async def test_a_run_waiting_while_its_worker_is_killed_wakes_once_on_time(deployment: Deployment):
+async def test_a_run_waiting_while_its_worker_is_killed_wakes_once_on_time(deployment: Deployment) -> None:
     # Given a run waiting four seconds, and the beat running
     deployment.start_worker("w1")
     deployment.start_beat()
     run_id = await deployment.client.start("cooled", {"show": "Tosca", "seconds": 4.0}, run_id=f"{deployment.prefix}-c")
     assert (await deployment.client.wait(run_id, timeout_s=30)).status == "paused"
-    wake_at = (await deployment.report(run_id)).wake["at"]
+    wake = (await deployment.report(run_id)).wake
+    assert wake is not None
+    wake_at = wake["at"]
     # When its worker is killed while it waits, and another one starts
     deployment.kill_group("w1")
     deployment.start_worker("w2")
@@ -118,7 +120,7 @@ async def test_a_run_waiting_while_its_worker_is_killed_wakes_once_on_time(deplo
     assert deployment.effects()[("email_tickets", run_id)] == 1
 
 
-async def test_an_approval_deadline_fires_its_on_timeout_once_on_a_worker(deployment: Deployment):
+async def test_an_approval_deadline_fires_its_on_timeout_once_on_a_worker(deployment: Deployment) -> None:
     # Given a refund that waits two seconds for an approval nobody gives, and the beat running
     deployment.start_worker("w1")
     deployment.start_beat()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from _kit.poll import until
 from pydantic import BaseModel
@@ -55,7 +56,7 @@ class WaitingRun:
 
     run_id: str
     waiting: threading.Event = field(default_factory=threading.Event)
-    result: list[RunResult] = field(default_factory=list)
+    result: list[RunResult[Any]] = field(default_factory=list)
     error: list[BaseException] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     free: asyncio.Event | None = None

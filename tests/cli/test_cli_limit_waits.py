@@ -7,6 +7,7 @@ from limit_wait_kit import waiting_run
 
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
 
@@ -37,7 +38,7 @@ def test_the_read_model_has_the_wait_of_a_live_run_only(db):
     # Given a live run whose call waits for limit "api"
     sealer = Sealer(runs_kit.KEY)
 
-    async def read(run_id: str):
+    async def read(run_id: str) -> RunReport:
         async with SQLiteCheckpointStore(db) as store:
             return await read_run(store, sealer, run_id)
 

@@ -6,6 +6,8 @@ inline to its end or its first pause; the Celery tests cover children on the que
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from _kit.faults import body
 from _kit.tickets import KEY, Crash, Refund, amount_args
@@ -25,7 +27,7 @@ REFUND = (
 
 class Case(BaseModel):
     amount: int
-    refund: dict = {}
+    refund: dict[str, Any] = {}
     note: str = ""
 
 
@@ -89,7 +91,7 @@ async def test_a_parent_that_dies_at_any_point_ends_with_one_child_and_one_resul
 
 
 async def test_a_failed_child_fails_its_parents_node(workers):
-    def boom(state: Refund) -> dict:
+    def boom(state: Refund) -> dict[str, Any]:
         raise ValueError("the ledger is closed")
 
     failing = Flow("failing_child", state=Refund).node("boom", boom).end("boom")
@@ -123,6 +125,6 @@ async def test_a_run_under_the_childs_id_that_the_parent_did_not_start_is_not_ad
 
 def test_a_child_node_takes_a_flow_and_names_a_field_the_state_has():
     with pytest.raises(FlowError, match="takes a Flow"):
-        Flow("p", state=Case).node("c", Child("refund_child", state=lambda c: {}))  # type: ignore[arg-type]
+        Flow("p", state=Case).node("c", Child("refund_child", state=lambda c: {}))
     with pytest.raises(FlowError, match="names a field"):
         Flow("p", state=Case).node("c", Child(REFUND, state=lambda c: {}, into="nope"))

@@ -13,7 +13,7 @@ from _kit.tickets import Crash
 from _kit.workers import faulty
 from pydantic import BaseModel
 
-from agentflow import FlowError, Map, RecoveryNeedsDecision, RunStatus
+from agentflow import FlowError, Map, RecoveryNeedsDecision, Registry, RunStatus
 from agentflow.flow import Flow
 
 
@@ -41,7 +41,8 @@ def add_tools(workers: Any, together: int = 1) -> dict[str, Any]:
     fetch waits for `together` calls of it to be in flight before any goes on (a barrier): a
     bound below that would never let them all in.
     """
-    registry, seen = workers.tickets.registry, {"now": 0, "most": 0}
+    registry: Registry = workers.tickets.registry
+    seen = {"now": 0, "most": 0}
     barrier = asyncio.Barrier(together)
 
     @registry.tool(idempotent=True)

@@ -6,6 +6,8 @@ rules of the builder and of `FlowVersions` need no store.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from _kit.faults import body
 from _kit.tickets import KEY, ORDER, REFUNDS, TICKETS, Crash, Order, Refund, amount_args, tickets_flow
@@ -37,13 +39,13 @@ REFUNDS_V2 = (
     .edge("refund", "notify")
     .end("notify")
 )
-BOTH = FlowVersions([REFUNDS, REFUNDS_V2])
+BOTH: FlowVersions[Any] = FlowVersions([REFUNDS, REFUNDS_V2])
 
 #: Version 2 of the tickets flow: a receipt after sending.
 TICKETS_V2 = tickets_flow(with_receipt=True, version="2")
 
 
-def with_currency(old: dict) -> dict:
+def with_currency(old: dict[str, Any]) -> dict[str, Any]:
     return {**old, "currency": "EUR"}
 
 
@@ -62,7 +64,7 @@ def test_a_flow_is_on_version_1_unless_told_and_a_version_must_be_a_short_plain_
 
 def test_the_newest_version_compares_numbers_as_numbers_whatever_the_order_given():
     flows = [tickets_flow(version=v) for v in ("10", "9", "1.10", "1.9")]
-    versions = FlowVersions(flows)
+    versions: FlowVersions[Any] = FlowVersions(flows)
     assert versions.newest.version == "10"
     assert versions.versions == ["1.9", "1.10", "9", "10"]
     assert FlowVersions([TICKETS_V2, TICKETS]).newest is TICKETS_V2
@@ -141,7 +143,7 @@ async def test_recover_all_lists_a_stranded_run_of_another_version_and_recovers_
     outcomes = await workers.runner().recover_all(TICKETS_V2)
     # Then the version 1 run is reported as not deployed (and untouched); the other finished
     assert isinstance(outcomes["order-1"], VersionNotDeployed)
-    assert outcomes["order-2"].status == RunStatus.DONE  # type: ignore[union-attr]
+    assert outcomes["order-2"].status == RunStatus.DONE
     assert "order-1" in await workers.raw.list_unfinished("tickets")
 
 
