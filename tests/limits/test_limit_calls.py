@@ -246,11 +246,17 @@ async def test_a_run_waiting_for_a_slot_keeps_its_lease(tmp_path):
     run = asyncio.create_task(runner.run(flow, {}, run_id="waits"))
     await until(lambda: events, "the call waiting")
     refusals = 0
-    while not run.done():
+
+    async def finished_while_held() -> bool:
+        nonlocal refusals
+        if run.done():
+            return True
         with pytest.raises(RunHeld):
             await other.recover(flow, "waits")
         refusals += 1
-        await asyncio.sleep(0.1)
+        return False
+
+    await until(finished_while_held, "the waiting run finishing", timeout_s=30, every=0.1)
     result = await run
 
     # Then the lease was renewed all along: the run was never taken from it, and it finished
