@@ -21,6 +21,12 @@ mixin gives:
   ``delete``, one run at a time. A run is pruned whole only if the store's ``delete`` is
   atomic; they are also what `_retention` falls back on for a store without them.
 
+No trim (`TrimStore`): the port has no way to delete one checkpoint of a run and keep the
+rest (``delete`` takes all of it, and a save cannot put the newest row back: it would be a
+step 0 over stored call records). So `default_trimmable` and `default_trim`, what
+`_retention` falls back on for a store without ``trimmable`` and ``trim``, refuse with a
+`NotImplementedError` that says so (`no_trim`), rather than half-do it.
+
 The stores agentflow ships do not use it: each has a one-transaction or one-script
 ``save_after_calls``, a cheaper ``head`` and batched ``prunable`` and ``prune``.
 """
@@ -29,10 +35,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Collection, Mapping, Sequence
-from typing import Final, Protocol
+from typing import Final, NoReturn, Protocol
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
 from agentflow.exec.checkpoints._rules import check_call, check_prune_statuses, check_row, check_save
 
 #: How many runs the generic `default_prunable` reads from the listing (all of them, in practice).
@@ -111,6 +117,39 @@ async def default_prune(
             if not deleted:
                 await store.release_lease(run_id, token)
     return Pruned(tuple(pruned), rows)
+
+
+def no_trim(store: object) -> NoReturn:
+    """Refuse to trim on a store without `TrimStore`, saying why and what to do instead.
+
+    Raises:
+        NotImplementedError: always.
+    """
+    raise NotImplementedError(
+        f"{type(store).__name__} cannot trim runs: it has no trimmable and trim (TrimStore), and the store port "
+        "has no way to delete one checkpoint of a run; prune finished runs whole instead (keep_s), or give the "
+        "store trimmable and trim"
+    )
+
+
+async def default_trimmable(
+    store: object, before: float, statuses: Collection[str], limit: int, since: float | None = None
+) -> list[tuple[str, float]]:
+    """The generic trim listing: there is none (see `no_trim`).
+
+    Raises:
+        NotImplementedError: always.
+    """
+    no_trim(store)
+
+
+async def default_trim(store: object, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    """The generic trim: there is none (see `no_trim`); nothing is deleted.
+
+    Raises:
+        NotImplementedError: always.
+    """
+    no_trim(store)
 
 
 async def _read_head(store: _CoreStore, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:

@@ -50,6 +50,10 @@ store that has it prunes finished runs in batches, natively; any other store (a 
 that forwards only `CheckpointStore`, a third-party store) is pruned by the generic
 version built on the methods above (`_defaults.default_prune`), one run at a time.
 Callers go through `agentflow.exec.checkpoints._retention`, which picks one or the other.
+Trimming (`TrimStore`: ``trimmable`` and ``trim``) is optional apart from pruning: a store
+that has it deletes every checkpoint but the newest of finished runs and keeps the rest of
+each run. The port has no way to delete one checkpoint, so there is no generic trim: a
+store without `TrimStore` is refused with a `NotImplementedError` that says so.
 
 Event streams (`EventStore`: ``append_events`` and ``read_events``) are optional too: a
 store that has them keeps every event of a run, in order, readable from any process with
@@ -63,7 +67,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints._records import (
+    Lease,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+    Trimmed,
+)
 
 
 @runtime_checkable
@@ -267,6 +279,50 @@ class RetentionStore(Protocol):
         whole or not at all; a prune cut off midway leaves each run whole or gone; a run
         resumed or retried meanwhile (a new checkpoint, a live lease) is kept. The pruner
         holds the run's lease (as `owner`) while it deletes it. Unknown ids are skipped.
+
+        Raises:
+            ValueError: `statuses` names a status of a run that has not ended.
+        """
+        ...
+
+
+@runtime_checkable
+class TrimStore(Protocol):
+    """The trimming part of the port: keep only the newest checkpoint of finished runs older than a cut-off.
+
+    Apart from `RetentionStore` so that a store written before it (with ``prunable`` and
+    ``prune`` only) is still recognised as one: a runtime-checkable Protocol matches only
+    a store with every one of its members.
+    """
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None = None
+    ) -> Sequence[tuple[str, float]]:
+        """Return up to `limit` runs a trim would take now, as ``(run_id, saved_at)``, oldest first.
+
+        A run qualifies when its newest checkpoint's status is one of `statuses` (statuses
+        of a run that ended only), that checkpoint was saved before `before` and at or after
+        `since` (None: no lower bound; the caller's cursor when it lists batch after
+        batch), no live lease holds the run, the run is not a tool loop (`_rules.trims`),
+        and an older checkpoint of it is still stored (a trimmed run is not listed again).
+        Read from the listing index (a run it forgot is not found), without writing.
+
+        Raises:
+            ValueError: `statuses` names a status of a run that has not ended.
+        """
+        ...
+
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Delete every checkpoint but the newest of each run of `run_ids` that still qualifies.
+
+        Each run is judged again at the moment it is trimmed, under the same rule as
+        `trimmable`, and trimmed in one atomic step: its older checkpoint rows go; its
+        newest checkpoint, call records, lease, listing entries and events stay, so the run
+        is read, listed, retried and resumed exactly as before (every reader of the latest
+        state reads only the newest checkpoint and the call log). A trim cut off midway
+        leaves each run trimmed or untouched; a run retried or resumed meanwhile (a new
+        checkpoint, a live lease) is left. Unknown ids, and runs with one checkpoint, are
+        skipped. A run retried after a trim and ended again qualifies again.
 
         Raises:
             ValueError: `statuses` names a status of a run that has not ended.

@@ -104,6 +104,19 @@ class Pruned:
         return Pruned(self.run_ids + other.run_ids, self.rows + other.rows)
 
 
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """What a trim deleted: every checkpoint but the newest of some finished runs (the runs stay)."""
+
+    run_ids: tuple[str, ...]
+    """The runs trimmed, in the order they were asked for."""
+    rows: int
+    """How many checkpoint rows were deleted from them (call records are never trimmed)."""
+
+    def __add__(self, other: Trimmed) -> Trimmed:
+        return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows)
+
+
 #: How many events a store keeps per run: appending more drops the oldest (Redis trims
 #: approximately, so it may keep a few more).
 EVENTS_KEPT: Final = 10_000

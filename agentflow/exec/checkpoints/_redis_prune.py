@@ -1,12 +1,14 @@
-"""Retention of `RedisCheckpointStore`: find finished runs by the time index, and delete them whole.
+"""Retention of `RedisCheckpointStore`: find finished runs by the time index, delete them whole or trim them.
 
-`prunable` reads ``P:runs`` (run id -> saved_at of its newest save) from the oldest entry up
-to the cut-off, a page at a time, and checks each run's latest hash and lease key in one
-pipelined round trip per page: a run qualifies when its status is one of the chosen ones,
-its saved_at is before the cut-off and no lease key exists (it expires when the lease
-lapses). An entry whose run has no keys left (expired by its TTL, deleted) is removed from
-``P:runs`` as the listings remove it (`Index.forget`, only `STALE_AFTER_S` after its score).
-No KEYS and no SCAN: the index is sorted by time.
+`prunable` and `trimmable` read ``P:runs`` (run id -> saved_at of its newest save) from the
+oldest entry (or the caller's cursor) up to the cut-off, a page at a time, and check each
+run's latest hash and lease key (and for a trim, the entry before its newest checkpoint) in
+one pipelined round trip per page: a run qualifies when its status is one of the chosen
+ones, its saved_at is before the cut-off and no lease key exists (it expires when the lease
+lapses); a trim also wants a run that is not a tool loop and still has an older row. An
+entry whose run has no keys left (expired by its TTL, deleted) is removed from ``P:runs``
+as the listings remove it (`Index.forget`, only `STALE_AFTER_S` after its score). No KEYS
+and no SCAN: the index is sorted by time.
 
 `prune` reads the flow of each run asked for (one pipelined round trip per chunk), then
 runs ``_lua/prune_run.lua`` for each, which judges the run again and deletes its six keys
@@ -15,6 +17,10 @@ the scripts also remove the run from the three indexes, and a chunk's scripts go
 pipeline. On Redis Cluster each run's script goes to its slot's node (concurrently), and
 the index entries, in other slots, are removed afterwards: an entry left by a prune cut
 off there names a run with no keys, which every listing skips and removes.
+
+`trim` runs ``_lua/trim_run.lua`` for each run, which judges it again and blanks every
+checkpoint row but the newest in one step; it touches only the run's own keys, so it is the
+same script on one server and on a Cluster, and no index entry changes.
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
-from agentflow.exec.checkpoints._records import Pruned
+from agentflow.exec.checkpoints._records import Pruned, Trimmed
 from agentflow.exec.checkpoints._redis_clients import Bound, LoopClients
 from agentflow.exec.checkpoints._redis_index import STALE_AFTER_S, Index
 from agentflow.exec.checkpoints._redis_rows import _scored, _text
-from agentflow.exec.checkpoints._rules import check_prune_statuses
+from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_prune_statuses, trims
 
 #: Index entries read per page, and runs pruned per pipeline.
 _PAGE: Final = 500
@@ -36,6 +42,8 @@ _PAGE: Final = 500
 _CLUSTER_CALLS: Final = 32
 #: The run's keys the prune script takes, in its KEYS order.
 _PARTS: Final = ("cp", "latest", "calls", "next", "lease", "events")
+#: The run's keys the trim script takes, in its KEYS order.
+_TRIM_PARTS: Final = ("cp", "latest", "lease")
 
 
 class RedisPrune:
@@ -49,19 +57,26 @@ class RedisPrune:
 
     async def prunable(self, before: float, statuses: Collection[str], limit: int) -> list[str]:
         """The runs a prune would take now, oldest first (see the module docstring)."""
-        chosen = set(check_prune_statuses(statuses))
-        found: list[str] = []
+        found = await self._find(before, set(check_prune_statuses(statuses)), limit, None, trim=False)
+        return [run_id for run_id, _ in found]
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None
+    ) -> list[tuple[str, float]]:
+        """The runs a trim would take now, ``(run_id, saved_at)`` oldest first (see the module docstring)."""
+        return await self._find(before, set(check_prune_statuses(statuses, "a trim")), limit, since, trim=True)
+
+    async def _find(
+        self, before: float, chosen: set[str], limit: int, since: float | None, *, trim: bool
+    ) -> list[tuple[str, float]]:
+        """Walk ``P:runs`` from `since` (or the oldest) to the cut-off; the runs a prune (or a trim) would take."""
+        found: list[tuple[str, float]] = []
         stale: list[tuple[str, float]] = []
-        start = 0
+        start, low, width = 0, "-inf" if since is None else repr(since), 3 if trim else 2
         while len(found) < limit:
             async with self._clients.use() as bound:
                 page = await bound.client.zrangebyscore(
-                    self._every,
-                    "-inf",
-                    f"({before!r}",
-                    start=start,
-                    num=min(_PAGE, limit - len(found)),
-                    withscores=True,
+                    self._every, low, f"({before!r}", start=start, num=min(_PAGE, limit - len(found)), withscores=True
                 )
                 entries = _scored(page)
                 if not entries:
@@ -69,17 +84,20 @@ class RedisPrune:
                 start += len(entries)
                 pipe = bound.client.pipeline(transaction=False)
                 for run_id, _ in entries:
-                    latest, lease = self._keys(run_id, ("latest", "lease"))
-                    pipe.hmget(latest, ["status", "saved_at"])
+                    cp, latest, lease = self._keys(run_id, ("cp", "latest", "lease"))
+                    pipe.hmget(latest, ["status", "saved_at", "flow"])
                     pipe.exists(lease)
+                    if trim:
+                        pipe.lindex(cp, -2)  # the row before the newest: None or blank when nothing is left to trim
                 replies: list[Any] = await pipe.execute()
             for i, (run_id, score) in enumerate(entries):
-                (status, saved_at), held = replies[2 * i], replies[2 * i + 1]
+                (status, saved_at, flow), held, *older = replies[width * i : width * (i + 1)]
                 if status is None:
                     if score < time.time() - STALE_AFTER_S:
                         stale.append((run_id, score))
                 elif _text(status) in chosen and float(saved_at) < before and not held:
-                    found.append(run_id)
+                    if not trim or (trims(_text(flow)) and bool(older[0])):
+                        found.append((run_id, score))
         if stale:
             async with self._clients.use() as bound:
                 await self._index.forget(bound, self._every, stale)
@@ -95,30 +113,36 @@ class RedisPrune:
                 total += await self._prune_chunk(bound, unique[start : start + _PAGE], before, chosen)
         return total
 
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Keep only the newest checkpoint of the runs that still qualify: one script per run (module docstring)."""
+        args = [repr(before), UNTRIMMED_PREFIX, *check_prune_statuses(statuses, "a trim")]
+        unique = list(dict.fromkeys(run_ids))
+        trimmed: list[str] = []
+        rows = 0
+        for start in range(0, len(unique), _PAGE):
+            chunk = unique[start : start + _PAGE]
+            async with self._clients.use() as bound:
+                calls = [(self._keys(run_id, _TRIM_PARTS), args) for run_id in chunk]
+                replies = await _run_scripts(bound, "trim_run", calls)
+            for run_id, reply in zip(chunk, replies, strict=True):
+                if _text(reply[0]) == "trimmed":
+                    trimmed.append(run_id)
+                    rows += int(reply[1])
+        return Trimmed(tuple(trimmed), rows)
+
     async def _prune_chunk(self, bound: Bound, run_ids: list[str], before: float, chosen: Sequence[str]) -> Pruned:
         pipe = bound.client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hget(self._keys(run_id, ("latest",))[0], "flow")
         flows = [(run_id, _text(flow)) for run_id, flow in zip(run_ids, await pipe.execute(), strict=True) if flow]
-        script = bound.scripts["prune_run"]
-
-        def call(run_id: str, flow: str, client: Any = None) -> Any:
-            keys = self._keys(run_id, _PARTS) + ([] if bound.cluster else self._index.keys(flow))
-            return script(keys=keys, args=[repr(before), run_id, flow, *chosen], client=client)
-
-        if bound.cluster:  # each script to its slot's node, a bounded number at a time
-            gate = asyncio.Semaphore(_CLUSTER_CALLS)
-
-            async def gated(run_id: str, flow: str) -> Any:
-                async with gate:
-                    return await call(run_id, flow)
-
-            replies = await asyncio.gather(*(gated(run_id, flow) for run_id, flow in flows))
-        else:  # one round trip: the scripts in one pipeline
-            pipe = bound.client.pipeline(transaction=False)
-            for run_id, flow in flows:
-                await call(run_id, flow, pipe)
-            replies = await pipe.execute()
+        calls = [
+            (
+                self._keys(run_id, _PARTS) + ([] if bound.cluster else self._index.keys(flow)),
+                [repr(before), run_id, flow, *chosen],
+            )
+            for run_id, flow in flows
+        ]
+        replies = await _run_scripts(bound, "prune_run", calls)
         pruned, rows, entries = [], 0, []
         for (run_id, flow), reply in zip(flows, replies, strict=True):
             if _text(reply[0]) == "pruned":
@@ -139,3 +163,20 @@ class RedisPrune:
             _, of_flow, unfinished = self._index.keys(flow)
             await self._index.forget(bound, of_flow, found)
             await bound.client.zrem(unfinished, *(run_id for run_id, _ in found))
+
+
+async def _run_scripts(bound: Bound, name: str, calls: Sequence[tuple[list[str], list[str]]]) -> list[Any]:
+    """Run script `name` once per ``(keys, args)``: pipelined on one server, each to its node on a Cluster."""
+    script = bound.scripts[name]
+    if bound.cluster:  # each script to its slot's node, a bounded number at a time
+        gate = asyncio.Semaphore(_CLUSTER_CALLS)
+
+        async def gated(keys: list[str], args: list[str]) -> Any:
+            async with gate:
+                return await script(keys=keys, args=args)
+
+        return list(await asyncio.gather(*(gated(keys, args) for keys, args in calls)))
+    pipe: Any = bound.client.pipeline(transaction=False)  # one round trip: the scripts in one pipeline
+    for keys, args in calls:
+        await script(keys=keys, args=args, client=pipe)
+    return list(await pipe.execute())

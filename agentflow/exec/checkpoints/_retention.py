@@ -1,13 +1,49 @@
-"""Retention: how long finished runs are kept, and the prune that removes older ones in batches.
+"""Retention: how long finished runs are kept whole, when they keep only their newest checkpoint, and the batches.
 
-- `RetentionPolicy`: keep finished runs (``done``, ``failed``, ``cancelled``, or some of
-  them) this long after their last save; a running or paused run is never pruned, however
-  old. The CLI (``agentflow runs prune``) and the workers' beat task each apply one.
-- `prunable` and `prune`: the store's own (`RetentionStore`, batched, atomic per run) when
-  it has them, else the generic versions built on the rest of the port (`_defaults`), so a
-  store wrapped by something that forwards only `CheckpointStore` is pruned all the same.
-- `prune_finished`: batch after batch, each listed and then pruned, until a batch prunes
-  nothing or `max_batches` is reached (the beat's bound per tick).
+Two things may happen to a run that ended (``done``, ``failed``, ``cancelled``, or some of
+them), never to a running or paused one, however old; a `RetentionPolicy` says when:
+
+- **Prune** (``keep_s``): that long after its last save the run is deleted whole, with its
+  checkpoints, call records, lease, listing entries and events.
+- **Trim** (``trim_after_s``): that long after its last save every checkpoint of the run
+  but the newest is deleted. The newest checkpoint, the call records, the lease, the
+  listing entries and the events stay. A policy may do both (trim after a day, prune after
+  30: ``trim_after_s < keep_s``), or either alone.
+
+The design of a trim:
+
+- What stays is what every reader of a run's *latest* state reads: the newest checkpoint
+  (`latest`, `head`) and the call log. So listings, ``runs show``, resume, the viewer, the
+  event stream and a retry of a failed run work as before: a retry claims from the newest
+  checkpoint and replays the finished calls from the call records, so nothing runs twice.
+  What goes is the run's past states: its history starts at the kept step, and a fork from
+  an older step is refused, naming the retention (`agentflow.exec._run_trim`).
+- A run is trimmed in one atomic step (one transaction or script), judged again as it goes
+  (a run retried, resumed or held by a live lease since it was listed is left), so a trim
+  cut off midway leaves each run trimmed or untouched. Only the rows before the newest go.
+- Tool loops are never trimmed (`_rules.trims`): their transcript is spread over their
+  checkpoints. They are pruned whole or kept.
+- Readers accept a history that starts at a step k > 0 only when checkpoint k ended the
+  run (its signed status), which is where a trim cuts: ``agentflow verify`` says the run
+  was trimmed by retention rather than report the older checkpoints missing; any other gap
+  is still a problem. A trim cannot be told from someone with write access to the store
+  deleting the same rows: what verify proves of a trimmed run is the kept checkpoints and
+  the whole call log (which the kept checkpoint pins), not the past states. That never
+  makes a finished call run again: resume and retry read only the newest checkpoint and
+  the call records, which a trim keeps.
+- The store port has no way to delete one checkpoint, so there is no generic trim: a store
+  without `TrimStore` is refused with `NotImplementedError` (`_defaults.no_trim`).
+
+The functions:
+
+- `prunable` and `prune`, `trimmable` and `trim`: the store's own (`RetentionStore`,
+  `TrimStore`: batched, atomic per run) when it has them; else the generic prune built on
+  the rest of the port (`_defaults`), so a store wrapped by something that forwards only
+  `CheckpointStore` is pruned all the same (and refused a trim).
+- `prune_finished` and `trim_finished`: batch after batch, each listed and then pruned or
+  trimmed, until nothing is left to do or `max_batches` is reached (the beat's bound per
+  tick). A trim pages on with a cursor (the newest save time listed so far), so a batch
+  never walks again past the runs the earlier ones trimmed.
 """
 
 from __future__ import annotations
@@ -19,9 +55,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from agentflow.exec.checkpoints._defaults import default_prunable, default_prune
-from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore
-from agentflow.exec.checkpoints._records import ENDED, Pruned
+from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
+from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
+from agentflow.exec.checkpoints._records import ENDED, Pruned, Trimmed
 from agentflow.exec.checkpoints._rules import check_prune_statuses
 
 #: Runs per batch when nobody says otherwise.
@@ -30,32 +66,79 @@ DEFAULT_BATCH: Final = 500
 DAY_S: Final = 86_400.0
 
 
+def _seconds(name: str, value: float | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0):
+        raise ValueError(f"{name} must be a number of seconds, zero or more, or None; got {value!r}")
+
+
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """Which finished runs a store keeps: those saved within `keep_s`, and any run not yet ended."""
+    """What a store keeps of the runs that ended: whole runs for `keep_s`, every checkpoint for `trim_after_s`."""
 
-    keep_s: float
-    """A finished run is kept this long after its last save (seconds), then pruned."""
+    keep_s: float | None
+    """A finished run is kept this long after its last save (seconds), then pruned whole (None: never pruned)."""
     statuses: frozenset[str] = ENDED
-    """Which finished runs are pruned: some of ``done``, ``failed``, ``cancelled`` (never running or paused)."""
+    """Which finished runs: some of ``done``, ``failed``, ``cancelled`` (never running or paused)."""
     batch: int = DEFAULT_BATCH
-    """Runs listed and deleted per batch (one transaction, or one pipeline of scripts)."""
+    """Runs listed and deleted or trimmed per batch (one transaction, or one pipeline of scripts)."""
+    trim_after_s: float | None = None
+    """A finished run keeps only its newest checkpoint this long after its last save (None: it keeps them all).
+
+    Its call records, lease, listing entries and events stay, so it still reads, lists and
+    retries as before; its older checkpoints (its past states) are deleted. Shorter than
+    `keep_s` when both are set. Tool loops are never trimmed.
+    """
 
     def __post_init__(self) -> None:
-        if isinstance(self.keep_s, bool) or not self.keep_s >= 0:
-            raise ValueError(f"keep_s must be a number of seconds, zero or more; got {self.keep_s!r}")
-        object.__setattr__(self, "statuses", frozenset(check_prune_statuses(self.statuses)))
+        _seconds("keep_s", self.keep_s)
+        _seconds("trim_after_s", self.trim_after_s)
+        if self.keep_s is None and self.trim_after_s is None:
+            raise ValueError(
+                "a retention policy needs keep_s (prune finished runs whole), trim_after_s (keep only their "
+                "newest checkpoint), or both; with neither it would keep everything"
+            )
+        if self.keep_s is not None and self.trim_after_s is not None and not self.trim_after_s < self.keep_s:
+            raise ValueError(
+                f"trim_after_s ({self.trim_after_s!r} s) must be shorter than keep_s ({self.keep_s!r} s): "
+                "a run is pruned whole before it would be trimmed"
+            )
+        object.__setattr__(self, "statuses", frozenset(check_prune_statuses(self.statuses, "a retention policy")))
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"batch must be a whole number of runs, 1 or more; got {self.batch!r}")
 
     @classmethod
-    def days(cls, days: float, statuses: Collection[str] = ENDED, batch: int = DEFAULT_BATCH) -> RetentionPolicy:
-        """Keep finished runs for `days` days after their last save."""
-        return cls(days * DAY_S, frozenset(statuses), batch)
+    def days(
+        cls,
+        days: float | None,
+        statuses: Collection[str] = ENDED,
+        batch: int = DEFAULT_BATCH,
+        *,
+        trim_after_days: float | None = None,
+    ) -> RetentionPolicy:
+        """Keep finished runs whole for `days` days (None: for ever), every checkpoint for `trim_after_days`."""
+        keep = None if days is None else days * DAY_S
+        trim = None if trim_after_days is None else trim_after_days * DAY_S
+        return cls(keep, frozenset(statuses), batch, trim)
 
     def cut_off(self, now: float | None = None) -> float:
-        """The time before which a finished run's last save makes it prunable."""
+        """The time before which a finished run's last save makes it prunable.
+
+        Raises:
+            ValueError: the policy prunes no run (`keep_s` is None).
+        """
+        if self.keep_s is None:
+            raise ValueError("this retention policy prunes no run (keep_s is None)")
         return (time.time() if now is None else now) - self.keep_s
+
+    def trim_cut_off(self, now: float | None = None) -> float:
+        """The time before which a finished run's last save makes it trimmable.
+
+        Raises:
+            ValueError: the policy trims no run (`trim_after_s` is None).
+        """
+        if self.trim_after_s is None:
+            raise ValueError("this retention policy trims no run (trim_after_s is None)")
+        return (time.time() if now is None else now) - self.trim_after_s
 
 
 def pruner(name: str = "prune") -> str:
@@ -81,6 +164,32 @@ async def prune(
     return await default_prune(store, run_ids, before, statuses, owner)
 
 
+async def trimmable(
+    store: CheckpointStore, before: float, statuses: Collection[str], limit: int, since: float | None = None
+) -> list[tuple[str, float]]:
+    """The runs a trim would take now, ``(run_id, saved_at)`` oldest first (see `TrimStore.trimmable`).
+
+    Raises:
+        NotImplementedError: the store cannot trim (it has no `TrimStore`).
+    """
+    if isinstance(store, TrimStore):
+        return list(await store.trimmable(before, statuses, limit, since))
+    return await default_trimmable(store, before, statuses, limit, since)
+
+
+async def trim(store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    """Keep only the newest checkpoint of each run of `run_ids` that still qualifies (see `TrimStore.trim`).
+
+    Raises:
+        NotImplementedError: the store cannot trim (it has no `TrimStore`).
+    """
+    if not isinstance(store, TrimStore):
+        return await default_trim(store, run_ids, before, statuses)
+    if not run_ids:
+        return Trimmed((), 0)
+    return await store.trim(run_ids, before, statuses)
+
+
 async def prune_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
@@ -90,11 +199,12 @@ async def prune_finished(
     max_batches: int | None = None,
     on_batch: Callable[[Pruned], None] | None = None,
 ) -> Pruned:
-    """Prune the runs `policy` no longer keeps, batch by batch; return what was deleted.
+    """Prune the runs `policy` no longer keeps whole, batch by batch; return what was deleted.
 
     Each batch lists up to ``policy.batch`` prunable runs, oldest first, and prunes them
     (each judged again as it goes). It stops when a batch prunes nothing (all done, or the
-    runs left are held or changed) or after `max_batches` batches.
+    runs left are held or changed) or after `max_batches` batches. A policy without
+    ``keep_s`` prunes nothing.
 
     Args:
         store: the store to prune.
@@ -104,6 +214,8 @@ async def prune_finished(
         max_batches: stop after this many batches (None: until done).
         on_batch: called with what each batch deleted (progress).
     """
+    if policy.keep_s is None:
+        return Pruned((), 0)
     before = policy.cut_off(now)
     who = owner or pruner()
     total = Pruned((), 0)
@@ -117,4 +229,50 @@ async def prune_finished(
         total += done
         if not done.run_ids:
             break
+    return total
+
+
+async def trim_finished(
+    store: CheckpointStore,
+    policy: RetentionPolicy,
+    *,
+    now: float | None = None,
+    max_batches: int | None = None,
+    on_batch: Callable[[Trimmed], None] | None = None,
+) -> Trimmed:
+    """Keep only the newest checkpoint of the runs `policy` trims, batch by batch; return what was deleted.
+
+    Each batch lists up to ``policy.batch`` trimmable runs, oldest first from a cursor (the
+    newest save time the previous batch listed), and trims them (each judged again as it
+    goes). It stops when a batch lists nothing, when one trims nothing without the cursor
+    moving (the runs left there are held or changed), or after `max_batches` batches. A
+    policy without ``trim_after_s`` trims nothing.
+
+    Args:
+        store: the store to trim.
+        policy: what to keep.
+        now: the time the cut-off is counted from (default: now).
+        max_batches: stop after this many batches (None: until done).
+        on_batch: called with what each batch deleted (progress).
+
+    Raises:
+        NotImplementedError: the store cannot trim (it has no `TrimStore`).
+    """
+    if policy.trim_after_s is None:
+        return Trimmed((), 0)
+    before = policy.trim_cut_off(now)
+    total = Trimmed((), 0)
+    since: float | None = None
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
+        found = await trimmable(store, before, policy.statuses, policy.batch, since)
+        done = await trim(store, [run_id for run_id, _ in found], before, policy.statuses)
+        if on_batch is not None:
+            on_batch(done)
+        total += done
+        newest = found[-1][1] if found else None
+        if newest is None or (not done.run_ids and since is not None and newest <= since):
+            break
+        since = newest
     return total

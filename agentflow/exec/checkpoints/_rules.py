@@ -7,9 +7,16 @@ same rules in Lua and SQL stores in a transaction, with the same messages.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Final
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
+from agentflow._run_types import RunKind
 from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint, SealedEvent
+
+#: The ``flow`` column prefix of the runs a trim never takes: tool loops, whose transcript is
+#: spread over their checkpoints (each holds the messages of its turn), so that dropping the
+#: older ones would lose messages a retry or a reader needs. They are pruned whole or kept.
+UNTRIMMED_PREFIX: Final = RunKind.LOOP.column("")
 
 
 def check_row(run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
@@ -111,8 +118,8 @@ def check_lease_args(owner: str, token: str, ttl_s: float) -> None:
         raise ValueError(f"a lease's ttl_s must be positive, not {ttl_s!r}")
 
 
-def check_prune_statuses(statuses: Collection[str]) -> tuple[str, ...]:
-    """Return the statuses a prune may take, sorted; refuse any but those of a run that ended.
+def check_prune_statuses(statuses: Collection[str], what: str = "a prune") -> tuple[str, ...]:
+    """Return the statuses a prune (or a trim: `what`) may take, sorted; refuse any but those of a run that ended.
 
     Raises:
         ValueError: `statuses` is empty or names ``running``, ``paused`` or an unknown status.
@@ -124,10 +131,15 @@ def check_prune_statuses(statuses: Collection[str]) -> tuple[str, ...]:
     wrong = [status for status in chosen if status not in ENDED]
     if not chosen or wrong:
         raise ValueError(
-            f"a prune takes only runs that ended ({', '.join(sorted(ENDED))}), never running or paused ones; "
+            f"{what} takes only runs that ended ({', '.join(sorted(ENDED))}), never running or paused ones; "
             f"got {', '.join(map(repr, wrong)) or 'no status'}"
         )
     return chosen
+
+
+def trims(flow: str) -> bool:
+    """Whether a trim may take a run of this ``flow`` column (a flow run: yes; a tool loop: never)."""
+    return not flow.startswith(UNTRIMMED_PREFIX)
 
 
 def check_events(run_id: str, events: Sequence[SealedEvent]) -> None:

@@ -1,4 +1,4 @@
-"""Retention of `SQLAlchemyCheckpointStore`: find finished runs, and delete a batch of them whole.
+"""Retention of `SQLAlchemyCheckpointStore`: find finished runs, delete a batch of them whole, or trim them.
 
 A run qualifies when its ``runs`` row points at its newest checkpoint row, that row ended
 with one of the chosen statuses before the cut-off, and no live lease holds the run. The
@@ -18,6 +18,14 @@ with one of the chosen statuses before the cut-off, and no live lease holds the 
 The lock order (``runs`` rows, then ``leases`` rows) is `delete`'s, and a lease take locks
 only its ``leases`` row, so a prune deadlocks with neither. A reader sees each run before
 the commit or after it, and a process killed midway leaves the transaction rolled back.
+
+`SQLPrune.trim` is one plain write transaction per batch too (no server-side function):
+the ``runs`` rows of the runs that still qualify are read and locked as above, with the
+trim's own conditions (not a tool loop, an older checkpoint row kept, no live lease); then
+every checkpoint row of those runs older than the step their ``runs`` row names is
+deleted. Nothing else is touched: no lease is taken (a trim keeps the lease, and a worker
+that takes one meanwhile needs only the newest row and the call log, which stay). A
+save or relist of a locked run waits for the commit; a trim killed midway rolls back.
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agentflow.exec.checkpoints._records import Pruned
-from agentflow.exec.checkpoints._rules import check_prune_statuses
+from agentflow.exec.checkpoints._records import Pruned, Trimmed
+from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_prune_statuses
 from agentflow.exec.checkpoints._sql_leases import SQLLeases, Transaction
 from agentflow.exec.checkpoints._sql_statements import Tables
 
@@ -53,20 +61,38 @@ class SQLPrune:
         before = sa.bindparam("before", type_=sa.Double)
         newer = sa.exists().where(cps.c.run_id == runs.c.run_id, cps.c.step > runs.c.step)
         newest = cps.alias("newest")
-        qualify = (
-            sa.select(runs.c.run_id)
-            .join(newest, (newest.c.run_id == runs.c.run_id) & (newest.c.step == runs.c.step))
-            .where(
-                newest.c.status.in_(sa.bindparam("statuses", expanding=True)),
-                runs.c.saved_at < before,
-                newest.c.saved_at < before,
-                ~newer,
-            )
+        joined = runs.join(newest, (newest.c.run_id == runs.c.run_id) & (newest.c.step == runs.c.step))
+        ended = (
+            newest.c.status.in_(sa.bindparam("statuses", expanding=True)),
+            runs.c.saved_at < before,
+            newest.c.saved_at < before,
+            ~newer,
         )
+        qualify = sa.select(runs.c.run_id).select_from(joined).where(*ended)
         held = sa.exists().where(lease.c.run_id == runs.c.run_id, lease.c.expires_at > clock)
-        self._prunable = qualify.where(~held).order_by(runs.c.saved_at).limit(sa.bindparam("limit", type_=sa.Integer))
+        limit = sa.bindparam("limit", type_=sa.Integer)
+        self._prunable = qualify.where(~held).order_by(runs.c.saved_at).limit(limit)
         ids: sa.BindParameter[list[str]] = sa.bindparam("runs", expanding=True)
         self._lock = qualify.where(runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
+        # Trimming: as a prune would take it, not a tool loop, an older checkpoint row kept, no live lease.
+        older = sa.exists().where(cps.c.run_id == runs.c.run_id, cps.c.step < runs.c.step)
+        loop = sa.func.substr(newest.c.flow, 1, len(UNTRIMMED_PREFIX)) == UNTRIMMED_PREFIX
+        trims = (*ended, ~loop, older, ~held)
+        listed = sa.select(runs.c.run_id, runs.c.saved_at).select_from(joined).where(*trims)
+        since = runs.c.saved_at >= sa.bindparam("since", type_=sa.Double)
+        self._trimmable = {
+            False: listed.order_by(runs.c.saved_at, runs.c.run_id).limit(limit),
+            True: listed.where(since).order_by(runs.c.saved_at, runs.c.run_id).limit(limit),
+        }
+        self._trim_lock = (
+            sa.select(runs.c.run_id)
+            .select_from(joined)
+            .where(*trims, runs.c.run_id.in_(ids))
+            .order_by(runs.c.run_id)
+            .with_for_update(of=runs)
+        )
+        step_of_run = sa.select(runs.c.step).where(runs.c.run_id == cps.c.run_id).scalar_subquery()
+        self._trim = sa.delete(cps).where(cps.c.run_id.in_(ids), cps.c.step < step_of_run)
         self._ours = sa.select(lease.c.run_id).where(lease.c.run_id.in_(ids), lease.c.token == sa.bindparam("token"))
         #: Counted as the run's rows: checkpoints and calls; then its lease, its runs row and its events.
         self._deletes = [
@@ -100,3 +126,26 @@ class SQLPrune:
                 deleted = (await conn.execute(delete, {"runs": pruned})).rowcount
                 rows += deleted if i < 2 else 0
         return Pruned(tuple(pruned), rows)
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None
+    ) -> list[tuple[str, float]]:
+        """The runs a trim would take now, ``(run_id, saved_at)`` oldest first."""
+        chosen = list(check_prune_statuses(statuses, "a trim"))
+        params = self._clock(before=before, statuses=chosen, limit=max(limit, 0), since=since)
+        async with self._tx() as conn:
+            rows = (await conn.execute(self._trimmable[since is not None], params)).all()
+        return [(str(run_id), float(saved_at)) for run_id, saved_at in rows]
+
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Delete the older checkpoints of the runs of `run_ids` that qualify, in one transaction (module docstring)."""
+        chosen = list(check_prune_statuses(statuses, "a trim"))
+        unique = list(dict.fromkeys(run_ids))
+        async with self._tx(write=True) as conn:
+            params = self._clock(before=before, statuses=chosen, runs=unique)
+            locked = set((await conn.scalars(self._trim_lock, params)).all())
+            trimmed = [run_id for run_id in unique if run_id in locked]
+            if not trimmed:
+                return Trimmed((), 0)
+            rows = (await conn.execute(self._trim, {"runs": trimmed})).rowcount
+        return Trimmed(tuple(trimmed), rows)

@@ -1,4 +1,4 @@
-"""Retention of `SQLiteCheckpointStore`: the statements that find and delete finished runs.
+"""Retention of `SQLiteCheckpointStore`: the statements that find finished runs, delete them or trim them.
 
 A run qualifies when its ``runs`` row points at its newest checkpoint row, that row ended
 with one of the chosen statuses before the cut-off, and no live lease (``expires_at`` past
@@ -12,6 +12,11 @@ runs asked for and deletes those that qualify from ``checkpoints``, ``calls``, `
 lease is taken and no save made under it: holding the write lock is holding every lease),
 readers see the run before or after it, and a process killed midway leaves the
 transaction rolled back: every run whole or gone, never a part.
+
+`trim` is a job for the same transaction: it judges the runs asked for as a prune would,
+and also that the run is not a tool loop (`_rules.trims`) and still has a checkpoint row
+older than its newest; then it deletes those older rows, and nothing else. A trim killed
+midway leaves every run trimmed or untouched.
 """
 
 from __future__ import annotations
@@ -21,12 +26,25 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX
+
 #: The runs a prune may take: ``{marks}`` is one ``?`` per status; then before, before, now.
 _QUALIFY: Final = """
-    SELECT r.run_id FROM runs AS r JOIN checkpoints AS c ON c.run_id = r.run_id AND c.step = r.step
+    SELECT r.run_id, r.saved_at FROM runs AS r JOIN checkpoints AS c ON c.run_id = r.run_id AND c.step = r.step
     WHERE c.status IN ({marks}) AND r.saved_at < ? AND c.saved_at < ?
       AND NOT EXISTS (SELECT 1 FROM checkpoints AS n WHERE n.run_id = r.run_id AND n.step > r.step)
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.run_id AND l.expires_at > ?)
+"""
+#: What a trim adds: not a tool loop (the newest row's flow; then the prefix's length and the prefix), and an
+#: older checkpoint row kept.
+_TRIMS: Final = """
+      AND substr(c.flow, 1, ?) <> ?
+      AND EXISTS (SELECT 1 FROM checkpoints AS o WHERE o.run_id = r.run_id AND o.step < r.step)
+"""
+#: Deletes every checkpoint row of the runs (``{marks}``) older than the one their ``runs`` row names.
+_TRIM: Final = """
+    DELETE FROM checkpoints WHERE run_id IN ({marks})
+      AND step < (SELECT r.step FROM runs AS r WHERE r.run_id = checkpoints.run_id)
 """
 #: Run ids per statement (older SQLite allows 999 parameters).
 _CHUNK: Final = 400
@@ -50,12 +68,7 @@ def prune(
 ) -> tuple[list[str], int]:
     """Delete the runs of `run_ids` that qualify, whole; return them and their row count. In the write transaction."""
     unique = list(dict.fromkeys(run_ids))
-    now = time.time()
-    chosen: set[str] = set()
-    for start in range(0, len(unique), _CHUNK):
-        chunk = unique[start : start + _CHUNK]
-        sql = _qualify(statuses) + f" AND r.run_id IN ({', '.join('?' * len(chunk))})"
-        chosen.update(str(row[0]) for row in conn.execute(sql, (*statuses, before, before, now, *chunk)))
+    chosen = _chosen(_qualify(statuses), (*statuses, before, before, time.time()), unique, conn)
     pruned = [run_id for run_id in unique if run_id in chosen]
     rows = 0
     for start in range(0, len(pruned), _CHUNK):
@@ -65,3 +78,39 @@ def prune(
             deleted = conn.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", chunk).rowcount
             rows += deleted if table in _TABLES[:2] else 0
     return pruned, rows
+
+
+def _chosen(sql: str, params: tuple[object, ...], run_ids: list[str], conn: sqlite3.Connection) -> set[str]:
+    """The runs of `run_ids` that `sql` (a qualifying select given `params`) still takes."""
+    chosen: set[str] = set()
+    for start in range(0, len(run_ids), _CHUNK):
+        chunk = run_ids[start : start + _CHUNK]
+        query = sql + f" AND r.run_id IN ({', '.join('?' * len(chunk))})"
+        chosen.update(str(row[0]) for row in conn.execute(query, (*params, *chunk)))
+    return chosen
+
+
+def trimmable(
+    before: float, statuses: Sequence[str], limit: int, since: float | None, conn: sqlite3.Connection
+) -> list[tuple[str, float]]:
+    """The runs a trim would take now, ``(run_id, saved_at)`` oldest first (a read: no transaction needed)."""
+    sql = _qualify(statuses) + _TRIMS + ("" if since is None else " AND r.saved_at >= ?")
+    sql += " ORDER BY r.saved_at, r.run_id LIMIT ?"
+    params = (*statuses, before, before, time.time(), len(UNTRIMMED_PREFIX), UNTRIMMED_PREFIX)
+    rows = conn.execute(sql, (*params, *(() if since is None else (since,)), max(limit, 0))).fetchall()
+    return [(str(row[0]), float(row[1])) for row in rows]
+
+
+def trim(
+    run_ids: Sequence[str], before: float, statuses: Sequence[str], conn: sqlite3.Connection
+) -> tuple[list[str], int]:
+    """Delete the older checkpoints of the runs that qualify; return them and the rows deleted (in the write lock)."""
+    unique = list(dict.fromkeys(run_ids))
+    params = (*statuses, before, before, time.time(), len(UNTRIMMED_PREFIX), UNTRIMMED_PREFIX)
+    chosen = _chosen(_qualify(statuses) + _TRIMS, params, unique, conn)
+    trimmed = [run_id for run_id in unique if run_id in chosen]
+    rows = 0
+    for start in range(0, len(trimmed), _CHUNK):
+        chunk = trimmed[start : start + _CHUNK]
+        rows += conn.execute(_TRIM.format(marks=", ".join("?" * len(chunk))), chunk).rowcount
+    return trimmed, rows

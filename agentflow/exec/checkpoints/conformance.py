@@ -18,8 +18,9 @@ members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, row
 written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
 concurrency) and `_conformance_leases` (run leases: one holder, renew and release by its
 token, lapsing, racing takers) and `_conformance_retention` (prunes: only old finished
-runs, each whole, none under a live lease, judged again as they go), their helpers and
-`SEALER` in `_conformance_base`; all are re-exported here.
+runs, each whole, none under a live lease, judged again as they go) and `_conformance_trim`
+(trims: old finished flow runs keep only their newest checkpoint, their call log and
+listing), their helpers and `SEALER` in `_conformance_base`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -132,6 +133,19 @@ from agentflow.exec.checkpoints._conformance_saves import (
     check_second_step_zero_conflicts as check_second_step_zero_conflicts,
 )
 from agentflow.exec.checkpoints._conformance_saves import check_stored_runs as check_stored_runs
+from agentflow.exec.checkpoints._conformance_trim import (
+    check_trim_judges_each_run_again as check_trim_judges_each_run_again,
+)
+from agentflow.exec.checkpoints._conformance_trim import (
+    check_trim_keeps_only_the_newest_checkpoint as check_trim_keeps_only_the_newest_checkpoint,
+)
+from agentflow.exec.checkpoints._conformance_trim import check_trim_leaves_a_held_run as check_trim_leaves_a_held_run
+from agentflow.exec.checkpoints._conformance_trim import (
+    check_trim_refuses_runs_that_have_not_ended as check_trim_refuses_runs_that_have_not_ended,
+)
+from agentflow.exec.checkpoints._conformance_trim import (
+    check_trimmed_run_is_retried_and_trimmed_again as check_trimmed_run_is_retried_and_trimmed_again,
+)
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 __all__ = ["CHECKS", "SEALER", "Check", "StoreFactory", "validate"]
@@ -185,6 +199,11 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_prune_judges_each_run_again,
     check_pruned_run_id_starts_afresh,
     check_prune_limit_and_cut_off,
+    check_trim_keeps_only_the_newest_checkpoint,
+    check_trim_refuses_runs_that_have_not_ended,
+    check_trim_leaves_a_held_run,
+    check_trim_judges_each_run_again,
+    check_trimmed_run_is_retried_and_trimmed_again,
     check_events_in_order_with_cursors,
     check_events_are_bounded,
     check_events_go_with_the_run,

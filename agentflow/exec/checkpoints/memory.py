@@ -15,7 +15,8 @@ Leases live in a dict (``_leases``) and are judged against ``time.time()``; like
 other method, a take runs without awaiting, so racing takers on one loop cannot interleave.
 
 `prune` judges and forgets each run without awaiting too: a run is gone whole, in one
-step, and one a live lease holds is kept.
+step, and one a live lease holds is kept. `trim` judges each run the same way and cuts its
+checkpoint list to the newest row, also without awaiting.
 
 Event streams (``_events``) hold the newest `EVENTS_KEPT` events of each run, numbered by
 one counter for the store: a cursor is the event's number.
@@ -38,6 +39,7 @@ from agentflow.exec.checkpoints._records import (
     SealedCheckpoint,
     SealedEvent,
     StoredEvent,
+    Trimmed,
 )
 from agentflow.exec.checkpoints._rules import (
     check_call,
@@ -48,6 +50,7 @@ from agentflow.exec.checkpoints._rules import (
     check_row,
     check_save,
     int_cursor,
+    trims,
 )
 
 
@@ -151,6 +154,41 @@ class MemoryCheckpointStore:
             self._forget(run_id)
             pruned.append(run_id)
         return Pruned(tuple(pruned), rows)
+
+    def _trimmable(self, run_id: str, before: float, chosen: Collection[str]) -> SealedCheckpoint | None:
+        """The run's newest row if a trim may take the run now (as a prune would, not a tool loop, older rows kept)."""
+        last = self._prunable(run_id, before, chosen)
+        if last is None or not trims(last.flow) or len(self._checkpoints[run_id]) < 2:
+            return None
+        return last
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None = None
+    ) -> Sequence[tuple[str, float]]:
+        """The listed runs a trim would take now, oldest first (see `TrimStore.trimmable`)."""
+        chosen = check_prune_statuses(statuses, "a trim")
+        floor = float("-inf") if since is None else since
+        found = [
+            last
+            for run_id in self._listed
+            if (last := self._trimmable(run_id, before, chosen)) is not None and last.saved_at >= floor
+        ]
+        found.sort(key=lambda cp: (cp.saved_at, cp.run_id))
+        return [(cp.run_id, cp.saved_at) for cp in found[: max(limit, 0)]]
+
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Keep only the newest checkpoint of each run that still qualifies, without awaiting (see `TrimStore.trim`)."""
+        chosen = check_prune_statuses(statuses, "a trim")
+        trimmed: list[str] = []
+        rows = 0
+        for run_id in dict.fromkeys(run_ids):
+            if self._trimmable(run_id, before, chosen) is None:
+                continue
+            kept = self._checkpoints[run_id]
+            rows += len(kept) - 1
+            self._checkpoints[run_id] = kept[-1:]
+            trimmed.append(run_id)
+        return Trimmed(tuple(trimmed), rows)
 
     async def delete(self, run_id: str) -> None:
         """Forget the run."""

@@ -41,9 +41,11 @@ not one of the run keys the other scripts take; `delete` removes it with them.
 
 Retention is `_redis_prune`'s: finished runs are found through ``P:runs`` (sorted by the
 time of their newest save) and each is deleted whole by ``_lua/prune_run.lua``, which
-removes its five keys (and, on one server, its index entries) in one step. TTL expiry is
-retention too: a run's keys expire ``ttl_s`` after its last write, whatever its status
-but paused.
+removes its five keys (and, on one server, its index entries) in one step. A trim
+(``_lua/trim_run.lua``) blanks every checkpoint row of a finished run but the newest: the
+list keeps an empty string in each trimmed row's place, so its index stays the step, and
+`history` skips the blanks. TTL expiry is retention too: a run's keys expire ``ttl_s``
+after its last write, whatever its status but paused.
 
 Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
 client: `_redis_clients`.
@@ -59,7 +61,15 @@ from typing import Any
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints._records import (
+    Lease,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+    Trimmed,
+)
 from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
 from agentflow.exec.checkpoints._redis_events import RedisEvents
 from agentflow.exec.checkpoints._redis_index import Index
@@ -72,7 +82,7 @@ from agentflow.exec.checkpoints._rules import check_events, check_row
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
-_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run", "append_events")
+_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run", "trim_run", "append_events")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 #: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
 _RELIST_ATTEMPTS = 3
@@ -177,11 +187,12 @@ class RedisCheckpointStore:
         return _decode_checkpoint(run_id, raw, "the latest checkpoint")
 
     async def history(self, run_id: str) -> Sequence[SealedCheckpoint]:
-        """Return every checkpoint of the run, oldest first."""
+        """Return every checkpoint of the run, oldest first (a trimmed run: from the kept one)."""
         async with self._clients.use() as bound:
             rows = await bound.client.lrange(self._run_keys(run_id)[0], 0, -1)
-        found = [_decode_checkpoint(run_id, raw, f"checkpoint row {i}") for i, raw in enumerate(rows)]
-        for i, cp in enumerate(found):
+        kept = next((i for i, raw in enumerate(rows) if raw != b""), len(rows))  # a trim blanks the first ones
+        found = [_decode_checkpoint(run_id, raw, f"checkpoint row {i}") for i, raw in enumerate(rows[kept:], kept)]
+        for i, cp in enumerate(found, kept):
             if cp.step != i:
                 raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint row {i} holds step {cp.step}")
         return found
@@ -314,6 +325,16 @@ class RedisCheckpointStore:
     async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
         """Delete the runs that still qualify, whole: one script per run, pipelined (see `_redis_prune`)."""
         return await self._retention.prune(run_ids, before, statuses)
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None = None
+    ) -> Sequence[tuple[str, float]]:
+        """The runs a trim would take now, oldest first, found through the time index (see `_redis_prune`)."""
+        return await self._retention.trimmable(before, statuses, limit, since)
+
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Keep only the newest checkpoint of the runs that still qualify: one script per run (`_redis_prune`)."""
+        return await self._retention.trim(run_ids, before, statuses)
 
     async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
         """Append to the run's Stream, trimmed and expiring with the run (see `EventStore.append_events`)."""

@@ -18,7 +18,7 @@ every store does; the compare-and-set and the fencing check read the locked ``ru
 `relist` writes that row again from the newest checkpoint row (see its docstring), so a
 run whose ``runs`` row was deleted or rolled back takes saves and records again.
 
-Retention (`prunable`, `prune`: one transaction per batch) is `_sql_prune`'s, event
+Retention (`prunable`, `prune`, `trimmable`, `trim`: one transaction per batch) is `_sql_prune`'s, event
 streams `_sql_events`'. URLs, each loop's engine, its transactions and the connections lent
 to the fast path are `_sql_engines`.
 """
@@ -35,7 +35,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import _sql_rows as rows_of
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints._records import (
+    Lease,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+    Trimmed,
+)
 from agentflow.exec.checkpoints._rules import check_events, check_row, int_cursor
 from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
 from agentflow.exec.checkpoints._sql_events import SQLEvents
@@ -346,6 +354,16 @@ class SQLAlchemyCheckpointStore:
     async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
         """Delete the runs that still qualify, whole, in one transaction (see `RetentionStore.prune`)."""
         return await self._prune.prune(run_ids, before, statuses, owner)
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None = None
+    ) -> Sequence[tuple[str, float]]:
+        """The runs a trim would take now, oldest first (see `TrimStore.trimmable`)."""
+        return await self._prune.trimmable(before, statuses, limit, since)
+
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Keep only the newest checkpoint of the runs that still qualify, in one transaction (`TrimStore.trim`)."""
+        return await self._prune.trim(run_ids, before, statuses)
 
     # -- event streams (`_sql_events`) -------------------------------------------------
 

@@ -28,8 +28,8 @@ and the worker thread) is `_sqlite_file`'s.
   processes, and the power loss that could drop such a commit ends every one of them.
 - The rows' columns, type checks and the statements of a save, a call record and a
   relist (run inside the write transaction) are `_sqlite_rows`'.
-- Retention (`prunable`, `prune`) is `_sqlite_prune`'s: a batch of runs is judged and
-  deleted from every table in one write transaction.
+- Retention (`prunable`, `prune`, `trimmable`, `trim`) is `_sqlite_prune`'s: a batch of
+  runs is judged and deleted from every table (or trimmed) in one write transaction.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from agentflow.exec.checkpoints._records import (
     SealedCheckpoint,
     SealedEvent,
     StoredEvent,
+    Trimmed,
 )
 from agentflow.exec.checkpoints._rules import (
     check_events,
@@ -320,6 +321,18 @@ class SQLiteCheckpointStore:
         job = partial(_sqlite_prune.prune, list(run_ids), before, _statuses(statuses))
         pruned, rows = await self._do(partial(_immediate, job=job))
         return Pruned(tuple(pruned), rows)
+
+    async def trimmable(
+        self, before: float, statuses: Collection[str], limit: int, since: float | None = None
+    ) -> Sequence[tuple[str, float]]:
+        """The runs a trim would take now, oldest first (see `TrimStore.trimmable`)."""
+        return await self._do(partial(_sqlite_prune.trimmable, before, _statuses(statuses, "a trim"), limit, since))
+
+    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+        """Keep only the newest checkpoint of the runs that qualify, in one write transaction (`TrimStore.trim`)."""
+        job = partial(_sqlite_prune.trim, list(run_ids), before, _statuses(statuses, "a trim"))
+        trimmed, rows = await self._do(partial(_immediate, job=job))
+        return Trimmed(tuple(trimmed), rows)
 
     # -- event streams (`_sqlite_events`) -----------------------------------------------
 

@@ -27,7 +27,7 @@
 -- a step 0 over them is still refused (save.lua).
 --
 -- Returns:
---   {"pruned", rows, saved_at}   deleted; rows = checkpoint rows + call records
+--   {"pruned", rows, saved_at}   deleted; rows = checkpoint rows (not the blanks of a trim) + call records
 --   {"gone"}                     no latest hash
 --   {"kept", why}                another flow, status or time; or held by a live lease
 
@@ -50,7 +50,9 @@ end
 if redis.call('EXISTS', KEYS[5]) == 1 then
   return {'kept', 'held'}
 end
-local rows = redis.call('LLEN', KEYS[1]) + redis.call('HLEN', KEYS[3])
+-- a trimmed run's blanked rows (trim_run.lua) are not rows any more: not counted
+local blanks = #redis.call('LPOS', KEYS[1], '', 'COUNT', 0)
+local rows = redis.call('LLEN', KEYS[1]) - blanks + redis.call('HLEN', KEYS[3])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 if #KEYS == 9 then
   redis.call('ZREM', KEYS[7], ARGV[2])
