@@ -96,8 +96,13 @@ class Settings(BaseSettings):
     On top of the store's TTL (``ttl_s``), which expires any run but a paused one this long
     after its last write.
     """
+    retention_trim_days: float | None = Field(default=None, gt=0)
+    """Finished runs last saved longer ago than this keep only their newest checkpoint (unset: every checkpoint).
+
+    The same beat task trims them after its prune; shorter than ``retention_days`` when both are set.
+    """
     retention_interval_s: float = Field(default=3600.0, gt=0)
-    """How often beat sends ``agentflow.prune_finished`` (when ``retention_days`` is set)."""
+    """How often beat sends ``agentflow.prune_finished`` (when ``retention_days`` or ``retention_trim_days`` is set)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Serve the worker's Prometheus metrics at ``http://<metrics_host>:<port>/metrics`` (0: off).
 
@@ -114,7 +119,7 @@ class Settings(BaseSettings):
     and an exporter, e.g. OTLP to a collector): see docs/observability.md.
     """
 
-    @field_validator("retention_days", "broker_url", "store_url", mode="before")
+    @field_validator("retention_days", "retention_trim_days", "broker_url", "store_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         """An empty value (as ``.env.example`` has) is unset: finished runs are kept, a URL is `redis_url`."""
@@ -135,6 +140,9 @@ class Settings(BaseSettings):
                 "AGENTFLOW_VISIBILITY_TIMEOUT_S must be at least twice AGENTFLOW_TIME_LIMIT_S, "
                 "or Redis redelivers supersteps that are still running"
             )
+        days, trim = self.retention_days, self.retention_trim_days
+        if days is not None and trim is not None and not trim < days:
+            problems.append("AGENTFLOW_RETENTION_TRIM_DAYS must be shorter than AGENTFLOW_RETENTION_DAYS (or unset)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

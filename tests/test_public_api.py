@@ -127,7 +127,7 @@ PUBLIC: dict[str, list[str]] = {
         "CheckpointConflict", "CheckpointError", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt",
         "MemoryCheckpointStore", "Pruned", "RecoveryNeedsDecision", "RedisCheckpointStore", "RetentionPolicy",
         "RetentionStore", "SQLAlchemyCheckpointStore", "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint",
-        "StoreDefaults", "idempotency_key", "prune_finished",
+        "StoreDefaults", "TrimStore", "Trimmed", "idempotency_key", "prune_finished", "trim_finished",
     ],
     "agentflow.flow": [
         "Call", "Child", "Flow", "FlowError", "FlowRunner", "FlowVersions", "Map", "NodeHandle", "RunResult",

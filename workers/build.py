@@ -67,6 +67,7 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
             recover_interval_s=settings.recover_interval_s,
             sweep_forgotten=settings.recover_sweep,
             retention_days=settings.retention_days,
+            retention_trim_days=settings.retention_trim_days,
             retention_interval_s=settings.retention_interval_s,
             time_limit_s=settings.time_limit_s,
             soft_time_limit_s=settings.soft_time_limit_s,

@@ -1,15 +1,18 @@
 """The workers' retention: one tick of the ``agentflow.prune_finished`` beat task.
 
-A tick prunes the finished runs that `WorkerSettings.retention_days` no longer keeps, at
-most `WorkerSettings.retention_batches` batches of them (the rest waits for the next
-tick, so a tick stays short however much piled up), under the ``agentflow/prune`` lease:
-of several ticks at once (two beats, a slow tick overrunning the next), one prunes and
-the others say so and do nothing. The lease is renewed while the tick runs and lapses by
-itself if its worker dies.
+A tick prunes the finished runs that `WorkerSettings.retention_days` no longer keeps, then
+trims those older than `WorkerSettings.retention_trim_days` (each keeps only its newest
+checkpoint, its call records and listing; see `agentflow.exec.checkpoints._retention`),
+each at most `WorkerSettings.retention_batches` batches (the rest waits for the next tick,
+so a tick stays short however much piled up), under the ``agentflow/prune`` lease: of
+several ticks at once (two beats, a slow tick overrunning the next), one works and the
+others say so and do nothing. The lease is renewed while the tick runs and lapses by
+itself if its worker dies. Pruning goes first, so no run is trimmed just before it goes.
 
 The tick opens a store of its own from the workers' store factory, unwrapped: a wrapper
 (timing, tracing) forwards `CheckpointStore` only, and the store's batched retention
-(`RetentionStore`) is what keeps a tick cheap.
+(`RetentionStore`, `TrimStore`) is what keeps a tick cheap. A store that cannot trim
+(no `TrimStore`) is still pruned; the tick says why it trimmed nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from agentflow._errors import RunHeld
 from agentflow.celery._settings import WorkerSettings
 from agentflow.exec._run_lease import Ownership, holding
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._retention import prune_finished
+from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished, trim_finished
 
 log = logging.getLogger("agentflow.celery")
 
@@ -33,23 +36,48 @@ PRUNE_LEASE: Final = "agentflow/prune"
 async def prune_tick(
     store_factory: Callable[[], CheckpointStore], settings: WorkerSettings, owner: str
 ) -> dict[str, Any]:
-    """Prune what the retention policy no longer keeps, in bounded batches; the task's result."""
+    """Prune, then trim, what the retention policy no longer keeps, in bounded batches; the task's result."""
     policy = settings.retention()
     if policy is None:
-        return {"skipped": "no retention is set (retention_days)"}
+        return {"skipped": "no retention is set (retention_days, retention_trim_days)"}
     store = store_factory()
     try:
         async with holding(store, PRUNE_LEASE, Ownership(owner, settings.recover_lock_s)):
-            pruned = await prune_finished(store, policy, owner=owner, max_batches=settings.retention_batches)
+            result = await _work(store, policy, settings, owner)
     except RunHeld as held:
         return {"skipped": f"another worker is pruning ({held.owner})"}
     finally:
         await store.aclose()
-    if pruned.run_ids:
-        log.info(
-            "pruned %d finished run(s) (%d rows) last saved more than %s day(s) ago",
-            len(pruned.run_ids),
-            pruned.rows,
-            settings.retention_days,
-        )
-    return {"pruned": len(pruned.run_ids), "rows": pruned.rows}
+    return result
+
+
+async def _work(
+    store: CheckpointStore, policy: RetentionPolicy, settings: WorkerSettings, owner: str
+) -> dict[str, Any]:
+    """One tick's prune and trim, each bounded; what each did."""
+    result: dict[str, Any] = {}
+    if policy.keep_s is not None:
+        pruned = await prune_finished(store, policy, owner=owner, max_batches=settings.retention_batches)
+        result |= {"pruned": len(pruned.run_ids), "rows": pruned.rows}
+        if pruned.run_ids:
+            log.info(
+                "pruned %d finished run(s) (%d rows) last saved more than %s day(s) ago",
+                len(pruned.run_ids),
+                pruned.rows,
+                settings.retention_days,
+            )
+    if policy.trim_after_s is not None:
+        try:
+            trimmed = await trim_finished(store, policy, max_batches=settings.retention_batches)
+        except NotImplementedError as exc:
+            log.warning("retention_trim_days is set, but the store cannot trim: %s", exc)
+            return result | {"trim_skipped": str(exc)}
+        result |= {"trimmed": len(trimmed.run_ids), "trimmed_rows": trimmed.rows}
+        if trimmed.run_ids:
+            log.info(
+                "trimmed %d finished run(s) to their newest checkpoint (%d rows) last saved more than %s day(s) ago",
+                len(trimmed.run_ids),
+                trimmed.rows,
+                settings.retention_trim_days,
+            )
+    return result

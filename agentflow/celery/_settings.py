@@ -48,14 +48,24 @@ class WorkerSettings:
     bounded batches, one worker at a time (the ``agentflow/prune`` lease). Running and
     paused runs are never pruned.
     """
+    retention_trim_days: float | None = None
+    """Finished runs last saved longer ago than this keep only their newest checkpoint (None: they keep all).
+
+    The same beat task trims them, after its prune: each keeps its newest checkpoint, call
+    records, lease and listing entries, so it still shows and can be retried; its older
+    checkpoints (its past states) go. Shorter than `retention_days` when both are set. Tool
+    loops are never trimmed.
+    """
     retention_interval_s: float = 3600.0
-    """Beat period of the prune task (when `retention_days` is set)."""
+    """Beat period of the prune task (when `retention_days` or `retention_trim_days` is set)."""
     retention_batches: int = 20
-    """Batches one prune tick deletes at most (500 runs each); what is left waits for the next tick."""
+    """Batches one tick prunes, and then trims, at most (500 runs each); what is left waits for the next tick."""
 
     def retention(self) -> RetentionPolicy | None:
-        """The retention policy of `retention_days`, or None."""
-        return None if self.retention_days is None else RetentionPolicy.days(self.retention_days)
+        """The retention policy of `retention_days` and `retention_trim_days`, or None when neither is set."""
+        if self.retention_days is None and self.retention_trim_days is None:
+            return None
+        return RetentionPolicy.days(self.retention_days, trim_after_days=self.retention_trim_days)
 
     def __post_init__(self) -> None:
         if self.soft_time_limit_s >= self.time_limit_s:
@@ -66,5 +76,8 @@ class WorkerSettings:
             raise ValueError("lease_s must be below time_limit_s (the lease is renewed while a superstep runs)")
         if self.retention_days is not None and not self.retention_days > 0:
             raise ValueError("retention_days must be positive, or None to keep finished runs")
+        if self.retention_trim_days is not None and not self.retention_trim_days > 0:
+            raise ValueError("retention_trim_days must be positive, or None to keep every checkpoint")
+        self.retention()  # refuses a trim at or after the prune (RetentionPolicy says why)
         if self.retention_interval_s <= 0 or self.retention_batches < 1:
             raise ValueError("retention_interval_s must be positive and retention_batches at least 1")

@@ -17,8 +17,8 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
   no message until then); on a worker's start, also a ``recheck`` for every held run, due
   when its lease ends.
 - ``agentflow.prune_finished`` ``()``: prune, in bounded batches, the finished runs that
-  `WorkerSettings.retention_days` no longer keeps (one worker at a time; beat sends it every
-  ``retention_interval_s`` when ``retention_days`` is set).
+  `WorkerSettings.retention_days` no longer keeps, then trim those past ``retention_trim_days``
+  (one worker at a time; beat sends it every ``retention_interval_s`` when either is set).
 
 Causes a superstep message can carry: ``start``, ``next`` (the handoff between
 supersteps), ``resume``, ``rerun``, ``retry`` and ``migrate`` (spend a signed decision;
@@ -330,7 +330,7 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
             "options": {"expires": expires, "queue": settings.queue},
         }
         app.conf.beat_schedule = schedule
-    if settings.retention_days is not None:
+    if settings.retention() is not None:
         every = settings.retention_interval_s
         schedule = dict(app.conf.beat_schedule or {})
         schedule["agentflow-prune-finished"] = {

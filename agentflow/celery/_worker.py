@@ -322,7 +322,7 @@ class Worker(LoopWork):
         )
 
     async def prune(self) -> dict[str, Any]:
-        """One tick of the retention beat: prune what `WorkerSettings.retention_days` no longer keeps."""
+        """One tick of the retention beat: prune, then trim, what `WorkerSettings.retention()` no longer keeps."""
         return await prune_tick(self._unwrapped_factory, self.settings, self.owner)
 
     async def stranded(self, *, startup: bool = False) -> Stranded | None:

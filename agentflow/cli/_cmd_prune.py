@@ -1,9 +1,13 @@
-"""``agentflow runs prune``: delete finished runs older than a duration, whole, in batches.
+"""``agentflow runs prune``: delete finished runs older than a duration, whole or all but their newest checkpoint.
 
 ``runs prune --older-than 30d`` lists the runs that ended (``done``, ``failed``,
 ``cancelled``; ``--status`` picks some) and were last saved longer ago than that, says how
 many, asks (``--yes`` does not; with no terminal to ask on, it refuses), then prunes them
 in batches (``--batch``) with a progress bar. ``--dry-run`` counts and deletes nothing.
+
+``--trim`` keeps the runs and deletes only their older checkpoints: each keeps its newest
+checkpoint, call records, lease and listing entries, so it still shows, lists and retries
+(`_retention` says what a trim keeps and why). Tool loops are never trimmed.
 
 The store does the work (`agentflow.exec.checkpoints._retention`): each run is judged
 again as it is deleted and goes whole, with its checkpoints, call records, lease and
@@ -28,8 +32,10 @@ from agentflow.cli import _errors
 from agentflow.cli._stores import StoreURLError, open_store
 from agentflow.cli._text import echo
 from agentflow.exec._run_read import ALL_RUNS
+from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import ENDED
-from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, prunable, prune, pruner
+from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, prunable, prune, pruner, trimmable
+from agentflow.exec.checkpoints._retention import trim as trim_runs
 from agentflow.exec.checkpoints._rules import check_prune_statuses
 
 #: Seconds per unit of a duration.
@@ -67,13 +73,31 @@ def _can_ask() -> bool:
     return sys.stdin.isatty()
 
 
-async def _go_ahead(count: str, yes: bool) -> bool:
-    """Whether to delete: --yes, or the person at the terminal said so."""
+async def _go_ahead(deletes: str, yes: bool) -> bool:
+    """Whether to delete `deletes` (``the 4 run(s) ...``): --yes, or the person at the terminal said so."""
     if yes:
         return True
     if not _can_ask():
-        raise _errors.CliError(f"runs prune deletes the {count}: say --yes to go ahead (no terminal to ask)")
-    return await asyncio.to_thread(click.confirm, f"Delete the {count} for good?", default=False, err=True)
+        raise _errors.CliError(f"runs prune deletes {deletes}: say --yes to go ahead (no terminal to ask)")
+    return await asyncio.to_thread(click.confirm, f"Delete {deletes} for good?", default=False, err=True)
+
+
+async def _delete(
+    store: CheckpointStore, run_ids: list[str], before: float, statuses: tuple[str, ...], *, trim: bool, batch: int
+) -> tuple[int, int]:
+    """Prune (or trim) `run_ids` in batches behind a progress bar; how many runs went, and their rows."""
+    owner, done, rows = pruner("cli"), 0, 0
+    with click.progressbar(length=len(run_ids), label="trimming" if trim else "pruning", file=sys.stderr) as bar:
+        for start in range(0, len(run_ids), batch):
+            chunk = run_ids[start : start + batch]
+            if trim:
+                trimmed = await trim_runs(store, chunk, before, statuses)
+                done, rows = done + len(trimmed.run_ids), rows + trimmed.rows
+            else:
+                pruned = await prune(store, chunk, before, statuses, owner)
+                done, rows = done + len(pruned.run_ids), rows + pruned.rows
+            bar.update(len(chunk))
+    return done, rows
 
 
 @click.command("prune")
@@ -102,51 +126,60 @@ async def _go_ahead(count: str, yes: bool) -> bool:
     callback=_statuses,
     help="Which finished runs, comma-separated (never running or paused ones).",
 )
-@click.option("--dry-run", is_flag=True, help="Count the runs it would prune; delete nothing.")
+@click.option(
+    "--trim",
+    is_flag=True,
+    help="Keep the runs; delete only their older checkpoints (each keeps its newest, its call records and listing).",
+)
+@click.option("--dry-run", is_flag=True, help="Count the runs it would prune (or trim); delete nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Prune without asking.")
 @click.option(
     "--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1, 10_000), help="Runs per batch."
 )
 def prune_runs(
-    store_url: str, older_than: float, statuses: tuple[str, ...], dry_run: bool, yes: bool, batch: int
+    store_url: str, older_than: float, statuses: tuple[str, ...], trim: bool, dry_run: bool, yes: bool, batch: int
 ) -> None:
     """Delete the runs that ended (done, failed, cancelled) and were last saved longer ago than --older-than.
 
-    Each run goes whole: its checkpoints, call records, lease and listing entries. Runs a
-    worker holds, and runs retried or resumed meanwhile, are left. Asks first (--yes does
-    not); --dry-run only counts.
+    Each run goes whole: its checkpoints, call records, lease and listing entries. With
+    --trim each run stays and only its older checkpoints go: its newest checkpoint, call
+    records and listing entries stay, so it still shows and can be retried (tool loops are
+    never trimmed). Runs a worker holds, and runs retried or resumed meanwhile, are left.
+    Asks first (--yes does not); --dry-run only counts.
     """
     try:
         store = open_store(store_url)
     except (StoreURLError, ImportError) as exc:
         raise _errors.explain(exc) from None
     before = time.time() - older_than
+    verb = "trim" if trim else "prune"
     what = f"ended ({', '.join(statuses)}) and last saved before {when(before)}"
+    what += ", with older checkpoints to trim" if trim else ""
 
     async def job() -> None:
-        run_ids = await prunable(store, before, statuses, ALL_RUNS)
+        if trim:
+            run_ids = [run_id for run_id, _ in await trimmable(store, before, statuses, ALL_RUNS)]
+        else:
+            run_ids = await prunable(store, before, statuses, ALL_RUNS)
         if not run_ids:
-            echo(f"no runs to prune: none {what}")
+            echo(f"no runs to {verb}: none {what}")
             return
         count = f"{len(run_ids)} run(s) {what}"
         if len(run_ids) == ALL_RUNS:
             count += " (the first million: run it again for the rest)"
         if dry_run:
-            echo(f"would prune {count} (--dry-run: nothing was deleted)")
+            echo(f"would {verb} {count} (--dry-run: nothing was deleted)")
             return
         echo(f"found {count}")
-        if not await _go_ahead(count, yes):
-            echo("nothing was pruned")
+        if not await _go_ahead(f"the older checkpoints of the {count}" if trim else f"the {count}", yes):
+            echo(f"nothing was {'trimmed' if trim else 'pruned'}")
             return
-        owner, pruned, rows = pruner("cli"), 0, 0
-        with click.progressbar(length=len(run_ids), label="pruning", file=sys.stderr) as bar:
-            for start in range(0, len(run_ids), batch):
-                chunk = run_ids[start : start + batch]
-                done = await prune(store, chunk, before, statuses, owner)
-                pruned, rows = pruned + len(done.run_ids), rows + done.rows
-                bar.update(len(chunk))
-        echo(f"pruned {pruned} run(s) ({rows} checkpoint and call rows)")
-        if pruned < len(run_ids):
-            echo(f"{len(run_ids) - pruned} run(s) were left: held by a worker, or retried or resumed since listed")
+        done, rows = await _delete(store, run_ids, before, statuses, trim=trim, batch=batch)
+        if trim:
+            echo(f"trimmed {done} run(s) ({rows} checkpoint rows; each kept its newest checkpoint and call records)")
+        else:
+            echo(f"pruned {done} run(s) ({rows} checkpoint and call rows)")
+        if done < len(run_ids):
+            echo(f"{len(run_ids) - done} run(s) were left: held by a worker, or retried or resumed since listed")
 
     _errors.run(job, close=store)

@@ -12,6 +12,7 @@ from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, paint
 from agentflow.exec._run_quarantine import QUARANTINED, marks
 from agentflow.exec._run_read import read_all, read_run
+from agentflow.exec._run_trim import trimmed_text
 from agentflow.exec._run_view import RunReport
 
 
@@ -49,9 +50,14 @@ def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> Non
     summary = check_summary(reports, key_env, key_ids(target.keys))
     if summary is not None:
         raise _errors.ProblemsFound(summary)
+    for rep in reports:
+        if rep.kept_from:  # a history that starts where retention trimmed it: said, not reported missing
+            echo(f"{paint('trimmed', 'paused')} {printable(rep.run_id)}: {trimmed_text(rep.kept_from)}")
     checkpoints = sum(len(rep.checkpoints) for rep in reports)
     records = sum(rep.records for rep in reports)
+    trimmed = sum(1 for rep in reports if rep.kept_from)
     echo(
         f"{paint('ok', 'done')}: {len(reports)} run(s), {checkpoints} checkpoints and {records} call records; "
         "every signature and number checks"
+        + (f" ({trimmed} run(s) trimmed by retention: their older checkpoints are not stored)" if trimmed else "")
     )

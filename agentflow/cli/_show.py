@@ -15,6 +15,7 @@ from agentflow._display import printable, short, when
 from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
 from agentflow.exec._run_quarantine import since
+from agentflow.exec._run_trim import trimmed_text
 from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints._records import Lease
 
@@ -87,6 +88,7 @@ BEGAN = {
     "handoff": "took it over (the next superstep)",
     "decision": "claimed it (a decision on calls in doubt)",
     "parked": "parked it (calls in doubt wait for a decision)",
+    "trimmed": "held it (how it began was trimmed by retention)",
 }
 
 
@@ -95,8 +97,11 @@ def _history(report: RunReport) -> list[str]:
         [str(c.step), c.status, str(c.superstep), str(c.segment), when(c.saved_at), c.what, c.by or "-"]
         for c in report.checkpoints
     ]
-    return _heading("Checkpoints") + _indent(
-        table(["step", "status", "superstep", "segment", "saved", "what", "by"], rows, 1)
+    trimmed = [f"  {trimmed_text(report.kept_from)}"] if report.kept_from else []
+    return (
+        _heading("Checkpoints")
+        + trimmed
+        + _indent(table(["step", "status", "superstep", "segment", "saved", "what", "by"], rows, 1))
     )
 
 

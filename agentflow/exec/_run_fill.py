@@ -39,7 +39,7 @@ def _claim_cause(previous: SealedCheckpoint, body: Body) -> str:
 
 def _what(row: SealedCheckpoint, previous: SealedCheckpoint | None, body: Body) -> str:
     if previous is None:
-        return "start"
+        return "start" if row.step == 0 else f"{row.status} (kept; earlier steps trimmed)"
     if row.segment == row.step:
         return f"claim ({_claim_cause(previous, body)})"
     return row.status if row.status in ("paused", "done", "failed") else "superstep"
@@ -56,7 +56,8 @@ def _segments(
     out: list[v.SegmentView] = []
     for i, row in enumerate(rows):
         if i == 0 or row.segment == row.step:
-            how = "start" if i == 0 else _claim_cause(rows[i - 1], bodies[i])
+            # A trimmed run's history starts at the step a retention trim kept: how its segment began is gone.
+            how = ("start" if row.step == 0 else "trimmed") if i == 0 else _claim_cause(rows[i - 1], bodies[i])
             count = sum(1 for rec in records if rec.segment == row.segment)
             said = control_of(bodies[i])
             seg = v.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count)

@@ -16,6 +16,10 @@ held: a call it logs as started is running there, not in doubt). Of a held run, 
 waiting for a shared limit come from its event stream (`_run_waits`): such a call has no
 record in the log yet.
 
+A run that retention trimmed (`agentflow.exec._run_trim`) has a history that starts at
+the ended checkpoint the trim kept: its rows are checked from there, and the report says
+where it starts (`RunReport.kept_from`) instead of reporting the older checkpoints missing.
+
 Problems are collected, not raised, so a listing can show a corrupt run next to healthy
 ones; the `RunReport` of a corrupt run then carries no data read from that run at all. A
 run deleted (pruned) while it was read is reported gone, not corrupt: a reader sees a run
@@ -36,6 +40,7 @@ from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_reco
 from agentflow.exec._run_fill import Body, fill, superstep_of
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_sweep import forgotten
+from agentflow.exec._run_trim import kept_from
 from agentflow.exec._run_view import RunHead
 from agentflow.exec._run_waits import read_limit_waits
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -66,7 +71,7 @@ async def _check_rows(
     """
     problems: list[str] = []
     bodies = _open_history(sealer, run_id, rows, problems)
-    records, ahead = await _open_log(store, sealer, run_id, bodies, problems)
+    records, ahead = await _open_log(store, sealer, run_id, bodies, problems, kept_from(rows))
     return bodies, records, problems, ahead
 
 
@@ -75,7 +80,8 @@ def _open_history(
 ) -> list[Body | None]:
     """Check each checkpoint row, its place in the numbering and its segment."""
     bodies: list[Body | None] = []
-    expected, segment = 0, 0
+    expected = kept_from(rows)  # 0, or where a retention trim cut (an ended checkpoint)
+    segment = rows[0].segment if expected else 0
     for row in rows:
         if row.step != expected:
             problems.append(f"checkpoint {expected} of run {run_id!r} is missing (the next one stored is {row.step})")
@@ -96,7 +102,7 @@ def _open_history(
 
 
 async def _open_log(
-    store: CheckpointStore, sealer: Sealer, run_id: str, bodies: list[Body | None], problems: list[str]
+    store: CheckpointStore, sealer: Sealer, run_id: str, bodies: list[Body | None], problems: list[str], first: int
 ) -> tuple[list[LoggedRecord], bool]:
     """Read and check the call log: the checks every reader makes of the latest checkpoint, and more.
 
@@ -114,8 +120,8 @@ async def _open_log(
         return records, False
     counts = counts_of(records)
     ahead = False
-    last = len(bodies) - 1
-    for step, body in enumerate(bodies):
+    last = first + len(bodies) - 1  # `first`: the step the stored history starts at (0 unless trimmed)
+    for step, body in enumerate(bodies, first):
         assert body is not None
         try:
             if step < last:
@@ -172,6 +178,7 @@ async def _read_rows(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.R
             raise CheckpointNotFound(f"no run {run_id!r} in this store")
         last = rows[-1]
         report = v.RunReport(run_id, last.flow, RunKind.of(last.flow), last.status, last.step, last.saved_at)
+        report.kept_from = kept_from(rows)
         bodies, records, report.problems, ahead = await _check_rows(store, sealer, run_id, rows)
         # Records past the latest checkpoint read: removed checkpoints, or a live run that moved
         # on between the two reads. Read it again; only what persists is reported.

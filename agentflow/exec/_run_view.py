@@ -241,6 +241,9 @@ class RunReport:
     waiting_for_limit: list[LimitWait] = field(default_factory=list)
     """The calls of a run a live worker holds that wait for a slot of a shared limit, oldest wait first
     (read from the run's event stream, if the store keeps one; empty for a run nobody holds)."""
+    kept_from: int = 0
+    """The step its stored history starts at: 0, or the step of the ended checkpoint a retention trim kept
+    (the checkpoints before it were deleted; its call records all stay). See `agentflow.exec._run_trim`."""
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentflow._errors import CheckpointNotFound, FlowError
 from agentflow._identity import RunContext, identity_body
+from agentflow.exec._run_trim import no_checkpoint_text
 from agentflow.flow._durable import Cursor, FlowProtocol
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
@@ -62,9 +63,10 @@ async def fork(
 ) -> RunResult[Any]:
     """See `FlowRunner.fork`."""
     store, sealer = proto._stores()
-    row = next((r for r in await store.history(run_id) if r.step == at_step), None)
+    rows = list(await store.history(run_id))
+    row = next((r for r in rows if r.step == at_step), None)
     if row is None:
-        raise CheckpointNotFound(f"run {run_id!r} has no checkpoint at step {at_step}")
+        raise CheckpointNotFound(no_checkpoint_text(run_id, at_step, rows))  # says so if retention trimmed it
     row, body = await proto.driver.read(store, sealer, run_id, row)
     source = proto.driver.cursor(row, body, None)
     flow = source.flow  # the new run starts on the version the source checkpoint was saved on

@@ -1,10 +1,12 @@
-"""The workers' retention, in-process: the prune beat task's body on a memory store, and its beat entry."""
+"""The workers' retention, in-process: the beat task's body (prune, then trim) on a memory store, its beat entry."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import pytest
 from celery import Celery
 
 from agentflow import FlowApp, Registry
@@ -16,12 +18,17 @@ from agentflow.exec.checkpoints.conformance import SEALER
 DAY = 86_400.0
 
 
-async def _runs(store: MemoryCheckpointStore, count: int, status: str, at: float) -> list[str]:
-    run_ids = [f"{status}-{i}" for i in range(count)]
+async def _runs(store: MemoryCheckpointStore, count: int, status: str, at: float, tag: str = "") -> list[str]:
+    run_ids = [f"{status}{tag}-{i}" for i in range(count)]
     for run_id in run_ids:
         await store.save(run_id, 0, SEALER.seal_checkpoint(run_id, 0, "mail", "running", 0, at - 1, {}))
         await store.save(run_id, 1, SEALER.seal_checkpoint(run_id, 1, "mail", status, 0, at, {}))
     return run_ids
+
+
+def _tasks(store: MemoryCheckpointStore, settings: WorkerSettings) -> Any:
+    return register_tasks(Celery("retention-logic"), FlowApp(Registry(), []), store_factory=lambda: store,
+                          checkpoint_key=b"k" * 32, settings=settings)  # fmt: skip
 
 
 async def test_a_prune_tick_deletes_old_finished_runs_in_bounded_batches() -> None:
@@ -87,6 +94,40 @@ def test_beat_sends_the_prune_task_only_when_retention_is_set() -> None:
     tasks = register_tasks(Celery("retention-off"), FlowApp(Registry(), []), store_factory=MemoryCheckpointStore,
                            checkpoint_key=b"k" * 32)  # fmt: skip
     try:
-        assert tasks.prune_finished() == {"skipped": "no retention is set (retention_days)"}
+        assert tasks.prune_finished() == {"skipped": "no retention is set (retention_days, retention_trim_days)"}
     finally:
         tasks.bridge.close()
+    # And trimming alone schedules the task too
+    assert "agentflow-prune-finished" in schedule(WorkerSettings(retention_trim_days=1))
+
+
+async def test_a_tick_prunes_then_trims_the_runs_past_each_age() -> None:
+    # Given runs that ended 40 days ago, runs that ended 2 days ago, and runs that ended now (two checkpoints each)
+    store, now = MemoryCheckpointStore(), time.time()
+    month = await _runs(store, 3, "done", now - 40 * DAY, "-old")
+    days = await _runs(store, 600, "failed", now - 2 * DAY, "-days")
+    fresh = await _runs(store, 2, "done", now, "-now")
+    tasks = _tasks(store, WorkerSettings(retention_days=30, retention_trim_days=1, retention_batches=1))
+    try:
+        # When beat's task runs twice (one batch of 500 of each per tick)
+        ticks = [await asyncio.to_thread(tasks.prune_finished) for _ in range(2)]
+    finally:
+        await asyncio.to_thread(tasks.bridge.close)
+    # Then the month-old runs went whole on the first tick, and the days-old ones were trimmed over two ticks
+    assert ticks == [
+        {"pruned": 3, "rows": 6, "trimmed": 500, "trimmed_rows": 500},
+        {"pruned": 0, "rows": 0, "trimmed": 100, "trimmed_rows": 100},
+    ]
+    assert not [run_id for run_id in month if await store.history(run_id)]
+    # And each trimmed run kept its newest checkpoint, the fresh ones kept both
+    assert {len(await store.history(run_id)) for run_id in days} == {1}
+    assert {len(await store.history(run_id)) for run_id in fresh} == {2}
+
+
+def test_trimming_must_come_before_pruning() -> None:
+    with pytest.raises(ValueError, match="trim_after_s .* must be shorter than keep_s"):
+        WorkerSettings(retention_days=1, retention_trim_days=2)
+    with pytest.raises(ValueError, match="retention_trim_days must be positive"):
+        WorkerSettings(retention_trim_days=0)
+    policy = WorkerSettings(retention_trim_days=7).retention()
+    assert policy is not None and policy.keep_s is None and policy.trim_after_s == 7 * DAY

@@ -16,9 +16,9 @@ from agentflow.exec.checkpoints._errors import (
     CheckpointStoreCorrupt,
     RecoveryNeedsDecision,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore
-from agentflow.exec.checkpoints._records import Pruned, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished
+from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
+from agentflow.exec.checkpoints._records import Pruned, SealedCall, SealedCheckpoint, Trimmed
+from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished, trim_finished
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
@@ -43,8 +43,11 @@ __all__ = [
     "SealedCall",
     "SealedCheckpoint",
     "StoreDefaults",
+    "TrimStore",
+    "Trimmed",
     "idempotency_key",
     "prune_finished",
+    "trim_finished",
 ]
 
 _OPTIONAL = {
