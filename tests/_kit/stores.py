@@ -7,11 +7,12 @@ uses: a new file under ``tmp_path``, a new Redis key prefix, a new table prefix 
 (never ``FLUSHALL``, never a shared table).
 
 Fixtures (registered in tests/conftest.py):
-- ``store_setup``: a `StoreSetup` per set-up (ids above). ``setup.open()`` is a new store
+- ``store_setup``: a `StoreSetup` per set-up of `ENGINE_SETUPS` (four of the six ids above;
+  ``setups()`` names all six). ``setup.open()`` is a new store
   object over the same storage (a new "worker"), ``setup.raw`` the one a test reads rows with,
   ``setup.rows`` raw access behind the store's back (tamper tests), ``setup.spec`` what a
   subprocess opens (`_kit.specs.open_spec`; None for memory and fakeredis).
-- ``any_store``: ``store_setup.raw``, for a test that needs just one store of each set-up.
+- ``any_store``: ``store_setup.raw``, for a test that needs just one store per set-up.
 - ``shared_spec``: the spec string of a set-up another process can open (`SHARED_SETUPS`),
   for tests whose workers are subprocesses; the storage is removed afterwards.
 
@@ -41,8 +42,16 @@ from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, S
 ALL_SETUPS = ("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")
 #: The set-ups another process can open from a spec string (a file or a server).
 SHARED_SETUPS = ("sqlite", "redis", "sql-sqlite", "sql-postgres")
+#: One set-up per storage code path, the default of `store_setup`: the memory store's dicts, the
+#: SQLite file store, the Redis scripts, the SQL store (on PostgreSQL, with its server-side
+#: functions). The other two run code these four already run: fakeredis the same Lua scripts as
+#: the real server, SQLAlchemy on aiosqlite the SQL store's SQLite path, which the conformance
+#: suite and the crash kit check on their own. Store-level tests (rows, tampering, the kit's
+#: `Rows`) still run on all six: they parametrize with ``setups()``.
+ENGINE_SETUPS = ("memory", "sqlite", "redis", "sql-postgres")
 __all__ = [  # with the spec helpers of `_kit.specs`, re-exported
     "ALL_SETUPS",
+    "ENGINE_SETUPS",
     "SERVER_SETUPS",
     "SHARED_SETUPS",
     "Rows",
@@ -521,11 +530,14 @@ class StoreSetup:
         return list(await self.raw.history(run_id))
 
 
-@pytest.fixture(params=setups(*ALL_SETUPS))
+@pytest.fixture(params=setups(*ENGINE_SETUPS))
 async def store_setup(
     request: pytest.FixtureRequest, tmp_path: Path, unique_prefix: Callable[[], str]
 ) -> AsyncIterator[StoreSetup]:
-    """Each store set-up in turn over fresh storage; every store it opened is closed and the storage removed."""
+    """Each set-up of `ENGINE_SETUPS` in turn (unless a test names others) over fresh storage.
+
+    Every store it opened is closed and the storage removed afterwards.
+    """
     found = backing(request.param, request, tmp_path, unique_prefix())
     setup = StoreSetup(found.name, found.spec, found.rows, found.make)
     try:

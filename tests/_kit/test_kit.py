@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from _kit.faults import FaultyStore
-from _kit.stores import StoreSetup
+from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY, ORDER, TICKETS, Crash, Ledger, make_tickets
 from agentflow import CheckpointError, Executor, FlowRunner
 from agentflow.exec.checkpoints import MemoryCheckpointStore
+
+#: The kit's raw rows are checked on all six set-ups (`store_setup` alone runs four).
+EVERY_SETUP = pytest.mark.parametrize("store_setup", setups(), indirect=True)
 
 
 async def finished_run(store_setup: StoreSetup, run_id: str = "order-1") -> None:
@@ -20,6 +23,7 @@ async def finished_run(store_setup: StoreSetup, run_id: str = "order-1") -> None
     await runner.run(TICKETS, ORDER, run_id=run_id)
 
 
+@EVERY_SETUP
 async def test_put_and_drop_of_a_call_record_change_what_the_store_returns(store_setup: StoreSetup) -> None:
     # Given a finished run
     await finished_run(store_setup)
@@ -35,6 +39,7 @@ async def test_put_and_drop_of_a_call_record_change_what_the_store_returns(store
     assert [(r.segment, r.seq) for r in after][:2] == [(0, 0), (0, 2)]
 
 
+@EVERY_SETUP
 async def test_put_and_drop_of_a_checkpoint_change_what_the_store_returns(store_setup: StoreSetup) -> None:
     # Given a finished run (checkpoints 0..3)
     await finished_run(store_setup)
@@ -51,6 +56,7 @@ async def test_put_and_drop_of_a_checkpoint_change_what_the_store_returns(store_
     assert (await store_setup.raw.latest("order-1")).step == 2
 
 
+@EVERY_SETUP
 async def test_stored_bytes_holds_what_was_stored(store_setup: StoreSetup) -> None:
     # Given a finished run
     await finished_run(store_setup)
@@ -60,6 +66,7 @@ async def test_stored_bytes_holds_what_was_stored(store_setup: StoreSetup) -> No
     assert b"Hamlet" in await store_setup.rows.stored_bytes()
 
 
+@EVERY_SETUP
 async def test_drop_listing_hides_the_run_from_listings_only(store_setup: StoreSetup) -> None:
     # Given two finished runs, on a store that keeps a listing index
     if not store_setup.rows.has_listing:

@@ -1,7 +1,7 @@
 """Durable runs: checkpoints per superstep, the call log, crash recovery, in-doubt calls, keys.
 
-Every test runs on every store set-up (`_kit.stores`): memory, SQLite, fakeredis, Redis,
-SQLAlchemy on SQLite and on PostgreSQL.
+Every test runs on each storage code path (`_kit.stores.ENGINE_SETUPS`): memory, SQLite,
+Redis, and SQLAlchemy on PostgreSQL.
 """
 
 from __future__ import annotations
