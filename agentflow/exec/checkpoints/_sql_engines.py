@@ -11,19 +11,23 @@ timeout, and ``BEGIN IMMEDIATE`` for writes, so a writer holds the write lock be
 reads what it checks). Every driver error becomes one `CheckpointError` naming the
 database, with its password hidden.
 
-On PostgreSQL, `Connector.driver` lends the asyncpg connection under a pooled one for a
-single autocommit statement (`_sql_pg`). A checkout from SQLAlchemy's pool costs about
-150 µs of greenlet switching, so each loop keeps the connections it lent in a free list of
-its own, up to the pool's size, still checked out of the pool: they bypass ``pool_recycle``
-and ``pool_pre_ping``, and one that fails at the connection level is invalidated, never
-lent again. A transaction (`Connector.begin`) takes a kept connection first, and while any
-operation waits for the pool a connection given back goes to the pool, not the free list,
-so the kept ones never starve it. They are closed before the engine is disposed.
+The fast paths borrow the driver's own connection under a pooled one: on PostgreSQL
+`Connector.driver` lends the asyncpg connection for a single autocommit statement
+(`_sql_pg`), on SQLite `Connector.lite` lends the aiosqlite connection for one whole job
+(`_sql_sqlite`). A checkout from SQLAlchemy's pool costs about 150 µs of greenlet switching
+(and, on aiosqlite, a thread round trip to reset the connection when it goes back), so each
+loop keeps the connections it lent in a free list of its own, up to the pool's size, still
+checked out of the pool: they bypass ``pool_recycle`` and ``pool_pre_ping``, and one that
+fails at the connection level is invalidated, never lent again. A transaction
+(`Connector.begin`) takes a kept connection first, and while any operation waits for the
+pool a connection given back goes to the pool, not the free list, so the kept ones never
+starve it. They are closed before the engine is disposed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -38,7 +42,7 @@ from agentflow._errors import CheckpointConflict, CheckpointError
 #: The async driver for each database this store supports.
 ASYNC_DRIVERS: Final = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
 #: How long a SQLite writer waits for another process's write lock before giving up.
-_SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
+SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 #: Execution option naming the statement that opens a SQLite transaction.
 _SQLITE_BEGIN: Final = "agentflow_sqlite_begin"
 
@@ -75,7 +79,7 @@ def _use_begin_immediate(engine: AsyncEngine) -> None:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # sqlite3 emits no BEGIN of its own
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.close()
 
@@ -112,11 +116,13 @@ class LoopEngine:
     async def abandon(self, *, sqlite: bool) -> None:
         """Drop the engine of a loop that closed without shutting down its generators."""
         self.abandoned = True
-        self.idle.clear()  # asyncpg connections die with their loop
+        kept, self.idle = self.idle, []  # asyncpg connections die with their loop
         closing = self.keeper.aclose()
         with suppress(StopIteration):  # with nothing to await in `finally`, it closes in one step, loop or not
             closing.send(None)
         if sqlite:  # aiosqlite connections run on threads of their own: any loop can close them
+            for conn, _ in kept:
+                await conn.close()
             await self.engine.dispose()
         else:  # asyncpg connections died with their loop; let them go
             self.engine.sync_engine.dispose(close=False)
@@ -161,8 +167,8 @@ class Connector:
             raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: no directory {self._folder}")
         conn = (await self._checkout(entry))[0]
         try:
-            if write and self.sqlite:
-                await conn.execution_options(**{_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
+            if self.sqlite:  # set either way: a kept connection carries the option of its last transaction
+                await conn.execution_options(**{_SQLITE_BEGIN: "BEGIN IMMEDIATE" if write else "BEGIN"})
             async with conn.begin():
                 yield conn
         except (OSError, DBAPIError) as exc:
@@ -198,6 +204,37 @@ class Connector:
             await self._give_back(entry, conn, raw)
             raise CheckpointError(f"SQLAlchemyCheckpointStore at {self.shown} failed: {_reason(exc)}") from exc
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
+            await conn.invalidate()
+            await conn.close()
+            raise
+        else:
+            await self._give_back(entry, conn, raw)
+
+    @asynccontextmanager
+    async def lite(self, entry: LoopEngine) -> AsyncIterator[Any]:
+        """Lend a pooled connection's aiosqlite connection for one job of the SQLite fast path.
+
+        The job runs a whole transaction (or read) and ends it, whether it succeeds or not,
+        so a SQLite error leaves the connection as it was: it is kept, and the error becomes
+        one `CheckpointError`. An error of the connection itself invalidates it. So does a
+        cancellation: a job handed to aiosqlite's thread still runs there to its end, and
+        the connection must not be lent again meanwhile.
+        """
+        if not entry.idle and self._folder is not None and not self._folder.is_dir():
+            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: no directory {self._folder}")
+        conn, raw = await self._checkout(entry)
+        try:
+            if raw is None:
+                raw = (await conn.get_raw_connection()).driver_connection
+            yield raw
+        except (sqlite3.OperationalError, sqlite3.IntegrityError) as exc:  # the job rolled back
+            await self._give_back(entry, conn, raw)
+            raise CheckpointError(f"SQLAlchemyCheckpointStore at {self.shown} failed: {_reason(exc)}") from exc
+        except (sqlite3.Error, ValueError, OSError) as exc:  # the connection failed, or was closed under us
+            await conn.invalidate()
+            await conn.close()
+            raise CheckpointError(f"SQLAlchemyCheckpointStore at {self.shown} failed: {_reason(exc)}") from exc
+        except BaseException:  # cancelled: a job on aiosqlite's thread runs on
             await conn.invalidate()
             await conn.close()
             raise

@@ -6,12 +6,12 @@ version 4 installs, on PostgreSQL only, the functions of the fast path (`_sql_pg
 SQLAlchemy statement is built once per store (`_sql_statements`) and run with a dict of
 values, so a call builds and compiles nothing.
 
-The hot operations (saves, call records, leases, ``latest`` and ``head``) go by database:
-on PostgreSQL each is one statement in autocommit on the pooled asyncpg connection
-(`_sql_pg`); on SQLite each is one ``BEGIN IMMEDIATE`` transaction (`_sql_writes`, and the
-lease statements of `_sql_leases`). Both read the run's ``runs`` row under a lock, apply
-`_rules` (PostgreSQL mirrors them in its function and raises with `_rules` on what it
-read), then write.
+The hot operations (saves, call records, leases, ``latest`` and ``head``) take a fast path
+of their database's driver, under a pooled connection: on PostgreSQL each is one statement
+in autocommit on the asyncpg connection (`_sql_pg`); on SQLite each is one job of the
+``sqlite3`` connection, run inline (`_sql_sqlite`), a write one ``BEGIN IMMEDIATE``
+transaction. Both read the run's ``runs`` row under a lock, apply `_rules` (PostgreSQL
+mirrors them in its function and raises with `_rules` on what it read), then write.
 
 `latest` (and so `head`) reads the newest ``checkpoints`` row, not through ``runs``, as
 every store does; the compare-and-set and the fencing check read the locked ``runs`` row.
@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
@@ -50,8 +51,8 @@ from agentflow.exec.checkpoints._sql_events import SQLEvents
 from agentflow.exec.checkpoints._sql_leases import SQLLeases
 from agentflow.exec.checkpoints._sql_pg import PgFastPath, functions
 from agentflow.exec.checkpoints._sql_prune import SQLPrune
+from agentflow.exec.checkpoints._sql_sqlite import LiteFastPath
 from agentflow.exec.checkpoints._sql_statements import LATEST_FIELDS, Tables, statements, tables
-from agentflow.exec.checkpoints._sql_writes import SQLWrites, insert
 
 #: Allowed table prefixes (40 characters at most keeps index names under PostgreSQL's 63).
 _PREFIX: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}")
@@ -119,8 +120,8 @@ class SQLAlchemyCheckpointStore:
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
-        self._writes = SQLWrites(self._q, self._tx)
-        self._pg = None if self._sqlite else PgFastPath(self._db, self._ready, table_prefix)
+        #: The hot operations (`_sql_sqlite` and `_sql_pg` answer the same calls).
+        self._fast = (LiteFastPath if self._sqlite else PgFastPath)(self._db, self._ready, table_prefix)
         self._schema_ready = False
 
     def __repr__(self) -> str:
@@ -191,40 +192,24 @@ class SQLAlchemyCheckpointStore:
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
-        if self._pg is not None:
-            await self._pg.write(run_id, step, checkpoint, ())
-        else:
-            await self._writes.save(run_id, step, checkpoint)
+        await self._fast.write(run_id, step, checkpoint, ())
 
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
     ) -> None:
         """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
         check_row(run_id, step, checkpoint)
-        if self._pg is not None:
-            await self._pg.write(run_id, step, checkpoint, calls)
-        elif calls:
-            await self._writes.save_after_calls(run_id, step, checkpoint, calls)
-        else:  # a plain save (for a step 0, its read also looks for leftover rows)
-            await self._writes.save(run_id, step, checkpoint)
+        await self._fast.write(run_id, step, checkpoint, calls)
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
-        if self._pg is not None:
-            if record.run_id != run_id:  # `check_call`'s first rule, before any round trip
-                raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
-            await self._pg.write(run_id, None, None, (record,))
-        else:
-            await self._writes.record_call(run_id, record)
+        if record.run_id != run_id:  # `check_call`'s first rule, before any round trip
+            raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
+        await self._fast.write(run_id, None, None, (record,))
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint row of the run (read from ``checkpoints``, whatever ``runs`` says)."""
-        if self._pg is not None:
-            found = await self._pg.latest(run_id)
-        else:
-            async with self._tx() as conn:
-                row = (await conn.execute(self._q.latest, {"run_id": run_id})).one_or_none()
-            found = None if row is None else row._mapping
+        found = await self._fast.latest(run_id)
         if found is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self))
@@ -254,7 +239,11 @@ class SQLAlchemyCheckpointStore:
             row = rows_of.sealed(SealedCheckpoint, newest._mapping, run_id, repr(self))
             entry = {name: getattr(row, name) for name in LATEST_FIELDS}
             if listed is None:
-                await insert(conn, self._q.insert_run, {"run": run_id} | entry, f"the runs row of run {run_id!r}")
+                try:
+                    await conn.execute(self._q.insert_run, {"run": run_id} | entry)
+                except IntegrityError:  # another relist inserted it first: `relist` reads it again
+                    taken = f"the runs row of run {run_id!r}"
+                    raise CheckpointConflict(f"{taken} was written by another writer at the same time") from None
             elif {name: getattr(listed, name) for name in LATEST_FIELDS} != entry:
                 await conn.execute(self._q.update_run, {"run": run_id} | entry)
         return row
@@ -301,15 +290,10 @@ class SQLAlchemyCheckpointStore:
         Raises:
             CheckpointNotFound: nothing is stored for the run.
         """
-        if self._pg is not None:  # one statement: one snapshot, which serves as well
-            found, counts = await self._pg.head(run_id)
-            if found is None:
-                raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-            return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self)), counts
-        latest = await self.latest(run_id)
-        async with self._tx() as conn:
-            rows = (await conn.execute(self._q.segment_counts, {"run_id": run_id})).all()
-        return latest, {int(segment): int(count) for segment, count in rows}
+        found, counts = await self._fast.head(run_id)
+        if found is None:
+            raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
+        return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self)), counts
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
@@ -319,32 +303,24 @@ class SQLAlchemyCheckpointStore:
 
     async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
         """Take the run's lease unless another live token holds it: one upsert, then the row read back."""
-        if self._pg is None:
-            return await self._leases.take(run_id, owner, token, ttl_s)
-        row = await self._pg.take_lease(run_id, owner, token, ttl_s)
+        row = await self._fast.take_lease(run_id, owner, token, ttl_s)
         if row is None:
             raise CheckpointStoreCorrupt(f"{self._shown}: the lease of run {run_id!r} was taken but cannot be read")
         return rows_of.lease(row.values(), self._shown)
 
     async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
-        if self._pg is None:
-            return await self._leases.renew(run_id, token, ttl_s)
-        row = await self._pg.renew_lease(run_id, token, ttl_s)
+        row = await self._fast.renew_lease(run_id, token, ttl_s)
         return None if row is None else rows_of.lease(row.values(), self._shown)
 
     async def release_lease(self, run_id: str, token: str) -> bool:
         """Give the lease up if `token` holds it; whether it was live."""
-        if self._pg is None:
-            return await self._leases.release(run_id, token)
-        return await self._pg.release_lease(run_id, token)
+        return await self._fast.release_lease(run_id, token)
 
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
-        """The live leases among `run_ids`, judged on the database's clock."""
-        if self._pg is None:
-            return await self._leases.read(run_ids)
+        """The live leases among `run_ids`, judged on the database's clock (the host's, on SQLite)."""
         unique = list(dict.fromkeys(run_ids))
-        found = {row["run_id"]: rows_of.lease(row.values(), self._shown) for row in await self._pg.leases(unique)}
+        found = {row["run_id"]: rows_of.lease(row.values(), self._shown) for row in await self._fast.leases(unique)}
         return {run_id: found[run_id] for run_id in unique if run_id in found}
 
     async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
