@@ -480,9 +480,9 @@ def test_a_loop_closed_without_shutdown_is_left_behind(tmp_path: Path) -> None:
     gc.collect()  # an undisposed connection would warn here
 
 
+# only the PostgreSQL fast path installs functions
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 async def test_dropping_the_tables_drops_the_functions(backend: Backend) -> None:
-    if backend.name != "postgres":
-        pytest.skip("only the PostgreSQL fast path installs functions")
     # Given a tenant's tables, set up with their functions
     async with backend.store("t_") as store:
         await store.setup()
