@@ -39,6 +39,21 @@ def exec_us_by_owner(found: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def cpu_by_owner(found: dict[str, Any]) -> dict[str, float]:
+    """Redis's main-thread CPU per superstep split between the store and Celery (an estimate).
+
+    The model: the thread's CPU is a price per round trip (reading a request, writing its
+    reply) times the round trips, plus the time in commands. The price is what is left of
+    the measured CPU after the commands' time, over the round trips counted; each owner then
+    gets its round trips at that price plus its commands' time.
+    """
+    counted, exec_us = found["counted"], exec_us_by_owner(found)
+    trips = {owner: counted[owner]["round_trips"] for owner in ("store", "celery")}
+    total = median_over_levels(found["levels"], "redis_cpu_us")
+    price = max(0.0, total - sum(exec_us.values())) / sum(trips.values())
+    return {"per_round_trip": price, **{owner: trips[owner] * price + exec_us[owner] for owner in trips}}
+
+
 def _rates_table(data: dict[str, Any]) -> Table:
     configs = data["configs"]
     keys = list(configs)
@@ -74,18 +89,21 @@ def _redis_tables(found: dict[str, Any]) -> list[Table]:
         f"{median_over_levels(levels, 'redis_commands'):.1f}",
         f"{median_over_levels(levels, 'redis_cpu_us'):.0f}",
     )
-    counted, exec_us = found["counted"], exec_us_by_owner(found)
+    counted, exec_us, cpu = found["counted"], exec_us_by_owner(found), cpu_by_owner(found)
     owners = Table(
         "Redis per superstep by owner, one round with MONITOR on (a client's commands sent together count as one "
-        "round trip; time in commands: commandstats usec at each command's average)",
-        ["owner", "commands sent", "round trips", "time in commands (µs)", "commands (per superstep)"],
+        "round trip; time in commands: commandstats usec at each command's average; main thread CPU: the median "
+        f"above split as {cpu['per_round_trip']:.0f} µs per round trip plus the time in commands)",
+        ["owner", "commands sent", "round trips", "time in commands (µs)", "main thread CPU (µs, est.)"]
+        + ["commands (per superstep)"],
     )
     for owner, label in (("store", "the checkpoint store"), ("celery", "Celery: broker, results, events")):
         part = counted[owner]
         names = ", ".join(f"{n.upper()} {v:.2f}" for n, v in part["by_name"].items() if v >= 0.05)
-        owners.add(label, f"{part['sent']:.2f}", f"{part['round_trips']:.2f}", f"{exec_us[owner]:.0f}", names)
+        row = [f"{part['sent']:.2f}", f"{part['round_trips']:.2f}", f"{exec_us[owner]:.0f}", f"{cpu[owner]:.0f}"]
+        owners.add(label, *row, names)
     inner = ", ".join(f"{n.upper()} {v:.2f}" for n, v in sorted(counted["lua"].items(), key=lambda kv: -kv[1]))
-    owners.add("inside the store's scripts", f"{sum(counted['lua'].values()):.2f}", "-", "(in EVALSHA's)", inner)
+    owners.add("inside the store's scripts", f"{sum(counted['lua'].values()):.2f}", "-", "(in EVALSHA's)", "-", inner)
     return [by_level, owners]
 
 
