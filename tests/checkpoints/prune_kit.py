@@ -5,12 +5,13 @@ records, signed with `KEY`). `seed(store, run_ids, at)` writes a clone of it for
 its rows sealed again for that id (a body names no run id), saved as the runner saves them
 (step 0, then each superstep's two records with its checkpoint), with the last save at
 `at` and the last status `status`: so every clone reads back through `read_run` as a
-healthy run. `whole_or_gone` says which a run is, and fails on anything in between.
+healthy run. `whole_or_gone` says which a run is, and fails on anything in between;
+`whole_or_trimmed` the same of a trim (its newest checkpoint and every call record left).
 
 Also a worker process (run with `_kit.specs.child_env`, so ``_kit`` imports):
-``python prune_kit.py SPEC BEFORE BATCH`` opens the store of a spec
-(`_kit.specs.open_spec`), prints ``ready``, then prunes every run ended before BEFORE in
-batches of BATCH, printing ``batch <runs>`` after each, and ``done`` at the end.
+``python prune_kit.py SPEC BEFORE BATCH [trim]`` opens the store of a spec
+(`_kit.specs.open_spec`), prints ``ready``, then prunes (or trims) every run ended before
+BEFORE in batches of BATCH, printing ``batch <runs>`` after each, and ``done`` at the end.
 """
 
 from __future__ import annotations
@@ -80,19 +81,39 @@ async def whole_or_gone(store: CheckpointStore, run_id: str) -> str:
     return "whole"
 
 
-async def _work(spec: str, before: float, batch: int) -> None:
-    from agentflow.exec.checkpoints import RetentionPolicy, prune_finished
+async def whole_or_trimmed(store: CheckpointStore, run_id: str) -> str:
+    """``whole`` (the clone as written) or ``trimmed`` (its newest checkpoint and all 6 records, healthy); else fail."""
+    report = await read_run(store, SEALER, run_id)
+    assert not report.problems, f"run {run_id} is neither whole nor trimmed: {report.problems}"
+    assert report.status == "done" and report.records == 6, f"run {run_id} is not the clone written"
+    steps = [c.step for c in report.checkpoints]
+    if steps == [0, 1, 2, 3] and report.kept_from == 0:
+        return "whole"
+    assert steps == [3] and report.kept_from == 3, f"run {run_id} holds steps {steps}, kept from {report.kept_from}"
+    return "trimmed"
+
+
+async def _work(spec: str, before: float, batch: int, mode: str) -> None:
+    from agentflow.exec.checkpoints import RetentionPolicy, prune_finished, trim_finished
 
     store = open_spec(spec)
     try:
         await store.stored_runs()  # connected (and set up) before the parent starts watching
         print("ready", flush=True)
-        policy = RetentionPolicy(0.0, batch=batch)
-        await prune_finished(store, policy, now=before, on_batch=lambda p: print(f"batch {len(p.run_ids)}", flush=True))
+        if mode == "trim":
+            policy = RetentionPolicy(None, batch=batch, trim_after_s=0.0)
+            await trim_finished(
+                store, policy, now=before, on_batch=lambda t: print(f"batch {len(t.run_ids)}", flush=True)
+            )
+        else:
+            policy = RetentionPolicy(0.0, batch=batch)
+            await prune_finished(
+                store, policy, now=before, on_batch=lambda p: print(f"batch {len(p.run_ids)}", flush=True)
+            )
         print("done", flush=True)
     finally:
         await store.aclose()
 
 
 if __name__ == "__main__":
-    asyncio.run(_work(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))
+    asyncio.run(_work(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "prune"))

@@ -1,10 +1,11 @@
 """Retention on every store set-up: old finished runs pruned whole, in batches; nothing else touched.
 
 The rules themselves (only ended runs, none held, each judged again) are conformance checks
-(`_conformance_retention`); these tests prune real runs (clones of one ticket run, so every
-run left reads back healthy through `read_run`) on every set-up, count rows before and
-after, kill a prune midway on the stores another process shares, and show a reader racing
-a prune sees the run whole or not at all.
+(`_conformance_retention`, `_conformance_trim`); these tests prune real runs (clones of one
+ticket run, so every run left reads back healthy through `read_run`) on every set-up, count
+rows before and after, kill a prune (and a trim) midway on the stores another process
+shares, and show a reader racing a prune sees the run whole or not at all. What a trim
+keeps working (reads, retry, fork's refusal) is tests/checkpoints/test_trim.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from _kit.stores import StoreSetup, child_env, setups
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow.exec._run_read import read_run
-from agentflow.exec.checkpoints import MemoryCheckpointStore, Pruned, RetentionPolicy, SealedCall, prune_finished
+from agentflow.exec.checkpoints import (
+    MemoryCheckpointStore,
+    Pruned,
+    RetentionPolicy,
+    SealedCall,
+    prune_finished,
+    trim_finished,
+)
 from agentflow.exec.checkpoints._records import ENDED
 
 WORKER = Path(__file__).with_name("prune_kit.py")
@@ -121,20 +129,14 @@ def test_a_policy_keeps_unfinished_runs_and_says_what_is_wrong() -> None:
 
 #: Runs a killed prune works on, and how many it deletes per batch (PostgreSQL commits cost more: fewer runs).
 KILLED = {"sqlite": (600, 1), "redis": (600, 1), "sql-postgres": (200, 2)}
+#: The same for a trim (each run is read back whole or trimmed: fewer of them keep the test short).
+TRIM_KILLED = {"sqlite": (300, 1), "redis": (300, 1), "sql-postgres": (100, 1)}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("store_setup", setups("sqlite", "redis", "sql-postgres"), indirect=True)
-async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup: StoreSetup) -> None:
-    assert store_setup.spec is not None
-    # Given many finished runs
-    store, now = store_setup.raw, time.time()
-    count, batch = KILLED[store_setup.name]
-    run_ids = [f"k{i:04d}" for i in range(count)]
-    await prune_kit.seed(store, await prune_kit.template(), run_ids, now - DAY)
-    # When a prune in another process is SIGKILLed once its first batch is done
+async def _kill_after_first_batch(spec: str, before: float, batch: int, mode: str) -> None:
+    """Start ``prune_kit.py`` (prune or trim) in another process and SIGKILL it once its first batch is done."""
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKER), store_setup.spec, repr(now - HOUR), str(batch),
+        sys.executable, str(WORKER), spec, repr(before), str(batch), mode,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=child_env(),
     )  # fmt: skip
     assert worker.stdout is not None and worker.stderr is not None
@@ -147,6 +149,19 @@ async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup:
             worker.kill()
         await worker.wait()
     assert first.startswith(b"batch "), (first, await worker.stderr.read())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_setup", setups("sqlite", "redis", "sql-postgres"), indirect=True)
+async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup: StoreSetup) -> None:
+    assert store_setup.spec is not None
+    # Given many finished runs
+    store, now = store_setup.raw, time.time()
+    count, batch = KILLED[store_setup.name]
+    run_ids = [f"k{i:04d}" for i in range(count)]
+    await prune_kit.seed(store, await prune_kit.template(), run_ids, now - DAY)
+    # When a prune in another process is SIGKILLed once its first batch is done
+    await _kill_after_first_batch(store_setup.spec, now - HOUR, batch, "prune")
     # Then it was cut off midway, and every run is whole or gone: none half-pruned
     found = [await prune_kit.whole_or_gone(store, run_id) for run_id in run_ids]
     assert 0 < found.count("gone") < count, "the prune was not cut off midway"
@@ -155,6 +170,29 @@ async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup:
     assert not await store.leases(run_ids)
     await prune_finished(store, RetentionPolicy(HOUR, batch=200))
     assert not await store.stored_runs()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_setup", setups("sqlite", "redis", "sql-postgres"), indirect=True)
+async def test_a_trim_killed_midway_leaves_every_run_whole_or_trimmed(store_setup: StoreSetup) -> None:
+    assert store_setup.spec is not None
+    # Given many finished runs of four checkpoints each
+    store, now = store_setup.raw, time.time()
+    count, batch = TRIM_KILLED[store_setup.name]
+    run_ids = [f"t{i:04d}" for i in range(count)]
+    await prune_kit.seed(store, await prune_kit.template(), run_ids, now - DAY)
+    # When a trim in another process is SIGKILLed once its first batch is done
+    await _kill_after_first_batch(store_setup.spec, now - HOUR, batch, "trim")
+    # Then it was cut off midway, and every run reads back healthy: untouched, or its newest checkpoint and log
+    found = [await prune_kit.whole_or_trimmed(store, run_id) for run_id in run_ids]
+    assert 0 < found.count("trimmed") < count, "the trim was not cut off midway"
+    assert sorted(await store.stored_runs()) == run_ids
+    # And a trim run again finishes the job, leaving every run listed and readable
+    policy = RetentionPolicy(None, batch=200, trim_after_s=HOUR)
+    await trim_finished(store, policy)
+    assert {len(await store.history(run_id)) for run_id in run_ids} == {1}
+    assert await prune_kit.whole_or_trimmed(store, run_ids[-1]) == "trimmed"
+    assert {cp.run_id for cp in await store.list_runs(None, 10_000)} >= set(run_ids)
 
 
 @pytest.mark.redis
