@@ -1,4 +1,4 @@
-"""``agentflow runs prune``: finished runs older than a duration deleted whole; nothing else, and only when told."""
+"""``agentflow runs prune``: finished runs older than a duration deleted whole, or trimmed (--trim); only when told."""
 
 from __future__ import annotations
 
@@ -142,3 +142,69 @@ def test_prune_on_redis_and_postgres(agentflow, store_setup):
     assert "pruned 2 run(s) (10 checkpoint and call rows)" in result.stdout, result.output
     listed = agentflow("runs", "list", "--store", url).stdout
     assert "waiting" in listed and "shipped" not in listed
+
+
+# -- --trim: keep the runs, delete their older checkpoints --------------------------------
+
+
+def test_trim_keeps_each_finished_run_with_its_newest_checkpoint_and_its_calls(agentflow, db):
+    before = counts(db)
+    # When a dry run looks for finished runs to trim, Then it counts the four and deletes nothing
+    dry = agentflow("runs", "prune", "--older-than", "0s", "--trim", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would trim 4 run(s) ended (cancelled, done, failed) and last saved before" in dry.stdout
+    assert "with older checkpoints to trim (--dry-run: nothing was deleted)" in dry.stdout
+    assert counts(db) == before
+    # When they are trimmed (without a question: --yes)
+    result = agentflow("runs", "prune", "--older-than", "0s", "--trim", "--yes", "--batch", "3")
+    # Then each finished run keeps its newest checkpoint and every call record; the others are as they were
+    assert result.exit_code == 0, result.output
+    rows = sum(before[run_id][0] - 1 for run_id in FINISHED)
+    assert (
+        f"trimmed 4 run(s) ({rows} checkpoint rows; each kept its newest checkpoint and call records)" in result.stdout
+    )
+    assert "trimming" in result.stderr
+    assert counts(db, FINISHED) == {run_id: (1, before[run_id][1]) for run_id in FINISHED}
+    assert counts(db, UNFINISHED) == {run_id: before[run_id] for run_id in UNFINISHED}
+    # And a trimmed run is still listed and shown, its history said to start where retention cut it
+    assert "order-2" in agentflow("runs", "list").stdout
+    shown = agentflow("runs", "show", "order-2")
+    step = before["order-2"][0] - 1
+    assert shown.exit_code == 0, shown.output
+    assert f"checkpoints 0 to {step - 1} were trimmed by retention" in shown.stdout
+    # And verify checks what is kept and says the rest was trimmed, not missing
+    verified = agentflow("verify", "order-2")
+    assert verified.exit_code == 0, verified.output
+    assert f"trimmed order-2: checkpoints 0 to {step - 1} were trimmed by retention" in verified.stdout
+    assert "(1 run(s) trimmed by retention: their older checkpoints are not stored)" in verified.stdout
+    # And nothing is left to trim
+    again = agentflow("runs", "prune", "--older-than", "0s", "--trim", "--yes")
+    assert again.stdout.startswith("no runs to trim: none ended")
+
+
+def test_a_trim_also_takes_an_older_tampered_checkpoint_verify_checks_what_is_kept(agentflow, db):
+    # Given tamper-1, whose checkpoint 1 was changed behind agentflow's back: verify reports it
+    assert agentflow("verify", "tamper-1").exit_code == 1
+    # When the finished runs are trimmed, Then that checkpoint went with the others, and verify checks the rest
+    agentflow("runs", "prune", "--older-than", "0s", "--trim", "--yes")
+    verified = agentflow("verify", "tamper-1")
+    assert verified.exit_code == 0 and "trimmed tamper-1" in verified.stdout
+
+
+def test_a_fork_from_a_trimmed_step_names_the_retention(agentflow, db):
+    agentflow("runs", "prune", "--older-than", "0s", "--trim", "--yes")
+    assert counts(db, ["tamper-1"])["tamper-1"][0] == 1
+    forked = agentflow("fork", "tamper-1", "--app", "runs_kit:app", "--at", "0")
+    assert forked.exit_code == 2
+    assert "retention trimmed its checkpoints before step" in one_line_error(forked)
+
+
+def test_trim_asks_and_refuses_when_nobody_can_answer(agentflow, db, monkeypatch):
+    before = counts(db)
+    refused = agentflow("runs", "prune", "--older-than", "0s", "--trim")
+    assert refused.exit_code == 2
+    assert "runs prune deletes the older checkpoints of the 4 run(s)" in one_line_error(refused)
+    monkeypatch.setattr(_cmd_prune, "_can_ask", lambda: True)
+    declined = agentflow("runs", "prune", "--older-than", "0s", "--trim", input="n\n")
+    assert declined.exit_code == 0 and "nothing was trimmed" in declined.stdout
+    assert counts(db) == before
