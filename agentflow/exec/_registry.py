@@ -7,10 +7,12 @@ runs. Its options say how to run it (timeout, retries) and how to treat it after
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
@@ -145,7 +147,13 @@ class Tool:
         return self.returns.validate_python(stored)
 
     def schema(self) -> dict[str, Any]:
-        """JSON schema of the tool, as model adapters hand it to a model."""
+        """JSON schema of the tool, as model adapters hand it to a model (a copy of its own to change)."""
+        return copy.deepcopy(self._schema)
+
+    @cached_property
+    def _schema(self) -> dict[str, Any]:
+        # Built once: pydantic builds a JSON schema in about a millisecond, and a tool loop asks for
+        # every tool's schema at each model turn. A tool's arguments model never changes.
         params = self.args_model.model_json_schema()
         params.pop("title", None)
         return {"name": self.name, "description": self.description, "parameters": params}

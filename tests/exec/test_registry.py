@@ -241,6 +241,29 @@ def test_registry_schemas_lists_every_tool_in_registration_order():
     assert schemas[1]["parameters"]["required"] == ["amount"]
 
 
+def test_a_schema_is_built_once_and_each_caller_gets_a_copy_to_change(monkeypatch: pytest.MonkeyPatch):
+    registry = Registry()
+
+    @registry.tool
+    def hold_seats(show: str) -> str:
+        """Hold seats."""
+        return show
+
+    tool = registry.get("hold_seats")
+    built = tool.args_model.model_json_schema
+    builds: list[int] = []
+    monkeypatch.setattr(tool.args_model, "model_json_schema", lambda: builds.append(1) or built())
+    # Given a caller (a model adapter) that changes the schema it was handed
+    first = tool.schema()
+    first["parameters"]["properties"]["show"]["type"] = "integer"
+    first["name"] = "changed"
+    # Then the next caller still gets the tool's own schema, from the one built at the first call
+    assert tool.schema()["name"] == "hold_seats"
+    assert tool.schema()["parameters"]["properties"]["show"]["type"] == "string"
+    assert tool.schema() is not tool.schema() and tool.schema() == registry.schemas()[0]
+    assert len(builds) == 1
+
+
 def test_negative_retries_are_refused():
     registry = Registry()
 
