@@ -1,9 +1,8 @@
 """The call log: ``started`` before a tool can run, then how it ended; replay and in-doubt checks.
 
 Moving parts:
-- `Journal`: one worker's pen on a run's log. It writes signed records numbered within
-  its segment, one at a time (concurrent nodes queue on a lock), so the store can refuse
-  a gap or a fenced writer.
+- `Journal` (`_durable_journal`): one worker's pen on a run's log, numbering its records
+  within its segment and holding a step's closing ``done`` for the checkpoint.
 - `CallLog`: what a node's tool calls go through. For each call it replays a finished
   result, pauses for an approval, or takes the slots of its tool's limits, logs
   ``started``, runs the tool and logs the end.
@@ -24,29 +23,20 @@ Reading the log back (checking, folding, deciding what may rerun) is `_durable_r
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow._errors import (
-    AgentflowError,
-    ApprovalDenied,
-    CheckpointConflict,
-    CheckpointError,
-    ToolError,
-)
+from agentflow._errors import ApprovalDenied, ToolError
 from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo
+from agentflow.exec._durable_journal import Journal as Journal
 from agentflow.exec._durable_read import FINAL, CallState
-from agentflow.exec._durable_seal import Sealer, canonical, digest
+from agentflow.exec._durable_seal import canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
 from agentflow.exec._run_cancel import CancelWatch
 from agentflow.exec._tracing import CallSpan
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.exec.limits._gate import Slots
 
 
@@ -78,105 +68,6 @@ class Decision:
 
     approve: bool
     note: str | None = None
-
-
-class Journal:
-    """Writes one worker's records of a run, numbered within its segment.
-
-    A record may also be *held* (`hold_encoded`): sealed and numbered now, stored with the
-    next checkpoint in one atomic write (`save`). A superstep holds the ``done`` record of
-    a call that is the last thing before its checkpoint, so the two cost one commit or
-    round trip. Any other record written meanwhile stores the held ones first, in order.
-    """
-
-    def __init__(
-        self,
-        store: CheckpointStore,
-        sealer: Sealer,
-        run_id: str,
-        segment: int,
-        next_seq: int = 0,
-        *,
-        max_bytes: int | None = None,
-    ) -> None:
-        self.store = store
-        self.max_bytes = max_bytes
-        """The largest record body stored; a result over it leaves its call unrecordable."""
-        self.sealer = sealer
-        self.run_id = run_id
-        self.segment = segment
-        self.next_seq = next_seq
-        self._held: list[SealedCall] = []
-        self._lock = asyncio.Lock()
-
-    async def write(self, kind: str, body: dict[str, Any]) -> None:
-        """Sign and append one record.
-
-        Raises:
-            CheckpointConflict: the store refused it (fenced, or out of sequence).
-            TypeError, ValueError: the body cannot be encoded.
-        """
-        await self.write_encoded(kind, canonical(body))
-
-    async def write_encoded(self, kind: str, payload: bytes) -> None:
-        """Sign and append one record whose body is already canonical JSON.
-
-        Raises:
-            CheckpointConflict: the store refused it (fenced, or out of sequence).
-        """
-        async with self._lock:
-            held, self._held = self._held, []
-            for record in held:
-                await self._append(record)
-            record = self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload)
-            await self._append(record)
-            self.next_seq += 1
-
-    async def hold_encoded(self, kind: str, payload: bytes) -> None:
-        """Seal and number a record now; it is stored with the next checkpoint (`save`)."""
-        async with self._lock:
-            self._held.append(self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload))
-            self.next_seq += 1
-
-    async def save(self, step: int, checkpoint: SealedCheckpoint) -> None:
-        """Store the held records and then `checkpoint`, atomically where the store can.
-
-        Raises:
-            CheckpointConflict: the store refused the checkpoint or a record. The held
-                records are then still stored on their own where they fit: a finished
-                call's result is true whoever holds the run now.
-        """
-        async with self._lock:
-            held, self._held = self._held, []
-            if not held:
-                await self.store.save(self.run_id, step, checkpoint)
-            else:
-                try:
-                    await self.store.save_after_calls(self.run_id, step, checkpoint, held)
-                except CheckpointConflict:
-                    for record in held:
-                        with contextlib.suppress(CheckpointConflict):
-                            await self._append(record)
-                    raise
-
-    async def flush(self) -> None:
-        """Store the held records now (the run ends without another checkpoint of this writer)."""
-        async with self._lock:
-            held, self._held = self._held, []
-            for record in held:
-                await self._append(record)
-
-    async def _append(self, record: SealedCall) -> None:
-        try:
-            await self.store.record_call(self.run_id, record)
-        except AgentflowError:
-            raise
-        except Exception as exc:
-            # A store failure is not the tool's failure: the run must stay recoverable,
-            # so it surfaces as a CheckpointError and the runner does not mark it failed.
-            raise CheckpointError(
-                f"{type(self.store).__name__} could not log a {record.kind!r} record of run {self.run_id!r}: {exc}"
-            ) from exc
 
 
 def too_large(run_id: str, step: int, body: Mapping[str, Any], size: int, limit: int) -> str:
@@ -265,12 +156,29 @@ class CallLog:
     rerun: list[str] = field(default_factory=list)
     unreplayed: list[str] = field(default_factory=list)
     pending: list[ApprovalRequest] = field(default_factory=list)
-    defer_done: bool = False
-    """Hold a call's ``done`` record for the checkpoint (the call is the last thing before it)."""
+    closing: tuple[str, int] | None = None
+    """The call that closes the step, ``(node, ordinal)``: its ``done`` goes with the checkpoint (`closes_with`)."""
     watch: CancelWatch | None = None
     """Looked at before a call starts: a cancel request stops the run there (`CancelRequested`)."""
     span: str | None = None
     """The superstep's span id, written into each ``started`` record (None: untraced)."""
+
+    def closes_with(self, node: str, calls: int) -> None:
+        """Say that the step is `calls` calls of `node`, one after another, with nothing after the last.
+
+        The one rule of held records, for flows and tool loops alike: once the step's last
+        call (ordinal ``calls - 1``) ends, only bookkeeping lies before the checkpoint
+        (folding results into the cursor, the look-out for a cancel), so that call's
+        ``done`` is held and stored with the checkpoint in one write (`Journal.save`).
+        Every other record is stored at once: an earlier call's ``done`` would be stored
+        anyway by the next ``started``, and the wait for that call's slots or approval
+        must not leave a finished call unlogged. A held ``done`` goes in on its own before
+        any later record, when the checkpoint is refused or cannot be stored, and before a
+        cancelled run ends; lost with a crash, its call is in doubt as if the crash had
+        come inside the tool. A driver never says this of calls made concurrently, or of
+        calls its user's code may follow.
+        """
+        self.closing = (node, calls - 1) if calls > 0 else None
 
     async def call(self, node: str, ordinal: int, tool_name: str, args: Mapping[str, Any]) -> Any:
         """Make (or replay) one call of `node`, in a span of its own (`Tracer.tool_call`).
@@ -299,11 +207,12 @@ class CallLog:
         elif seed is None and any(k.startswith(prefix) for k in self.seeds):
             self.unreplayed.append(call_id)
         request = ApprovalRequest(call_id, tool.name, encoded, node, self.ctx)
+        rerun = seed is not None and seed.in_doubt
         with tracer.tool_call(self.run_id, tool, call_id, encoded) as span:
-            return await self._decide(tool, kwargs, request, span, rerun=seed is not None and seed.in_doubt)
+            return await self._decide(tool, kwargs, request, span, rerun=rerun, closes=self.closing == (node, ordinal))
 
     async def _decide(
-        self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, *, rerun: bool
+        self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, *, rerun: bool, closes: bool
     ) -> Any:
         """Settle the approval, take the slots, log ``started`` and run the call (`call`, past replay and cancel)."""
         decision = self.decisions.get(request.call_id)
@@ -328,7 +237,7 @@ class CallLog:
                 await self._write("denied", request, note="denied by the approval port")
                 span.outcome("denied")
                 raise denial(tool.name, "denied by the approval port")
-            return await self._run(tool, kwargs, request, span, "rerun" if rerun else "ran", slots)
+            return await self._run(tool, kwargs, request, span, "rerun" if rerun else "ran", slots, closes)
 
     async def _start(self, tool: Tool, request: ApprovalRequest) -> None:
         """Log the call ``started`` (it holds its slots by now): from here on, a crash leaves it in doubt."""
@@ -339,7 +248,14 @@ class CallLog:
         await self._write("started", request, **started)
 
     async def _run(
-        self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, ran: str, slots: Slots
+        self,
+        tool: Tool,
+        kwargs: dict[str, Any],
+        request: ApprovalRequest,
+        span: CallSpan,
+        ran: str,
+        slots: Slots,
+        closes: bool,
     ) -> Any:
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
         try:
@@ -368,7 +284,7 @@ class CallLog:
                 span.outcome("in doubt")
                 await self._write("unrecordable", request, why=why)
                 return result
-            if self.defer_done:
+            if closes:  # the step's closing call: its `done` goes with the checkpoint (`closes_with`)
                 await self.journal.hold_encoded("done", payload)
             else:
                 await self.journal.write_encoded("done", payload)

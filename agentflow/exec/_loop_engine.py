@@ -303,6 +303,8 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         reply = lp.history[-1]
         out: list[Message] = []
         wakes: list[float] = []
+        # The reply's calls run one after another and only their tool messages follow the last.
+        log.closes_with("tools", len(reply.tool_calls))
         for index, call in enumerate(reply.tool_calls):
             out.append(Message.tool(call, await self._one_tool(log, index, call, wakes)))
         return None if log.pending else (out, max(wakes, default=None))

@@ -27,7 +27,8 @@ from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, Checkp
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import Journal, envelope, read_decisions, read_pending, too_large
+from agentflow.exec._durable import envelope, read_decisions, read_pending, too_large
+from agentflow.exec._durable_journal import Journal
 from agentflow.exec._durable_read import CallState, LoggedRecord, calls_in_doubt, read_log
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._registry import Registry
@@ -180,7 +181,8 @@ class RunSteps(Generic[C, R]):
 
         Raises:
             CheckpointConflict: another worker saved this step first, or the run ended.
-            CheckpointTooLarge: the encoded checkpoint is over `max_bytes` (nothing is stored).
+            CheckpointTooLarge: the encoded checkpoint is over `max_bytes` (it is not stored; a
+                held ``done`` record is, on its own).
         """
         if self.store is None or self.sealer is None:
             cur.step = None
@@ -196,6 +198,8 @@ class RunSteps(Generic[C, R]):
         body = self.body(cur, recovered, claim, control, lineage)
         payload = canonical(body)
         if len(payload) > self.max_bytes:
+            if segment is None:  # the step's held `done`: its call finished, whatever becomes of the checkpoint
+                await cur.journal.flush()
             raise CheckpointTooLarge(too_large(cur.run_id, step, body, len(payload), self.max_bytes))
         row = self.sealer.seal_encoded_checkpoint(
             cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload

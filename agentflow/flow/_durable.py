@@ -260,9 +260,9 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         """Run one superstep and save its checkpoint; the result if the run ended or paused, else None."""
         log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
         log.watch, log.span = cur.watch, cur.span.ref
-        # A lone `Call` node returns as soon as its call does: nothing but the merge lies
-        # between that call's end and the checkpoint, so its `done` goes with the checkpoint.
-        log.defer_done = len(cur.frontier) == 1 and isinstance(cur.flow.nodes[cur.frontier[0]].action, Call)
+        lone = cur.frontier[0] if len(cur.frontier) == 1 else None
+        if lone is not None and isinstance(cur.flow.nodes[lone].action, Call):
+            log.closes_with(lone, 1)  # a lone `Call` node returns as soon as its one call does: only the merge follows
         try:
             out = await run_superstep(
                 cur.flow, cur.state, cur.frontier, cur.visits, log, self.events, cur.detours, self.runner
