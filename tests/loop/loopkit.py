@@ -16,6 +16,9 @@ Boundaries (``--crash POINT[:WHAT]``); the kill is SIGKILL to the worker's own p
   in_tool:TOOL          inside TOOL, after its side effect hit the ledger
   before_done:TOOL      after TOOL ran, before its ``done`` record is stored
   after_done:TOOL       just after TOOL's ``done`` record is stored
+                        (a reply's last call, ``charge`` or ``email``, stores its ``done``
+                        with the tool results' checkpoint in one write: these two points
+                        are just before and just after that write)
   after_tools:N         just after this process saved its Nth tool-results checkpoint
   in_approver:TOOL      inside the synchronous approval port, asked about TOOL (``--approver``)
 

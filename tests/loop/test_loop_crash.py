@@ -75,6 +75,7 @@ CASES = [
     "before_done:charge",
     "after_done:charge",
     "in_tool:email",
+    "before_done:email",
     "after_done:email",
     "after_tools:1",
     "after_tools:2",
