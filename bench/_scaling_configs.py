@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from bench._celery_apps import STEPS, chain
+from bench._celery_apps import STEPS, chain, make_bare_app
 from bench._scaling_probes import (
     OURS,
     PgDatabase,
@@ -75,6 +75,8 @@ class _Config:
         self.side.settings = Settings(**self.side.values)
         self.run_ids: list[str] = []
         self.polls = 0
+        #: This process's CPU in the rounds: the client starting runs (and this benchmark's looks at them).
+        self.client_cpu_s = 0.0
         self.client: Any = None
         self.app: Any = None
 
@@ -95,18 +97,24 @@ class _Config:
 
     async def round(self, runs: int) -> float:
         """Seconds from the first start of `runs` runs until every one is done."""
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         for _ in range(runs):
             self.run_ids.append(await self.client.start(chain.name, {"n": 0}))
         await _until(self.done, timeout_s=900, poll_s=POLL_S)
+        self.client_cpu_s += time.process_time() - cpu
         return time.perf_counter() - began
 
     async def done(self) -> bool:
         self.polls += 1
         return not await self.unfinished()
 
-    def worker_cpu_s(self) -> float:
-        return cpu_s([p.pid for p in self.side.procs])
+    def common(self) -> dict[str, Any]:
+        """The readings both deployments take: the workers' CPU, this process's, the looks taken."""
+        return {
+            "workers_cpu": cpu_s([p.pid for p in self.side.procs]),
+            "client_cpu": self.client_cpu_s,
+            "polls": self.polls,
+        }
 
     async def setup(self) -> None:
         raise NotImplementedError
@@ -147,6 +155,7 @@ class RedisConfig(_Config):
         import redis.asyncio
 
         self.server = PrivateRedis(ctx.tmp)
+        self.ctx = ctx
         super().__init__(ctx, "rds", {"redis_url": self.server.url})
         self.redis = redis.asyncio.Redis.from_url(self.server.url)
         self.prefix = self.side.settings.key_prefix
@@ -159,7 +168,7 @@ class RedisConfig(_Config):
         return int(await self.redis.zcard(f"{self.prefix}:unfinished:{chain.name}"))
 
     async def instant(self) -> dict[str, Any]:
-        return {"workers_cpu": self.worker_cpu_s(), "polls": self.polls, **await redis_counters(self.redis)}
+        return {**self.common(), **await redis_counters(self.redis)}
 
     async def settled(self) -> dict[str, Any]:
         return {}
@@ -173,12 +182,48 @@ class RedisConfig(_Config):
         usec = {name: after["exec_us"][name] - before["exec_us"].get(name, 0.0) for name in calls}
         return {
             "worker_cpu_ms": 1e3 * (after["workers_cpu"] - before["workers_cpu"]) / steps,
+            "client_cpu_ms": 1e3 * (after["client_cpu"] - before["client_cpu"]) / steps,
             "redis_commands": sum(calls.values()) / steps,
             "redis_cpu_us": 1e6 * (after["cpu_s"] - before["cpu_s"]) / steps,
             "memory_per_run": (after["used_memory"] - before["used_memory"]) / (steps / STEPS),
             "commands": {name: n / steps for name, n in sorted(calls.items(), key=lambda kv: -kv[1])},
             "command_us": {name: us / steps for name, us in usec.items()},
         }
+
+    async def bare_tasks(self, chains: int) -> dict[str, float]:
+        """P3's other side on this server: `chains` bare chains of Celery tasks through one worker, its CPU per task.
+
+        Each task only enqueues the next (the last one counts its chain done), with agentflow's
+        Celery settings: what a superstep's task costs before agentflow does anything.
+        """
+        side = _Side("bare", self.ctx.tag, self.server.url, self.ctx.key, 1, self.ctx.tmp)
+        app, queue = make_bare_app(side.settings), side.values["queue"]
+        done_key = f"{side.settings.key_prefix}:bench:done"
+
+        async def chains_done(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                args = (str(i), 0, STEPS)
+                await asyncio.to_thread(app.send_task, "bench.chain_step", args=args, task_id=f"bc-{i}-0", queue=queue)
+            target = first + count
+
+            async def done() -> bool:
+                return int(await self.redis.get(done_key) or 0) >= target
+
+            await _until(done, timeout_s=900, poll_s=0.2)
+
+        try:
+            names = side.start_workers("bench._celery_apps:bare", count=1)
+            await asyncio.to_thread(_wait_ready, app, names, side.procs, side.tmp)
+            await chains_done(0, 2)  # warm-up
+            worker, server = cpu_s([p.pid for p in side.procs]), (await redis_counters(self.redis))["cpu_s"]
+            await chains_done(2, chains)
+            tasks = chains * STEPS
+            return {
+                "worker_cpu_ms": 1e3 * (cpu_s([p.pid for p in side.procs]) - worker) / tasks,
+                "redis_cpu_us": 1e6 * ((await redis_counters(self.redis))["cpu_s"] - server) / tasks,
+            }
+        finally:
+            side.stop()
 
     async def floor_us(self) -> float:
         before: float = (await redis_counters(self.redis))["cpu_s"]
@@ -258,10 +303,9 @@ class RabbitPgConfig(_Config):
     async def instant(self) -> dict[str, Any]:
         found = await self.db.counters(self.own_pid)
         return {
-            "workers_cpu": self.worker_cpu_s(),
+            **self.common(),
             "backend_cpu": found["backend_cpu"],
             "beam_cpu": cpu_s([self.beam], children=False) if self.beam else 0.0,
-            "polls": self.polls,
         }
 
     async def settled(self) -> dict[str, Any]:
@@ -273,6 +317,7 @@ class RabbitPgConfig(_Config):
         sockets = connection_delta(before["connections"], after["connections"])
         return {
             "worker_cpu_ms": 1e3 * (after["workers_cpu"] - before["workers_cpu"]) / steps,
+            "client_cpu_ms": 1e3 * (after["client_cpu"] - before["client_cpu"]) / steps,
             "pg_xacts": (after["xacts"] - before["xacts"] - (after["polls"] - before["polls"])) / steps,
             "pg_cpu_us": 1e6 * backends / steps,
             "rabbit_cpu_us": 1e6 * (after["beam_cpu"] - before["beam_cpu"]) / steps,

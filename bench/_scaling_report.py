@@ -54,6 +54,32 @@ def cpu_by_owner(found: dict[str, Any]) -> dict[str, float]:
     return {"per_round_trip": price, **{owner: trips[owner] * price + exec_us[owner] for owner in trips}}
 
 
+def cpu_per_step_ms(key: str, found: dict[str, Any]) -> float:
+    """All the CPU one superstep costs (ms; medians over the levels): workers, client and the deployment's servers."""
+    levels = found["levels"]
+    servers = ("redis_cpu_us",) if key == "redis" else ("pg_cpu_us", "rabbit_cpu_us")
+    own = median_over_levels(levels, "worker_cpu_ms") + median_over_levels(levels, "client_cpu_ms")
+    return own + sum(median_over_levels(levels, k) for k in servers) / 1e3
+
+
+def _ceiling_table(data: dict[str, Any]) -> Table:
+    cores = os.cpu_count() or 1
+    table = Table(
+        f"The model against the curve: {cores} cores alone, divided by all the CPU a superstep costs",
+        ["deployment", "CPU per superstep (ms)", f"{cores} cores alone would allow", "best measured", "of it"],
+    )
+    for key, found in data["configs"].items():
+        cpu, best = cpu_per_step_ms(key, found), max(rate(f) for f in found["levels"].values())
+        table.add(
+            found["label"],
+            f"{cpu:.1f}",
+            f"{1e3 * cores / cpu:.0f}/s",
+            f"{best:.0f}/s",
+            f"{best * cpu / 1e3 / cores:.2f}",
+        )
+    return table
+
+
 def _rates_table(data: dict[str, Any]) -> Table:
     configs = data["configs"]
     keys = list(configs)
@@ -79,16 +105,17 @@ def _redis_tables(found: dict[str, Any]) -> list[Table]:
     levels = found["levels"]
     by_level = Table(
         "Redis: costs per superstep, by workers (commands: INFO commandstats, those its scripts run included)",
-        ["workers", "worker CPU (ms)", "Redis commands", "Redis main thread CPU (µs)"],
+        ["workers", "worker CPU (ms)", "client CPU (ms)", "Redis commands", "Redis main thread CPU (µs)"],
     )
-    for level, f in levels.items():
-        by_level.add(level, f"{f['worker_cpu_ms']:.2f}", f"{f['redis_commands']:.1f}", f"{f['redis_cpu_us']:.0f}")
-    by_level.add(
-        "median",
-        f"{median_over_levels(levels, 'worker_cpu_ms'):.2f}",
-        f"{median_over_levels(levels, 'redis_commands'):.1f}",
-        f"{median_over_levels(levels, 'redis_cpu_us'):.0f}",
-    )
+    keys = ("worker_cpu_ms", "client_cpu_ms", "redis_commands", "redis_cpu_us")
+    for level, f in [*levels.items(), ("median", {k: median_over_levels(levels, k) for k in keys})]:
+        by_level.add(
+            level,
+            f"{f['worker_cpu_ms']:.2f}",
+            f"{f['client_cpu_ms']:.2f}",
+            f"{f['redis_commands']:.1f}",
+            f"{f['redis_cpu_us']:.0f}",
+        )
     counted, exec_us, cpu = found["counted"], exec_us_by_owner(found), cpu_by_owner(found)
     owners = Table(
         "Redis per superstep by owner, one round with MONITOR on (a client's commands sent together count as one "
@@ -111,16 +138,17 @@ def _rabbit_pg_table(levels: dict[str, Any]) -> Table:
     table = Table(
         "RabbitMQ + PostgreSQL: costs per superstep, by workers (PG: the store's database; RabbitMQ: the vhost's "
         "connections, the node's CPU)",
-        ["workers", "worker CPU (ms)", "PG transactions", "PG backends CPU (µs)", "RabbitMQ socket reads / writes"]
-        + ["RabbitMQ bytes", "RabbitMQ node CPU (µs)"],
+        ["workers", "worker CPU (ms)", "client CPU (ms)", "PG transactions", "PG backends CPU (µs)"]
+        + ["RabbitMQ socket reads / writes", "RabbitMQ bytes", "RabbitMQ node CPU (µs)"],
     )
     rows = [(level, f) for level, f in levels.items()]
-    keys = ("worker_cpu_ms", "pg_xacts", "pg_cpu_us", "rabbit_reads", "rabbit_writes", "rabbit_bytes", "rabbit_cpu_us")
-    rows.append(("median", {k: median_over_levels(levels, k) for k in keys}))
+    keys = ("worker_cpu_ms", "client_cpu_ms", "pg_xacts", "pg_cpu_us", "rabbit_reads", "rabbit_writes")
+    rows.append(("median", {k: median_over_levels(levels, k) for k in (*keys, "rabbit_bytes", "rabbit_cpu_us")}))
     for level, f in rows:
         table.add(
             level,
             f"{f['worker_cpu_ms']:.2f}",
+            f"{f['client_cpu_ms']:.2f}",
             f"{f['pg_xacts']:.2f}",
             f"{f['pg_cpu_us']:.0f}",
             f"{f['rabbit_reads']:.1f} / {f['rabbit_writes']:.1f}",
@@ -143,6 +171,10 @@ def _stored_table(configs: dict[str, Any]) -> Table:
         pushes = f"{one.get('lpush', 0):.2f} / {one.get('publish', 0):.2f}"
         table.add("Redis", "LPUSH (task messages) / PUBLISH (events, results)", pushes)
         table.add("Redis", "main thread CPU per PING round trip", f"{configs['redis']['floor_us']:.1f} µs")
+        bare = configs["redis"].get("bare")
+        if bare:
+            cpu = f"{bare['worker_cpu_ms']:.2f} ms / {bare['redis_cpu_us']:.0f} µs"
+            table.add("Redis", "a bare chained Celery task (P3's other side): worker CPU / Redis CPU", cpu)
     if "rabbit_pg" in configs:
         stored, sent = configs["rabbit_pg"]["stored"], configs["rabbit_pg"]["counted"]
         table.add("PostgreSQL", "tables on disk per run (with indexes)", f"{stored['disk_per_run']:.0f} B")
@@ -155,7 +187,7 @@ def _stored_table(configs: dict[str, Any]) -> Table:
 
 def tables(data: dict[str, Any]) -> list[Table]:
     configs = data["configs"]
-    out = [_rates_table(data)]
+    out = [_rates_table(data), _ceiling_table(data)]
     if "redis" in configs:
         out += _redis_tables(configs["redis"])
     if "rabbit_pg" in configs:
@@ -175,7 +207,7 @@ def plot(report: Report, out_dir: Path) -> list[Path]:
     if not configs:
         return []
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, height_ratios=[2, 1])
-    for found, color in zip(configs.values(), ("tab:red", "tab:blue"), strict=False):
+    for (key, found), color in zip(configs.items(), ("tab:red", "tab:blue"), strict=False):
         levels = found["levels"]
         x = [int(k) for k in levels]
         med = [rate(f) for f in levels.values()]
@@ -183,6 +215,10 @@ def plot(report: Report, out_dir: Path) -> list[Path]:
         high = [max(f["rates"]) - m for m, f in zip(med, levels.values(), strict=True)]
         top.errorbar(x, med, yerr=[low, high], marker="o", capsize=3, color=color, label=found["label"])
         top.plot(x, [med[0] * n for n in x], linestyle="--", color=color, alpha=0.4, label="linear from 1 worker")
+        ceiling = 1e3 * (os.cpu_count() or 1) / cpu_per_step_ms(key, found)
+        top.axhline(
+            ceiling, linestyle=":", color=color, alpha=0.7, label=f"{os.cpu_count()} cores alone: {ceiling:.0f}/s"
+        )
         bottom.plot(x, [m / (n * med[0]) for m, n in zip(med, x, strict=True)], marker="o", color=color)
     top.set_ylabel("supersteps/s (median, min..max)")
     top.set_ylim(bottom=0)

@@ -27,9 +27,13 @@ read, and divided by the supersteps those rounds made:
 At the end: bytes stored per run (Redis: ``used_memory`` per run and the run's own keys'
 ``MEMORY USAGE``; PostgreSQL: the tables' size on disk and their rows' bytes, per run), and,
 on RabbitMQ, the messages per superstep, counted by copies in queues bound to the
-exchanges for one more round (Redis's are in its command counts: ``LPUSH`` and ``PUBLISH``).
+exchanges for one more round (Redis's are in its command counts: ``LPUSH`` and ``PUBLISH``);
+on Redis, one more round under ``MONITOR`` splits the commands and round trips between the
+store and Celery. Two floors to compare the costs with, measured in the same run: the
+server's CPU for one plain round trip (Redis ``PING``, PostgreSQL ``SELECT 1``), and P3's
+bare chained Celery task on one worker of the same Redis (its worker and Redis CPU per task).
 
-Run alone: ``python -m bench --only workers_scaling`` (``--quick``: 2 levels, 10 runs, 1
+Run alone: ``python -m bench --only workers_scaling`` (about 20 minutes here; ``--quick``: 2 levels, 4 runs, 1
 round). Needs ``redis-server`` on the path, PostgreSQL and RabbitMQ (``scripts/services.sh``).
 """
 
@@ -127,6 +131,8 @@ async def run(ctx: Context) -> Report:
             data["configs"][config.key]["stored"] = await config.stored_per_run()
             data["configs"][config.key]["counted"] = await config.count_round(runs)
             data["configs"][config.key]["floor_us"] = await config.floor_us()
+            if isinstance(config, RedisConfig):
+                data["configs"][config.key]["bare"] = await config.bare_tasks(runs)
     finally:
         for config in configs:
             await config.close()
