@@ -57,7 +57,7 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import Ignore
-from celery.signals import worker_process_shutdown, worker_ready
+from celery.signals import task_postrun, worker_process_shutdown, worker_ready
 
 from agentflow._app import FlowApp
 from agentflow._errors import RunFailed
@@ -266,7 +266,9 @@ def register_tasks(
     settings = settings or WorkerSettings()
     bridge = LoopBridge()
     worker = Worker(flow_app, store_factory, checkpoint_key, settings)
-    options = task_options(settings)
+    # Registered on `app` only: a shared task is also added to every app finalized later in the
+    # process, where (Celery keeping the first callable under a name) another app's worker would run it.
+    options = {**task_options(settings), "shared": False}
     handles: dict[str, Task] = {}
 
     def superstep(task: Task, flow: str, run_id: str, step: int, cause: str = "next") -> dict[str, Any]:
@@ -304,12 +306,12 @@ def register_tasks(
     app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}
     tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
     worker.send = tasks.send_superstep
-    _connect_signals(app, tasks, settings)
+    _connect_signals(app, tasks, settings, {f"agentflow.{name}" for name in handles})
     consume_version_queues(app, flow_app, settings.queue)
     return tasks
 
 
-def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSettings) -> None:
+def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSettings, names: set[str]) -> None:
     expires = max(5.0, (settings.recover_interval_s or 60.0) - 5)
 
     def recover_on_start(sender: Any = None, **_: Any) -> None:
@@ -319,8 +321,19 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
     def close_loop(**_: Any) -> None:
         tasks.bridge.close()
 
+    def drop_traceback(sender: Any = None, retval: Any = None, **_: Any) -> None:
+        # A task of ours that ended by raising (`Ignore` for a state of ours, `RunFailed`) leaves
+        # Celery's tracer holding the exception, whose traceback holds the tracer's own frame:
+        # a reference cycle, with Celery's copy of the traceback (about half a MiB), that only a
+        # full collection frees. Celery has recorded it by now; letting go of the traceback
+        # frees it all when the tracer returns.
+        ours = getattr(sender, "app", None) is app and getattr(sender, "name", None) in names
+        if ours and isinstance(retval, BaseException):
+            retval.__traceback__ = None
+
     worker_ready.connect(recover_on_start, weak=False)
     worker_process_shutdown.connect(close_loop, weak=False)
+    task_postrun.connect(drop_traceback, weak=False)
 
     if settings.recover_interval_s:
         schedule = dict(app.conf.beat_schedule or {})
