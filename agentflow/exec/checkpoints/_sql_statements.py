@@ -91,15 +91,8 @@ class Statements:
     a column that an INSERT or UPDATE does not set (``run_id`` of the UPDATE) as a value for it.
     """
 
-    lock_run: sa.Select[Any]  # run_id: the run's latest (step, flow, status, segment), FOR UPDATE
-    read_first: sa.Select[Any]  # run_id: one row, the same columns (NULL without a runs row) and ``stored``
-    read_run_counted: sa.Select[Any]  # run_id, segment: the same, no lock, and the segment's record count
-    count_calls: sa.Select[Any]  # run_id, segment: how many records the segment holds
-    insert_call: sa.Insert  # CALL_FIELDS
     insert_run: sa.Insert  # run, SAVE_FIELDS: a new run's ``runs`` row
     update_run: sa.Update  # run, SAVE_FIELDS: point ``runs`` at the new latest
-    insert_checkpoint: sa.Insert  # run, SAVE_FIELDS
-    latest: sa.Select[Any]  # run_id: the newest checkpoint row (read from the rows, not through ``runs``)
     lock_entry: sa.Select[Any]  # run_id: the run's whole ``runs`` row, FOR UPDATE (relist)
     newest_shared: sa.Select[Any]  # run_id: the newest checkpoint row, FOR SHARE on PostgreSQL (relist)
     history: sa.Select[Any]  # run_id
@@ -107,7 +100,6 @@ class Statements:
     list_runs: sa.Select[Any]  # limit
     list_runs_of_flow: sa.Select[Any]  # flow, limit
     delete: tuple[sa.Delete, ...]  # run_id: runs first (a save's lock order), the lease too, runs again last
-    segment_counts: sa.Select[Any]  # run_id
     calls: sa.Select[Any]  # run_id
     stored_runs: sa.Select[Any]  # no parameters: every run id with a checkpoint row
 
@@ -116,35 +108,17 @@ def statements(t: Tables) -> Statements:
     """Build every statement on the tables `t`."""
     runs, cps, calls, leases = t.runs, t.checkpoints, t.calls, t.leases
     run_id: sa.BindParameter[str] = sa.bindparam("run_id")
-    segment: sa.BindParameter[int] = sa.bindparam("segment")
     limit = sa.bindparam("limit", type_=sa.Integer)
-    lock_run = sa.select(runs.c.step, runs.c.flow, runs.c.status, runs.c.segment).where(runs.c.run_id == run_id)
-    count = sa.select(sa.func.count()).where(calls.c.run_id == run_id, calls.c.segment == segment)
     run: sa.BindParameter[str] = sa.bindparam("run")
     latest = {"run_id": run} | _bound(*LATEST_FIELDS)
     insert_run = sa.insert(runs).values(latest)
     update_run = sa.update(runs).where(runs.c.run_id == run).values(_bound(*LATEST_FIELDS))
-    insert_checkpoint = sa.insert(cps).values({"run_id": run} | _bound(*SAVE_FIELDS))
     current = runs.join(cps, (cps.c.run_id == runs.c.run_id) & (cps.c.step == runs.c.step))
     list_runs = sa.select(cps).select_from(current).order_by(runs.c.saved_at.desc(), runs.c.run_id)
     newest = sa.select(cps).where(cps.c.run_id == run_id).order_by(cps.c.step.desc()).limit(1)
-    # A step 0 reads whether the run has a runs row and whether any of its rows is stored, in one row.
-    stored = sa.or_(sa.exists().where(cps.c.run_id == run_id), sa.exists().where(calls.c.run_id == run_id))
-    one = sa.select(sa.literal_column("1").label("one")).subquery("one")
-    read_first = sa.select(*lock_run.selected_columns, stored.label("stored")).select_from(
-        one.outerjoin(runs, runs.c.run_id == run_id)
-    )
     return Statements(
-        lock_run=lock_run.with_for_update(),
-        # no lock: with a runs row a step 0 is refused, without one the primary key picks the winner
-        read_first=read_first,
-        read_run_counted=lock_run.add_columns(count.scalar_subquery().label("calls")),
-        count_calls=count,
-        insert_call=sa.insert(calls).values(_bound(*CALL_FIELDS)),
         insert_run=insert_run,
         update_run=update_run,
-        insert_checkpoint=insert_checkpoint,
-        latest=newest,
         lock_entry=sa.select(runs).where(runs.c.run_id == run_id).with_for_update(),
         # A relist that inserts a runs row holds this lock until it commits, so a delete (whose
         # checkpoint DELETE waits for it) removes that row with its final runs DELETE.
@@ -160,9 +134,6 @@ def statements(t: Tables) -> Statements:
         delete=tuple(
             sa.delete(table).where(table.c.run_id == run_id) for table in (runs, cps, calls, leases, t.events, runs)
         ),
-        segment_counts=sa.select(calls.c.segment, sa.func.count())
-        .where(calls.c.run_id == run_id)
-        .group_by(calls.c.segment),
         calls=sa.select(calls).where(calls.c.run_id == run_id).order_by(calls.c.segment, calls.c.seq),
         stored_runs=sa.select(cps.c.run_id).distinct(),
     )

@@ -117,7 +117,7 @@ class SQLAlchemyCheckpointStore:
         self._sqlite = self._db.sqlite
         self._t = tables(table_prefix)
         self._q = statements(self._t)
-        self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
+        self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         #: The hot operations (`_sql_sqlite` and `_sql_pg` answer the same calls).
