@@ -91,16 +91,17 @@ async def test_a_thousand_waiting_runs_cost_no_thread_and_no_message(deployment:
     Celery's copy of the traceback until a full collection, and a worker's RSS grew by
     about 40 KiB for every run brought to its wait (this test measured 43 KiB a run).
 
-    What is left is a start-up cost of each process: a fresh pool process's RSS grows by
-    about 7 MiB over its first few dozen supersteps (caches filled, CPython's allocator
-    sized), then by some 0.2 MiB more over the next few hundred, then not at all
-    (`bench.worker_memory`: flat from 500 to 3,000 supersteps). The main process keeps one
-    timer entry per task until the task's soft time limit has passed
-    (``soft_time_limit_s``, 50 s here): a window, not a growth. So 200 runs warm the
-    worker before its RSS is read, and the worker has one pool process (``-c 1``): each
+    What is left is each process's start-up: a fresh pool process's RSS grows by about
+    7 MiB over its first few dozen supersteps (caches filled, CPython's allocator sized),
+    then by under 1 MiB over the next thousand or so, then not at all
+    (`bench.worker_memory`: flat from 1,000 to 3,000 supersteps); the main process's
+    likewise. The main process also keeps one timer entry (about 0.7 KiB) per task until
+    the task's soft time limit has passed (50 s here): a window, not a growth. So 200
+    runs warm the worker before its RSS is read (the rest of the start-up is the 1 to
+    1.4 KiB a run this test measures), and it has one pool process (``-c 1``), since each
     process pays its own start-up. The beat starts once the runs wait: its sweeps read
     every one of them, which is all a waiting run costs from then on; the first sweep
-    sizes the buffers that reading them takes, and the next ones grow nothing.
+    sizes the buffers that reading them takes (about 1 KiB a run), the next ones nothing.
     """
     # Given one worker with one pool process, warmed up by 200 runs that wait an hour
     deployment.start_worker("w1", concurrency=1)
@@ -130,8 +131,8 @@ async def test_a_thousand_waiting_runs_cost_no_thread_and_no_message(deployment:
     assert rss_after - rss_swept < 512, f"RSS grew {rss_after - rss_swept} KiB over three more sweeps"
     print(
         f"\n{RUNS} waiting runs: threads {threads_before} -> {threads_after}; RSS {rss_before} KiB once {WARM} runs"
-        f" waited, {rss_waiting} KiB once {RUNS} more did ({per_run:+.2f} KiB a run), {rss_swept} KiB after the"
-        f" first sweep ({first:+.2f} KiB a run), {rss_after} KiB three sweeps on"
+        f" waited, {rss_waiting} KiB once {RUNS} more did ({per_run:+.2f} KiB a run; by pid {growth}),"
+        f" {rss_swept} KiB after the first sweep ({first:+.2f} KiB a run), {rss_after} KiB three sweeps on"
     )
     assert not deployment.effects()
 
