@@ -181,8 +181,7 @@ class RunSteps(Generic[C, R]):
 
         Raises:
             CheckpointConflict: another worker saved this step first, or the run ended.
-            CheckpointTooLarge: the encoded checkpoint is over `max_bytes` (it is not stored; a
-                held ``done`` record is, on its own).
+            CheckpointTooLarge: the encoded checkpoint is over `max_bytes` (not stored; a held ``done`` is).
         """
         if self.store is None or self.sealer is None:
             cur.step = None
