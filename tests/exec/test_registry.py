@@ -1,6 +1,7 @@
 """Registry: naming tools, validating their arguments from the signature, and their JSON schemas."""
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -241,7 +242,7 @@ def test_registry_schemas_lists_every_tool_in_registration_order():
     assert schemas[1]["parameters"]["required"] == ["amount"]
 
 
-def test_a_schema_is_built_once_and_each_caller_gets_a_copy_to_change(monkeypatch: pytest.MonkeyPatch):
+def test_a_schema_is_built_once_and_each_caller_gets_a_copy_to_change(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = Registry()
 
     @registry.tool
@@ -250,9 +251,14 @@ def test_a_schema_is_built_once_and_each_caller_gets_a_copy_to_change(monkeypatc
         return show
 
     tool = registry.get("hold_seats")
-    built = tool.args_model.model_json_schema
+    build = tool.args_model.model_json_schema
     builds: list[int] = []
-    monkeypatch.setattr(tool.args_model, "model_json_schema", lambda: builds.append(1) or built())
+
+    def counted() -> dict[str, Any]:
+        builds.append(1)
+        return build()
+
+    monkeypatch.setattr(tool.args_model, "model_json_schema", counted)
     # Given a caller (a model adapter) that changes the schema it was handed
     first = tool.schema()
     first["parameters"]["properties"]["show"]["type"] = "integer"
