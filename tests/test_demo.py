@@ -13,14 +13,16 @@ RUNS = ("order-1", "order-2", "order-3")
 
 
 def _demo(
-    folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
+    """Run the demo as `make demo` does: from `cwd`, its files in the default, relative ``demo-runs``."""
     return subprocess.run(
-        [sys.executable, "-m", "agentflow.demo", str(folder), *args],
+        [sys.executable, "-m", "agentflow.demo", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd,
     )
 
 
@@ -34,7 +36,7 @@ def _assert_each_effect_once(proc: subprocess.CompletedProcess[str]) -> None:
 
 def test_demo_kills_a_worker_and_every_run_finishes_with_each_effect_once(tmp_path: Path) -> None:
     # Given a fresh folder, when the embedded demo runs
-    proc = _demo(tmp_path / "demo", "--embedded")
+    proc = _demo(tmp_path, "--embedded")
     out = proc.stdout
     # Then it says which mode it runs in, and why, first
     assert out.splitlines()[0].startswith("agentflow demo, embedded mode"), out
@@ -60,7 +62,7 @@ def test_distributed_demo_kills_a_celery_worker_and_every_run_finishes(
     client = redis.Redis.from_url(redis_url)
     try:
         # When the distributed demo runs
-        proc = _demo(tmp_path / "demo", "--distributed", env=env, timeout=150)
+        proc = _demo(tmp_path, "--distributed", env=env, timeout=150)
         out = proc.stdout
         # Then it says which mode it runs in, on which Redis, first
         assert out.splitlines()[0].startswith("agentflow demo, distributed mode: Celery workers on Redis at "), out

@@ -92,7 +92,8 @@ class Cluster:
             **os.environ,
             "AGENTFLOW_REDIS_URL": self.url,
             PREFIX_ENV: self.prefix,
-            LEDGER_ENV: str(self.folder / "ledger.jsonl"),
+            # Absolute: the worker runs in the folder, so a relative path (the default) would miss it.
+            LEDGER_ENV: str((self.folder / "ledger.jsonl").resolve()),
             SLOW_ENV: slow,
             "PYTHONPATH": os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p),
         }
