@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentflow.exec.checkpoints._records import Lease
+
 
 @dataclass
 class Stranded:
@@ -36,6 +38,11 @@ class Stranded:
     """``(flow, run_id, step, version)`` of each paused run whose signed timer is due."""
     migrate: list[tuple[str, str, str]] = field(default_factory=list)
     """``(flow, run_id, version)`` of each unfinished run on a flow version this worker's app lacks."""
+    held_back: list[tuple[str, str]] = field(default_factory=list)
+    """``(flow, run_id)`` of each stranded run not sent a recovery this time: one went out for the
+    same step less than a back-off ago (its message may wait in a backlogged queue; `_resends`)."""
+    marks: dict[str, Lease | None] = field(default_factory=dict)
+    """run_id -> the live recovery marker of each run in `recover` (None: it had none), replaced once it is sent."""
 
     def as_result(self) -> dict[str, Any]:
         """The recover_all task's result: the run ids enqueued and rechecked, and (when any) reported now, by flow."""
@@ -49,6 +56,7 @@ class Stranded:
             "quarantined": self.quarantined,
             "unknown_flows": self.unknown,
             "needs_migration": [(f"{flow} version {version}", run_id) for flow, run_id, version in self.migrate],
+            "held_back": self.held_back,
         }
         return result | {key: {run_id: flow for flow, run_id in runs} for key, runs in reported.items() if runs}
 

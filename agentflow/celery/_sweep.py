@@ -8,7 +8,8 @@ and checked, and the run goes into one of:
 - on a flow version this worker's app lacks: needs migration (listed and counted, never
   enqueued: no worker here could move it, and a message per sweep would pile up in a
   queue nobody reads);
-- running, idle longer than `stale_after_s`: stranded, to be recovered;
+- running, idle longer than `stale_after_s`: stranded, to be recovered (unless a recovery went
+  out for the same step less than a back-off ago: held back, `_resends`);
 - failing its check: quarantined (reported once).
 The caller holds the recover_all lease.
 """
@@ -63,6 +64,7 @@ async def sweep(worker: Worker, startup: bool) -> Stranded:
             await sorter.one(name, run_id, held.get(run_id))
     found, reports = sorter.found, sorter.reports
     await reports.moving([run_id for _, run_id, _, _ in found.recover])
+    await worker.resends.hold_back(found, sorter.now)
     await reports.unknown_flows(columns, others, sorter.now - settings.stale_after_s)
     found.quarantined, found.unknown = reports.quarantined, reports.unknown
     if found.migrate:

@@ -235,6 +235,7 @@ class AgentflowTasks:
             return {"skipped": "another recover_all holds its lease"}
         for flow, run_id, step, version in found.recover:
             self.send_superstep(flow, run_id, step, "recover", version=version)
+        self.bridge.run(self.worker.mark_recoveries(found))
         for flow, run_id, step, ends in found.recheck:
             self.send_recheck(flow, run_id, step, ends)
         for flow, run_id, step, version in found.wake:

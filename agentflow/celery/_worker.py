@@ -20,7 +20,8 @@
   and whose last save is older than `stale_after_s`, are to be recovered; on a worker's
   start, also the runs held by someone, with the time each lease ends, so each is looked
   at again right then; runs on a flow version this worker lacks are listed as needing
-  migration. A run whose latest checkpoint fails its check, and a stranded run of a flow
+  migration; a run sent a recovery that did not move since waits out a back-off
+  (`_resends`). A run whose latest checkpoint fails its check, and a stranded run of a flow
   the app does not know, are reported once (WARNING, an event, the task's result) and
   marked in the store (`agentflow.exec._run_quarantine`); a run that checks again loses
   its marker.
@@ -53,6 +54,7 @@ from agentflow._run_types import RunKind, version_of
 from agentflow.celery._children import QueuedChildren, Send
 from agentflow.celery._loops import LoopWork
 from agentflow.celery._rechecks import first_to_watch
+from agentflow.celery._resends import Resends
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._stranded import Stranded
@@ -324,6 +326,17 @@ class Worker(LoopWork):
     async def prune(self) -> dict[str, Any]:
         """One tick of the retention beat: prune, then trim, what `WorkerSettings.retention()` no longer keeps."""
         return await prune_tick(self._unwrapped_factory, self.settings, self.owner)
+
+    @property
+    def resends(self) -> Resends:
+        """The recovery markers: a run sent a recovery that has not moved since waits out a back-off."""
+        base_s = max(self.settings.stale_after_s, self.settings.recover_interval_s or 0.0)
+        return Resends(self.store, base_s, self.owner)
+
+    async def mark_recoveries(self, found: Stranded) -> None:
+        """Mark each run of `found.recover` as sent a recovery (after the messages went out)."""
+        for _, run_id, step, _ in found.recover:
+            await self.resends.mark(run_id, step, found.marks.get(run_id))
 
     async def stranded(self, *, startup: bool = False) -> Stranded | None:
         """Unfinished runs nobody works on (and, on `startup`, the held ones); None if another recover_all runs."""

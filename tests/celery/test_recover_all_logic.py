@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
-from worker_kit import KEY, OTHER_KEY, RIVAL, Job
+import pytest
+from celery import Celery
+from worker_kit import KEY, OTHER_KEY, RIVAL, Died, Job
 
 from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
-from agentflow.celery import WorkerSettings
+from agentflow.celery import WorkerSettings, register_tasks
+from agentflow.celery._resends import Resends, marker
 from agentflow.celery._worker import RECOVER_ALL_LEASE, Worker
 from agentflow.exec._durable_loop import start_tool_loop
 from agentflow.exec._durable_seal import key_id
 from agentflow.exec._run_lease import take
 from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marks
+from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.models import Message, ScriptedModel
 
 
@@ -190,3 +195,84 @@ async def test_a_superstep_of_a_version_the_worker_lacks_touches_nothing_and_sen
 def _mail_v2() -> Flow[Job]:
     """Version 2 of the kit's mail flow: it mails someone else."""
     return Flow("mail", state=Job, version="2").node("send", Call("send", args={"to": "c@d"}, into="note")).end("send")
+
+
+async def test_an_untouched_run_gets_one_recovery_and_the_next_sweeps_hold_back(s):
+    # Given a stranded run (as a run whose next message waits in a backlogged queue looks)
+    step = await s.start("mail", "r1")
+    # When recover_all looks three times in a row, and nothing touches the run meanwhile
+    results = [await asyncio.to_thread(s.tasks.run_recover_all, False) for _ in range(3)]
+    # Then one recovery went out, and the next two sweeps say they held the run back
+    assert [m for m in s.sent if m[3] == "recover"] == [("mail", "r1", step, "recover", None)]
+    assert results[0] == {"enqueued": ["r1"], "rechecks": []}
+    assert results[1] == results[2] == {"enqueued": [], "rechecks": [], "held_back": {"r1": "mail"}}
+
+
+async def test_a_run_saved_to_since_its_recovery_went_out_gets_another_at_once(s):
+    # Given a stranded run that was sent a recovery
+    step = await s.start("mail", "r1")
+    await asyncio.to_thread(s.tasks.run_recover_all, False)
+    # When a worker claims it for that recovery and dies inside its call (the claim is saved)
+    s.die = True
+    with pytest.raises(Died):
+        await s.worker.superstep("mail", "r1", step, handoff=False, cause="recover")
+    # Then the next sweep sends it another recovery right away: a run that moved is a new case
+    again = await asyncio.to_thread(s.tasks.run_recover_all, False)
+    assert again["enqueued"] == ["r1"] and "held_back" not in again
+    assert [m[1] for m in s.sent if m[3] == "recover"] == ["r1", "r1"]
+
+
+async def test_the_hold_back_holds_on_every_worker_of_the_store(s, monkeypatch):
+    # Given a stranded run that one worker's recover_all sent a recovery
+    await s.start("mail", "r1")
+    await asyncio.to_thread(s.tasks.run_recover_all, False)
+    # When beat's next tick lands on another worker process of the same store
+    other = register_tasks(
+        Celery("other-worker"),
+        s.app,
+        store_factory=lambda: s.store,
+        checkpoint_key=KEY,
+        settings=WorkerSettings(stale_after_s=0.0),
+    )
+    sent: list[str] = []
+    monkeypatch.setattr(other, "send_superstep", lambda flow, run_id, *_, **__: sent.append(run_id) or "recorded")
+    try:
+        found = await asyncio.to_thread(other.run_recover_all, False)
+    finally:
+        await asyncio.to_thread(other.bridge.close)
+    # Then it holds the run back too: the marker is in the store
+    assert sent == [] and found == {"enqueued": [], "rechecks": [], "held_back": {"r1": "mail"}}
+
+
+async def test_a_held_back_run_is_sent_again_after_a_back_off_that_doubles_up_to_its_cap():
+    # Given the markers of a store, with a first wait of 60 s
+    store = MemoryCheckpointStore()
+    resends, mark, waits = Resends(store, 60.0, "w1@host:1"), None, []
+    for _ in range(6):
+        # When a recovery goes out for r1 at step 3 (replacing the marker of the one before)
+        before = time.time()
+        await resends.mark("r1", 3, mark)
+        after = time.time()
+        mark = (await resends.read(["r1"]))["r1"]
+        # Then the run at step 3 is held back for the rung's wait, and due once it has passed
+        # (each wait less half a base, so the beat tick that ends it is never missed by a few milliseconds)
+        wait = next(w for w in (60, 120, 240, 480, 960) if resends.due(mark, 3, after + w - 30))
+        assert not resends.due(mark, 3, before + wait - 31)
+        waits.append(wait)
+    assert waits == [60, 120, 240, 480, 480, 480]
+    # And the run at another step (any save moves it on) is due at once, as is a run without a marker
+    assert resends.due(mark, 4, time.time()) and resends.due(None, 3, time.time())
+
+
+async def test_a_recovery_marker_that_was_not_set_by_a_worker_holds_nothing_back():
+    # Given markers written by someone with write access to the store: one far too long, one garbled
+    store = MemoryCheckpointStore()
+    resends = Resends(store, 60.0, "w1@host:1")
+    await store.take_lease(marker("r1"), "mallory", "3:0:forged", 30 * 24 * 3600.0)
+    await store.take_lease(marker("r2"), "mallory", "not a marker", 60.0)
+    marks = await resends.read(["r1", "r2"])
+    # Then neither holds its run back, and a recovery sent replaces the long one with a real marker
+    assert resends.due(marks["r1"], 3, time.time()) and resends.due(marks["r2"], 3, time.time())
+    await resends.mark("r1", 3, marks["r1"])
+    replaced = (await resends.read(["r1"]))["r1"]
+    assert replaced.owner == "w1@host:1" and not resends.due(replaced, 3, time.time())

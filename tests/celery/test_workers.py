@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
+import signal
 import time
 
 import pytest
@@ -85,6 +88,33 @@ async def test_a_run_stranded_between_save_and_enqueue_is_picked_up_by_recover_a
     # Then the run finished
     assert view.status == "done"
     assert deployment.effects()[("email_tickets", stranded.run_id)] == 1
+
+
+async def test_a_backlogged_run_is_sent_one_recovery_not_one_per_sweep(deployment):
+    # Given a live worker frozen (SIGSTOP) with five runs queued behind it, each older than stale_after_s
+    proc = deployment.start_worker("w1", concurrency=1)
+    frozen = [proc.pid, *deployment.children("w1")]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        run_ids = [await deployment.client.start("tickets", {"show": f"backlog-{i}"}) for i in range(5)]
+        await asyncio.sleep(deployment.values["stale_after_s"] + 0.1)
+        # When recover_all sweeps three times (on a worker whose beat is a minute, so no wait passes between)
+        sweeper = deployment.tasks.worker
+        sweeper.settings = dataclasses.replace(sweeper.settings, recover_interval_s=60.0)
+        results = [await asyncio.to_thread(deployment.tasks.run_recover_all, False) for _ in range(3)]
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    # Then the first sweep sent each run one recovery, and the next two held every run back
+    assert sorted(results[0]["enqueued"]) == sorted(run_ids), results
+    assert [sorted(r.get("held_back", {})) for r in results[1:]] == [sorted(run_ids)] * 2, results
+    assert [r["enqueued"] for r in results[1:]] == [[], []]
+    # And once the worker thaws, every run finishes with each call once
+    views = await deployment.wait_all(run_ids, timeout_s=60)
+    assert {v.status for v in views.values()} == {"done"}
+    effects = deployment.effects()
+    assert all(effects[(t, r)] == 1 for r in run_ids for t in ("hold_seats", *NON_IDEMPOTENT))
 
 
 async def test_a_duplicate_superstep_message_does_nothing(deployment):
