@@ -9,6 +9,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import redis
@@ -94,3 +95,18 @@ def unique_prefix() -> Callable[[], str]:
     """Make names no other test uses (Redis key prefixes, SQL table prefixes): ``t`` and 16 hex digits."""
     # 16 hex digits: unique enough, and short enough that prefixed Postgres index names stay under 63 bytes.
     return lambda: f"t{uuid.uuid4().hex[:16]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n``), keep the tests that start Celery workers on one process, one at a time.
+
+    Those are the tests marked ``celery`` and every test of tests/celery: they time real worker
+    processes against leases and beat intervals, and two of them side by side would share the
+    machine's two cores with each other's workers. The other tests spread over every process.
+    """
+    for item in items:
+        if item.get_closest_marker("celery") is not None or _CELERY_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("celery"))
+
+
+_CELERY_TESTS = Path(__file__).parent / "celery"

@@ -79,6 +79,7 @@ def test_hex_digits_are_read_as_hex_with_the_prefix() -> None:
         secrets.token_urlsafe(32),  # text from the usual generator is a good key as it is
         "correct horse battery staple, said Randall",
     ],
+    ids=["hex", "base64", "token_urlsafe", "passphrase"],  # fixed ids: the same on every collection
 )
 def test_good_keys_are_read(text: str) -> None:
     assert len(parse_keys(text.replace(",", ";"))[0]) >= 32

@@ -16,6 +16,8 @@ from celery_kit import Deployment
 
 from agentflow import CheckpointNotFound
 
+pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
+
 
 @pytest.mark.timeout(240)
 async def test_kills_at_every_boundary_end_with_one_child_and_one_parent_result(deployment: Deployment) -> None:

@@ -17,6 +17,8 @@ from celery_kit import Deployment
 
 from agentflow import Happened, Rerun
 
+pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
+
 ELEMENTS = 1000
 
 
@@ -52,7 +54,8 @@ async def stored_bytes(deployment: Deployment, run_id: str) -> int:
 
 @pytest.mark.timeout(300)
 async def test_a_map_of_a_thousand_elements_survives_two_kills_with_each_effect_once(deployment: Deployment) -> None:
-    deployment.set_delay(0.01, 0.03)
+    # Slow enough (20 in flight, about 130 a second) that the test sees each kill point before the map is past it
+    deployment.set_delay(0.1, 0.2)
     run_id = await deployment.client.start("mapped", {"items": list(range(ELEMENTS))}, run_id=f"{deployment.prefix}-m")
     decided = 0
     for worker, kill_at in (("w1", 250), ("w2", 600)):
@@ -64,8 +67,10 @@ async def test_a_map_of_a_thousand_elements_survives_two_kills_with_each_effect_
         deployment.start_worker(f"{worker}-next")
         view = await deployment.client.wait(run_id, timeout_s=60)
         assert view.status == "running" and view.waiting_for_decision and "publish" in view.waiting_for_decision
-        decided += await settle_doubt(deployment, run_id)
+        # (that worker stops before the decision: the rerun it sends is for the next iteration's worker,
+        # which must be the one publishing when it is killed, however fast this machine publishes)
         deployment.kill_group(f"{worker}-next")
+        decided += await settle_doubt(deployment, run_id)
     # And once decided, a worker finishes the map
     deployment.set_delay(0.0, 0.0)
     deployment.start_worker("w3")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio
 from _kit.faults import body
 from _kit.stores import RedisRows
 from celery.result import AsyncResult
+
+pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 
 
 async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges_once(deployment):

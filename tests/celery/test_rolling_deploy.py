@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from _kit.poll import until
 from celery_kit import Deployment
 from versioned_flows import to_v2
+
+pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 
 V1, V2, BOTH = "versioned_flows:v1", "versioned_flows:v2", "versioned_flows:both"
 

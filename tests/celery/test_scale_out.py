@@ -78,15 +78,15 @@ async def test_runs_go_through_quorum_queues_and_a_countdown_waits_in_the_broker
 
 async def test_a_dead_workers_message_is_redelivered_at_once(scale_out_deployment: Deployment) -> None:
     rabbit = scale_out_deployment
-    # Given two workers and no beat, and tools that take a while after their effect
-    rabbit.set_delay(0.8, 0.8)
+    # Given two workers and no beat, and tools that take a second before their effect
+    rabbit.set_delay(1.0, 1.0)
     rabbit.start_worker("w1", wait=False)
     rabbit.start_worker("w2", wait=False)
     rabbit.wait_ready("w1")
     rabbit.wait_ready("w2")
     # When the worker running a run's first superstep is killed, main process and pool, mid-call
     run_id = await rabbit.client.start("tickets", {"show": "redelivered"}, run_id=f"{rabbit.prefix}-redelivered")
-    await rabbit.until_effect("hold_seats", run_id)
+    await rabbit.until_started(run_id, "hold_seats")  # logged started: its worker is inside the call's second
     holder = (await rabbit.until_held(run_id)).owner.split("@")[0]
     other = {"w1": "w2", "w2": "w1"}[holder]
     killed = time.time()

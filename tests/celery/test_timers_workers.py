@@ -14,6 +14,8 @@ import redis
 from _kit.poll import until
 from celery_kit import Deployment
 
+pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
+
 RUNS = 1000
 #: Runs brought to their wait before the worker's memory is first read (see the test's docstring).
 WARM = 200

@@ -60,6 +60,7 @@ def test_the_demo_key_is_refused_by_the_acting_commands_and_the_viewer(agentflow
         ("abcdefgh" * 5, "only 8 distinct byte values"),
         (secrets.token_hex(32), "64 hex digits without a prefix"),
     ],
+    ids=["one-byte", "one-byte-hex", "eight-values", "bare-hex"],  # fixed ids: the same on every collection
 )
 def test_weak_or_ambiguous_keys_are_refused_in_one_line_that_never_shows_them(
     agentflow: Run, key: str, says: str

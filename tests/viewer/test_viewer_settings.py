@@ -43,7 +43,11 @@ def test_a_weak_or_empty_token_is_refused_when_the_settings_are_made_without_quo
         assert token.strip() not in str(caught.value)
 
 
-@pytest.mark.parametrize("token", [secrets.token_urlsafe(16), secrets.token_urlsafe(32), secrets.token_hex(16), TOKEN])
+@pytest.mark.parametrize(
+    "token",
+    [secrets.token_urlsafe(16), secrets.token_urlsafe(32), secrets.token_hex(16), TOKEN],
+    ids=["urlsafe-16", "urlsafe-32", "hex-16", "kit-token"],  # fixed ids: the same on every collection
+)
 def test_a_random_token_is_accepted(db, token):
     assert settings_for(db, token=token).token == token
 
