@@ -14,7 +14,7 @@ import pytest
 from _kit.poll import until
 from celery_kit import Deployment
 
-from agentflow import CheckpointNotFound
+from agentflow import CheckpointNotFound, Happened, Rerun
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 
@@ -41,8 +41,20 @@ async def test_kills_at_every_boundary_end_with_one_child_and_one_parent_result(
 
     await until(child_done, "the child ending", timeout_s=60, every=0.05)
     deployment.kill_group("w3")
-    # Then another worker finishes the parent
+    # Then another worker finishes the parent. If the kill came after the woken parent had logged its
+    # mail as started, that mail is in doubt and waits for a decision: an operator looks at the ledger
     deployment.start_worker("w4")
+
+    async def parent_settled() -> Any:
+        seen = await client.status(parent)
+        return seen if seen.settled else None
+
+    seen = await until(parent_settled, "the parent ending or asking about its mail", timeout_s=90, every=0.2)
+    if seen.status != "done":
+        assert "email_tickets" in (seen.waiting_for_decision or ""), seen
+        sent = deployment.effects()[("email_tickets", parent)] == 1
+        (call,) = (await deployment.report(parent)).in_doubt
+        await client.decide_in_doubt(parent, calls={call.call_id: Happened("mailed Aida") if sent else Rerun()})
 
     async def parent_done() -> Any:
         seen = await client.status(parent)
