@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
@@ -58,8 +58,25 @@ class RunEvent:
 
 
 def stream_of(store: object) -> EventStore | None:
-    """The store as an `EventStore`, or None when it keeps no event streams."""
-    return store if isinstance(store, EventStore) else None
+    """The store as an `EventStore`, or None when it keeps no event streams.
+
+    Asked once per run: the answer is kept per store class, since checking a runtime
+    protocol walks its members each time (a few tens of microseconds). Not for a class that
+    answers attributes itself (``__getattr__``: a wrapper is one exactly when what it wraps is).
+    """
+    if store is None:
+        return None
+    kind = type(store)
+    keeps = _KEEPS_EVENTS.get(kind)
+    if keeps is None:
+        keeps = isinstance(store, EventStore)
+        if not hasattr(kind, "__getattr__"):
+            _KEEPS_EVENTS[kind] = keeps
+    return cast(EventStore, store) if keeps else None
+
+
+#: Store class -> whether its stores keep event streams (`stream_of`).
+_KEEPS_EVENTS: dict[type, bool] = {}
 
 
 def _body(event: Event) -> dict[str, Any]:

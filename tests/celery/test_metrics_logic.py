@@ -106,3 +106,19 @@ async def test_the_timed_store_keeps_every_rule_of_the_store_it_wraps():
     assert {name: why for name, why in report.items() if why} == {}
     assert (registry.get_sample_value("t_store_seconds_count", {"op": "save"}) or 0) > 0
     assert (registry.get_sample_value("t_store_seconds_count", {"op": "take_lease"}) or 0) > 0
+
+
+def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does():
+    from types import SimpleNamespace
+
+    from agentflow.exec._run_events import stream_of
+
+    histogram = Histogram("t_events_seconds", "t", ("op",), registry=CollectorRegistry())
+    # Given a timed store over a store with event streams, and one over a store without (asked in both orders)
+    with_events = TimedStore(MemoryCheckpointStore(), histogram)
+    without = TimedStore(SimpleNamespace(in_process=True), histogram)  # type: ignore[arg-type]
+    # Then each answers for what it wraps, whatever was asked before: the answer is not kept per class
+    assert [stream_of(without), stream_of(with_events), stream_of(without)] == [None, with_events, None]
+    # and a store's own class answers the same every time, no store at all being none
+    memory = MemoryCheckpointStore()
+    assert stream_of(memory) is memory and stream_of(memory) is memory and stream_of(None) is None

@@ -65,7 +65,7 @@ class Slots:
         self.waited = False
         """Whether taking them meant waiting (the call was reported ``call.waiting``)."""
         self._backend = backend
-        self._token = secrets.token_hex(12)
+        self._token = secrets.token_hex(12) if self.keyed else ""  # a call under no limit takes nothing
         self._taken: list[Keyed] = []
         self._renewer: _Renewer | None = None
         self._released = False
