@@ -43,8 +43,12 @@ docs: $(STAMP)
 services:
 	@scripts/services.sh
 
+# Two test processes (pytest-xdist): the tests that start Celery workers run one at a time on one of
+# them (tests/conftest.py groups them), the rest spread over both. PYTEST_XDIST= runs everything in one.
+PYTEST_XDIST ?= -n 2 --dist loadgroup
+
 pytest: $(STAMP) services
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test: lint typecheck docs pytest
 
