@@ -116,7 +116,7 @@ def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does(
     histogram = Histogram("t_events_seconds", "t", ("op",), registry=CollectorRegistry())
     # Given a timed store over a store with event streams, and one over a store without (asked in both orders)
     with_events = TimedStore(MemoryCheckpointStore(), histogram)
-    without = TimedStore(SimpleNamespace(in_process=True), histogram)  # type: ignore[arg-type]
+    without = TimedStore(SimpleNamespace(in_process=True), histogram)  # a store with no event streams
     # Then each answers for what it wraps, whatever was asked before: the answer is not kept per class
     assert [stream_of(without), stream_of(with_events), stream_of(without)] == [None, with_events, None]
     # and a store's own class answers the same every time, no store at all being none

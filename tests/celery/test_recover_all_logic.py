@@ -235,7 +235,12 @@ async def test_the_hold_back_holds_on_every_worker_of_the_store(s, monkeypatch):
         settings=WorkerSettings(stale_after_s=0.0),
     )
     sent: list[str] = []
-    monkeypatch.setattr(other, "send_superstep", lambda flow, run_id, *_, **__: sent.append(run_id) or "recorded")
+
+    def send(flow: str, run_id: str, *_: object, **__: object) -> str:
+        sent.append(run_id)
+        return "recorded"
+
+    monkeypatch.setattr(other, "send_superstep", send)
     try:
         found = await asyncio.to_thread(other.run_recover_all, False)
     finally:
