@@ -45,9 +45,9 @@ async def test_kills_at_every_boundary_end_with_one_child_and_one_parent_result(
     # mail as started, that mail is in doubt and waits for a decision: an operator looks at the ledger
     deployment.start_worker("w4")
 
-    async def parent_settled() -> Any:
+    async def parent_settled() -> Any:  # done, or waiting for a decision (paused for its child is neither)
         seen = await client.status(parent)
-        return seen if seen.settled else None
+        return seen if seen.status == "done" or seen.waiting_for_decision else None
 
     seen = await until(parent_settled, "the parent ending or asking about its mail", timeout_s=90, every=0.2)
     if seen.status != "done":
