@@ -15,8 +15,10 @@ twice that, and so on up to `CAP_FACTOR` times `base_s`, each less half a base (
 tick that ends a wait is not missed by the moment the marking took). With the defaults (a
 60 s beat) a backlogged run is sent a recovery at the first tick that finds it, then after 1,
 2, 4 and 8 ticks, then every 8 ticks. Any save moves the run to another step (it moved, or a
-recovering worker claimed it and then died), which makes it a new case,
-sent at once: a real stranding waits no longer than before.
+recovering worker claimed it and then died), which makes it a new case, sent at once. So a
+stranded run waits longer than before only when the recovery sent for it was lost before any
+worker claimed the run (its worker died holding the message): it gets the next one after
+the rung's wait, one beat interval at first, on every sweep a worker's start makes too.
 
 - The marker lives in the store, so it holds whichever worker beat's next tick lands on.
 - It lasts twice its wait, so the sweep after the wait still reads its rung and doubles it;

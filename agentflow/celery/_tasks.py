@@ -235,11 +235,11 @@ class AgentflowTasks:
             return {"skipped": "another recover_all holds its lease"}
         for flow, run_id, step, version in found.recover:
             self.send_superstep(flow, run_id, step, "recover", version=version)
-        self.bridge.run(self.worker.mark_recoveries(found))
         for flow, run_id, step, ends in found.recheck:
             self.send_recheck(flow, run_id, step, ends)
         for flow, run_id, step, version in found.wake:
             self.send_superstep(flow, run_id, step, "wake", version=version)
+        self.bridge.run(self.worker.mark_recoveries(found))  # last: a store error here loses no message
         return found.as_result()
 
 
