@@ -397,3 +397,29 @@ def file_rendezvous(folder: Path, me: str, parties: int, timeout_s: float = 30.0
                 await asyncio.sleep(0.005)
 
     return wait
+
+
+class WriteLog(FaultyStore):
+    """A `FaultyStore` that also notes each write by method in `methods` (beside `FaultyStore.writes`).
+
+    ``record:<kind>`` for `record_call`, ``save:<step>`` for `save`, ``both:<kinds>:<step>``
+    for `save_after_calls` (the records that went with the checkpoint), after the write.
+    """
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        super().__init__(inner)
+        self.methods: list[str] = []
+
+    async def record_call(self, run_id: str, record: SealedCall) -> None:
+        await super().record_call(run_id, record)
+        self.methods.append(f"record:{record.kind}")
+
+    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
+        await super().save(run_id, step, checkpoint)
+        self.methods.append(f"save:{step}")
+
+    async def save_after_calls(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
+    ) -> None:
+        await super().save_after_calls(run_id, step, checkpoint, calls)
+        self.methods.append(f"both:{','.join(c.kind for c in calls)}:{step}")

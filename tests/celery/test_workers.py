@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+from _kit.poll import until
 
 from agentflow import CheckpointConflict
 
@@ -98,7 +99,13 @@ async def test_a_backlogged_run_is_sent_one_recovery_not_one_per_sweep(deploymen
         os.kill(pid, signal.SIGSTOP)
     try:
         run_ids = [await deployment.client.start("tickets", {"show": f"backlog-{i}"}) for i in range(5)]
-        await asyncio.sleep(deployment.values["stale_after_s"] + 0.1)
+        store, stale_s = deployment.tasks.worker.store, deployment.values["stale_after_s"]
+
+        async def all_stale() -> bool:
+            rows = [await store.latest(run_id) for run_id in run_ids]
+            return all(time.time() - row.saved_at > stale_s for row in rows)
+
+        await until(all_stale, "every queued run idle past stale_after_s", timeout_s=10, every=0.05)
         # When recover_all sweeps three times (on a worker whose beat is a minute, so no wait passes between)
         sweeper = deployment.tasks.worker
         sweeper.settings = dataclasses.replace(sweeper.settings, recover_interval_s=60.0)

@@ -9,15 +9,15 @@ at which one is stored without the other. Any other call's ``done`` is stored at
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 
 import pytest
+from _kit.faults import WriteLog
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, Registry
 from agentflow.exec._durable import Journal
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints import CheckpointConflict, MemoryCheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointConflict, MemoryCheckpointStore
 from agentflow.flow import NodeHandle
 
 registry = Registry()
@@ -33,28 +33,6 @@ class Bill(BaseModel):
     note: str = ""
 
 
-class Recording(MemoryCheckpointStore):
-    """The memory store, noting each write: ``record:<kind>``, ``save:<step>`` or ``both:<kinds>:<step>``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[str] = []
-
-    async def record_call(self, run_id: str, record: SealedCall) -> None:
-        await super().record_call(run_id, record)
-        self.writes.append(f"record:{record.kind}")
-
-    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
-        await super().save(run_id, step, checkpoint)
-        self.writes.append(f"save:{step}")
-
-    async def save_after_calls(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
-    ) -> None:
-        await super().save_after_calls(run_id, step, checkpoint, calls)
-        self.writes.append(f"both:{','.join(c.kind for c in calls)}:{step}")
-
-
 async def test_a_lone_call_nodes_done_is_stored_with_the_checkpoint():
     # Given a one-node flow whose node is a declarative Call
     flow = (
@@ -62,14 +40,14 @@ async def test_a_lone_call_nodes_done_is_stored_with_the_checkpoint():
         .node("pay", Call("charge", args=lambda b: {"amount": b.amount}, into="note"))
         .end("pay")
     )
-    store = Recording()
+    store = WriteLog(MemoryCheckpointStore())
 
     # When it runs
     result = await FlowRunner(Executor(registry), checkpoints=store).run(flow, {})
 
     # Then `started` was stored before the tool ran, and `done` went with the checkpoint
     assert result.status == "done" and result.state.note == "charged 5"
-    assert store.writes == ["save:0", "record:started", "both:done:1"]
+    assert store.methods == ["save:0", "record:started", "both:done:1"]
     assert [c.kind for c in await store.calls(result.run_id)] == ["started", "done"]
 
 
@@ -80,14 +58,14 @@ async def test_a_function_nodes_done_is_stored_as_soon_as_its_call_returns():
         return {"note": note.upper()}
 
     flow = Flow("bill-fn", state=Bill).node("pay", pay).end("pay")
-    store = Recording()
+    store = WriteLog(MemoryCheckpointStore())
 
     # When it runs
     result = await FlowRunner(Executor(registry), checkpoints=store).run(flow, {})
 
     # Then its `done` was stored on its own, before the checkpoint (the node could still have died)
     assert result.state.note == "CHARGED 5"
-    assert store.writes == ["save:0", "record:started", "record:done", "save:1"]
+    assert store.methods == ["save:0", "record:started", "record:done", "save:1"]
 
 
 async def test_a_refused_combined_save_still_stores_the_held_done_record():

@@ -12,18 +12,17 @@ decision. Each test runs on every store set-up (`_kit.stores`); writes are count
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from _kit.faults import FaultyStore, body
+from _kit.faults import FaultyStore, WriteLog, body
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger
 
 from agentflow import CheckpointTooLarge, Registry, RunStatus
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec._durable_loop import _cursor, _protocol, read_tool_loop
-from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 KEY = b"loop-done-with-checkpoint-key-0123456789"
@@ -66,28 +65,6 @@ def _reset() -> None:
     ENTERED.clear()
 
 
-class Traced(FaultyStore):
-    """A `FaultyStore` also noting each write by method: ``record:<kind>``, ``save:<step>``, ``both:<kinds>:<step>``."""
-
-    def __init__(self, inner: CheckpointStore) -> None:
-        super().__init__(inner)
-        self.methods: list[str] = []
-
-    async def record_call(self, run_id: str, record: SealedCall) -> None:
-        await super().record_call(run_id, record)
-        self.methods.append(f"record:{record.kind}")
-
-    async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
-        await super().save(run_id, step, checkpoint)
-        self.methods.append(f"save:{step}")
-
-    async def save_after_calls(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
-    ) -> None:
-        await super().save_after_calls(run_id, step, checkpoint, calls)
-        self.methods.append(f"both:{','.join(c.kind for c in calls)}:{step}")
-
-
 def ask(*calls: tuple[str, dict[str, Any]]) -> Message:
     """A reply asking for the tool calls ``(tool, arguments)``, in order."""
     return Message.assistant(
@@ -122,7 +99,7 @@ async def kinds(store: CheckpointStore, run_id: str = "trip") -> list[tuple[str,
 
 async def test_each_stages_done_goes_with_its_checkpoint_in_one_write(store_setup: StoreSetup) -> None:
     # Given a loop of two stages, each one call of a tool, then an answer
-    store = Traced(store_setup.raw)
+    store = WriteLog(store_setup.raw)
     model = ScriptedModel([ask(WEATHER), ask(BOOK), Message.assistant("Booked, bring a coat.")])
     # When it runs
     result = await run(model, store)
@@ -145,7 +122,7 @@ async def test_each_stages_done_goes_with_its_checkpoint_in_one_write(store_setu
 
 async def test_only_the_last_call_of_a_stage_holds_its_done(store_setup: StoreSetup) -> None:
     # Given a reply asking for two calls, weather then book
-    store = Traced(store_setup.raw)
+    store = WriteLog(store_setup.raw)
     # When the loop runs them
     result = await run(ScriptedModel([ask(WEATHER, BOOK), Message.assistant("Booked.")]), store)
     # Then weather's `done` is stored as soon as it returns; book's goes with the checkpoint
