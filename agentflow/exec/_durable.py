@@ -243,7 +243,7 @@ class CallLog:
         """Log the call ``started`` (it holds its slots by now): from here on, a crash leaves it in doubt."""
         started: dict[str, Any] = {"tool": tool.name, "node": request.node, "args": request.args}
         started["idempotent"] = tool.idempotent
-        if self.span is not None:  # the superstep's span: a recovery links to it (`RunSteps.cut_off`)
+        if self.span is not None:  # the superstep's span: a recovery links to it (`_run_checks.cut_off_spans`)
             started["span"] = self.span
         await self._write("started", request, **started)
 

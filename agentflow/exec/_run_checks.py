@@ -17,7 +17,9 @@ run, segment and position) catches a replacement, and the marker and the pins ca
 tail. What no checkpoint can pin is the tail written after the latest one: deleting its
 last records makes the calls they closed look in doubt (a ``started`` with no end); only
 deleting a call's ``started`` too makes it look never started. docs/security.md says what
-that leaves an attacker with write access to the store.
+that leaves an attacker with write access to the store. That tail is also what
+`cut_off_spans` reads: the spans of the superstep a dead worker left unfinished, which a
+recovery links to.
 
 A record that belongs past the latest checkpoint (a later superstep, or a segment opened
 by a claim at a later step) proves that checkpoints were removed, unless another worker
@@ -54,6 +56,22 @@ def marker_of(body: Mapping[str, Any]) -> tuple[int, int] | None:
     if not (isinstance(mark, list) and len(mark) == 2 and all(type(v) is int for v in mark)):
         raise CheckpointStoreCorrupt(f"a checkpoint's log marker is malformed: {mark!r}")
     return mark[0], mark[1]
+
+
+def cut_off_spans(body: Mapping[str, Any], records: Sequence[LoggedRecord]) -> tuple[str, ...]:
+    """The span ids the ``started`` records logged after the checkpoint `body` carry (a dead worker's superstep)."""
+    mark = marker_of(body)
+    if mark is None:
+        return ()
+    segment, count = mark
+    spans = {
+        str(rec.body["span"])
+        for rec in records
+        if rec.kind == "started"
+        and "span" in rec.body
+        and (rec.segment > segment or (rec.segment == segment and rec.seq >= count))
+    }
+    return tuple(sorted(spans))
 
 
 def pins_of(body: Mapping[str, Any]) -> dict[int, int]:

@@ -43,7 +43,7 @@ from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
 from agentflow.exec._durable_read import CallState, read_head
 from agentflow.exec._run_actions import RunActions
-from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, marker_of, untouched
+from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, untouched
 from agentflow.exec._run_control import awaiting_record, parked
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Head, Opened
@@ -79,7 +79,7 @@ class RunProtocol(RunActions[C, R]):
             if opened.status != RunStatus.RUNNING:
                 raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to recover")
             records, counts = await self.read(opened)
-            opened.cur.cause, opened.cur.cut_off = "recovery", self.cut_off(opened.body, records)
+            opened.cur.cause, opened.cur.cut_off = "recovery", cut_off_spans(opened.body, records)
             seeds = self.seeds(opened, records, rerun_in_doubt)
             doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
             control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
@@ -183,7 +183,7 @@ class RunProtocol(RunActions[C, R]):
             if next_seq is None:
                 records, counts = await self.read(opened)
                 # A recovery, unless a decision is spent, or nothing was logged since (then cleared below).
-                cur.cut_off = None if cur.cause in SPENT else self.cut_off(body, records)
+                cur.cut_off = None if cur.cause in SPENT else cut_off_spans(body, records)
                 try:
                     seeds = self.seeds(opened, records, rerun_in_doubt)
                 except RecoveryNeedsDecision as exc:

@@ -383,19 +383,3 @@ class RunSteps(Generic[C, R]):
             self.tracer.in_doubt(cur, self.driver.column, self.driver.superstep(cur), doubtful)
             raise
         return states
-
-    @staticmethod
-    def cut_off(body: Mapping[str, Any], records: Sequence[LoggedRecord]) -> tuple[str, ...]:
-        """The span ids the ``started`` records logged after the checkpoint `body` carry (a dead worker's superstep)."""
-        mark = marker_of(body)
-        if mark is None:
-            return ()
-        segment, count = mark
-        spans = {
-            str(rec.body["span"])
-            for rec in records
-            if rec.kind == "started"
-            and "span" in rec.body
-            and (rec.segment > segment or (rec.segment == segment and rec.seq >= count))
-        }
-        return tuple(sorted(spans))
