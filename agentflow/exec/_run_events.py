@@ -2,8 +2,12 @@
 
 - `recording` wraps the block in which a process holds a run (`RunProtocol.hold`): every
   event the hub emits for that run is buffered and appended to the store's stream
-  (`EventStore`) by one background task, in emit order, live; leaving the block awaits the
-  last append, so a superstep's events are stored before its drive returns. Nothing is
+  (`EventStore`) by one background task, in emit order, once it has waited `FLUSH_AFTER_S`
+  (50 ms) for others to share the append. So a superstep of a few milliseconds costs one
+  append, not one per event, and a long tool call still shows its ``tool.started`` while it
+  runs. Leaving the block appends what is left at once and awaits it, so a superstep's
+  events are stored before its drive returns; a process killed inside the block loses
+  what it had not appended yet (at most the last 50 ms of events). Nothing is
   recorded unless the hub says so (``Events(record=True)``, as the Celery workers' hub
   does), nor when the store has no stream or there is no sealer. A failed append is logged
   and dropped: observing a run never breaks it.
@@ -37,6 +41,8 @@ _T = TypeVar("_T")
 POLL_S: Final = 0.2
 #: How long a follower goes on reading after it saw the run ended (its last events may still come).
 SETTLE_S: Final = 1.0
+#: How long an emitted event may wait in the buffer for others to share its append (seconds).
+FLUSH_AFTER_S: Final = 0.05
 #: Event names after which a run has no more events.
 _LAST: Final = frozenset({"run.finished", "run.cancelled"})
 
@@ -97,6 +103,7 @@ class _Recorder:
         self._thread = threading.get_ident()
         self._buffer: list[Event] = []
         self._task: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()  # set by `drain`: append without waiting out FLUSH_AFTER_S
 
     def __call__(self, event: Event) -> None:
         if event.run_id != self._run_id:
@@ -109,7 +116,12 @@ class _Recorder:
     def _add(self, event: Event) -> None:
         self._buffer.append(event)
         if self._task is None or self._task.done():
-            self._task = self._loop.create_task(self._flush())
+            self._task = self._loop.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._now.wait(), FLUSH_AFTER_S)
+        await self._flush()
 
     async def _flush(self) -> None:
         while self._buffer:
@@ -121,7 +133,8 @@ class _Recorder:
                 log.exception("could not store %d events of run %s", len(batch), self._run_id)
 
     async def drain(self) -> None:
-        """Wait until every event buffered so far is stored."""
+        """Store every event buffered so far, now, and wait until it is."""
+        self._now.set()
         while self._task is not None and not self._task.done():
             await self._task
         if self._buffer:

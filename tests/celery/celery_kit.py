@@ -155,14 +155,27 @@ class Deployment:
         return proc
 
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
+        """Wait until worker `name` answers a ping.
+
+        A broker that drops the probe's own connection mid-ping (seen once in CI: RabbitMQ
+        closed it and reset the socket, reason unrecorded) is asked again on a new connection,
+        a fifth of a second later, until `timeout`; the last error is in the failure.
+        """
         target = f"{name}@{socket.gethostname()}"
         deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        dropped = (OSError, *self.celery_app.connection_for_write().connection_errors)
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
                 raise AssertionError(f"worker {name} exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
-            if self.celery_app.control.ping(destination=[target], timeout=0.5):
-                return
-        raise AssertionError(f"worker {name} did not answer a ping within {timeout}s")
+            try:
+                if self.celery_app.control.ping(destination=[target], timeout=0.5):
+                    return
+            except dropped as exc:
+                last = exc
+                self.celery_app.pool.force_close_all()  # the next ping opens a new connection
+                time.sleep(0.2)  # a back-off between tries, not a wait for something
+        raise AssertionError(f"worker {name} did not answer a ping within {timeout}s (last error: {last!r})")
 
     def start_beat(self) -> subprocess.Popen[bytes]:
         return self._spawn("beat", "beat", "-s", str(self.logs / "beat-schedule"), "-l", "INFO")
