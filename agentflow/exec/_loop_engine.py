@@ -219,8 +219,8 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             if limit is not None and stages >= limit:
                 return self.result(lp, RunStatus.RUNNING, replayed, rerun)
             stages += 1
-            if stages == 1:  # a boundary: a cancel request stops the loop before it starts
-                await self._boundary(lp)
+            if stages == 1 and lp.watch is not None:  # a boundary: a cancel request stops the loop before it starts
+                await lp.watch.check(boundary=True)
             with proto.step_span(lp):
                 ended = await self._stage(proto, lp, seeds, recovering, replayed, rerun)
             if ended is not None:
@@ -243,7 +243,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
                 await proto.save(lp, RunStatus.FAILED)
                 return self.result(lp, RunStatus.FAILED, replayed, rerun)
             reply = await self._ask_model(lp)
-            await self._boundary(lp)
+            await self._stage_ended(lp)
             lp.history.append(reply)
             lp.stage = "model"
             status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
@@ -252,7 +252,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
         log.watch, log.span = lp.watch, lp.span.ref
         results = await self._run_tools(lp, log)
-        await self._boundary(lp)
+        await self._stage_ended(lp)
         replayed += log.replayed
         rerun += log.rerun
         recovered = proto.report_step(lp, log.replayed, log.rerun, recovering)
@@ -272,10 +272,10 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         return None
 
     @staticmethod
-    async def _boundary(lp: LoopCursor) -> None:
+    async def _stage_ended(lp: LoopCursor) -> None:
         """Stop at a stage's end if a cancel request came: nothing of the stage is kept (`CancelRequested`)."""
         if lp.watch is not None:
-            await lp.watch.check(boundary=True)
+            await lp.watch.step_ended()
 
     async def _ask_model(self, lp: LoopCursor) -> Message:
         with self.executor.tracer.model_call(lp.run_id, self.model, lp.turn + 1) as span:

@@ -54,7 +54,7 @@ class RunActions(RunSteps[C, R]):
     async def _drive(self, cur: C, seeds: Mapping[str, CallState], *, limit: int | None, recovering: bool) -> R:
         """Drive the held run, on the look-out for a cancel request (`_run_cancel`): it ends the run there."""
         if self.store is not None and self.sealer is not None:
-            cur.watch = CancelWatch(self.store, self.sealer, cur.run_id, self.events, cur.started_at)
+            cur.watch = CancelWatch(self.store, self.sealer, cur.run_id, self.events, cur.started_at, steps=limit)
         try:
             return await self.driver.drive(self, cur, seeds, limit=limit, recovering=recovering)
         except CancelRequested as stop:

@@ -13,7 +13,12 @@ Moving parts:
 - `CancelWatch`: the holder's side. It reads the marker at every step boundary (before a
   drive's first step and after each step, before its save) and before a call starts
   (calls that start together, with no call ending in between, share one read) and raises
-  `CancelRequested` once a signed request is there.
+  `CancelRequested` once a signed request is there. One read is left out: after the last
+  step a drive runs (a worker's drive runs one), when the previous read is younger than
+  `FRESH_S`. No call starts between that step's end and the next drive's first read, so a
+  request that came in those milliseconds is met there, as one made a moment later would
+  be: the step is saved, and the next drive ends the run before it starts a call (or the
+  run had ended, and the request lapses). A quick worker superstep so reads once, not twice.
 - `RunProtocol` catches `CancelRequested` around every drive: the calls already in flight
   have finished and are logged by then (a superstep lets its other nodes finish; a tool
   loop runs its calls one by one), and the run ends ``cancelled`` with the same signed
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -52,6 +58,8 @@ log = logging.getLogger("agentflow.cancel")
 KIND: Final = "cancel"
 #: How long a request waits for its run's holder (then its marker lapses).
 REQUEST_TTL_S: Final = 24 * 3600.0
+#: How young (seconds) a read may be to stand for the one after a drive's last step (`CancelWatch.step_ended`).
+FRESH_S: Final = 0.05
 
 
 @dataclass(frozen=True)
@@ -141,20 +149,45 @@ class CancelWatch:
     """A holder's look-out for a cancel request on one run (see the module docstring)."""
 
     def __init__(
-        self, store: CheckpointStore, sealer: Sealer, run_id: str, events: Events, started_at: float | None = None
+        self,
+        store: CheckpointStore,
+        sealer: Sealer,
+        run_id: str,
+        events: Events,
+        started_at: float | None = None,
+        *,
+        steps: int | None = None,
     ) -> None:
+        """`steps`: how many steps the drive runs at most (None: until the run ends or pauses)."""
         self._store, self._sealer, self._events = store, sealer, events
         self.run_id = run_id
         self._started_at = started_at
         self._extra = {"run_id": run_id}
         self._key = request_key(run_id)
         self._fresh = False
+        self._steps_left = steps
+        self._read_at = -FRESH_S  # time.monotonic() of the last read
         self.found: CancelRequest | None = None
         """The request seen, once one was (it stays: the holder starts nothing after it)."""
 
     def moved(self) -> None:
         """Note that a call ended: the next check reads the store again."""
         self._fresh = False
+
+    async def step_ended(self) -> None:
+        """The boundary after a step, before its save: `check`, unless the read may be left out.
+
+        Left out after the drive's last step when the last read is younger than `FRESH_S`
+        (see the module docstring).
+
+        Raises:
+            CancelRequested: the run is to stop; nothing of the step is kept.
+        """
+        if self._steps_left is not None:
+            self._steps_left -= 1
+            if self._steps_left <= 0 and self.found is None and time.monotonic() - self._read_at < FRESH_S:
+                return
+        await self.check(boundary=True)
 
     async def check(self, *, boundary: bool = False) -> None:
         """Raise `CancelRequested` if a signed request is there.
@@ -169,6 +202,7 @@ class CancelWatch:
             if self._fresh and not boundary:
                 return
             self._fresh = True
+            self._read_at = time.monotonic()
             mark = (await self._store.leases([self._key])).get(self._key)
             if mark is None:
                 return

@@ -275,7 +275,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         except Exception as exc:
             return await self._fail(proto, cur, exc, replayed + log.replayed, rerun + log.rerun)
         if cur.watch is not None:  # a boundary: once a request is seen, nothing of this superstep is kept
-            await cur.watch.check(boundary=True)
+            await cur.watch.step_ended()
         replayed += log.replayed
         rerun += log.rerun
         recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
