@@ -9,14 +9,14 @@ acks_late, reject/retry on worker lost, time limits), on 2 worker processes each
 - agentflow: a 10-node linear flow of one trivial idempotent tool. `FlowClient.start`
   saves step 0 and enqueues the first superstep. Each superstep task goes through the
   run protocol (`FlowRunner.advance`), which holds the run's lease in the checkpoint
-  store (`agentflow.exec._run_lease.holding`: the store's ``take_lease``, one script on
-  Redis; there is no separate Redis lease module any more), with the run's head (the
-  latest checkpoint and the records per segment) read in flight beside it. It continues
-  the segment after a clean handoff, logs the call ``started``, saves ``done`` with the
-  signed checkpoint in one script, releases the lease (``release_lease``) and enqueues
-  the next superstep: 5 round trips to Redis, 4 waits. The lease's renewal is a timer
-  due after a third of the lease (10 s); these steps end long before it, so none of
-  them renews.
+  store (`agentflow.exec._run_lease.holding_reading_head`: on Redis one script takes the
+  lease and reads the run's head, its latest checkpoint and records per segment). It
+  looks for a cancel request, continues the segment after a clean handoff, logs the call
+  ``started``, saves ``done`` with the signed checkpoint in one script, appends the
+  superstep's events in one script, releases the lease (``release_lease``) and enqueues
+  the next superstep: 6 round trips to the store (counted with a recording client). The
+  lease's renewal is a timer due after a third of the lease (10 s); these steps end long
+  before it, so none of them renews.
 - bare Celery: chains of 10 tasks, each enqueueing its successor (same deterministic
   task ids), the last one counting the chain as done.
 

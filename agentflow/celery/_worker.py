@@ -30,7 +30,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -62,7 +61,6 @@ from agentflow.celery._sweep import sweep
 from agentflow.exec._durable_loop import (
     decide_in_doubt_tool_loop,
 )
-from agentflow.exec._durable_read import read_head
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_lease import Ownership, take
@@ -246,7 +244,6 @@ class Worker(LoopWork):
         signed decision covers them (`decide_in_doubt`). A message alone grants nothing.
         """
         spend = SPENDS.get(cause)
-        head: asyncio.Future[Any] | None = None
         if RunKind.of(flow_name) is RunKind.LOOP:
             name = RunKind.name_of(flow_name)
 
@@ -255,30 +252,19 @@ class Worker(LoopWork):
 
         else:
             flow = self.flow_app.flow_versions(flow_name)
-            # Read the run's head while the lease is being taken: two round trips in flight at
-            # once. Read before the lease is held, the head may be a step behind; then the
-            # first record (its position is taken) or the save (its step is taken) is refused.
-            head = asyncio.ensure_future(read_head(self.store, run_id))
 
             def advance() -> Coroutine[Any, Any, Any]:
                 if cause == "wake":  # a timer the sweep found due: checked against the run's signed wake time
                     return self.runner.wake(flow, run_id, expected_step=step, max_supersteps=1)
-                return self.runner.advance(
-                    flow, run_id, expected_step=step, handoff=handoff, head=head, park=True, spend=spend
-                )
+                # The run protocol reads the run's head with the lease's take (`_run_lease`).
+                return self.runner.advance(flow, run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
 
-        try:
-            outcome = await self._advance(flow_name, run_id, step, cause, advance)
-            if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
-                outcome.held_until = None  # the run moved on since: its new holder's messages look after it
-            if outcome.held_until is not None and not await self.watch(run_id, outcome.held_until):
-                outcome.held_until = None  # another worker's recheck is due for this lease already
-            return outcome
-        finally:
-            if head is not None and not head.done():
-                head.cancel()
-            elif head is not None and not head.cancelled():
-                head.exception()  # retrieved, so an unused failure is not reported as lost
+        outcome = await self._advance(flow_name, run_id, step, cause, advance)
+        if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
+            outcome.held_until = None  # the run moved on since: its new holder's messages look after it
+        if outcome.held_until is not None and not await self.watch(run_id, outcome.held_until):
+            outcome.held_until = None  # another worker's recheck is due for this lease already
+        return outcome
 
     async def watch(self, run_id: str, lease_ends: float) -> bool:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""

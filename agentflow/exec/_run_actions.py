@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 from agentflow._errors import CheckpointConflict, FlowError, RunHeld, Stale
@@ -23,10 +23,21 @@ from agentflow.exec._run_checks import pins_for
 from agentflow.exec._run_control import InDoubtDecision, granted, settle, without_failed
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_events import recording
-from agentflow.exec._run_lease import holding
+from agentflow.exec._run_lease import Head, HeldHead, holding, holding_reading_head
 from agentflow.exec._run_steps import RunSteps
 from agentflow.exec._run_timers import NotDue, a_child_ended, due
+from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease
+
+
+@contextlib.asynccontextmanager
+async def _unowned(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[None, Awaitable[Head]]]:
+    """No lease to hold (a runner without an ownership); the head is read when awaited."""
+    head = store.head(run_id)
+    try:
+        yield None, head
+    finally:
+        head.close()  # a no-op once it ran
 
 
 class RunActions(RunSteps[C, R]):
@@ -43,6 +54,23 @@ class RunActions(RunSteps[C, R]):
             held: contextlib.AbstractAsyncContextManager[Lease | None] = contextlib.nullcontext(None)
         else:
             held = holding(self.store, run_id, self.ownership)
+        return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
+
+    def hold_reading_head(
+        self, run_id: str
+    ) -> contextlib.AbstractAsyncContextManager[tuple[Lease | None, Awaitable[Head]]]:
+        """`hold`, and the run's head read with the lease's take (`holding_reading_head`).
+
+        Raises:
+            RunHeld: another holder's lease is live.
+            ValueError: the runner has no store.
+        """
+        self.tracer.taking_up()
+        store, _ = self._stores()
+        if self.ownership is None:
+            held: contextlib.AbstractAsyncContextManager[HeldHead] = _unowned(store, run_id)
+        else:
+            held = holding_reading_head(store, run_id, self.ownership)
         return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
 
     def operator(self, name: str | None) -> dict[str, Any]:

@@ -6,6 +6,10 @@ Moving parts:
 - `holding(store, run_id, ownership)`: takes the run's lease in the store (`RunHeld` when
   a live holder has it), renews it from a timer every third of `lease_s` while the block
   runs, and gives it back when the block ends, whether it returned or raised.
+- `holding_reading_head(store, run_id, ownership)`: the same, and the run's head (its
+  latest checkpoint and records per segment) read with the take: in the same round trip
+  where the store can (`take_lease_reading_head`, the Redis store's lease script), else
+  in flight beside it. What every superstep of a worker starts with.
 - `held_by(store, run_ids)`: the live leases of some runs (for listings and recover_all).
 
 Invariants:
@@ -15,6 +19,9 @@ Invariants:
   its lease (SIGSTOP, a long pause) is taken over, and when it wakes the segment fencing
   refuses its next ``started`` record and the compare-and-set its next save. A call it
   had already begun cannot be stopped; idempotency keys cover that.
+- A head read beside the take (not with it) may be a step behind the lease: the run's
+  next write is then refused (its record position or its step is taken), never applied
+  twice. A head read with the take is the run as it stood when the lease was granted.
 - A renewal that finds the lease lost is logged at WARNING (and emitted as ``lease.lost``
   to the ownership's event hub); the block goes on and is fenced at its next write, as above.
 """
@@ -27,15 +34,21 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 from agentflow._errors import RunHeld
 from agentflow._events import Events
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
 
 log = logging.getLogger("agentflow.lease")
+
+#: A run's head: its latest checkpoint and how many call records each segment holds.
+Head: TypeAlias = tuple[SealedCheckpoint, Mapping[int, int]]
+#: A held run's lease (None: nothing is held) and its head, being read.
+HeldHead: TypeAlias = tuple[Lease | None, Awaitable[Head]]
 
 #: How long a lease lasts unless renewed, when nobody says otherwise.
 DEFAULT_LEASE_S = 30.0
@@ -122,10 +135,52 @@ async def take(store: CheckpointStore, run_id: str, ownership: Ownership) -> Lea
         RunHeld: another holder's lease is live.
     """
     token = secrets.token_hex(16)
-    lease = await store.take_lease(run_id, ownership.owner, token, ownership.lease_s)
+    return _taken(run_id, token, await store.take_lease(run_id, ownership.owner, token, ownership.lease_s))
+
+
+def _taken(run_id: str, token: str, lease: Lease) -> Lease:
     if lease.token != token:
         raise RunHeld(run_id, lease.owner, lease.expires_at)
     return lease
+
+
+async def _ready(head: Head) -> Head:
+    return head
+
+
+async def take_reading_head(store: CheckpointStore, run_id: str, ownership: Ownership) -> tuple[Lease, Awaitable[Head]]:
+    """Take the run's lease and read its head: in one round trip where the store can, else beside the take.
+
+    The head comes as an awaitable (a read that raises `CheckpointNotFound` when nothing
+    is stored); `holding_reading_head` settles it if it is never awaited.
+
+    Raises:
+        RunHeld: another holder's lease is live.
+    """
+    token = secrets.token_hex(16)
+    fused = getattr(store, "take_lease_reading_head", None)  # not a runtime Protocol check: that costs per call
+    if fused is not None:
+        lease, head = await fused(run_id, ownership.owner, token, ownership.lease_s)
+        lease = _taken(run_id, token, lease)
+        return lease, (_ready(head) if head is not None else store.head(run_id))  # None: nothing stored, it raises
+    reading = asyncio.ensure_future(store.head(run_id))
+    try:
+        lease = _taken(run_id, token, await store.take_lease(run_id, ownership.owner, token, ownership.lease_s))
+    except BaseException:
+        _settle(reading)
+        raise
+    return lease, reading
+
+
+def _settle(head: Awaitable[Any]) -> None:
+    """Let go of a head read nobody awaited: cancel it, or retrieve its failure, so none is reported as lost."""
+    if isinstance(head, asyncio.Future):
+        if not head.done():
+            head.cancel()
+        elif not head.cancelled():
+            head.exception()
+    elif asyncio.iscoroutine(head):
+        head.close()
 
 
 @contextlib.asynccontextmanager
@@ -136,9 +191,34 @@ async def holding(store: CheckpointStore, run_id: str, ownership: Ownership) -> 
         RunHeld: another holder's lease is live (the block does not run).
     """
     lease = await take(store, run_id, ownership)
+    async with _held(store, lease, ownership):
+        yield lease
+
+
+@contextlib.asynccontextmanager
+async def holding_reading_head(
+    store: CheckpointStore, run_id: str, ownership: Ownership
+) -> AsyncIterator[tuple[Lease, Awaitable[Head]]]:
+    """`holding`, and the run's head read with the take (`take_reading_head`).
+
+    Raises:
+        RunHeld: another holder's lease is live (the block does not run).
+    """
+    lease, head = await take_reading_head(store, run_id, ownership)
+    try:
+        async with _held(store, lease, ownership):
+            yield lease, head
+    finally:
+        _settle(head)
+
+
+@contextlib.asynccontextmanager
+async def _held(store: CheckpointStore, lease: Lease, ownership: Ownership) -> AsyncIterator[None]:
+    """Renew the taken `lease` while the block runs; give it back afterwards."""
+    run_id = lease.run_id
     renewer = _Renewer(store, lease, ownership.lease_s, ownership.events)
     try:
-        yield lease
+        yield
     finally:
         await renewer.stop()
         try:

@@ -34,19 +34,22 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsDecision, Stale
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
-from agentflow.exec._durable_read import CallState, read_head
+from agentflow.exec._durable_read import CallState
 from agentflow.exec._run_actions import RunActions
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, untouched
 from agentflow.exec._run_control import awaiting_record, parked
 from agentflow.exec._run_driver import C, R
-from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Head, Opened
+from agentflow.exec._run_lease import Head
+from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened
+from agentflow.exec.checkpoints._records import Lease
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 
@@ -154,9 +157,9 @@ class RunProtocol(RunActions[C, R]):
             CheckpointStoreCorrupt: a row fails its check.
             ControlRefused: `spend` names a decision the latest checkpoint does not carry.
         """
-        async with self.hold(run_id):
-            store, _ = self._stores()
-            head_row, counts = await (head or read_head(store, run_id))
+        holding = self.hold_reading_head(run_id) if head is None else _given(self.hold(run_id), head)
+        async with holding as (_, reading):
+            head_row, counts = await reading
             opened = await self.open(run_id, None, head_row)
             cur, body = opened.cur, opened.body
             if expected_step is not None and cur.step != expected_step:
@@ -208,6 +211,15 @@ class RunProtocol(RunActions[C, R]):
 
 #: Claims that carry a decision a superstep spends: its span's cause names the decision.
 SPENT = frozenset({"resume", "decision", "retry", "migrate", "wake"})
+
+
+@contextlib.asynccontextmanager
+async def _given(
+    held: contextlib.AbstractAsyncContextManager[Lease | None], head: Awaitable[Head]
+) -> AsyncIterator[tuple[Lease | None, Awaitable[Head]]]:
+    """`held`, with the head the caller is reading already."""
+    async with held as lease:
+        yield lease, head
 
 
 def advance_cause(body: Mapping[str, Any], step: int | None, handoff: bool) -> str:

@@ -59,8 +59,6 @@ MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024
 #: Why a run was claimed (signed into the claim checkpoint).
 CLAIM_CAUSES = frozenset({"recovery", "resume", "handoff", "decision", "parked", "cancel", "retry", "migrate", "wake"})
 
-Head = tuple[SealedCheckpoint, Mapping[int, int]]
-
 
 def started_of(body: Mapping[str, Any]) -> float | None:
     """When the run a checked checkpoint body belongs to started (its ``started``; None if it has none)."""

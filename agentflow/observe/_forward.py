@@ -23,6 +23,9 @@ T = TypeVar("T")
 #: store has them (`EventStore`: a run's event stream), so the wrapper is one exactly when it is.
 #: The retention port is not among them: a prune opens an unwrapped store of its own.
 PASSED_THROUGH = frozenset({"append_events", "read_events"})
+#: Optional operations a wrapper has exactly when the wrapped store has them, timed under the
+#: name of the port's operation they stand for (the Redis store's lease take that reads the head too).
+TIMED_AS = {"take_lease_reading_head": "take_lease"}
 
 
 class ForwardingStore(ABC):
@@ -34,9 +37,12 @@ class ForwardingStore(ABC):
         self.in_process: bool = inner.in_process
 
     def __getattr__(self, name: str) -> Any:
-        """`PASSED_THROUGH` methods of the wrapped store (an AttributeError where it has none)."""
+        """`PASSED_THROUGH` and `TIMED_AS` methods of the wrapped store (an AttributeError where it has none)."""
         if name in PASSED_THROUGH:
             return getattr(self.inner, name)
+        if name in TIMED_AS:
+            method = getattr(self.inner, name)  # an AttributeError where it has none
+            return lambda *args, **kwargs: self._timed(TIMED_AS[name], method(*args, **kwargs))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @abstractmethod

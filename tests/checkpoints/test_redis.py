@@ -267,6 +267,34 @@ async def test_unreadable_rows_are_corrupt(store, raw, backend):
         await store.latest("r2")
 
 
+# --- the lease take that reads the head -------------------------------------------------
+
+
+async def test_a_take_reading_the_head_returns_what_head_reads_in_one_script(store, backend, raw):
+    # Given a run with two checkpoints and records in two segments
+    await store.save("r1", 0, cp("r1", 0))
+    await store.record_call("r1", rec("r1", 0, 0))
+    await store.save("r1", 1, cp("r1", 1, segment=1))
+    await store.record_call("r1", rec("r1", 1, 0))
+    # When a free lease is taken with the head
+    lease, head = await store.take_lease_reading_head("r1", "w1", "t1", 30)
+    # Then the lease is held by the taker, and the head is the one `head` reads
+    assert (lease.owner, lease.token) == ("w1", "t1")
+    assert (await store.leases(["r1"]))["r1"].token == "t1"
+    assert head == await store.head("r1")
+    # And another taker gets the live lease and no head
+    other, none = await store.take_lease_reading_head("r1", "w2", "t2", 30)
+    assert other.token == "t1" and none is None
+    # And a run with nothing stored gives its lease and no head
+    _, nothing = await store.take_lease_reading_head("r9", "w1", "t9", 30)
+    assert nothing is None
+    # And counts that are not numbers are corrupt, as `head` finds them
+    await raw.hset(backend.run_keys("r1")[3], "1", b"many")
+    await store.release_lease("r1", "t1")
+    with pytest.raises(CheckpointStoreCorrupt, match="record counts are not numbers"):
+        await store.take_lease_reading_head("r1", "w1", "t3", 30)
+
+
 # --- listings and their indexes -----------------------------------------------------------
 
 
@@ -615,6 +643,8 @@ async def test_store_works_on_redis_cluster(redis_cluster):
             with pytest.raises(CheckpointConflict, match="fenced off|ended"):
                 await s.record_call(run_id, rec(run_id, 0, 1))
             assert len(await s.history(run_id)) == 2 and len(await s.calls(run_id)) == 1
+            # and a lease take reads the head in the same script, on the run's slot
+            assert (await s.take_lease_reading_head(run_id, "w", "t", 30))[1] == await s.head(run_id)
             assert 0 < await cluster.ttl(f"cl:run:{{{run_id}}}:latest") <= 600
         # Then the listings read across nodes, checking each indexed run (the indexes are
         # updated by separate commands on Cluster): an ended run left in the index is not listed

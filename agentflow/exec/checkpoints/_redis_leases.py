@@ -8,7 +8,8 @@ The key carries the run's hash tag, so on Redis Cluster it lives in the slot of 
 other keys; it is not one of the keys the save and record scripts take, and `delete`
 removes it with them. Take, renew and release are ``_lua/lease.lua``: one script reads
 the server's TIME, judges the lease and writes it, so of racing takers exactly one gets a
-free or lapsed lease, and hosts with skewed clocks agree. The script sets the key to
+free or lapsed lease, and hosts with skewed clocks agree. A take may also read the run's
+head in the same script (`take_reading`: the lease and the head in one round trip). The script sets the key to
 expire the millisecond before the lease lapses, so Redis drops it by itself and a plain
 read sees only live leases: `read` is one pipelined HMGET per run, in chunks, each chunk
 under the store's deadline (a Cluster client sends each key to its slot's node); a read of
@@ -66,6 +67,24 @@ class Leases:
         check_lease_args(owner, token, ttl_s)
         reply = await self._script(run_id, ["take", token, _ms(ttl_s), owner])
         return self._lease(run_id, *reply[1:])
+
+    async def take_reading(
+        self, run_id: str, owner: str, token: str, ttl_s: float, head_keys: Sequence[str]
+    ) -> tuple[Lease, Any, list[Any]]:
+        """`take`, and when it wrote the lease, the run's head in the same script.
+
+        `head_keys`: the run's checkpoint list and per-segment counts hash. Returns the lease
+        as it stands, the newest checkpoint row as stored (None: no row, or the lease was
+        not taken) and the counts hash flattened (field, value, ...).
+        """
+        check_lease_args(owner, token, ttl_s)
+        key = self._key(run_id)
+        async with self._clients.use() as bound:
+            reply = await bound.scripts["lease"](keys=[key, *head_keys], args=["take", token, _ms(ttl_s), owner])
+        lease = self._lease(run_id, *reply[1:4])
+        if len(reply) < 5:  # another holder's live lease: the head was not read
+            return lease, None, []
+        return lease, reply[4] or None, list(reply[5:])
 
     async def renew(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live; None if it does not."""

@@ -37,7 +37,10 @@ expiry rule of a save, and touches nothing when they already agree with it.
 
 Leases are `_redis_leases`'s: ``_lua/lease.lua`` takes, renews and releases a run's lease on
 the server's clock, and the key expires by itself when the lease lapses. The lease key is
-not one of the run keys the other scripts take; `delete` removes it with them.
+not one of the run keys the other scripts take; `delete` removes it with them. A take may
+read the run's head in the same script (`take_lease_reading_head`, beyond the port: what
+`agentflow.exec._run_lease` uses where a store has it), so a worker's superstep starts
+with one round trip, not two.
 
 Retention is `_redis_prune`'s: finished runs are found through ``P:runs`` (sorted by the
 time of their newest save) and each is deleted whole by ``_lua/prune_run.lua``, which
@@ -90,6 +93,15 @@ _RELIST_ATTEMPTS = 3
 _SCAN_COUNT = 1000
 #: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
 _GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def _head_of(run_id: str, raw: bytes, fields: Mapping[Any, Any]) -> tuple[SealedCheckpoint, dict[int, int]]:
+    """A run's head from its newest checkpoint row and its per-segment counts hash, as stored."""
+    try:
+        counts = {int(segment): int(count) for segment, count in fields.items()}
+    except ValueError:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: its per-segment record counts are not numbers") from None
+    return _decode_checkpoint(run_id, raw, "the latest checkpoint"), counts
 
 
 class RedisCheckpointStore:
@@ -290,11 +302,24 @@ class RedisCheckpointStore:
                 raw, fields = await pipe.execute()
         if raw is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-        try:
-            counts = {int(segment): int(count) for segment, count in fields.items()}
-        except ValueError:
-            raise CheckpointStoreCorrupt(f"run {run_id!r}: its per-segment record counts are not numbers") from None
-        return _decode_checkpoint(run_id, raw, "the latest checkpoint"), counts
+        return _head_of(run_id, raw, fields)
+
+    async def take_lease_reading_head(
+        self, run_id: str, owner: str, token: str, ttl_s: float
+    ) -> tuple[Lease, tuple[SealedCheckpoint, dict[int, int]] | None]:
+        """`take_lease`, and when it took the lease, `head` in the same script (one round trip).
+
+        The head is None when the lease was not taken (another token holds it live) or
+        nothing is stored for the run.
+
+        Raises:
+            CheckpointStoreCorrupt: the lease hash, the row or a count is not one this store wrote.
+        """
+        keys = self._run_keys(run_id)
+        lease, raw, flat = await self._leases.take_reading(run_id, owner, token, ttl_s, [keys[0], keys[3]])
+        if raw is None:
+            return lease, None
+        return lease, _head_of(run_id, raw, dict(zip(flat[::2], flat[1::2], strict=True)))
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""

@@ -3,6 +3,8 @@
 -- Key (P = store prefix, R = run id; "{R}" is the run's hash tag, so the lease lives in the
 -- slot of the run's other keys, and this script touches that one slot):
 --   KEYS[1]  P:run:{R}:lease   hash   owner, token, expires_at (ms since the epoch, server clock)
+--   KEYS[2]  P:run:{R}:cp      list   (take only, optional) the run's checkpoint rows
+--   KEYS[3]  P:run:{R}:next    hash   (with KEYS[2]) call records per segment
 --
 -- ARGV[1] what to do: "take", "renew" or "release"
 -- ARGV[2] token
@@ -19,9 +21,13 @@
 --          ttl); another token's live lease -> left as it is and returned.
 -- renew:   this token's live lease -> expiry now + ttl (owner kept); else nothing.
 -- release: this token's lease -> deleted (said "released" if it was live, else "lapsed").
+-- With KEYS[2] and KEYS[3], a take that wrote the lease also reads the run's head in the same
+-- instant (the store's `take_lease_reading_head`): the newest checkpoint row (false if none)
+-- and the counts hash, flattened, after the lease's four fields.
 --
 -- Returns:
 --   {"held", owner, token, expires_at}   take, renew: the lease as it stands afterwards
+--   {"held", owner, token, expires_at, newest, segment, count, ...}   take with KEYS[2..3], written
 --   {"lost"}                             renew: the token holds no live lease
 --   {"released"} / {"lapsed"} / {"other"} release: deleted live / deleted lapsed / not this token's
 
@@ -58,4 +64,11 @@ end
 local expires = string.format('%.0f', now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'owner', owner, 'token', token, 'expires_at', expires)
 redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', tonumber(expires) - 1))
+if op == 'take' and KEYS[2] then
+  local reply = {'held', owner, token, expires, redis.call('LINDEX', KEYS[2], -1)}
+  for _, part in ipairs(redis.call('HGETALL', KEYS[3])) do
+    reply[#reply + 1] = part
+  end
+  return reply
+end
 return {'held', owner, token, expires}
