@@ -103,7 +103,7 @@ class _Recorder:
         self._thread = threading.get_ident()
         self._buffer: list[Event] = []
         self._task: asyncio.Task[None] | None = None
-        self._now = asyncio.Event()  # set by `drain`: append without waiting out FLUSH_AFTER_S
+        self._timer: asyncio.TimerHandle | None = None  # starts the next append once FLUSH_AFTER_S passed
 
     def __call__(self, event: Event) -> None:
         if event.run_id != self._run_id:
@@ -115,13 +115,13 @@ class _Recorder:
 
     def _add(self, event: Event) -> None:
         self._buffer.append(event)
-        if self._task is None or self._task.done():
-            self._task = self._loop.create_task(self._flush_soon())
+        if self._timer is None and (self._task is None or self._task.done()):  # else an append will take it
+            self._timer = self._loop.call_later(FLUSH_AFTER_S, self._due)
 
-    async def _flush_soon(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._now.wait(), FLUSH_AFTER_S)
-        await self._flush()
+    def _due(self) -> None:
+        self._timer = None
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._flush())
 
     async def _flush(self) -> None:
         while self._buffer:
@@ -134,7 +134,9 @@ class _Recorder:
 
     async def drain(self) -> None:
         """Store every event buffered so far, now, and wait until it is."""
-        self._now.set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         while self._task is not None and not self._task.done():
             await self._task
         if self._buffer:
