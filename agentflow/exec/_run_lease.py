@@ -166,18 +166,26 @@ async def take_reading_head(store: CheckpointStore, run_id: str, ownership: Owne
     reading = asyncio.ensure_future(store.head(run_id))
     try:
         lease = _taken(run_id, token, await store.take_lease(run_id, ownership.owner, token, ownership.lease_s))
-    except BaseException:
-        _settle(reading)
+    except Exception:  # held by another, or the store failed: the read ends before the caller goes on
+        await _settle(reading)
+        raise
+    except BaseException:  # cancelled: the read goes with the caller
+        reading.cancel()
         raise
     return lease, reading
 
 
-def _settle(head: Awaitable[Any]) -> None:
-    """Let go of a head read nobody awaited: cancel it, or retrieve its failure, so none is reported as lost."""
+async def _settle(head: Awaitable[Any]) -> None:
+    """Let a head read nobody awaited end, so that it neither outlives the caller nor has a failure reported as lost.
+
+    A read in flight is waited for, not cancelled: a command cut off half-way can leave the
+    store's connection unusable (the SQL stores' asyncpg connections are one such). A read
+    not yet started is dropped.
+    """
     if isinstance(head, asyncio.Future):
         if not head.done():
-            head.cancel()
-        elif not head.cancelled():
+            await asyncio.wait([head])  # raises nothing of the read's
+        if not head.cancelled():
             head.exception()
     elif asyncio.iscoroutine(head):
         head.close()
@@ -209,7 +217,7 @@ async def holding_reading_head(
         async with _held(store, lease, ownership):
             yield lease, head
     finally:
-        _settle(head)
+        await _settle(head)  # mostly awaited already by the block
 
 
 @contextlib.asynccontextmanager
