@@ -157,9 +157,10 @@ class Deployment:
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
         """Wait until worker `name` answers a ping.
 
-        A broker that drops the probe's own connection mid-ping (seen once in CI: RabbitMQ
-        closed it and reset the socket, reason unrecorded) is asked again on a new connection,
-        a fifth of a second later, until `timeout`; the last error is in the failure.
+        Each ping goes over a connection of its own. A broker that drops it mid-ping (seen
+        in CI and in full local runs: RabbitMQ closed it and reset the socket while two
+        workers started, reason unrecorded) is asked again on a new one, a fifth of a
+        second later, until `timeout`; the last error is in the failure.
         """
         target = f"{name}@{socket.gethostname()}"
         deadline = time.monotonic() + timeout
@@ -169,11 +170,11 @@ class Deployment:
             if self.procs[name].poll() is not None:
                 raise AssertionError(f"worker {name} exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
             try:
-                if self.celery_app.control.ping(destination=[target], timeout=0.5):
-                    return
+                with self.celery_app.connection_for_write() as conn:  # its own: a dropped one goes with it
+                    if self.celery_app.control.ping(destination=[target], timeout=0.5, connection=conn):
+                        return
             except dropped as exc:
                 last = exc
-                self.celery_app.pool.force_close_all()  # the next ping opens a new connection
                 time.sleep(0.2)  # a back-off between tries, not a wait for something
         raise AssertionError(f"worker {name} did not answer a ping within {timeout}s (last error: {last!r})")
 
