@@ -97,16 +97,45 @@ def unique_prefix() -> Callable[[], str]:
     return lambda: f"t{uuid.uuid4().hex[:16]}"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n``), keep the tests that start Celery workers on one process, one at a time.
 
     Those are the tests marked ``celery`` and every test of tests/celery: they time real worker
     processes against leases and beat intervals, and two of them side by side would share the
-    machine's two cores with each other's workers. The other tests spread over every process.
+    machine's two cores with each other's workers (and RabbitMQ's virtual host is one per
+    process). The other tests spread over every process.
+
+    First among the hooks: xdist's own turns the ``xdist_group`` mark into the node id's
+    ``@celery`` suffix that its scheduler groups by, and sees no mark added after it (the
+    suffix shows in the ids of failures: ``...::test_x@celery``).
     """
     for item in items:
         if item.get_closest_marker("celery") is not None or _CELERY_TESTS in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("celery"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` where pytest-xdist cannot group (it would spread every test on its own).
+
+    pytest-xdist 3.8 groups by a ``@<group>`` suffix it writes into each node id, which pytest
+    9.2's structured node ids no longer take (pytest-dev/pytest-xdist#1386): the Celery tests
+    would then run side by side on the two processes. pyproject.toml pins pytest below 9.2.
+    """
+    if getattr(config.option, "dist", None) != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    from importlib.metadata import version as installed
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+    xdist = installed("pytest-xdist")
+    if version(pytest.__version__) >= (9, 2) and version(xdist) <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist} does not group tests under "
+            "--dist loadgroup (pytest-dev/pytest-xdist#1386); install the versions pyproject.toml pins "
+            "(pip install -e '.[dev]'), or run in one process: make test PYTEST_XDIST="
+        )
 
 
 _CELERY_TESTS = Path(__file__).parent / "celery"

@@ -56,9 +56,7 @@ class RunActions(RunSteps[C, R]):
             held = holding(self.store, run_id, self.ownership)
         return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
 
-    def hold_reading_head(
-        self, run_id: str
-    ) -> contextlib.AbstractAsyncContextManager[tuple[Lease | None, Awaitable[Head]]]:
+    def hold_reading_head(self, run_id: str) -> contextlib.AbstractAsyncContextManager[HeldHead]:
         """`hold`, and the run's head read with the lease's take (`holding_reading_head`).
 
         Raises:

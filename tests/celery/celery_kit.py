@@ -157,10 +157,11 @@ class Deployment:
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
         """Wait until worker `name` answers a ping.
 
-        Each ping goes over a connection of its own. A broker that drops it mid-ping (seen
-        in CI and in full local runs: RabbitMQ closed it and reset the socket while two
-        workers started, reason unrecorded) is asked again on a new one, a fifth of a
-        second later, until `timeout`; the last error is in the failure.
+        Each ping goes over a connection of its own. A broker that drops it mid-ping is asked
+        again on a new one, a fifth of a second later, until `timeout`; the last error is in
+        the failure. (CI saw RabbitMQ reset a ping's connection while the Celery tests ran
+        on two processes at once, which pytest 9.2 had made them do: RabbitMQ closes every
+        connection of a virtual host it deletes, and each process deletes its own at the end.)
         """
         target = f"{name}@{socket.gethostname()}"
         deadline = time.monotonic() + timeout
