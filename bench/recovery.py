@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._recovery_app import FLOW
+from bench._recovery_plot import plot as plot  # the suite draws it after a run (`bench.__main__`)
 from bench._report import Report, Table, Target
 from bench._suite import Context
 
