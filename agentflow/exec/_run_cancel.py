@@ -166,7 +166,7 @@ class CancelWatch:
         self._key = request_key(run_id)
         self._fresh = False
         self._steps_left = steps
-        self._read_at = -FRESH_S  # time.monotonic() of the last read
+        self._read_at: float | None = None  # time.monotonic() of the last read
         self.found: CancelRequest | None = None
         """The request seen, once one was (it stays: the holder starts nothing after it)."""
 
@@ -185,7 +185,8 @@ class CancelWatch:
         """
         if self._steps_left is not None:
             self._steps_left -= 1
-            if self._steps_left <= 0 and self.found is None and time.monotonic() - self._read_at < FRESH_S:
+            fresh = self._read_at is not None and time.monotonic() - self._read_at < FRESH_S
+            if self._steps_left <= 0 and self.found is None and fresh:
                 return
         await self.check(boundary=True)
 
