@@ -157,11 +157,12 @@ class Deployment:
     def wait_ready(self, name: str, timeout: float = 30.0) -> None:
         """Wait until worker `name` answers a ping.
 
-        Each ping goes over a connection of its own. A broker that drops it mid-ping is asked
-        again on a new one, a fifth of a second later, until `timeout`; the last error is in
-        the failure. (CI saw RabbitMQ reset a ping's connection while the Celery tests ran
-        on two processes at once, which pytest 9.2 had made them do: RabbitMQ closes every
-        connection of a virtual host it deletes, and each process deletes its own at the end.)
+        Each ping goes over a connection of its own, which kombu connects (retrying as it does,
+        with its own back-off). A broker that drops it mid-ping is asked again on a new one
+        until `timeout`; the last error is in the failure. (CI saw RabbitMQ reset a ping's
+        connection while the Celery tests ran on two processes at once, as pytest 9.2 made
+        them: RabbitMQ closes every connection of a virtual host it deletes, and each
+        process deleted its own at its end.)
         """
         target = f"{name}@{socket.gethostname()}"
         deadline = time.monotonic() + timeout
@@ -172,11 +173,11 @@ class Deployment:
                 raise AssertionError(f"worker {name} exited: {(self.logs / f'{name}.log').read_text()[-3000:]}")
             try:
                 with self.celery_app.connection_for_write() as conn:  # its own: a dropped one goes with it
+                    conn.ensure_connection(max_retries=3, interval_start=0.2, interval_step=0.2)
                     if self.celery_app.control.ping(destination=[target], timeout=0.5, connection=conn):
                         return
             except dropped as exc:
                 last = exc
-                time.sleep(0.2)  # a back-off between tries, not a wait for something
         raise AssertionError(f"worker {name} did not answer a ping within {timeout}s (last error: {last!r})")
 
     def start_beat(self) -> subprocess.Popen[bytes]:
