@@ -307,7 +307,6 @@ async def advance_tool_loop(
         expected_step=expected_step,
         rerun_in_doubt=rerun_in_doubt,
         handoff=handoff,
-        head=None,
         park=park,
         spend=spend,
     )

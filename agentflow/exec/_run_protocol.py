@@ -34,8 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsDecision, Stale
@@ -49,7 +48,6 @@ from agentflow.exec._run_control import awaiting_record, parked
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_lease import Head
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened
-from agentflow.exec.checkpoints._records import Lease
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 
@@ -131,7 +129,6 @@ class RunProtocol(RunActions[C, R]):
         expected_step: int | None,
         rerun_in_doubt: bool,
         handoff: bool,
-        head: Awaitable[Head] | None = None,
         park: bool = False,
         spend: str | None = None,
     ) -> R:
@@ -139,7 +136,7 @@ class RunProtocol(RunActions[C, R]):
 
         A clean handoff: the worker before saved its step and logged nothing since, so this
         one continues its segment, numbering from where the checkpoint left off. Where the
-        store counts records per segment (`head`), that shows without reading the log, but
+        store counts records per segment (the head, read with the lease's take), that shows without reading the log, but
         only after a checkpoint that ended a step; after a claim (a stored decision, a
         recovery) the claim's step had calls that finished before it, so the log is read to
         replay them.
@@ -157,8 +154,7 @@ class RunProtocol(RunActions[C, R]):
             CheckpointStoreCorrupt: a row fails its check.
             ControlRefused: `spend` names a decision the latest checkpoint does not carry.
         """
-        holding = self.hold_reading_head(run_id) if head is None else _given(self.hold(run_id), head)
-        async with holding as (_, reading):
+        async with self.hold_reading_head(run_id) as (_, reading):  # the head read with the lease's take
             head_row, counts = await reading
             opened = await self.open(run_id, None, head_row)
             cur, body = opened.cur, opened.body
@@ -211,15 +207,6 @@ class RunProtocol(RunActions[C, R]):
 
 #: Claims that carry a decision a superstep spends: its span's cause names the decision.
 SPENT = frozenset({"resume", "decision", "retry", "migrate", "wake"})
-
-
-@contextlib.asynccontextmanager
-async def _given(
-    held: contextlib.AbstractAsyncContextManager[Lease | None], head: Awaitable[Head]
-) -> AsyncIterator[tuple[Lease | None, Awaitable[Head]]]:
-    """`held`, with the head the caller is reading already."""
-    async with held as lease:
-        yield lease, head
 
 
 def advance_cause(body: Mapping[str, Any], step: int | None, handoff: bool) -> str:

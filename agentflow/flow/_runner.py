@@ -9,7 +9,7 @@ the run protocol (`agentflow.exec._run_protocol`); a flow plugs in `FlowDriver`.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -18,7 +18,7 @@ from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec._executor import Executor
 from agentflow.exec._run_keys import sealer_for
-from agentflow.exec._run_lease import DEFAULT_LEASE_S, Head, Ownership
+from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow import _recover, _timers
@@ -171,7 +171,6 @@ class FlowRunner(RunOperations):
         expected_step: int | None = None,
         rerun_in_doubt: bool = False,
         handoff: bool = False,
-        head: Awaitable[Head] | None = None,
         park: bool = False,
         spend: str | None = None,
     ) -> RunResult[S]:
@@ -185,8 +184,6 @@ class FlowRunner(RunOperations):
             rerun_in_doubt: rerun calls in doubt even if their tools are not idempotent.
             handoff: the previous superstep ended cleanly and handed the run over; the
                 superstep is then not reported as a recovery unless it finds calls to replay.
-            head: the run's latest checkpoint and records per segment (`read_head`), being
-                read already (a worker starts the read while it takes the run's lease).
             park: when a call in doubt needs a decision, park the run first (a signed
                 claim that says what it waits for, so sweeps leave it alone).
             spend: the caller was sent to spend a decision (``resume`` or ``decision``):
@@ -205,7 +202,6 @@ class FlowRunner(RunOperations):
             expected_step=expected_step,
             rerun_in_doubt=rerun_in_doubt,
             handoff=handoff,
-            head=head,
             park=park,
             spend=spend,
         )

@@ -64,25 +64,24 @@ class Leases:
 
     async def take(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
         """Take the lease unless another live token holds it; return the lease as it stands."""
-        check_lease_args(owner, token, ttl_s)
-        reply = await self._script(run_id, ["take", token, _ms(ttl_s), owner])
-        return self._lease(run_id, *reply[1:])
+        return (await self.take_reading(run_id, owner, token, ttl_s, ()))[0]
 
     async def take_reading(
         self, run_id: str, owner: str, token: str, ttl_s: float, head_keys: Sequence[str]
     ) -> tuple[Lease, Any, list[Any]]:
         """`take`, and when it wrote the lease, the run's head in the same script.
 
-        `head_keys`: the run's checkpoint list and per-segment counts hash. Returns the lease
-        as it stands, the newest checkpoint row as stored (None: no row, or the lease was
-        not taken) and the counts hash flattened (field, value, ...).
+        `head_keys`: the run's checkpoint list and per-segment counts hash (none: a plain
+        take, as `take` makes). Returns the lease as it stands, the newest checkpoint row as
+        stored (None: no row, no head asked, or the lease was not taken) and the counts
+        hash flattened (field, value, ...).
         """
         check_lease_args(owner, token, ttl_s)
         key = self._key(run_id)
         async with self._clients.use() as bound:
             reply = await bound.scripts["lease"](keys=[key, *head_keys], args=["take", token, _ms(ttl_s), owner])
         lease = self._lease(run_id, *reply[1:4])
-        if len(reply) < 5:  # another holder's live lease: the head was not read
+        if len(reply) < 5:  # no head asked, or another holder's live lease: none was read
             return lease, None, []
         return lease, reply[4] or None, list(reply[5:])
 
