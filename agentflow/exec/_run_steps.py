@@ -264,6 +264,31 @@ class RunSteps(Generic[C, R]):
         claim_step = cur.step + 1
         cur.pins = pins_for(counts, claim_step)
         await self.save(cur, RunStatus.RUNNING, segment=claim_step, claim=cause, control=control, records=records)
+        await self._read_still_whole(cur, counts, claim_step)
+
+    async def _read_still_whole(self, cur: C, counts: Mapping[int, int], claim_step: int) -> None:
+        """Check, once the claim has fenced every earlier segment, that the read it trusted was the whole log.
+
+        Until the claim lands, the worker that held the run before can still log a
+        ``started`` in its own segment (its lease lapsed while it stalled, or the lease was
+        deleted): between this worker's read and its claim, such a record is invisible to
+        the read and accepted by the store. After the claim no earlier segment takes a
+        ``started`` any more, so counting again now tells whether the read missed one.
+        When it did, nothing runs: the claim stands (it fenced the old holder) and the
+        next reader reads the whole log, the late records included.
+
+        Raises:
+            CheckpointConflict: records were logged in an earlier segment while the run was read.
+        """
+        assert self.store is not None
+        _, now = await self.store.head(cur.run_id)
+        grown = sorted(s for s, n in now.items() if s < claim_step and n > counts.get(s, 0))
+        if grown:
+            raise CheckpointConflict(
+                f"run {cur.run_id!r}: segment {grown[0]} took {now[grown[0]] - counts.get(grown[0], 0)} more "
+                f"record(s) while this worker read the log before claiming step {claim_step} (the worker that "
+                "held it before was still writing); the claim fenced it and nothing ran: recover the run again"
+            )
 
     def report_step(self, cur: C, replayed: list[str], rerun: list[str], recovering: bool) -> dict[str, Any] | None:
         """After the first step of a claim that continued a cut-off one: emit ``run.recovered``.

@@ -306,6 +306,11 @@ class RedisRows(Rows):
         _, _, calls, _ = self._keys(at.run_id)
         await self._do(lambda c: c.hset(calls, f"{at.segment}:{at.seq}", self._call_row(new)))
 
+    async def rewind_count(self, run_id: str, segment: int, count: int) -> None:
+        """Set the segment's record counter to `count` (one HSET: no record is deleted)."""
+        _, _, _, counts = self._keys(run_id)
+        await self._do(lambda c: c.hset(counts, str(segment), count))
+
     async def drop_call(self, at: SealedCall) -> None:
         _, _, calls, counts = self._keys(at.run_id)
 

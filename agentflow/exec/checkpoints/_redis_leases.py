@@ -68,22 +68,22 @@ class Leases:
 
     async def take_reading(
         self, run_id: str, owner: str, token: str, ttl_s: float, head_keys: Sequence[str]
-    ) -> tuple[Lease, Any, list[Any]]:
+    ) -> tuple[Lease, Any, int, list[Any]]:
         """`take`, and when it wrote the lease, the run's head in the same script.
 
-        `head_keys`: the run's checkpoint list and per-segment counts hash (none: a plain
-        take, as `take` makes). Returns the lease as it stands, the newest checkpoint row as
-        stored (None: no row, no head asked, or the lease was not taken) and the counts
-        hash flattened (field, value, ...).
+        `head_keys`: the run's checkpoint list, per-segment counts hash and calls hash (none:
+        a plain take, as `take` makes). Returns the lease as it stands, the newest checkpoint
+        row as stored (None: no row, no head asked, or the lease was not taken), how many
+        records the calls hash holds, and the counts hash flattened (field, value, ...).
         """
         check_lease_args(owner, token, ttl_s)
         key = self._key(run_id)
         async with self._clients.use() as bound:
             reply = await bound.scripts["lease"](keys=[key, *head_keys], args=["take", token, _ms(ttl_s), owner])
         lease = self._lease(run_id, *reply[1:4])
-        if len(reply) < 5:  # no head asked, or another holder's live lease: none was read
-            return lease, None, []
-        return lease, reply[4] or None, list(reply[5:])
+        if len(reply) < 6:  # no head asked, or another holder's live lease: none was read
+            return lease, None, 0, []
+        return lease, reply[4] or None, int(reply[5]), list(reply[6:])
 
     async def renew(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live; None if it does not."""

@@ -95,13 +95,26 @@ _SCAN_COUNT = 1000
 _GLOB = re.compile(r"([*?\[\]\\])")
 
 
-def _head_of(run_id: str, raw: bytes, fields: Mapping[Any, Any]) -> tuple[SealedCheckpoint, dict[int, int]]:
-    """A run's head from its newest checkpoint row and its per-segment counts hash, as stored."""
+def _head_of(
+    run_id: str, raw: bytes, fields: Mapping[Any, Any], stored: int
+) -> tuple[SealedCheckpoint, dict[int, int]]:
+    """A run's head from its newest checkpoint row, its per-segment counts hash and its record count, as stored.
+
+    The counts hash is unsigned and one ``HSET`` sets it back; the records themselves are
+    append-only (`record_call.lua`). When the run holds more records (`stored`, the calls
+    hash's length) than the counts add up to, the surplus is counted in the latest
+    checkpoint's segment: the head then never looks untouched since that checkpoint, so
+    a handoff reads the whole log instead of trusting the counts.
+    """
     try:
         counts = {int(segment): int(count) for segment, count in fields.items()}
     except ValueError:
         raise CheckpointStoreCorrupt(f"run {run_id!r}: its per-segment record counts are not numbers") from None
-    return _decode_checkpoint(run_id, raw, "the latest checkpoint"), counts
+    row = _decode_checkpoint(run_id, raw, "the latest checkpoint")
+    surplus = stored - sum(counts.values())
+    if surplus > 0:
+        counts[row.segment] = counts.get(row.segment, 0) + surplus
+    return row, counts
 
 
 class RedisCheckpointStore:
@@ -299,10 +312,11 @@ class RedisCheckpointStore:
             async with bound.client.pipeline(transaction=True) as pipe:  # MULTI/EXEC: one instant
                 pipe.lindex(keys[0], -1)
                 pipe.hgetall(keys[3])
-                raw, fields = await pipe.execute()
+                pipe.hlen(keys[2])
+                raw, fields, stored = await pipe.execute()
         if raw is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
-        return _head_of(run_id, raw, fields)
+        return _head_of(run_id, raw, fields, int(stored))
 
     async def take_lease_reading_head(
         self, run_id: str, owner: str, token: str, ttl_s: float
@@ -316,10 +330,12 @@ class RedisCheckpointStore:
             CheckpointStoreCorrupt: the lease hash, the row or a count is not one this store wrote.
         """
         keys = self._run_keys(run_id)
-        lease, raw, flat = await self._leases.take_reading(run_id, owner, token, ttl_s, [keys[0], keys[3]])
+        lease, raw, stored, flat = await self._leases.take_reading(
+            run_id, owner, token, ttl_s, [keys[0], keys[3], keys[2]]
+        )
         if raw is None:
             return lease, None
-        return lease, _head_of(run_id, raw, dict(zip(flat[::2], flat[1::2], strict=True)))
+        return lease, _head_of(run_id, raw, dict(zip(flat[::2], flat[1::2], strict=True)), stored)
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""

@@ -5,6 +5,7 @@
 --   KEYS[1]  P:run:{R}:lease   hash   owner, token, expires_at (ms since the epoch, server clock)
 --   KEYS[2]  P:run:{R}:cp      list   (take only, optional) the run's checkpoint rows
 --   KEYS[3]  P:run:{R}:next    hash   (with KEYS[2]) call records per segment
+--   KEYS[4]  P:run:{R}:calls   hash   (with KEYS[2]) the call records themselves (only counted)
 --
 -- ARGV[1] what to do: "take", "renew" or "release"
 -- ARGV[2] token
@@ -21,13 +22,15 @@
 --          ttl); another token's live lease -> left as it is and returned.
 -- renew:   this token's live lease -> expiry now + ttl (owner kept); else nothing.
 -- release: this token's lease -> deleted (said "released" if it was live, else "lapsed").
--- With KEYS[2] and KEYS[3], a take that wrote the lease also reads the run's head in the same
--- instant (the store's `take_lease_reading_head`): the newest checkpoint row (false if none)
--- and the counts hash, flattened, after the lease's four fields.
+-- With KEYS[2] to KEYS[4], a take that wrote the lease also reads the run's head in the same
+-- instant (the store's `take_lease_reading_head`): the newest checkpoint row (false if none),
+-- how many records the run holds (HLEN of the calls hash: the counts hash is unsigned and
+-- can be set back, the records cannot be undone without a delete) and the counts hash,
+-- flattened, after the lease's four fields.
 --
 -- Returns:
 --   {"held", owner, token, expires_at}   take, renew: the lease as it stands afterwards
---   {"held", owner, token, expires_at, newest, segment, count, ...}   take with KEYS[2..3], written
+--   {"held", owner, token, expires_at, newest, records, segment, count, ...}   take with KEYS[2..4], written
 --   {"lost"}                             renew: the token holds no live lease
 --   {"released"} / {"lapsed"} / {"other"} release: deleted live / deleted lapsed / not this token's
 
@@ -65,7 +68,7 @@ local expires = string.format('%.0f', now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'owner', owner, 'token', token, 'expires_at', expires)
 redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', tonumber(expires) - 1))
 if op == 'take' and KEYS[2] then
-  local reply = {'held', owner, token, expires, redis.call('LINDEX', KEYS[2], -1)}
+  local reply = {'held', owner, token, expires, redis.call('LINDEX', KEYS[2], -1), redis.call('HLEN', KEYS[4])}
   for _, part in ipairs(redis.call('HGETALL', KEYS[3])) do
     reply[#reply + 1] = part
   end

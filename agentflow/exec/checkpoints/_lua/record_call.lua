@@ -13,7 +13,8 @@
 -- The rules (the same as agentflow/exec/checkpoints/_rules.py check_call): the run must
 -- have a checkpoint; a "started" record is refused when the run ended (done/failed/cancelled) or when
 -- its segment is not the latest checkpoint's segment (the writer was fenced off); every
--- record's seq must equal the number of records its segment already has.
+-- record's seq must equal the number of records its segment already has, and no record may
+-- be stored at that position already (records are append-only).
 --
 -- Expiry: every key of the run expires ttl seconds after this write, except while the
 -- run is paused, when its keys are made persistent.
@@ -31,7 +32,10 @@ end
 local count = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
 local ended = last[2] == 'done' or last[2] == 'failed' or last[2] == 'cancelled'
 local fenced = ARGV[3] == 'started' and (ended or last[3] ~= ARGV[1])
-if fenced or tonumber(ARGV[2]) ~= count then
+-- Append-only: a position that holds a record is never written again, even when the counts
+-- hash was set back (it is unsigned: one HSET rewinds it).
+local taken = redis.call('HEXISTS', KEYS[3], ARGV[1] .. ':' .. ARGV[2]) == 1
+if fenced or taken or tonumber(ARGV[2]) ~= count then
   return {'refused', last[1], last[2], last[3], tostring(count)}
 end
 

@@ -58,7 +58,10 @@ if n > 0 then
       counts[segment] = tonumber(redis.call('HGET', KEYS[4], segment) or '0')
     end
     local fenced = kind == 'started' and (ended or segment_of_latest ~= segment)
-    if fenced or tonumber(seq) ~= counts[segment] then
+    -- Append-only: a position that holds a record is never written again, whatever the
+    -- (unsigned, rewindable) counts hash says.
+    local taken = redis.call('HEXISTS', KEYS[3], segment .. ':' .. seq) == 1
+    if fenced or taken or tonumber(seq) ~= counts[segment] then
       return {'call', tostring(i), last[1], last[3], segment_of_latest, tostring(counts[segment])}
     end
     counts[segment] = counts[segment] + 1
