@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck docs pytest services bench all clean
+.PHONY: demo test lint typecheck docs pytest services bench sim all clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,14 @@ pytest: $(STAMP) services
 test: lint typecheck docs pytest
 
 all: test
+
+# The deterministic simulation of the run protocol (docs/simulation.md): STEPS scheduling steps on
+# each store set-up (SETUP: memory, sqlite or fakeredis; all by default). A failure prints the
+# episode's seed: SEED=... (and SUPPRESS=..., as printed) replays that one episode.
+STEPS ?= 1000000
+sim: $(STAMP)
+	$(PY) -m agentflow.sim --steps $(STEPS) $(if $(SETUP),--setup $(SETUP)) $(if $(SEED),--episode $(SEED)) \
+		$(if $(SUPPRESS),--suppress $(SUPPRESS))
 
 # bench/ is type-checked here, where its extra (LangGraph, matplotlib) is installed.
 bench: $(STAMP)

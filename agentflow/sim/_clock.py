@@ -1,0 +1,86 @@
+"""Virtual time: one clock the simulation owns, read by the loop, the stores and the code under test.
+
+Every reading of time the protocol makes (lease expiry in the memory and SQLite stores, the
+Redis server's ``TIME`` and key expiry in fakeredis, ``saved_at``, stale-after checks, the
+renewal timers, backoffs) goes through ``time.time``, ``time.monotonic`` or the event
+loop's clock. Rather than thread a clock parameter through about forty call sites (and
+miss the ones inside fakeredis), `virtual_time` points those two functions at the
+simulation's clock for as long as a simulation runs, and `SimLoop` keeps its timers on it.
+The clock moves only when the scheduler says so (`VirtualClock.advance`): a lease lapses
+because the scheduler moved time past it, never because the machine was slow.
+
+`SimLoop` also counts the jobs it hands to threads (the SQLite store's first open, a sync
+node function), so the scheduler can tell "every actor is parked or waiting for a timer"
+from "an actor is waiting for a thread" and never declares a step over too early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
+from typing import Any, TypeVar, TypeVarTuple
+from unittest import mock
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+#: Where virtual wall-clock time starts (seconds since the epoch: 2027-01-15).
+EPOCH = 1_800_000_000.0
+
+
+class VirtualClock:
+    """Seconds since the simulation began; moved only by `advance`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def time(self) -> float:
+        """Virtual wall-clock time (seconds since the epoch)."""
+        return EPOCH + self.now
+
+    def monotonic(self) -> float:
+        """Virtual monotonic time."""
+        return 1_000.0 + self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward (never back)."""
+        if seconds < 0:
+            raise ValueError(f"time only moves forward, not by {seconds}")
+        self.now += seconds
+
+
+@contextmanager
+def virtual_time(clock: VirtualClock) -> Iterator[None]:
+    """Make ``time.time`` and ``time.monotonic`` read `clock` while the block runs (in every module)."""
+    with mock.patch.object(time, "time", clock.time), mock.patch.object(time, "monotonic", clock.monotonic):
+        yield
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time that knows how many jobs it has out on threads."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.on_threads: set[asyncio.Future[Any]] = set()
+
+    def time(self) -> float:
+        return self.clock.monotonic()
+
+    def run_in_executor(self, executor: Executor | None, func: Callable[[*_Ts], _T], *args: *_Ts) -> asyncio.Future[_T]:
+        future = super().run_in_executor(executor, func, *args)
+        self.on_threads.add(future)
+        future.add_done_callback(self.on_threads.discard)
+        return future
+
+    def ready_count(self) -> int:
+        """How many callbacks wait to run now (CPython's ready queue)."""
+        return len(self._ready)  # type: ignore[attr-defined]
+
+    def next_timer(self) -> float | None:
+        """The loop time of the earliest timer not cancelled (None: no timer)."""
+        live = [h.when() for h in self._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        return min(live) if live else None

@@ -1,0 +1,30 @@
+"""What a simulation prints: steps, speed, runs and their ends, faults by kind, and which points they hit."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from agentflow.sim._simulation import Report
+
+
+def describe(report: Report) -> str:
+    """A plain-text report of one set-up's simulation."""
+    stats = report.stats
+    rate = stats.steps / report.seconds if report.seconds else 0.0
+    ends = ", ".join(f"{n} {status}" for status, n in sorted(report.ends.items()))
+    faults = ", ".join(f"{kind} {n}" for kind, n in sorted(stats.faults.items())) or "none"
+    hit: dict[str, set[str]] = defaultdict(set)
+    for kind, point in stats.covered:
+        hit[kind].add(point)
+    lines = [
+        f"== {report.setup}: seed {report.seed}: {stats.steps:,} steps in {report.seconds:.1f} s ({rate:,.0f} steps/s)",
+        f"   {report.episodes} episodes, {report.runs} runs ({ends}), {report.effects} tool effects",
+        f"   faults: {faults}",
+    ]
+    for kind in ("crash", "stall", "store-fails-before", "store-fails-after"):
+        points = sorted(hit.get(kind, ()))
+        lines.append(f"   {kind} hit {len(points)} points: {', '.join(points)}")
+    lines.append("   invariants: " + ("held" if report.failure is None else "BROKEN"))
+    if report.failure is not None:
+        lines.append(str(report.failure))
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""The store set-ups a simulation runs on: each opens a fresh store per episode, one handle per actor.
+
+An actor is a process: it opens its own handle on the episode's storage (its own SQLite
+connection, its own Redis client), as workers do. The memory store lives in one process,
+so its actors share one instance. A store of your own runs through `custom`.
+
+A set-up may also model someone who writes to the storage behind the store's back
+(`Storage.tamper`): the Redis set-up sets a segment's record counter back, which is one
+unsigned ``HSET``. The invariants hold all the same: a tamper may stop a run (it is then
+reported), never make a finished call run again.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+
+#: Opens a handle on one episode's storage (called once per actor).
+Opener = Callable[[], CheckpointStore]
+
+
+@dataclass
+class Storage:
+    """One episode's storage: how an actor opens a handle on it, and how it is tampered with (if it can be)."""
+
+    open: Opener
+    tamper: Callable[[str], Awaitable[str | None]] | None = None
+    """Write behind the store's back about one run; returns what it did (None: nothing to do)."""
+
+
+@dataclass
+class SetUp:
+    """A named way to make each episode's storage (`episode(tag)`: fresh storage, `tag` unique per episode)."""
+
+    name: str
+    episode: Callable[[str], Storage]
+    cleanup: Callable[[], None] = field(default=lambda: None)
+
+
+def memory() -> SetUp:
+    """The memory store: one instance per episode, shared by its actors."""
+    from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
+
+    def episode(_: str) -> Storage:
+        store = MemoryCheckpointStore()
+        return Storage(lambda: store)
+
+    return SetUp("memory", episode)
+
+
+def sqlite() -> SetUp:
+    """A SQLite file per episode, under one temporary folder; each actor opens it with its own store."""
+    from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
+
+    folder = tempfile.TemporaryDirectory(prefix="agentflow-sim-")
+
+    def episode(tag: str) -> Storage:
+        path = Path(folder.name) / f"{tag}.db"
+        return Storage(lambda: SQLiteCheckpointStore(path))
+
+    return SetUp("sqlite", episode, folder.cleanup)
+
+
+def fakeredis() -> SetUp:
+    """The Redis store's Lua scripts on fakeredis (one fake server per episode, one client per actor)."""
+    import fakeredis as fake
+
+    from agentflow.exec.checkpoints.redis import RedisCheckpointStore
+
+    def episode(tag: str) -> Storage:
+        server = fake.FakeServer()
+        prefix = f"sim-{tag}"
+
+        async def rewind(run_id: str) -> str | None:
+            client = fake.FakeAsyncRedis(server=server)
+            counts = f"{prefix}:run:{{{run_id}}}:next"
+            fields = {int(k): int(v) for k, v in (await client.hgetall(counts)).items()}
+            if not fields or fields[max(fields)] == 0:
+                return None
+            segment = max(fields)
+            await client.hset(counts, str(segment), fields[segment] - 1)
+            return f"set the record counter of {run_id} segment {segment} back to {fields[segment] - 1}"
+
+        return Storage(lambda: RedisCheckpointStore(lambda: fake.FakeAsyncRedis(server=server), prefix=prefix), rewind)
+
+    return SetUp("fakeredis", episode)
+
+
+def custom(name: str, episode: Callable[[str], Opener]) -> SetUp:
+    """Your own store: `episode(tag)` makes fresh, empty storage for one episode and returns an opener of handles.
+
+    Every handle the opener returns must see the same storage (as the processes of one
+    deployment do); `tag` is unique per episode (a key prefix, a file name, a schema).
+    """
+    return SetUp(name, lambda tag: Storage(episode(tag)))
+
+
+#: The set-ups `make sim` runs, by name.
+SETUPS: dict[str, Callable[[], SetUp]] = {"memory": memory, "sqlite": sqlite, "fakeredis": fakeredis}

@@ -1,0 +1,561 @@
+"""One simulation: episodes of runs moved by workers, a sweep and an operator, under a seeded schedule.
+
+An episode starts a few runs (one per flow of `_world.make_app`, more when asked) on fresh
+storage, with 2 to 4 workers, the ``recover_all`` sweep and an operator, all actors on the
+real code: each worker is an `agentflow.celery.Worker` (the superstep logic of the Celery
+tasks, without Celery) whose messages come from the simulated `Broker`; the sweep calls
+`Worker.stranded` as the beat's ``recover_all`` does; the operator reads each run with the
+audit read model and acts through the public operations (decide calls in doubt, approve,
+retry, cancel). Faults land while the episode runs; then a drain phase without new faults
+lets the operator and the sweep finish every run, and the end-of-episode invariants are
+checked (`_world.World.check_end`). Episodes follow each other until the step budget is spent.
+
+A failure stops the simulation: the `Failure` names the seed of the episode (replay it with
+``make sim SEED=...``), the invariant and the last choices of the schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import zlib
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentflow._errors import (
+    AgentflowError,
+    CheckpointConflict,
+    CheckpointError,
+    CheckpointNotFound,
+    RecoveryNeedsDecision,
+)
+from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._worker import Worker
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
+from agentflow.exec._run_read import read_run
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
+from agentflow.sim._broker import Broker, Message, MessageFaults
+from agentflow.sim._clock import SimLoop, VirtualClock, virtual_time
+from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
+from agentflow.sim._setups import SetUp, Storage
+from agentflow.sim._store import Points, StoreFault, sim_store
+from agentflow.sim._world import Order, World, expected_states, make_app
+
+#: The key every simulated process signs with.
+KEY = b"agentflow-simulation-key-0123456789abcdef"
+#: What a tool's result is when an operator declares that it happened.
+PAST = {"look": "looked", "charge": "charged", "mail": "mailed", "wire": "wired"}
+
+
+@dataclass
+class Faults:
+    """How often each fault fires (per scheduling step, per store operation, per message)."""
+
+    crash: float = 0.004
+    stall: float = 0.004
+    store_before: float = 0.004
+    store_after: float = 0.004
+    tamper: float = 0.001
+    """Per step: someone writes behind the store's back (where the set-up models it, `Storage.tamper`)."""
+    messages: MessageFaults = field(default_factory=lambda: MessageFaults(lost=0.03, doubled=0.05, late=0.05))
+
+    @classmethod
+    def none(cls) -> Faults:
+        """No fault at all (the drain phase, and fault-free checks)."""
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, MessageFaults())
+
+
+@dataclass
+class Config:
+    """What one simulation runs."""
+
+    steps: int = 100_000
+    """Scheduling steps in all (the budget; the last episode may end a little past it)."""
+    runs: int = 3
+    """Runs started per episode (the flows in turn)."""
+    faults: Faults = field(default_factory=Faults)
+    episode_steps: int = 6_000
+    """Steps an episode runs with faults before its drain."""
+    drain_steps: int = 30_000
+    """Steps the drain may take to finish every run, else the episode fails as stuck."""
+    settings: WorkerSettings = field(
+        default_factory=lambda: WorkerSettings(lease_s=30.0, stale_after_s=10.0, recover_interval_s=60.0)
+    )
+    operator_every_s: float = 20.0
+    cancel: float = 0.02
+    """Chance that the operator cancels one running run at a visit."""
+    suppress: frozenset[int] = frozenset()
+    """Faults (by their number in the episode, from 1) drawn but not applied: how a failure is shrunk."""
+
+
+@dataclass
+class Failure:
+    """A broken invariant: where, when, and the schedule that led there."""
+
+    setup: str
+    seed: int
+    episode: int
+    invariant: str
+    schedule: list[Choice]
+    runs: dict[str, str]
+    faults: list[tuple[int, str, str]] = field(default_factory=list)
+    """Every fault that fired in the episode: (number, kind, point)."""
+    suppressed: frozenset[int] = frozenset()
+    steps: int = 0
+
+    def __str__(self) -> str:
+        lines = [
+            f"invariant broken on {self.setup}, episode {self.episode}, seed {self.seed}, "
+            f"after {self.steps} steps and {len(self.faults)} faults: {self.invariant}",
+            f"replay: make sim SETUP={self.setup} SEED={self.seed}"
+            + (f" SUPPRESS={_ids(self.suppressed)}" if self.suppressed else ""),
+            "runs: " + ", ".join(f"{r}={s}" for r, s in sorted(self.runs.items())),
+            f"the last {len(self.schedule)} choices:",
+            *(str(c) for c in self.schedule),
+        ]
+        return "\n".join(lines)
+
+
+@dataclass
+class Report:
+    """What a simulation did."""
+
+    setup: str
+    seed: int
+    stats: Stats
+    episodes: int = 0
+    runs: int = 0
+    ends: dict[str, int] = field(default_factory=dict)
+    effects: int = 0
+    seconds: float = 0.0
+    failure: Failure | None = None
+
+
+def _ids(numbers: frozenset[int]) -> str:
+    return ",".join(str(n) for n in sorted(numbers))
+
+
+def episode_seed(seed: int, episode: int) -> int:
+    """The seed of one episode of a simulation (what a failure names, and ``SEED=`` replays)."""
+    return zlib.crc32(f"{seed}/{episode}".encode())
+
+
+class Episode(Points):
+    """One episode's actors over one store set-up, under one scheduler (see the module docstring)."""
+
+    def __init__(self, seed: int, storage: Storage, config: Config, clock: VirtualClock, loop: SimLoop) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.config = config
+        self.faults = config.faults
+        self.clock = clock
+        self.sched = Scheduler(self.rng, clock, loop)
+        self.broker = Broker(random.Random(self.rng.random()), config.faults.messages)
+        self.world = World(sim=self)
+        self.app = make_app(self.world)
+        self.storage = storage
+        self.opener = storage.open
+        self.opened: list[CheckpointStore] = []
+        self.raw = self._open_raw()
+        self.world.store, self.world.sealer = self.raw, Sealer(KEY)
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.reported: set[str] = set()
+        self.in_hand: dict[str, Message] = {}
+        self.flows: dict[str, str] = {}
+        self.workers = 0
+        self.draining = False
+        self.fired: list[tuple[int, str, str]] = []
+        self._faults_drawn = 0
+        self.steps = 0
+
+    # -- what `SimStore` and the tools ask -------------------------------------------------
+
+    async def point(self, name: str) -> None:
+        await self.sched.point(name)
+
+    def store_fault(self, op: str) -> StoreFault | None:
+        if self.draining or ACTOR.get() in ("operator", "client"):
+            return None  # the operator's own mistakes are modelled by its decisions, not by its store
+        roll = self.rng.random()
+        if roll < self.faults.store_before and self.fires("store-fails-before", f"store.{op}"):
+            return "before"
+        if self.faults.store_before <= roll < self.faults.store_before + self.faults.store_after:
+            if self.fires("store-fails-after", f"store.{op}"):
+                return "after"
+        return None
+
+    def wrote(self, run_id: str, checkpoint: SealedCheckpoint | None, calls: Sequence[SealedCall]) -> None:
+        for record in calls:
+            self.world.wrote_call(run_id, record)
+        if checkpoint is not None:
+            self.world.wrote_checkpoint(run_id, checkpoint)
+
+    def fires(self, kind: str, point: str) -> bool:
+        """A fault was drawn: count it, and apply it unless the shrinker suppresses it."""
+        self._faults_drawn += 1
+        number = self._faults_drawn
+        if number in self.config.suppress:
+            self.sched.note(f"fault {number} ({kind} at {point}) suppressed")
+            return False
+        self.fired.append((number, kind, point))
+        self.sched.stats.faults[kind] += 1
+        self.sched.stats.covered.add((kind, point))
+        self.sched.note(f"FAULT {number}: {ACTOR.get()}: {kind} at {point}")
+        return True
+
+    # -- stores ------------------------------------------------------------------------------
+
+    def _open_raw(self) -> CheckpointStore:
+        store = self.opener()
+        self.opened.append(store)
+        return store
+
+    def _open(self) -> CheckpointStore:
+        store = sim_store(self.opener(), self)
+        self.opened.append(store)
+        return store
+
+    def _worker(self, name: str) -> Worker:
+        worker = Worker(self.app, self._open, KEY, self.config.settings)
+        worker.node = name
+        return worker
+
+    # -- actors ------------------------------------------------------------------------------
+
+    def spawn(self, name: str, body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start an actor: a task whose context (and every task it makes) carries its name."""
+        token = ACTOR.set(name)
+        try:
+            self.tasks[name] = asyncio.get_running_loop().create_task(body(), name=name)
+        finally:
+            ACTOR.reset(token)
+
+    def send(self, msg: Message, delay: float = 0.0) -> None:
+        fires = (
+            (lambda kind: False) if self.draining else (lambda kind: self.fires(f"message-{kind}", f"send.{msg.cause}"))
+        )
+        for what in self.broker.send(msg, self.clock.now, delay, fires):
+            self.sched.note(f"broker: {what}")
+
+    async def receive(self) -> Message:
+        await self.sched.point("broker.receive", lambda: self.broker.deliverable(self.clock.now))
+        return self.broker.take(self.clock.now)
+
+    async def worker_actor(self) -> None:
+        name = ACTOR.get()
+        worker = self._worker(name)
+        await self.recover_all(worker, startup=True)
+        while True:
+            msg = await self.receive()
+            self.in_hand[name] = msg
+            self.sched.note(f"{name}: takes {msg}")
+            try:
+                outcome = await worker.superstep(msg.flow, msg.run_id, msg.step, handoff=msg.handoff, cause=msg.cause)
+            except CheckpointError as exc:  # the store failed: the task fails, its message is acknowledged
+                self.sched.note(f"{name}: {msg} failed: {exc}")
+                continue
+            finally:
+                self.in_hand.pop(name, None)
+            self.sched.note(f"{name}: {msg} -> {outcome.done} {outcome.status or ''} {outcome.step}")
+            if outcome.held_until is not None:  # as the Celery task does: look again when that lease ends
+                due = max(0.0, outcome.held_until - self.clock.time()) + self.config.settings.recheck_margin_s
+                self.send(Message(msg.flow, msg.run_id, msg.step, "recheck"), due)
+            if outcome.next_step is not None:
+                self.send(Message(msg.flow, msg.run_id, outcome.next_step, "next"))
+
+    async def recover_all(self, worker: Worker, *, startup: bool) -> None:
+        """What the ``recover_all`` task does: send what `Worker.stranded` found, then mark it."""
+        try:
+            found = await worker.stranded(startup=startup)
+            if found is None:
+                return
+            for flow, run_id, step, _ in found.recover:
+                self.send(Message(flow, run_id, step, "recover"))
+            for flow, run_id, step, ends in found.recheck:
+                due = max(0.0, ends - self.clock.time()) + self.config.settings.recheck_margin_s
+                self.send(Message(flow, run_id, step, "recheck"), due)
+            for flow, run_id, step, _ in found.wake:
+                self.send(Message(flow, run_id, step, "wake"))
+            await worker.mark_recoveries(found)
+        except CheckpointError as exc:
+            self.sched.note(f"{ACTOR.get()}: recover_all failed: {exc}")
+
+    async def sweep_actor(self) -> None:
+        worker = self._worker("sweep")
+        interval = self.config.settings.recover_interval_s or 60.0
+        while True:
+            await asyncio.sleep(interval)
+            await self.recover_all(worker, startup=False)
+
+    async def client_actor(self) -> None:
+        worker = self._worker("client")
+        names = list(self.app.flows)
+        for i in range(self.config.runs):
+            flow = names[i % len(names)]
+            run_id = f"r{i}-{flow}"
+            self.flows[run_id] = flow
+            await worker.runner.start(self.app.flows[flow], Order(order=run_id), run_id=run_id)
+            self.send(Message(flow, run_id, 0, "start"))
+
+    async def operator_actor(self) -> None:
+        worker = self._worker("operator")
+        store, sealer = worker.store, worker.sealer
+        while True:
+            await asyncio.sleep(self.config.operator_every_s)
+            for run_id, flow in sorted(self.flows.items()):
+                try:
+                    await self.operate(worker, store, sealer, run_id, flow)
+                except (CheckpointConflict, CheckpointNotFound, RecoveryNeedsDecision, ValueError) as exc:
+                    self.sched.note(f"operator: {run_id}: {type(exc).__name__}: {exc}")
+
+    async def operate(self, worker: Worker, store: CheckpointStore, sealer: Sealer, run_id: str, flow: str) -> None:
+        """One look at one run by the operator, and what it does about it."""
+        report = await read_run(store, sealer, run_id)
+        if report.problems:
+            self.world.violations.append(f"verify reports {run_id}: {report.problems}")
+            return
+        runner, versions = worker.runner, self.app.flow_versions(flow)
+        if report.status == "running" and report.lease is None and report.in_doubt:
+            calls: dict[str, InDoubtDecision] = {}
+            for call in report.in_doubt:
+                calls[call.call_id] = self.decision(run_id, call.call_id, call.tool, call.args)
+            step = await runner.decide_in_doubt(versions, run_id, calls=calls, operator="sim-operator")
+            self.sched.note(f"operator: decided {run_id}: {sorted((c, type(d).__name__) for c, d in calls.items())}")
+            self.send(Message(flow, run_id, step, "rerun"))
+        elif report.status == "paused" and report.lease is None and report.pending:
+            approve = self.rng.random() < 0.9
+            result = await runner.resume(versions, run_id, approve=approve, max_supersteps=0, operator="sim-operator")
+            self.sched.note(f"operator: {'approved' if approve else 'denied'} {run_id}")
+            if result.step is not None:
+                self.send(Message(flow, run_id, result.step, "resume"))
+        elif report.status == "failed" and report.lease is None:
+            result = await runner.retry(versions, run_id, operator="sim-operator", max_supersteps=0)
+            self.sched.note(f"operator: retried {run_id}")
+            if result.step is not None:
+                self.send(Message(flow, run_id, result.step, "retry"))
+        elif report.status == "running" and not self.draining and self.rng.random() < self.config.cancel:
+            await runner.cancel(versions, run_id, reason="the simulation's operator changed their mind")
+            self.sched.note(f"operator: cancelled {run_id}")
+
+    def decision(self, run_id: str, call_id: str, tool: str, args: Any) -> InDoubtDecision:
+        """What the operator says about a call in doubt, after checking its system (the ledger)."""
+        if self.world.happened(run_id, call_id):
+            if self.rng.random() < 0.05:
+                return Rerun()  # a careless operator: the invariant allows the rerun it signed
+            order = args.get("order", "") if isinstance(args, dict) else ""
+            return Happened(f"{PAST[tool]} {order}")
+        return Rerun() if self.rng.random() < 0.8 else DidNotHappen("the simulation's operator found no trace")
+
+    # -- the schedule --------------------------------------------------------------------------
+
+    def choose_fault(self) -> bool:
+        """Maybe crash or stall a worker that is parked at a point; return whether one fired."""
+        if self.draining:
+            return False
+        roll = self.rng.random()
+        if roll >= self.faults.crash + self.faults.stall:
+            return False
+        victims = sorted({p.actor for p in self.sched.runnable() if p.actor.startswith("worker")})
+        if not victims:
+            return False
+        actor = self.rng.choice(victims)
+        point = next(p.point for p in self.sched.parked if p.actor == actor)
+        again, until = (
+            self.rng.random() < 0.5,
+            self.clock.now + self.config.settings.lease_s * self.rng.uniform(1.1, 2.5),
+        )
+        if roll < self.faults.crash:
+            if not self.fires("crash", point):
+                return False
+            self.sched.crash(actor)
+            held = self.in_hand.pop(actor, None)
+            if held is not None and again:
+                self.broker.redeliver(held, self.clock.now)
+            self.workers += 1
+            self.spawn(f"worker{self.workers}", self.worker_actor)  # the pool starts a new process
+        else:
+            if not self.fires("stall", point):
+                return False
+            self.sched.stall(actor, until)
+        return True
+
+    async def maybe_tamper(self) -> None:
+        """Now and then someone writes to the storage behind the store's back (where the set-up can)."""
+        if self.draining or self.storage.tamper is None or not self.flows:
+            return
+        if self.rng.random() >= self.faults.tamper:
+            return
+        run_id = self.rng.choice(sorted(self.flows))
+        if self.fires("tamper", "between-steps"):
+            did = await self.storage.tamper(run_id)
+            self.sched.note(f"tamper: {did or 'nothing to set back'}")
+
+    def step(self) -> bool:
+        """Make one choice; return False when nothing can happen any more."""
+        sched = self.sched
+        sched.stats.steps += 1
+        if self.choose_fault():
+            return True
+        runnable = sched.runnable()
+        if runnable and self.rng.random() > 0.03:
+            chosen = self.rng.choice(runnable)
+            sched.note(f"{chosen.actor}: {chosen.point}")
+            sched.resume(chosen)
+            return True
+        when = sched.next_event(self.broker.next_due(self.clock.now))
+        if when is None:
+            return bool(runnable)
+        sched.advance_to(when)
+        sched.note(f"clock -> {when:.3f}")
+        return True
+
+    async def ended(self) -> dict[str, str]:
+        """Each run's latest status, read without points."""
+        statuses = {}
+        for run_id in self.flows:
+            try:
+                statuses[run_id] = (await self.raw.latest(run_id)).status
+            except AgentflowError:
+                statuses[run_id] = "missing"
+        return statuses
+
+    async def run(self) -> int:
+        """Run the episode to its end; return its steps. Raises `EpisodeFailed` on a broken invariant."""
+        self.spawn("client", self.client_actor)
+        for _ in range(self.rng.randint(2, 4)):
+            self.workers += 1
+            self.spawn(f"worker{self.workers}", self.worker_actor)
+        self.spawn("sweep", self.sweep_actor)
+        self.spawn("operator", self.operator_actor)
+        steps = 0
+        try:
+            while True:
+                await self.sched.settle()
+                self._check_actors()
+                if self.world.violations:
+                    raise EpisodeFailed(self.world.violations[0], await self.ended())
+                if steps >= self.config.episode_steps and not self.draining:
+                    self.draining = True
+                    self.sched.note("drain: no new faults; the operator and the sweep finish the runs")
+                    self.sched.stalled.clear()
+                if self.flows and steps % 50 == 0 and self.client_done():
+                    statuses = await self.ended()
+                    if all(s in ENDED for s in statuses.values()):
+                        break
+                await self.maybe_tamper()
+                if steps >= self.config.episode_steps + self.config.drain_steps or not self.step():
+                    statuses = await self.ended()
+                    raise EpisodeFailed(f"runs did not end (stuck or lost): {statuses}", statuses)
+                steps += 1
+                self.steps = steps
+            await self.check_end()
+            if self.world.violations:
+                raise EpisodeFailed(self.world.violations[0], await self.ended())
+            return steps
+        finally:
+            await self.teardown()
+
+    def client_done(self) -> bool:
+        task = self.tasks.get("client")
+        return task is not None and task.done()
+
+    def _check_actors(self) -> None:
+        """An actor that died of an exception is a bug in the code under test (or in the simulation)."""
+        for name, task in self.tasks.items():
+            if name not in self.reported and task.done() and not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                self.world.violations.append(f"actor {name} raised {type(exc).__name__}: {exc}")
+                self.reported.add(name)
+
+    async def check_end(self) -> None:
+        """The end-of-episode invariants: every run ended, done ones as without faults, verify clean."""
+        expected = expected_states(self.app, self.flows)
+        for run_id in self.flows:
+            report = await read_run(self.raw, Sealer(KEY), run_id)
+            if report.problems:
+                self.world.violations.append(f"verify reports {run_id}: {report.problems}")
+            if report.status == "done" and report.state != expected[run_id]:
+                self.world.violations.append(f"{run_id} ended done with {report.state}, not {expected[run_id]}")
+
+    async def teardown(self) -> None:
+        self.sched.drop_all()
+        # Library code may hold a cancellation back (a shielded read it waits for) and then
+        # sleep: cancel again, and move the clock to the next timer, until every actor is gone.
+        for _ in range(50):
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await self.sched.settle()
+            when = self.sched.loop.next_timer()
+            if when is not None:
+                self.sched.advance_to(when - 1_000.0)
+        for store in self.opened:
+            with contextlib.suppress(Exception):
+                await store.aclose()
+
+
+class EpisodeFailed(Exception):
+    """An invariant broke in an episode."""
+
+    def __init__(self, invariant: str, runs: dict[str, str]) -> None:
+        super().__init__(invariant)
+        self.invariant = invariant
+        self.runs = runs
+
+
+def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int | None = None) -> Report:
+    """Run episodes on `setup` until `config.steps` are spent (or the one episode of seed `only_episode`)."""
+    import time as wall
+
+    clock = VirtualClock()
+    loop = SimLoop(clock)
+    report = Report(setup.name, seed, Stats())
+    began = wall.perf_counter()
+    try:
+        with virtual_time(clock):
+            episode = 0
+            while report.stats.steps < config.steps:
+                this = only_episode if only_episode is not None else episode_seed(seed, episode)
+                ep = Episode(this, setup.episode(f"e{episode}-{this}"), config, clock, loop)
+                try:
+                    loop.run_until_complete(ep.run())
+                except EpisodeFailed as exc:
+                    report.failure = Failure(
+                        setup.name, this, episode, exc.invariant, ep.sched.log[-150:], exc.runs, ep.fired,
+                        config.suppress, ep.steps,
+                    )  # fmt: skip
+                    break
+                finally:
+                    _merge(report.stats, ep.sched.stats)
+                    report.effects += len(ep.world.effects)
+                report.episodes += 1
+                report.runs += len(ep.flows)
+                for status in loop.run_until_complete(_statuses(ep)).values():
+                    report.ends[status] = report.ends.get(status, 0) + 1
+                episode += 1
+                if only_episode is not None:
+                    break
+    finally:
+        loop.close()
+        setup.cleanup()
+    report.seconds = wall.perf_counter() - began
+    return report
+
+
+async def _statuses(ep: Episode) -> dict[str, str]:
+    return await ep.ended()
+
+
+def _merge(total: Stats, one: Stats) -> None:
+    total.steps += one.steps
+    total.faults.update(one.faults)
+    total.covered |= one.covered
+
+
+__all__ = ["Config", "Failure", "Faults", "Report", "run_simulation"]

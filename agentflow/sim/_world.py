@@ -1,0 +1,226 @@
+"""The world the runs act on: the tools, their flows, the ledger of real effects, and the invariants.
+
+The ledger is the truth the invariants are checked against: every tool appends its effect
+there (run, call id, tool) at the moment it happens, wherever it runs. The store writes are
+observed in the order they took effect (`SimStore` reports each one), so the world knows
+whether a call's ``started`` was stored before its effect and whether a cancel came first.
+
+Invariants checked as the simulation goes (`World.violations`):
+- a tool's effect follows its ``started`` record, stored in a segment the run had not
+  ended or cancelled before it;
+- a non-idempotent call's effect happens at most once, plus once per signed ``rerun``
+  decision for that call stored before the effect (an operator's word, read from the
+  signed claim checkpoints);
+and at the end of an episode (`World.check_end`):
+- every run ended (done, failed or cancelled): the operator finished every run that waited
+  for a person, through the public API, and nothing is stuck or lost;
+- a run that ended ``done`` has the state a run without faults has;
+- ``verify`` (the audit read model) finds no problem in any run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentflow._app import FlowApp
+from agentflow.exec._context import current_call
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._registry import Registry
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.flow import Call, Flow
+from agentflow.sim._scheduler import ACTOR
+
+#: The tools that must never run twice on their own.
+NON_IDEMPOTENT = frozenset({"charge", "mail", "wire"})
+
+
+class Order(BaseModel):
+    """The state of every simulated flow."""
+
+    order: str
+    looked: str = ""
+    checked: str = ""
+    paid: str = ""
+    mailed: str = ""
+    wired: str = ""
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One real effect of a tool."""
+
+    run_id: str
+    call_id: str
+    tool: str
+    actor: str
+    at: float
+
+
+@dataclass
+class World:
+    """The ledger, what the store took in which order, and the invariants broken so far."""
+
+    effects: list[Effect] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    #: (run, call id) -> the order number of the write that stored its newest ``started``.
+    started: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: run -> the order number of the write that stored its first ``cancelled`` checkpoint.
+    cancelled: dict[str, int] = field(default_factory=dict)
+    writes: int = 0
+    sim: Any = None
+    """The running simulation (None: the tools run without points, as for the expected outcomes)."""
+    store: CheckpointStore | None = None
+    """The episode's store, unwrapped: the world reads it without points."""
+    sealer: Sealer | None = None
+
+    # -- what the store tells the world --------------------------------------------------
+
+    def wrote_call(self, run_id: str, record: SealedCall) -> None:
+        self.writes += 1
+        if record.kind == "started":
+            call_id = json.loads(record.payload)["call_id"]
+            self.started[(run_id, call_id)] = self.writes
+
+    def wrote_checkpoint(self, run_id: str, row: SealedCheckpoint) -> None:
+        self.writes += 1
+        if row.status == "cancelled":
+            self.cancelled.setdefault(run_id, self.writes)
+
+    # -- what the tools tell the world ---------------------------------------------------
+
+    async def effect(self, tool: str) -> None:
+        """A tool has its effect now: record it and check the invariants that concern it."""
+        info = current_call()
+        now = self.sim.clock.now if self.sim is not None else 0.0
+        self.effects.append(Effect(info.run_id, info.call_id, tool, ACTOR.get(), now))
+        if self.sim is None:
+            return
+        key = (info.run_id, info.call_id)
+        started = self.started.get(key)
+        if started is None:
+            self.violations.append(
+                f"{tool} {info.call_id} of {info.run_id} had its effect with no started record stored"
+            )
+        elif info.run_id in self.cancelled and started > self.cancelled[info.run_id]:
+            self.violations.append(f"{tool} {info.call_id} of {info.run_id} started after the run was cancelled")
+        if tool in NON_IDEMPOTENT:
+            times = sum(1 for e in self.effects if (e.run_id, e.call_id) == key)
+            if times > 1:
+                allowed = 1 + await self.reruns_granted(info.run_id, info.call_id)
+                if times > allowed:
+                    self.violations.append(
+                        f"{tool} {info.call_id} of {info.run_id} had its effect {times} times "
+                        f"with {allowed - 1} signed rerun decision(s)"
+                    )
+
+    async def tool(self, name: str) -> None:
+        """The body every simulated tool shares: a point at its start, its effect, a point before it returns."""
+        if self.sim is not None:
+            await self.sim.point(f"tool.{name}.start")
+        await self.effect(name)
+        if self.sim is not None:
+            await self.sim.point(f"tool.{name}.return")
+
+    async def reruns_granted(self, run_id: str, call_id: str) -> int:
+        """How many signed claims stored so far decided that `call_id` runs again."""
+        assert self.store is not None and self.sealer is not None
+        granted = 0
+        for row in await self.store.history(run_id):
+            body = self.sealer.open_checkpoint(row, run_id)
+            if call_id in (body.get("rerun") or ()):
+                granted += 1
+        return granted
+
+    def happened(self, run_id: str, call_id: str) -> bool:
+        """Whether the call had its effect (what an operator checks at the tool's system)."""
+        return any(e.run_id == run_id and e.call_id == call_id for e in self.effects)
+
+
+def make_app(world: World) -> FlowApp:
+    """The flows of the simulation over tools that report to `world`."""
+    registry = Registry()
+
+    @registry.tool(idempotent=True)
+    async def look(order: str) -> str:
+        await world.tool("look")
+        return f"looked {order}"
+
+    @registry.tool
+    async def charge(order: str) -> str:
+        await world.tool("charge")
+        return f"charged {order}"
+
+    @registry.tool
+    async def mail(order: str) -> str:
+        await world.tool("mail")
+        return f"mailed {order}"
+
+    @registry.tool(approval=True)
+    async def wire(order: str) -> str:
+        await world.tool("wire")
+        return f"wired {order}"
+
+    async def check_then_pay(state: Order, handle: Any) -> dict[str, object]:
+        # Two calls in one node: a worker stalled in the idempotent one can start the other late.
+        checked = await handle.call("look", order=state.order + "/again")
+        paid = await handle.call("charge", order=state.order)
+        return {"checked": checked, "paid": paid}
+
+    def of(state: Order) -> dict[str, object]:
+        return {"order": state.order}
+
+    shop = (
+        Flow("shop", state=Order)
+        .node("look", Call("look", args=of, into="looked"))
+        .node("pay", check_then_pay)
+        .node("mail", Call("mail", args=of, into="mailed"))
+        .edge("look", "pay")
+        .edge("pay", "mail")
+        .end("mail")
+    )
+    fan = (
+        Flow("fan", state=Order)
+        .node("look", Call("look", args=of, into="looked"))
+        .node("charge", Call("charge", args=of, into="paid"))
+        .node("mail", Call("mail", args=of, into="mailed"))
+        .edge("look", "charge")
+        .edge("look", "mail")
+        .end("charge")
+        .end("mail")
+    )
+    wire_flow = (
+        Flow("wire", state=Order)
+        .node("look", Call("look", args=of, into="looked"))
+        .node("wire", Call("wire", args=of, into="wired"))
+        .edge("look", "wire")
+        .end("wire")
+    )
+    return FlowApp(registry, [shop, fan, wire_flow])
+
+
+def expected_states(app: FlowApp, orders: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The state each flow ends ``done`` with when nothing goes wrong, by flow name (for `orders`: run -> flow)."""
+    out: dict[str, dict[str, Any]] = {}
+    for run_id, flow in orders.items():
+        state = Order(order=run_id)
+        state.looked = f"looked {run_id}"
+        if flow == "shop":
+            state.checked, state.paid, state.mailed = f"looked {run_id}/again", f"charged {run_id}", f"mailed {run_id}"
+        elif flow == "fan":
+            state.paid, state.mailed = f"charged {run_id}", f"mailed {run_id}"
+        else:
+            state.wired = f"wired {run_id}"
+        out[run_id] = state.model_dump()
+    return out
+
+
+def tally(effects: list[Effect]) -> Counter[str]:
+    """Effects per tool."""
+    return Counter(e.tool for e in effects)
