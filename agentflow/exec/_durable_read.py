@@ -10,6 +10,8 @@ Moving parts:
 
 Invariants:
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
+- A ``done`` record is final: no later record (an operator's decision taken before a
+  stalled worker's late ``done`` arrived, a retry) makes its call run again.
 
 What the log must hold against the latest checkpoint (markers, pins, nothing past it) is
 checked in `_run_checks`, the one set of checks every reader of a run makes.
@@ -136,6 +138,11 @@ def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[
             retried = state.kind == "failed" and rec.kind == "started" and rec.segment > state.closed_in
             if state.kind not in FINAL or retried:
                 state.kind = rec.kind
+            continue
+        if state.kind == "done":
+            # The call's own result is the last word on it. A later closing record (an
+            # operator's "did not happen") was decided on a read that its late `done`, written
+            # by a stalled worker in its old segment, had not reached yet: the call happened.
             continue
         state.kind = rec.kind
         state.closed_in = rec.segment

@@ -52,10 +52,27 @@ class VirtualClock:
         self.now += seconds
 
 
+class Clocks:
+    """The clock ``time`` reads while a simulation runs: each episode gets a new one, starting at 0.
+
+    So an episode's schedule depends on its seed alone, not on how long the episodes
+    before it ran: a failing episode replays the same on its own.
+    """
+
+    def __init__(self) -> None:
+        self.current = VirtualClock()
+
+    def time(self) -> float:
+        return self.current.time()
+
+    def monotonic(self) -> float:
+        return self.current.monotonic()
+
+
 @contextmanager
-def virtual_time(clock: VirtualClock) -> Iterator[None]:
-    """Make ``time.time`` and ``time.monotonic`` read `clock` while the block runs (in every module)."""
-    with mock.patch.object(time, "time", clock.time), mock.patch.object(time, "monotonic", clock.monotonic):
+def virtual_time(clocks: Clocks) -> Iterator[None]:
+    """Make ``time.time`` and ``time.monotonic`` read the current clock of `clocks` while the block runs (in every module)."""
+    with mock.patch.object(time, "time", clocks.time), mock.patch.object(time, "monotonic", clocks.monotonic):
         yield
 
 

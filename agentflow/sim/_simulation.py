@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import zlib
 from collections.abc import Callable, Coroutine, Sequence
@@ -39,7 +40,7 @@ from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
 from agentflow.sim._broker import Broker, Message, MessageFaults
-from agentflow.sim._clock import SimLoop, VirtualClock, virtual_time
+from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
@@ -106,6 +107,8 @@ class Failure:
     """Every fault that fired in the episode: (number, kind, point)."""
     suppressed: frozenset[int] = frozenset()
     steps: int = 0
+    rows: list[str] = field(default_factory=list)
+    """The ledger's effects and the store's rows of every run, as they stood at the failure."""
 
     def __str__(self) -> str:
         lines = [
@@ -114,6 +117,7 @@ class Failure:
             f"replay: make sim SETUP={self.setup} SEED={self.seed}"
             + (f" SUPPRESS={_ids(self.suppressed)}" if self.suppressed else ""),
             "runs: " + ", ".join(f"{r}={s}" for r, s in sorted(self.runs.items())),
+            *self.rows,
             f"the last {len(self.schedule)} choices:",
             *(str(c) for c in self.schedule),
         ]
@@ -204,7 +208,7 @@ class Episode(Points):
         self.fired.append((number, kind, point))
         self.sched.stats.faults[kind] += 1
         self.sched.stats.covered.add((kind, point))
-        self.sched.note(f"FAULT {number}: {ACTOR.get()}: {kind} at {point}")
+        self.sched.note(f"FAULT {number}: {kind} at {point}")
         return True
 
     # -- stores ------------------------------------------------------------------------------
@@ -363,7 +367,7 @@ class Episode(Points):
         if not victims:
             return False
         actor = self.rng.choice(victims)
-        point = next(p.point for p in self.sched.parked if p.actor == actor)
+        point = next(f"{p.point} ({actor})" for p in self.sched.parked if p.actor == actor)
         again, until = (
             self.rng.random() < 0.5,
             self.clock.now + self.config.settings.lease_s * self.rng.uniform(1.1, 2.5),
@@ -413,6 +417,24 @@ class Episode(Points):
         sched.note(f"clock -> {when:.3f}")
         return True
 
+    async def rows(self) -> list[str]:
+        """The ledger and each run's rows (checkpoints and call records, as the world decodes them)."""
+        lines = ["ledger:"]
+        lines += [f"  t={e.at:9.3f} {e.actor}: {e.tool} {e.call_id} of {e.run_id}" for e in self.world.effects]
+        for run_id in sorted(self.flows):
+            lines.append(f"rows of {run_id}:")
+            with contextlib.suppress(AgentflowError):
+                for row in await self.raw.history(run_id):
+                    body = json.loads(row.payload)
+                    claim = f" claim={body['claim']}" if "claim" in body else ""
+                    rerun = f" rerun={body['rerun']}" if body.get("rerun") else ""
+                    lines.append(
+                        f"  checkpoint {row.step} {row.status} segment {row.segment}{claim}{rerun} by {body.get('by')}"
+                    )
+                for rec in await self.raw.calls(run_id):
+                    lines.append(f"  call {rec.segment}.{rec.seq} {rec.kind} {json.loads(rec.payload).get('call_id')}")
+        return lines
+
     async def ended(self) -> dict[str, str]:
         """Each run's latest status, read without points."""
         statuses = {}
@@ -431,33 +453,38 @@ class Episode(Points):
             self.spawn(f"worker{self.workers}", self.worker_actor)
         self.spawn("sweep", self.sweep_actor)
         self.spawn("operator", self.operator_actor)
-        steps = 0
         try:
-            while True:
-                await self.sched.settle()
-                self._check_actors()
+            try:
+                await self._run_steps()
+                await self.check_end()
                 if self.world.violations:
                     raise EpisodeFailed(self.world.violations[0], await self.ended())
-                if steps >= self.config.episode_steps and not self.draining:
-                    self.draining = True
-                    self.sched.note("drain: no new faults; the operator and the sweep finish the runs")
-                    self.sched.stalled.clear()
-                if self.flows and steps % 50 == 0 and self.client_done():
-                    statuses = await self.ended()
-                    if all(s in ENDED for s in statuses.values()):
-                        break
-                await self.maybe_tamper()
-                if steps >= self.config.episode_steps + self.config.drain_steps or not self.step():
-                    statuses = await self.ended()
-                    raise EpisodeFailed(f"runs did not end (stuck or lost): {statuses}", statuses)
-                steps += 1
-                self.steps = steps
-            await self.check_end()
-            if self.world.violations:
-                raise EpisodeFailed(self.world.violations[0], await self.ended())
-            return steps
+            except EpisodeFailed as exc:
+                exc.rows = await self.rows()
+                raise
+            return self.steps
         finally:
             await self.teardown()
+
+    async def _run_steps(self) -> None:
+        """Step until every run ended; raise `EpisodeFailed` when an invariant breaks or the runs never end."""
+        while True:
+            await self.sched.settle()
+            self._check_actors()
+            if self.world.violations:
+                raise EpisodeFailed(self.world.violations[0], await self.ended())
+            if self.steps >= self.config.episode_steps and not self.draining:
+                self.draining = True
+                self.sched.note("drain: no new faults; the operator and the sweep finish the runs")
+                self.sched.stalled.clear()
+            if self.flows and self.steps % 50 == 0 and self.client_done():
+                if all(s in ENDED for s in (await self.ended()).values()):
+                    return
+            await self.maybe_tamper()
+            if self.steps >= self.config.episode_steps + self.config.drain_steps or not self.step():
+                statuses = await self.ended()
+                raise EpisodeFailed(f"runs did not end (stuck or lost): {statuses}", statuses)
+            self.steps += 1
 
     def client_done(self) -> bool:
         task = self.tasks.get("client")
@@ -507,42 +534,50 @@ class EpisodeFailed(Exception):
         super().__init__(invariant)
         self.invariant = invariant
         self.runs = runs
+        self.rows: list[str] = []
 
 
 def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int | None = None) -> Report:
-    """Run episodes on `setup` until `config.steps` are spent (or the one episode of seed `only_episode`)."""
+    """Run episodes on `setup` until `config.steps` are spent (or the one episode of seed `only_episode`).
+
+    Each episode runs on a new event loop and a new virtual clock, so it depends on its
+    seed alone: the seed a failure names replays it exactly.
+    """
     import time as wall
 
-    clock = VirtualClock()
-    loop = SimLoop(clock)
+    clocks = Clocks()
     report = Report(setup.name, seed, Stats())
     began = wall.perf_counter()
     try:
-        with virtual_time(clock):
+        with virtual_time(clocks):
             episode = 0
             while report.stats.steps < config.steps:
                 this = only_episode if only_episode is not None else episode_seed(seed, episode)
-                ep = Episode(this, setup.episode(f"e{episode}-{this}"), config, clock, loop)
+                clocks.current = VirtualClock()
+                loop = SimLoop(clocks.current)
                 try:
-                    loop.run_until_complete(ep.run())
-                except EpisodeFailed as exc:
-                    report.failure = Failure(
-                        setup.name, this, episode, exc.invariant, ep.sched.log[-150:], exc.runs, ep.fired,
-                        config.suppress, ep.steps,
-                    )  # fmt: skip
-                    break
+                    ep = Episode(this, setup.episode(f"e{episode}-{this}"), config, clocks.current, loop)
+                    try:
+                        loop.run_until_complete(ep.run())
+                    except EpisodeFailed as exc:
+                        report.failure = Failure(
+                            setup.name, this, episode, exc.invariant, ep.sched.log[-ep.sched.keep_log :], exc.runs,
+                            ep.fired, config.suppress, ep.steps, exc.rows,
+                        )  # fmt: skip
+                        break
+                    finally:
+                        _merge(report.stats, ep.sched.stats)
+                        report.effects += len(ep.world.effects)
+                    report.episodes += 1
+                    report.runs += len(ep.flows)
+                    for status in loop.run_until_complete(_statuses(ep)).values():
+                        report.ends[status] = report.ends.get(status, 0) + 1
                 finally:
-                    _merge(report.stats, ep.sched.stats)
-                    report.effects += len(ep.world.effects)
-                report.episodes += 1
-                report.runs += len(ep.flows)
-                for status in loop.run_until_complete(_statuses(ep)).values():
-                    report.ends[status] = report.ends.get(status, 0) + 1
+                    loop.close()
                 episode += 1
                 if only_episode is not None:
                     break
     finally:
-        loop.close()
         setup.cleanup()
     report.seconds = wall.perf_counter() - began
     return report

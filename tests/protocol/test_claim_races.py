@@ -9,7 +9,11 @@
    sets it back. Records are append-only (a position that holds a record is never
    written again), and a handoff never trusts a counter that disagrees with the records.
 
-The simulation finds both by itself (tests/sim, `test_regression_seeds.py`); these are
+3. (found by the simulation) An operator's "did not happen", decided while the call's
+   stalled worker had not had its effect yet; the worker then has it and logs its ``done``
+   in its old segment. The call's own ``done`` is the last word: nothing runs it again.
+
+The simulation finds all three by itself (tests/sim, `test_regression_seeds.py`); these are
 the same scenarios written out by hand.
 """
 
@@ -23,7 +27,9 @@ from _kit.faults import FaultyStore
 from _kit.stores import RedisRows, StoreSetup, setups
 from _kit.tickets import KEY, ORDER, Crash, Order, make_tickets, show_args
 
-from agentflow import Call, Executor, Flow, FlowRunner
+from agentflow import Call, DidNotHappen, Executor, Flow, FlowRunner
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointConflict, SealedCall, SealedCheckpoint
 
 
@@ -138,3 +144,40 @@ async def test_a_rewound_record_counter_never_lets_a_handoff_overwrite_a_record(
     # ... and a record at a taken position is refused, whatever the counter says
     with pytest.raises(CheckpointConflict):
         await store.record_call("order-8", calls[-1])
+
+
+@pytest.mark.parametrize("store_setup", setups("memory", "sqlite", "fakeredis", "redis", "sql-postgres"), indirect=True)
+async def test_a_late_done_outweighs_a_did_not_happen_decided_before_it(store_setup: StoreSetup) -> None:
+    # Found by the simulation (tests/sim/test_regression_seeds.py): an operator's word on a call in
+    # doubt is taken while the call's stalled worker has not had its effect yet; then it has it.
+    tickets = make_tickets()
+    executor = Executor(tickets.registry)
+    charge_logged, a_goes_on = asyncio.Event(), asyncio.Event()
+
+    async def charge_is_logged(record: SealedCall) -> None:
+        if b"charge_card" in record.payload:
+            charge_logged.set()
+            await a_goes_on.wait()
+
+    # Given worker A stalled between charge_card's started record and the charge, its lease gone
+    first = FlowRunner(
+        executor, checkpoints=Hooked(store_setup.open(), after_started=charge_is_logged), checkpoint_key=KEY
+    )
+    a = asyncio.create_task(first.run(PAY, ORDER, run_id="order-9"))
+    await charge_logged.wait()
+    operator = FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY)
+    (lease,) = (await operator.checkpoints.leases(["order-9"])).values()  # type: ignore[union-attr]
+    assert await operator.checkpoints.release_lease("order-9", lease.token)  # type: ignore[union-attr]
+    # When the operator, finding no charge at the bank, says it did not happen ...
+    report = await read_run(operator.checkpoints, Sealer(KEY), "order-9")  # type: ignore[arg-type]
+    (doubtful,) = report.in_doubt
+    await operator.decide_in_doubt(PAY, "order-9", calls={doubtful.call_id: DidNotHappen("no charge at the bank")})
+    # ... and A wakes, charges and logs its done (fenced for new calls, not for the end of this one)
+    a_goes_on.set()
+    with pytest.raises(CheckpointConflict):
+        await a
+    assert tickets.counts()["charge_card"] == 1
+    # Then the next worker replays the charge's own result instead of failing it, and nothing charges again
+    result = await FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY).recover(PAY, "order-9")
+    assert (result.status, result.state.paid) == ("done", f"charged {ORDER.seats * 40} for {ORDER.show}")
+    assert tickets.counts()["charge_card"] == 1

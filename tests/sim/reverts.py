@@ -1,0 +1,45 @@
+"""The two race fixes, reverted on demand: what the simulation must catch when they are gone.
+
+`claim_read_trusted` puts back the claim that trusts its read of the log (race 1: a late
+``started`` between the read and the claim); `records_overwritable` puts back Redis
+records that a rewound counter lets a write overwrite, and a head that trusts the counter
+(race 2). Both patch the code in this process only, for the ``with`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+from agentflow.exec import _run_steps
+from agentflow.exec.checkpoints import redis as redis_store
+
+
+@contextmanager
+def claim_read_trusted() -> Iterator[None]:
+    """Race 1's fix reverted: a claim no longer counts the log again after it fenced the old segment."""
+
+    async def trusting(self: Any, cur: Any, counts: Any, claim_step: int) -> None:
+        return None
+
+    with mock.patch.object(_run_steps.RunSteps, "_read_still_whole", trusting):
+        yield
+
+
+@contextmanager
+def records_overwritable() -> Iterator[None]:
+    """Race 2's fix reverted: Redis writes at a taken position, and the head trusts the counter."""
+    lua = dict(redis_store._LUA)
+    for name in ("record_call", "save"):
+        lines = lua[name].splitlines()
+        lua[name] = "\n".join(line.replace("taken or ", "") for line in lines)
+        assert lua[name] != redis_store._LUA[name], f"{name}.lua no longer has the append-only check this reverts"
+    original = redis_store._head_of
+
+    def trusting_head(run_id: str, raw: bytes, fields: Any, stored: int) -> Any:
+        return original(run_id, raw, fields, 0)  # no surplus: the counter is believed
+
+    with mock.patch.dict(redis_store._LUA, lua), mock.patch.object(redis_store, "_head_of", trusting_head):
+        yield
