@@ -71,7 +71,7 @@ class Clocks:
 
 @contextmanager
 def virtual_time(clocks: Clocks) -> Iterator[None]:
-    """Make ``time.time`` and ``time.monotonic`` read the current clock of `clocks` while the block runs (in every module)."""
+    """Point ``time.time`` and ``time.monotonic`` (in every module) at the current clock of `clocks` in the block."""
     with mock.patch.object(time, "time", clocks.time), mock.patch.object(time, "monotonic", clocks.monotonic):
         yield
 

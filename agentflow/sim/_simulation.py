@@ -337,8 +337,10 @@ class Episode(Points):
             if result.step is not None:
                 self.send(Message(flow, run_id, result.step, "resume"))
         elif report.status == "failed" and report.lease is None:
+            failed = [c.call_id for c in report.calls if c.state == "failed"]
             result = await runner.retry(versions, run_id, operator="sim-operator", max_supersteps=0)
-            self.sched.note(f"operator: retried {run_id}")
+            self.world.retries.update((run_id, call_id) for call_id in failed)
+            self.sched.note(f"operator: retried {run_id} (failed calls: {failed})")
             if result.step is not None:
                 self.send(Message(flow, run_id, result.step, "retry"))
         elif report.status == "running" and not self.draining and self.rng.random() < self.config.cancel:

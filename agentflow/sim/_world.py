@@ -8,9 +8,10 @@ whether a call's ``started`` was stored before its effect and whether a cancel c
 Invariants checked as the simulation goes (`World.violations`):
 - a tool's effect follows its ``started`` record, stored in a segment the run had not
   ended or cancelled before it;
-- a non-idempotent call's effect happens at most once, plus once per signed ``rerun``
-  decision for that call stored before the effect (an operator's word, read from the
-  signed claim checkpoints);
+- a non-idempotent call's effect happens at most once, plus once per signed grant to run
+  it again stored before the effect: an operator's ``rerun`` decision (read from the
+  signed claim checkpoints), or a retry of the run while the call stood failed (an
+  operator's "did not happen" fails a call; retrying the run runs it again).
 and at the end of an episode (`World.check_end`):
 - every run ended (done, failed or cancelled): the operator finished every run that waited
   for a person, through the public API, and nothing is stuck or lost;
@@ -74,6 +75,8 @@ class World:
     #: run -> the order number of the write that stored its first ``cancelled`` checkpoint.
     cancelled: dict[str, int] = field(default_factory=dict)
     writes: int = 0
+    #: (run, call id) -> retries the operator signed while that call stood failed.
+    retries: Counter[tuple[str, str]] = field(default_factory=Counter)
     sim: Any = None
     """The running simulation (None: the tools run without points, as for the expected outcomes)."""
     store: CheckpointStore | None = None
@@ -113,11 +116,11 @@ class World:
         if tool in NON_IDEMPOTENT:
             times = sum(1 for e in self.effects if (e.run_id, e.call_id) == key)
             if times > 1:
-                allowed = 1 + await self.reruns_granted(info.run_id, info.call_id)
+                allowed = 1 + await self.reruns_granted(info.run_id, info.call_id) + self.retries[key]
                 if times > allowed:
                     self.violations.append(
                         f"{tool} {info.call_id} of {info.run_id} had its effect {times} times "
-                        f"with {allowed - 1} signed rerun decision(s)"
+                        f"with {allowed - 1} signed grant(s) to run it again"
                     )
 
     async def tool(self, name: str) -> None:
