@@ -4,7 +4,8 @@ For each unfinished run of the app's flows and tool loops, its latest checkpoint
 and checked, and the run goes into one of:
 - held by a live worker: left alone (on a worker's start, a recheck is due when its lease ends);
 - paused with a signed timer that is due (a `Wait`, or an approval's deadline): to be woken;
-- paused for an approval, or parked on calls in doubt: waits for a person (counted);
+- paused for an approval, or parked on calls in doubt: waits for a person (counted), unless
+  none of its calls is in doubt any more (a late ``done``): then it is stranded;
 - on a flow version this worker's app lacks: needs migration (listed and counted, never
   enqueued: no worker here could move it, and a message per sweep would pile up in a
   queue nobody reads);
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind, version_of
 from agentflow.celery._stranded import Stranded, Waiting
+from agentflow.exec._durable_read import fold, read_log
 from agentflow.exec._run_control import parked
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_quarantine import Reporter
@@ -99,6 +101,20 @@ class _Sorter:
         except CheckpointStoreCorrupt:
             return False  # a child's row fails its check: the child is reported on its own
 
+    async def _still_in_doubt(self, run_id: str) -> bool:
+        """Whether a parked run still has a call in doubt (its log is read: parked runs are few).
+
+        A worker stalled past its lease can log a call's ``done`` after another worker parked
+        the run on that call (fencing stops new calls, not the end of one in flight): the
+        run then waits for nobody, and is recovered like any stranded run. A log that fails
+        its check keeps the run waiting for a person.
+        """
+        try:
+            records = await read_log(self.worker.store, self.worker.sealer, run_id)
+        except CheckpointStoreCorrupt:
+            return True
+        return any(state.in_doubt for state in fold(records).values())
+
     async def one(self, name: str, run_id: str, lease: Lease | None) -> None:
         """Sort one unfinished run of flow (or loop column) `name`; `lease` is its live lease, if any."""
         worker, found, waiting = self.worker, self.found, self.waiting
@@ -132,7 +148,7 @@ class _Sorter:
             return
         if body is None:
             await self.reports.failed(row, problem)
-        elif parked(body):
+        elif parked(body) and await self._still_in_doubt(run_id):
             waiting.add(name, "in_doubt", row.saved_at)
         else:
             found.recover.append((name, run_id, row.step, version_of(body)))

@@ -7,6 +7,7 @@ and held runs, rows that fail their check, runs of flows the workers do not know
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -20,7 +21,7 @@ from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._resends import Resends, marker
 from agentflow.celery._worker import RECOVER_ALL_LEASE, Worker
 from agentflow.exec._durable_loop import start_tool_loop
-from agentflow.exec._durable_seal import key_id
+from agentflow.exec._durable_seal import canonical, key_id
 from agentflow.exec._run_lease import take
 from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marks
 from agentflow.exec.checkpoints import MemoryCheckpointStore
@@ -43,6 +44,24 @@ async def test_stranded_leaves_parked_and_paused_runs_alone(s):
     # When recover_all looks, Then it finds neither
     found = await s.worker.stranded(startup=True)
     assert found is not None and (found.recover, found.recheck) == ([], [])
+
+
+async def test_stranded_recovers_a_parked_run_whose_call_ended_after_all(s):
+    # Found by the simulation (tests/sim/test_regression_seeds.py, LATE_DONE_WHILE_PARKED).
+    # Given a run parked on its call in doubt, whose stalled worker then logs the call's done
+    # in its old segment (fencing stops new calls, not the end of one in flight)
+    await s.parked("r1")
+    started = [r for r in await s.store.calls("r1") if r.kind == "started"][-1]
+    call = json.loads(started.payload)
+    late = {"call_id": call["call_id"], "result": "sent", "superstep": call["superstep"]}
+    count = sum(1 for r in await s.store.calls("r1") if r.segment == started.segment)
+    sealer = s.worker.sealer
+    await s.store.record_call("r1", sealer.seal_encoded_call("r1", started.segment, count, "done", canonical(late)))
+    # When recover_all looks, Then the run waits for nobody: it is recovered, and the call replays
+    found = await s.worker.stranded()
+    assert found is not None and [r for _, r, _, _ in found.recover] == ["r1"]
+    out = await s.worker.superstep("mail", "r1", found.recover[0][2], handoff=False, cause="recover")
+    assert (out.done, out.status) == ("ran", "done") and out.replayed == [call["call_id"]]
 
 
 async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when_their_lease_ends(s):
