@@ -5,6 +5,8 @@ whether it is a redelivery, which is what makes a worker treat it as a recovery 
 than a clean handoff (`agentflow.celery._tasks.AgentflowTasks.handoff`). A message a worker
 held when it crashed comes back later as a redelivery (the broker's visibility timeout),
 or never (it was acknowledged early, or the broker lost it): the sweep must find the run.
+A doubled message is a redelivery (flagged) or a publisher's retry (not flagged: the
+second copy looks like a first delivery, a clean handoff).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Broker:
         one fault leaves the rest of the schedule's draws where they were.
         """
         msg = replace(msg, due=now + delay, id=next(self._ids))
-        lost, late, later, doubled, again = (self.rng.random() for _ in range(5))
+        lost, late, later, doubled, again, flagged = (self.rng.random() for _ in range(6))
         if lost < self.faults.lost and fires("lost"):
             return [f"lost {msg}"]
         what = []
@@ -74,8 +76,10 @@ class Broker:
             what.append(f"late {msg}")
         self.queue.append(msg)
         if doubled < self.faults.doubled and fires("doubled"):
-            self.queue.append(replace(msg, redelivered=True, id=next(self._ids), due=msg.due + 30.0 * again))
-            what.append(f"doubled {msg}")
+            # A redelivery is flagged as one; a publisher's retry after a lost confirm is not.
+            twin = replace(msg, redelivered=flagged < 0.5, id=next(self._ids), due=msg.due + 120.0 * again)
+            self.queue.append(twin)
+            what.append(f"doubled {twin}")
         return what
 
     def redeliver(self, msg: Message, now: float) -> None:

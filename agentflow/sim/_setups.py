@@ -12,6 +12,7 @@ reported), never make a finished call run again.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -76,14 +77,20 @@ def fakeredis() -> SetUp:
         prefix = f"sim-{tag}"
 
         async def rewind(run_id: str) -> str | None:
+            # The most a counter can hide: everything logged since the latest checkpoint, so
+            # the run looks untouched since then (its `log` marker: segment, count).
             client = fake.FakeAsyncRedis(server=server)
-            counts = f"{prefix}:run:{{{run_id}}}:next"
-            fields = {int(k): int(v) for k, v in (await client.hgetall(counts)).items()}
-            if not fields or fields[max(fields)] == 0:
+            base = f"{prefix}:run:{{{run_id}}}"
+            newest = await client.lindex(f"{base}:cp", -1)
+            if not newest:
                 return None
-            segment = max(fields)
-            await client.hset(counts, str(segment), fields[segment] - 1)
-            return f"set the record counter of {run_id} segment {segment} back to {fields[segment] - 1}"
+            segment, saw = json.loads(newest.split(b"\n", 1)[1])["log"]
+            counts = f"{base}:next"
+            now = int(await client.hget(counts, str(segment)) or 0)
+            if now <= saw:
+                return None
+            await client.hset(counts, str(segment), saw)
+            return f"set the record counter of {run_id} segment {segment} back from {now} to {saw}"
 
         return Storage(lambda: RedisCheckpointStore(lambda: fake.FakeAsyncRedis(server=server), prefix=prefix), rewind)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from reverts import claim_read_trusted, records_overwritable
 
-from agentflow.sim import SETUPS, Config, describe, run_simulation
+from agentflow.sim import SETUPS, Config, Report, describe, run_simulation
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +26,7 @@ def quiet() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
-def replay(setup: str, seed: int):
+def replay(setup: str, seed: int) -> Report:
     return run_simulation(SETUPS[setup](), 0, Config(steps=1), only_episode=seed)
 
 

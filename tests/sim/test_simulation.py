@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
 from reverts import claim_read_trusted
 
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.sim import SETUPS, Config, custom, describe, run_simulation
 from agentflow.sim._shrink import shrink
@@ -70,7 +71,7 @@ class UnfencedStore(MemoryCheckpointStore):
 
 def test_a_store_of_your_own_runs_the_simulation_and_a_broken_one_is_caught() -> None:
     # Given a custom set-up, as a store author writes one
-    def episode(tag: str):
+    def episode(tag: str) -> Callable[[], CheckpointStore]:
         store = UnfencedStore()
         return lambda: store
 
