@@ -64,6 +64,7 @@ from agentflow._errors import RunFailed
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._config import celery_config, task_options
+from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._worker import Outcome, Worker
@@ -124,10 +125,10 @@ class AgentflowTasks:
         task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=queue, countdown=countdown)
         return task_id
 
-    def send_recheck(self, flow: str, run_id: str, step: int, lease_ends: float) -> str:
-        """Look at a held run again just after its lease ends (its holder may be gone)."""
-        due = max(0.0, lease_ends - time.time()) + self.worker.settings.recheck_margin_s
-        return self.send_superstep(flow, run_id, step, "recheck", countdown=due)
+    def send_follow_up(self, up: FollowUp) -> str:
+        """Send what a task decided to send next (a recheck just after the lease it waits for ends)."""
+        countdown = up.countdown(time.time(), self.worker.settings.recheck_margin_s)
+        return self.send_superstep(up.flow, up.run_id, up.step, up.cause, countdown, version=up.version)
 
     def run_superstep(self, task: Task, flow: str, run_id: str, step: int, cause: str) -> Outcome:
         """The body of a superstep task: one superstep, then what follows from its outcome."""
@@ -144,10 +145,8 @@ class AgentflowTasks:
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
         if outcome.done == "refused":
             task.send_event("task-refused", run_id=run_id, step=step, cause=cause, why=outcome.why)
-        if outcome.held_until is not None:  # held: look again when that lease ends (see `Worker.superstep`)
-            self.send_recheck(flow, run_id, step, outcome.held_until)
-        if outcome.next_step is not None:
-            self.send_superstep(flow, run_id, outcome.next_step, "next", version=outcome.version)
+        for up in after_superstep(outcome, flow, run_id, step):  # held: a recheck; goes on: the next superstep
+            self.send_follow_up(up)
         if outcome.done == "elsewhere":
             self.send_on(task, flow, run_id, step, cause, outcome)
         if outcome.parent is not None and outcome.status in ("done", "failed", "cancelled"):
@@ -233,12 +232,8 @@ class AgentflowTasks:
         found = self.bridge.run(self.worker.stranded(startup=startup))
         if found is None:
             return {"skipped": "another recover_all holds its lease"}
-        for flow, run_id, step, version in found.recover:
-            self.send_superstep(flow, run_id, step, "recover", version=version)
-        for flow, run_id, step, ends in found.recheck:
-            self.send_recheck(flow, run_id, step, ends)
-        for flow, run_id, step, version in found.wake:
-            self.send_superstep(flow, run_id, step, "wake", version=version)
+        for up in after_sweep(found):
+            self.send_follow_up(up)
         self.bridge.run(self.worker.mark_recoveries(found))  # last: a store error here loses no message
         return found.as_result()
 

@@ -81,8 +81,8 @@ def fakeredis() -> SetUp:
             # the run looks untouched since then (its `log` marker: segment, count).
             client = fake.FakeAsyncRedis(server=server)
             base = f"{prefix}:run:{{{run_id}}}"
-            newest = await client.lindex(f"{base}:cp", -1)
-            if not newest:
+            newest = await client.lindex(f"{base}:cp", -1)  # a header line, then the payload
+            if not isinstance(newest, bytes) or not newest:
                 return None
             segment, saw = json.loads(newest.split(b"\n", 1)[1])["log"]
             counts = f"{base}:next"

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import traceback
 import random
 import zlib
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentflow._errors import (
@@ -32,19 +34,23 @@ from agentflow._errors import (
     CheckpointNotFound,
     RecoveryNeedsDecision,
 )
+from agentflow._run_types import RunKind
+from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._worker import Worker
+from agentflow.exec._durable_loop import cancel_tool_loop, start_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
+from agentflow.models._messages import Message as ChatMessage
 from agentflow.sim._broker import Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
-from agentflow.sim._world import Order, World, expected_states, make_app
+from agentflow.sim._world import LOOP, Order, World, expected_states, make_app
 
 #: The key every simulated process signs with.
 KEY = b"agentflow-simulation-key-0123456789abcdef"
@@ -76,8 +82,8 @@ class Config:
 
     steps: int = 100_000
     """Scheduling steps in all (the budget; the last episode may end a little past it)."""
-    runs: int = 3
-    """Runs started per episode (the flows in turn)."""
+    runs: int = 4
+    """Runs started per episode (the flows, then the tool loop, in turn)."""
     faults: Faults = field(default_factory=Faults)
     episode_steps: int = 6_000
     """Steps an episode runs with faults before its drain."""
@@ -265,11 +271,13 @@ class Episode(Points):
             finally:
                 self.in_hand.pop(name, None)
             self.sched.note(f"{name}: {msg} -> {outcome.done} {outcome.status or ''} {outcome.step}")
-            if outcome.held_until is not None:  # as the Celery task does: look again when that lease ends
-                due = max(0.0, outcome.held_until - self.clock.time()) + self.config.settings.recheck_margin_s
-                self.send(Message(msg.flow, msg.run_id, msg.step, "recheck"), due)
-            if outcome.next_step is not None:
-                self.send(Message(msg.flow, msg.run_id, outcome.next_step, "next"))
+            self.follow_up(after_superstep(outcome, msg.flow, msg.run_id, msg.step))
+
+    def follow_up(self, sent: list[FollowUp]) -> None:
+        """Send what the Celery task would send next (`agentflow.celery._follow_ups`: the one rule)."""
+        for up in sent:
+            delay = up.countdown(self.clock.time(), self.config.settings.recheck_margin_s)
+            self.send(Message(up.flow, up.run_id, up.step, up.cause), delay or 0.0)
 
     async def recover_all(self, worker: Worker, *, startup: bool) -> None:
         """What the ``recover_all`` task does: send what `Worker.stranded` found, then mark it."""
@@ -277,13 +285,7 @@ class Episode(Points):
             found = await worker.stranded(startup=startup)
             if found is None:
                 return
-            for flow, run_id, step, _ in found.recover:
-                self.send(Message(flow, run_id, step, "recover"))
-            for flow, run_id, step, ends in found.recheck:
-                due = max(0.0, ends - self.clock.time()) + self.config.settings.recheck_margin_s
-                self.send(Message(flow, run_id, step, "recheck"), due)
-            for flow, run_id, step, _ in found.wake:
-                self.send(Message(flow, run_id, step, "wake"))
+            self.follow_up(after_sweep(found))
             await worker.mark_recoveries(found)
         except CheckpointError as exc:
             self.sched.note(f"{ACTOR.get()}: recover_all failed: {exc}")
@@ -297,12 +299,20 @@ class Episode(Points):
 
     async def client_actor(self) -> None:
         worker = self._worker("client")
-        names = list(self.app.flows)
+        names = [*self.app.flows, RunKind.LOOP.column(LOOP)]
         for i in range(self.config.runs):
             flow = names[i % len(names)]
-            run_id = f"r{i}-{flow}"
+            run_id = f"r{i}-{flow.replace(':', '-')}"
             self.flows[run_id] = flow
-            await worker.runner.start(self.app.flows[flow], Order(order=run_id), run_id=run_id)
+            if RunKind.of(flow) is RunKind.LOOP:
+                spec = self.app.loops[LOOP]
+                opening = [ChatMessage(role="user", content=run_id)]
+                await start_tool_loop(
+                    spec.registry, opening, run_id=run_id, checkpoints=worker.store, checkpoint_key=KEY,
+                    max_steps=spec.max_steps, name=LOOP, lease_s=self.config.settings.lease_s, owner=worker.owner,
+                )  # fmt: skip
+            else:
+                await worker.runner.start(self.app.flows[flow], Order(order=run_id), run_id=run_id)
             self.send(Message(flow, run_id, 0, "start"))
 
     async def operator_actor(self) -> None:
@@ -322,15 +332,23 @@ class Episode(Points):
         if report.problems:
             self.world.violations.append(f"verify reports {run_id}: {report.problems}")
             return
-        runner, versions = worker.runner, self.app.flow_versions(flow)
         if report.status == "running" and report.lease is None and report.in_doubt:
             calls: dict[str, InDoubtDecision] = {}
             for call in report.in_doubt:
                 calls[call.call_id] = self.decision(run_id, call.call_id, call.tool, call.args)
-            step = await runner.decide_in_doubt(versions, run_id, calls=calls, operator="sim-operator")
+            step = await worker.decide_in_doubt(flow, run_id, operator="sim-operator", calls=calls)
             self.sched.note(f"operator: decided {run_id}: {sorted((c, type(d).__name__) for c, d in calls.items())}")
             self.send(Message(flow, run_id, step, "rerun"))
-        elif report.status == "paused" and report.lease is None and report.pending:
+            return
+        if RunKind.of(flow) is RunKind.LOOP:
+            if report.status == "running" and not self.draining and self.rng.random() < self.config.cancel:
+                await cancel_tool_loop(
+                    run_id, checkpoints=store, checkpoint_key=KEY, reason="the operator changed their mind", name=LOOP
+                )
+                self.sched.note(f"operator: cancelled {run_id}")
+            return
+        runner, versions = worker.runner, self.app.flow_versions(flow)
+        if report.status == "paused" and report.lease is None and report.pending:
             approve = self.rng.random() < 0.9
             result = await runner.resume(versions, run_id, approve=approve, max_supersteps=0, operator="sim-operator")
             self.sched.note(f"operator: {'approved' if approve else 'denied'} {run_id}")
@@ -497,7 +515,9 @@ class Episode(Points):
         for name, task in self.tasks.items():
             if name not in self.reported and task.done() and not task.cancelled() and task.exception() is not None:
                 exc = task.exception()
-                self.world.violations.append(f"actor {name} raised {type(exc).__name__}: {exc}")
+                where = traceback.extract_tb(exc.__traceback__)[-4:] if exc is not None else []
+                at = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(where))
+                self.world.violations.append(f"actor {name} raised {type(exc).__name__}: {exc} (at {at})")
                 self.reported.add(name)
 
     async def check_end(self) -> None:
@@ -507,7 +527,7 @@ class Episode(Points):
             report = await read_run(self.raw, Sealer(KEY), run_id)
             if report.problems:
                 self.world.violations.append(f"verify reports {run_id}: {report.problems}")
-            if report.status == "done" and report.state != expected[run_id]:
+            if report.status == "done" and run_id in expected and report.state != expected[run_id]:
                 self.world.violations.append(f"{run_id} ended done with {report.state}, not {expected[run_id]}")
 
     async def teardown(self) -> None:

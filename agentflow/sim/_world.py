@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
-from agentflow._app import FlowApp
+from agentflow._app import FlowApp, LoopSpec
 from agentflow.exec._context import current_call
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.flow import Call, Flow
+from agentflow.models._messages import Message, ToolCall
 from agentflow.sim._scheduler import ACTOR
 
 #: The tools that must never run twice on their own.
@@ -146,8 +147,30 @@ class World:
         return any(e.run_id == run_id and e.call_id == call_id for e in self.effects)
 
 
+class Shopper:
+    """The tool loop's model: asks to look and to charge in one reply, then answers (from the conversation alone).
+
+    It keeps nothing between calls, so a worker that recovers the loop gets the same replies
+    from its own instance: what a replayed model call needs.
+    """
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
+        if any(m.role == "tool" for m in messages):
+            return Message(role="assistant", content="all done")
+        order = messages[0].content
+        calls = (
+            ToolCall(id="look-1", name="look", arguments={"order": order}),
+            ToolCall(id="charge-1", name="charge", arguments={"order": order}),
+        )
+        return Message(role="assistant", tool_calls=calls)
+
+
+#: The tool loop of the simulation (its runs' column is ``loop:agent``).
+LOOP = "agent"
+
+
 def make_app(world: World) -> FlowApp:
-    """The flows of the simulation over tools that report to `world`."""
+    """The flows and the tool loop of the simulation, over tools that report to `world`."""
     registry = Registry()
 
     @registry.tool(idempotent=True)
@@ -205,7 +228,8 @@ def make_app(world: World) -> FlowApp:
         .edge("look", "wire")
         .end("wire")
     )
-    return FlowApp(registry, [shop, fan, wire_flow])
+    loop = LoopSpec(model_factory=Shopper, registry=registry, max_steps=4)
+    return FlowApp(registry, [shop, fan, wire_flow], loops={LOOP: loop})
 
 
 def expected_states(app: FlowApp, orders: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -214,6 +238,8 @@ def expected_states(app: FlowApp, orders: Mapping[str, str]) -> dict[str, dict[s
     for run_id, flow in orders.items():
         state = Order(order=run_id)
         state.looked = f"looked {run_id}"
+        if flow.startswith("loop:"):
+            continue  # a loop's outcome is its conversation: checked by verify, not compared here
         if flow == "shop":
             state.checked, state.paid, state.mailed = f"looked {run_id}/again", f"charged {run_id}", f"mailed {run_id}"
         elif flow == "fan":
