@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import traceback
 import random
+import traceback
 import zlib
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
