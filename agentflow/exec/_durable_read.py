@@ -139,16 +139,23 @@ def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[
             if state.kind not in FINAL or retried:
                 state.kind = rec.kind
             continue
-        if state.kind == "done":
-            # The call's own result is the last word on it. A later closing record (an
-            # operator's "did not happen") was decided on a read that its late `done`, written
-            # by a stalled worker in its old segment, had not reached yet: the call happened.
+        if settled(state):
             continue
         state.kind = rec.kind
         state.closed_in = rec.segment
         state.result = body.get("result")
         state.error = body.get("note") if rec.kind == "denied" else body.get("error") or body.get("why")
     return states
+
+
+def settled(state: CallState) -> bool:
+    """Whether no later record changes the call: it has its own result (``done``).
+
+    A later closing record (an operator's "did not happen") was decided on a read that the
+    call's late ``done``, written by a stalled worker in its old segment, had not reached
+    yet: the call happened, and a retry must not run it again.
+    """
+    return state.kind == "done"
 
 
 def analyze(records: Sequence[LoggedRecord], superstep: int) -> dict[str, CallState]:

@@ -3,7 +3,9 @@
 `claim_read_trusted` puts back the claim that trusts its read of the log (race 1: a late
 ``started`` between the read and the claim); `records_overwritable` puts back Redis
 records that a rewound counter lets a write overwrite, and a head that trusts the counter
-(race 2). Both patch the code in this process only, for the ``with`` block.
+(race 2); `done_overruled` lets a later record overrule a call's own ``done``;
+`parked_for_good` makes the sweep leave every parked run alone. Each patches the code in
+this process only, for the ``with`` block.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-from agentflow.exec import _run_steps
+from agentflow.celery import _sweep
+from agentflow.exec import _durable_read, _run_steps
 from agentflow.exec.checkpoints import redis as redis_store
 
 
@@ -42,4 +45,22 @@ def records_overwritable() -> Iterator[None]:
         return original(run_id, raw, fields, 0)  # no surplus: the counter is believed
 
     with mock.patch.dict(redis_store._LUA, lua), mock.patch.object(redis_store, "_head_of", trusting_head):
+        yield
+
+
+@contextmanager
+def done_overruled() -> Iterator[None]:
+    """The late-done fix reverted: a record after a call's ``done`` (an operator's "did not happen") wins."""
+    with mock.patch.object(_durable_read, "settled", lambda state: False):
+        yield
+
+
+@contextmanager
+def parked_for_good() -> Iterator[None]:
+    """The parked-run fix reverted: the sweep leaves a parked run alone even when nothing is in doubt any more."""
+
+    async def always(self: Any, run_id: str) -> bool:
+        return True
+
+    with mock.patch.object(_sweep._Sorter, "_still_in_doubt", always):
         yield

@@ -1,22 +1,23 @@
-"""Every bug the simulation found, as the seed of the episode that found it: each must hold now.
+"""Every bug the simulation found, as the seed of an episode that finds it: each must hold now.
 
 Each seed is an episode seed (what a failure prints; ``make sim SETUP=... SEED=...`` replays
-it). A seed pins one schedule of today's code: a change that moves the points (a new store
-operation in a superstep) replays a different story, which is why each bug also has a plain
-test (named below). Where the fix can be put back (`reverts`), the seed must fail without
-it: that is the proof the simulation finds the bug by itself, and the sign that a seed went
-stale and should be found again (``python tests/sim/hunt.py``).
+it). A seed pins one schedule of today's code and today's simulation: a change that moves
+the points (a store operation more in a superstep, a new actor) replays a different story.
+So each bug also has a plain test, and each fix can be put back (`reverts`): the seed must
+fail without its fix, which proves the simulation finds the bug by itself and tells when a
+seed went stale (find a new one by running the simulation with the fix reverted).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import pytest
-from reverts import claim_read_trusted, records_overwritable
+from reverts import claim_read_trusted, done_overruled, parked_for_good, records_overwritable
 
-from agentflow.sim import SETUPS, Config, Report, describe, run_simulation
+from agentflow.sim import SETUPS, Config, Faults, Report, describe, run_simulation
 
 
 @pytest.fixture(autouse=True)
@@ -26,49 +27,37 @@ def quiet() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
-def replay(setup: str, seed: int) -> Report:
-    return run_simulation(SETUPS[setup](), 0, Config(steps=1), only_episode=seed)
+def replay(setup: str, seed: int, faults: Faults | None = None) -> Report:
+    config = Config(steps=1) if faults is None else Config(steps=1, faults=faults)
+    return run_simulation(SETUPS[setup](), 0, config, only_episode=seed)
 
 
-#: Race 1, a claim racing a late started: found on memory with the fix reverted after 139,935
-#: steps (5.3 s, simulation seed 2). Plain test: tests/protocol/test_claim_races.py, the first.
-CLAIM_RACE = ("memory", 1834978201)
-#: Race 2, a rewound record counter: found on fakeredis with the fix reverted (see RECORDS_RACE's note).
-#: Plain test: the second in tests/protocol/test_claim_races.py.
-RECORDS_RACE = ("fakeredis", 0)
-#: An operator's "did not happen" decided before a stalled worker's late done: found with both race
-#: fixes in place, by `make sim` seed 7 on memory after 82,991 steps (3.3 s). Plain test: the third.
-LATE_DONE = ("memory", 3614766610)
-#: A worker stalled between a call's started record and its effect has the effect after the
-#: operator's "did not happen" and the retry's rerun (the zombie window: docs/simulation.md):
-#: found on fakeredis by the race-2 hunt, seed 1, after 283,795 steps (52.6 s).
-ZOMBIE_AFTER_RETRY = ("fakeredis", 2983490159)
-#: A run parked on a call whose stalled worker then logged the call's done: the sweep left it
-#: parked, waiting for nobody. Found by `make sim` seed 12 on fakeredis after 327,700 steps
-#: (72 s). Plain test: tests/celery/test_recover_all_logic.py, the parked run whose call ended.
-LATE_DONE_WHILE_PARKED = ("fakeredis", 240065136)
-
-
-def test_the_claim_race_seed_holds_and_fails_without_the_fix() -> None:
-    assert replay(*CLAIM_RACE).failure is None, describe(replay(*CLAIM_RACE))
-    with claim_read_trusted():
-        found = replay(*CLAIM_RACE).failure
-    assert found is not None and "had its effect 2 times" in found.invariant
-
-
-def test_the_rewound_counter_seed_holds_and_fails_without_the_fix() -> None:
-    assert replay(*RECORDS_RACE).failure is None, describe(replay(*RECORDS_RACE))
-    with records_overwritable():
-        found = replay(*RECORDS_RACE).failure
-    assert found is not None and "had its effect 2 times" in found.invariant
+#: (name, set-up, episode seed, the faults' rates (None: the defaults), the fix put back, what breaks, the plain test)
+FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextManager[None]], str, str]] = [
+    # Race 1, a claim racing a late started: with the fix reverted, `make sim` seed 1 finds it on
+    # memory after 283,478 steps (10.1 s).
+    (
+        "claim-race", "memory", 3448132656, None, claim_read_trusted, "had its effect 2 times",
+        "tests/protocol/test_claim_races.py::test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale",
+    ),
+    # A run parked on a call whose stalled worker then logged the call's done: the sweep left it
+    # parked, waiting for nobody. Found first by `make sim` seed 12 on fakeredis after 327,700 steps
+    # (72 s); with the fix reverted, seed 1 finds it on memory after 575,850 steps (45 s).
+    (
+        "parked-for-nobody", "memory", 4021419671, None, parked_for_good, "runs did not end",
+        "tests/celery/test_recover_all_logic.py::test_stranded_recovers_a_parked_run_whose_call_ended_after_all",
+    ),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "found",
-    [LATE_DONE, ZOMBIE_AFTER_RETRY, LATE_DONE_WHILE_PARKED],
-    ids=["late-done", "zombie-after-retry", "late-done-while-parked"],
+    ("setup", "seed", "faults", "revert", "breaks"), [f[1:6] for f in FOUND], ids=[f[0] for f in FOUND]
 )
-def test_a_seed_that_found_a_bug_holds(found: tuple[str, int]) -> None:
-    report = replay(*found)
+def test_a_seed_that_found_a_bug_holds_and_fails_without_the_fix(
+    setup: str, seed: int, faults: Faults | None, revert: Callable[[], AbstractContextManager[None]], breaks: str
+) -> None:
+    report = replay(setup, seed, faults)
     assert report.failure is None, describe(report)
-    assert report.effects > 0
+    with revert():
+        found = replay(setup, seed, faults).failure
+    assert found is not None and breaks in found.invariant, found
