@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
-from reverts import claim_read_trusted, done_overruled, parked_for_good, records_overwritable
+from reverts import claim_read_trusted, parked_for_good
 
 from agentflow.sim import SETUPS, Config, Faults, Report, describe, run_simulation
 
