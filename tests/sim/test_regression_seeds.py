@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
-from reverts import claim_read_trusted, parked_for_good
+from reverts import claim_read_trusted, parked_for_good, records_overwritable
 
-from agentflow.sim import SETUPS, Config, Faults, Report, describe, run_simulation
+from agentflow.sim import SETUPS, Config, Faults, MessageFaults, Report, describe, run_simulation
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +39,15 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     (
         "claim-race", "memory", 3448132656, None, claim_read_trusted, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale",
+    ),
+    # Race 2, a rewound record counter: with the fix reverted and the faults that make it likely
+    # (a crash in a step, a counter set back, an unflagged duplicate of the step's message arriving
+    # after the lease lapsed), simulation seed 9 finds it on fakeredis after 33,070 steps (12.3 s).
+    (
+        "rewound-counter", "fakeredis", 103736912,
+        Faults(crash=0.03, tamper=0.2, messages=MessageFaults(lost=0.0, doubled=0.3, late=0.05)),
+        records_overwritable, "had its effect 2 times",
+        "tests/protocol/test_claim_races.py::test_a_rewound_record_counter_never_lets_a_handoff_overwrite_a_record",
     ),
     # A run parked on a call whose stalled worker then logged the call's done: the sweep left it
     # parked, waiting for nobody. Found first by `make sim` seed 12 on fakeredis after 327,700 steps
