@@ -8,7 +8,8 @@ tasks, without Celery) whose messages come from the simulated `Broker`; the swee
 audit read model and acts through the public operations (decide calls in doubt, approve,
 retry, cancel). Faults land while the episode runs; then a drain phase without new faults
 lets the operator and the sweep finish every run, and the end-of-episode invariants are
-checked (`_world.World.check_end`). Episodes follow each other until the step budget is spent.
+checked (`Episode.check_end`). Episodes follow each other until the step budget is spent.
+What the operator does at each visit is `_operator.Operator`.
 
 A failure stops the simulation: the `Failure` names the seed of the episode (replay it with
 ``make sim SEED=...``), the invariant and the last choices of the schedule.
@@ -29,33 +30,25 @@ from typing import Any
 
 from agentflow._errors import (
     AgentflowError,
-    CheckpointConflict,
     CheckpointError,
-    CheckpointNotFound,
-    RecoveryNeedsDecision,
 )
 from agentflow._run_types import RunKind
 from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._worker import Worker
-from agentflow.exec._durable_loop import cancel_tool_loop, start_tool_loop
+from agentflow.exec._durable_loop import start_tool_loop
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
 from agentflow.models._messages import Message as ChatMessage
 from agentflow.sim._broker import Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
+from agentflow.sim._operator import KEY, Operator
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
 from agentflow.sim._world import LOOP, Order, World, expected_states, make_app
-
-#: The key every simulated process signs with.
-KEY = b"agentflow-simulation-key-0123456789abcdef"
-#: What a tool's result is when an operator declares that it happened.
-PAST = {"look": "looked", "charge": "charged", "mail": "mailed", "wire": "wired"}
 
 
 @dataclass
@@ -69,11 +62,6 @@ class Faults:
     tamper: float = 0.001
     """Per step: someone writes behind the store's back (where the set-up models it, `Storage.tamper`)."""
     messages: MessageFaults = field(default_factory=lambda: MessageFaults(lost=0.03, doubled=0.05, late=0.05))
-
-    @classmethod
-    def none(cls) -> Faults:
-        """No fault at all (the drain phase, and fault-free checks)."""
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0, MessageFaults())
 
 
 @dataclass
@@ -316,63 +304,11 @@ class Episode(Points):
             self.send(Message(flow, run_id, 0, "start"))
 
     async def operator_actor(self) -> None:
-        worker = self._worker("operator")
-        store, sealer = worker.store, worker.sealer
+        operator = Operator(self, self._worker("operator"))
         while True:
             await asyncio.sleep(self.config.operator_every_s)
             for run_id, flow in sorted(self.flows.items()):
-                try:
-                    await self.operate(worker, store, sealer, run_id, flow)
-                except (CheckpointConflict, CheckpointNotFound, RecoveryNeedsDecision, ValueError) as exc:
-                    self.sched.note(f"operator: {run_id}: {type(exc).__name__}: {exc}")
-
-    async def operate(self, worker: Worker, store: CheckpointStore, sealer: Sealer, run_id: str, flow: str) -> None:
-        """One look at one run by the operator, and what it does about it."""
-        report = await read_run(store, sealer, run_id)
-        if report.problems:
-            self.world.violations.append(f"verify reports {run_id}: {report.problems}")
-            return
-        if report.status == "running" and report.lease is None and report.in_doubt:
-            calls: dict[str, InDoubtDecision] = {}
-            for call in report.in_doubt:
-                calls[call.call_id] = self.decision(run_id, call.call_id, call.tool, call.args)
-            step = await worker.decide_in_doubt(flow, run_id, operator="sim-operator", calls=calls)
-            self.sched.note(f"operator: decided {run_id}: {sorted((c, type(d).__name__) for c, d in calls.items())}")
-            self.send(Message(flow, run_id, step, "rerun"))
-            return
-        if RunKind.of(flow) is RunKind.LOOP:
-            if report.status == "running" and not self.draining and self.rng.random() < self.config.cancel:
-                await cancel_tool_loop(
-                    run_id, checkpoints=store, checkpoint_key=KEY, reason="the operator changed their mind", name=LOOP
-                )
-                self.sched.note(f"operator: cancelled {run_id}")
-            return
-        runner, versions = worker.runner, self.app.flow_versions(flow)
-        if report.status == "paused" and report.lease is None and report.pending:
-            approve = self.rng.random() < 0.9
-            result = await runner.resume(versions, run_id, approve=approve, max_supersteps=0, operator="sim-operator")
-            self.sched.note(f"operator: {'approved' if approve else 'denied'} {run_id}")
-            if result.step is not None:
-                self.send(Message(flow, run_id, result.step, "resume"))
-        elif report.status == "failed" and report.lease is None:
-            failed = [c.call_id for c in report.calls if c.state == "failed"]
-            result = await runner.retry(versions, run_id, operator="sim-operator", max_supersteps=0)
-            self.world.retries.update((run_id, call_id) for call_id in failed)
-            self.sched.note(f"operator: retried {run_id} (failed calls: {failed})")
-            if result.step is not None:
-                self.send(Message(flow, run_id, result.step, "retry"))
-        elif report.status == "running" and not self.draining and self.rng.random() < self.config.cancel:
-            await runner.cancel(versions, run_id, reason="the simulation's operator changed their mind")
-            self.sched.note(f"operator: cancelled {run_id}")
-
-    def decision(self, run_id: str, call_id: str, tool: str, args: Any) -> InDoubtDecision:
-        """What the operator says about a call in doubt, after checking its system (the ledger)."""
-        if self.world.happened(run_id, call_id):
-            if self.rng.random() < 0.05:
-                return Rerun()  # a careless operator: the invariant allows the rerun it signed
-            order = args.get("order", "") if isinstance(args, dict) else ""
-            return Happened(f"{PAST[tool]} {order}")
-        return Rerun() if self.rng.random() < 0.8 else DidNotHappen("the simulation's operator found no trace")
+                await operator.visit(run_id, flow)
 
     # -- the schedule --------------------------------------------------------------------------
 

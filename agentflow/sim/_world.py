@@ -12,7 +12,7 @@ Invariants checked as the simulation goes (`World.violations`):
   it again stored before the effect: an operator's ``rerun`` decision (read from the
   signed claim checkpoints), or a retry of the run while the call stood failed (an
   operator's "did not happen" fails a call; retrying the run runs it again).
-and at the end of an episode (`World.check_end`):
+and at the end of an episode (`_simulation.Episode.check_end`):
 - every run ended (done, failed or cancelled): the operator finished every run that waited
   for a person, through the public API, and nothing is stuck or lost;
 - a run that ended ``done`` has the state a run without faults has;
