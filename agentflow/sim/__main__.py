@@ -9,7 +9,7 @@ import sys
 from agentflow.sim._report import describe
 from agentflow.sim._setups import SETUPS
 from agentflow.sim._shrink import shrink
-from agentflow.sim._simulation import Config, run_simulation
+from agentflow.sim._simulation import Config, Faults, run_simulation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--episode", type=int, help="replay the one episode with this seed (what a failure prints)")
     parser.add_argument("--suppress", default="", help="with --episode: faults (numbers, comma-separated) not applied")
+    parser.add_argument(
+        "--lost-writes", type=float, default=0.0, help="chance per step of a failover that loses writes (memory only)"
+    )
     parser.add_argument("--no-shrink", action="store_true", help="report a failure as found, without shrinking it")
     parser.add_argument("--verbose", action="store_true", help="let the library log (it is quiet by default)")
     args = parser.parse_args(argv)
@@ -30,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for name in args.setup or sorted(SETUPS):
         suppress = frozenset(int(n) for n in args.suppress.split(",") if n.strip())
-        config = Config(steps=args.steps, suppress=suppress)
+        config = Config(steps=args.steps, suppress=suppress, faults=Faults(lost_writes=args.lost_writes))
         report = run_simulation(SETUPS[name](), args.seed, config, only_episode=args.episode)
         print(describe(report), flush=True)
         if report.failure is not None:

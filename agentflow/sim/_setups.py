@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
@@ -26,11 +28,15 @@ Opener = Callable[[], CheckpointStore]
 
 @dataclass
 class Storage:
-    """One episode's storage: how an actor opens a handle on it, and how it is tampered with (if it can be)."""
+    """One episode's storage: how an actor opens a handle on it, and the faults it can model."""
 
     open: Opener
     tamper: Callable[[str], Awaitable[str | None]] | None = None
     """Write behind the store's back about one run; returns what it did (None: nothing to do)."""
+    replicate: Callable[[], None] | None = None
+    """Bring the (asynchronous) replica up to date with every write acknowledged so far."""
+    fail_over: Callable[[], str] | None = None
+    """Promote the replica: every write acknowledged since it was last brought up to date is lost."""
 
 
 @dataclass
@@ -48,9 +54,60 @@ def memory() -> SetUp:
 
     def episode(_: str) -> Storage:
         store = MemoryCheckpointStore()
-        return Storage(lambda: store)
+        replica = _memory_state(store)
+
+        def replicate() -> None:
+            nonlocal replica
+            replica = _memory_state(store)
+
+        def fail_over() -> str:
+            lost = _memory_writes(store) - _writes_of(replica)
+            _restore_memory(store, replica)
+            return f"failed over to a replica {lost} write(s) behind"
+
+        return Storage(lambda: store, replicate=replicate, fail_over=fail_over)
 
     return SetUp("memory", episode)
+
+
+# A failover of the memory "server": its state is copied to a replica now and then, and the
+# replica replaces it when the primary is lost. The simulation reaches into the store's
+# dicts for that (a test harness modelling a server, not a use of the store).
+_MemoryState = tuple[dict[str, Any], ...]
+
+
+def _memory_state(store: Any) -> _MemoryState:
+    return (
+        {run: list(rows) for run, rows in store._checkpoints.items()},
+        {run: {seg: list(recs) for seg, recs in segs.items()} for run, segs in store._calls.items()},
+        dict(store._listed),
+        dict(store._leases),
+        {run: deque(events, maxlen=events.maxlen) for run, events in store._events.items()},
+    )
+
+
+def _writes_of(state: _MemoryState) -> int:
+    return sum(len(rows) for rows in state[0].values()) + sum(
+        len(recs) for segs in state[1].values() for recs in segs.values()
+    )
+
+
+def _memory_writes(store: Any) -> int:
+    return _writes_of(_memory_state(store))
+
+
+def _restore_memory(store: Any, state: _MemoryState) -> None:
+    copy = _memory_state(_Holder(*state))
+    store._checkpoints, store._calls, store._listed, store._leases, store._events = copy
+
+
+@dataclass
+class _Holder:
+    _checkpoints: dict[str, Any]
+    _calls: dict[str, Any]
+    _listed: dict[str, Any]
+    _leases: dict[str, Any]
+    _events: dict[str, Any]
 
 
 def sqlite() -> SetUp:

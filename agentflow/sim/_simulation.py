@@ -61,6 +61,12 @@ class Faults:
     store_after: float = 0.004
     tamper: float = 0.001
     """Per step: someone writes behind the store's back (where the set-up models it, `Storage.tamper`)."""
+    lost_writes: float = 0.0
+    """Per step: the store fails over to a replica that lacks its latest acknowledged writes (where the
+    set-up models it, `Storage.fail_over`). Off by default: without durability before the effect a
+    lost ``started`` lets a call run again (docs/simulation.md)."""
+    replicated: float = 0.1
+    """Per step, with `lost_writes`: the replica catches up with every write acknowledged so far."""
     messages: MessageFaults = field(default_factory=lambda: MessageFaults(lost=0.03, doubled=0.05, late=0.05))
 
 
@@ -354,6 +360,18 @@ class Episode(Points):
             did = await self.storage.tamper(run_id)
             self.sched.note(f"tamper: {did or 'nothing to set back'}")
 
+    def maybe_fail_over(self) -> None:
+        """Now and then the store's replica catches up; more rarely the primary is lost and the replica takes over."""
+        storage = self.storage
+        if self.draining or not self.faults.lost_writes or storage.replicate is None or storage.fail_over is None:
+            return
+        caught_up, lost = self.rng.random(), self.rng.random()
+        if caught_up < self.faults.replicated:
+            storage.replicate()
+        elif lost < self.faults.lost_writes and self.fires("lost-writes", "between-steps"):
+            self.world.lost_writes = True
+            self.sched.note(f"failover: {storage.fail_over()}")
+
     def step(self) -> bool:
         """Make one choice; return False when nothing can happen any more."""
         sched = self.sched
@@ -434,9 +452,11 @@ class Episode(Points):
                 self.sched.note("drain: no new faults; the operator and the sweep finish the runs")
                 self.sched.stalled.clear()
             if self.flows and self.steps % 50 == 0 and self.client_done():
-                if all(s in ENDED for s in (await self.ended()).values()):
+                statuses = await self.ended()
+                if all(s in ENDED or run_id in self.world.reported for run_id, s in statuses.items()):
                     return
             await self.maybe_tamper()
+            self.maybe_fail_over()
             if self.steps >= self.config.episode_steps + self.config.drain_steps or not self.step():
                 statuses = await self.ended()
                 raise EpisodeFailed(f"runs did not end (stuck or lost): {statuses}", statuses)
@@ -462,7 +482,7 @@ class Episode(Points):
         for run_id in self.flows:
             report = await read_run(self.raw, Sealer(KEY), run_id)
             if report.problems:
-                self.world.violations.append(f"verify reports {run_id}: {report.problems}")
+                self.world.verify_reports(run_id, report.problems)
             if report.status == "done" and run_id in expected and report.state != expected[run_id]:
                 self.world.violations.append(f"{run_id} ended done with {report.state}, not {expected[run_id]}")
 

@@ -10,8 +10,9 @@ Invariants checked as the simulation goes (`World.violations`):
   ended or cancelled before it;
 - a non-idempotent call's effect happens at most once, plus once per signed grant to run
   it again stored before the effect: an operator's ``rerun`` decision (read from the
-  signed claim checkpoints), or a retry of the run while the call stood failed (an
-  operator's "did not happen" fails a call; retrying the run runs it again).
+  signed claim checkpoints), or a retry of the run while the call stood failed and had
+  not had its effect (an operator's "did not happen" fails a call; retrying the run runs
+  it again).
 and at the end of an episode (`_simulation.Episode.check_end`):
 - every run ended (done, failed or cancelled): the operator finished every run that waited
   for a person, through the public API, and nothing is stuck or lost;
@@ -76,6 +77,10 @@ class World:
     #: run -> the order number of the write that stored its first ``cancelled`` checkpoint.
     cancelled: dict[str, int] = field(default_factory=dict)
     writes: int = 0
+    lost_writes: bool = False
+    """Whether the store lost acknowledged writes (a failover): `verify` may then find what it reports."""
+    #: Runs whose lost writes `verify` reported (they cannot go on; reporting them is what is owed).
+    reported: set[str] = field(default_factory=set)
     #: (run, call id) -> retries the operator signed while that call stood failed.
     retries: Counter[tuple[str, str]] = field(default_factory=Counter)
     sim: Any = None
@@ -96,6 +101,13 @@ class World:
         self.writes += 1
         if row.status == "cancelled":
             self.cancelled.setdefault(run_id, self.writes)
+
+    def verify_reports(self, run_id: str, problems: Sequence[str]) -> None:
+        """`verify` found problems in a run: a broken invariant, unless the store lost writes (then it reports them)."""
+        if self.lost_writes:
+            self.reported.add(run_id)
+        else:
+            self.violations.append(f"verify reports {run_id}: {list(problems)}")
 
     # -- what the tools tell the world ---------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
-from reverts import claim_read_trusted, parked_for_good, records_overwritable
+from reverts import claim_read_trusted, done_overruled, parked_for_good, records_overwritable
 
 from agentflow.sim import SETUPS, Config, Faults, MessageFaults, Report, describe, run_simulation
 
@@ -48,6 +48,14 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
         Faults(crash=0.03, tamper=0.2, messages=MessageFaults(lost=0.0, doubled=0.3, late=0.05)),
         records_overwritable, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_rewound_record_counter_never_lets_a_handoff_overwrite_a_record",
+    ),
+    # An operator's "did not happen", decided while a stalled worker had not had the call's effect
+    # yet; the worker then had it and logged its done in its old segment, and a retry ran the call
+    # again. Found first by `make sim` seed 7 on memory after 82,991 steps (3.3 s); with the fix
+    # reverted and stalls at 0.01 a step, seed 2 finds it on memory after 54,205 steps (1.9 s).
+    (
+        "late-done", "memory", 3916023552, Faults(stall=0.01), done_overruled, "had its effect 2 times",
+        "tests/protocol/test_claim_races.py::test_a_late_done_outweighs_a_did_not_happen_decided_before_it",
     ),
     # A run parked on a call whose stalled worker then logged the call's done: the sweep left it
     # parked, waiting for nobody. Found first by `make sim` seed 12 on fakeredis after 327,700 steps

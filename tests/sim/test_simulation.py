@@ -16,7 +16,7 @@ from reverts import claim_read_trusted
 
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
-from agentflow.sim import SETUPS, Config, custom, describe, run_simulation
+from agentflow.sim import SETUPS, Config, Faults, custom, describe, run_simulation
 from agentflow.sim._shrink import shrink
 
 #: Steps of the slice per set-up (memory runs about 25,000 a second here, SQLite 7,000, fakeredis 5,000).
@@ -98,3 +98,15 @@ def test_replaying_a_seed_with_faults_suppressed_is_the_shrinkers_replay() -> No
     assert first.failure is None
     quiet = run_simulation(SETUPS["memory"](), 0, replace(config, suppress=frozenset(range(1, 1000))), only_episode=77)
     assert sum(quiet.stats.faults.values()) == 0 and quiet.failure is None
+
+
+def test_lost_acknowledged_writes_are_modelled_and_open_the_gap_durability_before_the_effect_closes() -> None:
+    # Given failovers that lose the writes acknowledged since the replica last caught up (memory)
+    config = Config(steps=100_000, faults=Faults(lost_writes=0.002))
+    report = run_simulation(SETUPS["memory"](), 1, config)
+    # Then the simulation finds what they break today: a lost `started` lets a call run again, or a
+    # lost step 0 loses a run. The durability options (WAIT / WAITAOF before the effect) must turn
+    # this test into one where every invariant holds with lost writes on.
+    assert report.stats.faults["lost-writes"] > 0
+    assert report.failure is not None, describe(report)
+    assert "had its effect 2 times" in report.failure.invariant or "did not end" in report.failure.invariant
