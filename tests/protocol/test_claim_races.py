@@ -181,3 +181,29 @@ async def test_a_late_done_outweighs_a_did_not_happen_decided_before_it(store_se
     result = await FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY).recover(PAY, "order-9")
     assert (result.status, result.state.paid) == ("done", f"charged {ORDER.seats * 40} for {ORDER.show}")
     assert tickets.counts()["charge_card"] == 1
+
+
+@pytest.mark.parametrize(
+    "store_setup", setups("sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres"), indirect=True
+)
+async def test_records_are_append_only_on_every_shared_store(store_setup: StoreSetup) -> None:
+    # Given a run with two records in its segment 0 (hold_seats started and done)
+    tickets = make_tickets()
+    tickets.crash_in.add("charge_card")
+    with pytest.raises(Crash):
+        await FlowRunner(Executor(tickets.registry), checkpoints=store_setup.open(), checkpoint_key=KEY).run(
+            PAY, ORDER, run_id="order-10"
+        )
+    store = store_setup.open()
+    first, second = [r for r in await store.calls("order-10") if r.segment == 0][:2]
+    # When the store's own count of the segment drops below its records, behind its back
+    # (Redis: the counter set back, one HSET; SQL: the first record deleted)
+    if isinstance(store_setup.rows, RedisRows):
+        await store_setup.rows.rewind_count("order-10", 0, 1)
+    else:
+        await store_setup.rows.drop_call(first)
+    # Then a write at the position that holds the second record is refused, and that record is kept as it was
+    with pytest.raises(CheckpointConflict):
+        await store.record_call("order-10", second)
+    kept = [r for r in await store.calls("order-10") if (r.segment, r.seq) == (0, 1)]
+    assert kept == [second]
