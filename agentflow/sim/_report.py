@@ -21,9 +21,15 @@ def describe(report: Report) -> str:
         f"   {report.episodes} episodes, {report.runs} runs ({ends}), {report.effects} tool effects",
         f"   faults: {faults}",
     ]
-    for kind in ("crash", "stall", "store-fails-before", "store-fails-after"):
-        points = sorted(hit.get(kind, ()))
-        lines.append(f"   {kind} hit {len(points)} points: {', '.join(points)}")
+    lines.append(f"   points: {len(stats.points)} kinds of point where a task parked")
+    for kind in ("crash", "stall"):
+        missed = sorted(stats.points - hit.get(kind, set()))
+        lines.append(f"   {kind} hit {len(hit.get(kind, ()))} of them; never: {', '.join(missed) or 'none'}")
+    store_ops = {p for p in stats.points if p.startswith("store.") and not p.endswith(".returned")}
+    for kind in ("store-fails-before", "store-fails-after"):
+        missed = sorted(store_ops - hit.get(kind, set()))
+        count = len(hit.get(kind, ()))
+        lines.append(f"   {kind} hit {count} of {len(store_ops)} operations; never: {', '.join(missed) or 'none'}")
     lines.append("   invariants: " + ("held" if report.failure is None else "BROKEN"))
     if report.failure is not None:
         lines.append(str(report.failure))

@@ -68,6 +68,8 @@ class Stats:
     faults: Counter[str] = field(default_factory=Counter)
     #: (fault kind, point) pairs that fired: which points a crash, a stall or a failure ever hit.
     covered: set[tuple[str, str]] = field(default_factory=set)
+    #: Every point some task parked at.
+    points: set[str] = field(default_factory=set)
 
 
 class Scheduler:
@@ -96,6 +98,7 @@ class Scheduler:
         if self.open_gates:
             return
         self._seq += 1
+        self.stats.points.add(name)
         parked = Parked(ACTOR.get(), name, self.loop.create_future(), ready, self._seq)
         (self.graveyard if parked.actor in self.dead else self.parked).append(parked)
         await parked.future

@@ -198,7 +198,7 @@ class Episode(Points):
         if checkpoint is not None:
             self.world.wrote_checkpoint(run_id, checkpoint)
 
-    def fires(self, kind: str, point: str) -> bool:
+    def fires(self, kind: str, point: str, actor: str | None = None) -> bool:
         """A fault was drawn: count it, and apply it unless the shrinker suppresses it."""
         self._faults_drawn += 1
         number = self._faults_drawn
@@ -208,7 +208,7 @@ class Episode(Points):
         self.fired.append((number, kind, point))
         self.sched.stats.faults[kind] += 1
         self.sched.stats.covered.add((kind, point))
-        self.sched.note(f"FAULT {number}: {kind} at {point}")
+        self.sched.note(f"FAULT {number}: {kind} at {point}" + (f" ({actor})" if actor else ""))
         return True
 
     # -- stores ------------------------------------------------------------------------------
@@ -329,13 +329,13 @@ class Episode(Points):
         if not victims:
             return False
         actor = self.rng.choice(victims)
-        point = next(f"{p.point} ({actor})" for p in self.sched.parked if p.actor == actor)
+        point = next(p.point for p in self.sched.parked if p.actor == actor)
         again, until = (
             self.rng.random() < 0.5,
             self.clock.now + self.config.settings.lease_s * self.rng.uniform(1.1, 2.5),
         )
         if roll < self.faults.crash:
-            if not self.fires("crash", point):
+            if not self.fires("crash", point, actor):
                 return False
             self.sched.crash(actor)
             held = self.in_hand.pop(actor, None)
@@ -344,7 +344,7 @@ class Episode(Points):
             self.workers += 1
             self.spawn(f"worker{self.workers}", self.worker_actor)  # the pool starts a new process
         else:
-            if not self.fires("stall", point):
+            if not self.fires("stall", point, actor):
                 return False
             self.sched.stall(actor, until)
         return True
@@ -569,6 +569,7 @@ def _merge(total: Stats, one: Stats) -> None:
     total.steps += one.steps
     total.faults.update(one.faults)
     total.covered |= one.covered
+    total.points |= one.points
 
 
 __all__ = ["Config", "Failure", "Faults", "Report", "run_simulation"]
