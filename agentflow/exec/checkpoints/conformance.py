@@ -13,6 +13,12 @@ Rows are sealed by a real `Sealer`, so the checks also show that a store hands r
 exactly as written (their signatures still check). Races across processes need process
 plumbing and live in the test suite, not here.
 
+These checks take each rule on its own. Whether the rules hold together, under workers,
+a sweep and an operator racing with crashes, stalls and failing operations, is what the
+simulation checks: ``agentflow.sim.run_simulation(agentflow.sim.custom(name, episode), ...)``
+runs it on a store of yours (docs/simulation.md). It lives above the stores (it drives the
+runners and workers), so it is not imported here.
+
 This module is the public entry: the checks live in `_conformance_saves` (the protocol's
 members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
 written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
