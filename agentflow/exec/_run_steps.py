@@ -287,7 +287,8 @@ class RunSteps(Generic[C, R]):
             raise CheckpointConflict(
                 f"run {cur.run_id!r}: segment {grown[0]} took {now[grown[0]] - counts.get(grown[0], 0)} more "
                 f"record(s) while this worker read the log before claiming step {claim_step} (the worker that "
-                "held it before was still writing); the claim fenced it and nothing ran: recover the run again"
+                "held it before was still writing). The claim is stored, with what it carries, and fenced that "
+                "worker; nothing ran on the stale read: recover the run again to read the late records"
             )
 
     def report_step(self, cur: C, replayed: list[str], rerun: list[str], recovering: bool) -> dict[str, Any] | None:
