@@ -6,7 +6,7 @@ and the viewer show) and, as a careful person would:
   `Happened` with the result when the effect is there (now and then a careless `Rerun`),
   else `Rerun` or `DidNotHappen`; then sends the message that spends the decision;
 - approves (or now and then denies) a paused run's pending calls, and sends the resume;
-- retries a failed run (a flow), noting the failed calls without an effect it runs again: a grant;
+- retries a failed run (a flow), noting the failed calls without a ``done`` it runs again: a grant;
 - now and then cancels a running run (not in the drain).
 A verify problem is a broken invariant. Errors the operations answer with (the run moved
 on, is held, or has nothing to decide any more) are what a person meets too: noted, and
@@ -83,11 +83,11 @@ class Operator:
             if result.step is not None:
                 ep.send(Message(flow, run_id, result.step, "resume"))
         elif report.status == "failed" and report.lease is None:
-            # A grant to run again each failed call that had no effect (a failed call that did have
-            # one, its late `done` in the log, must replay: a retry running it again is a bug).
-            failed = [
-                c.call_id for c in report.calls if c.state == "failed" and not ep.world.happened(run_id, c.call_id)
-            ]
+            # A grant to run again each failed call whose own `done` is not in the log: a failed call
+            # that has one (a stalled worker's late `done`) must replay, and a retry running it again
+            # is a bug. Read from the stored records by the world, not from the read model under test.
+            finished = await ep.world.finished_calls(run_id)
+            failed = [c.call_id for c in report.calls if c.state == "failed" and c.call_id not in finished]
             result = await runner.retry(versions, run_id, operator="sim-operator", max_supersteps=0)
             ep.world.retries.update((run_id, call_id) for call_id in failed)
             ep.sched.note(f"operator: retried {run_id} (failed calls: {failed})")

@@ -10,9 +10,10 @@ Invariants checked as the simulation goes (`World.violations`):
   ended or cancelled before it;
 - a non-idempotent call's effect happens at most once, plus once per signed grant to run
   it again stored before the effect: an operator's ``rerun`` decision (read from the
-  signed claim checkpoints), or a retry of the run while the call stood failed and had
-  not had its effect (an operator's "did not happen" fails a call; retrying the run runs
-  it again).
+  signed claim checkpoints), or a retry of the run while the call stood failed with no
+  ``done`` of its own in the log (an operator's "did not happen" fails a call; retrying
+  the run runs it again; a stalled worker can still have the effect after that word, which
+  only the tool's system can stop: docs/simulation.md, the zombie window).
 and at the end of an episode (`_simulation.Episode.check_end`):
 - every run ended (done, failed or cancelled): the operator finished every run that waited
   for a person, through the public API, and nothing is stuck or lost;
@@ -153,6 +154,11 @@ class World:
             if call_id in (body.get("rerun") or ()):
                 granted += 1
         return granted
+
+    async def finished_calls(self, run_id: str) -> set[str]:
+        """The calls of the run with a ``done`` record stored (decoded here, apart from the code under test)."""
+        assert self.store is not None
+        return {json.loads(r.payload)["call_id"] for r in await self.store.calls(run_id) if r.kind == "done"}
 
     def happened(self, run_id: str, call_id: str) -> bool:
         """Whether the call had its effect (what an operator checks at the tool's system)."""
