@@ -37,7 +37,7 @@ def quiet() -> Iterator[None]:
 def test_the_run_protocol_keeps_every_invariant_under_faults(setup: str) -> None:
     report = run_simulation(SETUPS[setup](), SEED, Config(steps=SLICE[setup]))
     assert report.failure is None, describe(report)
-    # The net was really spread: every kind of fault fired, and runs ended every way.
+    # The net was really spread: every kind of fault fired, and runs finished and had effects.
     kinds = {"crash", "stall", "store-fails-before", "store-fails-after", "message-lost", "message-doubled"}
     assert kinds <= set(report.stats.faults), describe(report)
     assert report.ends.get("done", 0) > 0 and report.effects > 0, describe(report)
@@ -55,6 +55,7 @@ def test_an_episode_replays_exactly_from_its_seed() -> None:
     # Then every choice, fault and effect is the same
     assert runs[0].stats.steps == runs[1].stats.steps > 100
     assert runs[0].stats.faults == runs[1].stats.faults
+    assert runs[0].stats.covered == runs[1].stats.covered and runs[0].stats.points == runs[1].stats.points
     assert (runs[0].effects, runs[0].ends) == (runs[1].effects, runs[1].ends)
 
 
