@@ -49,9 +49,10 @@ def test_the_redis_setup_models_a_rewound_record_counter() -> None:
     assert report.stats.faults["tamper"] > 0, describe(report)
 
 
-def test_an_episode_replays_exactly_from_its_seed() -> None:
+@pytest.mark.parametrize("setup", sorted(SLICE))
+def test_an_episode_replays_exactly_from_its_seed(setup: str) -> None:
     # Given one episode run twice from its seed, on fresh storage each time
-    runs = [run_simulation(SETUPS["sqlite"](), 0, Config(steps=1), only_episode=4242) for _ in range(2)]
+    runs = [run_simulation(SETUPS[setup](), 0, Config(steps=1), only_episode=4242) for _ in range(2)]
     # Then every choice, fault and effect is the same
     assert runs[0].stats.steps == runs[1].stats.steps > 100
     assert runs[0].stats.faults == runs[1].stats.faults
