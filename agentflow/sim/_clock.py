@@ -29,6 +29,8 @@ _Ts = TypeVarTuple("_Ts")
 
 #: Where virtual wall-clock time starts (seconds since the epoch: 2027-01-15).
 EPOCH = 1_800_000_000.0
+#: Where virtual monotonic time (and so the event loop's) starts.
+MONOTONIC_START = 1_000.0
 
 
 class VirtualClock:
@@ -43,7 +45,11 @@ class VirtualClock:
 
     def monotonic(self) -> float:
         """Virtual monotonic time."""
-        return 1_000.0 + self.now
+        return MONOTONIC_START + self.now
+
+    def since_start(self, monotonic: float) -> float:
+        """A virtual monotonic (or loop) time as seconds since the simulation began."""
+        return monotonic - MONOTONIC_START
 
     def advance(self, seconds: float) -> None:
         """Move time forward (never back)."""

@@ -159,7 +159,7 @@ class Scheduler:
         times = [t for t in others if t is not None]
         timer = self.loop.next_timer()
         if timer is not None:
-            times.append(timer - 1_000.0)
+            times.append(self.clock.since_start(timer))
         times.extend(self.stalled.values())
         later = [t for t in times if t > self.clock.now]
         due = [t for t in times if t <= self.clock.now]

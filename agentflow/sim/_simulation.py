@@ -499,7 +499,7 @@ class Episode(Points):
             await self.sched.settle()
             when = self.sched.loop.next_timer()
             if when is not None:
-                self.sched.advance_to(when - 1_000.0)
+                self.sched.advance_to(self.clock.since_start(when))
         for store in self.opened:
             with contextlib.suppress(Exception):
                 await store.aclose()
