@@ -76,14 +76,24 @@ def memory() -> SetUp:
 _MemoryState = tuple[dict[str, Any], ...]
 
 
-def _memory_state(store: Any) -> _MemoryState:
+def _copy(state: _MemoryState) -> _MemoryState:
+    """A copy of the store's dicts that later writes to either side do not reach."""
+    checkpoints, calls, listed, leases, events = state
     return (
-        {run: list(rows) for run, rows in store._checkpoints.items()},
-        {run: {seg: list(recs) for seg, recs in segs.items()} for run, segs in store._calls.items()},
-        dict(store._listed),
-        dict(store._leases),
-        {run: deque(events, maxlen=events.maxlen) for run, events in store._events.items()},
+        {run: list(rows) for run, rows in checkpoints.items()},
+        {run: {seg: list(recs) for seg, recs in segs.items()} for run, segs in calls.items()},
+        dict(listed),
+        dict(leases),
+        {run: deque(kept, maxlen=kept.maxlen) for run, kept in events.items()},
     )
+
+
+def _memory_state(store: Any) -> _MemoryState:
+    return _copy((store._checkpoints, store._calls, store._listed, store._leases, store._events))
+
+
+def _restore_memory(store: Any, state: _MemoryState) -> None:
+    store._checkpoints, store._calls, store._listed, store._leases, store._events = _copy(state)
 
 
 def _writes_of(state: _MemoryState) -> int:
@@ -94,20 +104,6 @@ def _writes_of(state: _MemoryState) -> int:
 
 def _memory_writes(store: Any) -> int:
     return _writes_of(_memory_state(store))
-
-
-def _restore_memory(store: Any, state: _MemoryState) -> None:
-    copy = _memory_state(_Holder(*state))
-    store._checkpoints, store._calls, store._listed, store._leases, store._events = copy
-
-
-@dataclass
-class _Holder:
-    _checkpoints: dict[str, Any]
-    _calls: dict[str, Any]
-    _listed: dict[str, Any]
-    _leases: dict[str, Any]
-    _events: dict[str, Any]
 
 
 def sqlite() -> SetUp:
