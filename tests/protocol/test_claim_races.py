@@ -70,20 +70,24 @@ class Hooked(FaultyStore):
             await self._after_started(record)
 
 
+class StallAfterChargeStarted:
+    """A worker's `after_started` hook: it stays between charge_card's started record and the charge until let go."""
+
+    def __init__(self) -> None:
+        self.logged, self.go_on = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, record: SealedCall) -> None:
+        if b"charge_card" in record.payload:
+            self.logged.set()
+            await self.go_on.wait()
+
+
 @pytest.mark.parametrize("store_setup", setups("memory", "sqlite", "fakeredis", "redis", "sql-postgres"), indirect=True)
 async def test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale(store_setup: StoreSetup) -> None:
     tickets = make_tickets()
     executor = Executor(tickets.registry)
-    charge_logged, a_goes_on = asyncio.Event(), asyncio.Event()
-
-    async def charge_is_logged(record: SealedCall) -> None:
-        if b"charge_card" in record.payload:
-            charge_logged.set()
-            await a_goes_on.wait()  # A stays between its started and the charge until the test is done with B
-
-    first = FlowRunner(
-        executor, checkpoints=Hooked(store_setup.open(), after_started=charge_is_logged), checkpoint_key=KEY
-    )
+    stall = StallAfterChargeStarted()  # A stays between its started and the charge until the test is done with B
+    first = FlowRunner(executor, checkpoints=Hooked(store_setup.open(), after_started=stall), checkpoint_key=KEY)
     # Given worker A inside the slow lookup, its lease gone (lapsed in a stall, or deleted)
     release, entered = tickets.gate("slow_lookup")
     a = asyncio.create_task(first.run(LOOK_THEN_PAY, ORDER, run_id="order-7"))
@@ -95,14 +99,14 @@ async def test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale(store_
     # When B recovers, and A wakes between B's read and B's claim and starts charge_card
     async def a_wakes_and_starts_the_charge() -> None:
         release.set()
-        await charge_logged.wait()
+        await stall.logged.wait()
 
     second = FlowRunner(
         executor, checkpoints=Hooked(store_setup.open(), before_claim=a_wakes_and_starts_the_charge), checkpoint_key=KEY
     )
     with pytest.raises(CheckpointConflict, match="more record"):
         await second.recover(LOOK_THEN_PAY, "order-7")
-    a_goes_on.set()  # A charges (its started was stored first) and is fenced: its save conflicts
+    stall.go_on.set()  # A charges (its started was stored first) and is fenced: its save conflicts
     with pytest.raises(CheckpointConflict):
         await a
 
@@ -152,19 +156,11 @@ async def test_a_late_done_outweighs_a_did_not_happen_decided_before_it(store_se
     # doubt is taken while the call's stalled worker has not had its effect yet; then it has it.
     tickets = make_tickets()
     executor = Executor(tickets.registry)
-    charge_logged, a_goes_on = asyncio.Event(), asyncio.Event()
-
-    async def charge_is_logged(record: SealedCall) -> None:
-        if b"charge_card" in record.payload:
-            charge_logged.set()
-            await a_goes_on.wait()
-
+    stall = StallAfterChargeStarted()
     # Given worker A stalled between charge_card's started record and the charge, its lease gone
-    first = FlowRunner(
-        executor, checkpoints=Hooked(store_setup.open(), after_started=charge_is_logged), checkpoint_key=KEY
-    )
+    first = FlowRunner(executor, checkpoints=Hooked(store_setup.open(), after_started=stall), checkpoint_key=KEY)
     a = asyncio.create_task(first.run(PAY, ORDER, run_id="order-9"))
-    await charge_logged.wait()
+    await stall.logged.wait()
     operator = FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY)
     (lease,) = (await operator.checkpoints.leases(["order-9"])).values()  # type: ignore[union-attr]
     assert await operator.checkpoints.release_lease("order-9", lease.token)  # type: ignore[union-attr]
@@ -173,7 +169,7 @@ async def test_a_late_done_outweighs_a_did_not_happen_decided_before_it(store_se
     (doubtful,) = report.in_doubt
     await operator.decide_in_doubt(PAY, "order-9", calls={doubtful.call_id: DidNotHappen("no charge at the bank")})
     # ... and A wakes, charges and logs its done (fenced for new calls, not for the end of this one)
-    a_goes_on.set()
+    stall.go_on.set()
     with pytest.raises(CheckpointConflict):
         await a
     assert tickets.counts()["charge_card"] == 1

@@ -10,12 +10,14 @@ The first header field is the row format version (`_FORMAT`); JSON escapes every
 so the first LF ends the header. Reading a row checks the version, the number and type of
 the header fields (`_CHECKPOINT_HEAD`, `_CALL_HEAD`) and that the row belongs to the run
 asked for; anything else is `CheckpointStoreCorrupt`. This module also decodes the plain
-values Redis replies with (`_text`, `_scored`).
+values Redis replies with (`_text`, `_scored`), a run's call-record hash (`_calls_of`) and
+its head (`_head_of`: the newest row and the per-segment counts, never fewer than the records).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
@@ -79,3 +81,36 @@ def _text(value: object) -> str:
 def _scored(entries: Any) -> list[tuple[str, float]]:
     """Decode a sorted-set range read with scores."""
     return [(_text(member), float(score)) for member, score in entries]
+
+
+def _head_of(
+    run_id: str, raw: bytes, fields: Mapping[Any, Any], stored: int
+) -> tuple[SealedCheckpoint, dict[int, int]]:
+    """A run's head from its newest checkpoint row, its per-segment counts hash and its record count, as stored.
+
+    The counts hash is unsigned and one ``HSET`` sets it back; the records themselves are
+    append-only (`record_call.lua`). When the run holds more records (`stored`, the calls
+    hash's length) than the counts add up to, the surplus is counted in the latest
+    checkpoint's segment: the head then never looks untouched since that checkpoint, so
+    a handoff reads the whole log instead of trusting the counts.
+    """
+    try:
+        counts = {int(segment): int(count) for segment, count in fields.items()}
+    except ValueError:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: its per-segment record counts are not numbers") from None
+    row = _decode_checkpoint(run_id, raw, "the latest checkpoint")
+    surplus = stored - sum(counts.values())
+    if surplus > 0:
+        counts[row.segment] = counts.get(row.segment, 0) + surplus
+    return row, counts
+
+
+def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:
+    """Decode a run's call-record hash, checking each record sits under its own field."""
+    found = []
+    for field, raw in fields.items():
+        record = _decode_call(run_id, raw, f"call record {field!r}")
+        if _text(field) != f"{record.segment}:{record.seq}":
+            raise CheckpointStoreCorrupt(f"run {run_id!r}: call record {field!r} holds {record.segment}.{record.seq}")
+        found.append(record)
+    return sorted(found, key=lambda r: (r.segment, r.seq))

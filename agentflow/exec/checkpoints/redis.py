@@ -59,7 +59,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
-from typing import Any
 
 from redis.asyncio import Redis
 
@@ -78,7 +77,7 @@ from agentflow.exec.checkpoints._redis_events import RedisEvents
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_leases import Leases
 from agentflow.exec.checkpoints._redis_prune import RedisPrune
-from agentflow.exec.checkpoints._redis_rows import _decode_call, _decode_checkpoint, _text
+from agentflow.exec.checkpoints._redis_rows import _calls_of, _decode_checkpoint, _head_of, _text
 from agentflow.exec.checkpoints._redis_writes import RedisWrites
 from agentflow.exec.checkpoints._rules import check_events, check_row
 
@@ -93,28 +92,6 @@ _RELIST_ATTEMPTS = 3
 _SCAN_COUNT = 1000
 #: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
 _GLOB = re.compile(r"([*?\[\]\\])")
-
-
-def _head_of(
-    run_id: str, raw: bytes, fields: Mapping[Any, Any], stored: int
-) -> tuple[SealedCheckpoint, dict[int, int]]:
-    """A run's head from its newest checkpoint row, its per-segment counts hash and its record count, as stored.
-
-    The counts hash is unsigned and one ``HSET`` sets it back; the records themselves are
-    append-only (`record_call.lua`). When the run holds more records (`stored`, the calls
-    hash's length) than the counts add up to, the surplus is counted in the latest
-    checkpoint's segment: the head then never looks untouched since that checkpoint, so
-    a handoff reads the whole log instead of trusting the counts.
-    """
-    try:
-        counts = {int(segment): int(count) for segment, count in fields.items()}
-    except ValueError:
-        raise CheckpointStoreCorrupt(f"run {run_id!r}: its per-segment record counts are not numbers") from None
-    row = _decode_checkpoint(run_id, raw, "the latest checkpoint")
-    surplus = stored - sum(counts.values())
-    if surplus > 0:
-        counts[row.segment] = counts.get(row.segment, 0) + surplus
-    return row, counts
 
 
 class RedisCheckpointStore:
@@ -400,14 +377,3 @@ class RedisCheckpointStore:
                 f"run id {run_id!r} makes no Redis hash tag: use a non-empty id that does not start with '}}'"
             )
         return [f"{self._prefix}:run:{{{run_id}}}:{part}" for part in parts]
-
-
-def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:
-    """Decode a run's call-record hash, checking each record sits under its own field."""
-    found = []
-    for field, raw in fields.items():
-        record = _decode_call(run_id, raw, f"call record {field!r}")
-        if _text(field) != f"{record.segment}:{record.seq}":
-            raise CheckpointStoreCorrupt(f"run {run_id!r}: call record {field!r} holds {record.segment}.{record.seq}")
-        found.append(record)
-    return sorted(found, key=lambda r: (r.segment, r.seq))
