@@ -21,6 +21,9 @@ that leaves an attacker with write access to the store. That tail is also what
 `cut_off_spans` reads: the spans of the superstep a dead worker left unfinished, which a
 recovery links to.
 
+A claim trusts its read of the log only once its own checkpoint has fenced every earlier
+segment: `check_read_whole` compares that read with the counts after the claim.
+
 A record that belongs past the latest checkpoint (a later superstep, or a segment opened
 by a claim at a later step) proves that checkpoints were removed, unless another worker
 saved them after this reader read the checkpoint: `AheadOfCheckpoint` lets the caller tell
@@ -198,4 +201,20 @@ def check_still_paused(run_id: str, body: Mapping[str, Any], counts: Mapping[int
     if untouched(body, counts) is None:
         raise CheckpointConflict(
             f"run {run_id!r} was resumed by another worker meanwhile (it logged calls after the paused checkpoint)"
+        )
+
+
+def check_read_whole(run_id: str, claim_step: int, read: Mapping[int, int], now: Mapping[int, int]) -> None:
+    """Refuse to act on a claim's read of the log when an earlier segment took records since (`now`: after the claim).
+
+    Raises:
+        CheckpointConflict: the worker that held the run before logged while the claimer read.
+    """
+    grown = sorted(s for s, n in now.items() if s < claim_step and n > read.get(s, 0))
+    if grown:
+        raise CheckpointConflict(
+            f"run {run_id!r}: segment {grown[0]} took {now[grown[0]] - read.get(grown[0], 0)} more "
+            f"record(s) while this worker read the log before claiming step {claim_step} (the worker that "
+            "held it before was still writing). The claim is stored, with what it carries, and fenced that "
+            "worker; nothing ran on the stale read: recover the run again to read the late records"
         )

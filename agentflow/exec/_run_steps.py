@@ -34,6 +34,7 @@ from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._registry import Registry
 from agentflow.exec._run_checks import (
     AheadOfCheckpoint,
+    check_read_whole,
     check_records,
     check_still_paused,
     counts_of,
@@ -282,14 +283,7 @@ class RunSteps(Generic[C, R]):
         """
         assert self.store is not None
         _, now = await self.store.head(cur.run_id)
-        grown = sorted(s for s, n in now.items() if s < claim_step and n > counts.get(s, 0))
-        if grown:
-            raise CheckpointConflict(
-                f"run {cur.run_id!r}: segment {grown[0]} took {now[grown[0]] - counts.get(grown[0], 0)} more "
-                f"record(s) while this worker read the log before claiming step {claim_step} (the worker that "
-                "held it before was still writing). The claim is stored, with what it carries, and fenced that "
-                "worker; nothing ran on the stale read: recover the run again to read the late records"
-            )
+        check_read_whole(cur.run_id, claim_step, counts, now)
 
     def report_step(self, cur: C, replayed: list[str], rerun: list[str], recovering: bool) -> dict[str, Any] | None:
         """After the first step of a claim that continued a cut-off one: emit ``run.recovered``.
