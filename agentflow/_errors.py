@@ -9,7 +9,8 @@ AgentflowError
 │   │   ├── RunHeld                (.owner, .expires_at: a live worker holds the run)
 │   │   └── ControlRefused         (a message no signed decision backs)
 │   ├── CheckpointStoreCorrupt
-│   └── CheckpointTooLarge         (also a ValueError)
+│   ├── CheckpointTooLarge         (also a ValueError)
+│   └── StoreNotDurable            (a write was not acknowledged as durable in time; what needed it did not happen)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── RunFailed                      (.run_id, .error: a run ended failed; a worker's task raises it)
 ├── IdentityMismatch               (also a PermissionError)
@@ -92,6 +93,18 @@ class CheckpointStoreCorrupt(CheckpointError):
 
 class CheckpointTooLarge(CheckpointError, ValueError):
     """Raised when a checkpoint would be larger than the run's limit; nothing is stored."""
+
+
+class StoreNotDurable(CheckpointError):
+    """Raised when the store could not confirm in time that a write would survive the loss of its server.
+
+    A store configured to wait (`RedisCheckpointStore`'s ``wait_replicas`` and ``wait_fsync``)
+    raises it after the write itself took effect on the server: the write may be there, and may
+    be lost in a failover. What needed the write did not happen: a tool whose ``started`` was not
+    acknowledged did not run (its call is in doubt until someone says it did not happen), a run
+    whose claim was not acknowledged does not go on. The message names the setting and what was
+    missing.
+    """
 
 
 class RecoveryNeedsDecision(AgentflowError):

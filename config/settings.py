@@ -31,7 +31,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import MAKE_ONE, parse_keys
 from agentflow.celery import celery_config
-from agentflow.celery._config import AMQP_SCHEMES, REDIS_SCHEMES, is_rabbitmq
+from agentflow.celery._config import AMQP_SCHEMES, REDIS_SCHEMES, SENTINEL_SCHEME, is_rabbitmq
 
 #: Store URL schemes of the SQL store (`agentflow.cli._stores.open_store` opens them).
 SQL_SCHEMES = ("postgresql+asyncpg", "sqlite+aiosqlite")
@@ -72,6 +72,23 @@ class Settings(BaseSettings):
     ``redis://...``, ``postgresql+asyncpg://user@host/db`` or ``sqlite+aiosqlite:///path.db``;
     a SQL store's tables are named ``<key_prefix>_...`` unless the URL says ``?table_prefix=``,
     a Redis store's keys ``<key_prefix>:...`` unless it says ``?prefix=``.
+    """
+    store_wait_replicas: int = Field(default=0, ge=0)
+    """A Redis store's ``wait_replicas``: the writes a run's promise stands on return once so many replicas have them.
+
+    Those writes are a non-idempotent call's ``started`` (the tool does not run before), a
+    run's step 0 and every claim (each signed decision). 0: once the primary has them, and
+    a failover can lose the last ones (docs/stores/redis.md, Failover and durability).
+    """
+    store_wait_fsync: bool = False
+    """A Redis store's ``wait_fsync``: those writes also wait for the append-only file's fsync (Redis 7.2+ / Valkey)."""
+    store_wait_timeout_s: float = Field(default=1.0, gt=0, le=3600)
+    """How long those writes wait; unacknowledged, the run stops there (`StoreNotDurable`): nothing depends on them."""
+    store_allow_volatile: bool = False
+    """Start on a store that keeps nothing on disk (Redis without AOF or snapshots, and no replica waited for).
+
+    Refused by default, with a message: a restart of such a server loses every run and every
+    call's ``started`` record. Set it (``AGENTFLOW_STORE_ALLOW_VOLATILE=1``) when that is on purpose.
     """
     checkpoint_keys: SecretStr | None = None
     """One key or a comma-separated list, newest first: ``hex:...``, ``base64:...`` or text."""
@@ -157,11 +174,14 @@ class Settings(BaseSettings):
 
     def _url_problems(self) -> list[str]:
         problems = []
-        if urlsplit(self.broker()).scheme not in (*REDIS_SCHEMES, *AMQP_SCHEMES):
-            problems.append("AGENTFLOW_BROKER_URL must be a redis://, rediss://, amqp:// or amqps:// URL")
-        if urlsplit(self.store()).scheme not in (*REDIS_SCHEMES, *SQL_SCHEMES):
+        if urlsplit(self.broker()).scheme not in (*REDIS_SCHEMES, SENTINEL_SCHEME, *AMQP_SCHEMES):
             problems.append(
-                "AGENTFLOW_STORE_URL must be a redis://, rediss://, postgresql+asyncpg:// or sqlite+aiosqlite:// URL"
+                "AGENTFLOW_BROKER_URL must be a redis://, rediss://, redis+sentinel://, amqp:// or amqps:// URL"
+            )
+        if urlsplit(self.store()).scheme not in (*REDIS_SCHEMES, SENTINEL_SCHEME, *SQL_SCHEMES):
+            problems.append(
+                "AGENTFLOW_STORE_URL must be a redis://, rediss://, redis+sentinel://, postgresql+asyncpg:// or "
+                "sqlite+aiosqlite:// URL"
             )
         return problems
 

@@ -22,12 +22,18 @@ from workers.flows import load_flow_app
 
 
 def store_url(settings: Settings) -> str:
-    """The store URL with the deployment's prefix (and, on Redis, TTL) wherever the URL names none."""
+    """The store URL with the deployment's prefix, durability options and (Redis) TTL wherever the URL names none."""
     url = settings.store()
     scheme, query = urlsplit(url).scheme, urlsplit(url).query
     given = dict(parse_qsl(query, keep_blank_values=True))
-    if scheme in ("redis", "rediss"):
-        defaults = {"prefix": settings.key_prefix, "ttl_s": str(settings.ttl_s)}
+    volatile = {"allow_volatile": "1" if settings.store_allow_volatile else "0"}
+    if scheme in ("redis", "rediss", "redis+sentinel"):
+        defaults = {"prefix": settings.key_prefix, "ttl_s": str(settings.ttl_s), **volatile}
+        defaults["wait_replicas"] = str(settings.store_wait_replicas)
+        defaults["wait_fsync"] = "1" if settings.store_wait_fsync else "0"
+        defaults["wait_timeout_s"] = str(settings.store_wait_timeout_s)
+    elif scheme == "postgresql+asyncpg":
+        defaults = {"table_prefix": f"{settings.key_prefix.lower().replace('-', '_')}_", **volatile}
     else:
         defaults = {"table_prefix": f"{settings.key_prefix.lower().replace('-', '_')}_"}
     missing = {k: v for k, v in defaults.items() if k not in given}

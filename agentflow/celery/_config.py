@@ -2,10 +2,13 @@
 
 `celery_config` picks the broker's half from the URL's scheme:
 
-- Redis (``redis://``, ``rediss://``; any URL that is not AMQP): broker and result backend on that Redis, every key
-  under ``<key_prefix>:celery:``; an unacknowledged message is redelivered once it has
-  been unacknowledged for the visibility timeout (counted from delivery), so that timeout
-  stays long and recovery comes from the run's lease instead.
+- Redis (``redis://``, ``rediss://``, ``redis+sentinel://``; any URL that is not AMQP): broker and result
+  backend on that Redis, every key under ``<key_prefix>:celery:``. A ``redis+sentinel://`` URL
+  (the store's form, `agentflow.exec.checkpoints._redis_urls`) becomes kombu's list of
+  ``sentinel://`` URLs with the primary's name in the transport options: the workers ask the
+  Sentinels for the primary and follow a failover without a restart. An unacknowledged
+  message is redelivered once it has been unacknowledged for the visibility timeout
+  (counted from delivery), so that timeout stays long and recovery comes from the run's lease instead.
 - RabbitMQ (``amqp://``, ``amqps://``, ``pyamqp://``): every queue a quorum queue behind a
   topic exchange (the deployment's, and each flow version's queue, made as a missing
   queue: `_routing`), publisher confirms, and countdowns by native delayed delivery (the
@@ -22,15 +25,19 @@ Common to both: JSON only, late acks, prefetch multiplier 1, task events on.
 from __future__ import annotations
 
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from agentflow._errors import RunFailed
 from agentflow.celery._settings import WorkerSettings
+from agentflow.exec.checkpoints._redis_urls import SENTINEL_SCHEME as SENTINEL
+from agentflow.exec.checkpoints._redis_urls import parse_sentinel
 
 #: Broker URL schemes of RabbitMQ (kombu's AMQP transports).
 AMQP_SCHEMES: Final = ("amqp", "amqps", "pyamqp")
 #: Broker URL schemes of Redis.
 REDIS_SCHEMES: Final = ("redis", "rediss")
+#: The scheme of a Redis primary found through Sentinel (see the module notes).
+SENTINEL_SCHEME: Final = SENTINEL
 
 
 def is_rabbitmq(broker_url: str) -> bool:
@@ -99,12 +106,31 @@ def _redis(url: str, key_prefix: str, visibility_timeout_s: int, result_backend:
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
     }
+    results: dict[str, Any] = {"global_keyprefix": f"{key_prefix}:celery:"}
+    backend = result_backend or url
+    if urlsplit(url).scheme == SENTINEL_SCHEME:
+        url, found = _kombu_sentinel(url)
+        transport.update(found)
+    if urlsplit(backend).scheme == SENTINEL_SCHEME:
+        backend, found = _kombu_sentinel(backend)
+        results.update(found)
     return {
         "broker_url": url,
-        "result_backend": result_backend or url,
+        "result_backend": backend,
         "broker_transport_options": transport,
-        "result_backend_transport_options": {"global_keyprefix": f"{key_prefix}:celery:"},
+        "result_backend_transport_options": results,
     }
+
+
+def _kombu_sentinel(url: str) -> tuple[str, dict[str, Any]]:
+    """A ``redis+sentinel://`` URL as kombu and Celery take it: ``sentinel://`` URLs and transport options."""
+    found = parse_sentinel(url)
+    auth = f"{quote(found.username or '')}:{quote(found.password)}@" if found.password else ""
+    urls = ";".join(f"sentinel://{auth}{host}:{port}/{found.db}" for host, port in found.hosts)
+    options: dict[str, Any] = {"master_name": found.service}
+    if found.sentinel_password:
+        options["sentinel_kwargs"] = {"password": found.sentinel_password}
+    return urls, options
 
 
 def _rabbitmq(url: str, key_prefix: str, result_backend: str | None) -> dict[str, Any]:

@@ -3,12 +3,15 @@
 Accepted forms (the error for anything else lists them):
 
 - ``sqlite:///runs.db`` (relative path) or ``sqlite:////abs/path.db``: `SQLiteCheckpointStore`;
-- ``redis://host:6379/0?prefix=agentflow&ttl_s=604800`` (also ``rediss://``): `RedisCheckpointStore`;
+- ``redis://host:6379/0?prefix=agentflow&ttl_s=604800`` (also ``rediss://``, and
+  ``redis+sentinel://host:26379,host2:26379/<primary name>/0``): `RedisCheckpointStore`, with
+  its durability options as ``wait_replicas=1``, ``wait_fsync=1``, ``wait_timeout_s=1.0``;
 - ``postgresql+asyncpg://user@host/db`` and ``sqlite+aiosqlite:///runs.db``, with an optional
   ``?table_prefix=agentflow_``: `SQLAlchemyCheckpointStore`.
 
-The parameters agentflow reads (``prefix``, ``ttl_s``, ``table_prefix``) are taken out of the
-URL before the rest goes to the driver. Passwords never appear in messages (`redact`).
+The parameters agentflow reads (``prefix``, ``ttl_s``, the durability options,
+``allow_volatile``, ``table_prefix``) are taken out of the URL before the rest goes to the
+driver. Passwords never appear in messages (`redact`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 #: What ``--store`` accepts, for error messages.
 ACCEPTED: Final = (
     "sqlite:///relative.db, sqlite:////abs/path.db, redis://host:6379/0?prefix=agentflow, "
+    "redis+sentinel://host:26379,host2:26379/<primary name>/0, "
     "postgresql+asyncpg://user@host/db or sqlite+aiosqlite:///runs.db (SQL: ?table_prefix=...)"
 )
 
@@ -84,25 +88,52 @@ def _sqlite(url: str, must_exist: bool) -> CheckpointStore:
 def _redis(url: str) -> CheckpointStore:
     from agentflow.exec.checkpoints import RedisCheckpointStore  # ImportError names the extra
 
-    clean, ours = _take(url, ("prefix", "ttl_s"))
+    clean, ours = _take(url, ("prefix", "ttl_s", "wait_replicas", "wait_fsync", "wait_timeout_s", "allow_volatile"))
     ttl_s: int | None = 7 * 24 * 3600
     if "ttl_s" in ours:
         raw = ours["ttl_s"]
         if raw.lower() != "none" and not raw.isdigit():
             raise _bad(url, f"ttl_s must be a number of seconds or 'none', not {raw!r}")
         ttl_s = None if raw.lower() == "none" else int(raw)
-
-    store: CheckpointStore = RedisCheckpointStore.from_url(clean, prefix=ours.get("prefix", "agentflow"), ttl_s=ttl_s)
+    replicas = ours.get("wait_replicas", "0")
+    if not replicas.isdigit():
+        raise _bad(url, f"wait_replicas must be a whole number of replicas, not {replicas!r}")
+    try:
+        timeout = float(ours.get("wait_timeout_s", "1.0"))
+    except ValueError:
+        raise _bad(url, f"wait_timeout_s must be a number of seconds, not {ours['wait_timeout_s']!r}") from None
+    store: CheckpointStore = RedisCheckpointStore.from_url(
+        clean,
+        prefix=ours.get("prefix", "agentflow"),
+        ttl_s=ttl_s,
+        wait_replicas=int(replicas),
+        wait_fsync=_flag(url, ours, "wait_fsync", False),
+        wait_timeout_s=timeout,
+        allow_volatile=_flag(url, ours, "allow_volatile", True),
+    )
     return store
+
+
+def _flag(url: str, ours: dict[str, str], name: str, default: bool) -> bool:
+    raw = ours.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in ("0", "1", "true", "false"):
+        raise _bad(url, f"{name} must be 1 or 0, not {raw!r}")
+    return raw.lower() in ("1", "true")
 
 
 def _sql(url: str, must_exist: bool) -> CheckpointStore:
     from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore  # ImportError names the extra
 
-    clean, ours = _take(url, ("table_prefix",))
+    clean, ours = _take(url, ("table_prefix", "allow_volatile"))
     if must_exist and url.startswith("sqlite+aiosqlite:"):
         _check_exists(url, sqlite_path(clean))
-    store: CheckpointStore = SQLAlchemyCheckpointStore(clean, table_prefix=ours.get("table_prefix", "agentflow_"))
+    store: CheckpointStore = SQLAlchemyCheckpointStore(
+        clean,
+        table_prefix=ours.get("table_prefix", "agentflow_"),
+        allow_volatile=_flag(url, ours, "allow_volatile", True),
+    )
     return store
 
 
@@ -122,7 +153,7 @@ def open_store(url: str, *, must_exist: bool = True) -> CheckpointStore:
     try:
         if scheme == "sqlite":
             return _sqlite(url, must_exist)
-        if scheme in ("redis", "rediss"):
+        if scheme in ("redis", "rediss", "redis+sentinel"):
             return _redis(url)
         if scheme in ("postgresql+asyncpg", "sqlite+aiosqlite"):
             return _sql(url, must_exist)

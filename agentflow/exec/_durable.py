@@ -8,7 +8,9 @@ Moving parts:
   ``started``, runs the tool and logs the end.
 
 Invariants:
-- A tool never runs unless its ``started`` record is in the store (accepted, not fenced).
+- A tool never runs unless its ``started`` record is in the store (accepted, not fenced),
+  and, for a non-idempotent tool, acknowledged as durable where the store is set to wait
+  for that (`SealedCall.durable`: replicas, an fsync); not acknowledged, the tool does not run.
 - Nothing is logged ``started`` until the call holds a slot of every limit of its tool
   (`Gate.holding`, renewed until the first attempt ends): a call waiting for a slot is not
   in doubt, so a worker killed while it waits leaves a call that simply runs on recovery.
@@ -245,7 +247,8 @@ class CallLog:
         started["idempotent"] = tool.idempotent
         if self.span is not None:  # the superstep's span: a recovery links to it (`_run_checks.cut_off_spans`)
             started["span"] = self.span
-        await self._write("started", request, **started)
+        if self.journal is not None:  # a non-idempotent call's started must survive a failover before it runs
+            await self.journal.write("started", self._body(request, **started), durable=not tool.idempotent)
 
     async def _run(
         self,

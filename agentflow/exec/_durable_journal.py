@@ -47,16 +47,16 @@ class Journal:
         self._held: list[SealedCall] = []
         self._lock = asyncio.Lock()
 
-    async def write(self, kind: str, body: dict[str, Any]) -> None:
-        """Sign and append one record.
+    async def write(self, kind: str, body: dict[str, Any], *, durable: bool = False) -> None:
+        """Sign and append one record (`durable`: the run must not go on until it would survive a failover).
 
         Raises:
             CheckpointConflict: the store refused it (fenced, or out of sequence).
             TypeError, ValueError: the body cannot be encoded.
         """
-        await self.write_encoded(kind, canonical(body))
+        await self.write_encoded(kind, canonical(body), durable=durable)
 
-    async def write_encoded(self, kind: str, payload: bytes) -> None:
+    async def write_encoded(self, kind: str, payload: bytes, *, durable: bool = False) -> None:
         """Sign and append one record whose body is already canonical JSON.
 
         Raises:
@@ -66,7 +66,9 @@ class Journal:
             held, self._held = self._held, []
             for record in held:
                 await self._append(record)
-            record = self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload)
+            record = self.sealer.seal_encoded_call(
+                self.run_id, self.segment, self.next_seq, kind, payload, durable=durable
+            )
             await self._append(record)
             self.next_seq += 1
 

@@ -168,10 +168,12 @@ class Sealer:
         """
         return self.seal_encoded_call(run_id, segment, seq, kind, canonical(body))
 
-    def seal_encoded_call(self, run_id: str, segment: int, seq: int, kind: str, payload: bytes) -> SealedCall:
-        """Sign a call record whose body is already canonical JSON (`canonical`)."""
+    def seal_encoded_call(
+        self, run_id: str, segment: int, seq: int, kind: str, payload: bytes, *, durable: bool = False
+    ) -> SealedCall:
+        """Sign a call record whose body is already canonical JSON (`canonical`); `durable` is `SealedCall.durable`."""
         sig = self._mac(self._kid, self._call_header(run_id, segment, seq, kind), payload)
-        return SealedCall(run_id, segment, seq, kind, payload, self._kid, sig)
+        return SealedCall(run_id, segment, seq, kind, payload, self._kid, sig, durable)
 
     def open_call(self, row: SealedCall, run_id: str) -> dict[str, Any]:
         """Check a call record, then decode its body.

@@ -70,6 +70,8 @@ class Deployment:
             "time_limit_s": 60,
             "soft_time_limit_s": 50,
             "visibility_timeout_s": 120,
+            # The machine's Redis keeps nothing on disk: a test deployment's store on purpose.
+            "store_allow_volatile": True,
         }
         self.env = {
             **os.environ,

@@ -76,11 +76,46 @@ def test_urls_of_another_kind_are_refused_in_one_message_that_shows_no_password(
     assert "AGENTFLOW_BROKER_URL" in text and "AGENTFLOW_STORE_URL" in text and "pw-secret" not in text
 
 
-def test_the_store_gets_the_deployments_prefix_unless_its_url_names_one():
-    assert store_url(settings(key_prefix="acme", ttl_s=60)) == "redis://127.0.0.1:6379/0?prefix=acme&ttl_s=60"
-    assert store_url(settings(key_prefix="acme", store_url=POSTGRES)) == f"{POSTGRES}?table_prefix=acme_"
-    given = f"{POSTGRES}?ssl=require&table_prefix=other_"
+def test_the_store_gets_the_deployments_prefix_and_durability_unless_its_url_names_them():
+    durability = "allow_volatile=0&wait_replicas=0&wait_fsync=0&wait_timeout_s=1.0"
+    expected = f"redis://127.0.0.1:6379/0?prefix=acme&ttl_s=60&{durability}"
+    assert store_url(settings(key_prefix="acme", ttl_s=60)) == expected
+    assert (
+        store_url(settings(key_prefix="acme", store_url=POSTGRES)) == f"{POSTGRES}?table_prefix=acme_&allow_volatile=0"
+    )
+    given = f"{POSTGRES}?ssl=require&table_prefix=other_&allow_volatile=1"
     assert store_url(settings(key_prefix="acme", store_url=given)) == given
+
+
+def test_the_durability_settings_reach_every_workers_store():
+    # Given AGENTFLOW_STORE_WAIT_REPLICAS=1, _WAIT_FSYNC=1, _WAIT_TIMEOUT_S=0.5 and a Sentinel URL
+    made = settings(
+        store_url="redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/primary-a/2",
+        store_wait_replicas=1,
+        store_wait_fsync=True,
+        store_wait_timeout_s=0.5,
+        store_allow_volatile=True,
+    )
+    # Then each worker process's store waits as asked
+    store = store_factory(made)()
+    assert isinstance(store, RedisCheckpointStore)
+    assert (store.durability.replicas, store.durability.fsync, store.durability.timeout_s) == (1, True, 0.5)
+    assert store.durability.allow_volatile
+
+
+def test_a_sentinel_broker_becomes_kombus_sentinel_urls_with_the_primarys_name():
+    made = settings(broker_url="redis+sentinel://:pw-secret@10.0.0.1:26379,10.0.0.2/primary-a/1")
+    config = made.celery()
+    assert config["broker_url"] == "sentinel://:pw-secret@10.0.0.1:26379/1;sentinel://:pw-secret@10.0.0.2:26379/1"
+    assert config["broker_transport_options"]["master_name"] == "primary-a"
+    assert config["result_backend"].startswith("sentinel://")
+    assert config["result_backend_transport_options"]["master_name"] == "primary-a"
+    assert "pw-secret" not in repr(made)
+
+
+def test_a_sentinel_url_without_its_primarys_name_is_refused_saying_how_to_write_it():
+    with pytest.raises(SystemExit, match=r"redis\+sentinel://host:26379,host2:26379/<primary name>"):
+        store_factory(settings(store_url="redis+sentinel://127.0.0.1:26379"))
 
 
 async def test_each_worker_process_opens_the_store_the_url_names():

@@ -579,7 +579,7 @@ async def test_from_url_makes_a_working_store_and_refuses_other_urls(
     finally:
         await s.aclose()
     # And a URL of another kind, or a bad deadline, is refused with what to give instead
-    with pytest.raises(ValueError, match="redis://, rediss:// or unix:// URL"):
+    with pytest.raises(ValueError, match="redis://, rediss://, unix:// or redis\\+sentinel:// URL"):
         RedisCheckpointStore.from_url("postgresql://localhost/db")
     for bad in (0, -1.0, True):
         with pytest.raises(ValueError, match="op_timeout_s must be a positive number"):

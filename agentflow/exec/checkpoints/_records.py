@@ -8,8 +8,8 @@ store is detected exactly like changing the payload.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Final, Literal
 
 #: Statuses a checkpoint can carry. ``done``, ``failed`` and ``cancelled`` end the run.
 Status = Literal["running", "paused", "done", "failed", "cancelled"]
@@ -70,6 +70,14 @@ class SealedCall:
     """Id of the key that signed this row."""
     sig: str
     """HMAC-SHA256 (hex) over the fields above and the payload."""
+    durable: bool = field(default=False, metadata={"stored": False})
+    """Whether the run must not go on until this record would survive the loss of the store's server.
+
+    Set by the writer for the ``started`` record of a non-idempotent call; not signed and not
+    stored (it says how to write the record, not what it says). A store that can wait for
+    replicas or an fsync (`RedisCheckpointStore`'s ``wait_replicas``, ``wait_fsync``) waits for
+    these; any other store ignores it.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,3 +152,8 @@ class StoredEvent:
     """Opaque and ordered per run: reading after it returns the events appended after this one."""
     event: SealedEvent
     """The event, still sealed."""
+
+
+def stored_fields(cls: type[Any]) -> tuple[Field[Any], ...]:
+    """The fields of a sealed row that a store keeps, in order (not `SealedCall.durable`: how to write, not what)."""
+    return tuple(f for f in fields(cls) if f.metadata.get("stored", True))

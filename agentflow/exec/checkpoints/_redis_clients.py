@@ -12,6 +12,10 @@ slots before any command is sent) included, with ``op_timeout_s``
 With that deadline the client needs no socket timeout of its own, which spares redis-py's
 per-command ``asyncio.wait_for`` (on Python 3.11 a task and extra loop turns per command).
 
+A new client is checked once before its first operation (`LoopClients`' ``check``, the
+store's server check: `_redis_durability.check_server`); a check that refuses is made
+again on the next operation, so a server set right meanwhile is taken.
+
 `LoopClients.scan` walks the keyspace with SCAN on the one server, or on every primary of
 a Cluster (the keys of each slot live on its primary), one deadline per page.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -44,6 +48,7 @@ class Bound:
     client: Client
     scripts: dict[str, AsyncScript]
     closer: AsyncGenerator[None, None] | None = field(default=None, repr=False)
+    checked: bool = False
 
     @property
     def cluster(self) -> bool:
@@ -54,9 +59,16 @@ class Bound:
 class LoopClients:
     """The clients of one store, one per running event loop."""
 
-    def __init__(self, factory: Callable[[], Client], scripts: Mapping[str, str], op_timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Client],
+        scripts: Mapping[str, str],
+        op_timeout_s: float | None,
+        check: Callable[[Client], Awaitable[None]] | None = None,
+    ) -> None:
         self._factory = factory
         self._scripts = dict(scripts)
+        self._check = check
         self.op_timeout_s = op_timeout_s
         self.bound: dict[int, Bound] = {}
 
@@ -76,6 +88,9 @@ class LoopClients:
                     # several commands sent at once as a new client's first ("'NoneType' object has
                     # no attribute 'writelines'"), but not after `initialize`, which takes its own lock.
                     await bound.client.initialize()
+                if not bound.checked and self._check is not None:
+                    await self._check(bound.client)
+                    bound.checked = True
                 yield bound
         except TimeoutError:  # the deadline (redis-py's own TimeoutError is not this class)
             raise CheckpointError(
@@ -157,6 +172,9 @@ class LoopClients:
 
 def address(client: Client) -> str:
     """Say where `client` connects, for error messages."""
+    service = getattr(getattr(client, "connection_pool", None), "service_name", None)
+    if service is not None:  # a primary found through Sentinel (`_redis_urls`)
+        return f"the primary Sentinel calls {service!r}"
     kwargs = client.get_connection_kwargs()
     if kwargs.get("path"):
         return f"unix:{kwargs['path']}"

@@ -10,6 +10,12 @@ atomic step. On Redis Cluster they live in other slots: a step 0 adds the run to
 before its save, and every save brings its entries up to date after; a failure there is
 logged, never raised (the save itself is durable, and the listings skip and repair stale
 entries).
+
+A write the run's promise stands on (`Durability.needs`: a record marked ``durable``, a
+checkpoint that opens a segment) is sent in one pipeline with the store's ``WAIT`` or
+``WAITAOF``, and `Durability.check_ack` reads the acknowledgement after the script's reply:
+a refused write raises its refusal, an accepted one that was not acknowledged in time
+raises `StoreNotDurable`.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from collections.abc import Callable, Sequence
 
 from redis import exceptions as redis_errors
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt
+from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._redis_clients import LoopClients
+from agentflow.exec.checkpoints._redis_clients import Bound, LoopClients
+from agentflow.exec.checkpoints._redis_durability import Durability
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_rows import _encode, _text
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_save
@@ -32,11 +39,19 @@ _log = logging.getLogger("agentflow.exec.checkpoints.redis")
 class RedisWrites:
     """The save and record scripts of one store; `run_keys(run_id)` names a run's four keys (and checks the id)."""
 
-    def __init__(self, clients: LoopClients, index: Index, run_keys: Callable[[str], list[str]], ttl: str) -> None:
+    def __init__(
+        self,
+        clients: LoopClients,
+        index: Index,
+        run_keys: Callable[[str], list[str]],
+        ttl: str,
+        durability: Durability,
+    ) -> None:
         self._clients = clients
         self._index = index
         self._run_keys = run_keys
         self._ttl = ttl
+        self._durability = durability
 
     async def save(self, run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall]) -> None:
         """Append `calls`, then save `cp` as `step`, in one script: one round trip, all or nothing."""
@@ -55,7 +70,8 @@ class RedisWrites:
                 await self._index.update(bound, run_id, cp, before=True)
             if not cluster:
                 keys += self._index.keys(cp.flow)
-            reply = [_text(part) for part in await bound.scripts["save"](keys=keys, args=args)]
+            durable = self._durability.needs(step=step, segment=cp.segment)
+            reply = await self._script(bound, "save", keys, args, run_id, f"step {step}" if durable else None)
             if reply[0] != "ok":
                 _refuse_save(run_id, step, cp, calls, reply)
             try:
@@ -76,13 +92,44 @@ class RedisWrites:
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
         row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
         args: list[str | int | bytes] = [record.segment, record.seq, record.kind, row, self._ttl]
+        what = f"the {record.kind} record {record.segment}.{record.seq}"
+        durable = what if self._durability.needs(durable_record=record.durable) else None
         async with self._clients.use() as bound:
-            reply = [_text(part) for part in await bound.scripts["record_call"](keys=self._run_keys(run_id), args=args)]
+            reply = await self._script(bound, "record_call", self._run_keys(run_id), args, run_id, durable)
         if reply[0] == "missing":
             check_call(run_id, record, None, 0)
         elif reply[0] != "ok":
             check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
             raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
+
+    async def _script(
+        self, bound: Bound, name: str, keys: list[str], args: list[str | int | bytes], run_id: str, durable: str | None
+    ) -> list[str]:
+        """Run script `name`; when `durable` names the write, wait for it in the same pipeline and check the ack."""
+        if durable is None:
+            return [_text(part) for part in await bound.scripts[name](keys=keys, args=args)]
+        if bound.cluster:
+            raise CheckpointError(
+                "RedisCheckpointStore: wait_replicas and wait_fsync are not supported on Redis Cluster (each "
+                "shard's primary would have to be waited on apart); use one primary with replicas and Sentinel"
+            )
+        script = bound.scripts[name]
+        for _ in range(2):  # EVALSHA, and once more after loading a script the server does not know
+            pipe = bound.client.pipeline(transaction=False)  # not redis-py's script support: it asks SCRIPT EXISTS
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            self._durability.add_wait(pipe)
+            raw, ack = await pipe.execute(raise_on_error=False)
+            if not isinstance(raw, redis_errors.NoScriptError):
+                break
+            await bound.client.script_load(script.script)
+        if isinstance(raw, Exception):
+            raise raw
+        reply = [_text(part) for part in raw]
+        if reply[0] == "ok":
+            if isinstance(ack, Exception):
+                raise CheckpointError(f"run {run_id!r}: {durable} is on the Redis primary, but its wait failed: {ack}")
+            self._durability.check_ack(ack, run_id, durable)
+        return reply
 
 
 def _refuse_save(run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall], reply: list[str]) -> None:

@@ -9,18 +9,17 @@ mismatch is `CheckpointStoreCorrupt` naming the run. Rows come as mappings (SQLA
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any, Final, TypeVar
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint, stored_fields
 
 R = TypeVar("R", SealedCheckpoint, SealedCall)
 
 #: Each sealed row's fields and their types (annotations are strings under postponed evaluation).
 _KINDS: Final[dict[str, type]] = {"str": str, "int": int, "float": float, "bytes": bytes}
 _LAYOUT: Final[dict[type, list[tuple[str, type]]]] = {
-    cls: [(f.name, _KINDS[f.type if isinstance(f.type, str) else f.type.__name__]) for f in fields(cls)]
+    cls: [(f.name, _KINDS[f.type if isinstance(f.type, str) else f.type.__name__]) for f in stored_fields(cls)]
     for cls in (SealedCheckpoint, SealedCall)
 }
 

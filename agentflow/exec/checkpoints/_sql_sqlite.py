@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any, Final, TypeVar
 
 from agentflow._errors import AgentflowError, CheckpointConflict
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint, stored_fields
 from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints._sql_engines import SQLITE_BUSY_TIMEOUT_MS, Connector, LoopEngine
 from agentflow.exec.checkpoints._sqlite_file import _immediate, _unflushed
@@ -49,7 +49,7 @@ _T = TypeVar("_T")
 
 #: A checkpoint row's columns, in `SealedCheckpoint` field order; a call row's, in `SealedCall`'s.
 _CHECKPOINT: Final = tuple(f.name for f in fields(SealedCheckpoint))
-_CALL: Final = tuple(f.name for f in fields(SealedCall))
+_CALL: Final = tuple(f.name for f in stored_fields(SealedCall))
 #: A lease row's columns, in `Lease` field order.
 _LEASE: Final = tuple(f.name for f in fields(Lease))
 #: How many run ids one statement of `leases` asks for (SQLite allows 32,766 parameters).

@@ -12,14 +12,14 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint, stored_fields
 
 #: The parameters of a save besides ``run`` (the run's id): the checkpoint's other fields.
 SAVE_FIELDS: Final = tuple(f.name for f in fields(SealedCheckpoint) if f.name != "run_id")
 #: The columns of ``runs`` a save (and a relist) sets besides ``run_id``: the latest checkpoint's fields in clear.
 LATEST_FIELDS: Final = ("flow", "status", "step", "segment", "saved_at")
 #: The parameters of a call record's insert.
-CALL_FIELDS: Final = tuple(f.name for f in fields(SealedCall))
+CALL_FIELDS: Final = tuple(f.name for f in stored_fields(SealedCall))
 
 
 @dataclass(frozen=True, slots=True)

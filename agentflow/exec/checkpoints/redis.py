@@ -52,6 +52,12 @@ after its last write, whatever its status but paused.
 
 Each operation has a deadline of its own (``op_timeout_s``), and each event loop its own
 client: `_redis_clients`.
+
+Durability (``wait_replicas``, ``wait_fsync``, ``wait_timeout_s``) is `_redis_durability`'s:
+the writes the run's promise stands on (a non-idempotent call's ``started``, a run's step 0,
+every claim) wait in their own pipeline for replicas or an fsync, and the server is
+checked once per client. `from_url` takes ``redis+sentinel://`` URLs (`_redis_urls`): the
+client asks the Sentinels for the primary and asks again after a failover.
 """
 
 from __future__ import annotations
@@ -59,8 +65,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
-
-from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import (
@@ -72,12 +76,14 @@ from agentflow.exec.checkpoints._records import (
     StoredEvent,
     Trimmed,
 )
-from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
+from agentflow.exec.checkpoints._redis_clients import Client, LoopClients, address
+from agentflow.exec.checkpoints._redis_durability import Durability, check_server
 from agentflow.exec.checkpoints._redis_events import RedisEvents
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_leases import Leases
 from agentflow.exec.checkpoints._redis_prune import RedisPrune
 from agentflow.exec.checkpoints._redis_rows import _calls_of, _decode_checkpoint, _head_of, _text
+from agentflow.exec.checkpoints._redis_urls import client_factory
 from agentflow.exec.checkpoints._redis_writes import RedisWrites
 from agentflow.exec.checkpoints._rules import check_events, check_row
 
@@ -108,6 +114,10 @@ class RedisCheckpointStore:
         prefix: str = "agentflow",
         ttl_s: int | None = 7 * 24 * 3600,
         op_timeout_s: float | None = 10.0,
+        wait_replicas: int = 0,
+        wait_fsync: bool = False,
+        wait_timeout_s: float = 1.0,
+        allow_volatile: bool = True,
     ) -> None:
         """Make a store; no connection is opened until the first call.
 
@@ -119,9 +129,19 @@ class RedisCheckpointStore:
                 paused); None keeps runs forever.
             op_timeout_s: deadline of each store operation, connecting included; past it
                 the operation raises `CheckpointError` (None: the client's timeouts only).
+            wait_replicas: the writes the run's promise stands on (a non-idempotent call's
+                ``started``, a run's step 0, every claim) return only once this many
+                replicas have them (``WAIT``); 0: once the primary has them.
+            wait_fsync: those writes also wait until the append-only file holds them on
+                disk, on the primary and on the `wait_replicas` replicas (``WAITAOF``;
+                Redis 7.2 or Valkey, with ``appendonly yes``).
+            wait_timeout_s: how long those writes wait; unacknowledged by then, the write
+                raises `StoreNotDurable` and what depended on it does not happen.
+            allow_volatile: False refuses a server that keeps nothing on disk while no
+                replica is waited for (True: a warning once per server).
 
         Raises:
-            ValueError: `prefix`, `ttl_s` or `op_timeout_s` is not acceptable.
+            ValueError: `prefix`, `ttl_s`, `op_timeout_s` or a wait option is not acceptable.
             TypeError: `client_factory` is not callable.
         """
         if not callable(client_factory):
@@ -137,31 +157,57 @@ class RedisCheckpointStore:
             )
         if op_timeout_s is not None and (isinstance(op_timeout_s, bool) or not op_timeout_s > 0):
             raise ValueError(f"op_timeout_s must be a positive number of seconds, or None; got {op_timeout_s!r}")
-        self._clients = LoopClients(client_factory, _LUA, op_timeout_s)
+        durability = Durability(wait_replicas, wait_fsync, wait_timeout_s, allow_volatile)
+        if durability.waits and op_timeout_s is not None and op_timeout_s <= wait_timeout_s:
+            raise ValueError(
+                f"op_timeout_s ({op_timeout_s}) must be longer than wait_timeout_s ({wait_timeout_s}): a write that "
+                "waits for replicas or an fsync is one operation"
+            )
+        self.durability = durability
+        """What the writes the run's promise stands on wait for (`_redis_durability.Durability`)."""
+
+        async def check(client: Client) -> None:
+            await check_server(client, address(client), durability)
+
+        self._clients = LoopClients(client_factory, _LUA, op_timeout_s, check)
         self._prefix = prefix
         self._ttl = str(ttl_s or 0)
         self._index = Index(prefix, self._run_keys)
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
         self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
         self._events = RedisEvents(self._clients, self._run_keys, self._ttl)
-        self._writes = RedisWrites(self._clients, self._index, self._run_keys, self._ttl)
+        self._writes = RedisWrites(self._clients, self._index, self._run_keys, self._ttl, durability)
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = "agentflow", ttl_s: int | None = 7 * 24 * 3600, op_timeout_s: float = 10.0
+        cls,
+        url: str,
+        *,
+        prefix: str = "agentflow",
+        ttl_s: int | None = 7 * 24 * 3600,
+        op_timeout_s: float = 10.0,
+        wait_replicas: int = 0,
+        wait_fsync: bool = False,
+        wait_timeout_s: float = 1.0,
+        allow_volatile: bool = True,
     ) -> RedisCheckpointStore:
-        """A store on the Redis server at `url` (``redis://``, ``rediss://`` or ``unix://``).
+        """A store on the Redis server at `url` (``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://``).
 
-        Its clients leave timing out to the store's deadline (``socket_timeout=None``; see
-        the module notes), which makes each command cheaper.
+        ``redis+sentinel://[:password@]host:26379,host2:26379/<primary name>[/<db>]`` asks the
+        Sentinels where the primary is, and asks again after a failover. Its clients leave
+        timing out to the store's deadline (``socket_timeout=None``; see the module notes),
+        which makes each command cheaper. The other arguments are the constructor's.
         """
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"url must be a redis://, rediss:// or unix:// URL; got {url!r}")
-
-        def client() -> Redis:
-            return Redis.from_url(url, socket_timeout=None, socket_connect_timeout=op_timeout_s)
-
-        return cls(client, prefix=prefix, ttl_s=ttl_s, op_timeout_s=op_timeout_s)
+        return cls(
+            client_factory(url, op_timeout_s),
+            prefix=prefix,
+            ttl_s=ttl_s,
+            op_timeout_s=op_timeout_s,
+            wait_replicas=wait_replicas,
+            wait_fsync=wait_fsync,
+            wait_timeout_s=wait_timeout_s,
+            allow_volatile=allow_volatile,
+        )
 
     async def __aenter__(self) -> RedisCheckpointStore:
         return self

@@ -46,6 +46,7 @@ from agentflow.exec.checkpoints._records import (
     Trimmed,
 )
 from agentflow.exec.checkpoints._rules import check_events, check_row, int_cursor
+from agentflow.exec.checkpoints._sql_durability import check_commit
 from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
 from agentflow.exec.checkpoints._sql_events import SQLEvents
 from agentflow.exec.checkpoints._sql_leases import SQLLeases
@@ -96,6 +97,8 @@ class SQLAlchemyCheckpointStore:
         url: ``postgresql+asyncpg://user@host/db`` or ``sqlite+aiosqlite:///path/to/file.db``.
         table_prefix: starts every table name; one prefix per tenant (``[a-z_][a-z0-9_]*``, up to 40).
         engine_options: keyword arguments for `sqlalchemy.ext.asyncio.create_async_engine`.
+        allow_volatile: False refuses a PostgreSQL whose ``synchronous_commit`` is ``off``
+            (commits that a crash can lose); True warns once (`_sql_durability`).
 
     Raises:
         ValueError: the URL is not one of the two async forms, or the prefix is not a plain name.
@@ -106,9 +109,15 @@ class SQLAlchemyCheckpointStore:
     local_key: bytes | None = None
 
     def __init__(
-        self, url: str, *, table_prefix: str = "agentflow_", engine_options: Mapping[str, Any] | None = None
+        self,
+        url: str,
+        *,
+        table_prefix: str = "agentflow_",
+        engine_options: Mapping[str, Any] | None = None,
+        allow_volatile: bool = True,
     ) -> None:
         parsed = check_url(url)
+        self._allow_volatile = allow_volatile
         if not isinstance(table_prefix, str) or not _PREFIX.fullmatch(table_prefix):
             raise ValueError(f"table_prefix must match [a-z_][a-z0-9_]* (at most 40 characters), not {table_prefix!r}")
         self._db = Connector(parsed, engine_options or {})
@@ -167,6 +176,7 @@ class SQLAlchemyCheckpointStore:
             if not self._sqlite:
                 lock = sa.text("SELECT pg_advisory_xact_lock(hashtext(coalesce(current_schema(), '') || :k))")
                 await conn.execute(lock, {"k": f":agentflow-setup:{self._prefix}"})
+                await check_commit(conn, self._shown, allow_volatile=self._allow_volatile)
             await conn.run_sync(self._migrate)
         self._schema_ready = True
 

@@ -1,0 +1,169 @@
+"""When a write to Redis counts as stored: the ``wait_replicas`` / ``wait_fsync`` options and the server check.
+
+Redis acknowledges a write once it is in the primary's memory. Replication is
+asynchronous and the append-only file is fsynced once a second at best, so a failover
+(a replica promoted) or a crash of the primary's host loses the last acknowledged
+writes. For most of a run that is harmless: a lost checkpoint is replayed from the call
+log, a lost idempotent call reruns. It is not harmless for the writes the run's
+promise stands on, which `Durability.needs` names:
+
+- a call record the journal marks ``durable`` (the ``started`` of a non-idempotent call:
+  lost, the call would run again after a failover, although it may have had its effect);
+- a checkpoint that opens a segment: a run's step 0 (the client was told the run
+  started) and every claim (a recovery's fence, and every signed decision: an approval,
+  a retry, what happened to a call in doubt).
+
+Moving parts: `Durability` holds the options and appends ``WAIT numreplicas timeout``
+(``wait_replicas``) or ``WAITAOF 1 numreplicas timeout`` (``wait_fsync``) to the same
+pipeline as the write. Both wait for the writes made *on that connection*, which is
+why the wait rides the write's pipeline (one connection, one round trip) rather than
+following it. `check_server` reads the server once per client: ``WAITAOF`` needs Redis
+7.2 (or Valkey) and an append-only file; a server that keeps nothing on disk is
+reported (a warning) or refused (``allow_volatile=False``, what the workers' settings
+ask for unless ``AGENTFLOW_STORE_ALLOW_VOLATILE`` says it is a cache on purpose).
+
+Invariant: a write that `needs` durability and was not acknowledged as configured
+raises `StoreNotDurable` after it took effect on the primary. The caller treats it as a
+store error: what depended on it does not happen (the tool does not run, the run does
+not go on), and the write itself may or may not survive, which the protocol already
+copes with (a ``started`` with no end is a call in doubt).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agentflow._errors import CheckpointError, StoreNotDurable
+
+_log = logging.getLogger("agentflow.exec.checkpoints.redis")
+
+#: The first Redis version with ``WAITAOF`` (Valkey reports a compatible ``redis_version``).
+_WAITAOF_SINCE = (7, 2)
+#: Servers already warned about (address), so a process warns once per server, not per client.
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Durability:
+    """What a write the run's promise stands on waits for before the store returns."""
+
+    replicas: int = 0
+    """``wait_replicas``: how many replicas must have the write (``WAIT``)."""
+    fsync: bool = False
+    """``wait_fsync``: the write must be in the append-only file on disk, here and on those replicas (``WAITAOF``)."""
+    timeout_s: float = 1.0
+    """``wait_timeout_s``: how long to wait for the acknowledgements."""
+    allow_volatile: bool = True
+    """Whether a server that keeps nothing on disk is only warned about (True) or refused."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
+            raise ValueError(f"wait_replicas must be a whole number of replicas, 0 or more; got {self.replicas!r}")
+        if not isinstance(self.fsync, bool):
+            raise ValueError(f"wait_fsync must be True or False; got {self.fsync!r}")
+        timeout = self.timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0.001 <= timeout <= 3600:
+            raise ValueError(f"wait_timeout_s must be a number of seconds from 0.001 to 3600; got {timeout!r}")
+
+    @property
+    def waits(self) -> bool:
+        """Whether any write waits at all."""
+        return self.replicas > 0 or self.fsync
+
+    def needs(self, *, durable_record: bool = False, step: int | None = None, segment: int | None = None) -> bool:
+        """Whether this write waits: a record marked durable, or a checkpoint that opens a segment."""
+        if not self.waits:
+            return False
+        return durable_record or (step is not None and step == segment)
+
+    def add_wait(self, pipe: Any) -> None:
+        """Queue the wait on `pipe`, after the write it covers (same connection)."""
+        ms = max(1, round(self.timeout_s * 1000))
+        if self.fsync:
+            pipe.execute_command("WAITAOF", 1, self.replicas, ms)
+        else:
+            pipe.execute_command("WAIT", self.replicas, ms)
+
+    def check_ack(self, reply: Any, run_id: str, what: str) -> None:
+        """Raise `StoreNotDurable` unless `reply` (of the queued wait) acknowledges what was asked.
+
+        Raises:
+            StoreNotDurable: too few replicas, or no local fsync, within ``wait_timeout_s``.
+        """
+        local, replicas = (int(reply[0]), int(reply[1])) if self.fsync else (1, int(reply))
+        missing = []
+        if local < 1:
+            missing.append("the primary did not fsync it to its append-only file (wait_fsync)")
+        if replicas < self.replicas:
+            how = "fsynced it" if self.fsync else "acknowledged it"
+            missing.append(f"only {replicas} of the {self.replicas} replicas asked for {how} (wait_replicas)")
+        if missing:
+            raise StoreNotDurable(
+                f"run {run_id!r}: {what} is on the Redis primary, but {' and '.join(missing)} within "
+                f"wait_timeout_s ({self.timeout_s} s), so a failover could lose it. Nothing that depends on it "
+                "went ahead (a tool whose started record this was did not run; its call stays in doubt until "
+                "someone says it did not happen). Check the replicas' links and lag, or raise wait_timeout_s"
+            )
+
+
+async def check_server(client: Any, where: str, durability: Durability) -> None:
+    """Read the server once for a new client; refuse what cannot work, warn about what keeps nothing.
+
+    Raises:
+        CheckpointError: ``wait_fsync`` on a server without ``WAITAOF`` or without an
+            append-only file, or (``allow_volatile=False``) a server that keeps nothing on
+            disk while the store waits for no replica.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.info("server")
+    pipe.info("persistence")
+    pipe.execute_command("CONFIG", "GET", "save")
+    server, persistence, save = await pipe.execute(raise_on_error=False)
+    if isinstance(server, Exception) or isinstance(persistence, Exception):
+        return  # a server that hides INFO (a managed one): nothing can be said, the waits still work
+    version = _version(str(server.get("redis_version", "0")))
+    aof = str(persistence.get("aof_enabled", "0")) == "1"
+    if durability.fsync and version < _WAITAOF_SINCE:
+        raise CheckpointError(
+            f"RedisCheckpointStore(wait_fsync=True): Redis at {where} is version {server.get('redis_version')}, "
+            "which has no WAITAOF (Redis 7.2 or Valkey 7.2 and later have it): upgrade the server, or use "
+            "wait_replicas alone"
+        )
+    if durability.fsync and not aof:
+        raise CheckpointError(
+            f"RedisCheckpointStore(wait_fsync=True): Redis at {where} has no append-only file (appendonly no), "
+            "so nothing can be fsynced: set 'appendonly yes' on the server (CONFIG SET appendonly yes, and in "
+            "its configuration file), or drop wait_fsync"
+        )
+    saves = _saves(save)
+    if aof or saves is None or saves or durability.replicas > 0:
+        return
+    why = (
+        f'Redis at {where} keeps nothing on disk (appendonly no, save "") and the store waits for no '
+        "replica: a restart of that server loses every run, and with it every call's started record"
+    )
+    if not durability.allow_volatile:
+        raise CheckpointError(
+            f"{why}. Turn persistence on (appendonly yes, appendfsync everysec or always), or set wait_replicas; "
+            "if it is a cache on purpose, say so with AGENTFLOW_STORE_ALLOW_VOLATILE=1 (or allow_volatile=True)"
+        )
+    if where not in _warned:
+        _warned.add(where)
+        _log.warning("%s (see docs/stores/redis.md, Failover and durability)", why)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split(".")[:2]:
+        parts.append(int(part) if part.isdigit() else 0)
+    return tuple(parts)
+
+
+def _saves(reply: Any) -> bool | None:
+    """Whether ``CONFIG GET save`` names snapshot points (None: the server would not say)."""
+    if isinstance(reply, Exception):
+        return None
+    values = list(reply.values()) if isinstance(reply, dict) else list(reply)[1::2]
+    return any((v.decode() if isinstance(v, bytes) else str(v)).strip() for v in values)
