@@ -86,13 +86,14 @@ class Server:
     directory: Path
     args: list[str]
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None
 
     def start(self) -> Server:
         self.directory.mkdir(parents=True, exist_ok=True)
         base = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
         base += ["--logfile", str(self.directory / "server.log")]
         self.proc = subprocess.Popen(
-            [self.binary, *base, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [self.binary, *base, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
         )
         wait_for(lambda: self.client().ping(), f"server on port {self.port}")
         return self

@@ -18,8 +18,12 @@ Moving parts: `Durability` holds the options and appends ``WAIT numreplicas time
 pipeline as the write. Both wait for the writes made *on that connection*, which is
 why the wait rides the write's pipeline (one connection, one round trip) rather than
 following it. `check_server` reads the server once per client: ``WAITAOF`` needs Redis
-7.2 (or Valkey) and an append-only file; a server that keeps nothing on disk is
-reported (a warning) or refused (``allow_volatile=False``, what the workers' settings
+7.2 (or Valkey), an append-only file and ``appendfsync always``. Under ``everysec`` the
+server can answer ``WAITAOF`` early: a write made less than a second after the last fsync
+is counted as fsynced although no fsync followed it (seen on Valkey 8.1.8 with the
+fsync-recording shim of tests/_kit/disk.py; redis/redis#13793 fixed it in Redis 7.4), so
+the store refuses it rather than promise what the server does not keep. A server that
+keeps nothing on disk is reported (a warning) or refused (``allow_volatile=False``, what the workers' settings
 ask for unless ``AGENTFLOW_STORE_ALLOW_VOLATILE`` says it is a cache on purpose).
 
 Invariant: a write that `needs` durability and was not acknowledged as configured
@@ -120,7 +124,8 @@ async def check_server(client: Any, where: str, durability: Durability) -> None:
     pipe.info("server")
     pipe.info("persistence")
     pipe.execute_command("CONFIG", "GET", "save")
-    server, persistence, save = await pipe.execute(raise_on_error=False)
+    pipe.execute_command("CONFIG", "GET", "appendfsync")
+    server, persistence, save, appendfsync = await pipe.execute(raise_on_error=False)
     if isinstance(server, Exception) or isinstance(persistence, Exception):
         return  # a server that hides INFO (a managed one): nothing can be said, the waits still work
     version = _version(str(server.get("redis_version", "0")))
@@ -136,6 +141,14 @@ async def check_server(client: Any, where: str, durability: Durability) -> None:
             f"RedisCheckpointStore(wait_fsync=True): Redis at {where} has no append-only file (appendonly no), "
             "so nothing can be fsynced: set 'appendonly yes' on the server (CONFIG SET appendonly yes, and in "
             "its configuration file), or drop wait_fsync"
+        )
+    if durability.fsync and _config(appendfsync) != "always":
+        raise CheckpointError(
+            f"RedisCheckpointStore(wait_fsync=True): Redis at {where} has appendfsync {_config(appendfsync)}, and "
+            "WAITAOF cannot be trusted there: with 'no' it is never answered, and with 'everysec' a server can count "
+            "a write as fsynced when the last fsync was under a second ago, before it is on disk (Valkey 8.1; "
+            "redis/redis#13793). Set 'appendfsync always' on the primary and its replicas, or drop wait_fsync "
+            "and wait for replicas instead (wait_replicas)"
         )
     saves = _saves(save)
     if aof or saves is None or saves or durability.replicas > 0:
@@ -161,9 +174,18 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _saves(reply: Any) -> bool | None:
-    """Whether ``CONFIG GET save`` names snapshot points (None: the server would not say)."""
+def _config(reply: Any) -> str | None:
+    """The value a ``CONFIG GET`` of one parameter answered (None: the server would not say)."""
     if isinstance(reply, Exception):
         return None
     values = list(reply.values()) if isinstance(reply, dict) else list(reply)[1::2]
-    return any((v.decode() if isinstance(v, bytes) else str(v)).strip() for v in values)
+    if not values:
+        return None
+    value = values[0]
+    return (value.decode() if isinstance(value, bytes) else str(value)).strip()
+
+
+def _saves(reply: Any) -> bool | None:
+    """Whether ``CONFIG GET save`` names snapshot points (None: the server would not say)."""
+    value = _config(reply)
+    return None if value is None else bool(value)
