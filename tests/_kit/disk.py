@@ -68,14 +68,15 @@ class CrashableServer:
         synced: dict[str, int] = {}
         if self.log.exists():
             for line in self.log.read_text().splitlines():
-                size, _, path = line.partition(" ")
-                synced[path] = int(size)
+                size, _, name = line.partition(" ")
+                synced[name] = int(size)
         lost = {}
-        for path in (self.server.directory / "appendonlydir").glob("*"):
-            keep = synced.get(str(path), 0 if path.name.endswith(".incr.aof") else path.stat().st_size)
-            if path.stat().st_size > keep:
-                lost[path.name] = path.stat().st_size - keep
-                os.truncate(path, keep)
+        for file in (self.server.directory / "appendonlydir").glob("*"):
+            size = file.stat().st_size
+            keep = synced.get(str(file), 0 if file.name.endswith(".incr.aof") else size)
+            if size > keep:
+                lost[file.name] = size - keep
+                os.truncate(file, keep)
         return lost
 
     def restart(self) -> None:

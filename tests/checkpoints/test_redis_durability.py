@@ -193,7 +193,7 @@ def test_wait_fsync_under_everysec_is_refused_because_the_server_answers_early(t
 def _waitaof(client: redis.Redis, key: str, timeout_ms: int) -> list[int]:
     pipe = client.pipeline(transaction=False)
     pipe.set(key, 1)
-    pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+    pipe.execute_command("WAITAOF", 1, 0, timeout_ms)  # type: ignore[no-untyped-call]
     return list(pipe.execute()[1])
 
 
