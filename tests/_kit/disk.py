@@ -68,8 +68,8 @@ class CrashableServer:
         synced: dict[str, int] = {}
         if self.log.exists():
             for line in self.log.read_text().splitlines():
-                size, _, name = line.partition(" ")
-                synced[name] = int(size)
+                length, _, name = line.partition(" ")
+                synced[name] = int(length)
         lost = {}
         for file in (self.server.directory / "appendonlydir").glob("*"):
             size = file.stat().st_size
