@@ -54,6 +54,17 @@ class CrashableServer:
         self.server.start()
         return self
 
+    def written(self) -> int:
+        """How long the append-only file (its newest part) is now: what the server has written so far."""
+        return max(p.stat().st_size for p in (self.server.directory / "appendonlydir").glob("*.incr.aof"))
+
+    def synced(self) -> int:
+        """How much of the append-only file's newest part an fsync has covered so far."""
+        if not self.log.exists():
+            return 0
+        sizes = [int(line.split(" ", 1)[0]) for line in self.log.read_text().splitlines() if line.endswith(".incr.aof")]
+        return max(sizes, default=0)
+
     def stall_disk(self) -> None:
         """From now on no fsync completes (writes still land in the page cache, which a crash loses)."""
         self.gate.touch()

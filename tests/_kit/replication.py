@@ -183,6 +183,9 @@ class ReplicaSet:
     replica: Server = field(init=False)
     link: Link = field(init=False)
     sentinels: list[Server] = field(default_factory=list)
+    spares: list[Server] = field(default_factory=list)
+    sentinel_ports: list[int] = field(default_factory=list)
+    """The Sentinels' ports (free ones when empty): fixed, a client's Sentinel URL outlives one set."""
 
     def start(self, *, sentinels: bool = False) -> ReplicaSet:
         persistence = ["--save", "", "--repl-diskless-sync-delay", "0"]
@@ -195,8 +198,9 @@ class ReplicaSet:
         wait_for(lambda: self.primary.info("replication").get("connected_slaves") == 1, "the replica to connect")
         wait_for(self.in_sync, "the replica to sync")
         if sentinels:
-            for i in range(3):
-                self.sentinels.append(self._sentinel(i))
+            ports = self.sentinel_ports or [free_port() for _ in range(3)]
+            for i, port in enumerate(ports):
+                self.sentinels.append(self._sentinel(i, port))
             wait_for(lambda: all(self._sentinel_sees_replica(s) for s in self.sentinels), "the Sentinels to agree")
         return self
 
@@ -211,6 +215,15 @@ class ReplicaSet:
     def sentinel_url(self) -> str:
         return "redis+sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels) + f"/{SERVICE}/0"
 
+    def add_replica(self) -> Server:
+        """Give the promoted replica a replica of its own (as an orchestrator restores redundancy after a failover)."""
+        args = ["--save", "", "--repl-diskless-sync-delay", "0", "--appendonly", "yes" if self.aof else "no"]
+        args += ["--replicaof", "127.0.0.1", str(self.replica.port), "--replica-announce-ip", "127.0.0.1"]
+        spare = Server(self.binary, free_port(), self.root / "spare", args).start()
+        self.spares.append(spare)
+        wait_for(lambda: self.replica.info("replication").get("connected_slaves") == 1, "the new replica to connect")
+        return spare
+
     def current_primary(self) -> int:
         """The port the Sentinels name as the primary (asking the first that answers)."""
         for sentinel in self.sentinels:
@@ -220,13 +233,13 @@ class ReplicaSet:
         raise AssertionError("no Sentinel answers")
 
     def stop(self) -> None:
-        for server in [*self.sentinels, getattr(self, "replica", None), getattr(self, "primary", None)]:
+        for server in [*self.sentinels, *self.spares, getattr(self, "replica", None), getattr(self, "primary", None)]:
             if server is not None:
                 server.kill()
         if hasattr(self, "link"):
             self.link.close()
 
-    def _sentinel(self, i: int) -> Server:
+    def _sentinel(self, i: int, port: int) -> Server:
         directory = self.root / f"sentinel-{i}"
         directory.mkdir(parents=True, exist_ok=True)
         conf = directory / "sentinel.conf"
@@ -236,7 +249,7 @@ class ReplicaSet:
             f"sentinel failover-timeout {SERVICE} 5000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        return _start_sentinel(Server(self.binary, free_port(), directory, [str(conf)]))
+        return _start_sentinel(Server(self.binary, port, directory, [str(conf)]))
 
     def _sentinel_sees_replica(self, sentinel: Server) -> bool:
         with sentinel.client() as client:
@@ -265,10 +278,15 @@ def _start_sentinel(server: Server) -> Server:
 
 @contextlib.contextmanager
 def replica_set(
-    root: Path, *, aof: bool = False, sentinels: bool = False, need_waitaof: bool = False
+    root: Path,
+    *,
+    aof: bool = False,
+    sentinels: bool = False,
+    sentinel_ports: list[int] | None = None,
+    need_waitaof: bool = False,
 ) -> Iterator[ReplicaSet]:
     """A started `ReplicaSet` under `root`, stopped afterwards."""
-    pair = ReplicaSet(root, server_binary(need_waitaof=need_waitaof), aof)
+    pair = ReplicaSet(root, server_binary(need_waitaof=need_waitaof), aof, sentinel_ports=list(sentinel_ports or []))
     try:
         yield pair.start(sentinels=sentinels)
     finally:

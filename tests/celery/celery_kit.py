@@ -48,6 +48,7 @@ class Deployment:
         *,
         broker_url: str | None = None,
         store_url: str | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         from agentflow.celery import FlowClient
         from config import Settings
@@ -72,6 +73,7 @@ class Deployment:
             "visibility_timeout_s": 120,
             # The machine's Redis keeps nothing on disk: a test deployment's store on purpose.
             "store_allow_volatile": True,
+            **(settings or {}),
         }
         self.env = {
             **os.environ,

@@ -27,6 +27,16 @@ SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
 
 
+class SentinelPrimary(Redis):
+    """A client of the primary Sentinel names; closing it closes the clients it asks the Sentinels with too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
+
+
 @dataclass(frozen=True)
 class SentinelURL:
     """What a ``redis+sentinel://`` URL says."""
@@ -98,6 +108,7 @@ def client_factory(url: str, connect_timeout_s: float | None) -> Callable[[], Re
         )
         primary: Redis = sentinels.master_for(
             found.service,
+            redis_class=SentinelPrimary,
             db=found.db,
             username=found.username,
             password=found.password,
