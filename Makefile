@@ -77,4 +77,4 @@ clean:
 # prints each set-up's tally (runs, duplicated effects, runs lost, calls in doubt).
 ROUNDS ?= 20
 failover: $(STAMP) services
-	AGENTFLOW_FAILOVER_ROUNDS=$(ROUNDS) $(PY) -m pytest tests/celery/test_failover.py -p no:randomly -q -s
+	AGENTFLOW_FAILOVER_ROUNDS=$(ROUNDS) $(PY) -m pytest tests/celery/test_failover.py -q -s -p no:warnings
