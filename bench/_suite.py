@@ -39,6 +39,7 @@ BENCHMARKS: list[str] = [
     "prune",  # issue 19: pruning 100,000 finished runs (SQLite file, PostgreSQL, Redis)
     "scale",  # P8 (issue 17): 10,000 runs through 2 Celery workers on one Redis (about 10 minutes)
     "workers_scaling",  # issue 20 item 5: supersteps/s as workers are added, Redis vs RabbitMQ + PostgreSQL
+    "store_durability",  # issue 29 item 4: what the Redis store's durability options cost
 ]
 
 

@@ -24,9 +24,12 @@ from pathlib import Path
 
 import pytest
 from _kit.disk import CrashableServer
+from _kit.poll import until
 from _kit.replication import SERVICE, free_port, replica_set
 from celery_kit import Deployment
-from failover_kit import Tally, crash_round, sentinel_round
+from failover_kit import RESULTS, Tally, crash_round, sentinel_round
+
+from agentflow._errors import CheckpointError
 
 ROUNDS = int(os.environ.get("AGENTFLOW_FAILOVER_ROUNDS", "3"))
 
@@ -98,3 +101,48 @@ async def test_a_host_crash_runs_no_call_twice_when_the_store_waits_for_the_fsyn
     else:
         # Then, fsynced before every acknowledgement, nothing acknowledged was lost and nothing ran twice
         assert tally.duplicates == 0 and tally.lost == 0, tally.line()
+
+
+async def test_workers_follow_a_sentinel_failover_of_the_broker_and_the_store_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    with replica_set(tmp_path / "set", sentinels=True) as pair:
+        # Given a deployment whose broker, results and store are all the primary Sentinel names
+        url = pair.sentinel_url
+        settings = {"broker_url": url, "store_url": url, "store_wait_replicas": 1, "store_wait_timeout_s": WAIT_S}
+        dep = Deployment(tmp_path, settings=settings)
+        try:
+            dep.set_delay(0.05, 0.2)
+            dep.start_worker("w1")
+            dep.start_beat()
+            before = await dep.client.start("tickets", {"show": "before", "seats": 1})
+            assert (await dep.client.wait(before, timeout_s=60)).status == "done"
+            # When the primary dies with a run in flight and the Sentinels promote the replica
+            during = await dep.client.start("tickets", {"show": "during", "seats": 2})
+            pair.primary.kill()
+            pair.link.close()
+            promoted = pair.replica.port
+            await until(lambda: pair.current_primary() == promoted, "the Sentinels to promote the replica", timeout_s=60)
+            pair.add_replica()
+            # Then the same worker and beat, never restarted, finish the run in flight and take new ones
+            after = await _start_when_reachable(dep, {"show": "after", "seats": 3})
+            views = {run_id: await dep.client.wait(run_id, timeout_s=90) for run_id in (during, after)}
+            assert {view.status for view in views.values()} == {"done"}, views
+            assert dep.procs["w1"].poll() is None and dep.procs["beat"].poll() is None
+            effects = dep.effects()
+            assert all(effects[(tool, r)] == 1 for r in (before, during, after) for tool in RESULTS), effects
+        finally:
+            await dep.aclose_clients()
+            dep.close()
+
+
+async def _start_when_reachable(dep: Deployment, order: dict[str, object]) -> str:
+    """Start a run once the client reaches the new primary (a start during the switch fails cleanly)."""
+
+    async def started() -> str | None:
+        try:
+            return await dep.client.start("tickets", order)
+        except CheckpointError:
+            return None
+
+    return await until(started, "a run to start on the new primary", timeout_s=30)

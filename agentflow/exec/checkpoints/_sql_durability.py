@@ -5,7 +5,7 @@ default); with ``off`` it returns before its WAL is flushed, and a crash of the 
 loses the last commits, among them a call's ``started`` record, so the call would run
 again. On a primary with standbys, a failover keeps what ``synchronous_standby_names``
 and ``synchronous_commit = on`` (or ``remote_apply``) made wait for a standby
-(docs/stores/index.md). The store reads the setting once, when it sets up its tables:
+(docs/stores/sql.md). The store reads the setting once, when it sets up its tables:
 ``off`` is a warning, or a refusal when the store was made with ``allow_volatile=False``
 (the workers' settings, unless ``AGENTFLOW_STORE_ALLOW_VOLATILE`` is set). SQLite
 commits are fsynced (``synchronous=FULL``) and are not checked here.
@@ -41,4 +41,4 @@ async def check_commit(conn: AsyncConnection, shown: str, *, allow_volatile: boo
             f"{why}. Set synchronous_commit = on (for the database, the role, or in the URL's options), or say it "
             "is on purpose with AGENTFLOW_STORE_ALLOW_VOLATILE=1 (allow_volatile=True)"
         )
-    _log.warning("%s (see docs/stores/index.md, Failover and durability)", why)
+    _log.warning("%s (see docs/stores/sql.md, Failover and durability)", why)
