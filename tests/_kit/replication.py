@@ -224,6 +224,10 @@ class ReplicaSet:
         wait_for(lambda: self.replica.info("replication").get("connected_slaves") == 1, "the new replica to connect")
         return spare
 
+    def promoted(self) -> bool:
+        """Whether the Sentinels name the replica as the primary now (after a failover)."""
+        return self.current_primary() == self.replica.port
+
     def current_primary(self) -> int:
         """The port the Sentinels name as the primary (asking the first that answers)."""
         for sentinel in self.sentinels:

@@ -158,8 +158,7 @@ async def sentinel_round(dep: Deployment, pair: ReplicaSet, tally: Tally) -> Non
     tally.refused += _refusals(dep) > refusals
     pair.primary.kill()
     pair.link.close()
-    promoted = pair.replica.port
-    await until(lambda: pair.current_primary() == promoted, "the Sentinels to promote the replica", timeout_s=60)
+    await until(pair.promoted, "the Sentinels to promote the replica", timeout_s=60)
     pair.add_replica()  # redundancy restored: with wait_replicas=1, durable writes need a replica to go on
     await _settle(dep, orders, tally)
 

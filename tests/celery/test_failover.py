@@ -121,8 +121,7 @@ async def test_workers_follow_a_sentinel_failover_of_the_broker_and_the_store_wi
             during = await dep.client.start("tickets", {"show": "during", "seats": 2})
             pair.primary.kill()
             pair.link.close()
-            promoted = pair.replica.port
-            await until(lambda: pair.current_primary() == promoted, "the Sentinels to promote the replica", timeout_s=60)
+            await until(pair.promoted, "the Sentinels to promote the replica", timeout_s=60)
             pair.add_replica()
             # Then the same worker and beat, never restarted, finish the run in flight and take new ones
             after = await _start_when_reachable(dep, {"show": "after", "seats": 3})
