@@ -57,7 +57,7 @@ all: test
 # The deterministic simulation of the run protocol (docs/simulation.md): STEPS scheduling steps on
 # each store set-up (SETUP: memory, sqlite or fakeredis; all by default). A failure prints the
 # episode's seed: SEED=... (and SUPPRESS=..., as printed) replays that one episode. LOST_WRITES=0.002
-# adds failovers that lose acknowledged writes (memory): the gap durability before the effect closes.
+# adds failovers that lose acknowledged writes, on memory (breaks) and memory-waiting (holds).
 STEPS ?= 1000000
 sim: $(STAMP)
 	$(PY) -m agentflow.sim --steps $(STEPS) $(if $(SETUP),--setup $(SETUP)) $(if $(SEED),--episode $(SEED)) \

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._redis_durability import Durability
 
 #: Opens a handle on one episode's storage (called once per actor).
 Opener = Callable[[], CheckpointStore]
@@ -48,8 +49,13 @@ class SetUp:
     cleanup: Callable[[], None] = field(default=lambda: None)
 
 
-def memory() -> SetUp:
-    """The memory store: one instance per episode, shared by its actors."""
+def memory(*, waits: bool = False) -> SetUp:
+    """The memory store: one instance per episode, shared by its actors.
+
+    With `waits`, the store waits for its replica as ``RedisCheckpointStore(wait_replicas=1)``
+    does: each write the promise stands on (`Durability.needs`, the same rule) returns only
+    once the replica has every write up to it, so a failover can lose only what came after.
+    """
     from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 
     def episode(_: str) -> Storage:
@@ -65,9 +71,35 @@ def memory() -> SetUp:
             _restore_memory(store, replica)
             return f"failed over to a replica {lost} write(s) behind"
 
-        return Storage(lambda: store, replicate=replicate, fail_over=fail_over)
+        handle: Any = _Waiting(store, replicate) if waits else store
+        return Storage(lambda: handle, replicate=replicate, fail_over=fail_over)
 
-    return SetUp("memory", episode)
+    return SetUp("memory-waiting" if waits else "memory", episode)
+
+
+class _Waiting:
+    """A store whose writes the promise stands on wait for the replica (`memory(waits=True)`); the rest is forwarded."""
+
+    def __init__(self, store: Any, replicate: Callable[[], None]) -> None:
+        self._store = store
+        self._replicate = replicate
+        self._rule = Durability(replicas=1)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def record_call(self, run_id: str, record: Any) -> None:
+        await self._store.record_call(run_id, record)
+        if self._rule.needs(durable_record=record.durable):
+            self._replicate()
+
+    async def save(self, run_id: str, step: int, checkpoint: Any) -> None:
+        await self.save_after_calls(run_id, step, checkpoint, ())
+
+    async def save_after_calls(self, run_id: str, step: int, checkpoint: Any, calls: Any) -> None:
+        await self._store.save_after_calls(run_id, step, checkpoint, calls)
+        if self._rule.needs(step=step, segment=checkpoint.segment):
+            self._replicate()
 
 
 # A failover of the memory "server": its state is copied to a replica now and then, and the
@@ -160,4 +192,9 @@ def custom(name: str, episode: Callable[[str], Opener]) -> SetUp:
 
 
 #: The set-ups `make sim` runs, by name.
-SETUPS: dict[str, Callable[[], SetUp]] = {"memory": memory, "sqlite": sqlite, "fakeredis": fakeredis}
+SETUPS: dict[str, Callable[[], SetUp]] = {
+    "memory": memory,
+    "memory-waiting": lambda: memory(waits=True),
+    "sqlite": sqlite,
+    "fakeredis": fakeredis,
+}
