@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
 from _kit.disk import CrashableServer
 from _kit.replication import ReplicaSet, Server, free_port, replica_set, server_binary
 from _kit.tickets import KEY, ORDER, make_tickets
@@ -262,3 +263,13 @@ def test_a_server_that_keeps_nothing_is_refused_unless_allowed_and_warned_about(
 def test_bad_durability_options_are_refused_saying_what_to_fix(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RedisCheckpointStore.from_url("redis://127.0.0.1:6379/0", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_waits_on_redis_cluster_are_refused_saying_what_to_use(redis_cluster: list[int]) -> None:
+    cluster = redis.asyncio.RedisCluster(host="127.0.0.1", port=redis_cluster[0])
+    store = RedisCheckpointStore(lambda: cluster, prefix="waits", wait_replicas=1)
+    try:
+        with pytest.raises(CheckpointError, match="not supported on Redis Cluster.*Sentinel"):
+            await store.latest("r")
+    finally:
+        await cluster.aclose()

@@ -39,6 +39,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import RedisCluster
+
 from agentflow._errors import CheckpointError, StoreNotDurable
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
@@ -116,10 +118,16 @@ async def check_server(client: Any, where: str, durability: Durability) -> None:
     """Read the server once for a new client; refuse what cannot work, warn about what keeps nothing.
 
     Raises:
-        CheckpointError: ``wait_fsync`` on a server without ``WAITAOF`` or without an
-            append-only file, or (``allow_volatile=False``) a server that keeps nothing on
-            disk while the store waits for no replica.
+        CheckpointError: a wait on Redis Cluster; ``wait_fsync`` on a server without
+            ``WAITAOF``, an append-only file or ``appendfsync always``; or
+            (``allow_volatile=False``) a server that keeps nothing on disk while the store
+            waits for no replica.
     """
+    if durability.waits and isinstance(client, RedisCluster):
+        raise CheckpointError(
+            "RedisCheckpointStore: wait_replicas and wait_fsync are not supported on Redis Cluster (each shard's "
+            "primary would have to be waited on apart); use one primary with replicas and Sentinel, or no waits"
+        )
     pipe = client.pipeline(transaction=False)
     pipe.info("server")
     pipe.info("persistence")

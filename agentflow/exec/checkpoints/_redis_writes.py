@@ -108,11 +108,6 @@ class RedisWrites:
         """Run script `name`; when `durable` names the write, wait for it in the same pipeline and check the ack."""
         if durable is None:
             return [_text(part) for part in await bound.scripts[name](keys=keys, args=args)]
-        if bound.cluster:
-            raise CheckpointError(
-                "RedisCheckpointStore: wait_replicas and wait_fsync are not supported on Redis Cluster (each "
-                "shard's primary would have to be waited on apart); use one primary with replicas and Sentinel"
-            )
         script = bound.scripts[name]
         for _ in range(2):  # EVALSHA, and once more after loading a script the server does not know
             pipe = bound.client.pipeline(transaction=False)  # not redis-py's script support: it asks SCRIPT EXISTS
