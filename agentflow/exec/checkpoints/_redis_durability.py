@@ -106,11 +106,16 @@ class Durability:
             how = "fsynced it" if self.fsync else "acknowledged it"
             missing.append(f"only {replicas} of the {self.replicas} replicas asked for {how} (wait_replicas)")
         if missing:
+            then = (
+                "its tool did not run (should the record survive, the call is in doubt until someone says it did "
+                "not happen)"
+                if what.startswith("the started record")
+                else "the run does not go on from it"
+            )
             raise StoreNotDurable(
                 f"run {run_id!r}: {what} is on the Redis primary, but {' and '.join(missing)} within "
-                f"wait_timeout_s ({self.timeout_s} s), so a failover could lose it. Nothing that depends on it "
-                "went ahead (a tool whose started record this was did not run; its call stays in doubt until "
-                "someone says it did not happen). Check the replicas' links and lag, or raise wait_timeout_s"
+                f"wait_timeout_s ({self.timeout_s} s), so a failover could lose it: {then}. Check the replicas' "
+                "links and lag (or the disk), or raise wait_timeout_s"
             )
 
 
