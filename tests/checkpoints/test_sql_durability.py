@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from test_sqlalchemy import _pg
@@ -23,7 +24,7 @@ UNSYNCED = {"connect_args": {"server_settings": {"synchronous_commit": "off"}}}
 
 
 @pytest.fixture
-def prefix(postgres_url: str):
+def prefix(postgres_url: str) -> Iterator[str]:
     made = f"d{uuid.uuid4().hex[:10]}_"
     yield made
     for table in ("events", "leases", "calls", "runs", "checkpoints", "meta"):
@@ -36,7 +37,7 @@ def _drop(url: str, table: str) -> None:
     asyncio.run(_pg(url, f"DROP TABLE IF EXISTS {table} CASCADE"))
 
 
-async def test_synchronous_commit_off_is_refused_unless_allowed_saying_what_to_set(postgres_url: str, prefix: str):
+async def test_synchronous_commit_off_is_refused_unless_allowed_saying_what_to_set(postgres_url: str, prefix: str) -> None:
     store = SQLAlchemyCheckpointStore(postgres_url, table_prefix=prefix, engine_options=UNSYNCED, allow_volatile=False)
     try:
         with pytest.raises(CheckpointError, match=r"synchronous_commit = off.*Set synchronous_commit = on"):
@@ -47,7 +48,7 @@ async def test_synchronous_commit_off_is_refused_unless_allowed_saying_what_to_s
 
 async def test_synchronous_commit_off_is_warned_about_when_allowed(
     postgres_url: str, prefix: str, caplog: pytest.LogCaptureFixture
-):
+) -> None:
     store = SQLAlchemyCheckpointStore(postgres_url, table_prefix=prefix, engine_options=UNSYNCED)
     try:
         with caplog.at_level(logging.WARNING, "agentflow.exec.checkpoints.sqlalchemy"):
@@ -60,7 +61,7 @@ async def test_synchronous_commit_off_is_warned_about_when_allowed(
 
 async def test_the_default_synchronous_commit_is_taken_without_a_word(
     postgres_url: str, prefix: str, caplog: pytest.LogCaptureFixture
-):
+) -> None:
     store = SQLAlchemyCheckpointStore(postgres_url, table_prefix=prefix, allow_volatile=False)
     try:
         with caplog.at_level(logging.WARNING, "agentflow.exec.checkpoints.sqlalchemy"):
