@@ -37,7 +37,9 @@ def _drop(url: str, table: str) -> None:
     asyncio.run(_pg(url, f"DROP TABLE IF EXISTS {table} CASCADE"))
 
 
-async def test_synchronous_commit_off_is_refused_unless_allowed_saying_what_to_set(postgres_url: str, prefix: str) -> None:
+async def test_synchronous_commit_off_is_refused_unless_allowed_saying_what_to_set(
+    postgres_url: str, prefix: str
+) -> None:
     store = SQLAlchemyCheckpointStore(postgres_url, table_prefix=prefix, engine_options=UNSYNCED, allow_volatile=False)
     try:
         with pytest.raises(CheckpointError, match=r"synchronous_commit = off.*Set synchronous_commit = on"):
