@@ -92,6 +92,8 @@ def one_worker(redis_url: str, logs: Path) -> Iterator[tuple[dict[str, str], sub
         "AGENTFLOW_REDIS_URL": redis_url,
         "AGENTFLOW_CHECKPOINT_KEYS": "hex:" + secrets.token_hex(32),
         "AGENTFLOW_KEY_PREFIX": prefix,
+        # The machine's Redis keeps nothing on disk, as the docs' local set-up says to allow.
+        "AGENTFLOW_STORE_ALLOW_VOLATILE": "1",
         "AGENTFLOW_QUEUE": prefix,
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }

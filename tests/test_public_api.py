@@ -109,7 +109,7 @@ PUBLIC: dict[str, list[str]] = {
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
         "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
         "InDoubtDecision", "Limit", "LoopSpec", "Map", "ModelError", "RateLimited", "RecoveryNeedsDecision", "Registry",
-        "Rerun", "RunContext", "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale",
+        "Rerun", "RunContext", "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale", "StoreNotDurable",
         "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
     ],
     "agentflow.exec": [

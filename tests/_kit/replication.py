@@ -146,9 +146,17 @@ class Link:
         while not self._closed.is_set():
             try:
                 downstream, _ = self._listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
             except OSError:
                 continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:  # the primary is gone: the replica will try again
+                downstream.close()
+                continue
+            if self._closed.is_set():
+                downstream.close()
+                upstream.close()
+                break
             upstream.settimeout(None)
             self._sockets += [downstream, upstream]
             for src, dst in ((downstream, upstream), (upstream, downstream)):
@@ -170,6 +178,7 @@ class Link:
         for sock in (src, dst):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
 
 @dataclass

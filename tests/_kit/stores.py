@@ -37,6 +37,7 @@ import pytest
 
 from _kit.specs import child_env, open_spec
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints._records import stored_fields
 
 #: Every set-up, by pytest id.
 ALL_SETUPS = ("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")
@@ -192,7 +193,7 @@ class SqlRows(Rows):
         await self._one(
             f"UPDATE {self.calls} SET run_id=?, segment=?, seq=?, kind=?, payload=?, kid=?, sig=? "
             "WHERE run_id=? AND segment=? AND seq=?",
-            *dataclasses.astuple(new),
+            *(getattr(new, f.name) for f in stored_fields(SealedCall)),
             at.run_id,
             at.segment,
             at.seq,

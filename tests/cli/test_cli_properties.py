@@ -55,10 +55,10 @@ def test_any_stored_string_is_shown_escaped_with_a_documented_exit_code(
         url = hk.write_runs(Path(tmp) / "runs.db", runs)
         listed = check(hk.invoke(url, "runs", "list"), code=0)
         assert len(listed.splitlines()) == 2 + len(runs)  # the header, a line per run, the count
-        for _, rid, _ in runs:
-            check(hk.invoke(url, "runs", "show", rid), code=0)
-            check(hk.invoke(url, "verify", rid), code=0)
+        for _, rid, _ in runs:  # after "--": a run id may start with "-" (click would take it for an option)
+            check(hk.invoke(url, "runs", "show", "--", rid), code=0)
+            check(hk.invoke(url, "verify", "--", rid), code=0)
         check(hk.invoke(url, "verify", "--all"), code=0)
-        missing = hk.invoke(url, "runs", "show", run_id + "/missing")
+        missing = hk.invoke(url, "runs", "show", "--", run_id + "/missing")
         check(missing, code=2)
         assert len(missing.stderr.splitlines()) == 1

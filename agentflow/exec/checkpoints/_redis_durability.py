@@ -128,11 +128,13 @@ async def check_server(client: Any, where: str, durability: Durability) -> None:
             (``allow_volatile=False``) a server that keeps nothing on disk while the store
             waits for no replica.
     """
-    if durability.waits and isinstance(client, RedisCluster):
-        raise CheckpointError(
-            "RedisCheckpointStore: wait_replicas and wait_fsync are not supported on Redis Cluster (each shard's "
-            "primary would have to be waited on apart); use one primary with replicas and Sentinel, or no waits"
-        )
+    if isinstance(client, RedisCluster):
+        if durability.waits:
+            raise CheckpointError(
+                "RedisCheckpointStore: wait_replicas and wait_fsync are not supported on Redis Cluster (each shard's "
+                "primary would have to be waited on apart); use one primary with replicas and Sentinel, or no waits"
+            )
+        return  # each node keeps its own settings: nothing to say of "the server"
     pipe = client.pipeline(transaction=False)
     pipe.info("server")
     pipe.info("persistence")
