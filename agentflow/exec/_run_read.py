@@ -44,7 +44,7 @@ from agentflow.exec._run_trim import kept_from
 from agentflow.exec._run_view import RunHead
 from agentflow.exec._run_waits import read_limit_waits
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
+from agentflow.exec.checkpoints._records import UNREADABLE, Lease, SealedCheckpoint, is_unreadable
 
 #: How many runs ``verify --all`` and a full listing read at most.
 ALL_RUNS: Final = 1_000_000
@@ -219,18 +219,25 @@ async def read_runs(
     store: CheckpointStore, sealer: Sealer, flow: str | None = None, limit: int = ALL_RUNS
 ) -> list[v.RunReport]:
     """Read and check the latest `limit` runs (of one ``flow`` column, or all), newest first, with their leases."""
-    run_ids = [row.run_id for row in await store.list_runs(flow, limit)]
-    before = await held_by(store, run_ids)
+    listed = list(await store.list_runs(flow, limit))
+    before = await held_by(store, [row.run_id for row in listed])
     reports = []
-    for run_id in run_ids:
+    for row in listed:
         try:
-            reports.append(await _read_rows(store, sealer, run_id))
+            reports.append(await _read_rows(store, sealer, row.run_id))
         except CheckpointNotFound:
             continue  # deleted since it was listed
+        except CheckpointStoreCorrupt as exc:  # a row the store cannot decode: this run is bad, the next may not be
+            reports.append(unreadable_report(row.run_id, str(exc)))
     after = await held_by(store, [rep.run_id for rep in reports])
     for report in reports:
         _held(report, before, after)
     return reports
+
+
+def unreadable_report(run_id: str, why: str) -> v.RunReport:
+    """The report of a run one of whose rows the store cannot decode at all: its problem, and nothing else."""
+    return v.RunReport(run_id, "", RunKind.FLOW, UNREADABLE, 0, 0.0, problems=[why])
 
 
 def signed_with_other_keys(reports: Sequence[v.RunReport]) -> bool:
@@ -253,6 +260,8 @@ async def read_all(store: CheckpointStore, sealer: Sealer) -> list[v.RunReport]:
             found = await read_run(store, sealer, run_id)
         except CheckpointNotFound:
             continue  # deleted since the scan
+        except CheckpointStoreCorrupt as exc:
+            found = unreadable_report(run_id, str(exc))
         problem = (
             f"run {run_id!r} has stored rows but is missing from the store's listing index (deleted behind "
             "the store's back?): listings and recover_all do not see it; recover_all(sweep=True) lists it again"
@@ -290,6 +299,9 @@ async def read_heads(
     rows = list(await store.list_runs(flow, offset + limit))[offset:]
     live = await held_by(store, [row.run_id for row in rows])
     for row in rows:
+        if is_unreadable(row):  # the store could not decode its newest row (`_records.unreadable`)
+            heads.append(RunHead(row.run_id, "", "", 0, 0.0, -1, row.payload.decode(errors="replace")))
+            continue
         try:
             sealer.open_checkpoint(row, row.run_id)
         except CheckpointStoreCorrupt as exc:

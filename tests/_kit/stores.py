@@ -113,6 +113,10 @@ class Rows:
         """Remove the run from the store's listing index only (its rows stay)."""
         raise NotImplementedError
 
+    async def break_checkpoint(self, at: SealedCheckpoint) -> None:
+        """Overwrite the checkpoint at `at`'s place with something the store cannot even decode (not a row)."""
+        raise NotImplementedError
+
     async def stored_bytes(self) -> bytes:
         """Every byte the set-up holds (files, keys or table rows), to search for what must not be stored."""
         raise NotImplementedError
@@ -214,6 +218,11 @@ class SqlRows(Rows):
 
     async def drop_checkpoint(self, at: SealedCheckpoint) -> None:
         await self._one(f"DELETE FROM {self.cp} WHERE run_id=? AND step=?", at.run_id, at.step)
+
+    async def break_checkpoint(self, at: SealedCheckpoint) -> None:
+        if not self.files:
+            raise NotImplementedError("PostgreSQL's typed columns take no value of another type")
+        await self._one(f"UPDATE {self.cp} SET payload=? WHERE run_id=? AND step=?", "not bytes", at.run_id, at.step)
         _, rows = await self._exec(
             f"SELECT step, flow, status, segment, saved_at FROM {self.cp} WHERE run_id=? ORDER BY step DESC LIMIT 1",
             at.run_id,
@@ -328,6 +337,10 @@ class RedisRows(Rows):
     async def put_checkpoint(self, at: SealedCheckpoint, new: SealedCheckpoint) -> None:
         cp, _, _, _ = self._keys(at.run_id)
         await self._do(lambda c: c.lset(cp, at.step, self._checkpoint_row(new)))
+
+    async def break_checkpoint(self, at: SealedCheckpoint) -> None:
+        cp, _, _, _ = self._keys(at.run_id)
+        await self._do(lambda c: c.lset(cp, at.step, b"not a row header\n{}"))
 
     async def drop_checkpoint(self, at: SealedCheckpoint) -> None:
         cp, latest, _, _ = self._keys(at.run_id)

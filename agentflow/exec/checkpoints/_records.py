@@ -8,8 +8,11 @@ store is detected exactly like changing the payload.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Final, Literal
+
+from agentflow._errors import CheckpointStoreCorrupt
 
 #: Statuses a checkpoint can carry. ``done``, ``failed`` and ``cancelled`` end the run.
 Status = Literal["running", "paused", "done", "failed", "cancelled"]
@@ -157,3 +160,31 @@ class StoredEvent:
 def stored_fields(cls: type[Any]) -> tuple[Field[Any], ...]:
     """The fields of a sealed row that a store keeps, in order (not `SealedCall.durable`: how to write, not what)."""
     return tuple(f for f in fields(cls) if f.metadata.get("stored", True))
+
+
+#: The status of `unreadable`'s stand-in rows (no checkpoint has it).
+UNREADABLE: Final = "unreadable"
+
+
+def unreadable(run_id: str, why: str) -> SealedCheckpoint:
+    """What a listing gives for a run whose newest row the store cannot even decode.
+
+    A stand-in, not a row: no signature (``kid`` and ``sig`` empty, so no reader can take
+    it for a checkpoint), status `UNREADABLE`, the store's complaint as its payload. One
+    broken row then shows as one bad run in a listing instead of failing the listing, and
+    hiding every other run with it. Reading the run itself still raises.
+    """
+    return SealedCheckpoint(run_id, 0, "", UNREADABLE, 0, 0.0, why.encode(), "", "")
+
+
+def is_unreadable(row: SealedCheckpoint) -> bool:
+    """Whether `row` is `unreadable`'s stand-in."""
+    return row.status == UNREADABLE and not row.sig
+
+
+def listed(run_id: str, decode: Callable[[], SealedCheckpoint]) -> SealedCheckpoint:
+    """A listing's row of run `run_id`: `decode()`, or `unreadable`'s stand-in when the store cannot decode it."""
+    try:
+        return decode()
+    except CheckpointStoreCorrupt as exc:
+        return unreadable(run_id, str(exc))

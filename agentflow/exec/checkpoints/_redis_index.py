@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final
 
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint
+from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint, listed
 from agentflow.exec.checkpoints._redis_clients import Bound
 from agentflow.exec.checkpoints._redis_rows import _decode_checkpoint, _scored, _text
 
@@ -99,7 +100,7 @@ class Index:
                     if score < time.time() - STALE_AFTER_S:
                         stale.append((run_id, score))
                     continue
-                cp = _decode_checkpoint(run_id, raw, "the latest checkpoint")
+                cp = listed(run_id, partial(_decode_checkpoint, run_id, raw, "the latest checkpoint"))
                 if flow is not None and cp.flow != flow:
                     stale.append((run_id, score))
                 else:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -44,6 +45,7 @@ from agentflow.exec.checkpoints._records import (
     SealedEvent,
     StoredEvent,
     Trimmed,
+    listed,
 )
 from agentflow.exec.checkpoints._rules import check_events, check_row, int_cursor
 from agentflow.exec.checkpoints._sql_durability import check_commit
@@ -274,7 +276,10 @@ class SQLAlchemyCheckpointStore:
         query = self._q.list_runs if flow is None else self._q.list_runs_of_flow
         async with self._tx() as conn:
             rows = (await conn.execute(query, {"flow": flow, "limit": max(limit, 0)})).all()
-        return [rows_of.sealed(SealedCheckpoint, row._mapping, row.run_id, repr(self)) for row in rows]
+        return [
+            listed(str(row.run_id), partial(rows_of.sealed, SealedCheckpoint, row._mapping, row.run_id, repr(self)))
+            for row in rows
+        ]
 
     async def stored_runs(self) -> Sequence[str]:
         """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""

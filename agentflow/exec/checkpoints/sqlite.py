@@ -56,6 +56,7 @@ from agentflow.exec.checkpoints._records import (
     SealedEvent,
     StoredEvent,
     Trimmed,
+    listed,
 )
 from agentflow.exec.checkpoints._rules import (
     check_events,
@@ -214,7 +215,7 @@ class SQLiteCheckpointStore:
             f"{where} ORDER BY r.saved_at DESC LIMIT ?",
             (*params, max(limit, 0)),
         )
-        return [checkpoint_of(row, self.path) for row in rows]
+        return [listed(str(row[0]), partial(checkpoint_of, row, self.path)) for row in rows]
 
     async def stored_runs(self) -> Sequence[str]:
         """Return the id of every run with a checkpoint row, sorted (read from ``checkpoints``, not ``runs``)."""
