@@ -41,6 +41,7 @@ from agentflow.celery._stranded import Stranded
 from agentflow.exec._run_lease import held_by
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints._rules import marker_id
 
 #: The back-off grows to this many times its base, then stays there.
 CAP_FACTOR: Final = 8
@@ -48,7 +49,7 @@ CAP_FACTOR: Final = 8
 
 def marker(run_id: str) -> str:
     """The lease id that marks a recovery sent for `run_id`."""
-    return f"agentflow/recovering/{run_id}"
+    return marker_id("recovering", run_id)
 
 
 @dataclass(frozen=True)

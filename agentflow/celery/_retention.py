@@ -26,11 +26,12 @@ from agentflow.celery._settings import WorkerSettings
 from agentflow.exec._run_lease import Ownership, holding
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished, trim_finished
+from agentflow.exec.checkpoints._rules import marker_id
 
 log = logging.getLogger("agentflow.celery")
 
 #: The lease that lets one prune tick at a time do the work (not a run id any run gets).
-PRUNE_LEASE: Final = "agentflow/prune"
+PRUNE_LEASE: Final = marker_id("prune")
 
 
 async def prune_tick(

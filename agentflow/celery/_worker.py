@@ -66,6 +66,7 @@ from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_lease import Ownership, take
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints._rules import marker_id
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model
 
@@ -113,7 +114,7 @@ class Outcome:
 
 
 #: The lease that lets one of many concurrent recover_alls do the work (not a run id any run gets).
-RECOVER_ALL_LEASE = "agentflow/recover_all"
+RECOVER_ALL_LEASE = marker_id("recover_all")
 
 #: What each control cause must find signed in the run's latest checkpoint.
 SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry", "migrate": "migrate"}

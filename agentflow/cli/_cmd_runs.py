@@ -72,9 +72,17 @@ def _app_option(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--flow", help="Only the runs of this flow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--limit", default=200, show_default=True, help="At most this many runs, newest first.")
+@click.option("--all", "every", is_flag=True, help="Every run of the store (no --limit).")
 @click.option("--strict", is_flag=True, help="Exit 1 when a run fails its check (by default: listed, marked, exit 0).")
 def list_runs(
-    store_url: str, key_env: str, app_path: str | None, flow: str | None, status: str | None, limit: int, strict: bool
+    store_url: str,
+    key_env: str,
+    app_path: str | None,
+    flow: str | None,
+    status: str | None,
+    limit: int,
+    every: bool,
+    strict: bool,
 ) -> None:
     """List runs: id, flow, status, step, last update and marks (recovered, live, in doubt, paused, CORRUPT).
 
@@ -83,7 +91,10 @@ def list_runs(
     """
     app = import_app(app_path) if app_path else None
     target = open_target(store_url, key_env)
-    reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(max(limit, 0), ALL_RUNS)))
+    cap = ALL_RUNS if every else min(max(limit, 0), ALL_RUNS)
+    reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(cap + 1, ALL_RUNS)))
+    more = len(reports) > cap  # one run past the cap was read only to tell whether there are more
+    reports = reports[:cap]
     shown = [rep for rep in reports if rep.has_status(status)]
     if not shown:
         echo("no runs" + (" match" if flow or status else " in this store"))
@@ -91,6 +102,8 @@ def list_runs(
         headers = ["run", "flow", "status", "step", "updated", "marks"]
         echo(table(headers, [list_row(rep, app) for rep in shown], colour=2))
         echo(f"{len(shown)} run(s)")
+    if more:
+        echo(f"more runs exist than the newest {cap} read: --limit {cap * 2} reads more, --all reads every run")
     summary = check_summary(reports, key_env, key_ids(target.keys))
     if summary is None:
         return

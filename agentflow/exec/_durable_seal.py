@@ -15,9 +15,11 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
+import math
 from collections.abc import Sequence
 from json.encoder import encode_basestring as _json_str
 from typing import Any
@@ -44,9 +46,70 @@ def canonical(value: Any) -> bytes:
 
     Raises:
         TypeError: the value holds something JSON cannot carry.
-        ValueError: the value holds NaN or infinity, or a circular reference.
+        ValueError: the value holds NaN or infinity, text that is not valid Unicode (a lone
+            surrogate), or a circular reference; the message names where (``state.text``).
     """
-    return _ENCODER.encode(value).encode()
+    try:
+        return _ENCODER.encode(value).encode()
+    except (UnicodeEncodeError, ValueError) as exc:
+        where = unstorable(value)
+        if where is None:
+            raise
+        raise ValueError(f"{where}: JSON-only storage cannot keep it; store valid text and finite numbers") from exc
+
+
+def check_storable(value: Any, path: str) -> None:
+    """Refuse a value holding a float JSON has no number for, before a JSON dump turns it into ``null``.
+
+    pydantic's JSON-mode dump writes NaN and infinities it finds under ``Any`` (a ``dict`` of
+    anything, say) as ``null``, silently: a state or a result would come back other than it
+    was. `canonical` catches the rest (text that is not Unicode, floats the dump kept).
+
+    Raises:
+        ValueError: `value` holds NaN or an infinity (the message names where, under `path`).
+    """
+    where = unstorable(value, path, text=False)
+    if where is not None:
+        raise ValueError(f"{where}: JSON-only storage cannot keep it; store finite numbers")
+
+
+def unstorable(value: Any, path: str = "", *, text: bool = True) -> str | None:
+    """Say where in `value` lies the first thing JSON cannot keep: a non-finite float, or (`text`) a lone surrogate.
+
+    Walks dicts, lists, tuples and the fields of pydantic models and dataclasses.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path or 'the value'} is {value!r}, which JSON has no number for"
+    if isinstance(value, str):
+        return _bad_text(value, path) if text else None
+    for key, item in _items_of(value):
+        if text and isinstance(key, str) and (bad := _bad_text(key, f"{path}[key]")):
+            return bad
+        at = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+        if found := unstorable(item, at, text=text):
+            return found
+    return None
+
+
+def _bad_text(value: str, path: str) -> str | None:
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        return f"{path or 'the value'} holds a lone surrogate ({value[exc.start]!r} at {exc.start})"
+    return None
+
+
+def _items_of(value: Any) -> Any:
+    """The (key, item) pairs inside a container: a dict's, a list's or tuple's (by index), a model's fields."""
+    if isinstance(value, dict):
+        return value.items()
+    if isinstance(value, list | tuple):
+        return enumerate(value)
+    if hasattr(type(value), "model_fields"):  # a pydantic model: its fields, as it iterates them
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    return ()
 
 
 def digest(value: Any) -> str:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from agentflow._errors import ToolArgumentsInvalid, UnknownTool
 from agentflow._identity import RunContext
+from agentflow.exec._durable_seal import check_storable
 from agentflow.exec.limits._backends import BackendSpec
 from agentflow.exec.limits._spec import Limit, LimitKey
 from agentflow.exec.limits._table import LimitTable
@@ -140,6 +141,7 @@ class Tool:
         Raises:
             Exception: the value cannot be encoded (the call is then logged unrecordable).
         """
+        check_storable(value, "result")  # pydantic's JSON mode would write NaN under Any as null
         return self.returns.dump_python(value, mode="json")
 
     def revive_result(self, stored: Any) -> Any:

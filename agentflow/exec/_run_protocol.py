@@ -48,6 +48,7 @@ from agentflow.exec._run_control import awaiting_record, parked
 from agentflow.exec._run_driver import C, R
 from agentflow.exec._run_lease import Head
 from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened
+from agentflow.exec.checkpoints._rules import check_new_run_id
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 
@@ -60,7 +61,9 @@ class RunProtocol(RunActions[C, R]):
 
         Raises:
             CheckpointConflict: the run id is taken (`RunHeld`: someone holds it).
+            ValueError: the run id is empty or reserved (`check_new_run_id`).
         """
+        check_new_run_id(cur.run_id)
         async with self.hold(cur.run_id):
             await self.start(cur, lineage)
             return await self._drive(cur, {}, limit=limit, recovering=False)

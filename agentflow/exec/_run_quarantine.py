@@ -35,6 +35,7 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_lease import held_by
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCheckpoint
+from agentflow.exec.checkpoints._rules import marker_id
 
 #: The latest checkpoint fails its check: the run is not recovered until it checks again.
 QUARANTINED: Final = "quarantined"
@@ -53,7 +54,7 @@ def _fields(row: SealedCheckpoint) -> dict[str, object]:
 
 def marker(run_id: str, why: str) -> str:
     """The lease id that marks `run_id` as reported for `why`."""
-    return f"agentflow/{why}/{run_id}"
+    return marker_id(why, run_id)
 
 
 def since(mark: Lease) -> float:

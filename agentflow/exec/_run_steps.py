@@ -194,7 +194,12 @@ class RunSteps(Generic[C, R]):
         for kind, record in records:
             await cur.journal.hold_encoded(kind, canonical(record))
         body = self.body(cur, recovered, claim, control, lineage)
-        payload = canonical(body)
+        try:
+            payload = canonical(body)
+        except ValueError as exc:  # NaN, infinity or a lone surrogate in the state (`canonical` says where)
+            if segment is None:  # as below: the step's held `done` is stored, whatever becomes of the checkpoint
+                await cur.journal.flush()
+            raise ValueError(f"run {cur.run_id!r}: checkpoint {step} cannot be stored: {exc}") from exc
         if len(payload) > self.max_bytes:
             if segment is None:  # the step's held `done`: its call finished, whatever becomes of the checkpoint
                 await cur.journal.flush()

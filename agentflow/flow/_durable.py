@@ -43,6 +43,7 @@ from agentflow.flow._timers import approval_deadline, settle_deadline
 
 if TYPE_CHECKING:
     from agentflow.flow._runner import FlowRunner
+from agentflow.exec._durable_seal import check_storable
 from agentflow.flow._versions import FlowVersions
 
 
@@ -185,6 +186,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
     def fields(self, cur: Cursor) -> dict[str, Any]:
         """State, frontier, visits, superstep, the flow's version and its graph digest."""
         try:
+            check_storable(cur.state, "state")
             state = cur.state.model_dump(mode="json")
         except Exception as exc:
             raise FlowError(f"flow {cur.flow.name!r}: the state cannot be stored as JSON: {exc}") from None

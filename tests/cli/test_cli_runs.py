@@ -87,3 +87,16 @@ def test_show_an_unknown_run_is_one_line(agentflow):
     result = agentflow("runs", "show", "no-such-run")
     assert result.exit_code == 2
     assert "no run 'no-such-run'" in one_line_error(result)
+
+
+def test_list_says_when_more_runs_exist_than_it_read_and_how_to_see_them(agentflow):
+    # Given a store with more runs than --limit
+    every = rows(agentflow("runs", "list").output)
+    assert len(every) > 2
+    # When the newest two are listed, Then the listing says more exist and how to read them
+    cut = agentflow("runs", "list", "--limit", "2")
+    assert cut.exit_code == 0 and len([r for r in rows(cut.output) if r != "more"]) == 2
+    assert "more runs exist than the newest 2 read: --limit 4 reads more, --all reads every run" in cut.output
+    # And --all lists every run, with no such line
+    whole = agentflow("runs", "list", "--all")
+    assert rows(whole.output) == every and "more runs exist" not in whole.output

@@ -17,6 +17,29 @@ from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, Sealed
 #: spread over their checkpoints (each holds the messages of its turn), so that dropping the
 #: older ones would lose messages a retry or a reader needs. They are pruned whole or kept.
 UNTRIMMED_PREFIX: Final = RunKind.LOOP.column("")
+#: Every lease id that is not a run's starts with this (a cancel request, a quarantine, the sweep's
+#: lock: `marker_id`); no run may take an id that starts with it.
+MARKER_PREFIX: Final = "agentflow/"
+
+
+def marker_id(*parts: str) -> str:
+    """The lease id of a marker: ``agentflow/<part>/<part>...`` (never a run's id: `check_new_run_id`)."""
+    return MARKER_PREFIX + "/".join(parts)
+
+
+def check_new_run_id(run_id: str) -> None:
+    """Refuse a new run's id that is empty, not text, or in the markers' reserved namespace.
+
+    Raises:
+        ValueError: the id is not a non-empty string, or starts with `MARKER_PREFIX`.
+    """
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"run_id must be a non-empty string; got {run_id!r}")
+    if run_id.startswith(MARKER_PREFIX):
+        raise ValueError(
+            f"run id {run_id!r} starts with {MARKER_PREFIX!r}, which agentflow keeps for its own markers "
+            "(cancel requests, quarantines, locks): choose another id"
+        )
 
 
 def check_row(run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
