@@ -14,6 +14,14 @@
 - Each event is sealed (`Sealer.seal_event`: the MAC covers the run id and the payload)
   and checked before its payload is decoded (`read_events`): a forged or moved event comes
   back as a `RunEvent` with a ``problem``, never as data.
+- Each event carries its position, signed in its payload: ``pos = [writer, n]``, the
+  recorder that wrote it (a random id per held run) and its number among that writer's
+  events, from 0. `Positions` follows them as a reader goes: a copy of an event already read
+  (a byte-for-byte replay appended again), an event older than one read before it, and a
+  writer's numbers that skip (events removed between two kept ones) each come back with a
+  ``problem``, never as data. (What a stream's trim removed from its start is not a gap:
+  a writer first seen at n > 0 is taken from there.) An event with no position is one too:
+  nothing tells its copy from itself.
 - `follow_events` reads on after a cursor, polling, until the run has ended and its last
   events are read: what `FlowClient.events` and the viewer's live page use.
 """
@@ -24,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -60,7 +69,37 @@ class RunEvent:
     data: dict[str, Any] = field(default_factory=dict)
     """Its fields (see `agentflow._events`); empty when the event did not check."""
     problem: str | None = None
-    """Why the stored event was not shown (forged, moved to another run, unreadable), else None."""
+    """Why the stored event was not shown (forged, moved, copied, out of order, unreadable; `name` is then
+    empty), or, with its name and data, that events of its writer before it are missing."""
+
+
+class Positions:
+    """What a reader has seen of each writer's numbered events (see the module notes)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._seen: set[tuple[str, int]] = set()
+
+    def check(self, cursor: str, run_id: str, pos: Any) -> tuple[str | None, bool]:
+        """Check an event at `pos` read now: (the problem or None, whether the event itself is real).
+
+        A copy, an older event or one with no position is not shown; an event after a gap is
+        (it checks), with the gap as its problem.
+        """
+        if not (isinstance(pos, list) and len(pos) == 2 and isinstance(pos[0], str) and type(pos[1]) is int):
+            return f"event {cursor} of run {run_id!r} has no position: nothing tells a copy of it from it", False
+        writer, n = pos
+        last = self._last.get(writer)
+        if last is not None and n <= last:
+            copy = (writer, n) in self._seen
+            what = "a copy of an event already read" if copy else "older than an event read before it"
+            return f"event {cursor} of run {run_id!r} is {what} (writer {writer}, event {n}): a replay", False
+        self._last[writer] = n
+        self._seen.add((writer, n))
+        if last is not None and n > last + 1:
+            gap = f"events {last + 1} to {n - 1} of writer {writer} of run {run_id!r} are missing before {cursor}"
+            return gap, True
+        return None, True
 
 
 def stream_of(store: object) -> EventStore | None:
@@ -85,8 +124,8 @@ def stream_of(store: object) -> EventStore | None:
 _KEEPS_EVENTS: dict[type, bool] = {}
 
 
-def _body(event: Event) -> dict[str, Any]:
-    body = {"name": event.name, "at": event.at, "data": event.data}
+def _body(event: Event, pos: list[Any]) -> dict[str, Any]:
+    body = {"name": event.name, "at": event.at, "data": event.data, "pos": pos}
     try:
         json.dumps(body, allow_nan=False)
     except (TypeError, ValueError):  # a field JSON cannot carry is shown as text
@@ -99,6 +138,8 @@ class _Recorder:
 
     def __init__(self, store: EventStore, sealer: Sealer, run_id: str) -> None:
         self._store, self._sealer, self._run_id = store, sealer, run_id
+        self._writer = secrets.token_hex(6)  # this holder's events: numbered from 0 (`Positions`)
+        self._written = 0
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._buffer: list[Event] = []
@@ -127,7 +168,10 @@ class _Recorder:
         while self._buffer:
             batch, self._buffer = self._buffer, []
             try:
-                sealed = [self._sealer.seal_event(self._run_id, _body(e)) for e in batch]
+                sealed = []
+                for event in batch:
+                    sealed.append(self._sealer.seal_event(self._run_id, _body(event, [self._writer, self._written])))
+                    self._written += 1
                 await self._store.append_events(self._run_id, sealed)
             except Exception:
                 log.exception("could not store %d events of run %s", len(batch), self._run_id)
@@ -167,7 +211,7 @@ async def recording(
             await recorder.drain()
 
 
-def _opened(sealer: Sealer, run_id: str, cursor: str, stored: Any) -> RunEvent:
+def _opened(sealer: Sealer, run_id: str, cursor: str, stored: Any, positions: Positions) -> RunEvent:
     try:
         body = sealer.open_event(stored, run_id)
     except CheckpointStoreCorrupt as exc:
@@ -175,14 +219,24 @@ def _opened(sealer: Sealer, run_id: str, cursor: str, stored: Any) -> RunEvent:
     name, at, data = body.get("name"), body.get("at"), body.get("data")
     if not isinstance(name, str) or not isinstance(at, int | float) or not isinstance(data, dict):
         return RunEvent(cursor, "", problem=f"event {cursor} of run {run_id!r} is not an event body")
-    return RunEvent(cursor, name, float(at), data)
+    problem, real = positions.check(cursor, run_id, body.get("pos"))
+    if not real:
+        return RunEvent(cursor, "", problem=problem)
+    return RunEvent(cursor, name, float(at), data, problem)
 
 
 async def read_events(
-    store: CheckpointStore, sealer: Sealer, run_id: str, after: str | None = None, limit: int = 1000
+    store: CheckpointStore,
+    sealer: Sealer,
+    run_id: str,
+    after: str | None = None,
+    limit: int = 1000,
+    positions: Positions | None = None,
 ) -> list[RunEvent]:
     """The run's stored events after cursor `after` (from the oldest kept if None), each checked.
 
+    `positions` is what the caller has read of the stream before (`follow_events` keeps one
+    across its reads); None: a fresh one, so a copy of an event before `after` goes unseen.
     A store without event streams has none: the list is empty.
 
     Raises:
@@ -191,7 +245,8 @@ async def read_events(
     stream = stream_of(store)
     if stream is None:
         return []
-    return [_opened(sealer, run_id, e.cursor, e.event) for e in await stream.read_events(run_id, after, limit)]
+    seen = positions if positions is not None else Positions()
+    return [_opened(sealer, run_id, e.cursor, e.event, seen) for e in await stream.read_events(run_id, after, limit)]
 
 
 async def _ended(store: CheckpointStore, run_id: str) -> bool:
@@ -218,8 +273,9 @@ async def follow_events(
     """
     loop = asyncio.get_running_loop()
     quiet_since: float | None = None
+    positions = Positions()
     while True:
-        batch = await read_events(store, sealer, run_id, after)
+        batch = await read_events(store, sealer, run_id, after, positions=positions)
         for event in batch:
             after = event.cursor
             yield event

@@ -316,6 +316,11 @@ class RedisRows(Rows):
         _, _, calls, _ = self._keys(at.run_id)
         await self._do(lambda c: c.hset(calls, f"{at.segment}:{at.seq}", self._call_row(new)))
 
+    async def drop_event(self, run_id: str, cursor: str) -> None:
+        """Delete one event of the run's stream (one XDEL)."""
+        stream = f"{self.prefix}:run:{{{run_id}}}:events"
+        assert await self._do(lambda c: c.xdel(stream, cursor)) == 1
+
     async def rewind_count(self, run_id: str, segment: int, count: int) -> None:
         """Set the segment's record counter to `count` (one HSET: no record is deleted)."""
         _, _, _, counts = self._keys(run_id)

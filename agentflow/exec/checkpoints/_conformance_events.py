@@ -43,6 +43,27 @@ async def check_events_in_order_with_cursors(store: CheckpointStore) -> None:
     await _expect_raises(ValueError, store.append_events(run_id, _events(other, 0, 1)), "another run's event")
 
 
+async def check_event_positions_are_append_only(store: CheckpointStore) -> None:
+    """An event, once stored, keeps its place and its bytes: later appends only add after it, at growing cursors.
+
+    What makes a copy or a reorder visible to a reader (`agentflow.exec._run_events.Positions`):
+    a replayed event lands after the ones it copies, never in their place.
+    """
+    if not isinstance(store, EventStore):
+        return
+    run_id = _ids()[0]
+    first = _events(run_id, 0, 3)
+    await store.append_events(run_id, first)
+    before = list(await store.read_events(run_id))
+    await store.append_events(run_id, [first[0], *_events(run_id, 3, 2)])  # a byte-for-byte copy among new ones
+    after = list(await store.read_events(run_id))
+    _expect(after[: len(before)] == before, "appending changed an event already stored (its cursor or its bytes)")
+    _expect(len(after) == len(before) + 3, "each append adds every event given, a copy included")
+    _expect(after[len(before)].event == first[0], "a copy is stored after the events before it, not in its place")
+    later = [e.cursor for e in await store.read_events(run_id, before[-1].cursor)]
+    _expect(later == [e.cursor for e in after[len(before) :]], "reading after the last old cursor gives the new ones")
+
+
 async def check_events_are_bounded(store: CheckpointStore) -> None:
     """A stream keeps about its newest `EVENTS_KEPT` events: the oldest go first."""
     if not isinstance(store, EventStore):

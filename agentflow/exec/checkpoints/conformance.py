@@ -62,6 +62,9 @@ from agentflow.exec.checkpoints._conformance_calls import check_started_is_fence
 from agentflow.exec.checkpoints._conformance_calls import (
     check_started_refused_after_end as check_started_refused_after_end,
 )
+from agentflow.exec.checkpoints._conformance_events import (
+    check_event_positions_are_append_only as check_event_positions_are_append_only,
+)
 from agentflow.exec.checkpoints._conformance_events import check_events_are_bounded as check_events_are_bounded
 from agentflow.exec.checkpoints._conformance_events import check_events_go_with_the_run as check_events_go_with_the_run
 from agentflow.exec.checkpoints._conformance_events import (
@@ -211,6 +214,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_trim_judges_each_run_again,
     check_trimmed_run_is_retried_and_trimmed_again,
     check_events_in_order_with_cursors,
+    check_event_positions_are_append_only,
     check_events_are_bounded,
     check_events_go_with_the_run,
     check_forged_event_is_refused,

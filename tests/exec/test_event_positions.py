@@ -1,0 +1,91 @@
+"""Every event is sealed with its position: a replayed copy, an old event appended again, or a gap is a problem.
+
+The seal covers the run and the payload; the payload now carries ``pos = [writer, n]``. An
+attacker who can write to the store but has no key can still append a byte-for-byte copy
+of a signed event, or an older one, or delete one: each is reported by `read_events` and
+`follow_events` (and so by `FlowClient.events` and the viewer), never read as a real event.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _kit.stores import StoreSetup, setups
+from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
+
+from agentflow import Events, Executor, FlowRunner
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_events import Positions, follow_events, read_events
+from agentflow.exec.checkpoints._protocol import EventStore
+
+STREAMS = setups("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")
+
+
+async def _recorded_run(store_setup: StoreSetup) -> EventStore:
+    store = store_setup.open()
+    runner = FlowRunner(Executor(make_tickets().registry, events=Events(record=True)), checkpoints=store,
+                        checkpoint_key=None if store.in_process else KEY)  # fmt: skip
+    assert (await runner.run(TICKETS, ORDER, run_id="order-1")).status == "done"
+    assert isinstance(store, EventStore)
+    return store
+
+
+def _sealer(store: EventStore) -> Sealer:
+    local = getattr(store, "local_key", None)
+    return Sealer(local if local is not None else KEY)
+
+
+@pytest.mark.parametrize("store_setup", STREAMS, indirect=True)
+async def test_a_run_s_own_events_read_back_without_a_problem(store_setup: StoreSetup) -> None:
+    store = await _recorded_run(store_setup)
+    events = await read_events(store, _sealer(store), "order-1")  # type: ignore[arg-type]
+    assert events and all(e.problem is None for e in events)
+    assert [e.name for e in events].count("tool.finished") == 3
+
+
+@pytest.mark.parametrize("store_setup", STREAMS, indirect=True)
+async def test_a_byte_for_byte_copy_of_a_signed_event_is_a_problem_not_a_second_event(store_setup: StoreSetup) -> None:
+    store = await _recorded_run(store_setup)
+    stored = list(await store.read_events("order-1"))
+    sealer = _sealer(store)
+    charged = next(
+        e for e in stored if sealer.open_event(e.event, "order-1")["data"].get("tool") == "charge_card"
+        and sealer.open_event(e.event, "order-1")["name"] == "tool.finished"
+    )  # fmt: skip
+    # When someone appends a copy of charge_card's tool.finished, and of the run's first event
+    await store.append_events("order-1", [charged.event, stored[0].event])
+    events = await read_events(store, sealer, "order-1")  # type: ignore[arg-type]
+    # Then neither reads as an event: each is a replay
+    *real, first, second = events
+    assert [e.name for e in real].count("tool.finished") == 3 and all(e.problem is None for e in real)
+    for copy in (first, second):
+        assert copy.name == "" and "a copy of an event already read" in (copy.problem or "")
+    # And a follower (FlowClient.events, the viewer's live page) sees the same
+    followed = [e async for e in follow_events(store, sealer, "order-1", settle_s=0.0, poll_s=0.01)]  # type: ignore[arg-type]
+    assert [e.name for e in followed].count("tool.finished") == 3
+
+
+@pytest.mark.parametrize("store_setup", setups("fakeredis", "redis"), indirect=True)
+async def test_an_event_deleted_between_two_kept_ones_is_reported_as_a_gap(store_setup: StoreSetup) -> None:
+    store = await _recorded_run(store_setup)
+    stored = list(await store.read_events("order-1"))
+    # When someone deletes one event of the stream (XDEL: no key needed)
+    victim = stored[len(stored) // 2]
+    await store_setup.rows.drop_event("order-1", victim.cursor)  # type: ignore[attr-defined]
+    events = await read_events(store, _sealer(store), "order-1")  # type: ignore[arg-type]
+    # Then the event after it says that one is missing
+    gaps = [e for e in events if e.problem and "are missing before" in e.problem]
+    assert len(gaps) == 1 and gaps[0].name  # the event itself is real
+
+
+def test_positions_tell_a_copy_an_older_event_and_a_gap_apart() -> None:
+    positions = Positions()
+    assert positions.check("1", "r", ["w", 0]) == (None, True)
+    assert positions.check("2", "r", ["v", 5]) == (None, True)  # a writer first seen past 0: a trimmed start
+    gap, real = positions.check("3", "r", ["w", 3])
+    assert real and gap is not None and "events 1 to 2 of writer w" in gap
+    older, real = positions.check("4", "r", ["w", 2])
+    assert not real and older is not None and "older than an event read before it" in older
+    copy, real = positions.check("5", "r", ["w", 3])
+    assert not real and copy is not None and "a copy of an event already read" in copy
+    none, real = positions.check("6", "r", None)
+    assert not real and none is not None and "has no position" in none
