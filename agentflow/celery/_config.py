@@ -108,18 +108,22 @@ def _redis(url: str, key_prefix: str, visibility_timeout_s: int, result_backend:
     }
     results: dict[str, Any] = {"global_keyprefix": f"{key_prefix}:celery:"}
     backend = result_backend or url
-    if urlsplit(url).scheme == SENTINEL_SCHEME:
+    sentinel = urlsplit(url).scheme == SENTINEL_SCHEME
+    if sentinel:
         url, found = _kombu_sentinel(url)
         transport.update(found)
     if urlsplit(backend).scheme == SENTINEL_SCHEME:
         backend, found = _kombu_sentinel(backend)
         results.update(found)
-    return {
+    config = {
         "broker_url": url,
         "result_backend": backend,
         "broker_transport_options": transport,
         "result_backend_transport_options": results,
     }
+    if sentinel:  # a worker that loses the primary with a message in hand reconnects (`_sentinel`)
+        config["broker_transport"] = "agentflow.celery._sentinel:SentinelTransport"
+    return config
 
 
 def _kombu_sentinel(url: str) -> tuple[str, dict[str, Any]]:

@@ -25,7 +25,7 @@ from agentflow._errors import RunHeld
 from agentflow.celery._settings import WorkerSettings
 from agentflow.exec._run_lease import Ownership, holding
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished, trim_finished
+from agentflow.exec.checkpoints._retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
 from agentflow.exec.checkpoints._rules import marker_id
 
 log = logging.getLogger("agentflow.celery")
@@ -35,7 +35,7 @@ PRUNE_LEASE: Final = marker_id("prune")
 
 
 async def prune_tick(
-    store_factory: Callable[[], CheckpointStore], settings: WorkerSettings, owner: str
+    store_factory: Callable[[], CheckpointStore], settings: WorkerSettings, owner: str, check: RowCheck
 ) -> dict[str, Any]:
     """Prune, then trim, what the retention policy no longer keeps, in bounded batches; the task's result."""
     policy = settings.retention()
@@ -44,7 +44,7 @@ async def prune_tick(
     store = store_factory()
     try:
         async with holding(store, PRUNE_LEASE, Ownership(owner, settings.recover_lock_s)):
-            result = await _work(store, policy, settings, owner)
+            result = await _work(store, policy, settings, owner, check)
     except RunHeld as held:
         return {"skipped": f"another worker is pruning ({held.owner})"}
     finally:
@@ -53,12 +53,13 @@ async def prune_tick(
 
 
 async def _work(
-    store: CheckpointStore, policy: RetentionPolicy, settings: WorkerSettings, owner: str
+    store: CheckpointStore, policy: RetentionPolicy, settings: WorkerSettings, owner: str, check: RowCheck
 ) -> dict[str, Any]:
     """One tick's prune and trim, each bounded; what each did."""
     result: dict[str, Any] = {}
     if policy.keep_s is not None:
-        pruned = await prune_finished(store, policy, owner=owner, max_batches=settings.retention_batches)
+        pruned = await prune_finished(store, policy, check=check, owner=owner, max_batches=settings.retention_batches)
+        _report_refused(pruned.refused)
         result |= {"pruned": len(pruned.run_ids), "rows": pruned.rows}
         if pruned.run_ids:
             log.info(
@@ -69,7 +70,8 @@ async def _work(
             )
     if policy.trim_after_s is not None:
         try:
-            trimmed = await trim_finished(store, policy, max_batches=settings.retention_batches)
+            trimmed = await trim_finished(store, policy, check=check, max_batches=settings.retention_batches)
+            _report_refused(trimmed.refused)
         except NotImplementedError as exc:
             log.warning("retention_trim_days is set, but the store cannot trim: %s", exc)
             return result | {"trim_skipped": str(exc)}
@@ -82,3 +84,9 @@ async def _work(
                 settings.retention_trim_days,
             )
     return result
+
+
+def _report_refused(refused: tuple[tuple[str, str], ...]) -> None:
+    """Say which listed runs were left because their newest checkpoint did not check."""
+    for run_id, why in refused:
+        log.warning("retention left run %s: its newest checkpoint does not check (%s)", run_id, why)

@@ -312,7 +312,7 @@ class Worker(LoopWork):
 
     async def prune(self) -> dict[str, Any]:
         """One tick of the retention beat: prune, then trim, what `WorkerSettings.retention()` no longer keeps."""
-        return await prune_tick(self._unwrapped_factory, self.settings, self.owner)
+        return await prune_tick(self._unwrapped_factory, self.settings, self.owner, self.sealer.checkpoint_problem)
 
     @property
     def resends(self) -> Resends:

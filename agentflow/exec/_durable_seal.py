@@ -202,6 +202,14 @@ class Sealer:
         sig = self._mac(self._kid, header, payload)
         return SealedCheckpoint(run_id, step, flow, status, segment, saved_at, payload, self._kid, sig)
 
+    def checkpoint_problem(self, row: SealedCheckpoint) -> str | None:
+        """What is wrong with a checkpoint row of its own run (signature, body), or None when it checks."""
+        try:
+            self.open_checkpoint(row, row.run_id)
+        except CheckpointStoreCorrupt as exc:
+            return str(exc)
+        return None
+
     def open_checkpoint(self, row: SealedCheckpoint, run_id: str) -> dict[str, Any]:
         """Check a checkpoint row, then decode its body.
 

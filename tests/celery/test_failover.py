@@ -112,7 +112,7 @@ async def test_workers_follow_a_sentinel_failover_of_the_broker_and_the_store_wi
         settings = {"broker_url": url, "store_url": url, "store_wait_replicas": 1, "store_wait_timeout_s": WAIT_S}
         dep = Deployment(tmp_path, settings=settings)
         try:
-            dep.set_delay(0.05, 0.2)
+            dep.set_delay(0.3, 0.5)  # so the worker has a superstep in hand when the primary dies
             dep.start_worker("w1")
             dep.start_beat()
             before = await dep.client.start("tickets", {"show": "before", "seats": 1})

@@ -110,9 +110,11 @@ class Pruned:
     """The runs deleted, in the order they were asked for."""
     rows: int
     """How many checkpoint rows and call records were deleted with them."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`_retention.judged`)."""
 
     def __add__(self, other: Pruned) -> Pruned:
-        return Pruned(self.run_ids + other.run_ids, self.rows + other.rows)
+        return Pruned(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +125,11 @@ class Trimmed:
     """The runs trimmed, in the order they were asked for."""
     rows: int
     """How many checkpoint rows were deleted from them (call records are never trimmed)."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`_retention.judged`)."""
 
     def __add__(self, other: Trimmed) -> Trimmed:
-        return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows)
+        return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
 
 
 #: How many events a store keeps per run: appending more drops the oldest (Redis trims

@@ -34,6 +34,18 @@ The design of a trim:
 - The store port has no way to delete one checkpoint, so there is no generic trim: a store
   without `TrimStore` is refused with `NotImplementedError` (`_defaults.no_trim`).
 
+Who judges a run: its **signed** newest checkpoint. A store's listing and its atomic
+re-check read the fields it keeps in clear (a Redis run's ``latest`` hash, a SQL ``runs``
+row), which anyone with write access can set: ``status=done`` and an old ``saved_at`` on a
+paused run would have it deleted. So `prune_finished`, `trim_finished` and the
+``agentflow runs prune`` command take a `RowCheck` (the key ring's: `Sealer`'s check of a
+checkpoint row) and prune or trim only the listed runs whose newest row checks and itself
+says it ended, in the statuses asked, before the cut-off (`judged`); a run whose newest
+row does not check is left and reported (`Pruned.refused`). What stays open: the row is
+judged just before the store's own atomic step, not inside it, so a save landing between
+the two is judged by the store's clear fields alone (it may only be a legitimate save: a
+forged row does not check).
+
 The functions:
 
 - `prunable` and `prune`, `trimmable` and `trim`: the store's own (`RetentionStore`,
@@ -55,9 +67,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
 from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints._records import ENDED, Pruned, Trimmed
+from agentflow.exec.checkpoints._records import ENDED, Pruned, SealedCheckpoint, Trimmed
 from agentflow.exec.checkpoints._rules import check_prune_statuses
 
 #: Runs per batch when nobody says otherwise.
@@ -146,6 +159,37 @@ def pruner(name: str = "prune") -> str:
     return f"{name}@{socket.gethostname()}:{os.getpid()}"
 
 
+#: What is wrong with a run's newest checkpoint row (its signature, above all), or None when it checks.
+RowCheck = Callable[[SealedCheckpoint], str | None]
+
+
+async def judged(
+    store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], check: RowCheck
+) -> tuple[list[str], dict[str, str]]:
+    """Of `run_ids`, those whose newest checkpoint checks and says it ended in `statuses` before `before`.
+
+    Returns:
+        The runs to prune or trim, in order; and the runs whose newest row did not check
+        (or could not be read), with why. A run deleted meanwhile is in neither.
+    """
+    kept: list[str] = []
+    refused: dict[str, str] = {}
+    for run_id in run_ids:
+        try:
+            row = await store.latest(run_id)
+        except CheckpointNotFound:
+            continue
+        except CheckpointStoreCorrupt as exc:
+            refused[run_id] = str(exc)
+            continue
+        problem = check(row)
+        if problem is not None:
+            refused[run_id] = problem
+        elif row.status in statuses and row.saved_at < before:  # fields the signature covers
+            kept.append(run_id)
+    return kept, refused
+
+
 async def prunable(store: CheckpointStore, before: float, statuses: Collection[str], limit: int) -> list[str]:
     """The runs a prune would take now, oldest first (the store's own listing, or the generic one)."""
     if isinstance(store, RetentionStore):
@@ -194,6 +238,7 @@ async def prune_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
     *,
+    check: RowCheck,
     now: float | None = None,
     owner: str | None = None,
     max_batches: int | None = None,
@@ -201,14 +246,16 @@ async def prune_finished(
 ) -> Pruned:
     """Prune the runs `policy` no longer keeps whole, batch by batch; return what was deleted.
 
-    Each batch lists up to ``policy.batch`` prunable runs, oldest first, and prunes them
-    (each judged again as it goes). It stops when a batch prunes nothing (all done, or the
-    runs left are held or changed) or after `max_batches` batches. A policy without
-    ``keep_s`` prunes nothing.
+    Each batch lists up to ``policy.batch`` prunable runs, oldest first, judges each by its
+    signed newest checkpoint (`judged`) and prunes those that qualify (each judged again by
+    the store as it goes). It stops when a batch prunes nothing (all done, or the runs left
+    are held or changed) or after `max_batches` batches. A policy without ``keep_s`` prunes
+    nothing.
 
     Args:
         store: the store to prune.
         policy: what to keep.
+        check: what is wrong with a run's newest row (the key ring's check), or None.
         now: the time the cut-off is counted from (default: now).
         owner: who holds each run's lease while it is deleted (default: ``prune@<host>:<pid>``).
         max_batches: stop after this many batches (None: until done).
@@ -219,15 +266,19 @@ async def prune_finished(
     before = policy.cut_off(now)
     who = owner or pruner()
     total = Pruned((), 0)
+    refused: dict[str, str] = {}
     batches = 0
     while max_batches is None or batches < max_batches:
         batches += 1
-        run_ids = await prunable(store, before, policy.statuses, policy.batch)
-        done = await prune(store, run_ids, before, policy.statuses, who)
+        listed = await prunable(store, before, policy.statuses, policy.batch + len(refused))
+        kept, bad = await judged(store, [r for r in listed if r not in refused], before, policy.statuses, check)
+        refused |= bad
+        done = await prune(store, kept, before, policy.statuses, who)
+        done = Pruned(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)
         total += done
-        if not done.run_ids:
+        if not done.run_ids and not bad:
             break
     return total
 
@@ -236,6 +287,7 @@ async def trim_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
     *,
+    check: RowCheck,
     now: float | None = None,
     max_batches: int | None = None,
     on_batch: Callable[[Trimmed], None] | None = None,
@@ -251,6 +303,8 @@ async def trim_finished(
     Args:
         store: the store to trim.
         policy: what to keep.
+        check: what is wrong with a run's newest row (the key ring's check), or None; a
+            run is trimmed only when its signed newest checkpoint qualifies (`judged`).
         now: the time the cut-off is counted from (default: now).
         max_batches: stop after this many batches (None: until done).
         on_batch: called with what each batch deleted (progress).
@@ -267,7 +321,9 @@ async def trim_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         found = await trimmable(store, before, policy.statuses, policy.batch, since)
-        done = await trim(store, [run_id for run_id, _ in found], before, policy.statuses)
+        kept, bad = await judged(store, [run_id for run_id, _ in found], before, policy.statuses, check)
+        done = await trim(store, kept, before, policy.statuses)
+        done = Trimmed(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)
         total += done
