@@ -12,9 +12,12 @@ checkpoint, call records, lease and listing entries, so it still shows, lists an
 The store does the work (`agentflow.exec.checkpoints._retention`): each run is judged
 again as it is deleted and goes whole, with its checkpoints, call records, lease and
 listing entries; a run a live worker holds, or one retried or resumed since it was listed,
-is left. A running or paused run is never pruned, however old. The command reads only the
-fields the store keeps in clear (status, time), as the store's own rules do, so it needs
-no checkpoint key.
+is left. A running or paused run is never pruned, however old. Before that, each listed
+run is judged by its **signed** newest checkpoint (`_retention.judged`): the store lists by
+fields it keeps in clear, which anyone with write access can set, so the command needs
+the checkpoint key (``--key-env``) and prunes only runs whose newest checkpoint checks and
+itself says it ended before the cut-off. A run whose newest row does not check is left,
+and named.
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ import click
 
 from agentflow._display import when
 from agentflow.cli import _errors
-from agentflow.cli._stores import StoreURLError, open_store
+from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo
 from agentflow.exec._run_read import ALL_RUNS
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import ENDED
-from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, prunable, prune, pruner, trimmable
+from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, judged, prunable, prune, pruner, trimmable
 from agentflow.exec.checkpoints._retention import trim as trim_runs
 from agentflow.exec.checkpoints._rules import check_prune_statuses
 
@@ -101,14 +104,7 @@ async def _delete(
 
 
 @click.command("prune")
-@click.option(
-    "--store",
-    "store_url",
-    envvar="AGENTFLOW_STORE",
-    required=True,
-    metavar="URL",
-    help="The checkpoint store, e.g. sqlite:///runs.db or redis://host:6379/0 (env: AGENTFLOW_STORE).",
-)
+@store_options
 @click.option(
     "--older-than",
     "older_than",
@@ -137,7 +133,14 @@ async def _delete(
     "--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1, 10_000), help="Runs per batch."
 )
 def prune_runs(
-    store_url: str, older_than: float, statuses: tuple[str, ...], trim: bool, dry_run: bool, yes: bool, batch: int
+    store_url: str,
+    key_env: str,
+    older_than: float,
+    statuses: tuple[str, ...],
+    trim: bool,
+    dry_run: bool,
+    yes: bool,
+    batch: int,
 ) -> None:
     """Delete the runs that ended (done, failed, cancelled) and were last saved longer ago than --older-than.
 
@@ -145,12 +148,12 @@ def prune_runs(
     --trim each run stays and only its older checkpoints go: its newest checkpoint, call
     records and listing entries stay, so it still shows and can be retried (tool loops are
     never trimmed). Runs a worker holds, and runs retried or resumed meanwhile, are left.
-    Asks first (--yes does not); --dry-run only counts.
+    Asks first (--yes does not); --dry-run only counts. Each run is judged by its signed
+    newest checkpoint, so the checkpoint key is needed (--key-env); a run whose newest
+    checkpoint does not check is left, and named.
     """
-    try:
-        store = open_store(store_url)
-    except (StoreURLError, ImportError) as exc:
-        raise _errors.explain(exc) from None
+    target = open_target(store_url, key_env)
+    store = target.store
     before = time.time() - older_than
     verb = "trim" if trim else "prune"
     what = f"ended ({', '.join(statuses)}) and last saved before {when(before)}"
@@ -158,14 +161,17 @@ def prune_runs(
 
     async def job() -> None:
         if trim:
-            run_ids = [run_id for run_id, _ in await trimmable(store, before, statuses, ALL_RUNS)]
+            listed = [run_id for run_id, _ in await trimmable(store, before, statuses, ALL_RUNS)]
         else:
-            run_ids = await prunable(store, before, statuses, ALL_RUNS)
+            listed = await prunable(store, before, statuses, ALL_RUNS)
+        run_ids, refused = await judged(store, listed, before, statuses, target.sealer.checkpoint_problem)
+        for run_id, why in refused.items():
+            echo(f"left run {run_id}: its newest checkpoint does not check ({why})")
         if not run_ids:
             echo(f"no runs to {verb}: none {what}")
             return
         count = f"{len(run_ids)} run(s) {what}"
-        if len(run_ids) == ALL_RUNS:
+        if len(listed) == ALL_RUNS:
             count += " (the first million: run it again for the rest)"
         if dry_run:
             echo(f"would {verb} {count} (--dry-run: nothing was deleted)")
@@ -182,4 +188,4 @@ def prune_runs(
         if done < len(run_ids):
             echo(f"{len(run_ids) - done} run(s) were left: held by a worker, or retried or resumed since listed")
 
-    _errors.run(job, close=store)
+    target.run(job)

@@ -218,11 +218,6 @@ class SqlRows(Rows):
 
     async def drop_checkpoint(self, at: SealedCheckpoint) -> None:
         await self._one(f"DELETE FROM {self.cp} WHERE run_id=? AND step=?", at.run_id, at.step)
-
-    async def break_checkpoint(self, at: SealedCheckpoint) -> None:
-        if not self.files:
-            raise NotImplementedError("PostgreSQL's typed columns take no value of another type")
-        await self._one(f"UPDATE {self.cp} SET payload=? WHERE run_id=? AND step=?", "not bytes", at.run_id, at.step)
         _, rows = await self._exec(
             f"SELECT step, flow, status, segment, saved_at FROM {self.cp} WHERE run_id=? ORDER BY step DESC LIMIT 1",
             at.run_id,
@@ -237,6 +232,11 @@ class SqlRows(Rows):
         else:
             sql = f"UPDATE {self.runs} SET step=?, flow=?, status=?, saved_at=? WHERE run_id=?"
             await self._one(sql, step, flow, status, saved_at, at.run_id)
+
+    async def break_checkpoint(self, at: SealedCheckpoint) -> None:
+        if not self.files:
+            raise NotImplementedError("PostgreSQL's typed columns take no value of another type")
+        await self._one(f"UPDATE {self.cp} SET payload=? WHERE run_id=? AND step=?", "not bytes", at.run_id, at.step)
 
     async def drop_listing(self, run_id: str) -> None:
         await self._one(f"DELETE FROM {self.runs} WHERE run_id=?", run_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -12,8 +13,12 @@ from celery import Celery
 from agentflow import FlowApp, Registry
 from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._retention import PRUNE_LEASE
+from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import MemoryCheckpointStore
-from agentflow.exec.checkpoints.conformance import SEALER
+
+#: The workers' key: retention judges each run by its newest checkpoint, signed with it.
+KEY = b"k" * 32
+SEALER = Sealer(KEY)
 
 DAY = 86_400.0
 
@@ -28,7 +33,7 @@ async def _runs(store: MemoryCheckpointStore, count: int, status: str, at: float
 
 def _tasks(store: MemoryCheckpointStore, settings: WorkerSettings) -> Any:
     return register_tasks(Celery("retention-logic"), FlowApp(Registry(), []), store_factory=lambda: store,
-                          checkpoint_key=b"k" * 32, settings=settings)  # fmt: skip
+                          checkpoint_key=KEY, settings=settings)  # fmt: skip
 
 
 async def test_a_prune_tick_deletes_old_finished_runs_in_bounded_batches() -> None:
@@ -40,7 +45,7 @@ async def test_a_prune_tick_deletes_old_finished_runs_in_bounded_batches() -> No
         Celery("retention-logic"),
         FlowApp(Registry(), []),
         store_factory=lambda: store,
-        checkpoint_key=b"k" * 32,
+        checkpoint_key=KEY,
         settings=WorkerSettings(retention_days=1, retention_batches=2),
     )
     try:
@@ -63,7 +68,7 @@ async def test_one_prune_tick_at_a_time() -> None:
         Celery("retention-logic"),
         FlowApp(Registry(), []),
         store_factory=lambda: store,
-        checkpoint_key=b"k" * 32,
+        checkpoint_key=KEY,
         settings=WorkerSettings(retention_days=1),
     )
     try:
@@ -79,7 +84,7 @@ def test_beat_sends_the_prune_task_only_when_retention_is_set() -> None:
     def schedule(settings: WorkerSettings) -> dict[str, object]:
         app = Celery("retention-beat")
         tasks = register_tasks(app, FlowApp(Registry(), []), store_factory=MemoryCheckpointStore,
-                               checkpoint_key=b"k" * 32, settings=settings)  # fmt: skip
+                               checkpoint_key=KEY, settings=settings)  # fmt: skip
         assert tasks.prune_finished.name == "agentflow.prune_finished"
         return dict(app.conf.beat_schedule or {})
 
@@ -92,7 +97,7 @@ def test_beat_sends_the_prune_task_only_when_retention_is_set() -> None:
     }
     # And a task sent while no retention is set says so and deletes nothing
     tasks = register_tasks(Celery("retention-off"), FlowApp(Registry(), []), store_factory=MemoryCheckpointStore,
-                           checkpoint_key=b"k" * 32)  # fmt: skip
+                           checkpoint_key=KEY)  # fmt: skip
     try:
         assert tasks.prune_finished() == {"skipped": "no retention is set (retention_days, retention_trim_days)"}
     finally:
@@ -131,3 +136,16 @@ def test_trimming_must_come_before_pruning() -> None:
         WorkerSettings(retention_trim_days=0)
     policy = WorkerSettings(retention_trim_days=7).retention()
     assert policy is not None and policy.keep_s is None and policy.trim_after_s == 7 * DAY
+
+
+async def test_a_prune_tick_never_deletes_a_run_on_its_clear_fields_alone() -> None:
+    # Given a paused run whose unsigned listing someone set to "done", two days old (two writes, no key)
+    store, now = MemoryCheckpointStore(), time.time()
+    (paused,) = await _runs(store, 1, "paused", now - 2 * DAY)
+    forged = SEALER.seal_checkpoint(paused, 1, "mail", "paused", 0, now - 2 * DAY, {})
+    store._checkpoints[paused][-1] = dataclasses.replace(forged, status="done")  # the signature no longer matches
+    # When the retention beat ticks
+    result = await asyncio.to_thread(_tasks(store, WorkerSettings(retention_days=1.0)).prune_finished)
+    # Then the run is left, not deleted, and the tick says nothing was pruned
+    assert result["pruned"] == 0
+    assert [c.step for c in await store.history(paused)] == [0, 1]

@@ -30,6 +30,8 @@ from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
 
 SEALER = Sealer(KEY)
+#: What prune and trim judge each run by: its newest checkpoint, checked with the kit's key.
+CHECK = SEALER.checkpoint_problem
 #: Checkpoints and call records of one clone.
 ROWS_PER_RUN = 4 + 6
 
@@ -103,12 +105,20 @@ async def _work(spec: str, before: float, batch: int, mode: str) -> None:
         if mode == "trim":
             policy = RetentionPolicy(None, batch=batch, trim_after_s=0.0)
             await trim_finished(
-                store, policy, now=before, on_batch=lambda t: print(f"batch {len(t.run_ids)}", flush=True)
+                store,
+                policy,
+                now=before,
+                on_batch=lambda t: print(f"batch {len(t.run_ids)}", flush=True),
+                check=CHECK,
             )
         else:
             policy = RetentionPolicy(0.0, batch=batch)
             await prune_finished(
-                store, policy, now=before, on_batch=lambda p: print(f"batch {len(p.run_ids)}", flush=True)
+                store,
+                policy,
+                now=before,
+                on_batch=lambda p: print(f"batch {len(p.run_ids)}", flush=True),
+                check=CHECK,
             )
         print("done", flush=True)
     finally:

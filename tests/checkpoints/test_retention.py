@@ -19,6 +19,7 @@ from pathlib import Path
 import prune_kit
 import pytest
 from _kit.stores import StoreSetup, child_env, setups
+from prune_kit import CHECK
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow.exec._run_read import read_run
@@ -57,7 +58,7 @@ async def test_prune_deletes_old_finished_runs_whole_and_leaves_the_rest(store_s
     assert len(await store.stored_runs()) == 14
     # When the finished runs older than an hour are pruned, three runs per batch
     batches: list[Pruned] = []
-    pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=3), on_batch=batches.append)
+    pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=3), on_batch=batches.append, check=CHECK)
     # Then the eight old finished runs went, with all their rows, in three full batches and a last one
     ended = sorted(r for r, s in old.items() if s in ENDED)
     assert sorted(pruned.run_ids) == ended
@@ -112,7 +113,7 @@ async def test_prune_stops_after_max_batches() -> None:
     store, now = MemoryCheckpointStore(), time.time()
     await prune_kit.seed(store, await prune_kit.template(), [f"r{i}" for i in range(5)], now - DAY)
     # When at most two batches of two may run, Then four runs go and one is left for the next time
-    pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=2), max_batches=2)
+    pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=2), max_batches=2, check=CHECK)
     assert len(pruned.run_ids) == 4 and len(await store.stored_runs()) == 1
 
 
@@ -168,7 +169,7 @@ async def test_a_prune_killed_midway_leaves_every_run_whole_or_gone(store_setup:
     assert sorted(await store.stored_runs()) == [r for r, f in zip(run_ids, found, strict=True) if f == "whole"]
     # And no lease a pruner took is left to block the runs; a prune run again finishes the job
     assert not await store.leases(run_ids)
-    await prune_finished(store, RetentionPolicy(HOUR, batch=200))
+    await prune_finished(store, RetentionPolicy(HOUR, batch=200), check=CHECK)
     assert not await store.stored_runs()
 
 
@@ -189,7 +190,7 @@ async def test_a_trim_killed_midway_leaves_every_run_whole_or_trimmed(store_setu
     assert sorted(await store.stored_runs()) == run_ids
     # And a trim run again finishes the job, leaving every run listed and readable
     policy = RetentionPolicy(None, batch=200, trim_after_s=HOUR)
-    await trim_finished(store, policy)
+    await trim_finished(store, policy, check=CHECK)
     assert {len(await store.history(run_id)) for run_id in run_ids} == {1}
     assert await prune_kit.whole_or_trimmed(store, run_ids[-1]) == "trimmed"
     assert {cp.run_id for cp in await store.list_runs(None, 10_000)} >= set(run_ids)
@@ -209,7 +210,7 @@ async def test_prune_on_redis_cluster_leaves_no_key_and_no_index_entry(redis_clu
         await prune_kit.seed(store, rows, [f"c{i}" for i in range(40)], now - DAY)
         await prune_kit.write_clone(store, rows, "moving", now - DAY, "running")
         # When they are pruned, 15 per batch (each run's script on its node, the indexes after it)
-        pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=15))
+        pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=15), check=CHECK)
         # Then every finished run's keys and index entries are gone; the running one is whole and listed
         assert len(pruned.run_ids) == 40 and pruned.rows == 40 * prune_kit.ROWS_PER_RUN
         assert await store.stored_runs() == ["moving"]

@@ -17,6 +17,7 @@ import prune_kit
 import pytest
 from _kit.stores import ALL_SETUPS, StoreSetup, setups
 from _kit.tickets import KEY, ORDER, TOOLS, Order, Tickets, make_tickets, order_args, show_args
+from prune_kit import CHECK
 
 from agentflow import Call, Executor, Flow, FlowRunner
 from agentflow._errors import CheckpointNotFound
@@ -54,7 +55,12 @@ async def test_trimmed_runs_read_back_healthy_from_their_kept_step(store_setup: 
     await prune_kit.seed(store, rows, ["recent"], now)
     # When the finished runs older than an hour are trimmed, two per batch
     batches: list[Trimmed] = []
-    trimmed = await trim_finished(store, RetentionPolicy(None, batch=2, trim_after_s=HOUR), on_batch=batches.append)
+    trimmed = await trim_finished(
+        store,
+        RetentionPolicy(None, batch=2, trim_after_s=HOUR),
+        on_batch=batches.append,
+        check=CHECK,
+    )
     # Then the three old finished runs were trimmed, three checkpoints each, and nothing else
     assert sorted(trimmed.run_ids) == ["old-cancelled", "old-done", "old-failed"]
     assert trimmed.rows == 9 and [len(b.run_ids) for b in batches] == [2, 1, 0]
@@ -101,7 +107,7 @@ async def test_a_trimmed_failed_run_is_retried_and_runs_no_call_twice(store_setu
     assert failed.status == "failed" and "mail server is down" in str(failed.error)
     step = failed.step
     # When retention trims it to its newest checkpoint
-    trimmed = await trim_finished(store_setup.raw, NOW, now=time.time() + 1)
+    trimmed = await trim_finished(store_setup.raw, NOW, now=time.time() + 1, check=CHECK)
     assert trimmed.run_ids == ("order-9",) and [cp.step for cp in await store_setup.history("order-9")] == [step]
     # And a fork from a trimmed step is refused, naming the retention
     with pytest.raises(CheckpointNotFound, match=f"retention trimmed its checkpoints before step {step}"):
@@ -118,7 +124,7 @@ async def test_a_trimmed_failed_run_is_retried_and_runs_no_call_twice(store_setu
     report = await read_run(store_setup.raw, Sealer(KEY), "order-9")
     assert not report.problems and report.kept_from == step and report.checkpoints[0].step == step
     assert [c.state for c in report.calls] == ["done", "done", "done"]
-    assert (await trim_finished(store_setup.raw, NOW, now=time.time() + 1)).run_ids == ("order-9",)
+    assert (await trim_finished(store_setup.raw, NOW, now=time.time() + 1, check=CHECK)).run_ids == ("order-9",)
     assert len(await store_setup.history("order-9")) == 1
 
 
@@ -160,7 +166,7 @@ async def test_a_store_without_trim_is_refused_clearly_and_keeps_every_checkpoin
     await prune_kit.seed(inner, await prune_kit.template(), ["r1"], time.time() - DAY)
     store: CheckpointStore = Forwarding(inner)
     with pytest.raises(NotImplementedError, match="Forwarding cannot trim runs: it has no trimmable and trim"):
-        await trim_finished(store, NOW)
+        await trim_finished(store, NOW, check=CHECK)
     assert len(await inner.history("r1")) == 4
 
 
@@ -172,11 +178,11 @@ async def test_trim_finished_pages_on_past_held_runs_and_stops() -> None:
     for run_id in run_ids[:3]:
         await store.take_lease(run_id, "a worker", f"token-{run_id}", 60.0)
     # When they are trimmed two per batch, Then the six free ones are, and the loop ends (no endless relisting)
-    trimmed = await trim_finished(store, RetentionPolicy(None, batch=2, trim_after_s=HOUR))
+    trimmed = await trim_finished(store, RetentionPolicy(None, batch=2, trim_after_s=HOUR), check=CHECK)
     assert sorted(trimmed.run_ids) == run_ids[3:]
     # And a bounded pass trims at most its batches
     await prune_kit.seed(store, rows, ["s1", "s2", "s3"], at + 1)
-    bounded = await trim_finished(store, RetentionPolicy(None, batch=1, trim_after_s=HOUR), max_batches=2)
+    bounded = await trim_finished(store, RetentionPolicy(None, batch=1, trim_after_s=HOUR), max_batches=2, check=CHECK)
     assert bounded.run_ids == ("s1", "s2")
 
 
@@ -212,7 +218,7 @@ async def test_trim_on_redis_cluster_touches_only_each_runs_slot(redis_cluster: 
     async with RedisCheckpointStore(lambda: cluster, prefix="tr") as store:
         await prune_kit.seed(store, rows, run_ids, now - DAY)
         # When they are trimmed, 12 per batch (each run's script on its node)
-        trimmed = await trim_finished(store, RetentionPolicy(None, batch=12, trim_after_s=HOUR))
+        trimmed = await trim_finished(store, RetentionPolicy(None, batch=12, trim_after_s=HOUR), check=CHECK)
         # Then every run was trimmed, reads back healthy from its kept step, and is still listed
         assert len(trimmed.run_ids) == 30 and trimmed.rows == 30 * 3
         for run_id in run_ids:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import redis
 import runs_kit
-from _kit.stores import setups
+from _kit.stores import StoreSetup, setups
 from runs_kit import one_line_error
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from agentflow.cli import _cmd_prune
 from agentflow.cli._stores import open_store
@@ -208,3 +212,51 @@ def test_trim_asks_and_refuses_when_nobody_can_answer(agentflow, db, monkeypatch
     declined = agentflow("runs", "prune", "--older-than", "0s", "--trim", input="n\n")
     assert declined.exit_code == 0 and "nothing was trimmed" in declined.stdout
     assert counts(db) == before
+
+
+def _forge_done_and_old(store_setup: StoreSetup, run_id: str, at: float) -> None:
+    """Set what the store keeps in clear about `run_id` to "done, saved at `at`" (no key needed: plain writes)."""
+    assert store_setup.spec is not None
+    kind, _, rest = store_setup.spec.partition(":")
+    url, _, prefix = rest.rpartition("#")
+    if kind == "redis":
+        with redis.Redis.from_url(url) as client:
+            client.hset(f"{prefix}:run:{{{run_id}}}:latest", mapping={"status": "done", "saved_at": repr(at)})
+            for index in client.scan_iter(match=f"{prefix}:runs*"):
+                if client.zscore(index, run_id) is not None:
+                    client.zadd(index, {run_id: at})
+            client.zrem(f"{prefix}:unfinished:refunds", run_id)
+        return
+    statement = f"UPDATE {prefix}runs SET status = 'done', saved_at = {at} WHERE run_id = '{run_id}'"
+    runs_kit.in_thread(lambda: _sql(url, statement))
+
+
+async def _sql(url: str, statement: str) -> None:
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("store_setup", setups("redis", "sql-postgres"), indirect=True)
+def test_prune_never_deletes_a_run_whose_clear_fields_were_set_to_done_and_old(agentflow, store_setup):
+    # Given a paused refund whose listing someone set to "done" and two days old (no key: two plain writes)
+    assert store_setup.spec is not None
+    url = _url(store_setup.spec)
+    runs_kit.in_thread(lambda: _two_shipped_one_paused(url))
+    _forge_done_and_old(store_setup, "waiting", time.time() - 2 * 86_400)
+    # When finished runs older than a day are pruned
+    result = agentflow("runs", "prune", "--older-than", "1d", "--yes", "--store", url)
+    assert result.exit_code == 0, result.output
+    # Then the paused refund is still there, whole: its signed newest checkpoint says paused
+    shown = agentflow("runs", "show", "waiting", "--store", url)
+    assert shown.exit_code == 0 and "paused" in shown.stdout, shown.output
+
+
+def test_prune_needs_the_checkpoint_key(agentflow, db):
+    before = agentflow("runs", "list").stdout
+    result = agentflow("runs", "prune", "--older-than", "0s", "--yes", key=None)
+    assert result.exit_code != 0 and "AGENTFLOW_CHECKPOINT_KEYS" in result.output
+    assert agentflow("runs", "list").stdout == before

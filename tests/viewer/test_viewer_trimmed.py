@@ -6,14 +6,17 @@ import time
 
 import runs_kit
 
+from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import RetentionPolicy, SQLiteCheckpointStore, trim_finished
+
+CHECK = Sealer(runs_kit.KEY).checkpoint_problem
 
 
 def test_a_trimmed_run_page_says_where_its_history_starts(db, local):
     # Given the finished runs trimmed by retention
     async def trim() -> None:
         async with SQLiteCheckpointStore(db) as store:
-            await trim_finished(store, RetentionPolicy(None, trim_after_s=0.0), now=time.time() + 1)
+            await trim_finished(store, RetentionPolicy(None, trim_after_s=0.0), now=time.time() + 1, check=CHECK)
 
     runs_kit.in_thread(trim)
     # When order-2's page is read, Then it shows the run, its kept step, and why the rest is not there

@@ -163,6 +163,24 @@ def pruner(name: str = "prune") -> str:
 RowCheck = Callable[[SealedCheckpoint], str | None]
 
 
+def _check_for(store: CheckpointStore, check: RowCheck | None) -> RowCheck:
+    """`check`, or the in-process store's own key's.
+
+    Raises:
+        ValueError: no `check` for a store shared with other processes (its listing is unsigned).
+    """
+    if check is not None:
+        return check
+    if store.in_process and store.local_key is not None:
+        from agentflow.exec._durable_seal import Sealer  # the seal reads this package's records: imported late
+
+        return Sealer(store.local_key).checkpoint_problem
+    raise ValueError(
+        f"{type(store).__name__} is shared with other processes: its listing is unsigned, so prune and trim judge "
+        "each run by its signed newest checkpoint. Pass check=Sealer(checkpoint_key).checkpoint_problem"
+    )
+
+
 async def judged(
     store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], check: RowCheck
 ) -> tuple[list[str], dict[str, str]]:
@@ -238,7 +256,7 @@ async def prune_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
     *,
-    check: RowCheck,
+    check: RowCheck | None = None,
     now: float | None = None,
     owner: str | None = None,
     max_batches: int | None = None,
@@ -255,7 +273,8 @@ async def prune_finished(
     Args:
         store: the store to prune.
         policy: what to keep.
-        check: what is wrong with a run's newest row (the key ring's check), or None.
+        check: what is wrong with a run's newest row (the key ring's check: `Sealer.checkpoint_problem`);
+            None: the store's own key's, for a store that lives in one process (`local_key`).
         now: the time the cut-off is counted from (default: now).
         owner: who holds each run's lease while it is deleted (default: ``prune@<host>:<pid>``).
         max_batches: stop after this many batches (None: until done).
@@ -263,6 +282,7 @@ async def prune_finished(
     """
     if policy.keep_s is None:
         return Pruned((), 0)
+    check = _check_for(store, check)
     before = policy.cut_off(now)
     who = owner or pruner()
     total = Pruned((), 0)
@@ -287,7 +307,7 @@ async def trim_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
     *,
-    check: RowCheck,
+    check: RowCheck | None = None,
     now: float | None = None,
     max_batches: int | None = None,
     on_batch: Callable[[Trimmed], None] | None = None,
@@ -303,8 +323,8 @@ async def trim_finished(
     Args:
         store: the store to trim.
         policy: what to keep.
-        check: what is wrong with a run's newest row (the key ring's check), or None; a
-            run is trimmed only when its signed newest checkpoint qualifies (`judged`).
+        check: what is wrong with a run's newest row (the key ring's check), as for
+            `prune_finished`; a run is trimmed only when its signed newest checkpoint qualifies.
         now: the time the cut-off is counted from (default: now).
         max_batches: stop after this many batches (None: until done).
         on_batch: called with what each batch deleted (progress).
@@ -314,6 +334,7 @@ async def trim_finished(
     """
     if policy.trim_after_s is None:
         return Trimmed((), 0)
+    check = _check_for(store, check)
     before = policy.trim_cut_off(now)
     total = Trimmed((), 0)
     since: float | None = None
