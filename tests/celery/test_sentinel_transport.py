@@ -11,6 +11,7 @@ failover test (`test_failover.py`) runs the whole path against real Sentinels.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from kombu.transport import redis as kombu_redis
@@ -20,7 +21,7 @@ from agentflow.celery import celery_config
 from agentflow.celery._sentinel import SentinelChannel, SentinelTransport
 
 
-def _released(cls: type) -> object:
+def _released(cls: Any) -> Any:
     channel = cls.__new__(cls)
     channel.connection = SimpleNamespace(client=None)  # what a released connection leaves
     return channel
@@ -28,12 +29,12 @@ def _released(cls: type) -> object:
 
 def test_kombus_own_sentinel_channel_fails_with_an_attribute_error_there() -> None:
     with pytest.raises(AttributeError, match="hostname"):
-        _released(kombu_redis.SentinelChannel)._connparams()  # type: ignore[attr-defined]
+        _released(kombu_redis.SentinelChannel)._connparams()
 
 
 def test_ours_raises_a_connection_error_the_close_ignores() -> None:
     with pytest.raises(redis_errors.ConnectionError, match="reconnects"):
-        _released(SentinelChannel)._connparams()  # type: ignore[attr-defined]
+        _released(SentinelChannel)._connparams()
     assert issubclass(redis_errors.ConnectionError, SentinelTransport.connection_errors)
 
 
