@@ -88,7 +88,8 @@ def test_a_forged_event_is_sent_as_a_problem_never_its_data(local, db):
     # key, and then a genuine run.finished (so the stream reads on past it)
     last = stored(db, "order-1")[-1].cursor
     body = {"name": "tool.finished", "at": time.time(), "data": {"tool": FORGED_SECRET}}
-    genuine = {"name": "run.finished", "at": time.time(), "data": {"flow": "tickets", "status": "done"}}
+    done = {"flow": "tickets", "status": "done"}
+    genuine = {"name": "run.finished", "at": time.time(), "data": done, "pos": ["w", 0]}  # a writer's first event
 
     async def append() -> None:
         async with SQLiteCheckpointStore(db) as store:
