@@ -300,3 +300,51 @@ async def test_a_recovery_marker_that_was_not_set_by_a_worker_holds_nothing_back
     await resends.mark("r1", 3, marks["r1"])
     replaced = (await resends.read(["r1"]))["r1"]
     assert replaced.owner == "w1@host:1" and not resends.due(replaced, 3, time.time())
+
+
+async def test_the_recover_all_lock_is_renewed_while_a_sweep_works_and_lapses_soon_after_its_holder_dies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given two workers of one store whose recover_all lock is a 1 s lease, and a sweep that takes long
+    store = MemoryCheckpointStore()
+    first, second = _worker_on(store), _worker_on(store)
+    going_on, let_go = asyncio.Event(), asyncio.Event()
+
+    async def slow_sweep(worker: Worker, startup: bool) -> Any:
+        going_on.set()
+        await let_go.wait()
+        return None
+
+    monkeypatch.setattr("agentflow.celery._worker.sweep", slow_sweep)
+    sweeping = asyncio.create_task(first.stranded())
+    await going_on.wait()
+    # When the sweep goes on for 2.5 leases, Then its lock is renewed: the other worker's sweep gives way
+    began = time.monotonic()
+    while time.monotonic() - began < 2.5:
+        assert await second.stranded() is None
+        await asyncio.sleep(0.1)
+    # And when its worker dies in the sweep (SIGKILL: no release), the next sweep runs within the lease
+    monkeypatch.setattr(store, "release_lease", _never_released)
+    sweeping.cancel()
+    died = time.monotonic()
+    monkeypatch.undo()
+    monkeypatch.setattr("agentflow.celery._worker.sweep", _quick_sweep)
+    while await second.stranded() is None:
+        assert time.monotonic() - died < 3.0, "the dead sweeper's lock outlived its lease"
+        await asyncio.sleep(0.05)
+
+
+def _worker_on(store: MemoryCheckpointStore) -> Worker:
+    settings = WorkerSettings(stale_after_s=0.0, recover_lock_s=1.0)
+    tasks = register_tasks(Celery("lock"), FlowApp(Registry(), []), store_factory=lambda: store, checkpoint_key=KEY,
+                           settings=settings)  # fmt: skip
+    worker: Worker = tasks.worker
+    return worker
+
+
+async def _never_released(run_id: str, token: str) -> bool:
+    return False
+
+
+async def _quick_sweep(worker: Worker, startup: bool) -> Any:
+    return "swept"
