@@ -30,7 +30,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -64,7 +63,7 @@ from agentflow.exec._durable_loop import (
 )
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_lease import Ownership, holding
+from agentflow.exec._run_lease import Ownership, take
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._rules import marker_id
@@ -329,9 +328,11 @@ class Worker(LoopWork):
     async def stranded(self, *, startup: bool = False) -> Stranded | None:
         """Unfinished runs nobody works on (and, on `startup`, the held ones); None if another recover_all runs."""
         ownership = Ownership(self.owner, self.settings.recover_lock_s)
-        async with contextlib.AsyncExitStack() as stack:
-            try:  # held as a run's lease is: renewed while the sweep works, so a dead sweeper's lapses soon
-                await stack.enter_async_context(holding(self.store, RECOVER_ALL_LEASE, ownership))
-            except RunHeld:
-                return None
+        try:
+            lease = await take(self.store, RECOVER_ALL_LEASE, ownership)
+        except RunHeld:
+            return None
+        try:
             return await sweep(self, startup)
+        finally:
+            await self.store.release_lease(RECOVER_ALL_LEASE, lease.token)
