@@ -21,7 +21,7 @@ following it. `check_server` reads the server once per client: ``WAITAOF`` needs
 7.2 (or Valkey), an append-only file and ``appendfsync always``. Under ``everysec`` the
 server can answer ``WAITAOF`` early: a write made less than a second after the last fsync
 is counted as fsynced although no fsync followed it (seen on Valkey 8.1.8 with the
-fsync-recording shim of tests/_kit/disk.py; redis/redis#13793 fixed it in Redis 7.4), so
+fsync-recording shim of tests/_kit/disk.py; redis/redis#13793 is the same bug in Redis 7.4), so
 the store refuses it rather than promise what the server does not keep. A server that
 keeps nothing on disk is reported (a warning) or refused (``allow_volatile=False``, what the workers' settings
 ask for unless ``AGENTFLOW_STORE_ALLOW_VOLATILE`` says it is a cache on purpose).
