@@ -590,3 +590,16 @@ def shared_spec(request: pytest.FixtureRequest, tmp_path: Path, unique_prefix: C
         yield found.spec
     finally:
         found.remove()
+
+
+async def run_sql(url: str, statement: str) -> None:
+    """Run one SQL statement on the database at SQLAlchemy URL `url` (behind any store's back), in a transaction."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()

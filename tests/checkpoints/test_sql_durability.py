@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from test_sqlalchemy import _pg
+from _kit.stores import run_sql
 
 from agentflow._errors import CheckpointError, CheckpointNotFound
 from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore
@@ -34,7 +34,7 @@ def prefix(postgres_url: str) -> Iterator[str]:
 def _drop(url: str, table: str) -> None:
     import asyncio
 
-    asyncio.run(_pg(url, f"DROP TABLE IF EXISTS {table} CASCADE"))
+    asyncio.run(run_sql(url, f"DROP TABLE IF EXISTS {table} CASCADE"))
 
 
 async def test_synchronous_commit_off_is_refused_unless_allowed_saying_what_to_set(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kit.stores import run_sql
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -54,15 +55,6 @@ class Backend:
             await engine.dispose()
 
 
-async def _pg(url: str, statement: str) -> None:
-    engine = create_async_engine(url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A fresh SQLite file, or a fresh PostgreSQL schema (dropped afterwards) reached through search_path."""
@@ -71,11 +63,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         return
     url: str = request.getfixturevalue("postgres_url")  # skips (or fails under CI) when PostgreSQL is down
     schema = f"t_{uuid.uuid4().hex}"
-    asyncio.run(_pg(url, f"CREATE SCHEMA {schema}"))
+    asyncio.run(run_sql(url, f"CREATE SCHEMA {schema}"))
     try:
         yield Backend("postgres", url, {"connect_args": {"server_settings": {"search_path": schema}}})
     finally:
-        asyncio.run(_pg(url, f"DROP SCHEMA {schema} CASCADE"))
+        asyncio.run(run_sql(url, f"DROP SCHEMA {schema} CASCADE"))
 
 
 @pytest.fixture

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 import runs_kit
-from _kit.stores import StoreSetup, setups
+from _kit.stores import StoreSetup, run_sql, setups
 from runs_kit import one_line_error
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from agentflow.cli import _cmd_prune
 from agentflow.cli._stores import open_store
@@ -228,16 +226,7 @@ def _forge_done_and_old(store_setup: StoreSetup, run_id: str, at: float) -> None
             client.zrem(f"{prefix}:unfinished:refunds", run_id)
         return
     statement = f"UPDATE {prefix}runs SET status = 'done', saved_at = {at} WHERE run_id = '{run_id}'"
-    runs_kit.in_thread(lambda: _sql(url, statement))
-
-
-async def _sql(url: str, statement: str) -> None:
-    engine = create_async_engine(url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
+    runs_kit.in_thread(lambda: run_sql(url, statement))
 
 
 @pytest.mark.parametrize("store_setup", setups("redis", "sql-postgres"), indirect=True)
