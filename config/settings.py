@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     soft_time_limit_s: int = 840
     recover_interval_s: float = 60.0
     stale_after_s: float = 10.0
-    recover_lock_s: float = 60.0
+    recover_lock_s: float = 10.0
     recheck_margin_s: float = 1.0
     """A run found held is looked at again this long after its lease was due to end."""
     recover_sweep: bool = False

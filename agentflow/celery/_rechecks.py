@@ -1,31 +1,34 @@
 """One recheck per held run: the marker that keeps many workers from watching the same lease.
 
 A run found held is looked at again just after its lease ends (a ``recheck``
-superstep). Several workers may find it held at once: each worker that starts runs a
-recover_all that sees every held run, and every duplicate message finds the run held too.
-Only the first of them sends a recheck; it marks the run with a lease on
-``agentflow/recheck/<run_id>`` (see `agentflow.exec._run_quarantine.marker`) that lapses
-when that lease ends. The recheck itself, due just after, finds the marker lapsed and may
-send the next one if the run is still held at the same step. Leases are atomic in every
-store, so of racing senders exactly one sends.
+superstep). Many messages may find it held at once: every duplicate of a superstep's
+message finds the run held too. Only the first of them sends a recheck; it sets the signed
+marker ``recheck/<run_id>`` (`agentflow.exec._markers`) to lapse when that lease ends. The
+recheck itself, due just after, finds the marker lapsed and may send the next one if the
+run is still held at the same step. A put of a marker is atomic in every store, so of
+racing senders exactly one sends.
+
+A worker's start is the exception: its recover_all sends a recheck for every held run
+whether or not the marker was free. A recheck is a delayed message, which the worker that
+took it keeps unacknowledged until it is due; if that worker dies, the broker hands it out
+again only after its visibility timeout (an hour), while the marker says a recheck is on
+its way. A start comes after a worker died more often than not, so it does not trust the
+marker: one message per held run per start, and the run moves again just after its lease
+ends even when the recheck sent before went down with its worker.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Final
 
-from agentflow.exec._run_quarantine import marker
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec._markers import Markers
 
-#: The marker's kind (its lease id is ``agentflow/recheck/<run_id>``).
+#: The marker's kind (``recheck/<run_id>``).
 RECHECK: Final = "recheck"
 
 
-async def first_to_watch(store: CheckpointStore, run_id: str, owner: str, lease_ends: float) -> bool:
+async def first_to_watch(markers: Markers, run_id: str, owner: str, lease_ends: float) -> bool:
     """Whether this caller is the one to send the recheck of `run_id` (the marker was free, and is now its)."""
     ttl = max(0.5, lease_ends - time.time())
-    token = secrets.token_hex(8)
-    taken = await store.take_lease(marker(run_id, RECHECK), owner, token, ttl)
-    return taken.token == token
+    return (await markers.put(RECHECK, run_id, {"owner": owner}, ttl))[0]

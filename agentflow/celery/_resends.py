@@ -7,9 +7,9 @@ message, behind the same backlog: one more message per queued run per beat perio
 task for a worker to take (it finds the run moved on, or claims it once). Under a long
 backlog those duplicates outgrow the work itself (a recovery storm).
 
-So recover_all leaves a marker for each recovery it sends: a lease on
-``agentflow/recovering/<run_id>`` (the namespace of `agentflow.exec._run_quarantine`'s
-markers), whose token names the step the run was at and the rung of the back-off. The run at
+So recover_all leaves a marker for each recovery it sends: the signed marker
+``recovering/<run_id>`` (`agentflow.exec._markers`), which says the step the run was at and
+the rung of the back-off. The run at
 that same step is sent another recovery only once the rung's wait has passed: `base_s`, then
 twice that, and so on up to `CAP_FACTOR` times `base_s`, each less half a base (so the beat
 tick that ends a wait is not missed by the moment the marking took). With the defaults (a
@@ -23,33 +23,26 @@ the rung's wait, one beat interval at first, on every sweep a worker's start mak
 - The marker lives in the store, so it holds whichever worker beat's next tick lands on.
 - It lasts twice its wait, so the sweep after the wait still reads its rung and doubles it;
   a marker nobody looked at lapses on its own (a run that finished leaves nothing live; a
-  SQL store keeps the lapsed row, as it keeps any lapsed lease's, until the id is taken again).
-- It is unsigned, like every lease: a marker that claims to last longer than the cap was
-  not set here and is ignored (replaced), so a forged one delays a recovery by the cap at most.
+  SQL store keeps the lapsed row until the key is put again).
+- It is signed: one written by hand does not count (it is removed when read), so it cannot
+  hold a recovery back.
 - recover_all sends first and marks after: a send that fails leaves no marker, so the next
   sweep tries again.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from agentflow.celery._stranded import Stranded
-from agentflow.exec._run_lease import held_by
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease
-from agentflow.exec.checkpoints._rules import marker_id
+from agentflow.exec._markers import Markers, Note
 
 #: The back-off grows to this many times its base, then stays there.
 CAP_FACTOR: Final = 8
-
-
-def marker(run_id: str) -> str:
-    """The lease id that marks a recovery sent for `run_id`."""
-    return marker_id("recovering", run_id)
+#: The markers' kind (``recovering/<run_id>``).
+RECOVERING: Final = "recovering"
 
 
 @dataclass(frozen=True)
@@ -58,22 +51,22 @@ class Sent:
 
     step: int
     rung: int
-    lease: Lease
+    note: Note
 
 
-def _read(lease: Lease) -> Sent | None:
-    """The marker `lease` as `Sent`, or None if its token is not one `Resends.mark` writes."""
-    step, rung, *_ = [*lease.token.split(":"), "", ""]
-    if not (step.isdigit() and rung.isdigit() and int(rung) < 32):
+def _read(note: Note) -> Sent | None:
+    """The marker `note` as `Sent`, or None if it does not say a step and a rung."""
+    step, rung = note.body.get("step"), note.body.get("rung")
+    if not isinstance(step, int) or not isinstance(rung, int) or not 0 <= rung < 32:
         return None
-    return Sent(int(step), int(rung), lease)
+    return Sent(step, rung, note)
 
 
 @dataclass(frozen=True)
 class Resends:
     """The recovery markers of one worker's store: which stranded runs to send a recovery now."""
 
-    store: CheckpointStore
+    markers: Markers
     base_s: float
     """The first wait (the beat period, or ``stale_after_s`` if longer)."""
     owner: str
@@ -83,20 +76,17 @@ class Resends:
         """How long a run stays held back after the recovery of `rung` (0 for the first)."""
         return self.base_s * min(1 << rung, CAP_FACTOR)
 
-    async def read(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
-        """The live markers among `run_ids`, by run id."""
-        by_marker = {marker(run_id): run_id for run_id in run_ids}
-        return {by_marker[key]: lease for key, lease in (await held_by(self.store, list(by_marker))).items()}
+    async def read(self, run_ids: Sequence[str]) -> Mapping[str, Note]:
+        """The markers that count among `run_ids`, by run id."""
+        return await self.markers.peek(RECOVERING, run_ids)
 
-    def due(self, mark: Lease | None, step: int, now: float) -> bool:
-        """Whether a run at `step`, whose live marker is `mark`, is sent a recovery at `now`."""
+    def due(self, mark: Note | None, step: int, now: float) -> bool:
+        """Whether a run at `step`, whose marker is `mark`, is sent a recovery at `now`."""
         sent = None if mark is None else _read(mark)
         if sent is None or sent.step != step:
             return True
-        if sent.lease.expires_at > now + 2 * self.base_s * CAP_FACTOR:
-            return True  # it lasts longer than any marker set here: not ours
         # Half a base early: the beat tick one wait after the send is never missed by the milliseconds the marking took.
-        return now >= sent.lease.expires_at - self.wait_s(sent.rung) - self.base_s / 2
+        return now >= sent.note.at + self.wait_s(sent.rung) - self.base_s / 2
 
     async def hold_back(self, found: Stranded, now: float) -> None:
         """Move the runs of `found.recover` that are not due to `found.held_back`; note the others' markers."""
@@ -111,11 +101,11 @@ class Resends:
                 found.held_back.append((flow, run_id))
         found.recover = due
 
-    async def mark(self, run_id: str, step: int, mark: Lease | None) -> None:
+    async def mark(self, run_id: str, step: int, mark: Note | None) -> None:
         """Note a recovery just sent for `run_id` at `step`; `mark` is the live marker it replaces, if any."""
         sent = None if mark is None else _read(mark)
         rung = sent.rung + 1 if sent is not None and sent.step == step else 0
         if mark is not None:
-            await self.store.release_lease(mark.run_id, mark.token)
-        token = f"{step}:{rung}:{secrets.token_hex(8)}"
-        await self.store.take_lease(marker(run_id), self.owner, token, 2 * self.wait_s(rung))
+            await self.markers.take(mark)
+        body = {"step": step, "rung": rung, "owner": self.owner}
+        await self.markers.put(RECOVERING, run_id, body, 2 * self.wait_s(rung))

@@ -4,10 +4,10 @@ A tick prunes the finished runs that `WorkerSettings.retention_days` no longer k
 trims those older than `WorkerSettings.retention_trim_days` (each keeps only its newest
 checkpoint, its call records and listing; see `agentflow.exec.checkpoints._retention`),
 each at most `WorkerSettings.retention_batches` batches (the rest waits for the next tick,
-so a tick stays short however much piled up), under the ``agentflow/prune`` lease: of
-several ticks at once (two beats, a slow tick overrunning the next), one works and the
-others say so and do nothing. The lease is renewed while the tick runs and lapses by
-itself if its worker dies. Pruning goes first, so no run is trimmed just before it goes.
+so a tick stays short however much piled up), holding the ``lock/prune`` marker
+(`agentflow.exec._markers`): of several ticks at once (two beats, a slow tick overrunning
+the next), one works and the others say so and do nothing. The marker is renewed while the
+tick runs and lapses by itself if its worker dies. Pruning goes first, so no run is trimmed just before it goes.
 
 The tick opens a store of its own from the workers' store factory, unwrapped: a wrapper
 (timing, tracing) forwards `CheckpointStore` only, and the store's batched retention
@@ -21,21 +21,20 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
-from agentflow._errors import RunHeld
 from agentflow.celery._settings import WorkerSettings
-from agentflow.exec._run_lease import Ownership, holding
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._markers import MarkerBusy, Markers
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
-from agentflow.exec.checkpoints._rules import marker_id
 
 log = logging.getLogger("agentflow.celery")
 
-#: The lease that lets one prune tick at a time do the work (not a run id any run gets).
-PRUNE_LEASE: Final = marker_id("prune")
+#: The marker that lets one prune tick at a time do the work: ``lock/prune``.
+PRUNE_LOCK: Final = ("lock", "prune")
 
 
 async def prune_tick(
-    store_factory: Callable[[], CheckpointStore], settings: WorkerSettings, owner: str, check: RowCheck
+    store_factory: Callable[[], CheckpointStore], settings: WorkerSettings, owner: str, sealer: Sealer
 ) -> dict[str, Any]:
     """Prune, then trim, what the retention policy no longer keeps, in bounded batches; the task's result."""
     policy = settings.retention()
@@ -43,10 +42,10 @@ async def prune_tick(
         return {"skipped": "no retention is set (retention_days, retention_trim_days)"}
     store = store_factory()
     try:
-        async with holding(store, PRUNE_LEASE, Ownership(owner, settings.recover_lock_s)):
-            result = await _work(store, policy, settings, owner, check)
-    except RunHeld as held:
-        return {"skipped": f"another worker is pruning ({held.owner})"}
+        async with Markers(store, sealer).holding(*PRUNE_LOCK, owner, settings.recover_lock_s):
+            result = await _work(store, policy, settings, owner, sealer.checkpoint_problem)
+    except MarkerBusy as busy:
+        return {"skipped": f"another worker is pruning ({busy.holder.body.get('owner')})"}
     finally:
         await store.aclose()
     return result

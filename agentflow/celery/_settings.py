@@ -19,8 +19,9 @@ class WorkerSettings:
     """A run's lease lapses this long after its worker stopped renewing it."""
     stale_after_s: float = 10.0
     """recover_all leaves runs saved more recently than this alone (a handoff in flight)."""
-    recover_lock_s: float = 60.0
-    """How long one recover_all may hold the lock (a dead holder blocks recovery this long)."""
+    recover_lock_s: float = 10.0
+    """The lease of recover_all's lock (and the prune tick's): renewed while the sweep works, so a holder
+    that died blocks the next sweep at most this long."""
     recover_interval_s: float | None = 60.0
     """Beat period of recover_all (None: no beat entry)."""
     time_limit_s: int = 900

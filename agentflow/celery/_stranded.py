@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec._markers import Note
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Stranded:
     held_back: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each stranded run not sent a recovery this time: one went out for the
     same step less than a back-off ago (its message may wait in a backlogged queue; `_resends`)."""
-    marks: dict[str, Lease | None] = field(default_factory=dict)
+    marks: dict[str, Note | None] = field(default_factory=dict)
     """run_id -> the live recovery marker of each run in `recover` (None: it had none), replaced once it is sent."""
 
     def as_result(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 For each unfinished run of the app's flows and tool loops, its latest checkpoint is read
 and checked, and the run goes into one of:
-- held by a live worker: left alone (on a worker's start, a recheck is due when its lease ends);
+- held by a live worker: left alone (on a worker's start, its own recheck is due when the lease ends);
 - paused with a signed timer that is due (a `Wait`, or an approval's deadline): to be woken;
 - paused for an approval, or parked on calls in doubt: waits for a person (counted), unless
   none of its calls is in doubt any more (a late ``done``): then it is stranded;
@@ -130,7 +130,12 @@ class _Sorter:
         if body is not None:
             waiting.unfinished(name, started_of(body))
         if lease is not None:
-            if self.startup and await worker.watch(run_id, lease.expires_at):
+            if self.startup:
+                # A worker's start sends its own recheck, whoever set the marker: the marker's setter
+                # may have died with its delayed message unacked (held for an hour), and a start is
+                # rare enough that its one message per held run costs nothing. It still sets the
+                # marker when free, so the duplicates of this lease send no more.
+                await worker.watch(run_id, lease.expires_at)
                 found.recheck.append((name, run_id, row.step, lease.expires_at))
             return
         app = worker.flow_app

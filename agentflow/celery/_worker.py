@@ -62,11 +62,10 @@ from agentflow.exec._durable_loop import (
     decide_in_doubt_tool_loop,
 )
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._markers import MarkerBusy, Markers
 from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_lease import Ownership, take
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._rules import marker_id
 from agentflow.flow._runner import FlowRunner
 from agentflow.models._protocol import Model
 
@@ -113,8 +112,8 @@ class Outcome:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
 
 
-#: The lease that lets one of many concurrent recover_alls do the work (not a run id any run gets).
-RECOVER_ALL_LEASE = marker_id("recover_all")
+#: The marker that lets one of many concurrent recover_alls do the work: ``lock/recover_all``.
+RECOVER_ALL_LOCK = ("lock", "recover_all")
 
 #: What each control cause must find signed in the run's latest checkpoint.
 SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry", "migrate": "migrate"}
@@ -196,6 +195,11 @@ class Worker(LoopWork):
         return store
 
     @property
+    def markers(self) -> Markers:
+        """The store's markers, signed and checked under the workers' key ring."""
+        return Markers(self.store, self.sealer, self.events)
+
+    @property
     def sealer(self) -> Sealer:
         """Checks and signs rows under the workers' key ring."""
         sealer = self.runner.sealer
@@ -269,7 +273,7 @@ class Worker(LoopWork):
 
     async def watch(self, run_id: str, lease_ends: float) -> bool:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
-        return await first_to_watch(self.store, run_id, self.owner, lease_ends)
+        return await first_to_watch(self.markers, run_id, self.owner, lease_ends)
 
     async def _still_at(self, run_id: str, step: int) -> bool:
         """Whether the run's latest checkpoint is still `step` (a held run a recheck should look at again)."""
@@ -312,13 +316,13 @@ class Worker(LoopWork):
 
     async def prune(self) -> dict[str, Any]:
         """One tick of the retention beat: prune, then trim, what `WorkerSettings.retention()` no longer keeps."""
-        return await prune_tick(self._unwrapped_factory, self.settings, self.owner, self.sealer.checkpoint_problem)
+        return await prune_tick(self._unwrapped_factory, self.settings, self.owner, self.sealer)
 
     @property
     def resends(self) -> Resends:
         """The recovery markers: a run sent a recovery that has not moved since waits out a back-off."""
         base_s = max(self.settings.stale_after_s, self.settings.recover_interval_s or 0.0)
-        return Resends(self.store, base_s, self.owner)
+        return Resends(self.markers, base_s, self.owner)
 
     async def mark_recoveries(self, found: Stranded) -> None:
         """Mark each run of `found.recover` as sent a recovery (after the messages went out)."""
@@ -327,12 +331,8 @@ class Worker(LoopWork):
 
     async def stranded(self, *, startup: bool = False) -> Stranded | None:
         """Unfinished runs nobody works on (and, on `startup`, the held ones); None if another recover_all runs."""
-        ownership = Ownership(self.owner, self.settings.recover_lock_s)
-        try:
-            lease = await take(self.store, RECOVER_ALL_LEASE, ownership)
-        except RunHeld:
+        try:  # renewed while the sweep works, so a dead sweeper's lock lapses soon
+            async with self.markers.holding(*RECOVER_ALL_LOCK, self.owner, self.settings.recover_lock_s):
+                return await sweep(self, startup)
+        except MarkerBusy:  # raised by the take alone (the sweep puts markers, never holds one)
             return None
-        try:
-            return await sweep(self, startup)
-        finally:
-            await self.store.release_lease(RECOVER_ALL_LEASE, lease.token)

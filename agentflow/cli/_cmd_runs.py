@@ -28,6 +28,7 @@ from agentflow.cli._show import (
 )
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, table
+from agentflow.exec._markers import Markers
 from agentflow.exec._run_quarantine import QUARANTINED, marks
 from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs, signed_with_other_keys
 from agentflow.exec._run_view import CORRUPT, LIVE, STATUSES, RunReport
@@ -124,7 +125,7 @@ def show_run(store_url: str, key_env: str, app_path: str | None, run_id: str) ->
 
     async def read() -> tuple[RunReport, dict[str, str]]:
         report = await read_run(target.store, target.sealer, run_id)
-        held = await marks(target.store, [run_id] if report.corrupt else [], QUARANTINED)
+        held = await marks(Markers(target.store, target.sealer), [run_id] if report.corrupt else [], QUARANTINED)
         return report, {rid: quarantine_text(rid, mark) for rid, mark in held.items()}
 
     report, quarantined = target.run(read)

@@ -10,6 +10,7 @@ from agentflow.cli._keys import key_ids
 from agentflow.cli._show import check_summary, quarantine_text
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, paint
+from agentflow.exec._markers import Markers
 from agentflow.exec._run_quarantine import QUARANTINED, marks
 from agentflow.exec._run_read import read_all, read_run
 from agentflow.exec._run_trim import trimmed_text
@@ -37,7 +38,9 @@ def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> Non
             reports = [await read_run(target.store, target.sealer, run_id)]
         else:
             reports = await read_all(target.store, target.sealer)
-        held = await marks(target.store, [rep.run_id for rep in reports if rep.corrupt], QUARANTINED)
+        held = await marks(
+            Markers(target.store, target.sealer), [rep.run_id for rep in reports if rep.corrupt], QUARANTINED
+        )
         return reports, [quarantine_text(rid, mark) for rid, mark in held.items()]
 
     reports, quarantined = target.run(read)

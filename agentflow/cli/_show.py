@@ -14,10 +14,9 @@ from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
-from agentflow.exec._run_quarantine import since
+from agentflow.exec._markers import Note
 from agentflow.exec._run_trim import trimmed_text
 from agentflow.exec._run_view import RunReport
-from agentflow.exec.checkpoints._records import Lease
 
 
 def _heading(title: str) -> list[str]:
@@ -71,10 +70,11 @@ def check_summary(reports: Sequence[RunReport], key_env: str, ours: Sequence[str
     return text
 
 
-def quarantine_text(run_id: str, mark: Lease) -> str:
+def quarantine_text(run_id: str, mark: Note) -> str:
     """What a quarantine marker says: recover_all reported the run, and leaves it alone until it checks."""
+    who = printable(str(mark.body.get("owner", "a worker")))
     return (
-        f"QUARANTINED {printable(run_id)}: recover_all reported it at {when(since(mark))} ({printable(mark.owner)}) "
+        f"QUARANTINED {printable(run_id)}: recover_all reported it at {when(mark.at)} ({who}) "
         "and neither enqueues it nor reports it again until its rows check (add the key that signed them to the "
         f"workers' ring) or it is deleted; the marker lapses at {when(mark.expires_at)}"
     )

@@ -43,8 +43,10 @@ async def _unowned(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[N
 class RunActions(RunSteps[C, R]):
     """The held drive and the operator's and the timer's entry points (see the module docstring)."""
 
-    def hold(self, run_id: str) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+    def hold(self, run_id: str, *, unborn: bool = False) -> contextlib.AbstractAsyncContextManager[Lease | None]:
         """Hold the run's lease for a block (nothing is held without a store or an ownership).
+
+        `unborn`: the block starts the run (`_run_lease.take_unborn`).
 
         Raises:
             RunHeld: another holder's lease is live.
@@ -53,7 +55,7 @@ class RunActions(RunSteps[C, R]):
         if self.store is None or self.ownership is None:
             held: contextlib.AbstractAsyncContextManager[Lease | None] = contextlib.nullcontext(None)
         else:
-            held = holding(self.store, run_id, self.ownership)
+            held = holding(self.store, run_id, self.ownership, unborn=unborn)
         return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
 
     def hold_reading_head(self, run_id: str) -> contextlib.AbstractAsyncContextManager[HeldHead]:
@@ -89,7 +91,7 @@ class RunActions(RunSteps[C, R]):
             request = stop.request
             who = {"operator": request.operator} if request.operator is not None else {}
             result = await self._end_cancelled(cur.run_id, request.reason, who)
-            await withdraw(self._stores()[0], cur.run_id)
+            await withdraw(*self._stores(), cur.run_id)
             return result
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None) -> R:
@@ -132,8 +134,8 @@ class RunActions(RunSteps[C, R]):
     async def _cancel_now(self, run_id: str, reason: str, who: Mapping[str, Any]) -> R:
         async with self.hold(run_id):
             result = await self._end_cancelled(run_id, reason, who)
-        if self.store is not None:
-            await withdraw(self.store, run_id)  # an earlier request is spent with it
+        if self.store is not None and self.sealer is not None:
+            await withdraw(self.store, self.sealer, run_id)  # an earlier request is spent with it
         return result
 
     async def _end_cancelled(self, run_id: str, reason: str, who: Mapping[str, Any]) -> R:

@@ -5,11 +5,10 @@ itself). A run a live worker holds cannot be: only the holder may write its rows
 canceller leaves a request, and the holder ends the run.
 
 Moving parts:
-- `post`: the canceller's side. The request (run, reason, operator, when) is signed with
-  the checkpoint key (`Sealer.seal_request`) and left on the lease ``agentflow/cancel/<run>``
-  (`_run_quarantine.marker`): every process shares the store's leases, a take is atomic,
-  and the marker lapses on its own after `REQUEST_TTL_S` (a run that ended meanwhile
-  never reads it).
+- `post`: the canceller's side. The request (run, reason, operator, when) is left as the
+  signed marker ``cancel/<run>`` (`agentflow.exec._markers`): every process shares the
+  store's markers, a put is atomic, and the marker lapses on its own after `REQUEST_TTL_S`
+  (a run that ended meanwhile never reads it).
 - `CancelWatch`: the holder's side. It reads the marker at every step boundary (before a
   drive's first step and after each step, before its save) and before a call starts
   (calls that start together, with no call ending in between, share one read) and raises
@@ -25,9 +24,9 @@ Moving parts:
   claim as a direct cancel, naming the request's operator and reason. Then the marker goes.
 
 Invariants:
-- Only a request whose signature checks stops a run. Anything else on the marker (written
-  by hand, changed, signed with a key the holder lacks) is reported (a WARNING
-  and ``control.refused``) and removed, so it neither stops the run nor keeps a
+- Only a request whose signature checks stops a run. Any other marker there (written by
+  hand, changed, signed with a key the holder lacks) is reported (a WARNING and
+  ``control.refused``) and removed (`_markers`), so it neither stops the run nor keeps a
   real request out.
 - A call that started before the holder saw the request is not interrupted: it finishes
   and its ``done`` (or ``failed``) record is logged before the run ends.
@@ -40,7 +39,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Final
@@ -48,13 +46,12 @@ from typing import Any, Final
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_quarantine import marker
+from agentflow.exec._markers import Markers, Note
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease
 
 log = logging.getLogger("agentflow.cancel")
 
-#: The request's kind, in its signature and in its marker's name.
+#: The marker's kind (``cancel/<run>``).
 KIND: Final = "cancel"
 #: How long a request waits for its run's holder (then its marker lapses).
 REQUEST_TTL_S: Final = 24 * 3600.0
@@ -86,25 +83,20 @@ class CancelRequested(Exception):
         self.request = request
 
 
-def request_key(run_id: str) -> str:
-    """The lease id that carries the run's cancel request."""
-    return marker(run_id, KIND)
-
-
-def read_request(sealer: Sealer, mark: Lease, run_id: str) -> CancelRequest:
-    """Check and decode the request a marker carries.
+def read_request(note: Note, run_id: str) -> CancelRequest:
+    """The request a cancel marker that counts carries.
 
     Raises:
-        CheckpointStoreCorrupt: the marker carries no request signed for this run.
+        CheckpointStoreCorrupt: the marker is signed but carries no request for this run.
     """
-    body = sealer.open_request(mark.owner, run_id, KIND)
+    body = note.body
     try:
         request = CancelRequest(run_id, str(body["reason"]), body["operator"], float(body["at"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointStoreCorrupt(
             f"the cancel request for run {run_id!r} is signed but malformed: {exc!r}"
         ) from None
-    if body["run_id"] != run_id or (request.operator is not None and not isinstance(request.operator, str)):
+    if body.get("run_id") != run_id or (request.operator is not None and not isinstance(request.operator, str)):
         raise CheckpointStoreCorrupt(f"the cancel request for run {run_id!r} is signed but malformed")
     return request
 
@@ -112,37 +104,20 @@ def read_request(sealer: Sealer, mark: Lease, run_id: str) -> CancelRequest:
 async def post(store: CheckpointStore, sealer: Sealer, request: CancelRequest) -> CancelRequest:
     """Leave a signed request for the run's holder; return the request that stands.
 
-    An earlier request that checks stands (the first reason is the one signed into the
-    run). A marker that does not check is removed and replaced.
+    An earlier request that counts stands (the first reason is the one signed into the
+    run); a marker that does not count is replaced (`Markers.put`).
 
     Raises:
-        CheckpointStoreCorrupt: markers that do not check keep appearing (someone writes
+        CheckpointStoreCorrupt: markers that do not count keep appearing (someone writes
             them as fast as they are removed).
     """
-    text = sealer.seal_request(request.run_id, KIND, request.body())
-    key = request_key(request.run_id)
-    for _ in range(3):
-        token = secrets.token_hex(16)
-        mark = await store.take_lease(key, text, token, REQUEST_TTL_S)
-        if mark.token == token:
-            return request
-        try:
-            return read_request(sealer, mark, request.run_id)
-        except CheckpointStoreCorrupt as exc:
-            log.warning("removing a cancel request that does not check: %s", exc, extra={"run_id": request.run_id})
-            await store.release_lease(key, mark.token)
-    raise CheckpointStoreCorrupt(
-        f"run {request.run_id!r}: a cancel request that does not check keeps reappearing at {key!r}; "
-        "someone writes to the store's leases"
-    )
+    mine, note = await Markers(store, sealer).put(KIND, request.run_id, request.body(), REQUEST_TTL_S)
+    return request if mine else read_request(note, request.run_id)
 
 
-async def withdraw(store: CheckpointStore, run_id: str) -> None:
+async def withdraw(store: CheckpointStore, sealer: Sealer, run_id: str) -> None:
     """Remove the run's cancel request, if any (the run ended, so it is spent or moot)."""
-    key = request_key(run_id)
-    mark = (await store.leases([key])).get(key)
-    if mark is not None:
-        await store.release_lease(key, mark.token)
+    await Markers(store, sealer).take_all(KIND, [run_id])
 
 
 class CancelWatch:
@@ -159,11 +134,9 @@ class CancelWatch:
         steps: int | None = None,
     ) -> None:
         """`steps`: how many steps the drive runs at most (None: until the run ends or pauses)."""
-        self._store, self._sealer, self._events = store, sealer, events
+        self._markers = Markers(store, sealer, events)
         self.run_id = run_id
         self._started_at = started_at
-        self._extra = {"run_id": run_id}
-        self._key = request_key(run_id)
         self._fresh = False
         self._steps_left = steps
         self._read_at: float | None = None  # time.monotonic() of the last read
@@ -204,30 +177,21 @@ class CancelWatch:
                 return
             self._fresh = True
             self._read_at = time.monotonic()
-            mark = (await self._store.leases([self._key])).get(self._key)
-            if mark is None:
+            note = (await self._markers.peek(KIND, [self.run_id])).get(self.run_id)
+            if note is None:
                 return
             try:
-                found = read_request(self._sealer, mark, self.run_id)
+                found = read_request(note, self.run_id)
             except CheckpointStoreCorrupt as exc:
-                await self._refuse(mark, str(exc))
+                log.warning("run %s: removing a cancel request: %s", self.run_id, exc, extra={"run_id": self.run_id})
+                await self._markers.take(note)
                 return
             if self._started_at is not None and found.at < self._started_at:
                 # Made for an earlier run of this id (pruned since): it is not this run's to obey.
                 log.info(
                     "run %s: removing a cancel request older than the run", self.run_id, extra={"run_id": self.run_id}
                 )
-                await self._store.release_lease(self._key, mark.token)
+                await self._markers.take(note)
                 return
             self.found = found
         raise CancelRequested(self.found)
-
-    async def _refuse(self, mark: Lease, why: str) -> None:
-        log.warning(
-            "run %s: ignoring and removing a cancel request that does not check: %s",
-            self.run_id,
-            why,
-            extra={"run_id": self.run_id},
-        )
-        self._events.emit("control.refused", self.run_id, kind=KIND, why=why)
-        await self._store.release_lease(self._key, mark.token)

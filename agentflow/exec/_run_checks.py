@@ -204,13 +204,29 @@ def check_still_paused(run_id: str, body: Mapping[str, Any], counts: Mapping[int
         )
 
 
-def check_read_whole(run_id: str, claim_step: int, read: Mapping[int, int], now: Mapping[int, int]) -> None:
-    """Refuse to act on a claim's read of the log when an earlier segment took records since (`now`: after the claim).
+def check_read_whole(
+    run_id: str, claim_step: int, read: Mapping[int, int], now: Mapping[int, int], opened: int = 0
+) -> None:
+    """Refuse to act on a claim's read of the log when the log took records since (`now`: after the claim).
+
+    `read` counts the records of the whole log as read; `opened` is how many the claim
+    stored in its own segment. Either an earlier segment holds more records now, or the log
+    as a whole does: a Redis store whose per-segment counter was set back counts the records
+    it cannot place in the newest checkpoint's segment, which after the claim is the claim's
+    own, so only the total shows them.
 
     Raises:
         CheckpointConflict: the worker that held the run before logged while the claimer read.
     """
     grown = sorted(s for s, n in now.items() if s < claim_step and n > read.get(s, 0))
+    late = sum(now.values()) - sum(read.values()) - opened
+    if not grown and late > 0:
+        raise CheckpointConflict(
+            f"run {run_id!r}: the log took {late} record(s) while this worker read it before claiming step "
+            f"{claim_step} (the worker that held it before was still writing, and a record counter was set back). "
+            "The claim is stored, with what it carries, and fenced that worker; nothing ran on the stale read: "
+            "recover the run again to read the late records"
+        )
     if grown:
         raise CheckpointConflict(
             f"run {run_id!r}: segment {grown[0]} took {now[grown[0]] - read.get(grown[0], 0)} more "

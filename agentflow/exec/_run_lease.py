@@ -3,6 +3,9 @@
 Moving parts:
 - `Ownership(owner, lease_s)`: who this runner is (``<name>@<host>:<pid>``) and how long
   its leases last unless renewed. Every runner, worker, CLI and viewer process has one.
+  `Ownership.restartable(identity)`: the same for a process that keeps a name across its
+  restarts: its leases carry the start of this life (``<identity>#<start>``), and a later
+  life takes over an earlier one's leases at once instead of waiting them out.
 - `holding(store, run_id, ownership)`: takes the run's lease in the store (`RunHeld` when
   a live holder has it), renews it from a timer every third of `lease_s` while the block
   runs, and gives it back when the block ends, whether it returned or raised.
@@ -14,7 +17,11 @@ Moving parts:
 
 Invariants:
 - Nothing acts on a run (start, recover, resume, advance, decide) without holding its
-  lease; a live lease is never broken, only waited out.
+  lease; a live lease is never broken, only waited out, with two exceptions. A later life
+  of its holder's identity takes it over: that is a claim like any other, so if the earlier
+  life still runs after all, the segment fencing refuses its next write. And a start takes
+  it from a holder that stored nothing of the run (`take_unborn`): nothing of it can have
+  run, and the compare-and-set of step 0 lets one of two starters through.
 - The lease is advisory ownership, not the last line of defence: a holder that froze past
   its lease (SIGSTOP, a long pause) is taken over, and when it wakes the segment fencing
   refuses its next ``started`` record and the compare-and-set its next save. A call it
@@ -34,11 +41,12 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from agentflow._errors import RunHeld
+from agentflow._errors import CheckpointNotFound, RunHeld
 from agentflow._events import Events
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
@@ -64,11 +72,15 @@ class Ownership:
     """Who a runner is when it holds runs, and for how long each lease lasts."""
 
     owner: str
-    """Names the holder for people: ``<name>@<host>:<pid>``."""
+    """Names the holder for people: ``<name>@<host>:<pid>``, or ``<identity>#<start>`` (`restartable`)."""
     lease_s: float = DEFAULT_LEASE_S
     """A lease lapses this long after its holder last renewed it."""
     events: Events | None = field(default=None, compare=False, repr=False)
     """Where a lease this holder lost is reported (``lease.lost``); the run protocol sets its own."""
+    identity: str | None = None
+    """A name that stays the same across restarts of one process (`restartable`); None: none."""
+    life: int = 0
+    """When this life of `identity` began (ms since the epoch): a later life takes over an earlier one's leases."""
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -80,6 +92,30 @@ class Ownership:
     def of(cls, lease_s: float = DEFAULT_LEASE_S, name: str = "runner") -> Ownership:
         """This process's ownership under `name`."""
         return cls(process_owner(name), lease_s)
+
+    @classmethod
+    def restartable(cls, identity: str, lease_s: float = DEFAULT_LEASE_S) -> Ownership:
+        """The ownership of a process that keeps `identity` across its restarts (one live process per identity).
+
+        Its leases are held as ``<identity>#<start>``: a later life of the same identity
+        takes over the leases of an earlier one at once (`earlier_life`), instead of
+        waiting them out. That is safe even if the earlier life still runs: a take-over
+        is a claim, and the segment fencing refuses the old life's next write.
+
+        Raises:
+            ValueError: `identity` is empty or holds ``#``.
+        """
+        if not identity or "#" in identity:
+            raise ValueError(f"an owner identity is a non-empty name without '#', not {identity!r}")
+        life = time.time_ns() // 1_000_000
+        return cls(f"{identity}#{life}", lease_s, identity=identity, life=life)
+
+    def earlier_life(self, owner: str) -> bool:
+        """Whether a lease held by `owner` is this identity's, from an earlier life of the process."""
+        if self.identity is None:
+            return False
+        identity, _, life = owner.rpartition("#")
+        return identity == self.identity and life.isdigit() and int(life) < self.life
 
 
 class _Renewer:
@@ -129,13 +165,33 @@ class _Renewer:
 
 
 async def take(store: CheckpointStore, run_id: str, ownership: Ownership) -> Lease:
-    """Take the run's lease for `ownership`.
+    """Take the run's lease for `ownership` (from an earlier life of its identity too: `Ownership.restartable`).
 
     Raises:
         RunHeld: another holder's lease is live.
     """
     token = secrets.token_hex(16)
-    return _taken(run_id, token, await store.take_lease(run_id, ownership.owner, token, ownership.lease_s))
+    lease = await store.take_lease(run_id, ownership.owner, token, ownership.lease_s)
+    if await _took_over(store, lease, token, ownership):
+        lease = await store.take_lease(run_id, ownership.owner, token, ownership.lease_s)
+    return _taken(run_id, token, lease)
+
+
+async def _took_over(store: CheckpointStore, lease: Lease, token: str, ownership: Ownership) -> bool:
+    """Give up `lease` if it is another token's, held by an earlier life of this identity; whether it was."""
+    if lease.token == token or not ownership.earlier_life(lease.owner):
+        return False
+    log.info(
+        "run %s: taking over the lease of %s, an earlier life of this process (%s)",
+        lease.run_id,
+        lease.owner,
+        ownership.owner,
+        extra={"run_id": lease.run_id},
+    )
+    if ownership.events is not None:
+        ownership.events.emit("lease.taken_over", lease.run_id, owner=ownership.owner, earlier=lease.owner)
+    await store.release_lease(lease.run_id, lease.token)
+    return True
 
 
 def _taken(run_id: str, token: str, lease: Lease) -> Lease:
@@ -161,11 +217,13 @@ async def take_reading_head(store: CheckpointStore, run_id: str, ownership: Owne
     fused = getattr(store, "take_lease_reading_head", None)  # not a runtime Protocol check: that costs per call
     if fused is not None:
         lease, head = await fused(run_id, ownership.owner, token, ownership.lease_s)
+        if await _took_over(store, lease, token, ownership):
+            lease, head = await fused(run_id, ownership.owner, token, ownership.lease_s)
         lease = _taken(run_id, token, lease)
         return lease, (_ready(head) if head is not None else store.head(run_id))  # None: nothing stored, it raises
     reading = asyncio.ensure_future(store.head(run_id))
     try:
-        lease = _taken(run_id, token, await store.take_lease(run_id, ownership.owner, token, ownership.lease_s))
+        lease = await take(store, run_id, ownership)
     except Exception:  # held by another, or the store failed: the read ends before the caller goes on
         await _settle(reading)
         raise
@@ -191,14 +249,54 @@ async def _settle(head: Awaitable[Any]) -> None:
         head.close()
 
 
+async def take_unborn(store: CheckpointStore, run_id: str, ownership: Ownership) -> Lease:
+    """Take the lease of a run about to start, from a holder that stored nothing of it too.
+
+    A holder with nothing stored for the run (no checkpoint, no call record) started it and
+    died before its step 0, or is about to save it: either way no call of the run can have
+    started (a call record needs a run), and of two starters the compare-and-set of step 0
+    lets one through. So its lease does not keep a start of the same run id out.
+
+    Raises:
+        RunHeld: a live holder has something of the run stored (the run exists).
+    """
+    try:
+        return await take(store, run_id, ownership)
+    except RunHeld as held:
+        lease = (await store.leases([run_id])).get(run_id)
+        if lease is None or await _stored(store, run_id):
+            raise
+        log.info(
+            "run %s: %s holds its lease but stored nothing of it (it died before step 0); starting it anyway",
+            run_id,
+            held.owner,
+            extra={"run_id": run_id},
+        )
+        await store.release_lease(run_id, lease.token)
+        return await take(store, run_id, ownership)
+
+
+async def _stored(store: CheckpointStore, run_id: str) -> bool:
+    try:
+        await store.latest(run_id)
+    except CheckpointNotFound:
+        return bool(await store.calls(run_id))
+    return True
+
+
 @contextlib.asynccontextmanager
-async def holding(store: CheckpointStore, run_id: str, ownership: Ownership) -> AsyncIterator[Lease]:
+async def holding(
+    store: CheckpointStore, run_id: str, ownership: Ownership, *, unborn: bool = False
+) -> AsyncIterator[Lease]:
     """Hold the run's lease while the block runs (see the module docstring).
+
+    `unborn`: the block starts the run, so a holder that stored nothing of it does not keep
+    it out (`take_unborn`).
 
     Raises:
         RunHeld: another holder's lease is live (the block does not run).
     """
-    lease = await take(store, run_id, ownership)
+    lease = await (take_unborn if unborn else take)(store, run_id, ownership)
     async with _held(store, lease, ownership):
         yield lease
 

@@ -60,11 +60,11 @@ class RunProtocol(RunActions[C, R]):
         """Save a new run's step 0 and drive it up to `limit` steps, holding its lease throughout.
 
         Raises:
-            CheckpointConflict: the run id is taken (`RunHeld`: someone holds it).
+            CheckpointConflict: the run id is taken (`RunHeld`: someone holds it and stored some of it).
             ValueError: the run id is empty or reserved (`check_new_run_id`).
         """
         check_new_run_id(cur.run_id)
-        async with self.hold(cur.run_id):
+        async with self.hold(cur.run_id, unborn=True):
             await self.start(cur, lineage)
             return await self._drive(cur, {}, limit=limit, recovering=False)
 

@@ -7,13 +7,14 @@ workers' app does not know (``unknown-flow``). Each is reported once (a WARNING 
 event), then remembered with a marker so the next ticks, on whichever worker beat sends
 them to, neither report it again nor enqueue it.
 
-The marker is a lease on ``agentflow/<why>/<run_id>`` held for `MARK_TTL_S`:
-- every store shares leases between all workers and takes them atomically, so of two
+The marker is the signed marker ``<why>/<run_id>`` (`agentflow.exec._markers`), set for
+`MARK_TTL_S`:
+- every store shares markers between all workers and puts them atomically, so of two
   workers that find the run at once exactly one reports it;
-- a lease lapses on its own: a marker left behind (the run deleted, or finished by
-  someone else) is gone after a week, and a run still stuck then is reported again;
-- the ``agentflow/`` prefix is the namespace of agentflow's own leases (``agentflow/recover_all``);
-  no run of an application should take an id under it.
+- a marker lapses on its own: one left behind (the run deleted, or finished by someone
+  else) is gone after a week, and a run still stuck then is reported again;
+- it is signed: a quarantine marker written into the store by hand does not count, so it
+  can neither hide a run from recover_all nor make `agentflow verify` say it was reported.
 
 An operator releases a quarantined run by acting on it: once its rows check again (the
 signing key added to the workers' ring) `recover_all` recovers it and removes the marker;
@@ -24,7 +25,6 @@ finds failing. `release` removes a marker by hand.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -32,10 +32,10 @@ from typing import Final
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._markers import Markers, Note
 from agentflow.exec._run_lease import held_by
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import UNFINISHED, Lease, SealedCheckpoint
-from agentflow.exec.checkpoints._rules import marker_id
+from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint
 
 #: The latest checkpoint fails its check: the run is not recovered until it checks again.
 QUARANTINED: Final = "quarantined"
@@ -52,44 +52,24 @@ def _fields(row: SealedCheckpoint) -> dict[str, object]:
     return {"run_id": row.run_id, "step": row.step, "segment": row.segment}
 
 
-def marker(run_id: str, why: str) -> str:
-    """The lease id that marks `run_id` as reported for `why`."""
-    return marker_id(why, run_id)
+async def marks(markers: Markers, run_ids: Sequence[str], why: str) -> Mapping[str, Note]:
+    """The markers of `why` that count among `run_ids`, by run id."""
+    return await markers.peek(why, run_ids)
 
 
-def since(mark: Lease) -> float:
-    """When the marker was set (seconds since the epoch)."""
-    return mark.expires_at - MARK_TTL_S
-
-
-async def marks(store: CheckpointStore, run_ids: Sequence[str], why: str) -> Mapping[str, Lease]:
-    """The live markers of `why` among `run_ids`, by run id."""
-    if not run_ids:
-        return {}
-    by_marker = {marker(run_id, why): run_id for run_id in run_ids}
-    return {by_marker[key]: lease for key, lease in (await held_by(store, list(by_marker))).items()}
-
-
-async def mark(store: CheckpointStore, run_id: str, why: str, owner: str) -> bool:
+async def mark(markers: Markers, run_id: str, why: str, owner: str) -> bool:
     """Set the run's marker unless one is live; return whether this call set it (then report the run)."""
-    token = secrets.token_hex(16)
-    return (await store.take_lease(marker(run_id, why), owner, token, MARK_TTL_S)).token == token
+    return (await markers.put(why, run_id, {"owner": owner}, MARK_TTL_S))[0]
 
 
-async def release(store: CheckpointStore, run_id: str, why: str) -> bool:
+async def release(markers: Markers, run_id: str, why: str) -> bool:
     """Remove the run's marker of `why`, if any; return whether one was removed."""
-    found = (await marks(store, [run_id], why)).get(run_id)
-    return found is not None and await store.release_lease(marker(run_id, why), found.token)
+    return bool(await markers.take_all(why, [run_id]))
 
 
-async def unmark(store: CheckpointStore, run_ids: Sequence[str]) -> list[tuple[str, str]]:
+async def unmark(markers: Markers, run_ids: Sequence[str]) -> list[tuple[str, str]]:
     """Remove every marker of `run_ids` (runs that move again); return ``(run_id, why)`` of each removed."""
-    removed = []
-    for why in (QUARANTINED, UNKNOWN_FLOW):
-        for run_id, lease in (await marks(store, run_ids, why)).items():
-            if await store.release_lease(lease.run_id, lease.token):
-                removed.append((run_id, why))
-    return removed
+    return [(note.subject, why) for why in (QUARANTINED, UNKNOWN_FLOW) for note in await markers.take_all(why, run_ids)]
 
 
 async def stranded_elsewhere(
@@ -121,14 +101,18 @@ class Reporter:
     owner: str
     """Who sets the markers (the worker's lease name)."""
     log: logging.Logger
+    markers: Markers = field(init=False)
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each run quarantined now."""
     unknown: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each run of an unknown flow reported now."""
 
+    def __post_init__(self) -> None:
+        self.markers = Markers(self.store, self.sealer, self.events)
+
     async def failed(self, row: SealedCheckpoint, why: str) -> None:
         """Quarantine a run whose latest checkpoint `row` failed its check, unless it is already."""
-        if not await mark(self.store, row.run_id, QUARANTINED, self.owner):
+        if not await mark(self.markers, row.run_id, QUARANTINED, self.owner):
             self.log.debug("run %s stays quarantined: %s", row.run_id, why, extra=_fields(row))
             return
         self.log.warning(
@@ -145,7 +129,7 @@ class Reporter:
 
     async def moving(self, run_ids: Sequence[str]) -> None:
         """Remove the markers of runs recovered now (they check again, or their flow is known now)."""
-        for run_id, why in await unmark(self.store, run_ids):
+        for run_id, why in await unmark(self.markers, run_ids):
             self.log.info("run %s moves again: its %s marker is removed", run_id, why, extra={"run_id": run_id})
 
     async def unknown_flows(self, known: Collection[str], forgotten: Sequence[str], saved_before: float) -> None:
@@ -156,7 +140,7 @@ class Reporter:
             except CheckpointStoreCorrupt as exc:
                 await self.failed(row, str(exc))
                 continue
-            if not await mark(self.store, row.run_id, UNKNOWN_FLOW, self.owner):
+            if not await mark(self.markers, row.run_id, UNKNOWN_FLOW, self.owner):
                 continue
             self.log.warning(
                 "run %s of flow %r is never recovered: the workers' app does not know that flow "

@@ -270,9 +270,9 @@ class RunSteps(Generic[C, R]):
         claim_step = cur.step + 1
         cur.pins = pins_for(counts, claim_step)
         await self.save(cur, RunStatus.RUNNING, segment=claim_step, claim=cause, control=control, records=records)
-        await self._read_still_whole(cur, counts, claim_step)
+        await self._read_still_whole(cur, counts, claim_step, len(records))
 
-    async def _read_still_whole(self, cur: C, counts: Mapping[int, int], claim_step: int) -> None:
+    async def _read_still_whole(self, cur: C, counts: Mapping[int, int], claim_step: int, opened: int = 0) -> None:
         """Check, once the claim has fenced every earlier segment, that the read it trusted was the whole log.
 
         Until the claim lands, the worker that held the run before can still log a
@@ -288,7 +288,7 @@ class RunSteps(Generic[C, R]):
         """
         assert self.store is not None
         _, now = await self.store.head(cur.run_id)
-        check_read_whole(cur.run_id, claim_step, counts, now)
+        check_read_whole(cur.run_id, claim_step, counts, now, opened)
 
     def report_step(self, cur: C, replayed: list[str], rerun: list[str], recovering: bool) -> dict[str, Any] | None:
         """After the first step of a claim that continued a cut-off one: emit ``run.recovered``.

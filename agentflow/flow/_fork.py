@@ -32,12 +32,20 @@ def patched(flow: Flow[S], state: S, patch: Patch | None) -> S:
     """The source state with `patch` applied, validated against the flow's state model.
 
     Raises:
-        FlowError: the patched state does not fit the model, or the patch is not a mapping or a function.
+        FlowError: the patch names a field the model does not have, the patched state does not fit the
+            model, or the patch is not a mapping or a function.
     """
     if patch is None:
         return state
     try:
         if isinstance(patch, Mapping):
+            unknown = sorted(str(name) for name in patch if name not in flow.state.model_fields)
+            if unknown:
+                raise FlowError(
+                    f"flow {flow.name!r}: the patch names {', '.join(map(repr, unknown))}, which "
+                    f"{flow.state.__name__} does not have (its fields: {', '.join(flow.state.model_fields)}); "
+                    "nothing was forked"
+                )
             return flow.state.model_validate({**state.model_dump(), **dict(patch)})
         if callable(patch):
             copy = state.model_copy(deep=True)

@@ -50,6 +50,7 @@ class FlowRunner(RunOperations):
         max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES,
         lease_s: float = DEFAULT_LEASE_S,
         owner: str | None = None,
+        identity: str | None = None,
     ) -> None:
         """Build a runner.
 
@@ -67,9 +68,15 @@ class FlowRunner(RunOperations):
                 lease is live; a holder that died is taken over this long after.
             owner: names this runner in leases and checkpoints (default
                 ``runner@<host>:<pid>``).
+            identity: instead of `owner`, a name this process keeps across its restarts
+                (one live process per identity, e.g. ``billing-api-0``). Its leases are
+                held as ``<identity>#<start>``, and after a crash the restarted process
+                takes over the runs its earlier life held at once, instead of waiting
+                `lease_s` for its own leases to lapse (docs/operating.md).
 
         Raises:
-            ValueError, TypeError: a missing or short key, or a `lease_s` that is not positive.
+            ValueError, TypeError: a missing or short key, a `lease_s` that is not positive,
+                or both `owner` and `identity`.
         """
         self.executor = executor
         self.events = executor.events
@@ -79,7 +86,12 @@ class FlowRunner(RunOperations):
         if max_checkpoint_bytes < 1024:
             raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
         self.max_checkpoint_bytes = max_checkpoint_bytes
-        self.ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
+        if owner is not None and identity is not None:
+            raise ValueError("give a runner an owner or an identity, not both (an identity names its leases)")
+        if identity is not None:
+            self.ownership = Ownership.restartable(identity, lease_s)
+        else:
+            self.ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
         #: How `Child` nodes carry their child runs on: here, to their end or first pause (a distributed
         #: deployment starts them and leaves them to its workers).
         self.children: ChildRuns = InlineChildren()

@@ -24,8 +24,12 @@ T = TypeVar("T")
 #: The retention port is not among them: a prune opens an unwrapped store of its own.
 PASSED_THROUGH = frozenset({"append_events", "read_events"})
 #: Optional operations a wrapper has exactly when the wrapped store has them, timed under the
-#: name of the port's operation they stand for (the Redis store's lease take that reads the head too).
-TIMED_AS = {"take_lease_reading_head": "take_lease"}
+#: name of the port's operation they stand for (the Redis store's lease take that reads the head
+#: too), or their own (`MarkerStore`'s).
+TIMED_AS = {
+    "take_lease_reading_head": "take_lease",
+    **{name: name for name in ("put_marker", "peek_markers", "take_marker")},
+}
 
 
 class ForwardingStore(ABC):

@@ -110,22 +110,23 @@ _MemoryState = tuple[dict[str, Any], ...]
 
 def _copy(state: _MemoryState) -> _MemoryState:
     """A copy of the store's dicts that later writes to either side do not reach."""
-    checkpoints, calls, listed, leases, events = state
+    checkpoints, calls, listed, leases, events, markers = state
     return (
         {run: list(rows) for run, rows in checkpoints.items()},
         {run: {seg: list(recs) for seg, recs in segs.items()} for run, segs in calls.items()},
         dict(listed),
         dict(leases),
         {run: deque(kept, maxlen=kept.maxlen) for run, kept in events.items()},
+        dict(markers),
     )
 
 
 def _memory_state(store: Any) -> _MemoryState:
-    return _copy((store._checkpoints, store._calls, store._listed, store._leases, store._events))
+    return _copy((store._checkpoints, store._calls, store._listed, store._leases, store._events, store._markers))
 
 
 def _restore_memory(store: Any, state: _MemoryState) -> None:
-    store._checkpoints, store._calls, store._listed, store._leases, store._events = _copy(state)
+    store._checkpoints, store._calls, store._listed, store._leases, store._events, store._markers = _copy(state)
 
 
 def _writes_of(state: _MemoryState) -> int:

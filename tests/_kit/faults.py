@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from _kit.tickets import raise_crash
+from agentflow.exec._markers import markers_of
 from agentflow.exec.checkpoints import CheckpointConflict, CheckpointStore, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints._records import Lease, Marker
 
 #: The kinds of write a fault can pick.
 WRITE_KINDS = ("save", "started", "done", "pending", "denied", "failed", "unrecordable")
@@ -347,6 +348,20 @@ class FaultyStore:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """Forward `CheckpointStore.leases`."""
         return await self.inner.leases(run_ids)
+
+    # -- markers (forwarded as they are) -----------------------------------------------------------
+
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        """Forward `MarkerStore.put_marker`."""
+        return await markers_of(self.inner).put_marker(key, value, token, ttl_s)
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        """Forward `MarkerStore.peek_markers`."""
+        return await markers_of(self.inner).peek_markers(keys)
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        """Forward `MarkerStore.take_marker`."""
+        return await markers_of(self.inner).take_marker(key, token)
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -18,10 +18,12 @@ from worker_kit import KEY, OTHER_KEY, RIVAL, Died, Job
 
 from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
 from agentflow.celery import WorkerSettings, register_tasks
-from agentflow.celery._resends import Resends, marker
-from agentflow.celery._worker import RECOVER_ALL_LEASE, Worker
+from agentflow.celery._rechecks import first_to_watch
+from agentflow.celery._resends import RECOVERING, Resends
+from agentflow.celery._worker import RECOVER_ALL_LOCK, Worker
 from agentflow.exec._durable_loop import start_tool_loop
-from agentflow.exec._durable_seal import canonical, key_id
+from agentflow.exec._durable_seal import Sealer, canonical, key_id
+from agentflow.exec._markers import Markers, key_of, marker_value
 from agentflow.exec._run_lease import take
 from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marks
 from agentflow.exec.checkpoints import MemoryCheckpointStore
@@ -77,6 +79,19 @@ async def test_stranded_leaves_held_runs_alone_and_on_startup_rechecks_them_when
     assert found.recheck == [("mail", "r1", step, lease.expires_at)]
 
 
+async def test_a_start_sends_its_own_recheck_though_a_worker_that_died_set_the_marker(s):
+    step = await s.start("mail", "r1")
+    # Given a run a live worker holds, and the recheck marker of a worker that sent a recheck and then
+    # died with its delayed message unacknowledged (the broker keeps it from everyone for an hour)
+    lease = await take(s.store, "r1", RIVAL)
+    assert await first_to_watch(s.worker.markers, "r1", "dead@host:1", lease.expires_at)
+    # When a worker starts, Then its recover_all sends a recheck for when the lease ends all the same
+    found = await s.worker.stranded(startup=True)
+    assert found is not None and found.recheck == [("mail", "r1", step, lease.expires_at)]
+    # But a duplicate message that finds the run held sends none: the marker stands for this lease
+    assert not await s.worker.watch("r1", lease.expires_at)
+
+
 async def test_stranded_quarantines_a_run_whose_latest_row_fails_its_check_and_reports_it_once(s, caplog):
     caplog.set_level(logging.WARNING, logger="agentflow.celery")
     # Given a run saved with another key (a forged row, as far as the workers can tell)
@@ -96,7 +111,7 @@ async def test_stranded_quarantines_a_run_whose_latest_row_fails_its_check_and_r
     ]
     # And it is never enqueued, nothing ran, and the marker stays in the store
     assert s.sent == [] and s.effects == []
-    assert set(await marks(s.store, ["forged"], QUARANTINED)) == {"forged"}
+    assert set(await marks(s.worker.markers, ["forged"], QUARANTINED)) == {"forged"}
 
 
 async def test_a_quarantined_run_whose_rows_check_again_is_recovered_and_its_marker_removed(s):
@@ -108,7 +123,7 @@ async def test_a_quarantined_run_whose_rows_check_again_is_recovered_and_its_mar
     found = await rotated.stranded()
     # Then the run is recovered like any stranded run, and its marker is gone
     assert found is not None and found.recover == [("mail", "forged", 0, "1")] and found.quarantined == []
-    assert await marks(s.store, ["forged"], QUARANTINED) == {}
+    assert await marks(s.worker.markers, ["forged"], QUARANTINED) == {}
 
 
 async def test_a_tool_loop_run_that_fails_its_check_is_quarantined_too(s):
@@ -157,7 +172,7 @@ async def test_a_worker_that_knows_the_flow_recovers_the_run_and_removes_its_unk
     found = await upgraded.stranded()
     # Then it recovers the run, and the marker is gone
     assert found is not None and found.recover == [("billing", "b1", 0, "1")] and found.unknown == []
-    assert await marks(s.store, ["b1"], UNKNOWN_FLOW) == {}
+    assert await marks(s.worker.markers, ["b1"], UNKNOWN_FLOW) == {}
 
 
 async def test_an_unknown_flow_run_someone_holds_is_not_reported(s):
@@ -172,8 +187,8 @@ async def test_an_unknown_flow_run_someone_holds_is_not_reported(s):
 
 async def test_stranded_gives_way_to_another_recover_all(s):
     await s.start("mail", "r1")
-    # Given another worker's recover_all under way (it holds the recover_all lease)
-    await take(s.store, RECOVER_ALL_LEASE, RIVAL)
+    # Given another worker's recover_all under way (it holds the recover_all lock)
+    await s.worker.markers.put(*RECOVER_ALL_LOCK, {"owner": RIVAL.owner}, 60.0)
     # When this worker's recover_all runs, Then it does nothing
     assert await s.worker.stranded() is None
 
@@ -271,7 +286,7 @@ async def test_the_hold_back_holds_on_every_worker_of_the_store(s, monkeypatch):
 async def test_a_held_back_run_is_sent_again_after_a_back_off_that_doubles_up_to_its_cap():
     # Given the markers of a store, with a first wait of 60 s
     store = MemoryCheckpointStore()
-    resends, mark, waits = Resends(store, 60.0, "w1@host:1"), None, []
+    resends, mark, waits = Resends(Markers(store, Sealer(KEY)), 60.0, "w1@host:1"), None, []
     for _ in range(6):
         # When a recovery goes out for r1 at step 3 (replacing the marker of the one before)
         before = time.time()
@@ -289,14 +304,69 @@ async def test_a_held_back_run_is_sent_again_after_a_back_off_that_doubles_up_to
 
 
 async def test_a_recovery_marker_that_was_not_set_by_a_worker_holds_nothing_back():
-    # Given markers written by someone with write access to the store: one far too long, one garbled
+    # Given markers written by someone with write access to the store but no key: one signed with
+    # another key, one garbled, and a real one of a month ago written back to last another month
     store = MemoryCheckpointStore()
-    resends = Resends(store, 60.0, "w1@host:1")
-    await store.take_lease(marker("r1"), "mallory", "3:0:forged", 30 * 24 * 3600.0)
-    await store.take_lease(marker("r2"), "mallory", "not a marker", 60.0)
-    marks = await resends.read(["r1", "r2"])
-    # Then neither holds its run back, and a recovery sent replaces the long one with a real marker
-    assert resends.due(marks["r1"], 3, time.time()) and resends.due(marks["r2"], 3, time.time())
-    await resends.mark("r1", 3, marks["r1"])
+    resends = Resends(Markers(store, Sealer(KEY)), 60.0, "w1@host:1")
+    body = {"step": 3, "rung": 0, "owner": "mallory"}
+    month = 30 * 24 * 3600.0
+    await store.put_marker(key_of(RECOVERING, "r1"), marker_value(Sealer(OTHER_KEY), RECOVERING, "r1", body, month)[1],
+                           "t1", month)  # fmt: skip
+    await store.put_marker(key_of(RECOVERING, "r2"), "3:0:not a marker", "t2", 60.0)
+    old = marker_value(Sealer(KEY), RECOVERING, "r3", body, 120.0, now=time.time() - month)[1]
+    await store.put_marker(key_of(RECOVERING, "r3"), old, "t3", month)
+    # When recover_all reads them, Then none counts (each is removed), so none holds its run back
+    assert await resends.read(["r1", "r2", "r3"]) == {}
+    assert await store.peek_markers([key_of(RECOVERING, run_id) for run_id in ("r1", "r2", "r3")]) == {}
+    # And a recovery sent leaves a real marker
+    await resends.mark("r1", 3, None)
     replaced = (await resends.read(["r1"]))["r1"]
-    assert replaced.owner == "w1@host:1" and not resends.due(replaced, 3, time.time())
+    assert replaced.body["owner"] == "w1@host:1" and not resends.due(replaced, 3, time.time())
+
+
+async def test_the_recover_all_lock_is_renewed_while_a_sweep_works_and_lapses_soon_after_its_holder_dies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given two workers of one store whose recover_all lock lasts 1 s unless renewed, and a sweep that takes long
+    store = MemoryCheckpointStore()
+    first, second = _worker_on(store), _worker_on(store)
+    going_on, let_go = asyncio.Event(), asyncio.Event()
+
+    async def slow_sweep(worker: Worker, startup: bool) -> Any:
+        going_on.set()
+        await let_go.wait()
+        return None
+
+    monkeypatch.setattr("agentflow.celery._worker.sweep", slow_sweep)
+    sweeping = asyncio.create_task(first.stranded())
+    await going_on.wait()
+    # When the sweep goes on for 2.5 leases, Then its lock is renewed: the other worker's sweep gives way
+    began = time.monotonic()
+    while time.monotonic() - began < 2.5:
+        assert await second.stranded() is None
+        await asyncio.sleep(0.1)
+    # And when its worker dies in the sweep (SIGKILL: no release), the next sweep runs within the lease
+    monkeypatch.setattr(store, "take_marker", _never_released)
+    sweeping.cancel()
+    died = time.monotonic()
+    monkeypatch.undo()
+    monkeypatch.setattr("agentflow.celery._worker.sweep", _quick_sweep)
+    while await second.stranded() is None:
+        assert time.monotonic() - died < 3.0, "the dead sweeper's lock outlived its lease"
+        await asyncio.sleep(0.05)
+
+
+def _worker_on(store: MemoryCheckpointStore) -> Worker:
+    settings = WorkerSettings(stale_after_s=0.0, recover_lock_s=1.0)
+    tasks = register_tasks(Celery("lock"), FlowApp(Registry(), []), store_factory=lambda: store, checkpoint_key=KEY,
+                           settings=settings)  # fmt: skip
+    worker: Worker = tasks.worker
+    return worker
+
+
+async def _never_released(key: str, token: str) -> bool:
+    return False
+
+
+async def _quick_sweep(worker: Worker, startup: bool) -> Any:
+    return "swept"

@@ -12,8 +12,9 @@ from celery import Celery
 
 from agentflow import FlowApp, Registry
 from agentflow.celery import WorkerSettings, register_tasks
-from agentflow.celery._retention import PRUNE_LEASE
+from agentflow.celery._retention import PRUNE_LOCK
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._markers import Markers
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 #: The workers' key: retention judges each run by its newest checkpoint, signed with it.
@@ -60,10 +61,10 @@ async def test_a_prune_tick_deletes_old_finished_runs_in_bounded_batches() -> No
 
 
 async def test_one_prune_tick_at_a_time() -> None:
-    # Given a tick of another worker in progress (it holds the prune lease)
+    # Given a tick of another worker in progress (it holds the prune lock)
     store = MemoryCheckpointStore()
     await _runs(store, 3, "done", time.time() - 2 * DAY)
-    await store.take_lease(PRUNE_LEASE, "beat-tick@w2:7", "its-token", 60.0)
+    await Markers(store, Sealer(KEY)).put(*PRUNE_LOCK, {"owner": "beat-tick@w2:7"}, 60.0)
     tasks = register_tasks(
         Celery("retention-logic"),
         FlowApp(Registry(), []),

@@ -18,7 +18,6 @@ from agentflow.celery._rechecks import RECHECK
 from agentflow.celery._worker import Outcome
 from agentflow.exec._run_control import control_of
 from agentflow.exec._run_lease import Ownership, take
-from agentflow.exec._run_quarantine import marker
 
 
 async def test_a_superstep_finding_the_run_held_does_nothing_and_says_when_the_lease_ends(s):
@@ -117,11 +116,10 @@ async def test_a_recheck_that_finds_the_run_still_held_at_its_step_sends_the_nex
     short = Ownership("rival@elsewhere:7", lease_s=0.6)
     lease = await take(s.store, "r1", short)
     assert (await s.task("mail", "r1", step, "next")).done == "skipped" and len(s.sent) == 1
-    # When that lease ends, the holder renews it (it is alive), and the recheck comes due
-    mark = marker("r1", RECHECK)
 
+    # When that lease ends, the holder renews it (it is alive), and the recheck comes due
     async def lapsed() -> bool:
-        return not await s.store.leases([mark])
+        return not await s.worker.markers.peek(RECHECK, ["r1"])
 
     await until(lapsed, "the recheck marker lapsing with the lease", timeout_s=5)
     renewed = await s.store.take_lease("r1", short.owner, lease.token, 30.0)  # the live holder, just in time

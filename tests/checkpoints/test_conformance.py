@@ -20,7 +20,7 @@ from agentflow.exec.checkpoints import (
     SealedCheckpoint,
     StoreDefaults,
 )
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints._records import Lease, Marker
 from agentflow.exec.checkpoints._rules import check_lease_args, check_row
 from agentflow.exec.checkpoints.conformance import CHECKS, SEALER, Check, check_implements_protocol, validate
 
@@ -78,7 +78,7 @@ async def test_validate_fails_a_store_without_compare_and_set() -> None:
 
 
 class CoreOnly:
-    """A store written outside agentflow: the core methods, `stored_runs`, `relist` and leases, over a memory store."""
+    """A store written outside agentflow: the core methods, `stored_runs`, `relist`, leases and markers, over memory."""
 
     in_process = False
 
@@ -127,6 +127,15 @@ class CoreOnly:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         return await self._inner.leases(run_ids)
 
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        return await self._inner.put_marker(key, value, token, ttl_s)
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        return await self._inner.peek_markers(keys)
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        return await self._inner.take_marker(key, token)
+
     async def aclose(self) -> None:
         await self._inner.aclose()
 
@@ -158,7 +167,7 @@ async def test_validate_fails_a_store_whose_lease_take_is_not_atomic() -> None:
 
 
 async def test_a_store_built_on_store_defaults_passes_every_check() -> None:
-    # Given a store that implements only the core methods, stored_runs, relist and leases, plus the mixin
+    # Given a store that implements only the core methods, stored_runs, relist, leases and markers, plus the mixin
     # When validate runs every check on it
     report = await validate(WithDefaults)
     # Then it passes all of them: the defaults keep the contract (save_after_calls checks first)
@@ -173,7 +182,7 @@ async def test_a_store_without_the_full_contract_is_told_what_it_lacks() -> None
 
 
 class WithoutLeases(StoreDefaults):
-    """A store written outside agentflow that forgot the lease methods (StoreDefaults has none)."""
+    """A store written outside agentflow that forgot the lease and marker methods (StoreDefaults has none)."""
 
     in_process = False
     save = CoreOnly.save
@@ -193,9 +202,10 @@ class WithoutLeases(StoreDefaults):
 
 
 async def test_a_store_without_leases_is_told_they_have_no_default() -> None:
-    # Given a store with every member but the four lease methods, and the mixin
+    # Given a store with every member but the four lease and three marker methods, and the mixin
     # When the protocol check runs, Then it fails naming them, without pointing at StoreDefaults
-    with pytest.raises(AssertionError, match=r"lacks take_lease, renew_lease, release_lease, leases$"):
+    lacks = "take_lease, renew_lease, release_lease, leases, put_marker, peek_markers, take_marker"
+    with pytest.raises(AssertionError, match=f"lacks {lacks}$"):
         await check_implements_protocol(WithoutLeases())  # type: ignore[arg-type]
 
 

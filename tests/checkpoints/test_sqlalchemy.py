@@ -309,6 +309,54 @@ async def test_a_newer_schema_version_is_refused(backend: Backend) -> None:
     assert "SQLAlchemyCheckpointStore(" in str(caught.value)
 
 
+async def test_tables_of_schema_version_4_gain_the_markers_table_and_drop_markers_kept_as_leases(
+    backend: Backend,
+) -> None:
+    # Given tables at schema version 4 (before the markers table) whose leases table holds a real
+    # run's lease, one of a run whose id differs from the markers' only in case, and two markers
+    # kept there as leases of ids under agentflow/
+    async with backend.store() as store:
+        await save_steps(store, "r", "running")
+        held = await store.take_lease("r", "A", "token-r", 3600)
+        other = await store.take_lease("Agentflow/r", "B", "token-b", 3600)
+    await backend.sql("DROP TABLE agentflow_markers")
+    await backend.sql("UPDATE agentflow_meta SET value = '4' WHERE key = 'schema_version'")
+    for run_id in ("agentflow/cancel/r", "agentflow/sweep"):
+        await backend.sql(f"INSERT INTO agentflow_leases VALUES ('{run_id}', 'C', 'token-c', 9999999999.0)")
+    # When this agentflow uses them and puts a marker
+    async with backend.store() as store:
+        marker = await store.put_marker("cancel/r", "please", "token-m", 60)
+        # Then the marker is kept, the runs' leases are held as before, and the run's rows are kept
+        assert await store.peek_markers(["cancel/r"]) == {"cancel/r": marker}
+        assert await store.leases(["r", "Agentflow/r"]) == {"r": held, "Agentflow/r": other}
+        assert (await store.latest("r")).step == 0
+    # And the schema is current, the old markers are gone from the leases table, the new one is in its own
+    assert await backend.sql("SELECT value FROM agentflow_meta WHERE key = 'schema_version'") == [
+        (str(len(MIGRATIONS)),)
+    ]
+    assert await backend.sql("SELECT run_id FROM agentflow_leases ORDER BY run_id") == [("Agentflow/r",), ("r",)]
+    assert await backend.sql("SELECT key, value, token FROM agentflow_markers") == [("cancel/r", "please", "token-m")]
+
+
+async def test_a_marker_row_of_the_wrong_type_is_corrupt(store: SQLAlchemyCheckpointStore, backend: Backend) -> None:
+    await store.put_marker("k", "v", "t", 60)
+    # Given a marker whose value no longer is text (a blob on SQLite, NULL on PostgreSQL)
+    for statement in _MARKER_DAMAGE[backend.name]:
+        await backend.sql(statement)
+    # When it is read, Then it is corrupt, naming the key and the column
+    with pytest.raises(CheckpointStoreCorrupt, match=r"marker row 'k' is unreadable: value is"):
+        await store.peek_markers(["k"])
+
+
+_MARKER_DAMAGE = {
+    "sqlite": ["UPDATE agentflow_markers SET value = X'6B' WHERE key = 'k'"],
+    "postgres": [
+        "ALTER TABLE agentflow_markers ALTER COLUMN value DROP NOT NULL",
+        "UPDATE agentflow_markers SET value = NULL WHERE key = 'k'",
+    ],
+}
+
+
 async def test_a_latest_pointer_changed_by_hand_is_mended_by_relist(
     store: SQLAlchemyCheckpointStore, backend: Backend
 ) -> None:

@@ -121,6 +121,53 @@ async def test_database_from_a_newer_agentflow_is_refused(db_path: Path) -> None
     assert str(db_path) in str(caught.value)
 
 
+async def test_a_file_of_schema_version_3_gains_the_markers_table_and_drops_markers_kept_as_leases(
+    db_path: Path,
+) -> None:
+    # Given a file at schema version 3 (before the markers table) whose leases table holds a real
+    # run's lease, one of a run whose id differs from the markers' only in case, and two markers
+    # kept there as leases of ids under agentflow/
+    later = time.time() + 3600
+    with raw(db_path) as conn:
+        for script in MIGRATIONS[:3]:
+            conn.executescript(script)
+        conn.execute("CREATE TABLE agentflow_meta (key TEXT PRIMARY KEY, value TEXT)")
+        conn.execute("INSERT INTO agentflow_meta VALUES ('schema_version', '3')")
+        conn.executemany(
+            "INSERT INTO leases VALUES (?, ?, ?, ?)",
+            [
+                ("r", "A", "token-r", later),
+                ("Agentflow/r", "B", "token-b", later),
+                ("agentflow/cancel/r", "C", "token-c", later),
+                ("agentflow/sweep", "D", "token-d", later),
+            ],
+        )
+    # When this agentflow opens it and puts a marker
+    async with SQLiteCheckpointStore(db_path) as store:
+        marker = await store.put_marker("cancel/r", "please", "token-m", 60)
+        # Then the marker is kept, and the runs' leases are held as before
+        assert await store.peek_markers(["cancel/r"]) == {"cancel/r": marker}
+        assert {run_id: lease.token for run_id, lease in (await store.leases(["r", "Agentflow/r"])).items()} == {
+            "r": "token-r",
+            "Agentflow/r": "token-b",
+        }
+    # And the schema is current, the old markers are gone from the leases table, the new one is in its own
+    with raw(db_path) as conn:
+        assert conn.execute("SELECT value FROM agentflow_meta").fetchone() == (str(len(MIGRATIONS)),)
+        assert conn.execute("SELECT run_id FROM leases ORDER BY run_id").fetchall() == [("Agentflow/r",), ("r",)]
+        assert conn.execute("SELECT key, value, token FROM markers").fetchall() == [("cancel/r", "please", "token-m")]
+
+
+async def test_a_marker_row_of_the_wrong_type_is_corrupt(sqlite_store: SQLiteCheckpointStore, db_path: Path) -> None:
+    # Given a marker whose value was changed by hand to a blob
+    await sqlite_store.put_marker("k", "v", "t", 60)
+    with raw(db_path) as conn:
+        conn.execute("UPDATE markers SET value = X'6B' WHERE key = 'k'")
+    # When it is read, Then the store reports the row, naming the key and the column
+    with pytest.raises(CheckpointStoreCorrupt, match=r"marker 'k' in .*column value holds bytes"):
+        await sqlite_store.peek_markers(["k"])
+
+
 async def test_file_that_is_not_a_database_is_refused(db_path: Path) -> None:
     junk = b"these are not the pages of an SQLite database\n" * 100
     db_path.write_bytes(junk)

@@ -11,7 +11,8 @@ from pathlib import Path
 import runs_kit
 from runs_kit import one_line_error
 
-from agentflow.exec._durable_seal import key_id
+from agentflow.exec._durable_seal import Sealer, key_id
+from agentflow.exec._markers import Markers
 from agentflow.exec._run_quarantine import QUARANTINED, mark
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
@@ -102,7 +103,7 @@ def test_verify_shows_that_recover_all_quarantined_the_run(agentflow, db):
 
     async def quarantine() -> None:
         async with SQLiteCheckpointStore(db) as store:
-            assert await mark(store, "alien-1", QUARANTINED, "agentflow@w1:42")
+            assert await mark(Markers(store, Sealer(runs_kit.KEY)), "alien-1", QUARANTINED, "agentflow@w1:42")
 
     runs_kit.in_thread(quarantine)
     # When every run is verified
@@ -115,3 +116,19 @@ def test_verify_shows_that_recover_all_quarantined_the_run(agentflow, db):
     assert "QUARANTINED alien-1: recover_all reported it at " in result.stdout
     assert "(agentflow@w1:42)" in result.stdout and "add the key that signed them" in result.stdout
     assert "QUARANTINED tamper-1" not in result.stdout
+
+
+def test_verify_does_not_believe_a_quarantine_marker_nobody_with_the_key_set(agentflow, db):
+    # Given a run signed with another key, and a quarantine marker written by someone without the workers' key
+    add_alien(db)
+
+    async def forge() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            assert await mark(Markers(store, Sealer(OTHER_KEY)), "alien-1", QUARANTINED, "mallory@w1:42")
+
+    runs_kit.in_thread(forge)
+    # When every run is verified
+    result = agentflow("verify", "--all")
+    # Then the run is reported as failing its check, but not as quarantined by anyone
+    assert result.exit_code == 1 and "CORRUPT alien-1" in result.stdout
+    assert "QUARANTINED" not in result.stdout and "mallory" not in result.stdout

@@ -93,6 +93,8 @@ def test_fork_starts_a_new_run_from_a_checkpoint_with_a_patched_state(agentflow,
     assert bad.exit_code == 2 and "JSON object" in bad.output
     wrong = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", '{"amount": "lots"}')
     assert wrong.exit_code == 2 and "does not fit" in one_line_error(wrong)
+    typo = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", '{"amout": 12}')
+    assert typo.exit_code == 2 and "the patch names 'amout'" in one_line_error(typo)
 
 
 def test_cancel_of_a_run_a_live_worker_holds_leaves_that_worker_a_request(agentflow, db):

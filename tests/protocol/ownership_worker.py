@@ -7,7 +7,8 @@ names it); logs go to stderr.
 Modes:
   run --job FLOW:RUN_ID:TOOL ... --hold RUN_ID ...
       Each job runs FLOW (a ticket flow, from `ORDER`) as run RUN_ID, holding its lease
-      (``--lease-s``, renewed every third of it) as ``worker@<host>:<pid>``. The first
+      (``--lease-s``, renewed every third of it) as ``worker@<host>:<pid>``, or as
+      ``<identity>#<start>`` with ``--identity`` (a runner that keeps its name across restarts). The first
       invocation of TOOL blocks until the ``--gate`` file exists, after printing
       ``{"event": "blocked", ...}``: charge_card and hold_seats block before their effect
       (their `make_tickets` pause), slow_lookup after it (its `Tickets.gate`); either way
@@ -105,9 +106,9 @@ async def run_job(opts: argparse.Namespace, owner: str, job: str) -> dict[str, A
     tickets = make_tickets(Ledger(opts.ledger), pause=blocker.pause)
     blocker.tickets = tickets
     store = FaultyStore(open_spec(opts.spec))
-    runner = FlowRunner(
-        Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY, lease_s=opts.lease_s, owner=owner
-    )
+    who = {"identity": opts.identity} if opts.identity else {"owner": owner}
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY, lease_s=opts.lease_s, **who)
+    blocker.owner = runner.ownership.owner
     watch = asyncio.create_task(blocker.watch(*tickets.gate(tool))) if tool == "slow_lookup" else None
     try:
         flow: Flow[Any] = FLOWS[flow_name]
@@ -198,6 +199,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--parties", type=int, default=1)
     parser.add_argument("--meet", default="")
     parser.add_argument("--go", default="")
+    parser.add_argument("--identity", default="")
     opts = parser.parse_args(argv)
     asyncio.run(run_all(opts) if opts.mode == "run" else race(opts))
 

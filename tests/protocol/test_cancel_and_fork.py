@@ -148,6 +148,16 @@ async def test_a_patch_that_does_not_fit_the_state_model_is_refused_and_nothing_
         await workers.raw.latest("bad")
 
 
+async def test_a_patch_naming_a_field_the_state_lacks_is_refused_and_nothing_is_saved(workers):
+    # Given a finished run, and a patch with a typo (seat for seats): without this check the fork
+    # would keep the old seats, rerun the card charge and the e-mail, and the fix would be lost
+    await workers.runner().run(TICKETS, ORDER, run_id="order-1")
+    with pytest.raises(FlowError, match=r"the patch names 'seat', which Order does not have \(its fields: show, seats"):
+        await workers.runner().fork(TICKETS, "order-1", at_step=1, new_run_id="typo", patch={"seat": 4})
+    with pytest.raises(CheckpointNotFound):
+        await workers.raw.latest("typo")
+
+
 async def test_a_fork_from_a_step_that_does_not_exist_is_not_found(workers):
     await workers.runner().run(TICKETS, ORDER, run_id="order-1")
     with pytest.raises(CheckpointNotFound, match="no checkpoint at step 9"):

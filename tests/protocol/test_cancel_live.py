@@ -16,7 +16,8 @@ from _kit.workers import Workers
 from agentflow import Call, Flow, RunResult, RunStatus
 from agentflow.exec import cancel_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_cancel import REQUEST_TTL_S, CancelRequest, request_key
+from agentflow.exec._markers import key_of, marker_value, markers_of
+from agentflow.exec._run_cancel import KIND, REQUEST_TTL_S, CancelRequest
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 
@@ -32,8 +33,17 @@ async def _inside_slow_lookup(
 
 async def _request(workers: Workers, run_id: str) -> str | None:
     """What the cancel request marker holds (None: no request)."""
-    mark = (await workers.raw.leases([request_key(run_id)])).get(request_key(run_id))
-    return None if mark is None else mark.owner
+    mark = (await markers_of(workers.raw).peek_markers([key_of(KIND, run_id)])).get(key_of(KIND, run_id))
+    return None if mark is None else mark.value
+
+
+async def _leave(workers: Workers, run_id: str, value: str) -> None:
+    """Write `value` as the run's cancel marker, straight into the store (as an attacker or an old request would)."""
+    await markers_of(workers.raw).put_marker(key_of(KIND, run_id), value, "t" * 32, REQUEST_TTL_S)
+
+
+def _signed(key: bytes, run_id: str, request: CancelRequest, now: float | None = None) -> str:
+    return marker_value(Sealer(key), KIND, run_id, request.body(), REQUEST_TTL_S, now)[1]
 
 
 async def test_a_held_run_finishes_its_call_in_flight_then_ends_cancelled_before_the_next(workers):
@@ -105,16 +115,18 @@ async def test_a_second_request_keeps_the_first_reason(workers):
     [
         "not a request",
         # signed, but with a key the workers do not hold
-        Sealer(KEY_B).seal_request("lookup-1", "cancel", CancelRequest("lookup-1", "forged", "mallory", 0.0).body()),
+        _signed(KEY_B, "lookup-1", CancelRequest("lookup-1", "forged", "mallory", time.time())),
         # signed with the right key, but for another run
-        Sealer(KEY).seal_request("other", "cancel", CancelRequest("other", "moved", "mallory", 0.0).body()),
+        _signed(KEY, "other", CancelRequest("other", "moved", "mallory", time.time())),
+        # signed for this run, but meant to lapse two days ago (an old request written back)
+        _signed(KEY, "lookup-1", CancelRequest("lookup-1", "old", "mallory", 0.0), now=time.time() - 2 * 86400),
     ],
-    ids=["unsigned", "other-key", "other-run"],
+    ids=["unsigned", "other-key", "other-run", "lapsed"],
 )
 async def test_a_request_that_does_not_check_is_ignored_and_removed(workers, forged):
-    # Given a run in flight, and a cancel marker someone wrote into the store's leases
+    # Given a run in flight, and a cancel marker someone wrote into the store's markers
     release, running = await _inside_slow_lookup(workers, LOOKUP, "lookup-1")
-    await workers.raw.take_lease(request_key("lookup-1"), forged, "t" * 32, REQUEST_TTL_S)
+    await _leave(workers, "lookup-1", forged)
     release.set()
     # Then the run finishes, the marker is reported and removed
     assert (await asyncio.wait_for(running, 10)).status == RunStatus.DONE
@@ -126,7 +138,7 @@ async def test_a_request_that_does_not_check_is_ignored_and_removed(workers, for
 
 async def test_a_forged_marker_does_not_keep_a_real_request_out(workers):
     release, running = await _inside_slow_lookup(workers, LOOKUP, "lookup-1")
-    await workers.raw.take_lease(request_key("lookup-1"), "forged", "t" * 32, REQUEST_TTL_S)
+    await _leave(workers, "lookup-1", "forged")
     await workers.runner().cancel(LOOKUP, "lookup-1", reason="real", operator="carol")
     release.set()
     assert (await asyncio.wait_for(running, 10)).error == "cancelled by carol: real"
@@ -135,11 +147,8 @@ async def test_a_forged_marker_does_not_keep_a_real_request_out(workers):
 async def test_a_request_that_finds_the_run_let_go_cancels_it_at_once(workers):
     # Given a paused run (nobody holds it) and a request left for a holder that is gone
     await workers.runner().run(REFUNDS, Refund(amount=500), run_id="refund-1")
-    sealer = Sealer(KEY)
     request = CancelRequest("refund-1", "left over", "dave", time.time())
-    await workers.raw.take_lease(
-        request_key("refund-1"), sealer.seal_request("refund-1", "cancel", request.body()), "t" * 32, REQUEST_TTL_S
-    )
+    await _leave(workers, "refund-1", _signed(KEY, "refund-1", request))
     # When someone resumes it, Then the request stops it before the pending call runs
     result = await workers.runner().resume(REFUNDS, "refund-1", approve=True)
     assert result.status == RunStatus.CANCELLED and result.error == "cancelled by dave: left over"
@@ -171,11 +180,8 @@ async def test_a_tool_loop_a_worker_holds_stops_before_its_next_model_call(store
 
 async def test_a_request_left_from_an_earlier_run_of_the_same_id_is_removed_not_obeyed(workers):
     # Given a signed request made an hour ago for "order-9" (a run of that id since pruned)
-    sealer = Sealer(KEY)
     old = CancelRequest("order-9", "for the run before", "ivy", time.time() - 3600)
-    await workers.raw.take_lease(
-        request_key("order-9"), sealer.seal_request("order-9", "cancel", old.body()), "t" * 32, REQUEST_TTL_S
-    )
+    await _leave(workers, "order-9", _signed(KEY, "order-9", old))
     # When a new run takes that id, Then it runs to its end, and the old request is gone
     result = await workers.runner().run(LOOKUP, ORDER, run_id="order-9")
     assert result.status == RunStatus.DONE

@@ -20,19 +20,19 @@ from agentflow.exec import _run_cancel
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_cancel import CancelRequest, CancelWatch, post
 from agentflow.exec.checkpoints import MemoryCheckpointStore
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints._records import Marker
 
 
 class ReadCounting(MemoryCheckpointStore):
-    """The memory store, counting its lease reads (a cancel check is one)."""
+    """The memory store, counting its marker reads (a cancel check is one)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lease_reads = 0
+        self.marker_reads = 0
 
-    async def leases(self, run_ids: Sequence[str]) -> dict[str, Lease]:
-        self.lease_reads += 1
-        return dict(await super().leases(run_ids))
+    async def peek_markers(self, keys: Sequence[str]) -> dict[str, Marker]:
+        self.marker_reads += 1
+        return dict(await super().peek_markers(keys))
 
 
 def watch(store: ReadCounting, steps: int | None) -> CancelWatch:
@@ -48,7 +48,7 @@ async def test_a_quick_last_step_of_a_drive_is_not_read_again(monkeypatch: pytes
     # When its step ended a moment later
     await look.step_ended()
     # Then that first read stands for the one before the save
-    assert store.lease_reads == 1
+    assert store.marker_reads == 1
 
 
 @pytest.mark.parametrize("steps", [None, 2], ids=["until-the-end", "two-steps"])
@@ -59,7 +59,7 @@ async def test_a_step_the_drive_goes_on_after_is_always_read(steps: int | None) 
     # When a step ends after which the drive may run another (its first call is guarded by this read)
     await look.step_ended()
     # Then the store is read again
-    assert store.lease_reads == 2
+    assert store.marker_reads == 2
 
 
 async def test_a_last_step_longer_than_fresh_s_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +70,7 @@ async def test_a_last_step_longer_than_fresh_s_is_read_again(monkeypatch: pytest
     monkeypatch.setattr(_run_cancel, "FRESH_S", 0.0)
     await look.step_ended()
     # Then its end reads the store again
-    assert store.lease_reads == 2
+    assert store.marker_reads == 2
 
 
 async def test_a_request_made_during_a_quick_last_step_ends_the_run_at_the_next_drive_before_any_call(

@@ -27,7 +27,7 @@ from _kit.faults import FaultyStore
 from _kit.stores import RedisRows, StoreSetup, setups
 from _kit.tickets import KEY, ORDER, Crash, Order, make_tickets, show_args
 
-from agentflow import Call, DidNotHappen, Executor, Flow, FlowRunner
+from agentflow import Call, DidNotHappen, Executor, Flow, FlowRunner, RecoveryNeedsDecision
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointConflict, SealedCall, SealedCheckpoint
@@ -116,6 +116,54 @@ async def test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale(store_
         LOOK_THEN_PAY, "order-7"
     )
     assert result.status == "done"
+    assert tickets.counts()["charge_card"] == 1
+
+
+@pytest.mark.parametrize("store_setup", setups("fakeredis", "redis"), indirect=True)
+async def test_a_late_started_hidden_by_a_rewound_counter_still_stops_a_claim(store_setup: StoreSetup) -> None:
+    # Found by the simulation (tests/sim/test_regression_seeds.py, "hidden-late-started"): race 1 and
+    # race 2 at once. A late started lands between B's read and B's claim, and someone sets A's record
+    # counter back at once, so the count B makes after its claim puts the record in B's own segment.
+    tickets = make_tickets()
+    executor = Executor(tickets.registry)
+    stall = StallAfterChargeStarted()
+    first = FlowRunner(executor, checkpoints=Hooked(store_setup.open(), after_started=stall), checkpoint_key=KEY)
+    # Given worker A inside the slow lookup, its lease gone
+    release, entered = tickets.gate("slow_lookup")
+    a = asyncio.create_task(first.run(LOOK_THEN_PAY, ORDER, run_id="order-9"))
+    await entered.wait()
+    reader = store_setup.open()
+    (lease,) = (await reader.leases(["order-9"])).values()
+    assert await reader.release_lease("order-9", lease.token)
+    assert isinstance(store_setup.rows, RedisRows)
+    rows = store_setup.rows
+
+    # When B recovers, and A wakes between B's read and B's claim, ends the lookup and starts
+    # charge_card, and its segment's counter is set back to what B read, hiding both records
+    async def a_starts_the_charge_and_the_counter_is_set_back() -> None:
+        row, counts = await reader.head("order-9")
+        release.set()
+        await stall.logged.wait()
+        await rows.rewind_count("order-9", row.segment, counts[row.segment])
+
+    second = FlowRunner(
+        executor,
+        checkpoints=Hooked(store_setup.open(), before_claim=a_starts_the_charge_and_the_counter_is_set_back),
+        checkpoint_key=KEY,
+    )
+    # Then B's claim stands but runs nothing: the log as a whole took a record while B read it
+    with pytest.raises(CheckpointConflict, match="the log took 2 record"):
+        await second.recover(LOOK_THEN_PAY, "order-9")
+    stall.go_on.set()
+    with pytest.raises(CheckpointConflict):
+        await a
+    # And the card was charged once, and the next recovery finds that charge in doubt (A's done could
+    # not go where the rewound counter pointed: a record is never overwritten) and asks, never reruns
+    assert tickets.counts()["charge_card"] == 1
+    with pytest.raises(RecoveryNeedsDecision, match="charge_card"):
+        await FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY).recover(
+            LOOK_THEN_PAY, "order-9"
+        )
     assert tickets.counts()["charge_card"] == 1
 
 

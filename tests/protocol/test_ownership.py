@@ -42,11 +42,11 @@ import pytest
 from _kit.faults import FaultyStore, body, node_of
 from _kit.poll import until
 from _kit.specs import child_env, open_spec
-from _kit.tickets import BATCH, KEY, LOOKUP, REFUNDS, TICKETS, Ledger, Refund, make_tickets
+from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Refund, make_tickets
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 
-from agentflow import Executor, FlowRunner, RunHeld
+from agentflow import Executor, FlowRunner, RecoveryNeedsDecision, RunHeld
 from agentflow.cli._group import cli
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
@@ -471,3 +471,57 @@ async def test_racers_for_a_lapsed_lease_exactly_one_wins(shared_spec, tmp_path,
         # And each effect happened once: the charge by the winner alone
         assert ledger.counts("order-1") == {"hold_seats": 1, "charge_card": 1, "email_tickets": 1}
         await consistent(raw, "order-1")
+
+
+async def test_a_restarted_process_takes_over_the_runs_of_its_earlier_life_at_once(shared_spec, tmp_path, spawn):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    async with opened(shared_spec) as raw:
+        # Given a process named billing-api inside charge_card of order-1 (started, no effect yet), with 60 s leases
+        args = ("--job", "tickets:order-1:charge_card", "--identity", "billing-api", "--lease-s", "60")
+        worker = spawn(*worker_args("run", shared_spec, tmp_path, *args))
+        owner = (await worker.next("blocked", run_id="order-1"))["owner"]
+        assert re.fullmatch(r"billing-api#\d+", owner)
+        # When it is killed (its lease stays for a minute: nobody released it)
+        worker.kill()
+        assert (await raw.leases(["order-1"]))["order-1"].owner == owner
+
+        def runner(identity: str) -> FlowRunner:
+            tools = make_tickets(ledger).registry
+            return FlowRunner(Executor(tools), checkpoints=raw, checkpoint_key=KEY, identity=identity)
+
+        # Then a process of another name is refused the run, as before
+        with pytest.raises(RunHeld) as refused:
+            await runner("billing-api-2").recover(TICKETS, "order-1")
+        assert refused.value.owner == owner
+        # But billing-api, started again, takes it over at once: the charge in doubt asks for a decision
+        restarted = runner("billing-api")
+        with pytest.raises(RecoveryNeedsDecision):
+            await restarted.recover(TICKETS, "order-1")
+        # and once told to rerun it (the card was not charged), it finishes the run, charging once
+        await restarted.decide_in_doubt(TICKETS, "order-1", operator="ops")
+        result = await restarted.recover(TICKETS, "order-1")
+        assert result.status == "done"
+        assert ledger.counts("order-1") == {"hold_seats": 1, "charge_card": 1, "email_tickets": 1}
+        # And a later process of the same name never takes a lease from a later life (nothing here holds one)
+        assert await raw.leases(["order-1"]) == {}
+
+
+async def test_a_run_whose_starter_died_before_its_step_0_starts_again_under_the_same_id(shared_spec, tmp_path, spawn):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    async with opened(shared_spec) as raw:
+        # Given a process that took the lease of order-7 to start it, and was killed before saving anything
+        worker = spawn(*worker_args("run", shared_spec, tmp_path, "--hold", "order-7", "--lease-s", "60"))
+        owner = (await worker.next("held", run_id="order-7"))["owner"]
+        worker.kill()
+        assert (await raw.leases(["order-7"]))["order-7"].owner == owner
+        assert await raw.history("order-7") == [] and await raw.calls("order-7") == []
+        # When the run is started again under the same id, at once (its dead starter's lease has a minute left)
+        result = await runner_here(raw, ledger).run(TICKETS, ORDER, run_id="order-7")
+        # Then it runs, each call once
+        assert result.status == "done"
+        assert ledger.counts("order-7") == {"hold_seats": 1, "charge_card": 1, "email_tickets": 1}
+        # But a run with something stored is never started over its live holder
+        worker = spawn(*worker_args("run", shared_spec, tmp_path, "--hold", "order-7", "--lease-s", "60"))
+        await worker.next("held", run_id="order-7")
+        with pytest.raises(RunHeld):
+            await runner_here(raw, ledger).run(TICKETS, ORDER, run_id="order-7")

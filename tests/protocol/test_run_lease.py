@@ -7,12 +7,14 @@ Renewal and release run on every store set-up (`any_store`); the failure cases o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
 import pytest
 from _kit.poll import until
 
+from agentflow import Executor, FlowRunner, Registry
 from agentflow._errors import RunHeld
 from agentflow.exec._run_lease import Ownership, held_by, holding, take
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
@@ -164,3 +166,25 @@ async def test_a_release_failure_does_not_hide_the_blocks_own_error(caplog):
             raise ValueError("the block failed")
     # Then the block's error is the one raised, and the release failure is logged
     assert any("could not release" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_later_life_of_an_identity_takes_over_an_earlier_ones_lease_and_never_the_reverse() -> None:
+    store = MemoryCheckpointStore()
+    earlier = Ownership.restartable("billing-api", lease_s=60.0)
+    await take(store, "r1", earlier)
+    # Given a later life of the same name (a restart), a process of another name, and the earlier life itself
+    later = dataclasses.replace(earlier, owner=f"billing-api#{earlier.life + 1}", life=earlier.life + 1)
+    other = Ownership.restartable("billing-api-2", lease_s=60.0)
+    # Then the other name is refused, the later life takes the run at once, and the earlier life is refused it back
+    with pytest.raises(RunHeld):
+        await take(store, "r1", other)
+    assert (await take(store, "r1", later)).owner == later.owner
+    with pytest.raises(RunHeld):
+        await take(store, "r1", earlier)
+
+
+def test_an_identity_is_a_plain_name_and_excludes_an_owner() -> None:
+    with pytest.raises(ValueError, match="without '#'"):
+        Ownership.restartable("api#2")
+    with pytest.raises(ValueError, match="an owner or an identity, not both"):
+        FlowRunner(Executor(Registry()), owner="a", identity="b")

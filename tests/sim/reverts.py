@@ -4,7 +4,9 @@
 ``started`` between the read and the claim); `records_overwritable` puts back Redis
 records that a rewound counter lets a write overwrite, and a head that trusts the counter
 (race 2); `done_overruled` lets a later record overrule a call's own ``done``;
-`parked_for_good` makes the sweep leave every parked run alone. Each patches the code in
+`parked_for_good` makes the sweep leave every parked run alone; `read_counted_by_segment` lets
+a claim judge its read of the log by the earlier segments' counts alone (race 3: a late
+``started`` hidden by a counter set back at once). Each patches the code in
 this process only, for the ``with`` block.
 """
 
@@ -25,7 +27,7 @@ from agentflow.exec.checkpoints import redis as redis_store
 def claim_read_trusted() -> Iterator[None]:
     """Race 1's fix reverted: a claim no longer counts the log again after it fenced the old segment."""
 
-    async def trusting(self: Any, cur: Any, counts: Any, claim_step: int) -> None:
+    async def trusting(self: Any, cur: Any, counts: Any, claim_step: int, opened: int = 0) -> None:
         return None
 
     with mock.patch.object(_run_steps.RunSteps, "_read_still_whole", trusting):
@@ -64,4 +66,16 @@ def parked_for_good() -> Iterator[None]:
         return True
 
     with mock.patch.object(_sweep._Sorter, "_still_in_doubt", always):
+        yield
+
+
+@contextmanager
+def read_counted_by_segment() -> Iterator[None]:
+    """Race 3's fix reverted: a claim checks the earlier segments' counts only, not the log's total."""
+    original = _run_steps.check_read_whole
+
+    def by_segment(run_id: str, claim_step: int, read: Any, now: Any, opened: int = 0) -> None:
+        original(run_id, claim_step, read, now, sum(now.values()) - sum(read.values()))
+
+    with mock.patch.object(_run_steps, "check_read_whole", by_segment):
         yield

@@ -23,9 +23,12 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 
 async def check_implements_protocol(store: CheckpointStore) -> None:
-    """The store has every member of `CheckpointStore`; only an in-process store has a key of its own."""
+    """The store has every member of `CheckpointStore` and `MarkerStore`; only an in-process store has a key."""
     defaulted = ("local_key", "save_after_calls", "head")  # `StoreDefaults` has these
-    own = ("in_process", "stored_runs", "relist", "take_lease", "renew_lease", "release_lease", "leases")
+    own = (
+        *("in_process", "stored_runs", "relist", "take_lease", "renew_lease", "release_lease", "leases"),
+        *("put_marker", "peek_markers", "take_marker"),
+    )
     missing = [name for name in (*own[:1], *defaulted, *own[1:]) if not hasattr(store, name)]
     hint = " (StoreDefaults gives defaults)" if set(missing) & set(defaulted) else ""
     _expect(not missing, f"{type(store).__name__} lacks {', '.join(missing)}{hint}")

@@ -103,6 +103,26 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class Marker:
+    """A note agentflow leaves in the store beside a run, apart from its leases and rows (`MarkerStore`).
+
+    What agentflow keeps there: a cancel request waiting for a run's holder, a run reported
+    as quarantined, a recovery or recheck sent, the lock of a sweep. The store treats the
+    value as opaque text; agentflow signs it (`agentflow.exec._markers`), so a marker
+    someone wrote by hand is read as no marker at all.
+    """
+
+    key: str
+    """What the marker is about: ``<kind>/<subject>``."""
+    value: str
+    """What it says (opaque to the store)."""
+    token: str
+    """Random per put: only a put or take with this token replaces or removes it."""
+    expires_at: float
+    """When it lapses unless put again with its token (seconds since the epoch, on the store's clock)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Pruned:
     """What a prune deleted: whole runs, each with every row and entry it had."""
 

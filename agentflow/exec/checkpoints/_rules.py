@@ -141,6 +141,14 @@ def check_lease_args(owner: str, token: str, ttl_s: float) -> None:
         raise ValueError(f"a lease's ttl_s must be positive, not {ttl_s!r}")
 
 
+def check_marker_args(key: str, value: str, token: str, ttl_s: float) -> None:
+    """Refuse a marker put without a key, value or token, or with a lifetime that is not positive."""
+    if not key or not value or not token:
+        raise ValueError("a marker needs a non-empty key, value and token")
+    if not ttl_s > 0:
+        raise ValueError(f"a marker's ttl_s must be positive, not {ttl_s!r}")
+
+
 def check_prune_statuses(statuses: Collection[str], what: str = "a prune") -> tuple[str, ...]:
     """Return the statuses a prune (or a trim: `what`) may take, sorted; refuse any but those of a run that ended.
 

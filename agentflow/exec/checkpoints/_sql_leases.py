@@ -1,19 +1,21 @@
-"""The run leases of `SQLAlchemyCheckpointStore`: the ``<prefix>leases`` table, and a prune's batched take.
+"""The run leases of `SQLAlchemyCheckpointStore`: the ``<prefix>leases`` table, a prune's batched take, the clock.
 
 One row per run that is or was held: ``run_id`` (primary key), ``owner``, ``token``,
 ``expires_at`` (seconds since the epoch). A row whose ``expires_at`` is past the clock is a
 lapsed lease: free, whatever it still says, until the next take overwrites it.
 
-The clock: on PostgreSQL the server's (``extract(epoch from clock_timestamp())``, evaluated
-inside each statement), so workers on hosts with skewed clocks agree; on SQLite, every
-process shares the host, and ``time.time()`` is passed in as ``:now``.
+The clock (`clock`, `with_now`): on PostgreSQL the server's (``extract(epoch from
+clock_timestamp())``, evaluated inside each statement), so workers on hosts with skewed
+clocks agree; on SQLite, every process shares the host, and ``time.time()`` is passed in
+as ``:now``. The markers (`_sql_markers`) are judged on the same clock.
 
 A worker's take, renewal and release run on each dialect's fast path (`_sql_pg`: the
 ``<prefix>take_lease`` function and single statements; `_sql_sqlite`: one ``BEGIN
 IMMEDIATE`` job). What stays here is the take a prune makes of many runs inside its own
-transaction: the dialect's upsert, ``INSERT ... ON CONFLICT (run_id) DO UPDATE SET owner,
-token, expires_at ... WHERE <prefix>leases.expires_at <= now OR <prefix>leases.token =
-excluded.token``, which takes a free or lapsed lease and leaves a live one alone.
+transaction, with the dialect's upsert (`upsert`): ``INSERT ... ON CONFLICT (run_id) DO
+UPDATE SET owner, token, expires_at ... WHERE <prefix>leases.expires_at <= now OR
+<prefix>leases.token = excluded.token``, which takes a free or lapsed lease and leaves a
+live one alone. A marker's put is the same upsert on the markers table.
 """
 
 from __future__ import annotations
@@ -34,24 +36,50 @@ from agentflow.exec.checkpoints._rules import check_lease_args
 Transaction = Callable[..., AbstractAsyncContextManager[AsyncConnection]]
 
 
-def _take(t: sa.Table, sqlite: bool) -> sa.Insert:
-    """The upsert that takes a free or lapsed lease (parameters: run, owner, held, ttl, and now on SQLite)."""
-    clock: sa.ColumnElement[float] = (
-        sa.bindparam("now", type_=sa.Double)
-        if sqlite
-        else sa.cast(sa.extract("epoch", sa.func.clock_timestamp()), sa.Double)
-    )
-    # None is named after a column: an UPDATE takes a parameter named after a column it does not set.
+def clock(sqlite: bool) -> sa.ColumnElement[float]:
+    """The store's clock in seconds since the epoch: PostgreSQL's, read inside the statement; on SQLite, ``:now``.
+
+    A statement on SQLite that uses it takes ``now`` among its parameters (`with_now`).
+    """
+    if sqlite:
+        return sa.bindparam("now", type_=sa.Double)
+    return sa.cast(sa.extract("epoch", sa.func.clock_timestamp()), sa.Double)
+
+
+def with_now(values: dict[str, Any], *, sqlite: bool) -> dict[str, Any]:
+    """`values`, with the host's ``time.time()`` as ``now`` on SQLite (PostgreSQL reads its own: `clock`).
+
+    Called inside the transaction, once a write holds SQLite's write lock, so no other
+    writer commits between the clock read and the statements judged by it.
+    """
+    return values | {"now": time.time()} if sqlite else values
+
+
+def upsert(t: sa.Table, *, key: str, value: str, sqlite: bool) -> sa.Insert:
+    """The upsert that sets the row of a key where it is free, lapsed or already this token's.
+
+    `t` holds one row per key: the columns `key` (primary key), `value`, ``token`` and
+    ``expires_at``; the leases (``run_id``, ``owner``) and the markers (``key``, ``value``,
+    `_sql_markers`) are such tables. A live row of another token is left as it is.
+
+    Parameters: ``id`` (the key), ``what`` (the value), ``held`` (the token), ``ttl``
+    (seconds), and ``now`` on SQLite. None is named after a column: an INSERT or UPDATE takes
+    a parameter named after a column as a value for that column.
+    """
+    now = clock(sqlite)
     insert = (sqlite_insert if sqlite else pg_insert)(t).values(
-        run_id=sa.bindparam("run", type_=sa.Text),
-        owner=sa.bindparam("owner", type_=sa.Text),
-        token=sa.bindparam("held", type_=sa.Text),
-        expires_at=clock + sa.bindparam("ttl", type_=sa.Double),
+        {
+            key: sa.bindparam("id", type_=sa.Text),
+            value: sa.bindparam("what", type_=sa.Text),
+            "token": sa.bindparam("held", type_=sa.Text),
+            "expires_at": now + sa.bindparam("ttl", type_=sa.Double),
+        }
     )
+    taken = {name: insert.excluded[name] for name in (value, "token", "expires_at")}
     return insert.on_conflict_do_update(
-        index_elements=[t.c.run_id],
-        set_={"owner": insert.excluded.owner, "token": insert.excluded.token, "expires_at": insert.excluded.expires_at},
-        where=(t.c.expires_at <= clock) | (t.c.token == insert.excluded.token),
+        index_elements=[t.c[key]],
+        set_=taken,
+        where=(t.c.expires_at <= now) | (t.c.token == insert.excluded.token),
     )
 
 
@@ -59,18 +87,18 @@ class SQLLeases:
     """The leases table's part of a prune: `take_many` in the prune's transaction."""
 
     def __init__(self, table: sa.Table, *, sqlite: bool) -> None:
-        self._take = _take(table, sqlite)
+        self._take = upsert(table, key="run_id", value="owner", sqlite=sqlite)
         self._sqlite = sqlite
 
     def params(self, **values: Any) -> dict[str, Any]:
-        """`values`, with the host's clock as ``now`` on SQLite (PostgreSQL reads its own)."""
-        return values | {"now": time.time()} if self._sqlite else values
+        """`values`, with the host's clock as ``now`` on SQLite (`with_now`)."""
+        return with_now(values, sqlite=self._sqlite)
 
     async def take_many(
         self, conn: AsyncConnection, run_ids: Sequence[str], owner: str, token: str, ttl_s: float
     ) -> None:
         """Take the leases of `run_ids` for `token` in the caller's transaction (a prune's), where free or lapsed."""
         check_lease_args(owner, token, ttl_s)
-        rows = [self.params(run=run_id, owner=owner, held=token, ttl=ttl_s) for run_id in run_ids]
+        rows = [self.params(id=run_id, what=owner, held=token, ttl=ttl_s) for run_id in run_ids]
         if rows:
             await conn.execute(self._take, rows)

@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 from agentflow.exec.checkpoints._records import Pruned, Trimmed
 from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_prune_statuses
-from agentflow.exec.checkpoints._sql_leases import SQLLeases, Transaction
+from agentflow.exec.checkpoints._sql_leases import SQLLeases, Transaction, clock
 from agentflow.exec.checkpoints._sql_statements import Tables
 
 #: How long a prune holds the leases of a batch (seconds): the transaction's length at most.
@@ -53,11 +53,7 @@ class SQLPrune:
         self._sqlite = sqlite
         self._tx = tx
         self._leases = leases
-        clock: sa.ColumnElement[float] = (
-            sa.bindparam("now", type_=sa.Double)
-            if sqlite
-            else sa.cast(sa.extract("epoch", sa.func.clock_timestamp()), sa.Double)
-        )
+        now = clock(sqlite)
         before = sa.bindparam("before", type_=sa.Double)
         newer = sa.exists().where(cps.c.run_id == runs.c.run_id, cps.c.step > runs.c.step)
         newest = cps.alias("newest")
@@ -69,7 +65,7 @@ class SQLPrune:
             ~newer,
         )
         qualify = sa.select(runs.c.run_id).select_from(joined).where(*ended)
-        held = sa.exists().where(lease.c.run_id == runs.c.run_id, lease.c.expires_at > clock)
+        held = sa.exists().where(lease.c.run_id == runs.c.run_id, lease.c.expires_at > now)
         limit = sa.bindparam("limit", type_=sa.Integer)
         self._prunable = qualify.where(~held).order_by(runs.c.saved_at).limit(limit)
         ids: sa.BindParameter[list[str]] = sa.bindparam("runs", expanding=True)

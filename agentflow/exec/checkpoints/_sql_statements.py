@@ -33,6 +33,7 @@ class Tables:
     calls: sa.Table
     leases: sa.Table
     events: sa.Table
+    markers: sa.Table
     prefix: str
     """What every table name starts with (and the PostgreSQL functions' names, `_sql_pg`)."""
 
@@ -74,6 +75,10 @@ def tables(p: str) -> Tables:
             col("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
             col("run_id", sa.Text), *sealed(),
             sa.Index(f"{p}events_by_run", "run_id", "id"), sqlite_autoincrement=True,
+        ),
+        sa.Table(
+            f"{p}markers", md, col("key", sa.Text, primary_key=True), col("value", sa.Text),
+            col("token", sa.Text), col("expires_at", sa.Double),
         ),
         p,
     )  # fmt: skip

@@ -3,10 +3,10 @@
 This module owns everything about the database file itself, not the store's rules:
 
 - The schema (`MIGRATIONS`), one script per version, and bringing a file up to date (version
-  2 added the ``leases`` table, 3 the ``events`` table, so an older file gains them on first open). The
-  version is kept in ``agentflow_meta``; migrating takes the write lock, so with several
-  processes opening a new file at once exactly one of them does it, and a file written by
-  a newer agentflow is refused.
+  2 added the ``leases`` table, 3 the ``events`` table, 4 the ``markers`` table, so an older
+  file gains them on first open). The version is kept in ``agentflow_meta``; migrating
+  takes the write lock, so with several processes opening a new file at once exactly one
+  of them does it, and a file written by a newer agentflow is refused.
 - Opening a connection (`_connect`): WAL journal, the ``synchronous`` setting and the busy
   timeout, so writers queue for SQLite's lock instead of failing and readers carry on.
 - Write transactions (`_immediate`): ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any
@@ -66,6 +66,15 @@ MIGRATIONS: list[str] = [
         payload BLOB NOT NULL, kid TEXT NOT NULL, sig TEXT NOT NULL
     );
     CREATE INDEX events_by_run ON events (run_id, id);
+    """,
+    # 4: markers (`_sqlite_markers`), apart from the leases. No run takes an id under 'agentflow/'
+    # (`_rules.check_new_run_id`), so lease rows of such ids hold no run and go: markers are read
+    # from their own table only. substr, not LIKE: LIKE ignores case, and 'Agentflow/x' is a run's id.
+    """
+    CREATE TABLE markers (
+        key TEXT NOT NULL PRIMARY KEY, value TEXT NOT NULL, token TEXT NOT NULL, expires_at REAL NOT NULL
+    );
+    DELETE FROM leases WHERE substr(run_id, 1, 10) = 'agentflow/';
     """,
 ]
 

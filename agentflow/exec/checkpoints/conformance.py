@@ -23,7 +23,8 @@ This module is the public entry: the checks live in `_conformance_saves` (the pr
 members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
 written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
 concurrency) and `_conformance_leases` (run leases: one holder, renew and release by its
-token, lapsing, racing takers) and `_conformance_retention` (prunes: only old finished
+token, lapsing, racing takers), `_conformance_markers` (markers: one token per key,
+lapsing, apart from leases) and `_conformance_retention` (prunes: only old finished
 runs, each whole, none under a live lease, judged again as they go) and `_conformance_trim`
 (trims: old finished flow runs keep only their newest checkpoint, their call log and
 listing), their helpers and `SEALER` in `_conformance_base`; all are re-exported here.
@@ -89,6 +90,16 @@ from agentflow.exec.checkpoints._conformance_leases import (
 from agentflow.exec.checkpoints._conformance_leases import (
     check_lease_take_again_by_holder_renews as check_lease_take_again_by_holder_renews,
 )
+from agentflow.exec.checkpoints._conformance_markers import check_marker_arguments as check_marker_arguments
+from agentflow.exec.checkpoints._conformance_markers import check_marker_lapses as check_marker_lapses
+from agentflow.exec.checkpoints._conformance_markers import check_marker_race_of_puts as check_marker_race_of_puts
+from agentflow.exec.checkpoints._conformance_markers import (
+    check_marker_stands_for_its_token as check_marker_stands_for_its_token,
+)
+from agentflow.exec.checkpoints._conformance_markers import (
+    check_marker_taken_by_its_token_only as check_marker_taken_by_its_token_only,
+)
+from agentflow.exec.checkpoints._conformance_markers import check_markers_are_not_leases as check_markers_are_not_leases
 from agentflow.exec.checkpoints._conformance_retention import (
     check_prune_judges_each_run_again as check_prune_judges_each_run_again,
 )
@@ -202,6 +213,12 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_lease_race_of_takers,
     check_lease_needs_no_checkpoint_and_delete_forgets_it,
     check_lease_arguments,
+    check_marker_stands_for_its_token,
+    check_marker_lapses,
+    check_marker_taken_by_its_token_only,
+    check_marker_race_of_puts,
+    check_markers_are_not_leases,
+    check_marker_arguments,
     check_prune_takes_only_old_finished_runs,
     check_prune_refuses_runs_that_have_not_ended,
     check_prune_leaves_a_held_run,

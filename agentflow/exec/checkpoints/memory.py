@@ -34,6 +34,7 @@ from agentflow.exec.checkpoints._records import (
     EVENTS_KEPT,
     UNFINISHED,
     Lease,
+    Marker,
     Pruned,
     SealedCall,
     SealedCheckpoint,
@@ -45,6 +46,7 @@ from agentflow.exec.checkpoints._rules import (
     check_call,
     check_events,
     check_lease_args,
+    check_marker_args,
     check_no_stored_rows,
     check_prune_statuses,
     check_row,
@@ -68,6 +70,8 @@ class MemoryCheckpointStore:
         self._listed: dict[str, None] = {}
         #: Who holds which run (a lapsed entry is free; it is overwritten by the next take).
         self._leases: dict[str, Lease] = {}
+        #: agentflow's markers (`MarkerStore`), apart from the leases; a lapsed one is free.
+        self._markers: dict[str, Marker] = {}
         #: Each run's event stream, oldest first, and the last number given to an event.
         self._events: dict[str, deque[StoredEvent]] = {}
         self._event_no = 0
@@ -285,6 +289,31 @@ class MemoryCheckpointStore:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`."""
         return {run_id: lease for run_id in run_ids if (lease := self._live(run_id)) is not None}
+
+    def _live_marker(self, key: str) -> Marker | None:
+        marker = self._markers.get(key)
+        return marker if marker is not None and marker.expires_at > time.time() else None
+
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        """Set the marker unless another token's is live (see `MarkerStore.put_marker`)."""
+        check_marker_args(key, value, token, ttl_s)
+        held = self._live_marker(key)
+        if held is not None and held.token != token:
+            return held
+        self._markers[key] = Marker(key, value, token, time.time() + ttl_s)
+        return self._markers[key]
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        """The live markers among `keys`."""
+        return {key: marker for key in keys if (marker := self._live_marker(key)) is not None}
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        """Remove the marker if `token` set it; whether it was live."""
+        held = self._markers.get(key)
+        if held is None or held.token != token:
+            return False
+        del self._markers[key]
+        return held.expires_at > time.time()
 
     async def aclose(self) -> None:
         """Nothing to release."""

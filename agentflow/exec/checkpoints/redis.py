@@ -11,6 +11,7 @@ tag puts every key of a run in one Redis Cluster slot, so each script touches on
     P:runs:<flow>         zset   run id -> saved_at of its newest save
     P:unfinished:<flow>   zset   run id -> saved_at, for runs last saved running or paused
     P:run:{R}:lease       hash   owner, token, expires_at of the run's lease (`_redis_leases`)
+    P:marker:{K}          hash   owner (the marker's value), token, expires_at of marker K (`MarkerStore`)
 
 A row is one JSON header line and then the payload bytes exactly as given; the format and
 its codec live in `_redis_rows`.
@@ -42,6 +43,11 @@ read the run's head in the same script (`take_lease_reading_head`, beyond the po
 `agentflow.exec._run_lease` uses where a store has it), so a worker's superstep starts
 with one round trip, not two.
 
+Markers (`MarkerStore`) use the same script and rules on keys of their own (``P:marker:{K}``,
+the marker's key as the hash tag), apart from every run's keys: a put is a take, a renewal
+a take with the same token, a take of a marker a release; the hash's owner field holds the
+marker's value. A run's `delete` leaves its markers to lapse.
+
 Retention is `_redis_prune`'s: finished runs are found through ``P:runs`` (sorted by the
 time of their newest save) and each is deleted whole by ``_lua/prune_run.lua``, which
 removes its five keys (and, on one server, its index entries) in one step. A trim
@@ -69,6 +75,7 @@ from importlib import resources
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import (
     Lease,
+    Marker,
     Pruned,
     SealedCall,
     SealedCheckpoint,
@@ -85,7 +92,7 @@ from agentflow.exec.checkpoints._redis_prune import RedisPrune
 from agentflow.exec.checkpoints._redis_rows import _calls_of, _decode_checkpoint, _head_of, _text
 from agentflow.exec.checkpoints._redis_urls import client_factory
 from agentflow.exec.checkpoints._redis_writes import RedisWrites
-from agentflow.exec.checkpoints._rules import check_events, check_row
+from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
@@ -98,6 +105,11 @@ _RELIST_ATTEMPTS = 3
 _SCAN_COUNT = 1000
 #: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
 _GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def _marker(held: Lease) -> Marker:
+    """A marker kept as a lease hash on a key of its own: the owner field holds its value."""
+    return Marker(held.run_id, held.owner, held.token, held.expires_at)
 
 
 class RedisCheckpointStore:
@@ -174,6 +186,7 @@ class RedisCheckpointStore:
         self._ttl = str(ttl_s or 0)
         self._index = Index(prefix, self._run_keys)
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
+        self._markers = Leases(self._clients, lambda key: f"{prefix}:marker:{{{key}}}")
         self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
         self._events = RedisEvents(self._clients, self._run_keys, self._ttl)
         self._writes = RedisWrites(self._clients, self._index, self._run_keys, self._ttl, durability)
@@ -416,6 +429,19 @@ class RedisCheckpointStore:
         Clients that other event loops made are closed when those loops shut down.
         """
         await self._clients.aclose()
+
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        """Set the marker unless another token's is live: the lease script on the marker's own key."""
+        check_marker_args(key, value, token, ttl_s)
+        return _marker(await self._markers.take(key, value, token, ttl_s))
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        """The live markers among `keys` (their keys expire as they lapse)."""
+        return {key: _marker(found) for key, found in (await self._markers.read(keys)).items()}
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        """Remove the marker if `token` set it; whether it was live."""
+        return await self._markers.release(key, token)
 
     def _run_keys(self, run_id: str, parts: Sequence[str] = _RUN_PARTS) -> list[str]:
         if not isinstance(run_id, str) or not run_id or run_id.startswith("}"):

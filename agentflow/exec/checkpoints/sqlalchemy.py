@@ -1,10 +1,10 @@
 """`SQLAlchemyCheckpointStore`: checkpoints in PostgreSQL (asyncpg) or SQLite (aiosqlite).
 
 Tables (names start with ``table_prefix``): ``meta`` (``schema_version``), ``checkpoints``,
-``runs`` (each run's latest), ``calls``, ``leases`` (version 2) and ``events`` (version 3);
-version 4 installs, on PostgreSQL only, the functions of the fast path (`_sql_pg`). Every
-SQLAlchemy statement is built once per store (`_sql_statements`) and run with a dict of
-values, so a call builds and compiles nothing.
+``runs`` (each run's latest), ``calls``, ``leases`` (version 2), ``events`` (version 3) and
+``markers`` (version 5); version 4 installs, on PostgreSQL only, the functions of the fast
+path (`_sql_pg`). Every SQLAlchemy statement is built once per store (`_sql_statements`)
+and run with a dict of values, so a call builds and compiles nothing.
 
 The hot operations (saves, call records, leases, ``latest`` and ``head``) take a fast path
 of their database's driver, under a pooled connection: on PostgreSQL each is one statement
@@ -19,8 +19,9 @@ every store does; the compare-and-set and the fencing check read the locked ``ru
 run whose ``runs`` row was deleted or rolled back takes saves and records again.
 
 Retention (`prunable`, `prune`, `trimmable`, `trim`: one transaction per batch) is `_sql_prune`'s, event
-streams `_sql_events`'. URLs, each loop's engine, its transactions and the connections lent
-to the fast path are `_sql_engines`.
+streams `_sql_events`', markers (`put_marker`, `peek_markers`, `take_marker`: one transaction
+each, judged on the leases' clock) `_sql_markers`'. URLs, each loop's engine, its
+transactions and the connections lent to the fast path are `_sql_engines`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from agentflow._errors import CheckpointConflict, CheckpointNotFound, Checkpoint
 from agentflow.exec.checkpoints import _sql_rows as rows_of
 from agentflow.exec.checkpoints._records import (
     Lease,
+    Marker,
     Pruned,
     SealedCall,
     SealedCheckpoint,
@@ -47,11 +49,12 @@ from agentflow.exec.checkpoints._records import (
     Trimmed,
     listed,
 )
-from agentflow.exec.checkpoints._rules import check_events, check_row, int_cursor
+from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row, int_cursor
 from agentflow.exec.checkpoints._sql_durability import check_commit
 from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
 from agentflow.exec.checkpoints._sql_events import SQLEvents
 from agentflow.exec.checkpoints._sql_leases import SQLLeases
+from agentflow.exec.checkpoints._sql_markers import SQLMarkers
 from agentflow.exec.checkpoints._sql_pg import PgFastPath, functions
 from agentflow.exec.checkpoints._sql_prune import SQLPrune
 from agentflow.exec.checkpoints._sql_sqlite import LiteFastPath
@@ -83,12 +86,24 @@ def _v4_pg_functions(conn: sa.Connection, t: Tables) -> None:
             conn.exec_driver_sql(ddl)
 
 
+def _v5_create_markers(conn: sa.Connection, t: Tables) -> None:
+    """Version 5: the markers table (`_sql_markers`); lease rows of ids under ``agentflow/`` are deleted.
+
+    No run takes an id that starts with ``agentflow/`` (`_rules.check_new_run_id`), so such a
+    lease row holds no run, and markers are read from their own table only. The prefix is
+    compared with ``substr``: LIKE ignores case on SQLite, and ``Agentflow/x`` is a run's id.
+    """
+    t.metadata.create_all(conn, tables=[t.markers], checkfirst=True)
+    conn.execute(sa.delete(t.leases).where(sa.func.substr(t.leases.c.run_id, 1, 10) == "agentflow/"))
+
+
 #: Schema changes in order; ``schema_version`` counts how many a database has applied.
 MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [
     _v1_create_tables,
     _v2_create_leases,
     _v3_create_events,
     _v4_pg_functions,
+    _v5_create_markers,
 ]
 
 
@@ -131,6 +146,7 @@ class SQLAlchemyCheckpointStore:
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
+        self._markers = SQLMarkers(self._t.markers, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         #: The hot operations (`_sql_sqlite` and `_sql_pg` answer the same calls).
         self._fast = (LiteFastPath if self._sqlite else PgFastPath)(self._db, self._ready, table_prefix)
         self._schema_ready = False
@@ -367,3 +383,18 @@ class SQLAlchemyCheckpointStore:
     async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
         """The run's events after cursor `after`, oldest first (see `EventStore.read_events`)."""
         return await self._events.read(run_id, int_cursor(after), limit)
+
+    # -- markers (`_sql_markers`) -------------------------------------------------------
+
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        """Set the marker unless another token's is live: one upsert and its read-back (`MarkerStore.put_marker`)."""
+        check_marker_args(key, value, token, ttl_s)
+        return await self._markers.put(key, value, token, ttl_s)
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        """The live markers among `keys`, judged on the database's clock (the host's, on SQLite)."""
+        return await self._markers.peek(keys)
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        """Remove the marker if `token` set it, live or lapsed; whether it was live."""
+        return await self._markers.take(key, token)

@@ -26,6 +26,10 @@ and the worker thread) is `_sqlite_file`'s.
   writes: a take is one upsert and its read-back in one write transaction. Their commits
   do not wait for the disk (`_sqlite_file._unflushed`): a lease matters only to live
   processes, and the power loss that could drop such a commit ends every one of them.
+- Markers (``markers`` table, `MarkerStore`) are `_sqlite_markers`'s statements, the
+  leases' rules on a table of their own: a put is one upsert and its read-back, a take
+  one DELETE, each in one write transaction; a peek reads without one. Their commits
+  wait for the disk as every write but a lease's does.
 - The rows' columns, type checks and the statements of a save, a call record and a
   relist (run inside the write transaction) are `_sqlite_rows`'.
 - Retention (`prunable`, `prune`, `trimmable`, `trim`) is `_sqlite_prune`'s: a batch of
@@ -46,10 +50,11 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_prune, _sqlite_rows
+from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_markers, _sqlite_prune, _sqlite_rows
 from agentflow.exec.checkpoints._records import (
     UNFINISHED,
     Lease,
+    Marker,
     Pruned,
     SealedCall,
     SealedCheckpoint,
@@ -61,6 +66,7 @@ from agentflow.exec.checkpoints._records import (
 from agentflow.exec.checkpoints._rules import (
     check_events,
     check_lease_args,
+    check_marker_args,
     check_row,
     int_cursor,
 )
@@ -310,6 +316,22 @@ class SQLiteCheckpointStore:
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`."""
         return await self._do(partial(_sqlite_leases.read, list(run_ids), self.path))
+
+    # -- markers (`_sqlite_markers`) ---------------------------------------------------
+
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        """Set the marker unless another token's is live: one upsert and its read-back (`MarkerStore.put_marker`)."""
+        check_marker_args(key, value, token, ttl_s)
+        job = partial(_sqlite_markers.put, key, value, token, ttl_s, self.path)
+        return await self._do(partial(_immediate, job=job))
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        """The live markers among `keys`."""
+        return await self._do(partial(_sqlite_markers.peek, list(keys), self.path))
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        """Remove the marker if `token` set it, live or lapsed; whether it was live."""
+        return await self._do(partial(_immediate, job=partial(_sqlite_markers.take, key, token)))
 
     # -- retention (`_sqlite_prune`) ----------------------------------------------------
 
