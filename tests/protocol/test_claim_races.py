@@ -161,9 +161,7 @@ async def test_a_late_started_hidden_by_a_rewound_counter_still_stops_a_claim(st
     # not go where the rewound counter pointed: a record is never overwritten) and asks, never reruns
     assert tickets.counts()["charge_card"] == 1
     with pytest.raises(RecoveryNeedsDecision, match="charge_card"):
-        await FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY).recover(
-            LOOK_THEN_PAY, "order-9"
-        )
+        await FlowRunner(executor, checkpoints=store_setup.open(), checkpoint_key=KEY).recover(LOOK_THEN_PAY, "order-9")
     assert tickets.counts()["charge_card"] == 1
 
 
