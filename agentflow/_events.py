@@ -12,6 +12,8 @@ Names in use (data in parentheses):
   the time since this process last saved the run or took it up
 - ``run.parked`` (step, tools): a worker parked the run on calls in doubt (their tools)
 - ``lease.lost`` (owner): a holder's renewal found the run's lease lapsed or taken over
+- ``lease.taken_over`` (owner, earlier): a runner with an identity took over the lease an earlier
+  life of its own process held (`agentflow.exec._run_lease.Ownership.restartable`)
 - ``runs.swept`` (waiting, unfinished): a worker's recover_all counted the runs waiting for a
   person, per flow and reason, and the unfinished runs and the oldest one's age, per flow
   (``agentflow.celery._stranded``); no run id

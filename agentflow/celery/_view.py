@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec._executor import ApprovalRequest
-from agentflow.exec._run_view import SegmentView
+from agentflow.exec._run_view import CallView, SegmentView
 
 
 @dataclass
@@ -37,6 +37,9 @@ class RunView:
     needs_migration: bool = False
     """The client's app lacks the run's version (then `state` is the stored JSON, a dict): a worker
     with that version can carry it on, else `FlowClient.migrate` moves it to one that is deployed."""
+    in_doubt: list[CallView] = field(default_factory=list)
+    """The calls in doubt, each with its id, tool, arguments and the worker it started on: what a
+    decision (`FlowClient.decide_in_doubt`, per call id) is made of."""
 
     @property
     def settled(self) -> bool:

@@ -116,6 +116,7 @@ class FlowClient(LoopOperations):
             report.segments,
             version,
             flow is None,
+            in_doubt=list(report.in_doubt),
         )
 
     async def events(self, run_id: str, after: str | None = None, *, poll_s: float = 0.2) -> AsyncIterator[RunEvent]:

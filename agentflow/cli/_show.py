@@ -12,8 +12,10 @@ from collections.abc import Sequence
 
 from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
+from agentflow._hints import decide_hint
 from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
+from agentflow.exec._durable_read import started_where
 from agentflow.exec._markers import Note
 from agentflow.exec._run_trim import trimmed_text
 from agentflow.exec._run_view import RunReport
@@ -118,6 +120,9 @@ def _segments(report: RunReport) -> list[str]:
         if seg.operator:
             rerun = f": rerun {printable(', '.join(seg.rerun))}" if seg.rerun else ""
             lines.append(f"    decided by {printable(seg.operator)} at {when(seg.since)}{rerun}")
+            for call_id, word, what in seg.settled:
+                said = f"result {short(what, 60)}" if word == "happened" else printable(str(what))
+                lines.append(f"      {printable(call_id)} {word}: {said}")
     return lines
 
 
@@ -161,11 +166,9 @@ def _pending(report: RunReport) -> list[str]:
     return [*lines, f"  decide with: agentflow resume {run_id} --app module:attr --approve|--deny"]
 
 
-def _rerun_command(report: RunReport) -> str:
-    """How an operator reruns the run's calls in doubt, once checked at their systems."""
-    if report.kind is RunKind.LOOP:
-        return f"recover_tool_loop(..., run_id={printable(repr(report.run_id))}, rerun_in_doubt=True)"
-    return f"agentflow recover {printable(report.run_id)} --app ... --rerun-in-doubt"
+def _rerun_command(report: RunReport, workers: str | None) -> str:
+    """How an operator decides the run's calls in doubt, once checked at their systems (`decide_hint`)."""
+    return printable(decide_hint(report.run_id, report.kind, workers=workers))
 
 
 #: The mark of a run on a flow version the deployment's app lacks.
@@ -202,10 +205,12 @@ def _limit_waits(report: RunReport) -> list[str]:
     ]
 
 
-def _now(report: RunReport) -> list[str]:
+def _now(report: RunReport, workers: str | None = None) -> list[str]:
     """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt.
 
     A run on a live worker also says which of its calls wait there for a slot of a shared limit.
+    `workers`: the deployment's ``--workers`` when the operator acts through the workers (the
+    hints then never name a command that would run a tool here).
     """
     if report.lease is not None:
         owner, until = printable(report.lease.owner), when(report.lease.expires_at)
@@ -218,7 +223,7 @@ def _now(report: RunReport) -> list[str]:
         calls = printable("; ".join(f"{tool} ({why})" for tool, why in report.awaiting))
         return [
             f"waiting for a decision about calls in doubt: {calls}",
-            f"  check each at its system, then decide: {_rerun_command(report)}",
+            f"  check each at its system, then decide: {_rerun_command(report, workers)}",
         ]
     if report.wake is not None:
         at = when(report.wake["at"])
@@ -235,12 +240,19 @@ def _now(report: RunReport) -> list[str]:
         return [f"decided by {who} at {when(decided.since)}: rerun {calls}; the next worker to take the run spends it"]
     if report.in_doubt:
         tools = printable(", ".join(call.tool for call in report.in_doubt))
-        return [f"in doubt: {tools}; check at their system, then: {_rerun_command(report)}"]
+        lines = [f"in doubt: {tools}; check at their system, then: {_rerun_command(report, workers)}"]
+        for call in report.in_doubt:
+            where = started_where(call.started_on, call.started_at)
+            lines.append(printable(f"  {call.tool} (call {call.call_id}) was started{where} and has no result"))
+        return lines
     return []
 
 
-def run_text(report: RunReport, app: FlowApp | None = None) -> str:
-    """The whole report of a run whose rows all checked (given the deployment's `app`: whether it needs migration)."""
+def run_text(report: RunReport, app: FlowApp | None = None, workers: str | None = None) -> str:
+    """The whole report of a run whose rows all checked (given the deployment's `app`: whether it needs migration).
+
+    `workers`: the deployment's ``--workers``, when the operator acts through the workers (see `_now`).
+    """
     ident = report.identity
     marks = ", ".join(paint(m) for m in [*report.marks, *([NEEDS_MIGRATION] if needs_migration(report, app) else [])])
     run_id, flow = printable(report.run_id), printable(report.flow)
@@ -262,7 +274,7 @@ def run_text(report: RunReport, app: FlowApp | None = None) -> str:
         lines.append(f"identity: user {user}, thread {thread}, principal: {principal}")
     if report.error:
         lines.append(f"error: {printable(report.error)}")
-    lines += _now(report)
+    lines += _now(report, workers)
     lines += _history(report) + _segments(report) + _calls(report) + _recoveries(report) + _pending(report)
     lines += _heading(f"State (checkpoint {report.step})")
     lines += _indent(json.dumps(report.state, indent=2, sort_keys=True, default=str))

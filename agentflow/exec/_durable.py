@@ -25,6 +25,7 @@ Reading the log back (checking, folding, deciding what may rerun) is `_durable_r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,8 @@ class CallLog:
         """Log the call ``started`` (it holds its slots by now): from here on, a crash leaves it in doubt."""
         started: dict[str, Any] = {"tool": tool.name, "node": request.node, "args": request.args}
         started["idempotent"] = tool.idempotent
+        if self.journal is not None and self.journal.holder is not None:  # who to ask if it is cut off: its worker
+            started["on"], started["at"] = self.journal.holder, time.time()
         if self.span is not None:  # the superstep's span: a recovery links to it (`_run_checks.cut_off_spans`)
             started["span"] = self.span
         if self.journal is not None:  # a non-idempotent call's started must survive a failover before it runs

@@ -36,10 +36,13 @@ class Journal:
         next_seq: int = 0,
         *,
         max_bytes: int | None = None,
+        holder: str | None = None,
     ) -> None:
         self.store = store
         self.max_bytes = max_bytes
         """The largest record body stored; a result over it leaves its call unrecordable."""
+        self.holder = holder
+        """Who writes (the lease owner, ``<name>@<host>:<pid>``): each ``started`` names it, for the operator."""
         self.sealer = sealer
         self.run_id = run_id
         self.segment = segment

@@ -19,6 +19,7 @@ checked in `_run_checks`, the one set of checks every reader of a run makes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,12 @@ class CallState:
     """The segments that wrote its records."""
     closed_in: int = -1
     """The segment of the record that made its kind final (-1: not final)."""
+    supplied_by: str | None = None
+    """The operator whose decision supplied its final record (`Happened`, `DidNotHappen`), if one did."""
+    started_on: str | None = None
+    """Who logged its latest ``started`` (the lease holder, ``<name>@<host>:<pid>``), if it said."""
+    started_at: float | None = None
+    """When (seconds since the epoch), if it said."""
 
     @property
     def in_doubt(self) -> bool:
@@ -133,6 +140,10 @@ def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[
             state.superstep = step
         if rec.segment not in state.segments:
             state.segments.append(rec.segment)
+        if rec.kind == "started":
+            on, when = body.get("on"), body.get("at")
+            state.started_on = on if isinstance(on, str) else None
+            state.started_at = float(when) if isinstance(when, int | float) else None
         if rec.kind in ("started", "pending"):
             # A failed call started again in a later segment is a retry's new attempt.
             retried = state.kind == "failed" and rec.kind == "started" and rec.segment > state.closed_in
@@ -143,6 +154,9 @@ def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[
             continue
         state.kind = rec.kind
         state.closed_in = rec.segment
+        supplied = body.get("supplied")
+        if isinstance(supplied, dict):
+            state.supplied_by = str(supplied.get("operator") or "an operator")
         state.result = body.get("result")
         state.error = body.get("note") if rec.kind == "denied" else body.get("error") or body.get("why")
     return states
@@ -199,4 +213,12 @@ def _idempotent(registry: Registry, tool: str) -> bool:
 def _why(state: CallState) -> str:
     if state.kind == "unrecordable":
         return f"call {state.call_id} ran but its result could not be stored"
-    return f"call {state.call_id} was started and has no result"
+    return f"call {state.call_id} was started{started_where(state.started_on, state.started_at)} and has no result"
+
+
+def started_where(on: str | None, at: float | None) -> str:
+    """`` on <holder> at <time>`` of a call's latest ``started`` (what its record says), or nothing."""
+    where = f" on {on}" if on else ""
+    if at is not None:
+        where += " at " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    return where

@@ -20,7 +20,7 @@ from typing import Any
 
 from agentflow._run_types import RunKind, version_of
 from agentflow.exec import _run_view as v
-from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold
+from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, started_where
 from agentflow.exec._run_control import control_of
 from agentflow.exec._run_steps import CLAIM_CAUSES
 from agentflow.exec._run_timers import wake_of
@@ -61,9 +61,15 @@ def _segments(
             count = sum(1 for rec in records if rec.segment == row.segment)
             said = control_of(bodies[i])
             seg = v.SegmentView(row.segment, how, row.step, row.step, row.saved_at, row.saved_at, count)
+            settled = tuple(_settled(rec) for rec in records if rec.segment == row.segment and _supplied(rec))
             out.append(
                 dataclasses.replace(
-                    seg, owner=said.by, operator=said.operator, rerun=said.rerun, awaiting=said.awaiting
+                    seg,
+                    owner=said.by,
+                    operator=said.operator,
+                    rerun=said.rerun,
+                    awaiting=said.awaiting,
+                    settled=settled,
                 )
             )
         else:
@@ -71,10 +77,36 @@ def _segments(
     return out
 
 
+def _supplied(rec: LoggedRecord) -> bool:
+    """Whether a record is an operator's word on a call in doubt (stored with a decision's claim)."""
+    return isinstance(rec.body.get("supplied"), dict)
+
+
+def _settled(rec: LoggedRecord) -> tuple[str, str, Any]:
+    """``(call_id, word, what)`` of a record an operator's decision supplied."""
+    call_id = str(rec.body.get("call_id"))
+    if rec.kind == "done":
+        return call_id, "happened", rec.body.get("result")
+    return call_id, "did not happen", rec.body.get("error")
+
+
 def _fold_calls(records: Sequence[LoggedRecord]) -> list[v.CallView]:
     """One view per call identity, in the order the calls first appear in the log (`fold`)."""
     return [
-        v.CallView(c.call_id, c.tool, c.node, c.superstep, c.kind, c.args, c.segments, c.result, c.error)
+        v.CallView(
+            c.call_id,
+            c.tool,
+            c.node,
+            c.superstep,
+            c.kind,
+            c.args,
+            c.segments,
+            c.result,
+            c.error,
+            supplied_by=c.supplied_by,
+            started_on=c.started_on,
+            started_at=c.started_at,
+        )
         for c in fold(records).values()
     ]
 
@@ -87,10 +119,13 @@ def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
         if call.kind == "done":
             call.state = v.REPLAYED if call.call_id in replayed else v.DONE
             call.note = "rerun after recovery (it was in doubt)" if call.call_id in rerun else ""
+            if call.supplied_by is not None:
+                call.note = f"in doubt; happened, said {call.supplied_by}, who supplied its result"
         elif call.kind in IN_DOUBT:
             call.state = v.IN_DOUBT
-            why = "ran, but its result could not be stored" if call.kind == "unrecordable" else "started, no result"
-            call.note = why
+            where = started_where(call.started_on, call.started_at)
+            why = "ran, but its result could not be stored" if call.kind == "unrecordable" else "no result"
+            call.note = f"started{where}, {why}" if call.kind != "unrecordable" else why
         else:
             call.state = {"pending": v.PENDING, "failed": v.FAILED, "denied": v.DENIED}.get(call.kind, call.kind)
 

@@ -111,7 +111,8 @@ class RunSteps(Generic[C, R]):
         """A pen on a segment of the run's log, new or continued at `next_seq` (None without a store)."""
         if self.store is None or self.sealer is None:
             return None
-        return Journal(self.store, self.sealer, run_id, segment, next_seq, max_bytes=self.max_bytes)
+        holder = self.ownership.owner if self.ownership is not None else None
+        return Journal(self.store, self.sealer, run_id, segment, next_seq, max_bytes=self.max_bytes, holder=holder)
 
     def body(
         self,

@@ -112,6 +112,9 @@ class SegmentView:
     """The calls in doubt its claim's operator decided to run again."""
     awaiting: tuple[tuple[str, str], ...] = ()
     """The calls in doubt its claim parked the run on: ``(tool, why)``."""
+    settled: tuple[tuple[str, str, Any], ...] = ()
+    """The calls in doubt its claim's operator settled without a rerun: ``(call_id, word, what)``, the
+    word ``happened`` with the result supplied, or ``did not happen`` with why."""
 
 
 @dataclass(slots=True)
@@ -140,6 +143,12 @@ class CallView:
     """As shown: ``done``, ``replayed``, ``in doubt``, ``pending``, ``failed`` or ``denied``."""
     note: str = ""
     """More about the state (``rerun after recovery``, ...)."""
+    supplied_by: str | None = None
+    """The operator whose decision gave its outcome (`Happened`, `DidNotHappen`), if one did."""
+    started_on: str | None = None
+    """Who logged its latest ``started`` (the worker it ran on), if the record says."""
+    started_at: float | None = None
+    """When, if the record says."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,11 @@ class TimedStore(ForwardingStore):
         self._op[op].observe(duration_ns / 1e9)
 
 
-#: The operations timed: every async method of the `CheckpointStore` port but `aclose`.
+#: The operations timed: every async method of the `CheckpointStore` port but `aclose`, and the markers'.
 OPS = (
     "save", "save_after_calls", "latest", "head", "history", "list_unfinished", "list_runs", "delete",
     "record_call", "calls", "stored_runs", "relist", "take_lease", "renew_lease", "release_lease", "leases",
+    "put_marker", "peek_markers", "take_marker",
 )  # fmt: skip
 
 

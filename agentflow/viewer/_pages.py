@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentflow._errors import CheckpointError
+from agentflow._hints import decide_hint
 from agentflow.exec._durable_seal import key_id
 from agentflow.exec._run_read import read_heads
 from agentflow.exec._run_view import STATUSES, RunHead, RunReport
@@ -129,11 +130,13 @@ def run_page(viewer: Viewer) -> Endpoint:
         if isinstance(report, Response):
             return report
         done = request.query_params.get("done")
+        distributed = viewer.operator is not None and viewer.operator.distributed
         context = {
             "run": report,
             "ops": offers(viewer, request, report),
             "done": done if done in DONE else None,
-            "distributed": viewer.operator is not None and viewer.operator.distributed,
+            "distributed": distributed,
+            "decide_hint": decide_hint(report.run_id, report.kind, workers="..." if distributed else None),
             "event_names": EVENT_NAMES,
             "migration": _migration(viewer, report),
         }

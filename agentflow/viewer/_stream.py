@@ -70,6 +70,7 @@ EVENT_NAMES: Final = (
     "limit.closed",
     "checkpoint.saved",
     "lease.lost",
+    "lease.taken_over",
     "control.refused",
 )
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
 import redis
 from _kit.tickets import OTHER_KEY
 from celery_kit import ROOT, Deployment
+
+from agentflow import Happened
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -96,3 +99,33 @@ async def test_an_operators_decision_through_the_client_reruns_the_charge_once_a
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "decided by alice" in shown.stdout, shown.stdout
+
+
+async def test_the_client_names_each_call_in_doubt_and_its_worker_and_shows_a_happened_decision(deployment):
+    # Given a run parked on charge_card in doubt: worker w1 was SIGKILLed right after the charge
+    run_id = await deployment.parked_run()
+    # When the operator reads it through the client
+    view = await deployment.client.status(run_id)
+    # Then the view names the call in doubt (its id, tool and arguments) and the worker it started on
+    (call,) = view.in_doubt
+    assert (call.tool, call.args) == ("charge_card", {"show": "parked", "seats": 2})
+    assert call.started_on is not None and call.started_on.startswith("w1@"), call
+    assert call.started_at is not None and call.started_at <= time.time()
+    assert call.started_on in (view.waiting_for_decision or "")
+    # When alice, who found the charge at the payment system, says it happened and with what result
+    step = await deployment.client.decide_in_doubt(run_id, calls={call.call_id: Happened("charged 80 for parked")},
+                                                   operator="alice")  # fmt: skip
+    done = await deployment.client.wait(run_id, timeout_s=30)
+    # Then the run finishes without charging again, and the client and `runs show` say what alice supplied
+    assert done.status == "done" and deployment.effects()[("charge_card", run_id)] == 1
+    (decided,) = [s for s in done.segments if s.how == "decision"]
+    assert (decided.first_step, decided.operator) == (step, "alice")
+    assert decided.settled == ((call.call_id, "happened", "charged 80 for parked"),)
+    shown = subprocess.run(
+        [sys.executable, "-m", "agentflow.cli", "runs", "show", run_id,
+         "--store", f"{deployment.redis_url}?prefix={deployment.prefix}"],
+        cwd=ROOT, env=deployment.env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"{call.call_id} happened: result charged 80 for parked" in shown.stdout, shown.stdout
+    assert "happened, said alice" in shown.stdout, shown.stdout

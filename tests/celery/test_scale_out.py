@@ -13,11 +13,12 @@ import asyncio
 import time
 from collections import Counter
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from _kit.poll import until
 from celery_kit import Deployment
-from rabbit_kit import broker_stopped, ctl, rabbitmq_vhost, scale_out_deployment
+from rabbit_kit import ctl, own_rabbitmq, rabbitmq_vhost, scale_out_deployment, scale_out_on
 
 #: Runs under way when the broker goes down.
 RESTART_RUNS = 8
@@ -101,40 +102,41 @@ async def test_a_dead_workers_message_is_redelivered_at_once(scale_out_deploymen
     assert (effects[("charge_card", run_id)], effects[("email_tickets", run_id)]) == (1, 1)
 
 
-async def test_a_broker_restart_loses_no_run(scale_out_deployment: Deployment, rabbitmq_vhost: str) -> None:
-    rabbit = scale_out_deployment
-    # Given a worker, beat, and runs under way whose tools take a while
-    rabbit.set_delay(0.4, 0.8)
-    rabbit.start_worker("w1")
-    rabbit.start_beat()
-    runs = [await rabbit.client.start("tickets", {"show": f"restart-{i}"}) for i in range(RESTART_RUNS)]
-    await until(lambda: sum(rabbit.effects()[("hold_seats", r)] for r in runs) >= 2, "effects", timeout_s=20)
-    # When RabbitMQ is stopped while they run, and started again
-    began = time.monotonic()
-    async with broker_stopped(rabbitmq_vhost):
-        stopped = {r for r in runs if not (await rabbit.client.status(r)).status == "done"}
-    down_s = time.monotonic() - began
-    assert stopped, "every run ended before the broker was down: the test saw no restart"
-    # Then every run ends done (an operator reruns calls left in doubt): none is lost
-    decided: Counter[str] = Counter()
-    pending = set(runs)
+async def test_a_broker_restart_loses_no_run(tmp_path: Path, postgres_url: str) -> None:
+    # Given RabbitMQ of the test's own (the machine's is shared: never stopped), the store on PostgreSQL,
+    async with own_rabbitmq(tmp_path) as broker, scale_out_on(tmp_path, broker.url, postgres_url) as rabbit:
+        # a worker, beat, and runs under way whose tools take a while
+        rabbit.set_delay(0.4, 0.8)
+        rabbit.start_worker("w1")
+        rabbit.start_beat()
+        runs = [await rabbit.client.start("tickets", {"show": f"restart-{i}"}) for i in range(RESTART_RUNS)]
+        await until(lambda: sum(rabbit.effects()[("hold_seats", r)] for r in runs) >= 2, "effects", timeout_s=20)
+        # When RabbitMQ is stopped while they run, and started again
+        began = time.monotonic()
+        async with broker.stopped():
+            stopped = {r for r in runs if not (await rabbit.client.status(r)).status == "done"}
+        down_s = time.monotonic() - began
+        assert stopped, "every run ended before the broker was down: the test saw no restart"
+        # Then every run ends done (an operator reruns calls left in doubt): none is lost
+        decided: Counter[str] = Counter()
+        pending = set(runs)
 
-    async def all_done() -> bool:
-        for run_id in sorted(pending):
-            view = await rabbit.client.status(run_id)
-            if view.status == "done":
-                pending.discard(run_id)
-            elif view.waiting_for_decision:
-                decided.update(part.split(":", 1)[0] for part in view.waiting_for_decision.split("; "))
-                await rabbit.client.decide_in_doubt(run_id, operator="test")
-        return not pending
+        async def all_done() -> bool:
+            for run_id in sorted(pending):
+                view = await rabbit.client.status(run_id)
+                if view.status == "done":
+                    pending.discard(run_id)
+                elif view.waiting_for_decision:
+                    decided.update(part.split(":", 1)[0] for part in view.waiting_for_decision.split("; "))
+                    await rabbit.client.decide_in_doubt(run_id, operator="test")
+            return not pending
 
-    await until(all_done, "every run done after the restart", timeout_s=90, every=0.2)
-    # and no non-idempotent tool had an effect twice, but for a call in doubt the operator reran
-    effects = rabbit.effects()
-    for tool in ("charge_card", "email_tickets"):
-        assert sum(effects[(tool, r)] for r in runs) <= len(runs) + decided[tool], (tool, effects, decided)
-    print(
-        f"\nbroker restart: {len(runs)} runs, {len(stopped)} not done while RabbitMQ was down ({down_s:.1f} s); "
-        f"all done {time.monotonic() - began:.1f} s after the stop; calls in doubt rerun: {dict(decided)}"
-    )
+        await until(all_done, "every run done after the restart", timeout_s=90, every=0.2)
+        # and no non-idempotent tool had an effect twice, but for a call in doubt the operator reran
+        effects = rabbit.effects()
+        for tool in ("charge_card", "email_tickets"):
+            assert sum(effects[(tool, r)] for r in runs) <= len(runs) + decided[tool], (tool, effects, decided)
+        print(
+            f"\nbroker restart: {len(runs)} runs, {len(stopped)} not done while RabbitMQ was down ({down_s:.1f} s); "
+            f"all done {time.monotonic() - began:.1f} s after the stop; calls in doubt rerun: {dict(decided)}"
+        )

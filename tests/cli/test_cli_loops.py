@@ -75,5 +75,5 @@ def test_a_loop_in_doubt_is_told_to_recover_through_recover_tool_loop():
     # When it is shown, Then the way on is the tool loop's, not a flow's recover command
     text = run_text(report)
     assert "in doubt: refund" in text
-    assert "recover_tool_loop(..., run_id='chat-9', rerun_in_doubt=True)" in text
+    assert 'recover_tool_loop(..., run_id="chat-9", rerun_in_doubt=True)' in text
     assert "agentflow recover" not in text

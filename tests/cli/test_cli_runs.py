@@ -54,7 +54,7 @@ def test_show_a_recovered_run_tells_who_held_it_and_what_was_rerun(agentflow):
 def test_show_marks_a_call_in_doubt(agentflow):
     out = agentflow("runs", "show", "ship-1").stdout
     assert "marks: in doubt" in out
-    assert "in doubt  0" in out and "started, no result" in out
+    assert "in doubt  0" in out and "started on " in out and "UTC, no result" in out
     assert "agentflow recover ship-1 --app ... --rerun-in-doubt" in out
 
 

@@ -19,6 +19,7 @@ from unittest import mock
 
 from agentflow.celery import _sweep
 from agentflow.exec import _durable_read, _run_steps
+from agentflow.exec._run_checks import check_read_whole
 from agentflow.exec.checkpoints import _redis_rows
 from agentflow.exec.checkpoints import redis as redis_store
 
@@ -72,10 +73,9 @@ def parked_for_good() -> Iterator[None]:
 @contextmanager
 def read_counted_by_segment() -> Iterator[None]:
     """Race 3's fix reverted: a claim checks the earlier segments' counts only, not the log's total."""
-    original = _run_steps.check_read_whole
 
     def by_segment(run_id: str, claim_step: int, read: Any, now: Any, opened: int = 0) -> None:
-        original(run_id, claim_step, read, now, sum(now.values()) - sum(read.values()))
+        check_read_whole(run_id, claim_step, read, now, sum(now.values()) - sum(read.values()))
 
     with mock.patch.object(_run_steps, "check_read_whole", by_segment):
         yield
