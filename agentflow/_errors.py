@@ -111,8 +111,9 @@ class RecoveryNeedsDecision(AgentflowError):
     """Raised when a call is in doubt and its tool is not idempotent.
 
     ``calls`` lists ``(tool, why)`` pairs and ``call_ids`` their call ids: check each at its
-    system, then say what happened with ``decide_in_doubt`` (or recover with
-    ``rerun_in_doubt=True``).
+    system, then say what happened with ``decide_in_doubt``. The message names nothing that
+    runs a tool where it is read: a worker's result and a client's error are read by people
+    who must not rerun a payment from their own shell.
     """
 
     def __init__(self, run_id: str, calls: Sequence[Sequence[str]], call_ids: Sequence[str] = ()) -> None:
@@ -127,7 +128,8 @@ class RecoveryNeedsDecision(AgentflowError):
         listed = "; ".join(f"{tool}: {why}" for tool, why in self.calls)
         return (
             f"run {self.run_id!r} has calls in doubt ({listed}); check them at their system, "
-            "then say what happened with decide_in_doubt, or recover with rerun_in_doubt=True"
+            "then say what happened to each with decide_in_doubt (Rerun, Happened(result) or DidNotHappen(reason); "
+            "agentflow decide RUN_ID --call CALL_ID=...)"
         )
 
 

@@ -34,11 +34,13 @@ How a superstep task ends tells what became of its run (Flower shows the state; 
 `RunFailed` with the run's error) when it ended failed; ``PAUSED`` when it waits for an
 approval; ``NEEDS_DECISION`` when calls in doubt wait for an operator; ``CANCELLED`` when
 the superstep ended the run on an operator's cancel request; ``RECOVERED`` when the
-superstep recovered the run (it was not a clean handoff) and the run goes on or finished.
-The custom states are stored with the task's result as their meta and end the task with
-`celery.exceptions.Ignore`, which acknowledges the message: none of them is retried or
-redelivered, and neither is a ``FAILURE`` (the tasks acknowledge on failure and retry nothing
-on an exception).
+superstep recovered the run (it was not a clean handoff) and the run goes on or finished;
+``SKIPPED`` or ``REFUSED`` when it did nothing. A later task moves a ``PAUSED`` or
+``NEEDS_DECISION`` task to ``ANSWERED`` once the person answered, and a task whose worker
+died to ``LOST`` once the run was recovered (`_task_states`). The custom states are stored
+with the task's result as their meta and end the task with `celery.exceptions.Ignore`, which
+acknowledges the message: none of them is retried or redelivered, and neither is a
+``FAILURE`` (the tasks acknowledge on failure and retry nothing on an exception).
 
 Reliability settings are set on the tasks themselves (late acks, requeue when a pool
 process dies, time limits, JSON: `_config.task_options`), because the user's app defaults
@@ -67,6 +69,7 @@ from agentflow.celery._config import celery_config, task_options
 from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._task_states import ANSWERED, ANSWERING, LOST, REFUSED, SKIPPED, settle
 from agentflow.celery._worker import Outcome, Worker
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 
@@ -140,7 +143,9 @@ class AgentflowTasks:
         if not handoff:
             # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
             task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
-        outcome = self.bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, cause=cause))
+        message = task.request.id
+        outcome = self.bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, cause=cause, message=message))
+        self.settle_earlier(task, outcome, cause)
         if handoff and outcome.cut_off(cause):  # a clean-looking handoff found a cut-off superstep
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
         if outcome.done == "refused":
@@ -155,6 +160,15 @@ class AgentflowTasks:
                 parent_flow, parent_step, version = waiting
                 self.send_superstep(parent_flow, outcome.parent, parent_step, "wake", version=version)
         return outcome
+
+    def settle_earlier(self, task: Task, outcome: Outcome, cause: str) -> None:
+        """Move earlier tasks this superstep settled in Flower: answered questions, lost workers (`_task_states`)."""
+        if outcome.done == "ran" and cause in ANSWERING:
+            asking = self.bridge.run(self.worker.answered(outcome.run_id))
+            settle(task.app, asking, ANSWERED, {"run_id": outcome.run_id, "answered_by": task.request.id})
+        if outcome.cut_off(cause) or outcome.done == "decision":
+            lost = self.bridge.run(self.worker.lost_tasks(outcome, task.request.id))
+            settle(task.app, lost, LOST, {"run_id": outcome.run_id, "recovered_by": task.request.id})
 
     def send_on(self, task: Task, flow: str, run_id: str, step: int, cause: str, outcome: Outcome) -> None:
         """Send a message about a run of a flow version this worker lacks on to that version's queue, once."""
@@ -184,13 +198,17 @@ class AgentflowTasks:
         operator's cancel request; ``NEEDS_DECISION`` when calls in doubt wait for
         an operator; ``PAUSED`` when the run waits for an approval; ``RECOVERED`` when a
         superstep that was not a clean handoff (`recovering`) ran and the run goes on or
-        finished; ``SUCCESS`` otherwise (a handoff that ran, or a superstep that was skipped,
-        refused or in conflict: its result says so).
+        finished; ``REFUSED`` when it refused its message (no signed decision backs it);
+        ``SKIPPED`` when it did nothing else (a duplicate or late message, a run held or in
+        conflict, a message sent on to its flow version's queue); ``SUCCESS`` for a handoff
+        that ran.
         """
         if outcome.done == "decision":
             return NEEDS_DECISION
+        if outcome.done == "refused":
+            return REFUSED
         if outcome.done != "ran":
-            return "SUCCESS"
+            return SKIPPED
         if outcome.status == "failed":
             return "FAILURE"
         if outcome.status == "cancelled":
@@ -219,6 +237,11 @@ class AgentflowTasks:
             return result
         if state == "FAILURE":
             raise RunFailed(outcome.run_id, outcome.why or "the run ended failed (no error was recorded)")
+        if state in (PAUSED, NEEDS_DECISION):  # a later task moves this one to ANSWERED (`_task_states`)
+            try:
+                self.bridge.run(self.worker.asked(outcome.run_id, task.request.id, state))
+            except Exception as exc:  # a stale line in Flower at worst, never the run's progress
+                log.warning("run %s: could not note the task that asks: %s", outcome.run_id, exc)
         task.update_state(state=state, meta=result)
         # Celery's event state (and so Flower) shows a custom task-<x> event as the state <X>.
         event: dict[str, Any] = {"result": repr(result), "run_id": outcome.run_id}

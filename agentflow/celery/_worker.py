@@ -58,6 +58,8 @@ from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
+from agentflow.celery._task_states import answered, asked, lost_tasks
+from agentflow.exec._context import delivering
 from agentflow.exec._durable_loop import (
     decide_in_doubt_tool_loop,
 )
@@ -93,6 +95,8 @@ class Outcome:
     """The version of the run's flow (None: a tool loop, or not read): its messages go to that version's queue."""
     parent: str | None = None
     """The parent run that started this one as a child (its end wakes the parent)."""
+    in_doubt: list[str] = field(default_factory=list)
+    """The calls in doubt a ``decision`` outcome parked the run on (their ids)."""
 
     @property
     def next_step(self) -> int | None:
@@ -242,12 +246,19 @@ class Worker(LoopWork):
         self.runner.events.emit("control.refused", run_id, flow=flow_name, step=step, cause=cause, why=why)
         return Outcome(run_id, flow_name, "refused", why=why)
 
-    async def superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str = "next") -> Outcome:
+    async def superstep(
+        self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str = "next", message: str | None = None
+    ) -> Outcome:
         """Run one superstep of the run (one stage of a loop) under its lease.
 
         Calls in doubt rerun only when their tools are idempotent, or when an operator's
         signed decision covers them (`decide_in_doubt`). A message alone grants nothing.
+        `message`: the id of the task served (each ``started`` record names it: `_task_states`).
         """
+        with delivering(message):
+            return await self._superstep(flow_name, run_id, step, handoff=handoff, cause=cause)
+
+    async def _superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str) -> Outcome:
         spend = SPENDS.get(cause)
         if RunKind.of(flow_name) is RunKind.LOOP:
             name = RunKind.name_of(flow_name)
@@ -271,6 +282,19 @@ class Worker(LoopWork):
             outcome.held_until = None  # another worker's recheck is due for this lease already
         return outcome
 
+    async def asked(self, run_id: str, task_id: str, state: str) -> None:
+        """Note that task `task_id` asked a person about the run (`_task_states.asked`)."""
+        await asked(self.markers, run_id, task_id, state)
+
+    async def answered(self, run_id: str) -> list[str]:
+        """The tasks that asked a person about the run, now answered (`_task_states.answered`)."""
+        return await answered(self.markers, run_id)
+
+    async def lost_tasks(self, outcome: Outcome, own: str) -> set[str]:
+        """The tasks, other than `own`, that began the calls `outcome` replayed, reran or parked the run on."""
+        calls = {*outcome.replayed, *outcome.rerun, *outcome.in_doubt}
+        return await lost_tasks(self.store, self.sealer, outcome.run_id, calls, own)
+
     async def watch(self, run_id: str, lease_ends: float) -> bool:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
         return await first_to_watch(self.markers, run_id, self.owner, lease_ends)
@@ -292,7 +316,7 @@ class Worker(LoopWork):
         except VersionNotDeployed as exc:  # nothing was touched: a worker with that version carries it on
             return Outcome(run_id, flow_name, "elsewhere", why=str(exc), version=exc.version)
         except RecoveryNeedsDecision as exc:
-            return Outcome(run_id, flow_name, "decision", why=str(exc))
+            return Outcome(run_id, flow_name, "decision", why=str(exc), in_doubt=list(exc.call_ids))
         except Stale as exc:
             return Outcome(run_id, flow_name, "skipped", why=str(exc))
         except ControlRefused as exc:

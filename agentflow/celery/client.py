@@ -19,11 +19,13 @@ from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowEr
 from agentflow._identity import RunContext
 from agentflow._run_types import DEFAULT_VERSION, RunKind
 from agentflow.celery._loop_client import LoopOperations
+from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.celery._view import RunView
 from agentflow.exec._durable_loop import cancel_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec._markers import Markers
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
 from agentflow.exec._run_events import RunEvent, follow_events
 from agentflow.exec._run_lease import held_by
@@ -207,10 +209,15 @@ class FlowClient(LoopOperations):
                 name=RunKind.name_of(row.flow),
                 owner=self.runner.ownership.owner,
             )
-            return str(loop.status)
-        flows = self.flow_app.flow_versions(row.flow)
-        result = await self.runner.cancel(flows, run_id, reason=reason, operator=operator)
-        return str(result.status)
+            status = str(loop.status)
+        else:
+            flows = self.flow_app.flow_versions(row.flow)
+            status = str((await self.runner.cancel(flows, run_id, reason=reason, operator=operator)).status)
+        if status == "cancelled":  # the task that asked a person about the run (if one did) is answered
+            asking = await answered(Markers(self.runner.checkpoints, self.sealer), run_id)
+            result = {"run_id": run_id, "answered_by": "cancel"}
+            await asyncio.to_thread(settle, self.tasks.superstep.app, asking, ANSWERED, result)
+        return status
 
     async def retry(self, run_id: str, *, operator: str | None = None) -> int:
         """Retry a failed flow run from the superstep that failed; a worker runs it. Returns the retry's step.

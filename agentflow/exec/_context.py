@@ -1,8 +1,10 @@
-"""The current tool call, as seen from inside the tool, and `idempotency_key()`."""
+"""The current tool call, as seen from inside the tool, and `idempotency_key()`; the message being served."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -51,3 +53,21 @@ def idempotency_key() -> str:
         RuntimeError: not called from inside a tool that agentflow is running.
     """
     return current_call().idempotency_key
+
+
+_delivery: ContextVar[str | None] = ContextVar("agentflow_delivery", default=None)
+
+
+@contextlib.contextmanager
+def delivering(message_id: str | None) -> Iterator[None]:
+    """Say which message (a Celery task id) the code in the block serves: each ``started`` record names it."""
+    token = _delivery.set(message_id)
+    try:
+        yield
+    finally:
+        _delivery.reset(token)
+
+
+def current_delivery() -> str | None:
+    """The message the current code serves (`delivering`), or None outside one."""
+    return _delivery.get()

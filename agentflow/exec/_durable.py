@@ -32,7 +32,7 @@ from typing import Any
 
 from agentflow._errors import ApprovalDenied, ToolError
 from agentflow._identity import RunContext
-from agentflow.exec._context import CallInfo
+from agentflow.exec._context import CallInfo, current_delivery
 from agentflow.exec._durable_journal import Journal as Journal
 from agentflow.exec._durable_read import FINAL, CallState
 from agentflow.exec._durable_seal import canonical, digest
@@ -248,6 +248,8 @@ class CallLog:
         started["idempotent"] = tool.idempotent
         if self.journal is not None and self.journal.holder is not None:  # who to ask if it is cut off: its worker
             started["on"], started["at"] = self.journal.holder, time.time()
+            if (message := current_delivery()) is not None:  # and the message it served (Flower's task)
+                started["task"] = message
         if self.span is not None:  # the superstep's span: a recovery links to it (`_run_checks.cut_off_spans`)
             started["span"] = self.span
         if self.journal is not None:  # a non-idempotent call's started must survive a failover before it runs

@@ -348,3 +348,22 @@ def _forget_pools(app: Any) -> None:
                 del group[conn]
     finally:
         conn.release()
+
+
+#: The states a superstep task ends in (Celery's own and agentflow's: `agentflow.celery._task_states`).
+ENDED = frozenset({"SUCCESS", "FAILURE", "SKIPPED", "REFUSED", "PAUSED", "NEEDS_DECISION", "RECOVERED", "CANCELLED"})
+
+
+def ended(sent: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The result of a superstep task once it ended, in whatever state (polled: `.get()` waits only for SUCCESS
+    and FAILURE, and agentflow ends a task that did nothing SKIPPED or REFUSED)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sent.state not in ENDED:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"task {sent.id} did not end within {timeout_s} s: {sent.state}")
+            time.sleep(0.05)
+        info: dict[str, Any] = sent.info
+        return info
+    finally:
+        sent.backend.remove_pending_result(sent)  # no subscription left to its channel (as `.get()` leaves none)

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import redis
 from _kit.tickets import OTHER_KEY
-from celery_kit import ROOT, Deployment
+from celery_kit import ROOT, Deployment, ended
 
 from agentflow import Happened
 
@@ -27,7 +27,8 @@ def send_rerun(deployment: Deployment, run_id: str, step: int) -> dict[str, obje
     sent = deployment.tasks.superstep.apply_async(
         args=("tickets", run_id, step, "rerun"), queue=deployment.values["queue"]
     )
-    result: dict[str, object] = sent.get(timeout=30)
+    assert ended(sent)["done"] == "refused" and sent.state == "REFUSED", sent.info
+    result: dict[str, object] = sent.info
     return result
 
 

@@ -200,6 +200,11 @@ async def test_flower_result_of_a_recovered_superstep_that_does_not_end_the_run_
     assert task["outcome"]["status"] == "running"
     assert [cid.split("/")[1] for cid in task["outcome"].get("rerun", [])] == ["hold"]
     assert "replayed" not in task["outcome"]
+    # and the killed worker's task is not left STARTED: the recovery marked it LOST, in Flower and the backend
+    lost = _until_listed(flower, run_id, lambda t: t["uuid"] != task["uuid"], state="LOST")
+    assert lost["outcome"] == {"run_id": run_id, "recovered_by": task["uuid"]}
+    assert deployment.celery_app.AsyncResult(lost["uuid"]).state == "LOST"
+    assert not [t for t in _tasks(flower, state="STARTED") if t["parsed_args"][1:2] == (run_id,)]
 
 
 # --- how each run's task ends -------------------------------------------------------------
@@ -209,7 +214,9 @@ class FakeTask:
     """What `AgentflowTasks.end_task` uses of a Celery task: its request, update_state and send_event."""
 
     def __init__(self, *, redelivered: bool = False) -> None:
-        self.request = SimpleNamespace(delivery_info={"redelivered": redelivered}, retries=0, hostname="w1@host")
+        self.request = SimpleNamespace(
+            id="task-1", delivery_info={"redelivered": redelivered}, retries=0, hostname="w1@host"
+        )
         self.states: list[tuple[str, dict[str, Any]]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
 
@@ -244,6 +251,10 @@ def ran(status: str, **more: Any) -> Outcome:
         (ran("running"), "next", True, "RECOVERED"),  # a redelivered handoff
         (ran("running", rerun=["1/pay/0/ab"]), "next", False, "RECOVERED"),  # found one cut off
         (ran("cancelled"), "next", False, "CANCELLED"),  # the superstep honoured a cancel request
+        (Outcome("r1", "tickets", "skipped", why="held"), "recheck", False, "SKIPPED"),  # nothing moved
+        (Outcome("r1", "tickets", "conflict", why="moved on"), "next", False, "SKIPPED"),
+        (Outcome("r1", "tickets", "elsewhere", version="2"), "next", False, "SKIPPED"),  # sent on to its queue
+        (Outcome("r1", "tickets", "refused", why="no decision"), "rerun", False, "REFUSED"),
     ],
     ids=[
         "paused",
@@ -254,6 +265,10 @@ def ran(status: str, **more: Any) -> Outcome:
         "redelivered",
         "cut-off-handoff",
         "cancelled",
+        "skipped-recheck",
+        "conflict",
+        "sent-on",
+        "refused",
     ],
 )
 def test_a_task_whose_run_waits_or_recovered_ends_in_its_own_state_with_its_result(
@@ -275,12 +290,10 @@ def test_a_task_whose_run_waits_or_recovered_ends_in_its_own_state_with_its_resu
         (ran("running"), "next"),
         (ran("done"), "start"),
         (ran("running", replayed=["1/pay/0/ab"]), "resume"),
-        (Outcome("r1", "tickets", "skipped", why="held"), "recheck"),
-        (Outcome("r1", "tickets", "refused", why="no decision"), "rerun"),
     ],
-    ids=["handoff", "start-to-end", "resume", "skipped-recheck", "refused"],
+    ids=["handoff", "start-to-end", "resume"],
 )
-def test_a_task_whose_run_goes_on_or_that_did_nothing_succeeds_with_its_result(bare_tasks, outcome, cause):
+def test_a_task_whose_run_goes_on_succeeds_with_its_result(bare_tasks, outcome, cause):
     task = FakeTask()
     assert bare_tasks.end_task(task, outcome, cause) == outcome.as_dict()
     assert (task.states, task.events) == ([], [])
@@ -387,14 +400,16 @@ async def test_flower_shows_failed_paused_decision_and_recovered_tasks_apart_fro
     assert deployment.celery_app.AsyncResult(paused["uuid"]).state == "PAUSED"
     assert deployment.celery_app.AsyncResult(paused["uuid"]).info == paused["outcome"]
 
-    # and the superstep that parked the run on a call in doubt is a recovery, NEEDS_DECISION
-    waiting = _until_listed(flower, runs.parked, _final, state="NEEDS_DECISION")
+    # and the superstep that parked the run on a call in doubt is a recovery which ended NEEDS_DECISION, and
+    # is ANSWERED now that alice decided: `state:NEEDS_DECISION` lists what waits for a person now, not it
+    rerun = _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun", state="RECOVERED")
+    waiting = _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] != "rerun", state="ANSWERED")
     assert waiting["name"] == RECOVER and waiting["parsed_args"][3] in ("recover", "recheck")
-    assert waiting["outcome"]["done"] == "decision" and "charge_card" in waiting["outcome"]["why"]
-    assert deployment.celery_app.AsyncResult(waiting["uuid"]).state == "NEEDS_DECISION"
+    assert waiting["outcome"] == {"run_id": runs.parked, "answered_by": rerun["uuid"]}
+    assert deployment.celery_app.AsyncResult(waiting["uuid"]).state == "ANSWERED"
+    assert not [t for t in _tasks(flower, state="NEEDS_DECISION") if t["parsed_args"][1:2] == (runs.parked,)]
 
     # and the rerun alice decided is a recovery that ended RECOVERED, listing the call it reran
-    rerun = _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun", state="RECOVERED")
     assert rerun["name"] == RECOVER
     assert [cid.split("/")[1] for cid in rerun["outcome"]["rerun"]] == ["pay"]
     # and filtering by the name lists the recoveries only, whatever state they ended in
@@ -467,14 +482,15 @@ async def test_flower_tasks_page_in_a_browser_shows_each_ending_and_filters_reco
     _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun", state="RECOVERED")
     # When a person opens the tasks page: all tasks, then filtered by state and by name
     SHOTS.mkdir(parents=True, exist_ok=True)
-    queries = ["", "?state=RECOVERED", "?name=agentflow.recover_superstep", "?state=NEEDS_DECISION"]
+    queries = ["", "?state=RECOVERED", "?name=agentflow.recover_superstep", "?state=PAUSED"]
     seen = await asyncio.to_thread(_shoot_tasks_page, flower, queries, SHOTS / "flower-tasks.png")
     # Then the page shows each ending as its own state badge, not SUCCESS
-    assert {"FAILURE", "PAUSED", "NEEDS_DECISION", "RECOVERED", "SUCCESS"} <= {state for _, state in seen[""]}
+    assert {"FAILURE", "PAUSED", "ANSWERED", "LOST", "RECOVERED", "SUCCESS"} <= {state for _, state in seen[""]}
     # and the state filter and the name filter list the recoveries
     assert seen["?state=RECOVERED"] and {state for _, state in seen["?state=RECOVERED"]} == {"RECOVERED"}
     assert seen["?name=agentflow.recover_superstep"]
     assert {name for name, _ in seen["?name=agentflow.recover_superstep"]} == {RECOVER}
-    assert {state for _, state in seen["?name=agentflow.recover_superstep"]} >= {"NEEDS_DECISION", "RECOVERED"}
-    assert [state for _, state in seen["?state=NEEDS_DECISION"]] == ["NEEDS_DECISION"]
+    assert {state for _, state in seen["?name=agentflow.recover_superstep"]} >= {"ANSWERED", "RECOVERED"}
+    # and what waits for a person now is one filter per question, listing only the open ones
+    assert [state for _, state in seen["?state=PAUSED"]] == ["PAUSED"]
     assert (SHOTS / "flower-tasks.png").exists()

@@ -9,6 +9,7 @@ import redis.asyncio
 from _kit.faults import body
 from _kit.stores import RedisRows
 from celery.result import AsyncResult
+from celery_kit import ended
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 
@@ -36,10 +37,10 @@ async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges
     # and the superstep that spends the decision is sent to the worker
     task_id = deployment.tasks.send_superstep("fanout", run_id, decided.step, "resume")
     result = AsyncResult(task_id, app=deployment.celery_app)
-    await asyncio.to_thread(result.get, timeout=30, propagate=False)
+    await asyncio.to_thread(ended, result)
     # Then the worker refused it as corrupt (the claim pinned segment 0's count), ran nothing,
     # and the run did not move
-    assert result.state == "SUCCESS", result.result
+    assert result.state == "REFUSED", result.result
     assert result.result["done"] == "refused", result.result
     assert "segment 0" in result.result["why"], result.result
     assert len(deployment.refusals("w1", "resume", run_id)) == 1
