@@ -6,7 +6,8 @@ process (`Here`: it runs the tools itself, holding each run's lease as ``cli@<ho
 or ``--workers MODULE:ATTR`` to act through the deployment's Celery workers (`Workers`: the
 deployment's store, key ring and flows; the tools run on the workers). Both sign ``--as NAME``
 into each decision. One mode or the other: an option of the other mode given on the command
-line is refused.
+line is refused (`refuse_beside_workers`). A command that waits for the run it moved says on
+stderr what it waits for and how the run goes (`Here.moving` here, `Workers.settle` there).
 """
 
 from __future__ import annotations
@@ -14,16 +15,25 @@ from __future__ import annotations
 import functools
 import getpass
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import click
-from click.core import ParameterSource
 
 from agentflow._app import FlowApp
 from agentflow._events import Events
 from agentflow.cli._apps import import_app
-from agentflow.cli._target import Target, open_target, store_options
+from agentflow.cli._progress import Progress
+from agentflow.cli._target import (
+    Target,
+    explicit,
+    open_target,
+    refuse_beside_workers,
+    store_options,
+    workers_option,
+)
+from agentflow.cli._watch import moving_here
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_lease import process_owner
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -34,8 +44,6 @@ if TYPE_CHECKING:
 
 #: Where ``--as`` is read from when it is not given.
 OPERATOR_ENV: Final = "AGENTFLOW_OPERATOR"
-#: Where ``--workers`` is read from when it is not given.
-WORKERS_ENV: Final = "AGENTFLOW_WORKERS"
 #: The longest operator name taken.
 MAX_OPERATOR: Final = 200
 #: How long a command through the workers waits for the run to settle, by default (seconds).
@@ -66,6 +74,14 @@ class Here:
     app: FlowApp
     target: Target
     runner: FlowRunner
+    events: Events
+    """The runner's event hub: what it says of each run it moves (recorded into the runs' streams too)."""
+    progress: Progress
+    """Where the command says, on stderr, which run it moves and how the run goes."""
+
+    def moving(self) -> AbstractAsyncContextManager[None]:
+        """While inside, say on stderr which run this process moves and each change of its status."""
+        return moving_here(self.events, self.progress)
 
 
 @dataclass
@@ -90,8 +106,9 @@ class Acting:
         app = import_app(self.app_path)
         target = open_target(self.store_url, self.key_env)
         # It acts on stored runs someone may be following: their events go into the runs' streams.
-        runner = app.runner(target.store, target.keys, owner=process_owner("cli"), events=Events(record=True))
-        return Here(app, target, runner)
+        events = Events(record=True)
+        runner = app.runner(target.store, target.keys, owner=process_owner("cli"), events=events)
+        return Here(app, target, runner, events, Progress())
 
 
 async def column_of(store: CheckpointStore, sealer: Sealer, run_id: str) -> str:
@@ -106,10 +123,6 @@ async def column_of(store: CheckpointStore, sealer: Sealer, run_id: str) -> str:
     return row.flow
 
 
-def _explicit(ctx: click.Context, name: str) -> bool:
-    return ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
-
-
 def _resolve(ctx: click.Context, options: dict[str, Any], waits: bool) -> Acting:
     workers_path: str | None = options.pop("workers_path")
     store_url: str | None = options.pop("store_url")
@@ -118,18 +131,16 @@ def _resolve(ctx: click.Context, options: dict[str, Any], waits: bool) -> Acting
     wait = not options.pop("no_wait", False)
     acting = Acting(options.pop("operator") or None, None, store_url, options.pop("key_env"), app_path)
     if workers_path:
-        source = "--workers" if _explicit(ctx, "workers_path") else f"${WORKERS_ENV}"
-        for name, flag in (("store_url", "--store"), ("app_path", "--app")):
-            if _explicit(ctx, name):
-                raise click.UsageError(
-                    f"{flag} acts in this process, {source} through the deployment's workers (with its store, "
-                    "key and flows): give one or the other"
-                )
+        refuse_beside_workers(
+            ctx,
+            {"store_url": "--store acts in this process", "app_path": "--app acts in this process"},
+            "through the deployment's workers (with its store, key and flows)",
+        )
         from agentflow.cli._workers import load_workers  # imports agentflow.celery: only with --workers
 
         acting.workers = load_workers(workers_path, wait=wait, timeout_s=timeout_s)
         return acting
-    if waits and (_explicit(ctx, "no_wait") or _explicit(ctx, "timeout_s")):
+    if waits and (explicit(ctx, "no_wait") or explicit(ctx, "timeout_s")):
         raise click.UsageError("--no-wait and --timeout go with --workers (here, the command acts to the end)")
     if not store_url:
         raise click.UsageError(
@@ -167,14 +178,9 @@ def _options(fn: Callable[..., None], waits: bool) -> Callable[..., None]:
         callback=_check_operator,
         help=f"Who decides: signed into each decision this command stores (env: {OPERATOR_ENV}).",
     )(fn)
-    fn = click.option(
-        "--workers",
-        "workers_path",
-        envvar=WORKERS_ENV,
-        metavar="MODULE:ATTR",
-        help="Act through the deployment's Celery workers: the AgentflowTasks they registered, e.g. "
-        f"workers.celery_app:tasks (its store, key and flows; the tools run on the workers) (env: {WORKERS_ENV}).",
-    )(fn)
+    fn = workers_option(
+        fn, what="Act through the deployment's Celery workers (its store, key and flows; the tools run on the workers)"
+    )
     fn = click.option(
         "--app", "app_path", metavar="MODULE:ATTR", help="Act here: the FlowApp with the run's flow and tools."
     )(fn)

@@ -39,7 +39,8 @@ async def _resume_here(
         flow = here.app.flow_versions(column)
     except FlowError as exc:
         raise _errors.CliError(str(exc)) from None
-    result: RunResult[Any] = await here.runner.resume(flow, run_id, approve=approve, note=note, operator=operator)
+    async with here.moving():
+        result: RunResult[Any] = await here.runner.resume(flow, run_id, approve=approve, note=note, operator=operator)
     return result
 
 
@@ -51,9 +52,9 @@ def _landed(
     echo(f"run {printable(run_id)}: {decided}; now {paint(status)} at step {step}{where}")
     if status == "paused":
         echo("waiting again for: " + printable(", ".join(pending)))
-    if status == "failed" and approve:
-        raise _errors.ProblemsFound(f"run {run_id!r} failed: {error}")
-    if status == "failed":
+    if approve:
+        _errors.raise_if_failed(run_id, status, error)
+    elif status == "failed":  # the operator's own denial ended it: what was asked for, not a problem
         echo(f"the flow ended the run on the denial: {printable(error or '')}")
 
 

@@ -12,6 +12,7 @@ target version to carry it on, and the command waits for the run to settle.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -88,15 +89,16 @@ def migrate(
         if RunKind.of(column) is RunKind.LOOP:
             raise _errors.CliError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
         try:
-            result = await here.runner.migrate(
-                here.app.flow_versions(column),
-                run_id,
-                to_version=to_version,
-                state=state,
-                at=at_node,
-                operator=how.operator,
-                max_supersteps=None if run_here else 0,
-            )
+            async with here.moving() if run_here else contextlib.nullcontext():  # without --run: the claim only
+                result = await here.runner.migrate(
+                    here.app.flow_versions(column),
+                    run_id,
+                    to_version=to_version,
+                    state=state,
+                    at=at_node,
+                    operator=how.operator,
+                    max_supersteps=None if run_here else 0,
+                )
         except FlowError as exc:
             raise _errors.CliError(str(exc)) from None
         return result.version, str(result.status), result.step

@@ -7,13 +7,16 @@ the next recovery (a worker, or ``agentflow recover``) to spend; ``retry`` runs 
 in this process; ``fork`` saves the new run's step 0 and, unless ``--run``, leaves it for a
 worker. Through ``--workers``, what is decided is saved the same way and a message sends a
 worker to act on it (``decide``, ``retry``, ``fork``); the command waits for the run to
-settle and says where it landed. ``cancel`` ends a run nobody holds at once, and leaves
+settle and says where it landed. A run that ends failed after ``retry``, or after ``decide``
+through the workers, exits 1 (`_errors.raise_if_failed`, the rule an approving ``resume``
+follows too). ``cancel`` ends a run nobody holds at once, and leaves
 a live worker a signed request it honours before its next call (through ``--workers``,
 the command waits for it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -187,8 +190,7 @@ def _decide_through(
         return
     workers.check(settled)
     echo(f"{said}; a worker acted on it: {_where(settled)}")
-    if settled.report.status == "failed":
-        echo(f"the run failed: {printable(settled.report.error or '')}")
+    _errors.raise_if_failed(run_id, settled.report.status, settled.report.error)
 
 
 @click.command("retry")
@@ -216,14 +218,14 @@ def retry(how: Acting, run_id: str) -> None:
             column = await column_of(here.target.store, here.target.sealer, run_id)
             if RunKind.of(column) is RunKind.LOOP:
                 raise _errors.CliError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
-            result = await here.runner.retry(_flow(here.app, column), run_id, operator=how.operator)
+            async with here.moving():
+                result = await here.runner.retry(_flow(here.app, column), run_id, operator=how.operator)
             return str(result.status), result.step, result.error
 
         status, step_now, error = here.target.run(act)
         where = f"now {paint(status)} at step {step_now}"
     echo(f"run {printable(run_id)}: retried; {where}")
-    if status == "failed":
-        raise _errors.ProblemsFound(f"run {run_id!r} failed again: {error}")
+    _errors.raise_if_failed(run_id, status, error, again=True)
 
 
 def _patch(patch: str | None) -> dict[str, Any] | None:
@@ -265,15 +267,16 @@ def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: 
         column = await column_of(here.target.store, here.target.sealer, run_id)
         if RunKind.of(column) is RunKind.LOOP:
             raise _errors.CliError(f"run {run_id!r} is a tool loop: only flow runs can be forked")
-        result = await here.runner.fork(
-            _flow(here.app, column),
-            run_id,
-            at_step=at_step,
-            new_run_id=new_run_id,
-            patch=fields,
-            operator=how.operator,
-            max_supersteps=None if run_here else 0,
-        )
+        async with here.moving() if run_here else contextlib.nullcontext():  # without --run: step 0 only
+            result = await here.runner.fork(
+                _flow(here.app, column),
+                run_id,
+                at_step=at_step,
+                new_run_id=new_run_id,
+                patch=fields,
+                operator=how.operator,
+                max_supersteps=None if run_here else 0,
+            )
         return result.run_id, str(result.status), result.step
 
     new_id, status, step = here.target.run(act)

@@ -13,11 +13,12 @@ The store does the work (`agentflow.exec.checkpoints._retention`): each run is j
 again as it is deleted and goes whole, with its checkpoints, call records, lease and
 listing entries; a run a live worker holds, or one retried or resumed since it was listed,
 is left. A running or paused run is never pruned, however old. Before that, each listed
-run is judged by its **signed** newest checkpoint (`_retention.judged`): the store lists by
+run is judged by its **signed** newest checkpoint (`_retention.judged_rows`): the store lists by
 fields it keeps in clear, which anyone with write access can set, so the command needs
 the checkpoint key (``--key-env``) and prunes only runs whose newest checkpoint checks and
 itself says it ended before the cut-off. A run whose newest row does not check is left,
-and named.
+and named. The store then deletes a run only if its newest row is still the one judged
+(`_retention.judged_rows`): a run retried while the person read the question is left.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo
 from agentflow.exec._run_read import ALL_RUNS
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import ENDED
-from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, judged, prunable, prune, pruner, trimmable
+from agentflow.exec.checkpoints._records import ENDED, JudgedRows
+from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, judged_rows, prunable, prune, pruner, trimmable
 from agentflow.exec.checkpoints._retention import trim as trim_runs
 from agentflow.exec.checkpoints._rules import check_prune_statuses
 
@@ -86,18 +87,23 @@ async def _go_ahead(deletes: str, yes: bool) -> bool:
 
 
 async def _delete(
-    store: CheckpointStore, run_ids: list[str], before: float, statuses: tuple[str, ...], *, trim: bool, batch: int
+    store: CheckpointStore, rows_judged: JudgedRows, before: float, statuses: tuple[str, ...], *, trim: bool, batch: int
 ) -> tuple[int, int]:
-    """Prune (or trim) `run_ids` in batches behind a progress bar; how many runs went, and their rows."""
+    """Prune (or trim) the judged runs in batches behind a progress bar; how many runs went, and their rows.
+
+    The store deletes a run only if its newest row is still the one judged (`JudgedRows`): a
+    run retried while the person read the question is left.
+    """
+    run_ids = list(rows_judged)
     owner, done, rows = pruner("cli"), 0, 0
     with click.progressbar(length=len(run_ids), label="trimming" if trim else "pruning", file=sys.stderr) as bar:
         for start in range(0, len(run_ids), batch):
             chunk = run_ids[start : start + batch]
             if trim:
-                trimmed = await trim_runs(store, chunk, before, statuses)
+                trimmed = await trim_runs(store, chunk, before, statuses, rows_judged)
                 done, rows = done + len(trimmed.run_ids), rows + trimmed.rows
             else:
-                pruned = await prune(store, chunk, before, statuses, owner)
+                pruned = await prune(store, chunk, before, statuses, owner, rows_judged)
                 done, rows = done + len(pruned.run_ids), rows + pruned.rows
             bar.update(len(chunk))
     return done, rows
@@ -164,7 +170,8 @@ def prune_runs(
             listed = [run_id for run_id, _ in await trimmable(store, before, statuses, ALL_RUNS)]
         else:
             listed = await prunable(store, before, statuses, ALL_RUNS)
-        run_ids, refused = await judged(store, listed, before, statuses, target.sealer.checkpoint_problem)
+        rows_judged, refused = await judged_rows(store, listed, before, statuses, target.sealer.checkpoint_problem)
+        run_ids = list(rows_judged)
         for run_id, why in refused.items():
             echo(f"left run {run_id}: its newest checkpoint does not check ({why})")
         if not run_ids:
@@ -180,7 +187,7 @@ def prune_runs(
         if not await _go_ahead(f"the older checkpoints of the {count}" if trim else f"the {count}", yes):
             echo(f"nothing was {'trimmed' if trim else 'pruned'}")
             return
-        done, rows = await _delete(store, run_ids, before, statuses, trim=trim, batch=batch)
+        done, rows = await _delete(store, rows_judged, before, statuses, trim=trim, batch=batch)
         if trim:
             echo(f"trimmed {done} run(s) ({rows} checkpoint rows; each kept its newest checkpoint and call records)")
         else:

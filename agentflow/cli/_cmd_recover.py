@@ -12,6 +12,7 @@ says what became of each run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -101,15 +102,23 @@ async def _recover_here(
     # A run a live worker holds is left alone (a lease taken later is refused by recover, the same way).
     held = await held_by(here.target.store, run_ids)
     outcomes = {run_id: outcome(RunHeld(run_id, lease.owner, lease.expires_at)) for run_id, lease in held.items()}
-    with click.progressbar(run_ids, label=label, file=sys.stderr) as bar:
-        for run_id in bar:
-            if run_id in outcomes:
-                continue
-            try:
-                outcomes[run_id] = await _recover_one(here, run_id, rerun, operator)
-            except AgentflowError as exc:  # reported per run: one difficult run must not stop the others
-                outcomes[run_id] = outcome(exc)
+    # On a terminal the bar names the run under way; in a log (no bar drawn), a line per run and per change says it.
+    lines = contextlib.nullcontext() if here.progress.terminal else here.moving()
+    with click.progressbar(run_ids, label=label, file=sys.stderr, item_show_func=_shown) as bar:
+        async with lines:
+            for run_id in bar:
+                if run_id in outcomes:
+                    continue
+                try:
+                    outcomes[run_id] = await _recover_one(here, run_id, rerun, operator)
+                except AgentflowError as exc:  # reported per run: one difficult run must not stop the others
+                    outcomes[run_id] = outcome(exc)
     return {run_id: outcomes[run_id] for run_id in run_ids}
+
+
+def _shown(run_id: str | None) -> str | None:
+    """The run the bar is at, escaped (the bar writes it as it is)."""
+    return None if run_id is None else printable(run_id)
 
 
 async def _recover_one(here: Here, run_id: str, rerun: bool, operator: str | None) -> tuple[str, str]:

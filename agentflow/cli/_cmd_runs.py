@@ -15,8 +15,8 @@ from agentflow._app import FlowApp
 from agentflow._display import short, when
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.cli import _errors
-from agentflow.cli._apps import import_app
 from agentflow.cli._keys import key_ids
+from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import (
     NEEDS_MIGRATION,
     check_summary,
@@ -26,7 +26,6 @@ from agentflow.cli._show import (
     quarantine_text,
     run_text,
 )
-from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, table
 from agentflow.exec._markers import Markers
 from agentflow.exec._run_quarantine import QUARANTINED, marks
@@ -63,12 +62,13 @@ def _app_option(fn: Callable[..., None]) -> Callable[..., None]:
         "--app",
         "app_path",
         metavar="MODULE:ATTR",
-        help="The deployment's FlowApp: runs on a flow version it lacks are marked needs migration.",
+        help="The deployment's FlowApp: runs on a flow version it lacks are marked needs migration "
+        "(with --workers: the deployment's own).",
     )(fn)
 
 
 @runs.command("list")
-@store_options
+@reading_options
 @_app_option
 @click.option("--flow", help="Only the runs of this flow.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
@@ -76,8 +76,9 @@ def _app_option(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--all", "every", is_flag=True, help="Every run of the store (no --limit).")
 @click.option("--strict", is_flag=True, help="Exit 1 when a run fails its check (by default: listed, marked, exit 0).")
 def list_runs(
-    store_url: str,
+    store_url: str | None,
     key_env: str,
+    workers_path: str | None,
     app_path: str | None,
     flow: str | None,
     status: str | None,
@@ -90,8 +91,8 @@ def list_runs(
     A run whose rows fail their check is listed too, marked CORRUPT with the reason, and a
     line on stderr counts them; the exit code is 0 unless ``--strict`` is given.
     """
-    app = import_app(app_path) if app_path else None
-    target = open_target(store_url, key_env)
+    reading = open_reading(store_url, key_env, workers_path, app_path)
+    target, app = reading.target, reading.app
     cap = ALL_RUNS if every else min(max(limit, 0), ALL_RUNS)
     reports = target.run(lambda: read_runs(target.store, target.sealer, flow, min(cap + 1, ALL_RUNS)))
     more = len(reports) > cap  # one run past the cap was read only to tell whether there are more
@@ -105,7 +106,7 @@ def list_runs(
         echo(f"{len(shown)} run(s)")
     if more:
         echo(f"more runs exist than the newest {cap} read: --limit {cap * 2} reads more, --all reads every run")
-    summary = check_summary(reports, key_env, key_ids(target.keys))
+    summary = check_summary(reports, target.key_env, key_ids(target.keys))
     if summary is None:
         return
     problem = _errors.ProblemsFound(f"{summary} (agentflow verify RUN_ID names every row that fails)")
@@ -115,13 +116,13 @@ def list_runs(
 
 
 @runs.command("show")
-@store_options
+@reading_options
 @_app_option
 @click.argument("run_id")
-def show_run(store_url: str, key_env: str, app_path: str | None, run_id: str) -> None:
+def show_run(store_url: str | None, key_env: str, workers_path: str | None, app_path: str | None, run_id: str) -> None:
     """Show one run: checkpoints, segments, calls and their states, recoveries, approvals, state."""
-    app = import_app(app_path) if app_path else None
-    target = open_target(store_url, key_env)
+    reading = open_reading(store_url, key_env, workers_path, app_path)
+    target, app = reading.target, reading.app
 
     async def read() -> tuple[RunReport, dict[str, str]]:
         report = await read_run(target.store, target.sealer, run_id)
@@ -129,7 +130,7 @@ def show_run(store_url: str, key_env: str, app_path: str | None, run_id: str) ->
         return report, {rid: quarantine_text(rid, mark) for rid, mark in held.items()}
 
     report, quarantined = target.run(read)
-    wrong = other_keys_text([report], key_env, key_ids(target.keys))
+    wrong = other_keys_text([report], target.key_env, key_ids(target.keys))
     if wrong is not None and signed_with_other_keys([report]):
         raise _errors.CliError(f"{wrong}: give the key the workers sign with")
     if report.corrupt:

@@ -7,8 +7,8 @@ import click
 from agentflow._display import printable
 from agentflow.cli import _errors
 from agentflow.cli._keys import key_ids
+from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import check_summary, quarantine_text
-from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo, paint
 from agentflow.exec._markers import Markers
 from agentflow.exec._run_quarantine import QUARANTINED, marks
@@ -18,12 +18,12 @@ from agentflow.exec._run_view import RunReport
 
 
 @click.command("verify")
-@store_options
+@reading_options
 @click.argument("run_id", required=False)
 @click.option(
     "--all", "every", is_flag=True, help="Check every run in the store, and the listing index against the stored rows."
 )
-def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> None:
+def verify(store_url: str | None, key_env: str, workers_path: str | None, run_id: str | None, every: bool) -> None:
     """Check each checkpoint and call record: signature, numbering, segments, record counts.
 
     Exits 1 naming every run and row that fails (and whether recover_all quarantined the
@@ -31,7 +31,7 @@ def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> Non
     """
     if (run_id is None) == (not every):
         raise click.UsageError("give a RUN_ID or --all (not both)")
-    target = open_target(store_url, key_env)
+    target = open_reading(store_url, key_env, workers_path).target
 
     async def read() -> tuple[list[RunReport], list[str]]:
         if run_id is not None:
@@ -50,7 +50,7 @@ def verify(store_url: str, key_env: str, run_id: str | None, every: bool) -> Non
             echo(f"{paint('CORRUPT')} {printable(rep.run_id)}: {printable(problem)}")
     for line in quarantined:
         echo(line)
-    summary = check_summary(reports, key_env, key_ids(target.keys))
+    summary = check_summary(reports, target.key_env, key_ids(target.keys))
     if summary is not None:
         raise _errors.ProblemsFound(summary)
     for rep in reports:

@@ -54,6 +54,19 @@ class ProblemsFound(CliError):
     exit_code = FOUND_PROBLEMS
 
 
+def raise_if_failed(run_id: str, status: str, error: str | None, *, again: bool = False) -> None:
+    """The rule of the commands that move a run and wait for it: a run that ended failed is a problem found.
+
+    ``retry`` (`again`), ``decide`` through the workers and an approving ``resume`` end so,
+    with exit code 1 and the run's error, after they said on stdout where the run landed.
+
+    Raises:
+        ProblemsFound: `status` is ``failed``.
+    """
+    if status == "failed":
+        raise ProblemsFound(f"run {run_id!r} failed{' again' if again else ''}: {error}")
+
+
 def explain(exc: BaseException, key_env: str | None = None) -> CliError:
     """Turn an error a user can cause into a `CliError` (`key_env` names the key variable for hints)."""
     text = str(exc) or type(exc).__name__

@@ -2,15 +2,21 @@
 
 A `Target` holds the keys and may hold a URL with a password: its `repr` and `str` show the
 store's URL with the password redacted and the keys' public ids, never a key.
+
+``--workers MODULE:ATTR`` (`workers_option`) names a deployment instead, whose settings
+give the store and the key ring; an option that names this process's own store (or app)
+beside it is refused by one rule (`refuse_beside_workers`), for the acting and the
+reading commands alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from agentflow._display import redact
 from agentflow.cli import _errors
@@ -24,6 +30,8 @@ F = TypeVar("F", bound=Callable[..., object])
 
 #: Where ``--allow-demo-key`` leaves its value in the command's context (``ctx.meta``).
 ALLOW_DEMO_KEY: Final = "agentflow.allow_demo_key"
+#: Where ``--workers`` is read from when it is not given.
+WORKERS_ENV: Final = "AGENTFLOW_WORKERS"
 
 
 @dataclass(repr=False)
@@ -116,3 +124,39 @@ def store_options(fn: F, *, required: bool = True) -> F:
         metavar="URL",
         help="The checkpoint store, e.g. sqlite:///runs.db or redis://host:6379/0 (env: AGENTFLOW_STORE).",
     )(fn)
+
+
+def workers_option(fn: F, *, what: str) -> F:
+    """Add ``--workers MODULE:ATTR`` (or ``$AGENTFLOW_WORKERS``) to a command, as the parameter ``workers_path``.
+
+    `what` says what the command does with the deployment (its help text).
+    """
+    return click.option(
+        "--workers",
+        "workers_path",
+        envvar=WORKERS_ENV,
+        metavar="MODULE:ATTR",
+        help=f"{what}: the AgentflowTasks the workers registered, e.g. workers.celery_app:tasks (env: {WORKERS_ENV}).",
+    )(fn)
+
+
+def explicit(ctx: click.Context, name: str) -> bool:
+    """Whether the parameter `name` was given on the command line (not read from the environment or a default)."""
+    return ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+
+
+def refuse_beside_workers(ctx: click.Context, options: Mapping[str, str], workers_do: str) -> None:
+    """Refuse an option of this process's own store or app given on the command line beside ``--workers``.
+
+    Args:
+        ctx: the command's context (``workers_path`` is set).
+        options: parameter name -> what its option does (``"--store acts in this process"``).
+        workers_do: what the command does through the workers instead.
+
+    Raises:
+        click.UsageError: one of `options` was given on the command line.
+    """
+    source = "--workers" if explicit(ctx, "workers_path") else f"${WORKERS_ENV}"
+    for name, does in options.items():
+        if explicit(ctx, name):
+            raise click.UsageError(f"{does}, {source} {workers_do}: give one or the other")

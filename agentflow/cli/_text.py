@@ -4,11 +4,14 @@ Plain values are written by `agentflow._display`. Every string read from a store
 through `printable` where the text is built (`table` and `paint` do it for their cells),
 so a value cannot break a line or carry a control character; `echo` then escapes any
 control character left in the whole text but the line breaks and the colours `paint` wrote.
+A spinner's line (`redraw`, `erase_line`, on stderr) is escaped the same way; only the
+carriage return and the erase-to-end-of-line that redraw it in place are written as such.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Sequence
 from typing import Final
 
@@ -33,7 +36,12 @@ COLOURS: Final = {
     "replayed": "cyan",
     "pending": "yellow",
     "denied": "red",
+    "PROBLEM": "red",
+    "GAP": "red",
 }
+
+#: Moves the cursor back to the start of the line and erases the line: how a spinner's line is redrawn.
+ERASE_LINE: Final = "\r\x1b[K"
 
 #: The escape sequences `paint` writes (``click.style`` with a foreground colour and bold or
 #: not); `echo` lets these through and no other.
@@ -76,3 +84,19 @@ def terminal_safe(text: str) -> str:
 def echo(text: str, *, err: bool = False) -> None:
     """Write `text` and a line break to stdout (or stderr), through `terminal_safe`."""
     click.echo(terminal_safe(text), err=err)
+
+
+def redraw(text: str) -> None:
+    """Write `text` over stderr's current line (a spinner's), cut to the terminal's width, with no line break.
+
+    `text` is escaped whole (`printable`): it carries no colour, so the cut cannot split one.
+    """
+    width = max(shutil.get_terminal_size().columns - 1, 10)
+    line = printable(text)
+    cut = line if len(line) <= width else line[: width - 1] + "…"
+    click.echo(ERASE_LINE + cut, err=True, nl=False, color=True)  # only called on a terminal: keep the erase
+
+
+def erase_line() -> None:
+    """Erase stderr's current line (a spinner's), leaving the cursor at its start."""
+    click.echo(ERASE_LINE, err=True, nl=False, color=True)

@@ -1,15 +1,18 @@
-"""``--workers MODULE:ATTR``: act on runs through a deployment's Celery workers; no tool runs here.
+"""``--workers MODULE:ATTR``: act on runs, or read them, through a deployment; no tool runs here.
 
 The `AgentflowTasks` the workers registered (``workers.celery_app:tasks`` in the runnable
 deployment) carries the deployment's store, key ring, flows and queue. Every action goes
 through `agentflow.celery.FlowClient`: what it decides is a signed claim saved here (this
 process holds the key), and the message that follows carries ids only; a worker spends it
 and runs the tools. The command then waits for each run it moved to settle (ended, paused,
-or waiting for a decision), up to ``--timeout``, and reads it through the read model to
-report it; with ``--no-wait`` it reports what it enqueued.
+or waiting for a decision), up to ``--timeout``, saying on stderr what it waits for and
+each change of the run's status (`Progress`, from the run's newest checkpoint), and reads
+it through the read model to report it; with ``--no-wait`` it reports what it enqueued.
+The reading commands (``runs list``, ``runs show``, ``verify``, ``events``) take the
+deployment's store, key ring and flows from here (`read_through`) and read as with ``--store``.
 
-Only `_acting` imports this module, and only when ``--workers`` is given: `agentflow.celery`
-(the ``celery`` extra) is imported here, never by the rest of the CLI.
+Only `_acting` and `_reading` import this module, and only when ``--workers`` is given:
+`agentflow.celery` (the ``celery`` extra) is imported here, never by the rest of the CLI.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from agentflow._app import FlowApp
 from agentflow._display import printable
 from agentflow._keys import is_public
 from agentflow._run_types import RunKind
 from agentflow.cli import _errors
 from agentflow.cli._apps import search_cwd
-from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV
-from agentflow.cli._target import demo_key_allowed
+from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV
+from agentflow.cli._progress import WAITING_FOR_DECISION, Progress
+from agentflow.cli._target import Target, demo_key_allowed
+from agentflow.cli._watch import polling_rows
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
@@ -62,6 +68,8 @@ class Workers:
         self.client = FlowClient(tasks)
         self.wait = wait
         self.timeout_s = timeout_s
+        #: Says on stderr what the command waits for, and how each run goes.
+        self.progress = Progress()
 
     @property
     def store(self) -> CheckpointStore:
@@ -80,20 +88,35 @@ class Workers:
         return _errors.run(job, close=self.store)
 
     async def settle(self, run_id: str) -> Settled | None:
-        """Wait until the run settles, or ``--timeout`` runs out; then read it. None with ``--no-wait``."""
+        """Wait until the run settles, or ``--timeout`` runs out; then read it. None with ``--no-wait``.
+
+        While it waits, stderr says for what, and each change of the run's status.
+        """
         if not self.wait:
             return None
         row = await self.store.latest(run_id)
         self.sealer.open_checkpoint(row, run_id)  # its flow column picks the waiter once the row checks
+        self.progress.waiting(
+            run_id,
+            "a worker carries it on until it ends, pauses or waits for a decision "
+            f"(up to {self.timeout_s:g} s; Ctrl-C stops the wait, not the run)",
+        )
         try:
-            if RunKind.of(row.flow) is RunKind.LOOP:
-                await self.client.wait_loop(RunKind.name_of(row.flow), run_id, timeout_s=self.timeout_s)
-            else:
-                await self.client.wait(run_id, timeout_s=self.timeout_s)
+            async with polling_rows(self.progress, self.store, self.sealer, run_id):
+                if RunKind.of(row.flow) is RunKind.LOOP:
+                    await self.client.wait_loop(RunKind.name_of(row.flow), run_id, timeout_s=self.timeout_s)
+                else:
+                    await self.client.wait(run_id, timeout_s=self.timeout_s)
             timed_out = False
         except TimeoutError:
             timed_out = True
-        return Settled(await read_run(self.store, self.sealer, run_id), timed_out)
+        settled = Settled(await read_run(self.store, self.sealer, run_id), timed_out)
+        report = settled.report
+        if not report.corrupt:  # the status it settled in, had the polling not seen it yet
+            status = WAITING_FOR_DECISION if report.awaiting else report.status
+            self.progress.saw(run_id, status, report.step, settled.saved_by)
+        self.progress.done(run_id)
+        return settled
 
     def check(self, settled: Settled) -> None:
         """End the command when the run it waited for did not settle in time, fails its check, or needs a decision.
@@ -119,8 +142,8 @@ class Workers:
             )
 
 
-def load_workers(path: str, *, wait: bool, timeout_s: float) -> Workers:
-    """The workers at ``--workers`` `path` (the current directory is searched first, as for ``--app``).
+def _tasks(path: str) -> AgentflowTasks:
+    """The tasks at ``--workers`` `path` (the current directory is searched first, as for ``--app``).
 
     Raises:
         CliError: the path is malformed, does not import, or names something else; or the
@@ -135,6 +158,32 @@ def load_workers(path: str, *, wait: bool, timeout_s: float) -> Workers:
     if any(is_public(k) for k in ([key] if isinstance(key, bytes) else key)) and not demo_key_allowed():
         raise _errors.CliError(
             f"--workers {path!r} signs with the demo's public key, which anyone can sign with: it protects "
-            f"nothing; to act on the demo's runs, add --allow-demo-key (or set {ALLOW_DEMO_KEY_ENV}=1)"
+            f"nothing; to use the demo's runs, add --allow-demo-key (or set {ALLOW_DEMO_KEY_ENV}=1)"
         )
-    return Workers(tasks, wait=wait, timeout_s=timeout_s)
+    return tasks
+
+
+def load_workers(path: str, *, wait: bool, timeout_s: float) -> Workers:
+    """The workers at ``--workers`` `path`, to act through.
+
+    Raises:
+        CliError: as `_tasks`.
+    """
+    return Workers(_tasks(path), wait=wait, timeout_s=timeout_s)
+
+
+def read_through(path: str) -> tuple[Target, FlowApp]:
+    """The deployment's store and key ring (as a `Target`) and its flows, at ``--workers`` `path`, to read.
+
+    The key ring comes from the deployment's settings, which read it from
+    ``$AGENTFLOW_CHECKPOINT_KEYS``: messages about a key name that variable.
+
+    Raises:
+        CliError: as `_tasks`.
+    """
+    worker = _tasks(path).worker
+    store = worker.runner.checkpoints
+    assert store is not None
+    key = worker.checkpoint_key
+    keys = [key] if isinstance(key, bytes) else list(key)
+    return Target(store, keys, DEFAULT_KEY_ENV, f"the store of --workers {path}"), worker.flow_app

@@ -37,6 +37,7 @@ from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import LoggedRecord, read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
+from agentflow.exec._run_control import parked
 from agentflow.exec._run_fill import Body, fill, superstep_of
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_sweep import forgotten
@@ -303,11 +304,14 @@ async def read_heads(
             heads.append(RunHead(row.run_id, "", "", 0, 0.0, -1, row.payload.decode(errors="replace")))
             continue
         try:
-            sealer.open_checkpoint(row, row.run_id)
+            body = sealer.open_checkpoint(row, row.run_id)
         except CheckpointStoreCorrupt as exc:
             other = row.kid if _unknown(row, str(exc)) else None
             heads.append(RunHead(row.run_id, "", "", row.step, 0.0, -1, str(exc), other_key=other))
             continue
         lease = live.get(row.run_id)
-        heads.append(RunHead(row.run_id, row.flow, row.status, row.step, row.saved_at, row.segment, lease=lease))
+        waiting = row.status == "running" and parked(body)
+        heads.append(
+            RunHead(row.run_id, row.flow, row.status, row.step, row.saved_at, row.segment, lease=lease, waiting=waiting)
+        )
     return heads

@@ -43,8 +43,12 @@ LIVE: Final = "live"
 #: A worker parked the run on calls in doubt: it waits for an operator's decision.
 WAITING: Final = "waiting for a decision"
 
-#: What a listing can be filtered by: a run's status, or ``corrupt`` (the runs that failed their check).
-STATUSES: Final = (*(str(s) for s in RunStatus), CORRUPT)
+#: The filter of a listing for the runs waiting for a decision (`WAITING`).
+DECISION: Final = "decision"
+
+#: What a listing can be filtered by: a run's status, ``decision`` (the runs waiting for a decision on
+#: calls in doubt) or ``corrupt`` (the runs that failed their check).
+STATUSES: Final = (*(str(s) for s in RunStatus), DECISION, CORRUPT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +319,8 @@ class RunReport:
             return True
         if status == CORRUPT:
             return self.corrupt
+        if status == DECISION:
+            return WAITING in self.marks
         return not self.corrupt and self.status == status
 
 
@@ -346,6 +352,9 @@ class RunHead:
     other_key: str | None = None
     """The key id the latest checkpoint names when no key of the ring holds it (`SealedCheckpoint.kid`):
     the run was signed with another key."""
+    waiting: bool = False
+    """Whether a worker parked the run on calls in doubt: it waits for a person's decision (its latest
+    checkpoint, checked, says so)."""
 
     @property
     def kind(self) -> RunKind:
@@ -373,4 +382,6 @@ class RunHead:
             return True
         if status == CORRUPT:
             return self.corrupt
+        if status == DECISION:
+            return self.waiting
         return not self.corrupt and self.status == status

@@ -14,7 +14,7 @@ from agentflow._errors import CheckpointError
 from agentflow._hints import decide_hint
 from agentflow.exec._durable_seal import key_id
 from agentflow.exec._run_read import read_heads
-from agentflow.exec._run_view import STATUSES, RunHead, RunReport
+from agentflow.exec._run_view import DECISION, STATUSES, RunHead, RunReport
 from agentflow.viewer._offers import offers
 from agentflow.viewer._rules import needs_migration_text
 from agentflow.viewer._settings import Viewer, root_of
@@ -25,7 +25,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 #: How many pages back the list goes (the store hands over every run a page skips).
 MAX_PAGES: Final = 200
 #: What the page's counters sum up, in this order.
-COUNTED: Final = ("running", "paused", "done", "failed", "cancelled", "claimed", "live", "corrupt")
+COUNTED: Final = ("running", "paused", "done", "failed", "cancelled", DECISION, "live", "corrupt")
 #: What the run page can say was just done to the run (``?done=``, set by the actions' redirects).
 DONE: Final = frozenset({"approved", "denied", "cancelled", "cancel-requested", "retried", "decided", "forked"})
 
@@ -35,7 +35,7 @@ def _counts(heads: Sequence[RunHead]) -> list[tuple[str, int]]:
     seen: Counter[str] = Counter()
     for head in heads:
         seen.update(["corrupt"] if head.corrupt else [head.status])
-        seen.update(["claimed"] if head.claimed else [])
+        seen.update([DECISION] if head.waiting else [])
         seen.update(["live"] if head.lease is not None else [])
     return [(name, seen[name]) for name in COUNTED if seen[name]]
 

@@ -117,6 +117,17 @@ class Rows:
         """Overwrite the checkpoint at `at`'s place with something the store cannot even decode (not a row)."""
         raise NotImplementedError
 
+    async def set_clear(self, run_id: str, status: str, saved_at: float) -> None:
+        """Set every field the store keeps in clear about the run's newest checkpoint to `status` and `saved_at`.
+
+        What a writer without the key can do: the listing (Redis ``latest`` hash and index
+        scores, the SQL ``runs`` row) and, where the row's status and time are columns of
+        their own (SQL), those columns too; a Redis row's header is left as written. The
+        memory store keeps no field apart from its rows: its newest row is replaced with
+        those two fields changed (its signature then no longer checks).
+        """
+        raise NotImplementedError
+
     async def stored_bytes(self) -> bytes:
         """Every byte the set-up holds (files, keys or table rows), to search for what must not be stored."""
         raise NotImplementedError
@@ -158,6 +169,10 @@ class MemoryRows(Rows):
 
     async def drop_listing(self, run_id: str) -> None:
         self.store._listed.pop(run_id)
+
+    async def set_clear(self, run_id: str, status: str, saved_at: float) -> None:
+        rows = self._checkpoints(run_id)
+        rows[-1] = dataclasses.replace(rows[-1], status=status, saved_at=saved_at)
 
     async def counts(self, run_id: str) -> tuple[int, int]:
         segments = self.store._calls.get(run_id, {})
@@ -240,6 +255,12 @@ class SqlRows(Rows):
 
     async def drop_listing(self, run_id: str) -> None:
         await self._one(f"DELETE FROM {self.runs} WHERE run_id=?", run_id)
+
+    async def set_clear(self, run_id: str, status: str, saved_at: float) -> None:
+        newest = f"(SELECT MAX(step) FROM {self.cp} WHERE run_id=?)"
+        sql = f"UPDATE {self.cp} SET status=?, saved_at=? WHERE run_id=? AND step={newest}"
+        await self._one(sql, status, saved_at, run_id, run_id)
+        await self._one(f"UPDATE {self.runs} SET status=?, saved_at=? WHERE run_id=?", status, saved_at, run_id)
 
     async def counts(self, run_id: str) -> tuple[int, int]:
         _, checkpoints = await self._exec(f"SELECT COUNT(*) FROM {self.cp} WHERE run_id=?", run_id)
@@ -371,6 +392,20 @@ class RedisRows(Rows):
             flow = (await c.hget(latest, "flow")).decode()
             for index in (f"{self.prefix}:runs", f"{self.prefix}:runs:{flow}", f"{self.prefix}:unfinished:{flow}"):
                 await c.zrem(index, run_id)
+
+        await self._do(job)
+
+    async def set_clear(self, run_id: str, status: str, saved_at: float) -> None:
+        _, latest, _, _ = self._keys(run_id)
+
+        async def job(c: Any) -> None:
+            await c.hset(latest, mapping={"status": status, "saved_at": repr(saved_at)})
+            flow = (await c.hget(latest, "flow")).decode()
+            for index in (f"{self.prefix}:runs", f"{self.prefix}:runs:{flow}"):
+                if await c.zscore(index, run_id) is not None:
+                    await c.zadd(index, {run_id: saved_at})
+            if status not in ("running", "paused"):
+                await c.zrem(f"{self.prefix}:unfinished:{flow}", run_id)
 
         await self._do(job)
 

@@ -8,6 +8,11 @@ its rows sealed again for that id (a body names no run id), saved as the runner 
 healthy run. `whole_or_gone` says which a run is, and fails on anything in between;
 `whole_or_trimmed` the same of a trim (its newest checkpoint and every call record left).
 
+`retry_claim` saves what a retry of a failed run saves first (its claim), and
+`between_judgement_and_store` runs an attack once, after `prune_finished` (or
+`trim_finished`) has judged a batch by its signed rows and before the store prunes (or
+trims) it: the window the judged rows passed to the store close.
+
 Also a worker process (run with `_kit.specs.child_env`, so ``_kit`` imports):
 ``python prune_kit.py SPEC BEFORE BATCH [trim]`` opens the store of a spec
 (`_kit.specs.open_spec`), prints ``ready``, then prunes (or trims) every run ended before
@@ -18,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from _kit.specs import open_spec
 from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
@@ -28,6 +35,9 @@ from agentflow._errors import CheckpointNotFound
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
+
+if TYPE_CHECKING:
+    import pytest
 
 SEALER = Sealer(KEY)
 #: What prune and trim judge each run by: its newest checkpoint, checked with the kit's key.
@@ -93,6 +103,38 @@ async def whole_or_trimmed(store: CheckpointStore, run_id: str) -> str:
         return "whole"
     assert steps == [3] and report.kept_from == 3, f"run {run_id} holds steps {steps}, kept from {report.kept_from}"
     return "trimmed"
+
+
+async def retry_claim(store: CheckpointStore, run_id: str) -> SealedCheckpoint:
+    """Save a retry's claim of the failed run: the next step, running, opening a segment of its own, saved now."""
+    last = await store.latest(run_id)
+    step = last.step + 1
+    claim = SEALER.seal_encoded_checkpoint(run_id, step, last.flow, "running", step, time.time(), last.payload)
+    await store.save(run_id, step, claim)
+    return claim
+
+
+def between_judgement_and_store(
+    monkeypatch: pytest.MonkeyPatch, name: str, attack: Callable[[], Awaitable[None]]
+) -> list[bool]:
+    """Run `attack` once, just before `_retention`'s `name` (``prune`` or ``trim``) hands its first batch to the store.
+
+    `prune_finished` and `trim_finished` call it right after judging the batch by its signed
+    newest rows. Returns a list that holds True once the attack ran.
+    """
+    from agentflow.exec.checkpoints import _retention
+
+    real = getattr(_retention, name)
+    fired: list[bool] = []
+
+    async def hooked(*args: Any, **kwargs: Any) -> Any:
+        if not fired:
+            fired.append(True)
+            await attack()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(_retention, name, hooked)
+    return fired
 
 
 async def _work(spec: str, before: float, batch: int, mode: str) -> None:

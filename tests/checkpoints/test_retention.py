@@ -4,7 +4,9 @@ The rules themselves (only ended runs, none held, each judged again) are conform
 (`_conformance_retention`, `_conformance_trim`); these tests prune real runs (clones of one
 ticket run, so every run left reads back healthy through `read_run`) on every set-up, count
 rows before and after, kill a prune (and a trim) midway on the stores another process
-shares, and show a reader racing a prune sees the run whole or not at all. What a trim
+shares, and show a reader racing a prune sees the run whole or not at all, and that a run
+saved again between the prune's judgement and the store's delete is kept on every set-up,
+however its fields in clear were set. What a trim
 keeps working (reads, retry, fork's refusal) is tests/checkpoints/test_trim.py.
 """
 
@@ -13,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import prune_kit
 import pytest
-from _kit.stores import StoreSetup, child_env, setups
+from _kit.stores import MemoryRows, StoreSetup, child_env, setups
 from prune_kit import CHECK
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
@@ -28,10 +30,12 @@ from agentflow.exec.checkpoints import (
     Pruned,
     RetentionPolicy,
     SealedCall,
+    Trimmed,
+    _retention,
     prune_finished,
     trim_finished,
 )
-from agentflow.exec.checkpoints._records import ENDED
+from agentflow.exec.checkpoints._records import ENDED, judged_row
 
 WORKER = Path(__file__).with_name("prune_kit.py")
 #: A run's keys in Redis (its lease has none while nobody holds it).
@@ -115,6 +119,68 @@ async def test_prune_stops_after_max_batches() -> None:
     # When at most two batches of two may run, Then four runs go and one is left for the next time
     pruned = await prune_finished(store, RetentionPolicy(HOUR, batch=2), max_batches=2, check=CHECK)
     assert len(pruned.run_ids) == 4 and len(await store.stored_runs()) == 1
+
+
+@pytest.mark.parametrize("store_setup", setups(), indirect=True)
+async def test_a_run_retried_after_it_was_judged_is_not_pruned_whatever_its_fields_in_clear_say(
+    store_setup: StoreSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two runs that failed a day ago
+    store, rows, now = store_setup.raw, await prune_kit.template(), time.time()
+    await prune_kit.seed(store, rows, ["retried", "left"], now - DAY, "failed")
+
+    # And, once the prune has judged their signed newest checkpoints and before the store deletes them, a retry of
+    # one saves its claim (a new step, running), and someone without the key sets what the store keeps in clear of
+    # that run back to "failed, a day ago"
+    async def retry_then_forge() -> None:
+        await prune_kit.retry_claim(store, "retried")
+        await store_setup.rows.set_clear("retried", "failed", now - DAY)
+
+    fired = prune_kit.between_judgement_and_store(monkeypatch, "prune", retry_then_forge)
+    # When the finished runs older than an hour are pruned
+    pruned = await prune_finished(store, RetentionPolicy(HOUR), check=CHECK)
+    # Then the retried run is kept whole, its claim the newest row: the store compared that row with the one judged
+    assert fired and pruned.run_ids == ("left",)
+    assert await store_setup.rows.counts("retried") == (5, 6)
+    assert [cp.step for cp in await store.history("retried")] == [0, 1, 2, 3, 4]
+    assert await store_setup.rows.counts("left") == (0, 0)
+    # And a prune run again leaves it too: its newest row says running, or (its status rewritten) no longer checks
+    again = await prune_finished(store, RetentionPolicy(HOUR), check=CHECK)
+    assert not again.run_ids and set(dict(again.refused)) <= {"retried"}
+    assert await store_setup.rows.counts("retried") == (5, 6)
+
+
+class BeforeJudged(MemoryCheckpointStore):
+    """A store whose prune and trim were written before the port passed them the rows judged."""
+
+    async def prune(  # type: ignore[override]
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str
+    ) -> Pruned:
+        return await super().prune(run_ids, before, statuses, owner)
+
+    async def trim(  # type: ignore[override]
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str]
+    ) -> Trimmed:
+        return await super().trim(run_ids, before, statuses)
+
+
+async def test_a_store_that_cannot_be_told_the_judged_rows_is_pruned_generically_and_refused_a_trim() -> None:
+    # Given two failed runs judged a day after they ended, on a store whose prune and trim take no judged rows
+    store, now = BeforeJudged(), time.time()
+    await prune_kit.seed(store, await prune_kit.template(), ["retried", "left"], now - DAY, "failed")
+    judged = {run_id: judged_row(await store.latest(run_id)) for run_id in ("retried", "left")}
+    # And one of them retried since, its fields in clear set back to "failed, a day ago"
+    await prune_kit.retry_claim(store, "retried")
+    await MemoryRows(store).set_clear("retried", "failed", now - DAY)
+    # When the runs are trimmed with the rows judged, Then the store is refused: it could not compare them
+    with pytest.raises(NotImplementedError, match="takes no judged rows"):
+        await _retention.trim(store, ["retried", "left"], now - HOUR, ENDED, judged)
+    # When they are pruned with the rows judged, Then the generic prune compares them: the retried run stays
+    pruned = await _retention.prune(store, ["retried", "left"], now - HOUR, ENDED, "pruner", judged)
+    assert pruned.run_ids == ("left",) and len(await store.history("retried")) == 5
+    # And judged rows that name no row are refused
+    with pytest.raises(ValueError, match="as \\(step, sig\\)"):
+        await _retention.prune(MemoryCheckpointStore(), ["retried"], now, ENDED, "pruner", {"retried": (1, "")})
 
 
 def test_a_policy_keeps_unfinished_runs_and_says_what_is_wrong() -> None:

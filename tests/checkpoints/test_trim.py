@@ -5,7 +5,8 @@ checks (`_conformance_trim`); these tests trim real runs of the ticket flow and 
 reader to them: `read_run` (what ``runs show``, ``verify`` and the viewer read) says where
 the history starts instead of reporting checkpoints missing, a retry of a trimmed failed
 run replays its finished calls and runs none twice, a fork from a trimmed step is refused
-naming the retention, and a history cut anywhere else is still reported.
+naming the retention, and a history cut anywhere else is still reported. A run retried
+between the trim's judgement and the store's trim keeps every checkpoint, on every set-up.
 """
 
 from __future__ import annotations
@@ -126,6 +127,31 @@ async def test_a_trimmed_failed_run_is_retried_and_runs_no_call_twice(store_setu
     assert [c.state for c in report.calls] == ["done", "done", "done"]
     assert (await trim_finished(store_setup.raw, NOW, now=time.time() + 1, check=CHECK)).run_ids == ("order-9",)
     assert len(await store_setup.history("order-9")) == 1
+
+
+@pytest.mark.parametrize("store_setup", setups(*ALL_SETUPS), indirect=True)
+async def test_a_run_retried_after_it_was_judged_is_not_trimmed_whatever_its_fields_in_clear_say(
+    store_setup: StoreSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two runs that failed a day ago
+    store, rows, now = store_setup.raw, await prune_kit.template(), time.time()
+    await prune_kit.seed(store, rows, ["retried", "left"], now - DAY, "failed")
+
+    # And, once the trim has judged their signed newest checkpoints and before the store trims them, a retry of one
+    # saves its claim (a new step, running), and someone without the key sets what the store keeps in clear of that
+    # run back to "failed, a day ago"
+    async def retry_then_forge() -> None:
+        await prune_kit.retry_claim(store, "retried")
+        await store_setup.rows.set_clear("retried", "failed", now - DAY)
+
+    fired = prune_kit.between_judgement_and_store(monkeypatch, "trim", retry_then_forge)
+    # When the finished runs older than an hour are trimmed
+    trimmed = await trim_finished(store, RetentionPolicy(None, trim_after_s=HOUR), check=CHECK)
+    # Then the retried run keeps every checkpoint, the claim its newest: the store compared it with the row judged
+    assert fired and trimmed.run_ids == ("left",)
+    assert [cp.step for cp in await store_setup.history("retried")] == [0, 1, 2, 3, 4]
+    assert await store_setup.rows.counts("retried") == (5, 6)
+    assert [cp.step for cp in await store_setup.history("left")] == [3]
 
 
 async def _cut(store: MemoryCheckpointStore, run_id: str, keep: Sequence[int]) -> None:

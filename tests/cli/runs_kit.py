@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from click.testing import Result
 from pydantic import BaseModel
 
-from agentflow import Call, Flow, FlowApp, Registry, RunContext
+from agentflow import Call, Flow, FlowApp, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
 from agentflow._events import Events
 from agentflow.demo.worker import DEMO_KEY
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
@@ -118,6 +118,29 @@ refunds_v2 = (
     .end("refund")
 )
 app_v2 = FlowApp(registry, [refunds_v2, shipping])
+
+#: Whether the quote service is down (the quote tool raises).
+DOWN: list[bool] = []
+
+
+async def quote(address: str) -> str:
+    """Ask the carrier for a price (fails while the service is down)."""
+    if DOWN:
+        raise ConnectionError("the quote service is down")
+    return f"12 EUR to {address}"
+
+
+quotes = (
+    Flow("quotes", state=Parcel)
+    .node("quote", Call("quote", args=lambda s: {"address": s.address}, into="label"))
+    .end("quote")
+)
+#: The kit's flows and ``quotes``, which fails on cue (`DOWN`): what operators retry.
+quoting = Registry()
+quoting.add(refund, approval=True)
+quoting.add(ship)
+quoting.add(quote)
+quotes_app = FlowApp(quoting, [refunds, shipping, quotes])
 NOT_A_FUNCTION = "a string, not a function"
 
 
@@ -201,6 +224,38 @@ def hold(db: Path, run_id: str, owner: str = HOLDER) -> Lease:
     lease = in_thread(take)
     assert lease.owner == owner, f"{run_id} is held by {lease.owner} already"
     return lease
+
+
+def as_worker(db: Path, job: str, run_id: str, operator: str | None = None) -> None:
+    """Act on a run through the app's runner, as a worker would: ``park`` it, or ``decide`` its calls in doubt."""
+
+    async def act() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            runner: FlowRunner = app.runner(store, KEY, owner="worker-9@host-c:99")
+            if job == "park":
+                try:
+                    await runner.advance(shipping, run_id, park=True)
+                except RecoveryNeedsDecision:
+                    return
+                raise AssertionError("the run was not parked")
+            await runner.decide_in_doubt(shipping, run_id, operator=operator)
+
+    in_thread(act)
+
+
+def add_failed(db: Path, run_id: str = "quote-1") -> None:
+    """Write a quotes run that failed because the quote service was down (it is up again on return)."""
+
+    async def run() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            result = await quotes_app.runner(store, KEY).run(quotes, Parcel(address="Faro"), run_id=run_id)
+            assert result.status == "failed", result
+
+    DOWN.append(True)
+    try:
+        in_thread(run)
+    finally:
+        DOWN.clear()
 
 
 def stored(db: Path, run_id: str) -> tuple[int, int]:

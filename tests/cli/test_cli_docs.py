@@ -72,7 +72,8 @@ LINES = command_lines()
 
 def test_the_docs_show_the_operator_commands():
     typed = " ".join(line for _, _, line in LINES)
-    for command in ("recover", "resume", "decide", "retry", "cancel", "fork", "runs list", "verify", "viewer"):
+    commands = ("recover", "resume", "decide", "retry", "cancel", "fork", "runs list", "verify", "events", "viewer")
+    for command in commands:
         assert f"agentflow {command}" in typed, command
 
 

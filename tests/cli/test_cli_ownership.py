@@ -8,32 +8,11 @@ act on it.
 from __future__ import annotations
 
 import getpass
-from pathlib import Path
 
 import runs_kit
 from runs_kit import HOLDER, hold, one_line_error, stored
 
-from agentflow import FlowRunner
-from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
-
 APP = "runs_kit:app"
-
-
-def with_runner(db: Path, job: str, run_id: str, operator: str | None = None) -> None:
-    """Act on a run through the app's runner, as a worker would: ``park`` it, or ``decide`` its calls in doubt."""
-
-    async def act() -> None:
-        async with SQLiteCheckpointStore(db) as store:
-            runner: FlowRunner = runs_kit.app.runner(store, runs_kit.KEY, owner="worker-9@host-c:99")
-            if job == "park":
-                try:
-                    await runner.advance(runs_kit.shipping, run_id, park=True)
-                except RecoveryNeedsDecision:
-                    return
-                raise AssertionError("the run was not parked")
-            await runner.decide_in_doubt(runs_kit.shipping, run_id, operator=operator)
-
-    runs_kit.in_thread(act)
 
 
 def segment_lines(output: str) -> list[str]:
@@ -58,7 +37,7 @@ def test_the_operator_comes_from_the_environment_else_the_login_name(agentflow, 
     # Then bob is the operator of the decision
     assert "decided by bob at" in agentflow("runs", "show", "refund-1").stdout
     # and without it, the login name is
-    with_runner(db, "park", "ship-1")
+    runs_kit.as_worker(db, "park", "ship-1")
     recovered = agentflow("recover", "ship-1", "--app", APP, "--rerun-in-doubt", env={"AGENTFLOW_OPERATOR": None})
     assert recovered.exit_code == 0, recovered.output
     assert f"decided by {getpass.getuser()} at" in agentflow("runs", "show", "ship-1").stdout
@@ -114,7 +93,7 @@ def test_resume_of_a_held_run_fails_in_one_line_naming_the_holder(agentflow, db)
 
 def test_a_parked_run_says_what_it_waits_for_and_how_to_decide(agentflow, db):
     # Given ship-1 parked by a worker on its call in doubt
-    with_runner(db, "park", "ship-1")
+    runs_kit.as_worker(db, "park", "ship-1")
     # When it is shown
     out = agentflow("runs", "show", "ship-1").stdout
     # Then it waits for a decision about ship, with the command that decides
@@ -126,7 +105,7 @@ def test_a_parked_run_says_what_it_waits_for_and_how_to_decide(agentflow, db):
 
 def test_a_stored_decision_names_its_operator_and_waits_for_a_worker(agentflow, db):
     # Given ship-1, whose call in doubt carol checked and decided to run again (stored, not spent)
-    with_runner(db, "decide", "ship-1", operator="carol")
+    runs_kit.as_worker(db, "decide", "ship-1", operator="carol")
     # When it is shown
     out = agentflow("runs", "show", "ship-1").stdout
     # Then the decision is shown with carol's name, and no other advice

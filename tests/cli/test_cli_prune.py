@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import sqlite3
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from runs_kit import one_line_error
 
 from agentflow.cli import _cmd_prune
 from agentflow.cli._stores import open_store
+from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
 #: The kit's runs: four finished (order-1..3, tamper-1: done), three not (refund-1, refund-2 paused; ship-1 running).
 FINISHED = ("order-1", "order-2", "order-3", "tamper-1")
@@ -249,3 +253,38 @@ def test_prune_needs_the_checkpoint_key(agentflow, db):
     result = agentflow("runs", "prune", "--older-than", "0s", "--yes", key=None)
     assert result.exit_code != 0 and "AGENTFLOW_CHECKPOINT_KEYS" in result.output
     assert agentflow("runs", "list").stdout == before
+
+
+def test_a_run_retried_while_the_person_reads_the_question_is_not_pruned(agentflow, db, monkeypatch):
+    # Given a failed quote run among the finished ones
+    runs_kit.add_failed(db)
+    asked = _cmd_prune._go_ahead
+
+    async def retried_meanwhile(deletes: str, yes: bool) -> bool:
+        # While the person reads the question, an operator retries quote-1 (a new step, running) and
+        # someone without the key sets its listing back to "failed, a day ago" (two plain writes)
+        async with SQLiteCheckpointStore(db) as store:
+            retried = await runs_kit.quotes_app.runner(store, runs_kit.KEY).retry(
+                runs_kit.quotes, "quote-1", max_supersteps=0
+            )
+            assert retried.status == "running"
+        old = time.time() - 86_400
+        newest = "step = (SELECT MAX(step) FROM checkpoints WHERE run_id = 'quote-1')"
+        for table, where in (("runs", "1 = 1"), ("checkpoints", newest)):  # the listing, the newest row's columns
+            statement = f"UPDATE {table} SET status = 'failed', saved_at = {old} WHERE run_id = 'quote-1' AND {where}"
+            runs_kit.in_thread(functools.partial(_sqlite, db, statement))
+        return await asked(deletes, yes)
+
+    monkeypatch.setattr(_cmd_prune, "_go_ahead", retried_meanwhile)
+    # When finished runs are pruned
+    result = agentflow("runs", "prune", "--older-than", "0s", "--yes")
+    assert result.exit_code == 0, result.output
+    # Then the retried run is left whole (its newest row is no longer the one judged), the others went
+    assert "pruned 4 run(s)" in result.stdout and "1 run(s) were left" in result.stdout
+    assert runs_kit.stored(db, "quote-1")[0] > 0
+    assert all(runs_kit.stored(db, run_id) == (0, 0) for run_id in FINISHED)
+
+
+async def _sqlite(db: Path, statement: str) -> None:
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute(statement)

@@ -217,6 +217,76 @@ async def test_cancel_through_the_workers_ends_an_idle_run_at_once_and_a_live_on
     assert_ran_on_the_workers(dep, asked, busy, ["slow_report"])
 
 
+async def test_decide_through_the_workers_exits_1_when_the_run_then_fails(dep: Deployment) -> None:
+    # Given a ticket run whose process died inside charge_card (not idempotent)
+    async with client_of(dep) as client:
+        run_id = await in_doubt(client, f"{dep.prefix}-declined", "Salome")
+        store = client.runner.checkpoints
+        assert store is not None
+        records = await read_log(store, client.sealer, run_id)
+    (charge,) = [r.body["call_id"] for r in records if r.kind == "started" and r.body.get("tool") == "charge_card"]
+    # When the operator checked the bank, which declined the card, and says so through the workers
+    word = f"{charge}=not:the bank declined the card"
+    ran = await asyncio.to_thread(agentflow, dep, "decide", run_id, "--call", word, "--workers", WORKERS)
+    # Then a worker acted on it, the charge failed with that reason and so did the run: the command exits 1,
+    # as retry does, having said where the run landed
+    assert ran.code == 1, ran.output
+    assert f"run {run_id}: decision stored at step " in ran.stdout
+    assert "a worker acted on it: now failed at step " in ran.stdout
+    last = ran.stderr.splitlines()[-1]
+    assert last.startswith(f"agentflow: run '{run_id}' failed: ") and "the bank declined the card" in last
+    # And no tool ran again: not the charge, and not the mail after it
+    assert effects(dep, run_id) == []
+
+
+async def test_a_command_through_the_workers_says_what_it_waits_for_and_each_change_of_status(dep: Deployment) -> None:
+    # Given a report that takes a second, nobody moving it
+    async with client_of(dep) as client:
+        run_id = await stranded(client, "slow", f"{dep.prefix}-watched", show="watched", seconds=1.0)
+    # When the operator recovers it through the workers (stderr is no terminal: lines, no spinner)
+    ran = await asyncio.to_thread(agentflow, dep, "recover", run_id, "--workers", WORKERS)
+    # Then stderr says which run it waits for and for what, then each status the run went through, by whom
+    # (the deployment's store may warn first, about how the Redis it uses keeps data)
+    assert ran.code == 0, ran.output
+    lines = [line for line in ran.stderr.splitlines() if run_id in line]
+    assert lines[0] == (
+        f"waiting for run {run_id}: a worker carries it on until it ends, pauses or waits for a decision "
+        "(up to 60 s; Ctrl-C stops the wait, not the run)"
+    )
+    assert lines[1].startswith(f"run {run_id}: now running at step ")  # 0, or 1 once a worker claimed it
+    assert lines[2].startswith(f"run {run_id}: now done at step ") and "(by w1@" in lines[2]
+    assert len(lines) == 3 and "\r" not in ran.stderr
+    # And stdout is the command's summary, as it was
+    assert ran.stdout.splitlines()[1].startswith(f"{run_id}  done     by w1@")
+
+
+async def test_the_reading_commands_read_the_deployments_store_with_workers(dep: Deployment) -> None:
+    # Given a ticket run the workers finished
+    async with client_of(dep) as client:
+        run_id = await client.start("tickets", {"show": "Fidelio"})
+        assert (await client.wait(run_id, timeout_s=30)).status == "done"
+    # When the operator lists, shows, verifies it and prints its events through the workers (no store, no key given)
+    listed, shown, verified, events = await asyncio.gather(
+        asyncio.to_thread(agentflow, dep, "runs", "list", "--workers", WORKERS),
+        asyncio.to_thread(agentflow, dep, "runs", "show", run_id, "--workers", WORKERS),
+        asyncio.to_thread(agentflow, dep, "verify", run_id, env={"AGENTFLOW_WORKERS": WORKERS}),
+        asyncio.to_thread(agentflow, dep, "events", run_id, "--workers", WORKERS),
+    )
+    # Then each reads the deployment's store under its key ring
+    for ran in (listed, shown, verified, events):
+        assert ran.code == 0, ran.output
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(run_id)]
+    assert row.split()[1:3] == ["tickets", "done"]
+    assert shown.stdout.startswith(f"run {run_id}   flow tickets") and "(by w1@" not in shown.stdout
+    assert verified.stdout.startswith("ok: 1 run(s)")
+    # And the events, with the deployment's cursors (Redis stream ids), end with the run's end
+    lines = events.stdout.splitlines()
+    assert all("-" in line.split()[0] for line in lines)
+    started = [line.split()[4] for line in lines if line.split()[3] == "tool.started"]
+    assert started == ["tool=hold_seats", "tool=charge_card", "tool=email_tickets"]
+    assert lines[-1].split()[3:5] == ["run.finished", "status=done"]
+
+
 # -- without a deployment ----------------------------------------------------------------------------
 
 

@@ -133,7 +133,8 @@ async def test_a_parked_run_waits_for_a_decision(store_setup):
     report = await read_run(store_setup.raw, SEALER, "park-1")
     # Then it shows what it waits for, parked by that worker
     ((tool, why),) = report.awaiting
-    assert tool == "charge_card" and why.endswith("was started and has no result")
+    assert tool == "charge_card" and why.endswith(" UTC and has no result")
+    assert f"was started on {WORKER} at " in why  # the worker that died in it, named for the operator
     assert WAITING in report.marks and report.segments[-1].how == "parked"
     assert report.segments[-1].owner == OTHER and report.lease is None
     # and an operator's decision is shown as waiting for a worker to spend it

@@ -18,49 +18,15 @@ import httpx2
 from starlette.testclient import TestClient
 from viewer_kit import runs_kit
 
-from agentflow import Call, Flow, FlowApp, Registry
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
-#: Whether the quote service is down (the quote tool raises).
-DOWN: list[bool] = []
-
-registry = Registry()
-registry.add(runs_kit.refund, approval=True)
-registry.add(runs_kit.ship)
-
-
-@registry.tool
-async def quote(address: str) -> str:
-    """Ask the carrier for a price (fails while the service is down)."""
-    if DOWN:
-        raise ConnectionError("the quote service is down")
-    return f"12 EUR to {address}"
-
-
-quotes = (
-    Flow("quotes", state=runs_kit.Parcel)
-    .node("quote", Call("quote", args=lambda s: {"address": s.address}, into="label"))
-    .end("quote")
-)
-app = FlowApp(registry, [runs_kit.refunds, runs_kit.shipping, quotes])
-
-
-def add_failed(db: Path, run_id: str = "quote-1") -> None:
-    """Write a quotes run that failed because the quote service was down (it is up again on return)."""
-
-    async def run() -> None:
-        async with SQLiteCheckpointStore(db) as store:
-            result = await app.runner(store, runs_kit.KEY).run(quotes, runs_kit.Parcel(address="Faro"), run_id=run_id)
-            assert result.status == "failed", result
-
-    DOWN.append(True)
-    try:
-        runs_kit.in_thread(run)
-    finally:
-        DOWN.clear()
+#: The runs kit's flows and ``quotes`` (which fails on cue: `runs_kit.DOWN`).
+app = runs_kit.quotes_app
+quotes = runs_kit.quotes
+add_failed = runs_kit.add_failed
 
 
 def csrf_for(page_html: str, run_id: str, action: str) -> str:

@@ -24,17 +24,33 @@ def test_the_list_shows_each_run_with_status_and_marks(db, local):
     page = local.get("/")
     assert page.status_code == 200
     html = page.text
-    assert 'class="pill claimed"' in row_of(html, "order-2")  # its worker was killed, another claimed it
-    assert "claimed" not in row_of(html, "order-1")
+    # order-2's worker was killed and another claimed it: not something a person needs to see in the list
+    assert "claimed" not in row_of(html, "order-2") and 'class="status done">done' in row_of(html, "order-2")
     assert 'class="status paused">paused' in row_of(html, "refund-1")
     assert 'class="status running">running' in row_of(html, "ship-1")
     corrupt = row_of(html, "tamper-1")
     assert 'class="pill corrupt">corrupt' in corrupt and "signature does not match" in corrupt
     assert "shipping" not in corrupt
     # the counts at the top (of this page)
-    assert "1 claimed" in html and "1 corrupt" in html and "2 paused" in html
+    assert "claimed" not in html.split("<table", 1)[0]
+    assert "1 corrupt" in html and "2 paused" in html
     # and where to see what a head does not say (a recovery, calls in doubt, older rows)
     assert "checks each run's latest checkpoint only" in html
+
+
+def test_a_run_parked_on_calls_in_doubt_is_listed_as_waiting_for_a_decision_with_a_counter_and_a_filter(db, local):
+    # Given ship-1 parked by a worker on its call in doubt
+    runs_kit.as_worker(db, "park", "ship-1")
+    # When the list is shown
+    html = local.get("/").text
+    # Then the run reads as waiting for a decision, not as a blue "running", and the page counts it
+    row = row_of(html, "ship-1")
+    assert 'class="status decision"' in row and "waiting for a decision" in row and "running" not in row
+    assert "1 waiting for a decision" in html
+    # And the filter for it lists exactly the runs that wait for a person's decision
+    waiting = local.get("/?status=decision").text
+    assert re.findall(r'data-run="([^"]+)"', waiting) == ["ship-1"]
+    assert '<option value="decision" selected>waiting for a decision</option>' in waiting
 
 
 def test_a_run_whose_older_rows_were_changed_is_corrupt_on_its_page_not_in_the_list(local):

@@ -1,5 +1,7 @@
 """Conformance checks of retention: only old finished runs are pruned, each whole, none under a live lease.
 
+None is pruned either once its newest row is not the row the caller judged (a save came after the judgement).
+
 Each check takes a store and raises `AssertionError` naming the rule the store breaks;
 `conformance` collects them into `CHECKS`. The checks go through `_retention` (the store's
 own `prunable` and `prune`, or the generic ones a store without them gets), so every store
@@ -20,7 +22,7 @@ from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints import _retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _call, _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint
+from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint, judged_row
 
 #: The cut-off of every check: one hour into 1970.
 CUT_OFF: Final = 3600.0
@@ -155,3 +157,34 @@ async def check_prune_limit_and_cut_off(store: CheckpointStore) -> None:
     _expect(early == runs[:1], f"prunable with the cut-off at 101 s listed {early}, expected only {runs[:1]}")
     pruned = await _retention.prune(store, runs, 102.0, ENDED, OWNER)
     _expect(pruned.run_ids == tuple(runs[:2]), f"prune with the cut-off at 102 s deleted {list(pruned.run_ids)}")
+
+
+async def check_prune_takes_only_the_judged_row(store: CheckpointStore) -> None:
+    """Given the rows judged, a prune deletes a run only while its newest row is the judged one (step and signature).
+
+    The run moved on after it was judged: a retry's claim, then a second failure, both saved
+    in 1970, so what the store keeps in clear still says "failed, long before the cut-off";
+    only the newest row itself is not the judged one. A run judged at its newest row, in the
+    same batch, goes; so does the moved run once its new newest row is the one judged.
+    """
+    _, flow = _ids()
+    moved, still = await _run(store, flow, "failed", 100.0), await _run(store, flow, "done", 101.0)
+    then = {run_id: judged_row(await store.latest(run_id)) for run_id in (moved, still)}
+    await store.save(moved, 2, _old(moved, 2, flow, "running", 150.0))  # a retry's claim
+    await store.save(moved, 3, _old(moved, 3, flow, "failed", 160.0))  # and it failed again, long ago too
+    pruned = await _retention.prune(store, [moved, still], CUT_OFF, ENDED, OWNER, judged=then)
+    _expect(
+        pruned.run_ids == (still,),
+        f"prune given the rows judged deleted {list(pruned.run_ids)}, expected only {still}: run {moved} saved "
+        "steps 2 and 3 after its step 1 was judged",
+    )
+    history = [cp.step for cp in await store.history(moved)]
+    _expect(history == [0, 1, 2, 3], f"a run saved again after it was judged holds steps {history} after a prune")
+    await _expect_gone(store, still, "a run whose judged row was still its newest")
+    newest = await store.latest(moved)
+    for wrong, what in (({}, "no row judged for it"), ({moved: (3, "0" * 64)}, "its step 3 judged with another sig")):
+        pruned = await _retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged=wrong)
+        _expect(not pruned.run_ids, f"prune deleted run {moved} with {what}")
+    pruned = await _retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged={moved: judged_row(newest)})
+    _expect(pruned.run_ids == (moved,), f"prune did not delete run {moved} once its newest row was the one judged")
+    await _expect_gone(store, moved, "a run pruned at the row judged")

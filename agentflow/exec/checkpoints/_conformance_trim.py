@@ -19,7 +19,7 @@ from agentflow.exec.checkpoints import _retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _call, _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._conformance_retention import CUT_OFF, _old
 from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore, TrimStore
-from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint
+from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint, judged_row
 from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX
 
 #: Checkpoints of the runs the checks trim: a trim deletes all but the last.
@@ -192,3 +192,35 @@ async def check_trimmed_run_is_retried_and_trimmed_again(store: CheckpointStore)
 def _claim(run_id: str, flow: str) -> SealedCheckpoint:
     """A retry's claim: a running checkpoint that opens segment `STEPS` at step `STEPS`."""
     return SEALER.seal_checkpoint(run_id, STEPS, flow, "running", STEPS, 200.0, {"step": STEPS, "claim": "retry"})
+
+
+async def check_trim_takes_only_the_judged_row(store: CheckpointStore) -> None:
+    """Given the rows judged, a trim takes a run only while its newest row is the judged one (step and signature).
+
+    As for a prune: the run was retried and failed again after it was judged, all in 1970,
+    so only its newest row tells it apart. It is left whole; a run judged at its newest row,
+    in the same batch, is trimmed, and so is the retried one once its new row is judged.
+    """
+    _, flow = _ids()
+    if not await _trimming(store, flow):
+        return
+    moved, still = await _long_run(store, flow, "failed", 100.0), await _long_run(store, flow, "done", 101.0)
+    then = {run_id: judged_row(await store.latest(run_id)) for run_id in (moved, still)}
+    await store.save(moved, STEPS, _claim(moved, flow))  # a retry's claim
+    failed = SEALER.seal_checkpoint(moved, STEPS + 1, flow, "failed", STEPS, 160.0, {"step": STEPS + 1})
+    await store.save(moved, STEPS + 1, failed)  # and it failed again, long ago too
+    trimmed = await _retention.trim(store, [moved, still], CUT_OFF, ENDED, judged=then)
+    _expect(
+        trimmed.run_ids == (still,),
+        f"trim given the rows judged took {list(trimmed.run_ids)}, expected only {still}: run {moved} saved "
+        f"steps {STEPS} and {STEPS + 1} after its step {STEPS - 1} was judged",
+    )
+    kept = [cp.step for cp in await store.history(moved)]
+    _expect(kept == list(range(STEPS + 2)), f"a run saved again after it was judged holds steps {kept} after a trim")
+    _expect([cp.step for cp in await store.history(still)] == [STEPS - 1], f"run {still} was not trimmed")
+    for wrong, what in (({}, "no row judged for it"), ({moved: (STEPS + 1, "0" * 64)}, "its newest step, another sig")):
+        trimmed = await _retention.trim(store, [moved], CUT_OFF, ENDED, judged=wrong)
+        _expect(not trimmed.run_ids, f"trim took run {moved} with {what}")
+    trimmed = await _retention.trim(store, [moved], CUT_OFF, ENDED, judged={moved: judged_row(failed)})
+    _expect(trimmed.run_ids == (moved,), f"trim did not take run {moved} once its newest row was the one judged")
+    _expect(list(await store.history(moved)) == [failed], f"run {moved} trimmed at the row judged kept other rows")

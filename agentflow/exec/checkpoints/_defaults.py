@@ -19,7 +19,8 @@ mixin gives:
 - ``prunable`` and ``prune`` (retention): the generic versions below, built on
   ``list_runs``, ``leases``, ``take_lease``, ``latest``, ``history``, ``calls`` and
   ``delete``, one run at a time. A run is pruned whole only if the store's ``delete`` is
-  atomic; they are also what `_retention` falls back on for a store without them.
+  atomic, and only while its newest row is the one the caller judged (``judged``); they
+  are also what `_retention` falls back on for a store without them.
 
 No trim (`TrimStore`): the port has no way to delete one checkpoint of a run and keep the
 rest (``delete`` takes all of it, and a save cannot put the newest row back: it would be a
@@ -38,8 +39,15 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final, NoReturn, Protocol
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
-from agentflow.exec.checkpoints._rules import check_call, check_prune_statuses, check_row, check_save
+from agentflow.exec.checkpoints._records import JudgedRows, Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
+from agentflow.exec.checkpoints._rules import (
+    check_call,
+    check_judged,
+    check_prune_statuses,
+    check_row,
+    check_save,
+    is_judged,
+)
 
 #: How many runs the generic `default_prunable` reads from the listing (all of them, in practice).
 _EVERY_RUN: Final = 1_000_000
@@ -85,19 +93,30 @@ async def default_prunable(store: _PrunedStore, before: float, statuses: Collect
 
 
 async def default_prune(
-    store: _PrunedStore, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str
+    store: _PrunedStore,
+    run_ids: Sequence[str],
+    before: float,
+    statuses: Collection[str],
+    owner: str,
+    judged: JudgedRows | None = None,
 ) -> Pruned:
     """Delete each run that still qualifies, one at a time, under its lease.
 
     For each run: take its lease (a live holder keeps it), read its newest checkpoint
-    again, and if it still ended with one of `statuses` before `before`, count its rows
-    and `delete` it (which forgets the lease too); else give the lease back. Whole or
-    not at all only as far as the store's `delete` is one atomic step.
+    again (`latest` reads the rows, not the listing), and if it still ended with one of
+    `statuses` before `before`, and is the very row that was `judged` (its step and
+    signature; any row when None), count its rows and `delete` it (which forgets the
+    lease too); else give the lease back. Whole or not at all only as far as the store's
+    `delete` is one atomic step, and the re-read and the delete are two calls: the lease
+    is what keeps a worker from saving in between.
     """
     chosen = check_prune_statuses(statuses)
+    pinned = check_judged(judged)
     pruned: list[str] = []
     rows = 0
     for run_id in dict.fromkeys(run_ids):
+        if pinned is not None and run_id not in pinned:
+            continue  # not judged: left as it is
         token = secrets.token_hex(16)
         if (await store.take_lease(run_id, owner, token, PRUNE_LEASE_S)).token != token:
             continue  # held: someone is moving it
@@ -107,7 +126,8 @@ async def default_prune(
                 latest = await store.latest(run_id)
             except CheckpointNotFound:
                 continue
-            if latest.status in chosen and latest.saved_at < before:
+            ended = latest.status in chosen and latest.saved_at < before
+            if ended and is_judged(pinned, run_id, latest.step, latest.sig):
                 count = len(await store.history(run_id)) + len(await store.calls(run_id))
                 await store.delete(run_id)
                 deleted = True
@@ -143,7 +163,13 @@ async def default_trimmable(
     no_trim(store)
 
 
-async def default_trim(store: object, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+async def default_trim(
+    store: object,
+    run_ids: Sequence[str],
+    before: float,
+    statuses: Collection[str],
+    judged: JudgedRows | None = None,
+) -> Trimmed:
     """The generic trim: there is none (see `no_trim`); nothing is deleted.
 
     Raises:
@@ -230,11 +256,17 @@ class StoreDefaults:
         return await default_prunable(self, before, statuses, limit)
 
     async def prune(
-        self: _PrunedStore, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str
+        self: _PrunedStore,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
     ) -> Pruned:
         """Delete each run that still qualifies, one at a time under its lease (see `default_prune`).
 
         A run goes whole only if this store's ``delete`` removes all of it in one atomic
-        step; a store that can delete a batch of runs in one transaction should override it.
+        step; a store that can delete a batch of runs in one transaction should override it
+        (and compare each run's newest row with `judged` inside that transaction).
         """
-        return await default_prune(self, run_ids, before, statuses, owner)
+        return await default_prune(self, run_ids, before, statuses, owner, judged)

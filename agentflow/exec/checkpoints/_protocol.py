@@ -50,6 +50,11 @@ store that has it prunes finished runs in batches, natively; any other store (a 
 that forwards only `CheckpointStore`, a third-party store) is pruned by the generic
 version built on the methods above (`_defaults.default_prune`), one run at a time.
 Callers go through `agentflow.exec.checkpoints._retention`, which picks one or the other.
+A prune (and a trim) takes the rows the caller judged (`JudgedRows`: each run's newest
+checkpoint row, by step and signature, whose signature the caller checked) and deletes a
+run only while that very row is still its newest, compared inside the store's atomic step:
+a save that lands between the judgement and the delete keeps the run, whatever the fields
+the store keeps in clear say.
 Trimming (`TrimStore`: ``trimmable`` and ``trim``) is optional apart from pruning: a store
 that has it deletes every checkpoint but the newest of finished runs and keeps the rest of
 each run. The port has no way to delete one checkpoint, so there is no generic trim: a
@@ -68,6 +73,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from agentflow.exec.checkpoints._records import (
+    JudgedRows,
     Lease,
     Marker,
     Pruned,
@@ -271,7 +277,14 @@ class RetentionStore(Protocol):
         """
         ...
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+    async def prune(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
+    ) -> Pruned:
         """Delete each run of `run_ids` that still qualifies, whole; leave every other one as it is.
 
         Each run is judged again at the moment it is deleted, under the same rule as
@@ -281,8 +294,22 @@ class RetentionStore(Protocol):
         resumed or retried meanwhile (a new checkpoint, a live lease) is kept. The pruner
         holds the run's lease (as `owner`) while it deletes it. Unknown ids are skipped.
 
+        `judged` is what the caller checked, per run: ``(step, sig)`` of the newest
+        checkpoint row whose signature it verified (`_retention.judged_rows`). Given it, the
+        store deletes a run only if, inside that same atomic step, the run's newest
+        checkpoint *row* (the last row stored, read from the rows themselves: never the
+        listing index, the ``runs`` row or the latest hash, whose fields in clear anyone
+        with write access can set) is still at that step and carries that signature. A run
+        with no entry, or whose newest row is another (a save landed after the judgement:
+        a retry's claim, a resume), is left whole, whatever the fields in clear say. Rows
+        are append-only and signed, so a writer without the key cannot make another row
+        the newest one and give it the judged row's signature short of rewriting stored
+        rows. With None, the store's own re-judgement alone decides (a caller that judged
+        no signed row).
+
         Raises:
-            ValueError: `statuses` names a status of a run that has not ended.
+            ValueError: `statuses` names a status of a run that has not ended, or an entry
+                of `judged` is not a step and a signature.
         """
         ...
 
@@ -313,7 +340,13 @@ class TrimStore(Protocol):
         """
         ...
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        judged: JudgedRows | None = None,
+    ) -> Trimmed:
         """Delete every checkpoint but the newest of each run of `run_ids` that still qualifies.
 
         Each run is judged again at the moment it is trimmed, under the same rule as
@@ -325,8 +358,15 @@ class TrimStore(Protocol):
         checkpoint, a live lease) is left. Unknown ids, and runs with one checkpoint, are
         skipped. A run retried after a trim and ended again qualifies again.
 
+        `judged` pins each run to the newest row the caller checked, exactly as for
+        `RetentionStore.prune`: the run is trimmed only if that row (its step and
+        signature, compared with the newest stored row itself in the same atomic step) is
+        still its newest; else, or with no entry, it is left untouched. None: the store's
+        own re-judgement alone.
+
         Raises:
-            ValueError: `statuses` names a status of a run that has not ended.
+            ValueError: `statuses` names a status of a run that has not ended, or an entry
+                of `judged` is not a step and a signature.
         """
         ...
 

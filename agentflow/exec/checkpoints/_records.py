@@ -8,9 +8,9 @@ store is detected exactly like changing the payload.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias
 
 from agentflow._errors import CheckpointStoreCorrupt
 
@@ -150,6 +150,17 @@ class Trimmed:
 
     def __add__(self, other: Trimmed) -> Trimmed:
         return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
+
+
+#: What a prune or trim judged, per run id: ``(step, sig)`` of the newest checkpoint row it checked.
+#: A store given it deletes a run only while that very row is still the run's newest
+#: (`RetentionStore.prune`, `TrimStore.trim`); a run without an entry is left.
+JudgedRows: TypeAlias = Mapping[str, tuple[int, str]]
+
+
+def judged_row(row: SealedCheckpoint) -> tuple[int, str]:
+    """What a prune or trim passes on of a row it judged: its step and its signature (`JudgedRows`)."""
+    return row.step, row.sig
 
 
 #: How many events a store keeps per run: appending more drops the oldest (Redis trims

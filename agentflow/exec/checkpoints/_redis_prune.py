@@ -12,15 +12,20 @@ and no SCAN: the index is sorted by time.
 
 `prune` reads the flow of each run asked for (one pipelined round trip per chunk), then
 runs ``_lua/prune_run.lua`` for each, which judges the run again and deletes its six keys
-in one step (no live lease: the script runs while nobody else can take one). On one server
+in one step (no live lease: the script runs while nobody else can take one). Given the
+rows the caller judged (`JudgedRows`), the script also reads the run's last checkpoint row
+(the end of its list, not the latest hash, whose fields in clear anyone can set) and
+deletes the run only if that row's header names the judged step and signature: a save
+that landed after the judgement appended another row, and the run stays. On one server
 the scripts also remove the run from the three indexes, and a chunk's scripts go in one
 pipeline. On Redis Cluster each run's script goes to its slot's node (concurrently), and
 the index entries, in other slots, are removed afterwards: an entry left by a prune cut
 off there names a run with no keys, which every listing skips and removes.
 
-`trim` runs ``_lua/trim_run.lua`` for each run, which judges it again and blanks every
-checkpoint row but the newest in one step; it touches only the run's own keys, so it is the
-same script on one server and on a Cluster, and no index entry changes.
+`trim` runs ``_lua/trim_run.lua`` for each run, which judges it again (the judged row
+too, as the prune script does) and blanks every checkpoint row but the newest in one step;
+it touches only the run's own keys, so it is the same script on one server and on a
+Cluster, and no index entry changes.
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
-from agentflow.exec.checkpoints._records import Pruned, Trimmed
+from agentflow.exec.checkpoints._records import JudgedRows, Pruned, Trimmed
 from agentflow.exec.checkpoints._redis_clients import Bound, LoopClients
 from agentflow.exec.checkpoints._redis_index import STALE_AFTER_S, Index
 from agentflow.exec.checkpoints._redis_rows import _scored, _text
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_prune_statuses, trims
+from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, trims
 
 #: Index entries read per page, and runs pruned per pipeline.
 _PAGE: Final = 500
@@ -103,26 +108,38 @@ class RedisPrune:
                 await self._index.forget(bound, self._every, stale)
         return found[: max(limit, 0)]
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Pruned:
+    async def prune(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None
+    ) -> Pruned:
         """Delete the runs that still qualify, whole: one script per run (see the module docstring)."""
         chosen = check_prune_statuses(statuses)
-        unique = list(dict.fromkeys(run_ids))
+        pinned = check_judged(judged)
+        unique = [run_id for run_id in dict.fromkeys(run_ids) if pinned is None or run_id in pinned]
         total = Pruned((), 0)
         for start in range(0, len(unique), _PAGE):
             async with self._clients.use() as bound:
-                total += await self._prune_chunk(bound, unique[start : start + _PAGE], before, chosen)
+                total += await self._prune_chunk(bound, unique[start : start + _PAGE], before, chosen, pinned)
         return total
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None
+    ) -> Trimmed:
         """Keep only the newest checkpoint of the runs that still qualify: one script per run (module docstring)."""
-        args = [repr(before), UNTRIMMED_PREFIX, *check_prune_statuses(statuses, "a trim")]
-        unique = list(dict.fromkeys(run_ids))
+        chosen = check_prune_statuses(statuses, "a trim")
+        pinned = check_judged(judged)
+        unique = [run_id for run_id in dict.fromkeys(run_ids) if pinned is None or run_id in pinned]
         trimmed: list[str] = []
         rows = 0
         for start in range(0, len(unique), _PAGE):
             chunk = unique[start : start + _PAGE]
             async with self._clients.use() as bound:
-                calls = [(self._keys(run_id, _TRIM_PARTS), args) for run_id in chunk]
+                calls = [
+                    (
+                        self._keys(run_id, _TRIM_PARTS),
+                        [repr(before), UNTRIMMED_PREFIX, *_mark(pinned, run_id), *chosen],
+                    )
+                    for run_id in chunk
+                ]
                 replies = await _run_scripts(bound, "trim_run", calls)
             for run_id, reply in zip(chunk, replies, strict=True):
                 if _text(reply[0]) == "trimmed":
@@ -130,7 +147,14 @@ class RedisPrune:
                     rows += int(reply[1])
         return Trimmed(tuple(trimmed), rows)
 
-    async def _prune_chunk(self, bound: Bound, run_ids: list[str], before: float, chosen: Sequence[str]) -> Pruned:
+    async def _prune_chunk(
+        self,
+        bound: Bound,
+        run_ids: list[str],
+        before: float,
+        chosen: Sequence[str],
+        pinned: dict[str, tuple[int, str]] | None,
+    ) -> Pruned:
         pipe = bound.client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hget(self._keys(run_id, ("latest",))[0], "flow")
@@ -138,7 +162,7 @@ class RedisPrune:
         calls = [
             (
                 self._keys(run_id, _PARTS) + ([] if bound.cluster else self._index.keys(flow)),
-                [repr(before), run_id, flow, *chosen],
+                [repr(before), run_id, flow, *_mark(pinned, run_id), *chosen],
             )
             for run_id, flow in flows
         ]
@@ -163,6 +187,14 @@ class RedisPrune:
             _, of_flow, unfinished = self._index.keys(flow)
             await self._index.forget(bound, of_flow, found)
             await bound.client.zrem(unfinished, *(run_id for run_id, _ in found))
+
+
+def _mark(pinned: dict[str, tuple[int, str]] | None, run_id: str) -> tuple[str, str]:
+    """The script arguments that pin a run to its judged newest row: its step and signature (blank: none judged)."""
+    if pinned is None:
+        return "", ""
+    step, sig = pinned[run_id]
+    return str(step), sig
 
 
 async def _run_scripts(bound: Bound, name: str, calls: Sequence[tuple[list[str], list[str]]]) -> list[Any]:

@@ -36,15 +36,25 @@ The design of a trim:
 
 Who judges a run: its **signed** newest checkpoint. A store's listing and its atomic
 re-check read the fields it keeps in clear (a Redis run's ``latest`` hash, a SQL ``runs``
-row), which anyone with write access can set: ``status=done`` and an old ``saved_at`` on a
-paused run would have it deleted. So `prune_finished`, `trim_finished` and the
-``agentflow runs prune`` command take a `RowCheck` (the key ring's: `Sealer`'s check of a
-checkpoint row) and prune or trim only the listed runs whose newest row checks and itself
-says it ended, in the statuses asked, before the cut-off (`judged`); a run whose newest
-row does not check is left and reported (`Pruned.refused`). What stays open: the row is
-judged just before the store's own atomic step, not inside it, so a save landing between
-the two is judged by the store's clear fields alone (it may only be a legitimate save: a
-forged row does not check).
+row, a checkpoint row's status and saved_at columns), which anyone with write access can
+set: ``status=done`` and an old ``saved_at`` on a paused run would have it deleted. So
+`prune_finished`, `trim_finished` and the ``agentflow runs prune`` command take a
+`RowCheck` (the key ring's: `Sealer`'s check of a checkpoint row) and prune or trim only
+the listed runs whose newest row checks and itself says it ended, in the statuses asked,
+before the cut-off (`judged_rows`); a run whose newest row does not check is left and
+reported (`Pruned.refused`).
+
+The judgement is pinned into the store's atomic step: what was judged, each run's newest
+row as ``(step, sig)`` (`JudgedRows`), goes with the prune or trim (``judged=``), and the
+store deletes a run only while its newest checkpoint row, read from the rows themselves
+in that same step, is still that row. A save landing between the judgement and the delete
+(a failed run retried: its claim is a new row) keeps the run, however its clear fields
+were set meanwhile. Rows are append-only and each carries its signature, so a writer
+without the key cannot make a row other than the judged one the newest, with the judged
+row's signature, without rewriting or deleting stored rows (which no signature can stop).
+A store whose ``prune`` takes no ``judged`` (written before it was part of the port) is
+pruned by the generic prune instead when rows are judged, which compares them itself under
+the run's lease; such a store's ``trim`` is refused (`NotImplementedError`).
 
 The functions:
 
@@ -60,6 +70,7 @@ The functions:
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import time
@@ -70,7 +81,7 @@ from typing import Final
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
 from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints._records import ENDED, Pruned, SealedCheckpoint, Trimmed
+from agentflow.exec.checkpoints._records import ENDED, JudgedRows, Pruned, SealedCheckpoint, Trimmed, judged_row
 from agentflow.exec.checkpoints._rules import check_prune_statuses
 
 #: Runs per batch when nobody says otherwise.
@@ -181,16 +192,18 @@ def _check_for(store: CheckpointStore, check: RowCheck | None) -> RowCheck:
     )
 
 
-async def judged(
+async def judged_rows(
     store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], check: RowCheck
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[dict[str, tuple[int, str]], dict[str, str]]:
     """Of `run_ids`, those whose newest checkpoint checks and says it ended in `statuses` before `before`.
 
     Returns:
-        The runs to prune or trim, in order; and the runs whose newest row did not check
-        (or could not be read), with why. A run deleted meanwhile is in neither.
+        The runs to prune or trim, in order, each with the row judged (`JudgedRows`: its
+        step and signature, what `prune` and `trim` take as ``judged``); and the runs whose
+        newest row did not check (or could not be read), with why. A run deleted meanwhile
+        is in neither.
     """
-    kept: list[str] = []
+    kept: dict[str, tuple[int, str]] = {}
     refused: dict[str, str] = {}
     for run_id in run_ids:
         try:
@@ -204,8 +217,30 @@ async def judged(
         if problem is not None:
             refused[run_id] = problem
         elif row.status in statuses and row.saved_at < before:  # fields the signature covers
-            kept.append(run_id)
+            kept[run_id] = judged_row(row)
     return kept, refused
+
+
+async def judged(
+    store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], check: RowCheck
+) -> tuple[list[str], dict[str, str]]:
+    """`judged_rows` without the rows: the run ids alone, in order, and the refused runs with why.
+
+    A caller that prunes or trims what it judged should use `judged_rows` and pass the rows
+    on (``judged=``): with ids alone, a save landing after the judgement is judged by the
+    store's clear fields only.
+    """
+    kept, refused = await judged_rows(store, run_ids, before, statuses, check)
+    return list(kept), refused
+
+
+def _takes_judged(method: Callable[..., object]) -> bool:
+    """Whether a store's ``prune`` or ``trim`` takes ``judged`` (one written before it joined the port does not)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # no signature to read: pass it, and let the store say
+        return True
+    return "judged" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 async def prunable(store: CheckpointStore, before: float, statuses: Collection[str], limit: int) -> list[str]:
@@ -216,14 +251,27 @@ async def prunable(store: CheckpointStore, before: float, statuses: Collection[s
 
 
 async def prune(
-    store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str
+    store: CheckpointStore,
+    run_ids: Sequence[str],
+    before: float,
+    statuses: Collection[str],
+    owner: str,
+    judged: JudgedRows | None = None,
 ) -> Pruned:
-    """Delete each run of `run_ids` that still qualifies, whole (the store's own prune, or the generic one)."""
+    """Delete each run of `run_ids` that still qualifies, whole (the store's own prune, or the generic one).
+
+    With `judged` (from `judged_rows`), a run goes only while its newest row is the one
+    judged (see `RetentionStore.prune`); a store whose own prune cannot be told the rows
+    is pruned by the generic prune then, which compares them itself.
+    """
     if not run_ids:
         return Pruned((), 0)
     if isinstance(store, RetentionStore):
-        return await store.prune(run_ids, before, statuses, owner)
-    return await default_prune(store, run_ids, before, statuses, owner)
+        if judged is None:
+            return await store.prune(run_ids, before, statuses, owner)
+        if _takes_judged(store.prune):
+            return await store.prune(run_ids, before, statuses, owner, judged=judged)
+    return await default_prune(store, run_ids, before, statuses, owner, judged)
 
 
 async def trimmable(
@@ -239,17 +287,34 @@ async def trimmable(
     return await default_trimmable(store, before, statuses, limit, since)
 
 
-async def trim(store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+async def trim(
+    store: CheckpointStore,
+    run_ids: Sequence[str],
+    before: float,
+    statuses: Collection[str],
+    judged: JudgedRows | None = None,
+) -> Trimmed:
     """Keep only the newest checkpoint of each run of `run_ids` that still qualifies (see `TrimStore.trim`).
 
+    With `judged` (from `judged_rows`), a run is trimmed only while its newest row is the
+    one judged.
+
     Raises:
-        NotImplementedError: the store cannot trim (it has no `TrimStore`).
+        NotImplementedError: the store cannot trim (it has no `TrimStore`), or it cannot be
+            told the rows judged (its ``trim`` takes no ``judged``).
     """
     if not isinstance(store, TrimStore):
-        return await default_trim(store, run_ids, before, statuses)
+        return await default_trim(store, run_ids, before, statuses, judged)
     if not run_ids:
         return Trimmed((), 0)
-    return await store.trim(run_ids, before, statuses)
+    if judged is None:
+        return await store.trim(run_ids, before, statuses)
+    if not _takes_judged(store.trim):
+        raise NotImplementedError(
+            f"{type(store).__name__}.trim takes no judged rows, so it could trim a run saved again after it was "
+            "judged: give its trim the judged parameter (TrimStore.trim)"
+        )
+    return await store.trim(run_ids, before, statuses, judged=judged)
 
 
 async def prune_finished(
@@ -265,10 +330,10 @@ async def prune_finished(
     """Prune the runs `policy` no longer keeps whole, batch by batch; return what was deleted.
 
     Each batch lists up to ``policy.batch`` prunable runs, oldest first, judges each by its
-    signed newest checkpoint (`judged`) and prunes those that qualify (each judged again by
-    the store as it goes). It stops when a batch prunes nothing (all done, or the runs left
-    are held or changed) or after `max_batches` batches. A policy without ``keep_s`` prunes
-    nothing.
+    signed newest checkpoint (`judged_rows`) and prunes those that qualify, each judged again
+    by the store as it goes and deleted only while that checked row is still its newest. It
+    stops when a batch prunes nothing (all done, or the runs left are held or changed) or
+    after `max_batches` batches. A policy without ``keep_s`` prunes nothing.
 
     Args:
         store: the store to prune.
@@ -291,9 +356,9 @@ async def prune_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         listed = await prunable(store, before, policy.statuses, policy.batch + len(refused))
-        kept, bad = await judged(store, [r for r in listed if r not in refused], before, policy.statuses, check)
+        kept, bad = await judged_rows(store, [r for r in listed if r not in refused], before, policy.statuses, check)
         refused |= bad
-        done = await prune(store, kept, before, policy.statuses, who)
+        done = await prune(store, list(kept), before, policy.statuses, who, kept)
         done = Pruned(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)
@@ -315,10 +380,11 @@ async def trim_finished(
     """Keep only the newest checkpoint of the runs `policy` trims, batch by batch; return what was deleted.
 
     Each batch lists up to ``policy.batch`` trimmable runs, oldest first from a cursor (the
-    newest save time the previous batch listed), and trims them (each judged again as it
-    goes). It stops when a batch lists nothing, when one trims nothing without the cursor
-    moving (the runs left there are held or changed), or after `max_batches` batches. A
-    policy without ``trim_after_s`` trims nothing.
+    newest save time the previous batch listed), judges each by its signed newest checkpoint
+    (`judged_rows`) and trims those that qualify, each judged again as it goes and trimmed
+    only while that checked row is still its newest. It stops when a batch lists nothing,
+    when one trims nothing without the cursor moving (the runs left there are held or
+    changed), or after `max_batches` batches. A policy without ``trim_after_s`` trims nothing.
 
     Args:
         store: the store to trim.
@@ -342,8 +408,8 @@ async def trim_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         found = await trimmable(store, before, policy.statuses, policy.batch, since)
-        kept, bad = await judged(store, [run_id for run_id, _ in found], before, policy.statuses, check)
-        done = await trim(store, kept, before, policy.statuses)
+        kept, bad = await judged_rows(store, [run_id for run_id, _ in found], before, policy.statuses, check)
+        done = await trim(store, list(kept), before, policy.statuses, kept)
         done = Trimmed(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)

@@ -6,12 +6,12 @@ same rules in Lua and SQL stores in a transaction, with the same messages.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow._run_types import RunKind
-from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint, SealedEvent
+from agentflow.exec.checkpoints._records import ENDED, FINAL, JudgedRows, SealedCall, SealedCheckpoint, SealedEvent
 
 #: The ``flow`` column prefix of the runs a trim never takes: tool loops, whose transcript is
 #: spread over their checkpoints (each holds the messages of its turn), so that dropping the
@@ -166,6 +166,38 @@ def check_prune_statuses(statuses: Collection[str], what: str = "a prune") -> tu
             f"got {', '.join(map(repr, wrong)) or 'no status'}"
         )
     return chosen
+
+
+def check_judged(judged: Mapping[str, tuple[int, str]] | None) -> dict[str, tuple[int, str]] | None:
+    """Return `judged` (`JudgedRows`) as a plain dict of ``(step, sig)``; refuse an entry that names no row.
+
+    Raises:
+        ValueError: an entry is not a step (a whole number, 0 or more) and a non-empty signature.
+    """
+    if judged is None:
+        return None
+    found: dict[str, tuple[int, str]] = {}
+    for run_id, mark in judged.items():
+        step, sig = mark
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(sig, str) or not sig:
+            raise ValueError(
+                f"judged rows name each run's newest checkpoint as (step, sig); run {run_id!r} has {mark!r}"
+            )
+        found[run_id] = (step, sig)
+    return found
+
+
+def is_judged(judged: JudgedRows | None, run_id: str, step: int, sig: str) -> bool:
+    """Whether the run's newest checkpoint row, read in the store's atomic step, is the row that was judged.
+
+    `step` and `sig` are read from that row itself (never from the listing index). With no
+    judged rows (None) nothing was judged and the store's own rules alone decide: True.
+    A run with no entry in `judged` was not judged: False.
+    """
+    if judged is None:
+        return True
+    mark = judged.get(run_id)
+    return mark is not None and mark[0] == step and mark[1] == sig
 
 
 def trims(flow: str) -> bool:

@@ -3,12 +3,19 @@
 A run qualifies when its ``runs`` row points at its newest checkpoint row, that row ended
 with one of the chosen statuses before the cut-off, and no live lease holds the run. The
 ``runs`` row is the way in (its ``saved_at`` index); the newest checkpoint row is judged.
+Given the rows the caller judged (`JudgedRows`), a run also qualifies only while its newest
+checkpoint row (the one with no row of a higher step after it: the table's max(step) row,
+not what the ``runs`` row says) has the judged step and signature, compared after that row's
+``runs`` row is locked: a save that landed after the judgement inserted another row, and
+the run stays, whatever the columns in clear (``runs``, the rows' status and saved_at) say.
 
 `SQLPrune.prune` is one write transaction per batch:
 
 1. the qualifying ``runs`` rows among the ids asked for are read and locked (PostgreSQL
    ``FOR UPDATE OF runs``, in run id order; SQLite holds its write lock from ``BEGIN
-   IMMEDIATE``), so no save, call record or relist of those runs runs meanwhile;
+   IMMEDIATE``), with the step and signature of each run's newest checkpoint row, so no
+   save, call record or relist of those runs runs meanwhile; a run whose newest row is not
+   the judged one is dropped there;
 2. their leases are taken, with the lease statements' own upsert (`_sql_leases`), for one
    token of this prune: a run a live holder has (taken since it was listed) is left
    alone, and a taker that comes later waits for the commit and then finds no run;
@@ -36,8 +43,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agentflow.exec.checkpoints._records import Pruned, Trimmed
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_prune_statuses
+from agentflow.exec.checkpoints._records import JudgedRows, Pruned, Trimmed
+from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, is_judged
 from agentflow.exec.checkpoints._sql_leases import SQLLeases, Transaction, clock
 from agentflow.exec.checkpoints._sql_statements import Tables
 
@@ -69,7 +76,9 @@ class SQLPrune:
         limit = sa.bindparam("limit", type_=sa.Integer)
         self._prunable = qualify.where(~held).order_by(runs.c.saved_at).limit(limit)
         ids: sa.BindParameter[list[str]] = sa.bindparam("runs", expanding=True)
-        self._lock = qualify.where(runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
+        # With the newest row's step and signature, to compare with the row the caller judged.
+        pinned = sa.select(runs.c.run_id, newest.c.step, newest.c.sig).select_from(joined)
+        self._lock = pinned.where(*ended, runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
         # Trimming: as a prune would take it, not a tool loop, an older checkpoint row kept, no live lease.
         older = sa.exists().where(cps.c.run_id == runs.c.run_id, cps.c.step < runs.c.step)
         loop = sa.func.substr(newest.c.flow, 1, len(UNTRIMMED_PREFIX)) == UNTRIMMED_PREFIX
@@ -80,13 +89,7 @@ class SQLPrune:
             False: listed.order_by(runs.c.saved_at, runs.c.run_id).limit(limit),
             True: listed.where(since).order_by(runs.c.saved_at, runs.c.run_id).limit(limit),
         }
-        self._trim_lock = (
-            sa.select(runs.c.run_id)
-            .select_from(joined)
-            .where(*trims, runs.c.run_id.in_(ids))
-            .order_by(runs.c.run_id)
-            .with_for_update(of=runs)
-        )
+        self._trim_lock = pinned.where(*trims, runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
         step_of_run = sa.select(runs.c.step).where(runs.c.run_id == cps.c.run_id).scalar_subquery()
         self._trim = sa.delete(cps).where(cps.c.run_id.in_(ids), cps.c.step < step_of_run)
         self._ours = sa.select(lease.c.run_id).where(lease.c.run_id.in_(ids), lease.c.token == sa.bindparam("token"))
@@ -104,14 +107,25 @@ class SQLPrune:
         async with self._tx() as conn:
             return [str(run_id) for run_id in (await conn.scalars(self._prunable, params)).all()]
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+    async def prune(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
+    ) -> Pruned:
         """Delete the runs of `run_ids` that qualify, whole, in one transaction (see the module docstring)."""
         chosen = list(check_prune_statuses(statuses))
-        unique = list(dict.fromkeys(run_ids))
+        pinned = check_judged(judged)
+        unique = [run_id for run_id in dict.fromkeys(run_ids) if pinned is None or run_id in pinned]
+        if not unique:
+            return Pruned((), 0)
         token = f"prune-{secrets.token_hex(16)}"
         async with self._tx(write=True) as conn:
             params = {"before": before, "statuses": chosen, "runs": unique}
-            locked = list((await conn.scalars(self._lock, params)).all())
+            found = (await conn.execute(self._lock, params)).all()
+            locked = [str(run_id) for run_id, step, sig in found if is_judged(pinned, str(run_id), int(step), str(sig))]
             if not locked:
                 return Pruned((), 0)
             await self._leases.take_many(conn, locked, owner, token, _LEASE_S)
@@ -133,13 +147,19 @@ class SQLPrune:
             rows = (await conn.execute(self._trimmable[since is not None], params)).all()
         return [(str(run_id), float(saved_at)) for run_id, saved_at in rows]
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None = None
+    ) -> Trimmed:
         """Delete the older checkpoints of the runs of `run_ids` that qualify, in one transaction (module docstring)."""
         chosen = list(check_prune_statuses(statuses, "a trim"))
-        unique = list(dict.fromkeys(run_ids))
+        pinned = check_judged(judged)
+        unique = [run_id for run_id in dict.fromkeys(run_ids) if pinned is None or run_id in pinned]
+        if not unique:
+            return Trimmed((), 0)
         async with self._tx(write=True) as conn:
             params = self._clock(before=before, statuses=chosen, runs=unique)
-            locked = set((await conn.scalars(self._trim_lock, params)).all())
+            found = (await conn.execute(self._trim_lock, params)).all()
+            locked = {str(run_id) for run_id, step, sig in found if is_judged(pinned, str(run_id), int(step), str(sig))}
             trimmed = [run_id for run_id in unique if run_id in locked]
             if not trimmed:
                 return Trimmed((), 0)

@@ -5,6 +5,11 @@ with one of the chosen statuses before the cut-off, and no live lease (``expires
 the host's clock) holds the run. The ``runs`` row is only the way in (its ``saved_at``
 index finds old runs quickly); what is judged is the newest checkpoint row, as the rules
 judge saves. A run the listing forgot (no ``runs`` row) is not found, and not pruned.
+Given the rows the caller judged (`JudgedRows`), a prune or trim also takes a run only
+while that newest row (no row of a higher step after it: the table's max(step) row) has
+the judged step and signature, read in the same write transaction as the delete: a save
+that came after the judgement added another row, and the run stays, whatever the
+columns in clear say.
 
 `prune` is one job for the store's write transaction (``BEGIN IMMEDIATE``): it judges the
 runs asked for and deletes those that qualify from ``checkpoints``, ``calls``, ``leases``,
@@ -26,11 +31,14 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX
+from agentflow.exec.checkpoints._records import JudgedRows
+from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, is_judged
 
-#: The runs a prune may take: ``{marks}`` is one ``?`` per status; then before, before, now.
+#: The runs a prune may take: ``{marks}`` is one ``?`` per status; then before, before, now. With each run's
+#: newest checkpoint row's step and signature, to compare with the row the caller judged.
 _QUALIFY: Final = """
-    SELECT r.run_id, r.saved_at FROM runs AS r JOIN checkpoints AS c ON c.run_id = r.run_id AND c.step = r.step
+    SELECT r.run_id, r.saved_at, c.step, c.sig
+    FROM runs AS r JOIN checkpoints AS c ON c.run_id = r.run_id AND c.step = r.step
     WHERE c.status IN ({marks}) AND r.saved_at < ? AND c.saved_at < ?
       AND NOT EXISTS (SELECT 1 FROM checkpoints AS n WHERE n.run_id = r.run_id AND n.step > r.step)
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.run_id AND l.expires_at > ?)
@@ -64,11 +72,15 @@ def prunable(before: float, statuses: Sequence[str], limit: int, conn: sqlite3.C
 
 
 def prune(
-    run_ids: Sequence[str], before: float, statuses: Sequence[str], conn: sqlite3.Connection
+    run_ids: Sequence[str],
+    before: float,
+    statuses: Sequence[str],
+    judged: JudgedRows | None,
+    conn: sqlite3.Connection,
 ) -> tuple[list[str], int]:
     """Delete the runs of `run_ids` that qualify, whole; return them and their row count. In the write transaction."""
     unique = list(dict.fromkeys(run_ids))
-    chosen = _chosen(_qualify(statuses), (*statuses, before, before, time.time()), unique, conn)
+    chosen = _chosen(_qualify(statuses), (*statuses, before, before, time.time()), unique, judged, conn)
     pruned = [run_id for run_id in unique if run_id in chosen]
     rows = 0
     for start in range(0, len(pruned), _CHUNK):
@@ -80,13 +92,18 @@ def prune(
     return pruned, rows
 
 
-def _chosen(sql: str, params: tuple[object, ...], run_ids: list[str], conn: sqlite3.Connection) -> set[str]:
-    """The runs of `run_ids` that `sql` (a qualifying select given `params`) still takes."""
+def _chosen(
+    sql: str, params: tuple[object, ...], run_ids: list[str], judged: JudgedRows | None, conn: sqlite3.Connection
+) -> set[str]:
+    """The runs of `run_ids` that `sql` (a qualifying select given `params`) still takes, at the rows `judged`."""
+    asked = [run_id for run_id in run_ids if judged is None or run_id in judged]
     chosen: set[str] = set()
-    for start in range(0, len(run_ids), _CHUNK):
-        chunk = run_ids[start : start + _CHUNK]
+    for start in range(0, len(asked), _CHUNK):
+        chunk = asked[start : start + _CHUNK]
         query = sql + f" AND r.run_id IN ({', '.join('?' * len(chunk))})"
-        chosen.update(str(row[0]) for row in conn.execute(query, (*params, *chunk)))
+        for run_id, _, step, sig in conn.execute(query, (*params, *chunk)):
+            if is_judged(judged, str(run_id), int(step), str(sig)):
+                chosen.add(str(run_id))
     return chosen
 
 
@@ -102,12 +119,16 @@ def trimmable(
 
 
 def trim(
-    run_ids: Sequence[str], before: float, statuses: Sequence[str], conn: sqlite3.Connection
+    run_ids: Sequence[str],
+    before: float,
+    statuses: Sequence[str],
+    judged: JudgedRows | None,
+    conn: sqlite3.Connection,
 ) -> tuple[list[str], int]:
     """Delete the older checkpoints of the runs that qualify; return them and the rows deleted (in the write lock)."""
     unique = list(dict.fromkeys(run_ids))
     params = (*statuses, before, before, time.time(), len(UNTRIMMED_PREFIX), UNTRIMMED_PREFIX)
-    chosen = _chosen(_qualify(statuses) + _TRIMS, params, unique, conn)
+    chosen = _chosen(_qualify(statuses) + _TRIMS, params, unique, judged, conn)
     trimmed = [run_id for run_id in unique if run_id in chosen]
     rows = 0
     for start in range(0, len(trimmed), _CHUNK):

@@ -25,9 +25,10 @@ written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
 concurrency) and `_conformance_leases` (run leases: one holder, renew and release by its
 token, lapsing, racing takers), `_conformance_markers` (markers: one token per key,
 lapsing, apart from leases) and `_conformance_retention` (prunes: only old finished
-runs, each whole, none under a live lease, judged again as they go) and `_conformance_trim`
-(trims: old finished flow runs keep only their newest checkpoint, their call log and
-listing), their helpers and `SEALER` in `_conformance_base`; all are re-exported here.
+runs, each whole, none under a live lease, judged again as they go, none whose newest row
+is not the one judged) and `_conformance_trim` (trims: old finished flow runs keep only
+their newest checkpoint, their call log and listing, under the same judgement), their
+helpers and `SEALER` in `_conformance_base`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ from agentflow.exec.checkpoints._conformance_retention import (
     check_prune_takes_only_old_finished_runs as check_prune_takes_only_old_finished_runs,
 )
 from agentflow.exec.checkpoints._conformance_retention import (
+    check_prune_takes_only_the_judged_row as check_prune_takes_only_the_judged_row,
+)
+from agentflow.exec.checkpoints._conformance_retention import (
     check_pruned_run_id_starts_afresh as check_pruned_run_id_starts_afresh,
 )
 from agentflow.exec.checkpoints._conformance_saves import check_delete as check_delete
@@ -162,6 +166,9 @@ from agentflow.exec.checkpoints._conformance_trim import (
 from agentflow.exec.checkpoints._conformance_trim import check_trim_leaves_a_held_run as check_trim_leaves_a_held_run
 from agentflow.exec.checkpoints._conformance_trim import (
     check_trim_refuses_runs_that_have_not_ended as check_trim_refuses_runs_that_have_not_ended,
+)
+from agentflow.exec.checkpoints._conformance_trim import (
+    check_trim_takes_only_the_judged_row as check_trim_takes_only_the_judged_row,
 )
 from agentflow.exec.checkpoints._conformance_trim import (
     check_trimmed_run_is_retried_and_trimmed_again as check_trimmed_run_is_retried_and_trimmed_again,
@@ -225,11 +232,13 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_prune_judges_each_run_again,
     check_pruned_run_id_starts_afresh,
     check_prune_limit_and_cut_off,
+    check_prune_takes_only_the_judged_row,
     check_trim_keeps_only_the_newest_checkpoint,
     check_trim_refuses_runs_that_have_not_ended,
     check_trim_leaves_a_held_run,
     check_trim_judges_each_run_again,
     check_trimmed_run_is_retried_and_trimmed_again,
+    check_trim_takes_only_the_judged_row,
     check_events_in_order_with_cursors,
     check_event_positions_are_append_only,
     check_events_are_bounded,

@@ -15,8 +15,9 @@ Leases live in a dict (``_leases``) and are judged against ``time.time()``; like
 other method, a take runs without awaiting, so racing takers on one loop cannot interleave.
 
 `prune` judges and forgets each run without awaiting too: a run is gone whole, in one
-step, and one a live lease holds is kept. `trim` judges each run the same way and cuts its
-checkpoint list to the newest row, also without awaiting.
+step, and one a live lease holds is kept, and so is one whose newest row is not the row
+the caller judged (`judged`: its step and signature). `trim` judges each run the same way
+and cuts its checkpoint list to the newest row, also without awaiting.
 
 Event streams (``_events``) hold the newest `EVENTS_KEPT` events of each run, numbered by
 one counter for the store: a cursor is the event's number.
@@ -33,6 +34,7 @@ from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints._records import (
     EVENTS_KEPT,
     UNFINISHED,
+    JudgedRows,
     Lease,
     Marker,
     Pruned,
@@ -45,6 +47,7 @@ from agentflow.exec.checkpoints._records import (
 from agentflow.exec.checkpoints._rules import (
     check_call,
     check_events,
+    check_judged,
     check_lease_args,
     check_marker_args,
     check_no_stored_rows,
@@ -52,6 +55,7 @@ from agentflow.exec.checkpoints._rules import (
     check_row,
     check_save,
     int_cursor,
+    is_judged,
     trims,
 )
 
@@ -146,13 +150,22 @@ class MemoryCheckpointStore:
         found.sort(key=lambda cp: cp.saved_at)
         return [cp.run_id for cp in found[: max(limit, 0)]]
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+    async def prune(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
+    ) -> Pruned:
         """Forget each run that still qualifies, whole, without awaiting (see `RetentionStore.prune`)."""
         chosen = check_prune_statuses(statuses)
+        pinned = check_judged(judged)
         pruned: list[str] = []
         rows = 0
         for run_id in dict.fromkeys(run_ids):
-            if self._prunable(run_id, before, chosen) is None:
+            last = self._prunable(run_id, before, chosen)
+            if last is None or not is_judged(pinned, run_id, last.step, last.sig):
                 continue
             rows += len(self._checkpoints[run_id]) + sum(map(len, self._calls.get(run_id, {}).values()))
             self._forget(run_id)
@@ -180,13 +193,17 @@ class MemoryCheckpointStore:
         found.sort(key=lambda cp: (cp.saved_at, cp.run_id))
         return [(cp.run_id, cp.saved_at) for cp in found[: max(limit, 0)]]
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None = None
+    ) -> Trimmed:
         """Keep only the newest checkpoint of each run that still qualifies, without awaiting (see `TrimStore.trim`)."""
         chosen = check_prune_statuses(statuses, "a trim")
+        pinned = check_judged(judged)
         trimmed: list[str] = []
         rows = 0
         for run_id in dict.fromkeys(run_ids):
-            if self._trimmable(run_id, before, chosen) is None:
+            last = self._trimmable(run_id, before, chosen)
+            if last is None or not is_judged(pinned, run_id, last.step, last.sig):
                 continue
             kept = self._checkpoints[run_id]
             rows += len(kept) - 1

@@ -50,7 +50,8 @@ marker's value. A run's `delete` leaves its markers to lapse.
 
 Retention is `_redis_prune`'s: finished runs are found through ``P:runs`` (sorted by the
 time of their newest save) and each is deleted whole by ``_lua/prune_run.lua``, which
-removes its five keys (and, on one server, its index entries) in one step. A trim
+removes its six keys (and, on one server, its index entries) in one step, and only while
+its last checkpoint row is the one the caller judged. A trim
 (``_lua/trim_run.lua``) blanks every checkpoint row of a finished run but the newest: the
 list keeps an empty string in each trimmed row's place, so its index stays the step, and
 `history` skips the blanks. TTL expiry is retention too: a run's keys expire ``ttl_s``
@@ -74,6 +75,7 @@ from importlib import resources
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import (
+    JudgedRows,
     Lease,
     Marker,
     Pruned,
@@ -99,6 +101,9 @@ _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
 _SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run", "trim_run", "append_events")
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
+#: What the retention scripts share (`newest_is`), put before each of them: Redis runs one script at a time.
+for _name in ("prune_run", "trim_run"):
+    _LUA[_name] = (resources.files(__package__) / "_lua" / "newest.lua").read_text() + "\n" + _LUA[_name]
 #: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
 _RELIST_ATTEMPTS = 3
 #: Keys `stored_runs` asks for per SCAN page (a hint to the server, not a limit).
@@ -399,9 +404,19 @@ class RedisCheckpointStore:
         """The runs a prune would take now, oldest first, found through the time index (see `_redis_prune`)."""
         return await self._retention.prunable(before, statuses, limit)
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
-        """Delete the runs that still qualify, whole: one script per run, pipelined (see `_redis_prune`)."""
-        return await self._retention.prune(run_ids, before, statuses)
+    async def prune(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
+    ) -> Pruned:
+        """Delete the runs that still qualify, whole: one script per run, pipelined (see `_redis_prune`).
+
+        With `judged`, each script deletes its run only while the run's last checkpoint row is the judged one.
+        """
+        return await self._retention.prune(run_ids, before, statuses, judged)
 
     async def trimmable(
         self, before: float, statuses: Collection[str], limit: int, since: float | None = None
@@ -409,9 +424,11 @@ class RedisCheckpointStore:
         """The runs a trim would take now, oldest first, found through the time index (see `_redis_prune`)."""
         return await self._retention.trimmable(before, statuses, limit, since)
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None = None
+    ) -> Trimmed:
         """Keep only the newest checkpoint of the runs that still qualify: one script per run (`_redis_prune`)."""
-        return await self._retention.trim(run_ids, before, statuses)
+        return await self._retention.trim(run_ids, before, statuses, judged)
 
     async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
         """Append to the run's Stream, trimmed and expiring with the run (see `EventStore.append_events`)."""

@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import _sql_rows as rows_of
 from agentflow.exec.checkpoints._records import (
+    JudgedRows,
     Lease,
     Marker,
     Pruned,
@@ -358,9 +359,16 @@ class SQLAlchemyCheckpointStore:
         """The runs a prune would take now, oldest first (see `RetentionStore.prunable`)."""
         return await self._prune.prunable(before, statuses, limit)
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+    async def prune(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
+    ) -> Pruned:
         """Delete the runs that still qualify, whole, in one transaction (see `RetentionStore.prune`)."""
-        return await self._prune.prune(run_ids, before, statuses, owner)
+        return await self._prune.prune(run_ids, before, statuses, owner, judged)
 
     async def trimmable(
         self, before: float, statuses: Collection[str], limit: int, since: float | None = None
@@ -368,9 +376,11 @@ class SQLAlchemyCheckpointStore:
         """The runs a trim would take now, oldest first (see `TrimStore.trimmable`)."""
         return await self._prune.trimmable(before, statuses, limit, since)
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None = None
+    ) -> Trimmed:
         """Keep only the newest checkpoint of the runs that still qualify, in one transaction (`TrimStore.trim`)."""
-        return await self._prune.trim(run_ids, before, statuses)
+        return await self._prune.trim(run_ids, before, statuses, judged)
 
     # -- event streams (`_sql_events`) -------------------------------------------------
 

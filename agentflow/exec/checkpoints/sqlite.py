@@ -33,7 +33,8 @@ and the worker thread) is `_sqlite_file`'s.
 - The rows' columns, type checks and the statements of a save, a call record and a
   relist (run inside the write transaction) are `_sqlite_rows`'.
 - Retention (`prunable`, `prune`, `trimmable`, `trim`) is `_sqlite_prune`'s: a batch of
-  runs is judged and deleted from every table (or trimmed) in one write transaction.
+  runs is judged (each newest checkpoint row against the row the caller judged, when it
+  passes them) and deleted from every table (or trimmed) in one write transaction.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_markers, _sqlite_prune, _sqlite_rows
 from agentflow.exec.checkpoints._records import (
     UNFINISHED,
+    JudgedRows,
     Lease,
     Marker,
     Pruned,
@@ -65,6 +67,7 @@ from agentflow.exec.checkpoints._records import (
 )
 from agentflow.exec.checkpoints._rules import (
     check_events,
+    check_judged,
     check_lease_args,
     check_marker_args,
     check_row,
@@ -339,9 +342,16 @@ class SQLiteCheckpointStore:
         """The runs a prune would take now, oldest first (see `RetentionStore.prunable`)."""
         return await self._do(partial(_sqlite_prune.prunable, before, _statuses(statuses), limit))
 
-    async def prune(self, run_ids: Sequence[str], before: float, statuses: Collection[str], owner: str) -> Pruned:
+    async def prune(
+        self,
+        run_ids: Sequence[str],
+        before: float,
+        statuses: Collection[str],
+        owner: str,
+        judged: JudgedRows | None = None,
+    ) -> Pruned:
         """Delete the runs that still qualify, whole, in one write transaction (see `RetentionStore.prune`)."""
-        job = partial(_sqlite_prune.prune, list(run_ids), before, _statuses(statuses))
+        job = partial(_sqlite_prune.prune, list(run_ids), before, _statuses(statuses), check_judged(judged))
         pruned, rows = await self._do(partial(_immediate, job=job))
         return Pruned(tuple(pruned), rows)
 
@@ -351,9 +361,11 @@ class SQLiteCheckpointStore:
         """The runs a trim would take now, oldest first (see `TrimStore.trimmable`)."""
         return await self._do(partial(_sqlite_prune.trimmable, before, _statuses(statuses, "a trim"), limit, since))
 
-    async def trim(self, run_ids: Sequence[str], before: float, statuses: Collection[str]) -> Trimmed:
+    async def trim(
+        self, run_ids: Sequence[str], before: float, statuses: Collection[str], judged: JudgedRows | None = None
+    ) -> Trimmed:
         """Keep only the newest checkpoint of the runs that qualify, in one write transaction (`TrimStore.trim`)."""
-        job = partial(_sqlite_prune.trim, list(run_ids), before, _statuses(statuses, "a trim"))
+        job = partial(_sqlite_prune.trim, list(run_ids), before, _statuses(statuses, "a trim"), check_judged(judged))
         trimmed, rows = await self._do(partial(_immediate, job=job))
         return Trimmed(tuple(trimmed), rows)
 

@@ -17,19 +17,33 @@
 -- ARGV[1] the cut-off (seconds since the epoch): the newest save must be older
 -- ARGV[2] run id (the index member)
 -- ARGV[3] the flow the caller read (the index keys are named after it)
--- ARGV[4..] the statuses a prune takes (only those of a run that ended)
+-- ARGV[4] the step of the newest checkpoint row the caller judged ("" if it judged none)
+-- ARGV[5] that row's signature (its header's last field; "" with ARGV[4])
+-- ARGV[6..] the statuses a prune takes (only those of a run that ended)
 --
 -- The run qualifies when its latest hash names the flow the caller read, one of the
 -- statuses and a saved_at before the cut-off, and no live lease holds it: a lease's key
--- expires when the lease lapses, so its existence is a live holder. Then every key of the
--- run is deleted at once: no reader and no writer sees a part of it, and a script is never
--- cut off halfway. A run whose latest hash is missing is left alone: if rows of it remain,
--- a step 0 over them is still refused (save.lua).
+-- expires when the lease lapses, so its existence is a live holder. When the caller judged
+-- a row, the run also qualifies only while that row is still the newest one: the list holds
+-- exactly step + 1 rows and its last row's header names that step and signature. That is
+-- read from the row itself, not from the latest hash, whose fields anyone who can write to
+-- the server can set: a save that came after the caller's judgement (a retry's claim)
+-- appended another row, and the run is kept. Then every key of the run is deleted at once:
+-- no reader and no writer sees a part of it, and a script is never cut off halfway. A run
+-- whose latest hash is missing is left alone: if rows of it remain, a step 0 over them is
+-- still refused (save.lua).
 --
 -- Returns:
 --   {"pruned", rows, saved_at}   deleted; rows = checkpoint rows (not the blanks of a trim) + call records
 --   {"gone"}                     no latest hash
---   {"kept", why}                another flow, status or time; or held by a live lease
+--   {"kept", why}                another flow, status or time; held by a live lease; or "moved"
+--                                (the newest row is not the one judged)
+
+-- newest_is(cp, step, sig) comes from newest.lua, which the store puts before this script.
+  local row = redis.call('LINDEX', cp, -1)
+  local ok, head = pcall(cjson.decode, string.match(row, '^[^\n]*'))
+  return ok and type(head) == 'table' and tonumber(head[3]) == tonumber(step) and head[9] == sig
+end
 
 local last = redis.call('HMGET', KEYS[2], 'status', 'saved_at', 'flow')
 if not last[1] then
@@ -39,7 +53,7 @@ if last[3] ~= ARGV[3] then
   return {'kept', 'flow'}
 end
 local chosen = false
-for i = 4, #ARGV do
+for i = 6, #ARGV do
   if ARGV[i] == last[1] then
     chosen = true
   end
@@ -49,6 +63,9 @@ if not chosen or not (tonumber(last[2]) < tonumber(ARGV[1])) then
 end
 if redis.call('EXISTS', KEYS[5]) == 1 then
   return {'kept', 'held'}
+end
+if ARGV[4] ~= '' and not newest_is(KEYS[1], ARGV[4], ARGV[5]) then
+  return {'kept', 'moved'}
 end
 -- a trimmed run's blanked rows (trim_run.lua) are not rows any more: not counted
 local blanks = #redis.call('LPOS', KEYS[1], '', 'COUNT', 0)
