@@ -1,4 +1,4 @@
-"""Every ```python block in docs/ is executed.
+"""Every ```python block in docs/ and in the README is executed.
 
 Each block is a complete program, run in its own process from a temporary folder. A
 ```text block right after a paragraph ending "It prints:" must equal the output of the
@@ -43,7 +43,7 @@ TIMEOUT_S = 120
 
 def blocks() -> list[tuple[str, int, str, str | None]]:
     found = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:  # the README's example runs as written too
         text = page.read_text()
         fences = list(FENCE.finditer(text))
         for i, match in enumerate(fences):
@@ -55,7 +55,8 @@ def blocks() -> list[tuple[str, int, str, str | None]]:
                 if between.strip().endswith("It prints:"):
                     expected = fences[i + 1].group(2)
             line = text[: match.start()].count("\n") + 1
-            found.append((str(page.relative_to(DOCS)), line, match.group(2), expected))
+            name = str(page.relative_to(DOCS)) if page.is_relative_to(DOCS) else page.name
+            found.append((name, line, match.group(2), expected))
     return found
 
 
@@ -180,6 +181,7 @@ def test_every_page_with_code_is_covered():
     # A guard against the extractor silently finding nothing
     found = blocks()
     assert any(page == "durable-runs.md" for page, *_ in found)
+    assert any(page == "README.md" for page, *_ in found)  # the README's snippet runs as written
     # the distributed client's example is a python block, run against a worker
     assert "FlowClient(tasks)" in client_block()
 
@@ -187,7 +189,7 @@ def test_every_page_with_code_is_covered():
 def test_no_python_hides_in_another_kind_of_block():
     # Issue 15: the distributed client was written in a ```text block, so nothing ran it
     looks_like_python = re.compile(r"^(from \w[\w.]* import |import \w|async def |def |class \w+[(:])", re.M)
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:  # the README's example runs as written too
         for match in FENCE.finditer(page.read_text()):
             if match.group(1) != "python":
                 assert not looks_like_python.search(match.group(2)), f"{page.name}: python in a {match.group(1)} block"

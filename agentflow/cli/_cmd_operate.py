@@ -104,7 +104,7 @@ async def _cancel_here(here: Here, run_id: str, reason: str, operator: str | Non
 @click.option("--reason", required=True, help="Why the run is cancelled (signed into it).")
 @acting()
 def cancel(how: Acting, run_id: str, reason: str) -> None:
-    """Cancel a run: it ends ``cancelled`` and is never recovered (a live worker's run, before its next call)."""
+    """Cancel a run: it ends cancelled and is never recovered (a live worker's run, before its next call)."""
     said = f"run {printable(run_id)}: {paint('cancelled')} ({printable(reason)})"
     if how.workers is not None:
         workers = how.workers

@@ -89,7 +89,7 @@ def list_runs(
     """List runs: id, flow, status, step, last update and marks (recovered, live, in doubt, paused, CORRUPT).
 
     A run whose rows fail their check is listed too, marked CORRUPT with the reason, and a
-    line on stderr counts them; the exit code is 0 unless ``--strict`` is given.
+    line on stderr counts them; the exit code is 0 unless --strict is given.
     """
     reading = open_reading(store_url, key_env, workers_path, app_path)
     target, app = reading.target, reading.app

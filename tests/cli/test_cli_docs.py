@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from agentflow.cli._group import cli
 
@@ -85,3 +86,19 @@ def test_a_documented_command_line_parses(page, line, command, monkeypatch):
         parse(command)
     except click.UsageError as exc:
         pytest.fail(f"{page}:{line}: {command!r} does not fit the CLI: {exc}")
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The path of every command under `group` (its own included)."""
+    found = [path]
+    for name, command in group.commands.items():
+        found += _commands(command, (*path, name)) if isinstance(command, click.Group) else [(*path, name)]
+    return found
+
+
+@pytest.mark.parametrize("path", _commands(cli), ids=lambda p: " ".join(p) or "agentflow")
+def test_help_shows_no_raw_markup(path: tuple[str, ...]) -> None:
+    # A docstring written for the API docs (``x``, `x`, **x**) reads as noise in a terminal
+    result = CliRunner().invoke(cli, [*path, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"``|`[^`\s][^`]*`|\*\*|:(class|func|meth):", result.output), result.output
