@@ -67,6 +67,7 @@ class _Side:
             "checkpoint_keys": "hex:" + key.hex(),
             "key_prefix": f"{tag}{name}",
             "queue": f"{tag}-{name}",
+            "store_allow_volatile": True,  # the machine's Redis keeps nothing on disk: said so
         }
         self.settings = Settings(**self.values)
         self.concurrency = concurrency

@@ -60,6 +60,7 @@ def _settings(args: argparse.Namespace, tag: str) -> dict[str, Any]:
         "checkpoint_keys": "hex:" + secrets.token_hex(32),
         "key_prefix": tag,
         "queue": f"q-{tag}",
+        "store_allow_volatile": True,  # the machine's Redis keeps nothing on disk: said so
         "recover_interval_s": 2.0,
         "stale_after_s": 5.0,
     }
