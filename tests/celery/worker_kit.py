@@ -73,6 +73,8 @@ class Setup:
         self.sent_versions: list[str | None] = []
         #: The Celery events the task bodies sent: ``(type, fields)``.
         self.celery_events: list[tuple[str, dict[str, Any]]] = []
+        #: How many superstep tasks `task` ran (each gets an id of its own: ``task-<n>``).
+        self.delivered = 0
 
     def record_sends(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Record what the task bodies enqueue instead of sending it to a broker."""
@@ -88,9 +90,12 @@ class Setup:
 
     async def task(self, flow: str, run_id: str, step: int, cause: str) -> Outcome:
         """Run the superstep task's body as a worker process would (its own loop, on a thread)."""
-        request = SimpleNamespace(hostname="w1@host", delivery_info={}, retries=0)
+        self.delivered += 1
+        request = SimpleNamespace(id=f"task-{self.delivered}", hostname="w1@host", delivery_info={}, retries=0)
         task = SimpleNamespace(
-            request=request, send_event=lambda kind, **fields: self.celery_events.append((kind, fields))
+            request=request,
+            app=self.tasks.superstep.app,
+            send_event=lambda kind, **fields: self.celery_events.append((kind, fields)),
         )
         return await asyncio.to_thread(self.tasks.run_superstep, task, flow, run_id, step, cause)
 
