@@ -254,7 +254,17 @@ class AgentflowTasks:
         """The body of the recover_all task: enqueue what `Worker.stranded` found."""
         found = self.bridge.run(self.worker.stranded(startup=startup))
         if found is None:
-            return {"skipped": "another recover_all holds its lease"}
+            skipped: dict[str, Any] = {"skipped": "another recover_all holds its lock"}
+            until = self.worker.sweep_locked_until
+            if startup and until is not None:
+                # A start's sweep must run: the holder may have died in its sweep (before sending this
+                # start's rechecks), so it comes again just after the lock would lapse.
+                countdown = max(0.5, until - time.time()) + self.worker.settings.recheck_margin_s
+                self.recover_all.apply_async(
+                    kwargs={"startup": True}, queue=self.worker.settings.queue, countdown=countdown
+                )
+                skipped["again_in_s"] = round(countdown, 3)
+            return skipped
         for up in after_sweep(found):
             self.send_follow_up(up)
         self.bridge.run(self.worker.mark_recoveries(found))  # last: a store error here loses no message

@@ -150,6 +150,8 @@ class Worker(LoopWork):
         self.node = f"agentflow@{socket.gethostname()}"
         #: Enqueues a superstep (`AgentflowTasks.send_superstep`, set when the tasks are registered).
         self.send: Send | None = None
+        #: When the recover_all lock that kept this process's last sweep out lapses unless renewed (None: it ran).
+        self.sweep_locked_until: float | None = None
 
     @property
     def owner(self) -> str:
@@ -357,6 +359,8 @@ class Worker(LoopWork):
         """Unfinished runs nobody works on (and, on `startup`, the held ones); None if another recover_all runs."""
         try:  # renewed while the sweep works, so a dead sweeper's lock lapses soon
             async with self.markers.holding(*RECOVER_ALL_LOCK, self.owner, self.settings.recover_lock_s):
+                self.sweep_locked_until = None
                 return await sweep(self, startup)
-        except MarkerBusy:  # raised by the take alone (the sweep puts markers, never holds one)
+        except MarkerBusy as busy:  # raised by the take alone (the sweep puts markers, never holds one)
+            self.sweep_locked_until = busy.holder.expires_at
             return None

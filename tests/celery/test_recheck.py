@@ -68,3 +68,32 @@ async def test_a_stranded_run_moves_again_within_one_lease_without_beat(deployme
     effects = deployment.effects()
     assert [effects[(t, run_id)] for t in ("hold_seats", "charge_card", "email_tickets")] == [1, 1, 1]
     print(f"\nclaimed {elapsed:.1f} s after the kill by {how}; new worker ready after {ready:.1f} s")
+
+
+async def test_a_recheck_lost_with_the_worker_that_held_it_is_sent_again_by_the_next_start(deployment):
+    deployment.set_lease(8.0)
+    margin_s = deployment.tasks.worker.settings.recheck_margin_s
+    # Given a run whose worker was SIGKILLed inside its slow hold_seats (its lease has up to 8 s left)
+    deployment.set_delay(3.0, 3.0)
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "twice"}, run_id=f"{deployment.prefix}-twice")
+    await deployment.until_started(run_id, "hold_seats")
+    deployment.kill_group("w1")
+    killed = time.monotonic()
+    deployment.set_delay(0.0, 0.0)
+    # and a new worker whose start-up recover_all sent the run's recheck (a delayed message, which that
+    # worker keeps unacknowledged until it is due) and took the recheck marker, then was SIGKILLed too
+    deployment.start_worker("w2")
+    await until(lambda: f"af-{run_id}-0-recheck-" in deployment.log("w2"), "w2 holding the recheck", timeout_s=20)
+    deployment.kill_group("w2")
+    # When a third worker starts (no beat runs: nothing else would look before the broker hands
+    # w2's message out again, after its visibility timeout)
+    deployment.start_worker("w3")
+    # Then the third worker's start sends its own recheck, and the run is claimed just after the lease ends
+    bound = 8.0 + margin_s + SLACK_S
+    await until_claimed(deployment, run_id, timeout_s=bound + 10)
+    elapsed = time.monotonic() - killed
+    assert elapsed < bound, f"claimed {elapsed:.1f} s after the first kill (bound {bound:.1f} s)"
+    assert f"af-{run_id}-0-recheck-" in deployment.log("w3")
+    view = await deployment.client.wait(run_id, timeout_s=30)
+    assert view.status == "done", view

@@ -193,6 +193,25 @@ async def test_stranded_gives_way_to_another_recover_all(s):
     assert await s.worker.stranded() is None
 
 
+async def test_a_starts_sweep_kept_out_by_the_lock_comes_again_just_after_the_lock_would_lapse(s, monkeypatch):
+    await s.start("mail", "r1")
+    # Given the recover_all lock held by a worker that may have died inside its sweep (10 s left)
+    _, lock = await s.worker.markers.put(*RECOVER_ALL_LOCK, {"owner": RIVAL.owner}, 10.0)
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(s.tasks.recover_all, "apply_async", lambda **options: sent.append(options))
+    # When a starting worker's recover_all finds it held
+    result = await asyncio.to_thread(s.tasks.run_recover_all, True)
+    # Then it sends itself again for just after the lock would lapse, so the start's sweep is never lost
+    assert result["skipped"] == "another recover_all holds its lock"
+    (again,) = sent
+    assert again["kwargs"] == {"startup": True}
+    assert lock.expires_at - time.time() < again["countdown"] <= lock.expires_at - time.time() + 1.5
+    # But a beat tick kept out sends nothing more: the next tick comes anyway
+    sent.clear()
+    assert await asyncio.to_thread(s.tasks.run_recover_all, False) == {"skipped": "another recover_all holds its lock"}
+    assert sent == []
+
+
 async def test_a_run_on_a_flow_version_the_worker_lacks_is_listed_for_migration_and_never_sent(s):
     # Given a stranded mail run on version 1, and a worker whose app has only version 2 of the flow
     await s.start("mail", "r1")
