@@ -14,7 +14,7 @@ import runs_kit
 from playwright.sync_api import Dialog, Page, expect
 from viewer_kit import make_app, served
 
-from agentflow import Events
+from agentflow import Events, Happened
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
@@ -156,3 +156,39 @@ def live_events(page: Page, base: str, db: Path) -> None:
     names = events.locator("li .name").all_text_contents()
     assert names[0] == "checkpoint.saved" and "run.paused" in names and names[-1] == "run.finished"
     assert names.count("run.paused") == 1
+
+
+def test_a_run_waiting_for_a_decision_is_listed_as_such_and_a_happened_decision_shows_what_was_supplied(
+    page, viewer_url, db, shots
+):
+    # Given ship-1, parked by a worker on its ship call in doubt
+    runs_kit.as_worker(db, "park", "ship-1")
+    # When the list is opened, Then the run reads "waiting for a decision", counted at the top
+    page.goto(viewer_url + "/")
+    expect(page.locator("tr[data-run='ship-1'] .status")).to_have_text("waiting for a decision")
+    counter = page.locator(".counts a", has_text="waiting for a decision")
+    expect(counter).to_have_text("1 waiting for a decision")
+    page.screenshot(path=shots / "09-runs-waiting-for-a-decision.png", full_page=True)
+    # And its counter filters the list down to the runs that wait for a person
+    counter.click()
+    expect(page).to_have_url(re.compile(r"status=decision"))
+    expect(page.locator("table.runs tbody tr")).to_have_count(1)
+    expect(page.locator("tr[data-run='ship-1']")).to_be_visible()
+
+    # When carol, who found the parcel shipped, says the call happened, with its result
+    async def decide() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            report = await read_run(store, Sealer(runs_kit.KEY), "ship-1")
+            (call,) = report.in_doubt
+            runner = runs_kit.app.runner(store, runs_kit.KEY)
+            await runner.decide_in_doubt(
+                runs_kit.shipping, "ship-1", calls={call.call_id: Happened("shipped to Berlin")}, operator="carol"
+            )
+
+    runs_kit.in_thread(decide)
+    # Then the run's timeline and its calls table show her word and the result she supplied
+    page.goto(viewer_url + "/runs/ship-1")
+    expect(page.locator(".settled")).to_contain_text("happened: result shipped to Berlin")
+    expect(page.locator(".operator")).to_contain_text("decided by carol")
+    expect(page.locator("table.calls")).to_contain_text("happened, said carol, who supplied its result")
+    page.screenshot(path=shots / "10-run-happened-decision.png", full_page=True)
