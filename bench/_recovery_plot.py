@@ -64,7 +64,9 @@ def plot(report: Report, out_dir: Path) -> list[Path]:
     right.set_ylim(0, 1.02)
     right.legend(fontsize=8, loc="upper left")
     right.grid(alpha=0.3)
-    fig.suptitle(f"{len(kills)} SIGKILLs inside a tool call, default settings (lease {lease_s:.0f} s)")
+    again = int(data.get("second_wave", 0))
+    also = f", then {again} of their fresh workers killed in start-up" if again else ""
+    fig.suptitle(f"{len(kills)} SIGKILLs inside a tool call{also}, default settings (lease {lease_s:.0f} s)")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "bench-recovery.png"

@@ -435,6 +435,7 @@ async def run(ctx: Context) -> Report:
     report.data = {
         "rounds": rounds,
         "workers_per_round": k,
+        "second_wave": rounds * (k // 2),
         "lease_s": lease_s,
         "recheck_margin_s": margin_s,
         "recover_interval_s": interval_s,
