@@ -136,4 +136,4 @@ def show_run(store_url: str | None, key_env: str, workers_path: str | None, app_
     if report.corrupt:
         echo("\n".join([corrupt_text(report), *(f"\n{line}" for line in quarantined.values())]))
         raise _errors.ProblemsFound(f"run {run_id!r} has rows that fail their check")
-    echo(run_text(report, app))
+    echo(run_text(report, app, reading.workers))

@@ -31,6 +31,8 @@ class Reading:
     target: Target
     app: FlowApp | None
     """``--app``, or the deployment's flows with ``--workers``; None: no flows given."""
+    workers: str | None = None
+    """The ``--workers`` read through (None: ``--store``): hints then name commands through the workers."""
 
 
 def reading_options(fn: F) -> F:
@@ -62,7 +64,7 @@ def open_reading(store_url: str | None, key_env: str, workers_path: str | None, 
         from agentflow.cli._workers import read_through  # imports agentflow.celery: only with --workers
 
         target, flows = read_through(workers_path)
-        return Reading(target, flows)
+        return Reading(target, flows, workers_path)
     if not store_url:
         raise click.UsageError(
             "give --store URL (or $AGENTFLOW_STORE), or --workers MODULE:ATTR to read the deployment's store"

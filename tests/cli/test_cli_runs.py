@@ -5,7 +5,11 @@ from __future__ import annotations
 import runs_kit
 from runs_kit import one_line_error
 
+from agentflow.cli._show import run_text
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_read import read_run
+from agentflow.exec._run_view import RunReport
+from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
 
 def rows(output: str) -> dict[str, str]:
@@ -49,6 +53,18 @@ def test_show_a_recovered_run_tells_who_held_it_and_what_was_rerun(agentflow):
     # the recovered info and the state at the latest checkpoint
     assert "recovery (checkpoint 4): replayed nothing; rerun 2/send/0/" in out
     assert '"note": "tickets for Tosca sent"' in out
+
+
+def test_a_hint_through_the_workers_names_a_command_through_the_workers(db):
+    # Given ship-1, its ship call in doubt, read as `runs show --workers` reads it
+    async def read() -> RunReport:
+        async with SQLiteCheckpointStore(db) as store:
+            return await read_run(store, Sealer(runs_kit.KEY), "ship-1")
+
+    text = run_text(runs_kit.in_thread(read), None, "workers.celery_app:tasks")
+    # Then the command it names signs a decision for the workers, and none runs the tool here
+    assert "agentflow decide ship-1 --workers workers.celery_app:tasks --call CALL_ID=" in text
+    assert "--app" not in text and "--rerun-in-doubt" not in text
 
 
 def test_show_marks_a_call_in_doubt(agentflow):

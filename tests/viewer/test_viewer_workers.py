@@ -154,6 +154,9 @@ async def test_a_parked_run_offers_the_decision_and_the_workers_spend_it(monkeyp
             # When its page is opened, it waits for a decision and offers the form
             page = " ".join(client.get("/runs/r1").text.split())
             assert "Waiting for a decision" in page and "Decide the calls in doubt" in page
+            # and the command it suggests goes through the workers: none would run the tool in the operator's shell
+            assert "agentflow decide r1 --workers ... --call CALL_ID=rerun|happened:JSON|not:REASON" in page
+            assert "--app" not in page
             # And the operator says the mail went out
             call = re.search(r'name="call.0" value="([^"]+)"', page)
             assert call is not None
