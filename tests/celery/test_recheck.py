@@ -16,6 +16,8 @@ import pytest
 from _kit.poll import until
 from celery_kit import Deployment
 
+from agentflow.celery._worker import RECOVER_ALL_LOCK
+
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
 
 #: The workers' leases: longer than a worker takes to start.
@@ -97,3 +99,27 @@ async def test_a_recheck_lost_with_the_worker_that_held_it_is_sent_again_by_the_
     assert f"af-{run_id}-0-recheck-" in deployment.log("w3")
     view = await deployment.client.wait(run_id, timeout_s=30)
     assert view.status == "done", view
+
+
+async def test_a_sweep_lock_left_by_a_worker_that_died_in_its_sweep_delays_a_start_by_seconds(deployment):
+    deployment.set_lease(LEASE_S)
+    settings = deployment.tasks.worker.settings
+    # Given a run whose worker was SIGKILLed inside its slow hold_seats
+    deployment.set_delay(3.0, 3.0)
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": "locked"}, run_id=f"{deployment.prefix}-locked")
+    await deployment.until_started(run_id, "hold_seats")
+    deployment.kill_group("w1")
+    killed = time.monotonic()
+    deployment.set_delay(0.0, 0.0)
+    # and recover_all's lock as a worker killed inside its sweep leaves it: put, never renewed nor taken
+    await deployment.tasks.worker.markers.put(*RECOVER_ALL_LOCK, {"owner": "w0@gone:1"}, settings.recover_lock_s)
+    # When a new worker starts (no beat: its start-up sweep is the only look at the run)
+    deployment.start_worker("w2")
+    # Then its sweep, kept out by the lock, comes again once the lock lapses, and the run is claimed
+    # within the lock's lifetime and a lease (not at the broker's visibility timeout, nor at beat's tick)
+    bound = settings.recover_lock_s + LEASE_S + settings.recheck_margin_s + SLACK_S
+    await until_claimed(deployment, run_id, timeout_s=bound + 10)
+    elapsed = time.monotonic() - killed
+    assert elapsed < bound, f"claimed {elapsed:.1f} s after the kill (bound {bound:.1f} s)"
+    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
