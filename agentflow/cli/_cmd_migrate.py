@@ -81,10 +81,11 @@ def migrate(
             f"run {printable(run_id)}: migrated to version {printable(report.version or '?')}; now "
             f"{paint(report.status)} at step {report.step} (by {settled.saved_by})"
         )
+        _errors.raise_if_failed(run_id, report.status, report.error)
         return
     here = how.here()
 
-    async def act() -> tuple[str, str, int | None]:
+    async def act() -> tuple[str, str, int | None, str | None]:
         column = await column_of(here.target.store, here.target.sealer, run_id)
         if RunKind.of(column) is RunKind.LOOP:
             raise _errors.CliError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
@@ -101,9 +102,10 @@ def migrate(
                 )
         except FlowError as exc:
             raise _errors.CliError(str(exc)) from None
-        return result.version, str(result.status), result.step
+        return result.version, str(result.status), result.step, result.error
 
-    version, status, at_step = here.target.run(act)
+    version, status, at_step, error = here.target.run(act)
     goes_on = "" if run_here else "; the next recovery carries it on (agentflow recover, or a worker's sweep)"
     now = f"{paint(status)} at step {at_step}"
     echo(f"run {printable(run_id)}: migrated to version {printable(version)}, {now}{goes_on}")
+    _errors.raise_if_failed(run_id, status, error)

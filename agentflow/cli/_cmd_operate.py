@@ -260,10 +260,11 @@ def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: 
             return
         how.workers.check(settled)
         echo(f"run {printable(new_id)} {forked}: {_where(settled)}")
+        _errors.raise_if_failed(new_id, settled.report.status, settled.report.error)
         return
     here = how.here()
 
-    async def act() -> tuple[str, str, int | None]:
+    async def act() -> tuple[str, str, int | None, str | None]:
         column = await column_of(here.target.store, here.target.sealer, run_id)
         if RunKind.of(column) is RunKind.LOOP:
             raise _errors.CliError(f"run {run_id!r} is a tool loop: only flow runs can be forked")
@@ -277,10 +278,11 @@ def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: 
                 operator=how.operator,
                 max_supersteps=None if run_here else 0,
             )
-        return result.run_id, str(result.status), result.step
+        return result.run_id, str(result.status), result.step, result.error
 
-    new_id, status, step = here.target.run(act)
+    new_id, status, step, error = here.target.run(act)
     echo(f"run {printable(new_id)} {forked}: {paint(status)} at step {step}")
+    _errors.raise_if_failed(new_id, status, error)
 
 
 def _fork_through(

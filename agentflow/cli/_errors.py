@@ -57,8 +57,9 @@ class ProblemsFound(CliError):
 def raise_if_failed(run_id: str, status: str, error: str | None, *, again: bool = False) -> None:
     """The rule of the commands that move a run and wait for it: a run that ended failed is a problem found.
 
-    ``retry`` (`again`), ``decide`` through the workers and an approving ``resume`` end so,
-    with exit code 1 and the run's error, after they said on stdout where the run landed.
+    ``retry`` (`again`), ``decide`` through the workers, an approving ``resume``, and ``fork``
+    and ``migrate`` that carry the run on end so, with exit code 1 and the run's error, after
+    they said on stdout where the run landed.
 
     Raises:
         ProblemsFound: `status` is ``failed``.

@@ -110,3 +110,17 @@ def test_cancel_of_a_run_a_live_worker_holds_leaves_that_worker_a_request(agentf
         "(it is running now)"
     )
     assert runs_kit.stored(db, "ship-1") == before
+
+
+def test_fork_run_exits_1_when_the_new_run_fails(agentflow, db):
+    # Given a quote run that failed while the quote service was down, and the service still down
+    runs_kit.add_failed(db)
+    runs_kit.DOWN.append(True)
+    try:
+        # When it is forked and the new run is run here
+        result = agentflow("fork", "quote-1", "--app", "runs_kit:quotes_app", "--at", "0", "--run", "--new-id", "q-2")
+    finally:
+        runs_kit.DOWN.clear()
+    # Then the command says where the run landed, and exits 1 with its error, as retry does
+    assert "run q-2 forked from quote-1 at step 0: failed" in result.stdout, result.output
+    assert result.exit_code == 1 and "run 'q-2' failed: " in result.stderr and "quote service is down" in result.stderr
