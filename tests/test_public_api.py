@@ -121,7 +121,7 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.exec.limits": [
         "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",
-        "RedisLimits", "SQLLimits", "Wait",
+        "RedisLimits", "Refusal", "SQLLimits",
     ],
     "agentflow.exec.checkpoints": [
         "CheckpointConflict", "CheckpointError", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt",

@@ -96,12 +96,9 @@ def test_a_backend_is_local_by_default_or_made_by_a_factory():
         Registry(limit_backend=42)  # type: ignore[arg-type]
 
 
-def test_the_limits_package_exports_exactly_its_names() -> None:
+def test_the_limits_package_hands_out_its_backends_from_their_own_modules() -> None:
+    # (the names it exports are pinned with every package's, in tests/test_public_api.py)
     import agentflow.exec.limits as limits
 
-    assert sorted(limits.__all__) == [
-        "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",
-        "RedisLimits", "SQLLimits", "Wait",
-    ]  # fmt: skip
     assert limits.RedisLimits is RedisLimits
     assert RedisLimits.__module__ == "agentflow.exec.limits.redis"

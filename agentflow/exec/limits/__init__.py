@@ -5,7 +5,7 @@ import typing
 from agentflow import _optional
 from agentflow.exec.limits._backends import BackendSpec
 from agentflow.exec.limits._local import LocalLimits
-from agentflow.exec.limits._protocol import LimitBackend, Wait
+from agentflow.exec.limits._protocol import LimitBackend, Refusal
 from agentflow.exec.limits._spec import Limit, LimitKey, LimitsUnavailable, RateLimited
 
 if typing.TYPE_CHECKING:
@@ -21,8 +21,8 @@ __all__ = [
     "LocalLimits",
     "RateLimited",
     "RedisLimits",
+    "Refusal",
     "SQLLimits",
-    "Wait",
 ]
 
 

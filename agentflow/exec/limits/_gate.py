@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec.limits._backends import BackendRef
-from agentflow.exec.limits._protocol import LimitBackend, Wait
+from agentflow.exec.limits._protocol import LimitBackend, Refusal
 from agentflow.exec.limits._spec import Limit, RateLimited
 
 log = logging.getLogger("agentflow.limits")
@@ -232,7 +232,7 @@ class Gate:
         self._events().emit(name, who.get("run_id"), **fields, **data)
 
 
-def pause(lim: Limit, wait: Wait) -> float:
+def pause(lim: Limit, wait: Refusal) -> float:
     """How long to sleep before asking again.
 
     A back-off is waited out with up to `jitter` more (the waiters spread out); a full

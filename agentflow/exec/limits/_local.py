@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from agentflow.exec.limits._protocol import Wait
+from agentflow.exec.limits._protocol import Refusal
 from agentflow.exec.limits._spec import Limit
 
 
@@ -43,15 +43,15 @@ class LocalLimits:
             state.starts.popleft()
         return state, now
 
-    async def take(self, limit: Limit, key: str, token: str) -> Wait | None:
+    async def take(self, limit: Limit, key: str, token: str) -> Refusal | None:
         """See `LimitBackend.take`."""
         state, now = self._state(limit, key)
         if state.closed_until > now:
-            return Wait("closed", state.closed_until - now)
+            return Refusal("closed", state.closed_until - now)
         if limit.concurrency is not None and len(state.held) >= limit.concurrency:
-            return Wait("concurrency", min(state.held.values()) - now)
+            return Refusal("concurrency", min(state.held.values()) - now)
         if limit.rate is not None and len(state.starts) >= limit.rate:
-            return Wait("rate", state.starts[0][0] + limit.window_s - now)
+            return Refusal("rate", state.starts[0][0] + limit.window_s - now)
         if limit.concurrency is not None:
             state.held[token] = now + limit.hold_s
         if limit.rate is not None:

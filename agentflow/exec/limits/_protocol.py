@@ -14,14 +14,14 @@ from typing import Literal, Protocol, runtime_checkable
 from agentflow.exec.limits._spec import Limit
 
 #: Why a call cannot start yet: every slot is held, the window is full, or a 429 closed the limit.
-WaitReason = Literal["concurrency", "rate", "closed"]
+RefusalReason = Literal["concurrency", "rate", "closed"]
 
 
 @dataclass(frozen=True, slots=True)
-class Wait:
+class Refusal:
     """A refused `take`: why, and how long until it could be granted."""
 
-    why: WaitReason
+    why: RefusalReason
     """What is in the way."""
     seconds: float
     """Until the window or the back-off ends; for ``concurrency``, until the oldest hold lapses (an upper bound)."""
@@ -31,10 +31,10 @@ class Wait:
 class LimitBackend(Protocol):
     """Keeps the state of limits: held slots, recent starts and back-offs, per limit and tenant key."""
 
-    async def take(self, limit: Limit, key: str, token: str) -> Wait | None:
+    async def take(self, limit: Limit, key: str, token: str) -> Refusal | None:
         """Take a slot for `token` (a concurrency slot and a start in the window, at once), or say why not.
 
-        Nothing is taken when the answer is a `Wait`. A taken slot is held `limit.hold_s`
+        Nothing is taken when the answer is a `Refusal`. A taken slot is held `limit.hold_s`
         unless renewed; a start counts for `limit.window_s`.
         """
         ...

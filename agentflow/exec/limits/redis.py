@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointError
 from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
-from agentflow.exec.limits._protocol import Wait, WaitReason
+from agentflow.exec.limits._protocol import Refusal, RefusalReason
 from agentflow.exec.limits._spec import Limit, LimitsUnavailable
 
 _SCRIPT: Final = (resources.files(__package__) / "_lua" / "limit.lua").read_text()
@@ -92,13 +92,13 @@ class RedisLimits:
             raise LimitsUnavailable(f"RedisLimits: {exc}") from exc
         return (word.decode() if isinstance(word, bytes) else str(word)), int(ms) / 1000
 
-    async def take(self, limit: Limit, key: str, token: str) -> Wait | None:
+    async def take(self, limit: Limit, key: str, token: str) -> Refusal | None:
         """See `LimitBackend.take`."""
         word, seconds = await self._run("take", limit, key, token)
         if word == "taken":
             return None
-        why: WaitReason = "closed" if word == "closed" else "concurrency" if word == "concurrency" else "rate"
-        return Wait(why, max(seconds, 0.0))
+        why: RefusalReason = "closed" if word == "closed" else "concurrency" if word == "concurrency" else "rate"
+        return Refusal(why, max(seconds, 0.0))
 
     async def start(self, limit: Limit, key: str, token: str) -> None:
         """See `LimitBackend.start`."""

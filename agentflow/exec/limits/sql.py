@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointError
 from agentflow.exec.checkpoints._sql_engines import Connector, check_url
-from agentflow.exec.limits._protocol import Wait
+from agentflow.exec.limits._protocol import Refusal
 from agentflow.exec.limits._spec import Limit, LimitsUnavailable
 
 #: The schema, in order; `setup` runs each statement (all idempotent) on the first use in a process.
@@ -104,18 +104,18 @@ class SQLLimits:
 
     async def _take(
         self, conn: AsyncConnection, limit: Limit, key: str, token: str, _: float, now: float, closed: float
-    ) -> Wait | None:
+    ) -> Refusal | None:
         ids = {"n": limit.name, "k": key, "tok": token, "now": now}
         if closed > now:
-            return Wait("closed", closed - now)
+            return Refusal("closed", closed - now)
         if limit.concurrency is not None:
             count, oldest = await self._live(conn, "held", "lapses_at", now, ids)
             if count >= limit.concurrency:
-                return Wait("concurrency", oldest - now)
+                return Refusal("concurrency", oldest - now)
         if limit.rate is not None:
             count, oldest = await self._live(conn, "starts", "started_at", now - limit.window_s, ids)
             if count >= limit.rate:
-                return Wait("rate", oldest + limit.window_s - now)
+                return Refusal("rate", oldest + limit.window_s - now)
         if limit.concurrency is not None:
             ids["lapses"] = now + limit.hold_s
             await conn.execute(self._sql("INSERT INTO {t}limit_held VALUES (:n, :k, :tok, :lapses)"), ids)
@@ -171,9 +171,9 @@ class SQLLimits:
         )
         return until - now
 
-    async def take(self, limit: Limit, key: str, token: str) -> Wait | None:
+    async def take(self, limit: Limit, key: str, token: str) -> Refusal | None:
         """See `LimitBackend.take`."""
-        found: Wait | None = await self._run("take", limit, key, token)
+        found: Refusal | None = await self._run("take", limit, key, token)
         return found
 
     async def start(self, limit: Limit, key: str, token: str) -> None:
