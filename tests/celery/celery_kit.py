@@ -354,15 +354,15 @@ def _forget_pools(app: Any) -> None:
 ENDED = frozenset({"SUCCESS", "FAILURE", "SKIPPED", "REFUSED", "PAUSED", "NEEDS_DECISION", "RECOVERED", "CANCELLED"})
 
 
-def ended(sent: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+async def ended(sent: Any, timeout_s: float = 30.0) -> dict[str, Any]:
     """The result of a superstep task once it ended, in whatever state (polled: `.get()` waits only for SUCCESS
     and FAILURE, and agentflow ends a task that did nothing SKIPPED or REFUSED)."""
-    deadline = time.monotonic() + timeout_s
+
+    def over() -> bool:
+        return bool(sent.state in ENDED)  # a read of the result backend: on a thread, off the loop
+
     try:
-        while sent.state not in ENDED:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"task {sent.id} did not end within {timeout_s} s: {sent.state}")
-            time.sleep(0.05)
+        await until(lambda: asyncio.to_thread(over), f"task {sent.id} ending", timeout_s=timeout_s, every=0.05)
         info: dict[str, Any] = sent.info
         return info
     finally:

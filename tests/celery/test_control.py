@@ -22,12 +22,12 @@ from agentflow import Happened
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
 
 
-def send_rerun(deployment: Deployment, run_id: str, step: int) -> dict[str, object]:
+async def send_rerun(deployment: Deployment, run_id: str, step: int) -> dict[str, object]:
     """Send a superstep with cause ``rerun`` pointing at `step`; return the task's result."""
     sent = deployment.tasks.superstep.apply_async(
         args=("tickets", run_id, step, "rerun"), queue=deployment.values["queue"]
     )
-    assert ended(sent)["done"] == "refused" and sent.state == "REFUSED", sent.info
+    assert (await ended(sent))["done"] == "refused" and sent.state == "REFUSED", sent.info
     result: dict[str, object] = sent.info
     return result
 
@@ -51,7 +51,7 @@ async def test_a_hand_written_rerun_marker_and_a_rerun_message_are_refused(deplo
         client.set(f"{deployment.prefix}:rerun:{{{run_id}}}", step)
     finally:
         client.close()
-    result = send_rerun(deployment, run_id, step)
+    result = await send_rerun(deployment, run_id, step)
     # Then the worker refuses it (no signed decision is at that step), logs it, and runs nothing
     assert result["done"] == "refused", result
     assert len(deployment.refusals("w2", "rerun", run_id)) == 1
@@ -68,7 +68,7 @@ async def test_a_decision_signed_with_another_key_is_refused(deployment):
     keys = worker.checkpoint_key if isinstance(worker.checkpoint_key, list) else [worker.checkpoint_key]
     forger = worker.flow_app.runner(worker.store, [OTHER_KEY, *keys], owner="forger@elsewhere:1")
     step = await forger.decide_in_doubt(worker.flow_app.flow("tickets"), run_id, operator="mallory")
-    result = send_rerun(deployment, run_id, step)
+    result = await send_rerun(deployment, run_id, step)
     # Then the worker refuses it (the decision fails its signature check) and the charge does not run again
     assert result["done"] == "refused", result
     assert "does not have" in str(result["why"]), result

@@ -7,8 +7,6 @@ call that follows runs on a worker.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from celery_kit import Deployment, ended
 from pydantic import BaseModel
@@ -120,7 +118,7 @@ async def test_a_retry_message_without_a_signed_retry_is_refused(deployment: Dep
     sent = deployment.tasks.recover_superstep.apply_async(
         args=("tickets", run_id, failed.step, "retry"), queue=deployment.values["queue"]
     )
-    result = await asyncio.to_thread(ended, sent)
+    result = await ended(sent)
     # Then it is refused (its task ends REFUSED) and the run stays failed
     assert result["done"] == "refused" and sent.state == "REFUSED"
     assert (await deployment.client.status(run_id)).status == "failed"

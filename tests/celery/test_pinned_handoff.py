@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import redis.asyncio
 from _kit.faults import body
@@ -37,7 +35,7 @@ async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges
     # and the superstep that spends the decision is sent to the worker
     task_id = deployment.tasks.send_superstep("fanout", run_id, decided.step, "resume")
     result = AsyncResult(task_id, app=deployment.celery_app)
-    await asyncio.to_thread(ended, result)
+    await ended(result)
     # Then the worker refused it as corrupt (the claim pinned segment 0's count), ran nothing,
     # and the run did not move
     assert result.state == "REFUSED", result.result

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from _kit.poll import until
 from celery import Celery
 from worker_kit import KEY, OTHER_KEY, RIVAL, Died, Job
 
@@ -367,12 +368,9 @@ async def test_the_recover_all_lock_is_renewed_while_a_sweep_works_and_lapses_so
     # And when its worker dies in the sweep (SIGKILL: no release), the next sweep runs within the lease
     monkeypatch.setattr(store, "take_marker", _never_released)
     sweeping.cancel()
-    died = time.monotonic()
     monkeypatch.undo()
     monkeypatch.setattr("agentflow.celery._worker.sweep", _quick_sweep)
-    while await second.stranded() is None:
-        assert time.monotonic() - died < 3.0, "the dead sweeper's lock outlived its lease"
-        await asyncio.sleep(0.05)
+    await until(second.stranded, "the next sweep once the dead sweeper's lock lapsed", timeout_s=3.0, every=0.05)
 
 
 def _worker_on(store: MemoryCheckpointStore) -> Worker:

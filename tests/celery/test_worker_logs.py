@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from _kit.secrets import leaks, redis_user
 from celery_kit import Deployment, ended
@@ -24,7 +22,7 @@ async def test_a_worker_at_debug_logs_neither_the_key_nor_the_redis_password(tmp
             refused = deployment.tasks.superstep.apply_async(
                 args=("tickets", run_id, 3, "rerun"), queue=deployment.values["queue"]
             )
-            assert (await asyncio.to_thread(ended, refused))["done"] == "refused"
+            assert (await ended(refused))["done"] == "refused"
         finally:
             deployment.close()
     # Then its log has the run in it, and no form of the key or the password

@@ -139,7 +139,7 @@ async def test_a_duplicate_superstep_message_does_nothing(deployment):
     second = deployment.tasks.superstep.apply_async(
         args=("tickets", run.run_id, 0, "next"), queue=deployment.values["queue"]
     )
-    outcomes = [await asyncio.to_thread(ended, first), await asyncio.to_thread(ended, second)]
+    outcomes = [await ended(first), await ended(second)]
     view = await deployment.client.wait(run.run_id, timeout_s=30)
     # Then exactly one ran the superstep; the other was skipped; each tool ran once
     assert sorted(o["done"] for o in outcomes) == ["ran", "skipped"]
@@ -240,7 +240,7 @@ async def test_a_resume_message_alone_decides_nothing_for_a_flow_run_or_a_tool_l
         ("loop:refunds", loop_id, paused_loop.step),
     ]
     sent = [deployment.tasks.resume.apply_async(args, queue=queue) for args in forged]
-    results = [await asyncio.to_thread(ended, s) for s in sent]
+    results = [await ended(s) for s in sent]
     # Then every one is refused and logged, no decision is stored, and nothing ran
     assert [r["done"] for r in results] == ["refused"] * 4, results
     assert [len(deployment.refusals("w1", "resume", r)) for r in (run_id, loop_id)] == [2, 2]
