@@ -37,18 +37,24 @@ async def until_claimed(deployment: Deployment, run_id: str, timeout_s: float) -
     return await until(claimed, f"a claim of {run_id}", timeout_s=timeout_s, every=0.05)
 
 
+async def killed_in_hold_seats(deployment: Deployment, name: str) -> tuple[str, float]:
+    """A ticket run whose worker w1 was SIGKILLed inside its slow (idempotent) hold_seats; its id and when."""
+    deployment.set_delay(3.0, 3.0)
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start("tickets", {"show": name}, run_id=f"{deployment.prefix}-{name}")
+    await deployment.until_started(run_id, "hold_seats")
+    deployment.kill_group("w1")
+    killed = time.monotonic()
+    deployment.set_delay(0.0, 0.0)
+    return run_id, killed
+
+
 async def test_a_stranded_run_moves_again_within_one_lease_without_beat(deployment):
     deployment.set_lease(LEASE_S)
     margin_s = deployment.tasks.worker.settings.recheck_margin_s
     # Given one worker, no beat, and a ticket run inside its slow (idempotent) hold_seats
-    deployment.set_delay(3.0, 3.0)
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("tickets", {"show": "stranded"}, run_id=f"{deployment.prefix}-stranded")
-    await deployment.until_started(run_id, "hold_seats")
     # When the worker's whole process group is SIGKILLed there, and a new worker starts
-    deployment.kill_group("w1")
-    killed = time.monotonic()
-    deployment.set_delay(0.0, 0.0)
+    run_id, killed = await killed_in_hold_seats(deployment, "stranded")
     deployment.start_worker("w2")
     ready = time.monotonic() - killed
     # Then the run is claimed again within one lease of the kill (plus the recheck margin and some slack)
@@ -76,13 +82,7 @@ async def test_a_recheck_lost_with_the_worker_that_held_it_is_sent_again_by_the_
     deployment.set_lease(8.0)
     margin_s = deployment.tasks.worker.settings.recheck_margin_s
     # Given a run whose worker was SIGKILLed inside its slow hold_seats (its lease has up to 8 s left)
-    deployment.set_delay(3.0, 3.0)
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("tickets", {"show": "twice"}, run_id=f"{deployment.prefix}-twice")
-    await deployment.until_started(run_id, "hold_seats")
-    deployment.kill_group("w1")
-    killed = time.monotonic()
-    deployment.set_delay(0.0, 0.0)
+    run_id, killed = await killed_in_hold_seats(deployment, "twice")
     # and a new worker whose start-up recover_all sent the run's recheck (a delayed message, which that
     # worker keeps unacknowledged until it is due) and took the recheck marker, then was SIGKILLed too
     deployment.start_worker("w2")
@@ -105,13 +105,7 @@ async def test_a_sweep_lock_left_by_a_worker_that_died_in_its_sweep_delays_a_sta
     deployment.set_lease(LEASE_S)
     settings = deployment.tasks.worker.settings
     # Given a run whose worker was SIGKILLed inside its slow hold_seats
-    deployment.set_delay(3.0, 3.0)
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("tickets", {"show": "locked"}, run_id=f"{deployment.prefix}-locked")
-    await deployment.until_started(run_id, "hold_seats")
-    deployment.kill_group("w1")
-    killed = time.monotonic()
-    deployment.set_delay(0.0, 0.0)
+    run_id, killed = await killed_in_hold_seats(deployment, "locked")
     # and recover_all's lock as a worker killed inside its sweep leaves it: put, never renewed nor taken
     await deployment.tasks.worker.markers.put(*RECOVER_ALL_LOCK, {"owner": "w0@gone:1"}, settings.recover_lock_s)
     # When a new worker starts (no beat: its start-up sweep is the only look at the run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from agentflow._errors import CheckpointNotFound
@@ -50,13 +51,22 @@ async def _expect_held(store: CheckpointStore, run_id: str, lease: Lease | None,
     _expect(shown == want, f"{what}: leases() shows {shown}, expected {want}")
 
 
+async def until_lapsed(read: Callable[[list[str]], Awaitable[Mapping[str, object]]], key: str, what: str) -> None:
+    """Poll `read` (the live leases, or markers, among some keys) until `key` is not among them.
+
+    Raises:
+        AssertionError: it still was after `LAPSE_DEADLINE_S`.
+    """
+    deadline = time.monotonic() + LAPSE_DEADLINE_S
+    while key in await read([key]):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: a {SHORT} s one is still live after {LAPSE_DEADLINE_S} s")
+        await asyncio.sleep(0.01)
+
+
 async def _wait_lapsed(store: CheckpointStore, run_id: str, what: str) -> None:
     """Poll `leases` until the run has no live lease; fail after `LAPSE_DEADLINE_S`."""
-    deadline = time.monotonic() + LAPSE_DEADLINE_S
-    while run_id in await store.leases([run_id]):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: a {SHORT} s lease is still live after {LAPSE_DEADLINE_S} s")
-        await asyncio.sleep(0.01)
+    await until_lapsed(store.leases, run_id, what)
 
 
 async def check_lease_is_exclusive(store: CheckpointStore) -> None:

@@ -9,12 +9,11 @@ leases, expiry is judged on the store's clock: where a marker must lapse, the ch
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from agentflow.exec.checkpoints._conformance_base import _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._conformance_calls import RACERS
-from agentflow.exec.checkpoints._conformance_leases import LAPSE_DEADLINE_S, LONG, SHORT, _token
+from agentflow.exec.checkpoints._conformance_leases import LONG, SHORT, _token, until_lapsed
 from agentflow.exec.checkpoints._protocol import CheckpointStore, MarkerStore
 from agentflow.exec.checkpoints._records import Marker
 
@@ -49,11 +48,7 @@ async def _expect_shown(store: MarkerStore, key: str, marker: Marker | None, wha
 
 
 async def _wait_lapsed(store: MarkerStore, key: str, what: str) -> None:
-    deadline = time.monotonic() + LAPSE_DEADLINE_S
-    while key in await store.peek_markers([key]):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: a {SHORT} s marker is still live after {LAPSE_DEADLINE_S} s")
-        await asyncio.sleep(0.01)
+    await until_lapsed(store.peek_markers, key, what)
 
 
 async def check_marker_stands_for_its_token(store: CheckpointStore) -> None:
