@@ -98,7 +98,8 @@ def _recovered_task(flower: str, run_id: str, timeout_s: float = 30.0) -> dict[s
     ended) and by its state, each a filter of Flower's own.
     """
     by_name = _until_listed(
-        flower, run_id, lambda t: t["state"] == "RECOVERED" and t["outcome"]["done"] == "ran", timeout_s,
+        # (a recovery is shown RECOVERED from its start, before it has a result: wait for the result)
+        flower, run_id, lambda t: t["state"] == "RECOVERED" and (t["outcome"] or {}).get("done") == "ran", timeout_s,
         taskname=RECOVER,
     )  # fmt: skip
     assert by_name["parsed_args"][3] in ("recover", "recheck"), by_name
@@ -402,7 +403,9 @@ async def test_flower_shows_failed_paused_decision_and_recovered_tasks_apart_fro
 
     # and the superstep that parked the run on a call in doubt is a recovery which ended NEEDS_DECISION, and
     # is ANSWERED now that alice decided: `state:NEEDS_DECISION` lists what waits for a person now, not it
-    rerun = _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun", state="RECOVERED")
+    rerun = _until_listed(
+        flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun" and t["outcome"], state="RECOVERED"
+    )
     waiting = _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] != "rerun", state="ANSWERED")
     assert waiting["name"] == RECOVER and waiting["parsed_args"][3] in ("recover", "recheck")
     assert waiting["outcome"] == {"run_id": runs.parked, "answered_by": rerun["uuid"]}
@@ -479,7 +482,7 @@ async def test_flower_tasks_page_in_a_browser_shows_each_ending_and_filters_reco
     flower = deployment.start_flower(f"{USER}:{PASSWORD}")
     runs = await _every_ending(deployment)
     _until_listed(flower, runs.failed, _final, state="FAILURE")
-    _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun", state="RECOVERED")
+    _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun" and t["outcome"], state="RECOVERED")
     # When a person opens the tasks page: all tasks, then filtered by state and by name
     SHOTS.mkdir(parents=True, exist_ok=True)
     queries = ["", "?state=RECOVERED", "?name=agentflow.recover_superstep", "?state=PAUSED"]
