@@ -14,25 +14,23 @@ Each model call is preceded by a fenced marker record in the call log, so ``max_
 counts model calls across the whole run, recoveries included (a call cut off by a crash
 counts). Tool calls of one reply go through the same call log as flow calls: identity
 ``turn/tools/index/args digest``, replay of finished calls, in-doubt checks.
+
+`LoopRunner` (`_loop_runner`) holds every operation on a loop; each function here is one
+use of it, for a caller that has no runner at hand.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow._events import Events
-from agentflow._identity import RunContext, identity_body
-from agentflow._run_types import RunStatus
-from agentflow.exec._executor import Approver, Executor
-from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
+from agentflow._identity import RunContext
+from agentflow.exec._executor import Approver
+from agentflow.exec._loop_engine import LoopResult
+from agentflow.exec._loop_runner import LoopRunner
 from agentflow.exec._registry import Registry
 from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_keys import sealer_for
-from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
-from agentflow.exec._run_protocol import RunProtocol
+from agentflow.exec._run_lease import DEFAULT_LEASE_S
 from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._messages import Message
@@ -40,6 +38,7 @@ from agentflow.models._protocol import Model
 
 __all__ = [
     "LoopResult",
+    "LoopRunner",
     "advance_tool_loop",
     "cancel_tool_loop",
     "decide_in_doubt_tool_loop",
@@ -48,36 +47,6 @@ __all__ = [
     "run_tool_loop",
     "start_tool_loop",
 ]
-
-
-def _protocol(
-    model: Model,
-    registry: Registry,
-    checkpoints: CheckpointStore | None,
-    checkpoint_key: bytes | Sequence[bytes] | None,
-    name: str,
-    approver: Approver | None = None,
-    events: Events | None = None,
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-    tracer: Tracer | None = None,
-) -> LoopProtocol:
-    """The run protocol for the loop `name` over `checkpoints`, holding runs as `owner` for `lease_s`."""
-    executor = Executor(registry, approver=approver, events=events, tracer=tracer)
-    driver = LoopDriver(model, executor, name)
-    ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
-    sealer = sealer_for(checkpoints, checkpoint_key)
-    return RunProtocol(
-        driver, checkpoints, sealer, registry, executor.events, ownership=ownership, tracer=executor.tracer
-    )
-
-
-def _cursor(
-    proto: LoopProtocol, run_id: str | None, messages: Sequence[Message], max_steps: int, ctx: RunContext | None
-) -> LoopCursor:
-    """A new loop's cursor, before its step 0 is saved."""
-    rid = run_id or "loop-" + secrets.token_urlsafe(16)
-    return LoopCursor(rid, identity_body(proto.sealer, rid, ctx), ctx, list(messages), max_steps)
 
 
 async def run_tool_loop(
@@ -128,34 +97,19 @@ async def run_tool_loop(
         CheckpointConflict: the run id belongs to a loop that is running or ended.
         ModelError: the model's reply could not be used (the run stays recoverable).
     """
-    if max_steps < 1:
-        raise ValueError("max_steps must be at least 1")
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner, tracer)
-    if run_id is not None and checkpoints is not None and await _exists(checkpoints, run_id):
-        if approve is None:
-            return await _paused(proto, run_id, ctx)
-        return await proto.resume(run_id, approve=approve, note=note, ctx=ctx, limit=None)
-    if not messages:
-        raise ValueError("run_tool_loop needs the messages to start from")
-    lp = _cursor(proto, run_id, messages, max_steps, ctx)
-    return await proto.begin(lp, None)
-
-
-async def _exists(store: CheckpointStore, run_id: str) -> bool:
-    try:
-        await store.latest(run_id)
-    except CheckpointNotFound:
-        return False
-    return True
-
-
-async def _paused(proto: LoopProtocol, run_id: str, ctx: RunContext | None) -> LoopResult:
-    """A paused loop as it stands (`run_tool_loop` called again with no decision)."""
-    opened = await proto.open(run_id, ctx)
-    if opened.status != RunStatus.PAUSED:
-        hint = "use recover_tool_loop" if opened.status == RunStatus.RUNNING else "it ended"
-        raise CheckpointConflict(f"run {run_id!r} exists and is {opened.status}, not paused ({hint})")
-    return proto.driver.result(opened.cur, RunStatus.PAUSED)
+    runner = LoopRunner(
+        model,
+        registry,
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        approver=approver,
+        events=events,
+        lease_s=lease_s,
+        owner=owner,
+        tracer=tracer,
+    )
+    return await runner.run(messages, run_id=run_id, max_steps=max_steps, ctx=ctx, approve=approve, note=note)
 
 
 async def decide_tool_loop(
@@ -181,8 +135,10 @@ async def decide_tool_loop(
         CheckpointConflict: the loop is not paused, or another decision won.
         ValueError: `approve` is a mapping that leaves a pending call undecided.
     """
-    proto = _protocol(_NoModel(), registry, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
-    return await proto.resume(run_id, approve=approve, note=note, ctx=ctx, limit=0, operator=operator)
+    runner = LoopRunner(
+        None, registry, checkpoints=checkpoints, checkpoint_key=checkpoint_key, name=name, lease_s=lease_s, owner=owner
+    )
+    return await runner.resume(run_id, approve=approve, note=note, ctx=ctx, max_stages=0, operator=operator)
 
 
 async def recover_tool_loop(
@@ -211,8 +167,19 @@ async def recover_tool_loop(
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
         IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, approver, events, lease_s, owner, tracer)
-    return await proto.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
+    runner = LoopRunner(
+        model,
+        registry,
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        approver=approver,
+        events=events,
+        lease_s=lease_s,
+        owner=owner,
+        tracer=tracer,
+    )
+    return await runner.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
 
 
 async def wake_tool_loop(
@@ -236,8 +203,17 @@ async def wake_tool_loop(
         NotDue: its time has not come (nothing is done).
         CheckpointConflict: the loop is not waiting, or someone else woke it first.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events, lease_s, owner, None)
-    return await proto.wake(run_id, limit=max_stages, ctx=ctx, now=now)
+    runner = LoopRunner(
+        model,
+        registry,
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        events=events,
+        lease_s=lease_s,
+        owner=owner,
+    )
+    return await runner.wake(run_id, ctx=ctx, now=now, max_stages=max_stages)
 
 
 async def start_tool_loop(
@@ -261,17 +237,17 @@ async def start_tool_loop(
     Raises:
         CheckpointConflict: the run id is taken.
     """
-    if max_steps < 1:
-        raise ValueError("max_steps must be at least 1")
-    if not messages:
-        raise ValueError("start_tool_loop needs the messages to start from")
-    proto = _protocol(
-        _NoModel(), registry, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner, tracer=tracer
+    runner = LoopRunner(
+        None,
+        registry,
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        lease_s=lease_s,
+        owner=owner,
+        tracer=tracer,
     )
-    lp = _cursor(proto, run_id, messages, max_steps, ctx)
-    async with proto.hold(lp.run_id):
-        await proto.start(lp)
-    return proto.driver.result(lp, RunStatus.RUNNING)
+    return await runner.start(messages, run_id=run_id, max_steps=max_steps, ctx=ctx)
 
 
 async def advance_tool_loop(
@@ -301,14 +277,19 @@ async def advance_tool_loop(
         CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
         RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
     """
-    proto = _protocol(model, registry, checkpoints, checkpoint_key, name, None, events, lease_s, owner, tracer)
-    return await proto.advance(
-        run_id,
-        expected_step=expected_step,
-        rerun_in_doubt=rerun_in_doubt,
-        handoff=handoff,
-        park=park,
-        spend=spend,
+    runner = LoopRunner(
+        model,
+        registry,
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        events=events,
+        lease_s=lease_s,
+        owner=owner,
+        tracer=tracer,
+    )
+    return await runner.advance(
+        run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, park=park, spend=spend
     )
 
 
@@ -337,16 +318,16 @@ async def decide_in_doubt_tool_loop(
         ValueError: `calls` does not decide exactly the calls in doubt, or a result does not
             fit its tool's return type (or no `registry` was given to check it).
     """
-    tools = registry or Registry()
-    proto = _protocol(_NoModel(), tools, checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
-    return await proto.decide_in_doubt(run_id, operator=operator, calls=calls)
-
-
-class _NoModel:
-    """Stands in where no model is called (saving step 0)."""
-
-    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
-        raise RuntimeError("no model is called while a loop is only being started")
+    runner = LoopRunner(
+        None,
+        registry or Registry(),
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        lease_s=lease_s,
+        owner=owner,
+    )
+    return await runner.decide_in_doubt(run_id, calls=calls, operator=operator)
 
 
 async def read_tool_loop(
@@ -362,9 +343,9 @@ async def read_tool_loop(
         CheckpointNotFound: unknown run.
         CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
     """
-    proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name)
-    opened = await proto.open(run_id, None, identity=False)
-    return proto.driver.result(opened.cur, RunStatus(opened.status))
+    return await LoopRunner(None, Registry(), checkpoints=checkpoints, checkpoint_key=checkpoint_key, name=name).read(
+        run_id
+    )
 
 
 async def cancel_tool_loop(
@@ -388,5 +369,13 @@ async def cancel_tool_loop(
         CheckpointConflict: the loop already ended.
         ValueError: `reason` is empty.
     """
-    proto = _protocol(_NoModel(), Registry(), checkpoints, checkpoint_key, name, lease_s=lease_s, owner=owner)
-    return await proto.cancel(run_id, reason=reason, operator=operator)
+    runner = LoopRunner(
+        None,
+        Registry(),
+        checkpoints=checkpoints,
+        checkpoint_key=checkpoint_key,
+        name=name,
+        lease_s=lease_s,
+        owner=owner,
+    )
+    return await runner.cancel(run_id, reason=reason, operator=operator)

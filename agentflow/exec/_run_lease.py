@@ -110,6 +110,19 @@ class Ownership:
         life = time.time_ns() // 1_000_000
         return cls(f"{identity}#{life}", lease_s, identity=identity, life=life)
 
+    @classmethod
+    def chosen(cls, owner: str | None, identity: str | None, lease_s: float = DEFAULT_LEASE_S) -> Ownership:
+        """A runner's ownership from its options: `owner` as given, `identity` (`restartable`), or this process's.
+
+        Raises:
+            ValueError: both `owner` and `identity` are given, or either is invalid.
+        """
+        if owner is not None and identity is not None:
+            raise ValueError("give a runner an owner or an identity, not both (an identity names its leases)")
+        if identity is not None:
+            return cls.restartable(identity, lease_s)
+        return cls(owner, lease_s) if owner is not None else cls.of(lease_s)
+
     def earlier_life(self, owner: str) -> bool:
         """Whether a lease held by `owner` is this identity's, from an earlier life of the process."""
         if self.identity is None:

@@ -86,12 +86,7 @@ class FlowRunner(RunOperations):
         if max_checkpoint_bytes < 1024:
             raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
         self.max_checkpoint_bytes = max_checkpoint_bytes
-        if owner is not None and identity is not None:
-            raise ValueError("give a runner an owner or an identity, not both (an identity names its leases)")
-        if identity is not None:
-            self.ownership = Ownership.restartable(identity, lease_s)
-        else:
-            self.ownership = Ownership(owner, lease_s) if owner is not None else Ownership.of(lease_s)
+        self.ownership = Ownership.chosen(owner, identity, lease_s)
         #: How `Child` nodes carry their child runs on: here, to their end or first pause (a distributed
         #: deployment starts them and leaves them to its workers).
         self.children: ChildRuns = InlineChildren()

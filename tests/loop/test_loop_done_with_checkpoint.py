@@ -21,7 +21,7 @@ from _kit.tickets import Crash, Ledger
 
 from agentflow import CheckpointTooLarge, Registry, RunStatus
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
-from agentflow.exec._durable_loop import _cursor, _protocol, read_tool_loop
+from agentflow.exec._durable_loop import LoopRunner, read_tool_loop
 from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -193,12 +193,13 @@ async def test_a_cancel_seen_after_the_last_call_stores_its_done_before_the_loop
 
 async def test_a_stage_checkpoint_over_the_limit_still_stores_its_last_done(store_setup: StoreSetup) -> None:
     # Given a loop whose checkpoints may be 64 KiB at most, and a reply asking for two 40 kB exports
-    proto = _protocol(ScriptedModel([ask(("export", {"part": 1}), ("export", {"part": 2}))]), REGISTRY,
-                      store_setup.raw, KEY, "tool_loop")  # fmt: skip
-    proto.max_bytes = 64 * 1024
+    model = ScriptedModel([ask(("export", {"part": 1}), ("export", {"part": 2}))])
+    runner = LoopRunner(
+        model, REGISTRY, checkpoints=store_setup.raw, checkpoint_key=KEY, max_checkpoint_bytes=64 * 1024
+    )
     # When the tool results' checkpoint comes out over the limit
     with pytest.raises(CheckpointTooLarge):
-        await proto.begin(_cursor(proto, "trip", [Message.user("Export the report")], 4, None), None)
+        await runner.run([Message.user("Export the report")], run_id="trip", max_steps=4)
     # Then it was not stored, but both exports' `done` records were
     assert (await store_setup.raw.latest("trip")).step == 1
     assert [k for k, tool in await kinds(store_setup.raw) if tool == "export"] == ["started", "done"] * 2

@@ -1,0 +1,348 @@
+"""`LoopRunner`: runs the tool loops of one name, the way `FlowRunner` runs flows.
+
+A tool loop is a run like a flow run: the same protocol (`_run_protocol`) holds, checks
+and saves it, and it has the same operations (run, start, advance, recover, resume, wake,
+decide_in_doubt, cancel, read). What a loop plugs in is `LoopDriver` (`_loop_engine`).
+A runner is built once from what every operation shares (model, tools, store, key, lease,
+owner, hub, tracer) and holds one protocol; the ``*_tool_loop`` functions
+(`_durable_loop`) are one-line uses of it.
+
+The model is only needed by the operations that call it (`run`, `advance`, `recover`,
+`wake`, and a `resume` that carries the loop on): a runner built without one stores
+decisions, cancels and reads, and refuses to call a model with a clear error.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError
+from agentflow._events import Events
+from agentflow._identity import RunContext, identity_body
+from agentflow._run_types import RunStatus
+from agentflow.exec._executor import Approver, Executor
+from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
+from agentflow.exec._registry import Registry
+from agentflow.exec._run_control import InDoubtDecision
+from agentflow.exec._run_keys import sealer_for
+from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
+from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, RunProtocol
+from agentflow.exec._tracing import Tracer
+from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.models._messages import Message
+from agentflow.models._protocol import Model
+
+__all__ = ["LoopRunner", "new_loop_id"]
+
+
+def new_loop_id() -> str:
+    """An unguessable tool-loop run id."""
+    return "loop-" + secrets.token_urlsafe(16)
+
+
+class LoopRunner:
+    """Runs the tool loops called `name`; with `checkpoints`, every loop survives the death of its worker."""
+
+    def __init__(
+        self,
+        model: Model | None,
+        registry: Registry,
+        *,
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_key: bytes | Sequence[bytes] | None = None,
+        name: str = "tool_loop",
+        approver: Approver | None = None,
+        events: Events | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        owner: str | None = None,
+        identity: str | None = None,
+        tracer: Tracer | None = None,
+        max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES,
+    ) -> None:
+        """Build a runner.
+
+        Args:
+            model: the model the loops call (see `agentflow.models`); None for a runner
+                that only stores decisions, cancels and reads.
+            registry: the tools the model may call.
+            checkpoints: a checkpoint store (None: not durable).
+            checkpoint_key: the signing key (required with any store but the memory one).
+            name: the loops' name (runs are listed under ``loop:<name>``).
+            approver: a synchronous approval port (else calls needing approval pause the run).
+            events: an event hub to report to.
+            lease_s: how long this runner's hold on a loop lasts unless renewed (renewed every
+                third of it while the loop works); nothing else acts on the loop meanwhile.
+            owner: names this runner in leases and checkpoints (default ``runner@<host>:<pid>``).
+            identity: instead of `owner`, a name this process keeps across its restarts
+                (see `FlowRunner`).
+            tracer: where the loops report their spans (`agentflow.observe.Tracing`; off by default).
+            max_checkpoint_bytes: the largest checkpoint (encoded) a loop may save (see `FlowRunner`).
+
+        Raises:
+            ValueError, TypeError: a missing or short key, a `lease_s` that is not positive,
+                or both `owner` and `identity`.
+        """
+        if max_checkpoint_bytes < 1024:
+            raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
+        self.name = name
+        self.checkpoints = checkpoints
+        self.executor = Executor(registry, approver=approver, events=events, tracer=tracer)
+        self.events = self.executor.events
+        self.ownership = Ownership.chosen(owner, identity, lease_s)
+        self.sealer = sealer_for(checkpoints, checkpoint_key)
+        driver = LoopDriver(model if model is not None else _NoModel(name), self.executor, name)
+        self.protocol: LoopProtocol = RunProtocol(
+            driver,
+            checkpoints,
+            self.sealer,
+            registry,
+            self.events,
+            max_checkpoint_bytes,
+            self.ownership,
+            self.executor.tracer,
+        )
+
+    def _cursor(
+        self, run_id: str | None, messages: Sequence[Message] | None, max_steps: int, ctx: RunContext | None
+    ) -> LoopCursor:
+        """A new loop's cursor, before its step 0 is saved."""
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
+        if not messages:
+            raise ValueError("a new tool loop needs the messages to start from")
+        rid = run_id if run_id is not None else new_loop_id()
+        if not rid or not isinstance(rid, str):
+            raise ValueError("run_id must be a non-empty string")
+        return LoopCursor(rid, identity_body(self.sealer, rid, ctx), ctx, list(messages), max_steps)
+
+    async def run(
+        self,
+        messages: Sequence[Message] | None = None,
+        *,
+        run_id: str | None = None,
+        max_steps: int = 10,
+        ctx: RunContext | None = None,
+        approve: bool | Mapping[str, bool] | None = None,
+        note: str | None = None,
+    ) -> LoopResult:
+        """Run a loop: ask the model, run the tools it asks for, repeat until it answers.
+
+        With a store, the history is checkpointed after each model reply and after the
+        tool results. Given the `run_id` of a loop paused for an approval, it resumes that
+        loop: `approve` decides the pending calls (None returns it as it stands, paused).
+
+        Args:
+            messages: the conversation to start from (not needed to resume).
+            run_id: the run's id; unguessable by default.
+            max_steps: the most model calls the whole run may make, recoveries included.
+            ctx: who the run acts for.
+            approve: the decision when resuming a paused loop: one for all, or per call id.
+            note: a note stored with the decision.
+
+        Raises:
+            CheckpointConflict: the run id belongs to a loop that is running or ended.
+            ModelError: the model's reply could not be used (the run stays recoverable).
+        """
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
+        if run_id is not None and self.checkpoints is not None and await self._exists(run_id):
+            if approve is None:
+                return await self._paused(run_id, ctx)
+            return await self.resume(run_id, approve=approve, note=note, ctx=ctx)
+        return await self.protocol.begin(self._cursor(run_id, messages, max_steps, ctx), None)
+
+    async def _exists(self, run_id: str) -> bool:
+        assert self.checkpoints is not None
+        try:
+            await self.checkpoints.latest(run_id)
+        except CheckpointNotFound:
+            return False
+        return True
+
+    async def _paused(self, run_id: str, ctx: RunContext | None) -> LoopResult:
+        """A paused loop as it stands (`run` given its id and no decision)."""
+        opened = await self.protocol.open(run_id, ctx)
+        if opened.status != RunStatus.PAUSED:
+            hint = (
+                "recover it: LoopRunner.recover or recover_tool_loop"
+                if opened.status == RunStatus.RUNNING
+                else "it ended"
+            )
+            raise CheckpointConflict(f"run {run_id!r} exists and is {opened.status}, not paused ({hint})")
+        return self.protocol.driver.result(opened.cur, RunStatus.PAUSED)
+
+    async def start(
+        self,
+        messages: Sequence[Message],
+        *,
+        run_id: str | None = None,
+        max_steps: int = 10,
+        ctx: RunContext | None = None,
+    ) -> LoopResult:
+        """Save a new loop's step 0 (its messages) without running it; a worker advances it.
+
+        Raises:
+            ValueError: the runner has no store, or no messages were given.
+            CheckpointConflict: the run id is taken.
+        """
+        if self.checkpoints is None:
+            raise ValueError("start needs a LoopRunner with a checkpoint store")
+        lp = self._cursor(run_id, messages, max_steps, ctx)
+        async with self.protocol.hold(lp.run_id):
+            await self.protocol.start(lp)
+        return self.protocol.driver.result(lp, RunStatus.RUNNING)
+
+    async def advance(
+        self,
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        rerun_in_doubt: bool = False,
+        handoff: bool = False,
+        park: bool = False,
+        spend: str | None = None,
+    ) -> LoopResult:
+        """Claim a loop and run exactly one stage of it: one model call, or one round of tools.
+
+        The arguments are `FlowRunner.advance`'s.
+
+        Raises:
+            Stale: the latest step is not `expected_step` (a late or duplicate message).
+            CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
+            RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
+            ControlRefused: `spend` names a decision the loop does not carry.
+        """
+        return await self.protocol.advance(
+            run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, park=park, spend=spend
+        )
+
+    async def recover(
+        self,
+        run_id: str,
+        *,
+        rerun_in_doubt: bool = False,
+        ctx: RunContext | None = None,
+        operator: str | None = None,
+    ) -> LoopResult:
+        """Continue a loop whose worker died, from its latest checkpoint (see `FlowRunner.recover`).
+
+        Raises:
+            CheckpointNotFound: nothing is stored for the run.
+            CheckpointConflict: the run ended, or another worker claimed it first.
+            CheckpointStoreCorrupt: a checkpoint, the history chain or a call record fails its check.
+            RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
+            IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
+        """
+        return await self.protocol.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
+
+    async def resume(
+        self,
+        run_id: str,
+        *,
+        approve: bool | Mapping[str, bool] = True,
+        note: str | None = None,
+        ctx: RunContext | None = None,
+        max_stages: int | None = None,
+        operator: str | None = None,
+    ) -> LoopResult:
+        """Decide a paused loop's pending approvals and carry it on (`max_stages` 0: only store the decision).
+
+        The decision is saved as the loop's next checkpoint (compare-and-set: of two racing
+        decisions one wins); with `max_stages` 0 the result's `step` is the step a worker
+        advances from.
+
+        Raises:
+            CheckpointConflict: the loop is not paused, or another decision won.
+            ValueError: `approve` is a mapping that leaves a pending call undecided.
+        """
+        return await self.protocol.resume(
+            run_id, approve=approve, note=note, ctx=ctx, limit=max_stages, operator=operator
+        )
+
+    async def wake(
+        self,
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        ctx: RunContext | None = None,
+        now: float | None = None,
+        max_stages: int | None = None,
+    ) -> LoopResult:
+        """Wake a loop that waits until the time a waiting tool returned (``@registry.tool(waits=True)``).
+
+        Raises:
+            NotDue: its time has not come (nothing is done).
+            CheckpointConflict: the loop is not waiting, or someone else woke it first.
+        """
+        return await self.protocol.wake(run_id, limit=max_stages, expected_step=expected_step, ctx=ctx, now=now)
+
+    async def decide_in_doubt(
+        self,
+        run_id: str,
+        *,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+        operator: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> int:
+        """Store an operator's word on a loop's calls in doubt; return the decision's step.
+
+        See `FlowRunner.decide_in_doubt`: per call id `Rerun()`, `Happened(result)` (checked
+        against the tool's return type, from this runner's registry) or `DidNotHappen(reason)`;
+        without `calls`, every call in doubt reruns.
+
+        Raises:
+            CheckpointConflict: the loop is not running or has no call in doubt (`RunHeld`: a
+                live worker holds it).
+            ValueError: `calls` does not decide exactly the calls in doubt, or a result does not
+                fit its tool's return type.
+        """
+        return await self.protocol.decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
+
+    async def retry(self, run_id: str, *, operator: str | None = None) -> LoopResult:
+        """Refused: a tool loop fails only when it used up `max_steps`, and a retry would use none more.
+
+        Raises:
+            FlowError: always; start a new loop from the failed one's history instead.
+        """
+        raise FlowError(
+            f"run {run_id!r} is a tool loop: a loop fails only when it reached max_steps, which a retry "
+            "would reach again; start a new loop from its history (read it with LoopRunner.read)"
+        )
+
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> LoopResult:
+        """Cancel a loop (see `FlowRunner.cancel`).
+
+        A loop nobody holds is cancelled at once; a loop a live worker holds gets a signed
+        request its holder honours before its next model or tool call (the result is then
+        the loop as it stands, ``running``).
+
+        Raises:
+            CheckpointConflict: the loop already ended.
+            ValueError: `reason` is empty.
+        """
+        return await self.protocol.cancel(run_id, reason=reason, operator=operator)
+
+    async def read(self, run_id: str) -> LoopResult:
+        """A loop as its checkpoints show it (history checked), without touching it.
+
+        Raises:
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
+        """
+        opened = await self.protocol.open(run_id, None, identity=False)
+        return self.protocol.driver.result(opened.cur, RunStatus(opened.status))
+
+
+class _NoModel:
+    """Stands in for the model of a runner built without one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
+        raise RuntimeError(
+            f"this LoopRunner for {self.name!r} was built without a model: build it with the loop's model "
+            "to run, advance, recover or wake a loop"
+        )
