@@ -85,7 +85,7 @@ class _Open:
             self.span.set_attribute("error.type", type(exc).__name__)
         if self._ours is not None:
             current.reset(self._ours)
-        otel_context.detach(self._token)  # type: ignore[arg-type]
+        otel_context.detach(self._token)  # type: ignore[arg-type,unused-ignore]
         self.span.end()
 
 
@@ -216,7 +216,7 @@ class _Call(_Open):
         span.set_attributes(ended)
         failed = exc is not None and self._outcome in (None, "failed")
         if failed and self._tool.trace_result:
-            span.record_exception(exc)  # type: ignore[arg-type]
+            span.record_exception(exc)  # type: ignore[arg-type,unused-ignore]
         self._close(exc, error=failed)
 
 

@@ -102,7 +102,7 @@ def client_factory(url: str, connect_timeout_s: float | None) -> Callable[[], Re
     found = parse_sentinel(url)
 
     def client() -> Redis:
-        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             list(found.hosts),
             sentinel_kwargs={"password": found.sentinel_password, "socket_timeout": connect_timeout_s},
         )
