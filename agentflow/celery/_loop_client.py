@@ -14,17 +14,17 @@ from collections.abc import Mapping, Sequence
 
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
+from agentflow._runs import Runs
 from agentflow.celery._tasks import AgentflowTasks
-from agentflow.exec._durable_loop import LoopResult, read_tool_loop, start_tool_loop
-from agentflow.flow._runner import FlowRunner
+from agentflow.exec._loop_engine import LoopResult
 from agentflow.models._messages import Message
 
 
 class LoopOperations(ABC):
-    """Tool loops through the workers (a mixin of `FlowClient`, which provides `tasks`, `runner` and `_awaiting`)."""
+    """Tool loops through the workers (a mixin of `FlowClient`, which provides `tasks`, `runs` and `_awaiting`)."""
 
     tasks: AgentflowTasks
-    runner: FlowRunner
+    runs: Runs
 
     @abstractmethod
     async def _awaiting(self, run_id: str) -> str | None:
@@ -41,26 +41,21 @@ class LoopOperations(ABC):
         """
         if ctx is not None and ctx.principal is not None:
             raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
-        worker = self.tasks.worker
-        spec = worker.loop(name)
-        started = await start_tool_loop(
-            spec.registry,
-            messages,
-            run_id=run_id,
-            checkpoints=worker.store,
-            checkpoint_key=worker.checkpoint_key,
-            max_steps=spec.max_steps,
-            ctx=ctx,
-            name=name,
-            tracer=self.runner.executor.tracer,
-        )
+        loop = self.runs.loop(name)
+        max_steps = self.runs.app.loops[name].max_steps
+        started = await loop.start(messages, run_id=run_id, max_steps=max_steps, ctx=ctx)
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
         return started.run_id
 
     async def loop_status(self, name: str, run_id: str) -> LoopResult:
-        """Read a tool loop from the store (history checked)."""
-        worker = self.tasks.worker
-        return await read_tool_loop(run_id, checkpoints=worker.store, checkpoint_key=worker.checkpoint_key, name=name)
+        """Read a tool loop from the store (history checked).
+
+        Raises:
+            FlowError: no loop has that name.
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
+        """
+        return await self.runs.loop(name).read(run_id)
 
     async def wait_loop(self, name: str, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> LoopResult:
         """Poll until the loop ended, paused, or waits for a decision.
@@ -97,7 +92,9 @@ class LoopOperations(ABC):
             CheckpointConflict: the loop is not paused, or another decision won.
             ValueError: `approve` maps call ids and leaves a pending call undecided.
         """
-        decided = await self.tasks.worker.decide_loop(name, run_id, approve, note, ctx, operator)
+        decided = await self.runs.loop(name).resume(
+            run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
+        )
         assert decided.step is not None
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, decided.step, "resume")
         return decided.step

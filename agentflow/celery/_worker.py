@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,9 +49,9 @@ from agentflow._errors import (
     VersionNotDeployed,
 )
 from agentflow._events import Events
-from agentflow._run_types import RunKind, version_of
+from agentflow._run_types import version_of
+from agentflow._runs import Runs
 from agentflow.celery._children import QueuedChildren, Send
-from agentflow.celery._loops import LoopWork
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import Resends
 from agentflow.celery._retention import prune_tick
@@ -60,16 +60,11 @@ from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
 from agentflow.celery._task_states import answered, asked, lost_tasks
 from agentflow.exec._context import delivering
-from agentflow.exec._durable_loop import (
-    decide_in_doubt_tool_loop,
-)
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import MarkerBusy, Markers
-from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
-from agentflow.models._protocol import Model
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +118,7 @@ RECOVER_ALL_LOCK = ("lock", "recover_all")
 SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry", "migrate": "migrate"}
 
 
-class Worker(LoopWork):
+class Worker:
     """The state one worker process keeps: its runner and store."""
 
     def __init__(
@@ -135,13 +130,13 @@ class Worker(LoopWork):
     ) -> None:
         self.flow_app = flow_app
         self.loops = flow_app.loops
-        self._models: dict[str, Model] = {}
         self.settings = settings
         self._store_factory = store_factory
         #: The store as made, never wrapped: the prune tick opens one of its own (`_retention`).
         self._unwrapped_factory = store_factory
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
+        self._runs: Runs | None = None
         #: Every run this process drives reports here (made before the pool forks: see agentflow.observe).
         self.events = Events(record=True)  # any process can follow a run the workers move
         #: Where its runs report spans (off; `agentflow.observe.celery.trace_worker` sets one before the first task).
@@ -173,6 +168,13 @@ class Worker(LoopWork):
             if self.send is not None:  # a `Child` node's run is left to the queue, never driven inside a superstep
                 self._runner.children = QueuedChildren(self.send)
         return self._runner
+
+    @property
+    def runs(self) -> Runs:
+        """This process's runs, flows and tool loops alike, held as `owner` (`agentflow._runs`)."""
+        if self._runs is None:
+            self._runs = Runs(self.flow_app, self.runner)
+        return self._runs
 
     async def parent_waiting(self, parent: str) -> tuple[str, int, str] | None:
         """``(flow, step, version)`` of a parent run paused for its children, to send it a wake (None: it is not)."""
@@ -212,29 +214,6 @@ class Worker(LoopWork):
         assert sealer is not None
         return sealer
 
-    async def decide_in_doubt(
-        self,
-        column: str,
-        run_id: str,
-        operator: str | None = None,
-        calls: Mapping[str, InDoubtDecision] | None = None,
-    ) -> int:
-        """Store an operator's signed word on the run's calls in doubt; return its step."""
-        if RunKind.of(column) is RunKind.LOOP:
-            return await decide_in_doubt_tool_loop(
-                run_id,
-                checkpoints=self.store,
-                checkpoint_key=self.checkpoint_key,
-                registry=self.loop(RunKind.name_of(column)).registry,
-                calls=calls,
-                operator=operator,
-                name=RunKind.name_of(column),
-                lease_s=self.settings.lease_s,
-                owner=self.owner,
-            )
-        flows = self.flow_app.flow_versions(column)
-        return await self.runner.decide_in_doubt(flows, run_id, calls=calls, operator=operator)
-
     def refuse(self, flow_name: str, run_id: str, step: int, cause: str, why: str) -> Outcome:
         """Log and report a control message or a row that was refused; the run is left as it was."""
         log.warning(
@@ -262,20 +241,13 @@ class Worker(LoopWork):
 
     async def _superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str) -> Outcome:
         spend = SPENDS.get(cause)
-        if RunKind.of(flow_name) is RunKind.LOOP:
-            name = RunKind.name_of(flow_name)
+        run = self.runs.of(flow_name)
 
-            def advance() -> Coroutine[Any, Any, Any]:
-                return self.loop_stage(name, run_id, step, handoff=handoff, cause=cause, spend=spend)
-
-        else:
-            flow = self.flow_app.flow_versions(flow_name)
-
-            def advance() -> Coroutine[Any, Any, Any]:
-                if cause == "wake":  # a timer the sweep found due: checked against the run's signed wake time
-                    return self.runner.wake(flow, run_id, expected_step=step, max_supersteps=1)
-                # The run protocol reads the run's head with the lease's take (`_run_lease`).
-                return self.runner.advance(flow, run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
+        def advance() -> Coroutine[Any, Any, Any]:
+            if cause == "wake":  # a timer the sweep found due: checked against the run's signed wake time
+                return run.wake(run_id, expected_step=step, max_supersteps=1)
+            # The run protocol reads the run's head with the lease's take (`_run_lease`).
+            return run.advance(run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
 
         outcome = await self._advance(flow_name, run_id, step, cause, advance)
         if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):

@@ -18,11 +18,11 @@ from pydantic import BaseModel
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError, RunHeld
 from agentflow._identity import RunContext
 from agentflow._run_types import DEFAULT_VERSION, RunKind
+from agentflow._runs import Runs
 from agentflow.celery._loop_client import LoopOperations
 from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.celery._view import RunView
-from agentflow.exec._durable_loop import cancel_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._markers import Markers
@@ -52,6 +52,8 @@ class FlowClient(LoopOperations):
         self.tasks = tasks
         self.runner = runner
         self.flow_app = tasks.worker.flow_app
+        #: Every run's operations (flows and tool loops alike), held as the client's runner.
+        self.runs = Runs(self.flow_app, runner)
         #: Checks every row `status` reads, under the workers' key ring.
         self.sealer = Sealer(tasks.worker.checkpoint_key)
 
@@ -175,13 +177,12 @@ class FlowClient(LoopOperations):
         Raises:
             CheckpointConflict: the run is not paused, or another resume won.
         """
-        view = await self.status(run_id)
-        flows = self.flow_app.flow_versions(view.flow)
-        result = await self.runner.resume(
-            flows, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
+        column = await self.runs.column(run_id)
+        result = await self.runs.of(column).resume(
+            run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
         )
         assert result.step is not None
-        await self._send(view.flow, run_id, result.step, "resume", result.version)
+        await self._send(column, run_id, result.step, "resume", result.version)
         return result.step
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> str:
@@ -197,22 +198,8 @@ class FlowClient(LoopOperations):
             CheckpointConflict: the run already ended.
         """
         assert self.runner.checkpoints is not None
-        row = await self.runner.checkpoints.latest(run_id)
-        self.sealer.open_checkpoint(row, run_id)  # the flow column is trusted once the row checks
-        if RunKind.of(row.flow) is RunKind.LOOP:
-            loop = await cancel_tool_loop(
-                run_id,
-                reason=reason,
-                checkpoints=self.runner.checkpoints,
-                checkpoint_key=self.tasks.worker.checkpoint_key,
-                operator=operator,
-                name=RunKind.name_of(row.flow),
-                owner=self.runner.ownership.owner,
-            )
-            status = str(loop.status)
-        else:
-            flows = self.flow_app.flow_versions(row.flow)
-            status = str((await self.runner.cancel(flows, run_id, reason=reason, operator=operator)).status)
+        run = await self.runs.open(run_id)
+        status = str((await run.cancel(run_id, reason=reason, operator=operator)).status)
         if status == "cancelled":  # the task that asked a person about the run (if one did) is answered
             asking = await answered(Markers(self.runner.checkpoints, self.sealer), run_id)
             result = {"run_id": run_id, "answered_by": "cancel"}
@@ -230,15 +217,10 @@ class FlowClient(LoopOperations):
             RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
             FlowError: the run is a tool loop (not retried through the client yet).
         """
-        assert self.runner.checkpoints is not None
-        row = await self.runner.checkpoints.latest(run_id)
-        self.sealer.open_checkpoint(row, run_id)
-        if RunKind.of(row.flow) is RunKind.LOOP:
-            raise FlowError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
-        flows = self.flow_app.flow_versions(row.flow)
-        result = await self.runner.retry(flows, run_id, operator=operator, max_supersteps=0)
+        column = await self.runs.column(run_id)
+        result = await self.runs.of(column).retry(run_id, operator=operator, max_supersteps=0)
         assert result.step is not None
-        await self._send(row.flow, run_id, result.step, "retry", result.version)
+        await self._send(column, run_id, result.step, "retry", result.version)
         return result.step
 
     async def migrate(
@@ -262,17 +244,12 @@ class FlowClient(LoopOperations):
                 or calls finished in the step the run would go on with.
             CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
         """
-        assert self.runner.checkpoints is not None
-        row = await self.runner.checkpoints.latest(run_id)
-        self.sealer.open_checkpoint(row, run_id)
-        if RunKind.of(row.flow) is RunKind.LOOP:
-            raise FlowError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
-        flows = self.flow_app.flow_versions(row.flow)
-        result = await self.runner.migrate(
-            flows, run_id, to_version=to_version, state=state, at=at, operator=operator, max_supersteps=0
+        column = await self.runs.column(run_id)
+        result = await self.runs.of(column).migrate(
+            run_id, to_version=to_version, state=state, at=at, operator=operator, max_supersteps=0
         )
         assert result.step is not None
-        await self._send(row.flow, run_id, result.step, "migrate", result.version)
+        await self._send(column, run_id, result.step, "migrate", result.version)
         return result.step
 
     async def fork(
@@ -289,14 +266,11 @@ class FlowClient(LoopOperations):
         See `FlowRunner.fork`. Step 0 of the new run is saved here; the message carries ids only.
         Returns the new run's id.
         """
-        assert self.runner.checkpoints is not None
-        row = await self.runner.checkpoints.latest(run_id)
-        self.sealer.open_checkpoint(row, run_id)
-        flows = self.flow_app.flow_versions(row.flow)
-        result = await self.runner.fork(
-            flows, run_id, at_step=at_step, new_run_id=new_run_id, patch=patch, operator=operator, max_supersteps=0
+        column = await self.runs.column(run_id)
+        result = await self.runs.of(column).fork(
+            run_id, at_step=at_step, new_run_id=new_run_id, patch=patch, operator=operator, max_supersteps=0
         )
-        await self._send(row.flow, result.run_id, 0, "start", result.version)
+        await self._send(column, result.run_id, 0, "start", result.version)
         return result.run_id
 
     async def recover(self, run_id: str, *, rerun_in_doubt: bool = False, operator: str | None = None) -> int | None:
@@ -324,7 +298,7 @@ class FlowClient(LoopOperations):
             return None
         if rerun_in_doubt:
             try:
-                step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator)
+                step = await self.runs.of(row.flow).decide_in_doubt(run_id, operator=operator)
             except RunHeld:
                 raise
             except CheckpointConflict:  # no call in doubt (or the run moved since): a plain recovery
@@ -377,8 +351,7 @@ class FlowClient(LoopOperations):
             ValueError: `calls` does not decide exactly the calls in doubt, or a result
                 does not fit its tool's return type.
         """
-        assert self.runner.checkpoints is not None
-        row = await self.runner.checkpoints.latest(run_id)
-        step = await self.tasks.worker.decide_in_doubt(row.flow, run_id, operator, calls)
-        await self._send(row.flow, run_id, step, "rerun")
+        column = await self.runs.column(run_id)
+        step = await self.runs.of(column).decide_in_doubt(run_id, calls=calls, operator=operator)
+        await self._send(column, run_id, step, "rerun")
         return step

@@ -138,7 +138,7 @@ async def decide_tool_loop(
     runner = LoopRunner(
         None, registry, checkpoints=checkpoints, checkpoint_key=checkpoint_key, name=name, lease_s=lease_s, owner=owner
     )
-    return await runner.resume(run_id, approve=approve, note=note, ctx=ctx, max_stages=0, operator=operator)
+    return await runner.resume(run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator)
 
 
 async def recover_tool_loop(
@@ -213,7 +213,7 @@ async def wake_tool_loop(
         lease_s=lease_s,
         owner=owner,
     )
-    return await runner.wake(run_id, ctx=ctx, now=now, max_stages=max_stages)
+    return await runner.wake(run_id, ctx=ctx, now=now, max_supersteps=max_stages)
 
 
 async def start_tool_loop(

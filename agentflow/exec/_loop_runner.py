@@ -15,13 +15,16 @@ decisions, cancels and reads, and refuses to call a model with a clear error.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
+from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
@@ -34,7 +37,18 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.models._messages import Message
 from agentflow.models._protocol import Model
 
-__all__ = ["LoopRunner", "new_loop_id"]
+__all__ = ["HoldsRuns", "LoopRunner", "new_loop_id"]
+
+
+class HoldsRuns(Protocol):
+    """What a runner shares with a `LoopRunner` beside it (`FlowRunner` has it all)."""
+
+    checkpoints: CheckpointStore | None
+    sealer: Sealer | None
+    ownership: Ownership
+    events: Events
+    executor: Executor
+    max_checkpoint_bytes: int
 
 
 def new_loop_id() -> str:
@@ -86,22 +100,56 @@ class LoopRunner:
         """
         if max_checkpoint_bytes < 1024:
             raise ValueError(f"max_checkpoint_bytes must be at least 1024, not {max_checkpoint_bytes}")
+        self._setup(
+            model,
+            Executor(registry, approver=approver, events=events, tracer=tracer),
+            checkpoints,
+            sealer_for(checkpoints, checkpoint_key),
+            Ownership.chosen(owner, identity, lease_s),
+            name,
+            max_checkpoint_bytes,
+        )
+
+    @classmethod
+    def beside(cls, runner: HoldsRuns, model: Model | None, registry: Registry, *, name: str) -> LoopRunner:
+        """A runner for the loops `name` that shares `runner`'s store, key ring, hold, event hub and tracer.
+
+        One process that runs flows and loops (a worker, the CLI, the viewer) holds every run
+        under one name: a loop's lease and a flow's are this process's alike.
+        """
+        loops = cls.__new__(cls)
+        executor = Executor(registry, events=runner.events, tracer=runner.executor.tracer)
+        loops._setup(
+            model, executor, runner.checkpoints, runner.sealer, runner.ownership, name, runner.max_checkpoint_bytes
+        )
+        return loops
+
+    def _setup(
+        self,
+        model: Model | None,
+        executor: Executor,
+        checkpoints: CheckpointStore | None,
+        sealer: Sealer | None,
+        ownership: Ownership,
+        name: str,
+        max_checkpoint_bytes: int,
+    ) -> None:
         self.name = name
         self.checkpoints = checkpoints
-        self.executor = Executor(registry, approver=approver, events=events, tracer=tracer)
-        self.events = self.executor.events
-        self.ownership = Ownership.chosen(owner, identity, lease_s)
-        self.sealer = sealer_for(checkpoints, checkpoint_key)
+        self.executor = executor
+        self.events = executor.events
+        self.ownership = ownership
+        self.sealer = sealer
         driver = LoopDriver(model if model is not None else _NoModel(name), self.executor, name)
         self.protocol: LoopProtocol = RunProtocol(
             driver,
             checkpoints,
             self.sealer,
-            registry,
+            executor.registry,
             self.events,
             max_checkpoint_bytes,
-            self.ownership,
-            self.executor.tracer,
+            ownership,
+            executor.tracer,
         )
 
     def _cursor(
@@ -244,13 +292,15 @@ class LoopRunner:
         approve: bool | Mapping[str, bool] = True,
         note: str | None = None,
         ctx: RunContext | None = None,
-        max_stages: int | None = None,
+        max_supersteps: int | None = None,
         operator: str | None = None,
     ) -> LoopResult:
-        """Decide a paused loop's pending approvals and carry it on (`max_stages` 0: only store the decision).
+        """Decide a paused loop's pending approvals and carry it on (`max_supersteps` 0: only store the decision).
+
+        A loop's superstep is one stage: a model call, or one round of tools.
 
         The decision is saved as the loop's next checkpoint (compare-and-set: of two racing
-        decisions one wins); with `max_stages` 0 the result's `step` is the step a worker
+        decisions one wins); with `max_supersteps` 0 the result's `step` is the step a worker
         advances from.
 
         Raises:
@@ -258,7 +308,7 @@ class LoopRunner:
             ValueError: `approve` is a mapping that leaves a pending call undecided.
         """
         return await self.protocol.resume(
-            run_id, approve=approve, note=note, ctx=ctx, limit=max_stages, operator=operator
+            run_id, approve=approve, note=note, ctx=ctx, limit=max_supersteps, operator=operator
         )
 
     async def wake(
@@ -268,7 +318,7 @@ class LoopRunner:
         expected_step: int | None = None,
         ctx: RunContext | None = None,
         now: float | None = None,
-        max_stages: int | None = None,
+        max_supersteps: int | None = None,
     ) -> LoopResult:
         """Wake a loop that waits until the time a waiting tool returned (``@registry.tool(waits=True)``).
 
@@ -276,7 +326,7 @@ class LoopRunner:
             NotDue: its time has not come (nothing is done).
             CheckpointConflict: the loop is not waiting, or someone else woke it first.
         """
-        return await self.protocol.wake(run_id, limit=max_stages, expected_step=expected_step, ctx=ctx, now=now)
+        return await self.protocol.wake(run_id, limit=max_supersteps, expected_step=expected_step, ctx=ctx, now=now)
 
     async def decide_in_doubt(
         self,
@@ -300,7 +350,7 @@ class LoopRunner:
         """
         return await self.protocol.decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
 
-    async def retry(self, run_id: str, *, operator: str | None = None) -> LoopResult:
+    async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> LoopResult:
         """Refused: a tool loop fails only when it used up `max_steps`, and a retry would use none more.
 
         Raises:
@@ -310,6 +360,43 @@ class LoopRunner:
             f"run {run_id!r} is a tool loop: a loop fails only when it reached max_steps, which a retry "
             "would reach again; start a new loop from its history (read it with LoopRunner.read)"
         )
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        new_run_id: str | None = None,
+        patch: Mapping[str, Any] | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> LoopResult:
+        """Refused: a loop has no state to patch; only flow runs are forked.
+
+        Raises:
+            FlowError: always; start a new loop from the history up to that step instead.
+        """
+        raise FlowError(
+            f"run {run_id!r} is a tool loop: only flow runs can be forked; start a new loop from its "
+            "history (read it with LoopRunner.read)"
+        )
+
+    async def migrate(
+        self,
+        run_id: str,
+        *,
+        to_version: str | None = None,
+        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
+        at: str | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> LoopResult:
+        """Refused: tool loops have no versions to move between.
+
+        Raises:
+            FlowError: always.
+        """
+        raise FlowError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> LoopResult:
         """Cancel a loop (see `FlowRunner.cancel`).

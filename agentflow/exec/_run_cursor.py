@@ -94,3 +94,5 @@ class RunOutcome:
     """Calls whose stored results were replayed (after a recovery or resume)."""
     rerun: list[str] = field(default_factory=list)
     """Calls in doubt that ran again."""
+    version: str | None = None
+    """The version of the flow the run is on (None: a tool loop, which has no versions)."""

@@ -6,7 +6,7 @@ and the viewer show) and, as a careful person would:
   `Happened` with the result when the effect is there (now and then a careless `Rerun`),
   else `Rerun` or `DidNotHappen`; then sends the message that spends the decision;
 - approves (or now and then denies) a paused run's pending calls, and sends the resume;
-- retries a failed run (a flow), noting the failed calls without a ``done`` it runs again: a grant;
+- retries a failed run (a tool loop refuses: noted), noting the failed calls without a ``done`` it runs again: a grant;
 - now and then cancels a running run (not in the drain).
 A verify problem is a broken invariant. Errors the operations answer with (the run moved
 on, is held, or has nothing to decide any more) are what a person meets too: noted, and
@@ -17,14 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentflow._errors import CheckpointConflict, CheckpointNotFound, RecoveryNeedsDecision
-from agentflow._run_types import RunKind
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError, RecoveryNeedsDecision
 from agentflow.celery._worker import Worker
-from agentflow.exec._durable_loop import cancel_tool_loop
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec._run_read import read_run
 from agentflow.sim._broker import Message
-from agentflow.sim._world import LOOP
 
 if TYPE_CHECKING:
     from agentflow.sim._simulation import Episode
@@ -46,7 +43,7 @@ class Operator:
         """Look at one run and act on it; what the operations refuse is noted, not raised."""
         try:
             await self._act(run_id, flow)
-        except (CheckpointConflict, CheckpointNotFound, RecoveryNeedsDecision, ValueError) as exc:
+        except (CheckpointConflict, CheckpointNotFound, FlowError, RecoveryNeedsDecision, ValueError) as exc:
             self.episode.sched.note(f"operator: {run_id}: {type(exc).__name__}: {exc}")
 
     async def _act(self, run_id: str, flow: str) -> None:
@@ -59,26 +56,15 @@ class Operator:
             calls: dict[str, InDoubtDecision] = {}
             for call in report.in_doubt:
                 calls[call.call_id] = self.decision(run_id, call.call_id, call.tool, call.args)
-            step = await worker.decide_in_doubt(flow, run_id, operator="sim-operator", calls=calls)
+            step = await worker.runs.of(flow).decide_in_doubt(run_id, operator="sim-operator", calls=calls)
             ep.sched.note(f"operator: decided {run_id}: {sorted((c, type(d).__name__) for c, d in calls.items())}")
             ep.send(Message(flow, run_id, step, "rerun"))
             return
         cancel = report.status == "running" and not ep.draining and ep.rng.random() < ep.config.cancel
-        if RunKind.of(flow) is RunKind.LOOP:
-            if cancel:
-                await cancel_tool_loop(
-                    run_id,
-                    checkpoints=worker.store,
-                    checkpoint_key=KEY,
-                    reason="the operator changed their mind",
-                    name=LOOP,
-                )
-                ep.sched.note(f"operator: cancelled {run_id}")
-            return
-        runner, versions = worker.runner, ep.app.flow_versions(flow)
+        run = worker.runs.of(flow)
         if report.status == "paused" and report.lease is None and report.pending:
             approve = ep.rng.random() < 0.9
-            result = await runner.resume(versions, run_id, approve=approve, max_supersteps=0, operator="sim-operator")
+            result = await run.resume(run_id, approve=approve, max_supersteps=0, operator="sim-operator")
             ep.sched.note(f"operator: {'approved' if approve else 'denied'} {run_id}")
             if result.step is not None:
                 ep.send(Message(flow, run_id, result.step, "resume"))
@@ -88,13 +74,13 @@ class Operator:
             # is a bug. Read from the stored records by the world, not from the read model under test.
             finished = await ep.world.finished_calls(run_id)
             failed = [c.call_id for c in report.calls if c.state == "failed" and c.call_id not in finished]
-            result = await runner.retry(versions, run_id, operator="sim-operator", max_supersteps=0)
+            result = await run.retry(run_id, operator="sim-operator", max_supersteps=0)
             ep.world.retries.update((run_id, call_id) for call_id in failed)
             ep.sched.note(f"operator: retried {run_id} (failed calls: {failed})")
             if result.step is not None:
                 ep.send(Message(flow, run_id, result.step, "retry"))
         elif cancel:
-            await runner.cancel(versions, run_id, reason="the simulation's operator changed their mind")
+            await run.cancel(run_id, reason="the simulation's operator changed their mind")
             ep.sched.note(f"operator: cancelled {run_id}")
 
     def decision(self, run_id: str, call_id: str, tool: str, args: Any) -> InDoubtDecision:

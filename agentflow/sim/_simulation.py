@@ -36,7 +36,6 @@ from agentflow._run_types import RunKind
 from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._worker import Worker
-from agentflow.exec._durable_loop import start_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints._protocol import CheckpointStore
@@ -302,10 +301,7 @@ class Episode(Points):
             if RunKind.of(flow) is RunKind.LOOP:
                 spec = self.app.loops[LOOP]
                 opening = [ChatMessage(role="user", content=run_id)]
-                await start_tool_loop(
-                    spec.registry, opening, run_id=run_id, checkpoints=worker.store, checkpoint_key=KEY,
-                    max_steps=spec.max_steps, name=LOOP, lease_s=self.config.settings.lease_s, owner=worker.owner,
-                )  # fmt: skip
+                await worker.runs.loop(LOOP).start(opening, run_id=run_id, max_steps=spec.max_steps)
             else:
                 await worker.runner.start(self.app.flows[flow], Order(order=run_id), run_id=run_id)
             self.send(Message(flow, run_id, 0, "start"))

@@ -38,8 +38,8 @@ from agentflow._errors import (
     RunHeld,
 )
 from agentflow.exec._run_view import RunReport
+from agentflow.operate import Operator
 from agentflow.viewer._guards import STALE, csrf_matches, read_form, who_refusal
-from agentflow.viewer._operators import Operator
 from agentflow.viewer._rules import CANCEL, DECIDE, FORK, HELD_TITLE, RESUME, RETRY, Rule, held_text
 from agentflow.viewer._settings import Viewer, root_of
 
@@ -90,7 +90,7 @@ def _decision(report: RunReport, form: dict[str, str]) -> tuple[bool, str | None
 
 async def _resume(op: Operator, report: RunReport, args: tuple[bool, str | None], who: str) -> Done:
     approve, note = args
-    await op.resume(report, approve=approve, note=note, operator=who)
+    await op.resume(report.run_id, approve=approve, note=note, operator=who)
     return Done(report.run_id, "approved" if approve else "denied")
 
 
@@ -102,9 +102,9 @@ def _reason(report: RunReport, form: dict[str, str]) -> str:
 
 
 async def _cancel(op: Operator, report: RunReport, reason: str, who: str) -> Done:
-    status = await op.cancel(report, reason=reason, operator=who)
+    acted = await op.cancel(report.run_id, reason=reason, operator=who)
     # A run a live worker holds is asked to stop: it stays running until its holder reads the request.
-    return Done(report.run_id, "cancelled" if status == "cancelled" else "cancel-requested")
+    return Done(report.run_id, "cancelled" if acted.status == "cancelled" else "cancel-requested")
 
 
 def _nothing(report: RunReport, form: dict[str, str]) -> None:
@@ -112,7 +112,7 @@ def _nothing(report: RunReport, form: dict[str, str]) -> None:
 
 
 async def _retry(op: Operator, report: RunReport, args: None, who: str) -> Done:
-    await op.retry(report, operator=who)
+    await op.retry(report.run_id, operator=who)
     return Done(report.run_id, "retried")
 
 
@@ -145,7 +145,7 @@ def _calls(report: RunReport, form: dict[str, str]) -> dict[str, InDoubtDecision
 
 
 async def _decide(op: Operator, report: RunReport, calls: dict[str, InDoubtDecision], who: str) -> Done:
-    await op.decide(report, calls=calls, operator=who)
+    await op.decide(report.run_id, calls=calls, operator=who)
     return Done(report.run_id, "decided")
 
 
@@ -170,7 +170,8 @@ def _fork_args(report: RunReport, form: dict[str, str]) -> tuple[int, dict[str, 
 
 async def _fork(op: Operator, report: RunReport, args: tuple[int, dict[str, Any] | None], who: str) -> Done:
     at_step, patch = args
-    return Done(await op.fork(report, at_step=at_step, patch=patch, operator=who), "forked")
+    forked = await op.fork(report.run_id, at_step=at_step, patch=patch, operator=who)
+    return Done(forked.run_id, "forked")
 
 
 #: Every action, by the last segment of its path.

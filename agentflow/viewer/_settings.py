@@ -22,8 +22,8 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.operate import InProcess, Operator, ThroughWorkers
 from agentflow.viewer._hosts import TrustedHosts, check_proxies, parse_entry
-from agentflow.viewer._operators import Here, Operator, Workers
 
 if TYPE_CHECKING:
     from agentflow.celery import AgentflowTasks
@@ -228,9 +228,9 @@ class Viewer:
         #: Carries the actions out: the workers when the settings name them, else this process (or nobody).
         self.operator: Operator | None = None
         if tasks is not None:
-            self.operator = Workers(tasks)
+            self.operator = ThroughWorkers(tasks, name="viewer")
         elif self.flows is not None:
-            self.operator = Here(settings.store, settings.keys, self.flows)
+            self.operator = InProcess(self.flows, settings.store, settings.keys, name="viewer")
         self.trusted = TrustedHosts.of(settings.allowed_hosts, settings.port)
         #: Signs the CSRF tokens of this process's forms (a restart makes open pages stale).
         self.csrf_secret = secrets.token_bytes(32)

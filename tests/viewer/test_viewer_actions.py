@@ -24,7 +24,7 @@ from viewer_kit import client_for, make_app
 
 from agentflow import RunHeld
 from agentflow.exec._run_view import SegmentView
-from agentflow.viewer._operators import Here
+from agentflow.operate import InProcess
 
 
 def signed_by_the_viewer(segment: SegmentView, operator: str = "viewer") -> None:
@@ -76,10 +76,10 @@ def test_a_deed_the_holder_refuses_is_a_409_naming_it(ops, db, monkeypatch):
     # Given a runner that refuses to act on a run a live worker took since the page was read (here: cancel)
     lease = hold(db, "refund-1")
 
-    async def refuse(self, report, *, reason, operator):
+    async def refuse(self, run_id, *, reason, operator):
         raise RunHeld("refund-1", HOLDER, lease.expires_at)
 
-    monkeypatch.setattr(Here, "cancel", refuse)
+    monkeypatch.setattr(InProcess, "cancel", refuse)
     answer = act(ops, "refund-1", "cancel", reason="stop it")
     assert answer.status_code == 409 and "The run is held by a live worker" in answer.text
     assert f"run &#39;refund-1&#39; is held by {HOLDER} until" in answer.text

@@ -1,0 +1,333 @@
+"""One run's operations whatever its kind, and the one place a run's kind is decided.
+
+A stored run is a flow run or a tool loop: its ``flow`` column holds the flow's name, or
+``loop:<name>`` (`RunKind`). Everything that acts on a stored run (the workers and the
+client, the CLI, the viewer, the simulation's operator) asks `Runs` for the run's
+`RunOps` and calls it, without asking which kind it is:
+
+- `Runs.of(column)` picks by the column: a flow run gets `FlowOps` (a `FlowRunner` bound to
+  every version of the flow the app has), a tool loop gets the loop's `LoopRunner`, built
+  beside the flow runner (one store, key ring, hold, event hub and tracer for both).
+- `Runs.open(run_id)` reads the run's newest row, checks it, and then picks by its column:
+  a forged column is never trusted.
+
+What one kind cannot do is refused by that kind's operation with a `FlowError` that says
+why (a tool loop is not retried, forked or migrated: it has no state to patch and no
+versions). A loop's model is made on its first use (`LazyModel`): an operator who only
+cancels or decides never builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from agentflow._app import FlowApp
+from agentflow._errors import FlowError
+from agentflow._identity import RunContext
+from agentflow._run_types import RunKind
+from agentflow.exec._loop_runner import LoopRunner
+from agentflow.exec._run_control import InDoubtDecision
+from agentflow.exec._run_cursor import RunOutcome
+from agentflow.flow._runner import FlowRunner
+from agentflow.flow._versions import FlowVersions
+from agentflow.models._messages import Message
+from agentflow.models._protocol import Model
+
+__all__ = ["FlowOps", "LazyModel", "RunOps", "Runs"]
+
+
+class RunOps(Protocol):
+    """What can be done to a stored run of one flow or one tool loop (a loop's superstep is one stage)."""
+
+    async def advance(
+        self,
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        rerun_in_doubt: bool = False,
+        handoff: bool = False,
+        park: bool = False,
+        spend: str | None = None,
+    ) -> RunOutcome:
+        """Claim the run and run exactly one superstep of it."""
+        ...
+
+    async def recover(
+        self, run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None, operator: str | None = None
+    ) -> RunOutcome:
+        """Continue the run from its latest checkpoint (its worker died)."""
+        ...
+
+    async def resume(
+        self,
+        run_id: str,
+        *,
+        approve: bool | Mapping[str, bool] = True,
+        note: str | None = None,
+        ctx: RunContext | None = None,
+        max_supersteps: int | None = None,
+        operator: str | None = None,
+    ) -> RunOutcome:
+        """Decide the paused run's pending approvals and carry it on."""
+        ...
+
+    async def wake(
+        self,
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        ctx: RunContext | None = None,
+        now: float | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunOutcome:
+        """Wake the run whose timer is due, and carry it on."""
+        ...
+
+    async def decide_in_doubt(
+        self,
+        run_id: str,
+        *,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+        operator: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> int:
+        """Store an operator's word on the run's calls in doubt; return the decision's step."""
+        ...
+
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> RunOutcome:
+        """Cancel the run (a live holder gets a signed request instead)."""
+        ...
+
+    async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> RunOutcome:
+        """Run a failed run again from the superstep that failed."""
+        ...
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        new_run_id: str | None = None,
+        patch: Mapping[str, Any] | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunOutcome:
+        """Start a new run from checkpoint `at_step`, its state patched."""
+        ...
+
+    async def migrate(
+        self,
+        run_id: str,
+        *,
+        to_version: str | None = None,
+        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
+        at: str | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunOutcome:
+        """Move an unfinished run onto another version of its flow."""
+        ...
+
+
+class FlowOps:
+    """`RunOps` for the runs of one flow: a `FlowRunner` bound to every version of it the app has."""
+
+    def __init__(self, runner: FlowRunner, flows: FlowVersions[Any]) -> None:
+        self.runner, self.flows = runner, flows
+
+    async def advance(
+        self,
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        rerun_in_doubt: bool = False,
+        handoff: bool = False,
+        park: bool = False,
+        spend: str | None = None,
+    ) -> RunOutcome:
+        """See `FlowRunner.advance`."""
+        return await self.runner.advance(
+            self.flows,
+            run_id,
+            expected_step=expected_step,
+            rerun_in_doubt=rerun_in_doubt,
+            handoff=handoff,
+            park=park,
+            spend=spend,
+        )
+
+    async def recover(
+        self, run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None, operator: str | None = None
+    ) -> RunOutcome:
+        """See `FlowRunner.recover`."""
+        return await self.runner.recover(self.flows, run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
+
+    async def resume(
+        self,
+        run_id: str,
+        *,
+        approve: bool | Mapping[str, bool] = True,
+        note: str | None = None,
+        ctx: RunContext | None = None,
+        max_supersteps: int | None = None,
+        operator: str | None = None,
+    ) -> RunOutcome:
+        """See `FlowRunner.resume`."""
+        return await self.runner.resume(
+            self.flows, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=max_supersteps, operator=operator
+        )
+
+    async def wake(
+        self,
+        run_id: str,
+        *,
+        expected_step: int | None = None,
+        ctx: RunContext | None = None,
+        now: float | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunOutcome:
+        """See `FlowRunner.wake`."""
+        return await self.runner.wake(
+            self.flows, run_id, expected_step=expected_step, ctx=ctx, now=now, max_supersteps=max_supersteps
+        )
+
+    async def decide_in_doubt(
+        self,
+        run_id: str,
+        *,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+        operator: str | None = None,
+        ctx: RunContext | None = None,
+    ) -> int:
+        """See `FlowRunner.decide_in_doubt`."""
+        return await self.runner.decide_in_doubt(self.flows, run_id, calls=calls, operator=operator, ctx=ctx)
+
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> RunOutcome:
+        """See `FlowRunner.cancel`."""
+        return await self.runner.cancel(self.flows, run_id, reason=reason, operator=operator)
+
+    async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> RunOutcome:
+        """See `FlowRunner.retry`."""
+        return await self.runner.retry(self.flows, run_id, operator=operator, max_supersteps=max_supersteps)
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        new_run_id: str | None = None,
+        patch: Mapping[str, Any] | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunOutcome:
+        """See `FlowRunner.fork`."""
+        return await self.runner.fork(
+            self.flows,
+            run_id,
+            at_step=at_step,
+            new_run_id=new_run_id,
+            patch=patch,
+            operator=operator,
+            max_supersteps=max_supersteps,
+        )
+
+    async def migrate(
+        self,
+        run_id: str,
+        *,
+        to_version: str | None = None,
+        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
+        at: str | None = None,
+        operator: str | None = None,
+        max_supersteps: int | None = None,
+    ) -> RunOutcome:
+        """See `FlowRunner.migrate`."""
+        return await self.runner.migrate(
+            self.flows,
+            run_id,
+            to_version=to_version,
+            state=state,
+            at=at,
+            operator=operator,
+            max_supersteps=max_supersteps,
+        )
+
+
+class LazyModel:
+    """A loop's model, made by its factory on the first call (once per `Runs`, so once per process)."""
+
+    def __init__(self, factory: Callable[[], Model]) -> None:
+        self._factory = factory
+        self._model: Model | None = None
+
+    @property
+    def model(self) -> Model:
+        """The model, made now if it was not yet."""
+        if self._model is None:
+            self._model = self._factory()
+        return self._model
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
+        """See `Model.complete`."""
+        return await self.model.complete(messages, tools)
+
+
+class Runs:
+    """The runs of one app over `runner`'s store: each run's operations, picked by its kind in one place."""
+
+    def __init__(self, app: FlowApp, runner: FlowRunner) -> None:
+        """Act on `app`'s flows with `runner`, and on its tool loops beside it (same store, key ring and hold)."""
+        self.app, self.runner = app, runner
+        self._loops: dict[str, LoopRunner] = {}
+
+    def of(self, column: str) -> RunOps:
+        """The operations on runs stored under `column` (a flow's name, or ``loop:<name>``).
+
+        Raises:
+            FlowError: the app has no such flow or tool loop (the message lists the ones it has).
+        """
+        if RunKind.of(column) is RunKind.LOOP:
+            return self.loop(RunKind.name_of(column))
+        return FlowOps(self.runner, self.app.flow_versions(column))
+
+    def loop(self, name: str) -> LoopRunner:
+        """The runner of the tool loop `name`, built on first use.
+
+        Raises:
+            FlowError: the app has no tool loop `name`.
+        """
+        if name not in self._loops:
+            spec = self.app.loops.get(name)
+            if spec is None:
+                known = ", ".join(sorted(self.app.loops)) or "none"
+                raise FlowError(f"unknown tool loop {name!r} (this app has: {known})")
+            model = LazyModel(spec.model_factory)
+            self._loops[name] = LoopRunner.beside(self.runner, model, spec.registry, name=name)
+        return self._loops[name]
+
+    async def column(self, run_id: str) -> str:
+        """The run's stored column, trusted only once its newest row checks.
+
+        Raises:
+            ValueError: the runner has no store.
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: its newest row fails its check.
+        """
+        store, sealer = self.runner.checkpoints, self.runner.sealer
+        if store is None or sealer is None:
+            raise ValueError("acting on stored runs needs a runner with a checkpoint store")
+        row = await store.latest(run_id)
+        sealer.open_checkpoint(row, run_id)
+        return row.flow
+
+    async def open(self, run_id: str) -> RunOps:
+        """The operations on the stored run `run_id`, picked by its checked newest row.
+
+        Raises:
+            CheckpointNotFound, CheckpointStoreCorrupt: as `column`.
+            FlowError: the app has no flow or tool loop of that name.
+        """
+        return self.of(await self.column(run_id))
