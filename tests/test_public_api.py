@@ -113,7 +113,7 @@ PUBLIC: dict[str, list[str]] = {
         "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
     ],
     "agentflow.exec": [
-        "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "Registry",
+        "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "LoopRunner", "Registry",
         "RetryPolicy", "Tool", "advance_tool_loop", "cancel_tool_loop", "current_call", "decide_in_doubt_tool_loop",
         "decide_tool_loop",
         "idempotency_key",
@@ -139,6 +139,7 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
+    "agentflow.operate": ["Acted", "InProcess", "Operator", "ThroughWorkers"],
     "agentflow.observe": [
         "Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker",
     ],

@@ -35,9 +35,9 @@ from agentflow.cli._target import (
 )
 from agentflow.cli._watch import moving_here
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_lease import process_owner
 from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.flow._runner import FlowRunner
+from agentflow.operate import InProcess
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Workers
@@ -73,11 +73,20 @@ class Here:
 
     app: FlowApp
     target: Target
-    runner: FlowRunner
-    events: Events
-    """The runner's event hub: what it says of each run it moves (recorded into the runs' streams too)."""
+    operator: InProcess
+    """Acts on each run, whatever its kind (`agentflow.operate`), as ``cli@<host>:<pid>``."""
     progress: Progress
     """Where the command says, on stderr, which run it moves and how the run goes."""
+
+    @property
+    def runner(self) -> FlowRunner:
+        """The operator's flow runner (`recover --flow` recovers every run of one flow with it)."""
+        return self.operator.runner
+
+    @property
+    def events(self) -> Events:
+        """The runner's event hub: what it says of each run it moves (recorded into the runs' streams too)."""
+        return self.operator.events
 
     def moving(self) -> AbstractAsyncContextManager[None]:
         """While inside, say on stderr which run this process moves and each change of its status."""
@@ -105,10 +114,8 @@ class Acting:
         assert self.store_url is not None and self.app_path is not None
         app = import_app(self.app_path)
         target = open_target(self.store_url, self.key_env)
-        # It acts on stored runs someone may be following: their events go into the runs' streams.
-        events = Events(record=True)
-        runner = app.runner(target.store, target.keys, owner=process_owner("cli"), events=events)
-        return Here(app, target, runner, events, Progress())
+        # It acts on stored runs someone may be following: their events go into the runs' streams (the default).
+        return Here(app, target, InProcess(app, target.store, target.keys, name="cli"), Progress())
 
 
 async def column_of(store: CheckpointStore, sealer: Sealer, run_id: str) -> str:

@@ -9,39 +9,23 @@ refused (the `RunHeld` line, exit 2). The decision names its operator (``--as``)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from agentflow._display import printable
-from agentflow._errors import FlowError
-from agentflow._run_types import RunKind
 from agentflow.cli import _errors
-from agentflow.cli._acting import Acting, Here, acting, column_of
+from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._text import echo, paint
-from agentflow.flow._result import RunResult
+from agentflow.operate import Acted
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers
 
 
-def _not_a_loop(column: str, run_id: str) -> None:
-    if RunKind.of(column) is RunKind.LOOP:
-        raise _errors.CliError(f"run {run_id!r} is a tool loop; resume it with run_tool_loop and the same run_id")
-
-
-async def _resume_here(
-    here: Here, run_id: str, approve: bool, note: str | None, operator: str | None
-) -> RunResult[Any]:
-    column = await column_of(here.target.store, here.target.sealer, run_id)
-    _not_a_loop(column, run_id)
-    try:
-        flow = here.app.flow_versions(column)
-    except FlowError as exc:
-        raise _errors.CliError(str(exc)) from None
+async def _resume_here(here: Here, run_id: str, approve: bool, note: str | None, operator: str | None) -> Acted:
     async with here.moving():
-        result: RunResult[Any] = await here.runner.resume(flow, run_id, approve=approve, note=note, operator=operator)
-    return result
+        return await here.operator.resume(run_id, approve=approve, note=note, operator=operator)
 
 
 def _landed(
@@ -60,7 +44,6 @@ def _landed(
 
 def _resume_through(workers: Workers, run_id: str, approve: bool, note: str | None, operator: str | None) -> None:
     async def act() -> tuple[int, Settled | None]:
-        _not_a_loop(await column_of(workers.store, workers.sealer, run_id), run_id)
         step = await workers.client.resume(run_id, approve=approve, note=note, operator=operator)
         return step, await workers.settle(run_id)
 
@@ -90,4 +73,4 @@ def resume(how: Acting, run_id: str, approve: bool | None, note: str | None) -> 
     here = how.here()
     result = here.target.run(lambda: _resume_here(here, run_id, approve, note, how.operator))
     pending = [f"{p.tool} ({p.call_id})" for p in result.pending]
-    _landed(run_id, approve, str(result.status), result.step, pending, result.error, "")
+    _landed(run_id, approve, result.status, result.step, pending, result.error, "")

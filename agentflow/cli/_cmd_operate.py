@@ -22,36 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentflow._app import FlowApp
 from agentflow._display import printable
-from agentflow._errors import FlowError
-from agentflow._run_types import RunKind
 from agentflow.cli import _errors
-from agentflow.cli._acting import Acting, Here, acting, column_of
+from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._text import echo, paint
-from agentflow.exec._durable_loop import cancel_tool_loop, decide_in_doubt_tool_loop
 from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
-from agentflow.flow._versions import FlowVersions
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers
-
-
-def _flow(app: FlowApp, column: str) -> FlowVersions[Any]:
-    """Every version of the run's flow the app has (each stored run goes on on its own)."""
-    try:
-        return app.flow_versions(column)
-    except FlowError as exc:
-        raise _errors.CliError(str(exc)) from None
-
-
-def _loop_registry(app: FlowApp, name: str) -> Any:
-    spec = app.loops.get(name)
-    if spec is None:
-        raise _errors.CliError(
-            f"the app has no tool loop {name!r} (registered: {', '.join(sorted(app.loops)) or 'none'})"
-        )
-    return spec.registry
 
 
 def parse_word(text: str) -> tuple[str, InDoubtDecision]:
@@ -83,20 +61,7 @@ def _where(settled: Settled) -> str:
 
 
 async def _cancel_here(here: Here, run_id: str, reason: str, operator: str | None) -> str:
-    column = await column_of(here.target.store, here.target.sealer, run_id)
-    if RunKind.of(column) is RunKind.LOOP:
-        loop = await cancel_tool_loop(
-            run_id,
-            reason=reason,
-            checkpoints=here.target.store,
-            checkpoint_key=here.target.keys,
-            operator=operator,
-            name=RunKind.name_of(column),
-            owner=here.runner.ownership.owner,
-        )
-        return str(loop.status)
-    result = await here.runner.cancel(_flow(here.app, column), run_id, reason=reason, operator=operator)
-    return str(result.status)
+    return (await here.operator.cancel(run_id, reason=reason, operator=operator)).status
 
 
 @click.command("cancel")
@@ -158,20 +123,8 @@ def decide(how: Acting, run_id: str, words: tuple[str, ...], rerun_all: bool) ->
 
 
 async def _decide_here(here: Here, run_id: str, calls: dict[str, InDoubtDecision] | None, operator: str | None) -> int:
-    column = await column_of(here.target.store, here.target.sealer, run_id)
-    try:
-        if RunKind.of(column) is RunKind.LOOP:
-            return await decide_in_doubt_tool_loop(
-                run_id,
-                checkpoints=here.target.store,
-                checkpoint_key=here.target.keys,
-                registry=_loop_registry(here.app, RunKind.name_of(column)),
-                calls=calls,
-                operator=operator,
-                name=RunKind.name_of(column),
-                owner=here.runner.ownership.owner,
-            )
-        return await here.runner.decide_in_doubt(_flow(here.app, column), run_id, calls=calls, operator=operator)
+    try:  # the decision waits for the next recovery (a worker, or `agentflow recover`)
+        return await here.operator.decide(run_id, calls=calls, operator=operator, carry_on=False)
     except ValueError as exc:
         raise _errors.CliError(str(exc)) from None
 
@@ -215,12 +168,9 @@ def retry(how: Acting, run_id: str) -> None:
         here = how.here()
 
         async def act() -> tuple[str, int | None, str | None]:
-            column = await column_of(here.target.store, here.target.sealer, run_id)
-            if RunKind.of(column) is RunKind.LOOP:
-                raise _errors.CliError(f"run {run_id!r} is a tool loop: retrying a tool loop is not built yet")
             async with here.moving():
-                result = await here.runner.retry(_flow(here.app, column), run_id, operator=how.operator)
-            return str(result.status), result.step, result.error
+                acted = await here.operator.retry(run_id, operator=how.operator)
+            return acted.status, acted.step, acted.error
 
         status, step_now, error = here.target.run(act)
         where = f"now {paint(status)} at step {step_now}"
@@ -265,20 +215,11 @@ def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: 
     here = how.here()
 
     async def act() -> tuple[str, str, int | None, str | None]:
-        column = await column_of(here.target.store, here.target.sealer, run_id)
-        if RunKind.of(column) is RunKind.LOOP:
-            raise _errors.CliError(f"run {run_id!r} is a tool loop: only flow runs can be forked")
         async with here.moving() if run_here else contextlib.nullcontext():  # without --run: step 0 only
-            result = await here.runner.fork(
-                _flow(here.app, column),
-                run_id,
-                at_step=at_step,
-                new_run_id=new_run_id,
-                patch=fields,
-                operator=how.operator,
-                max_supersteps=None if run_here else 0,
+            acted = await here.operator.fork(
+                run_id, at_step=at_step, new_run_id=new_run_id, patch=fields, operator=how.operator, run=run_here
             )
-        return result.run_id, str(result.status), result.step, result.error
+        return acted.run_id, acted.status, acted.step, acted.error
 
     new_id, status, step, error = here.target.run(act)
     echo(f"run {printable(new_id)} {forked}: {paint(status)} at step {step}")
@@ -294,9 +235,6 @@ def _fork_through(
     operator: str | None,
 ) -> tuple[str, Settled | None]:
     async def act() -> tuple[str, Settled | None]:
-        column = await column_of(workers.store, workers.sealer, run_id)
-        if RunKind.of(column) is RunKind.LOOP:
-            raise _errors.CliError(f"run {run_id!r} is a tool loop: only flow runs can be forked")
         new_id = await workers.client.fork(
             run_id, at_step=at_step, new_run_id=new_run_id, patch=fields, operator=operator
         )

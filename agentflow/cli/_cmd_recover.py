@@ -32,7 +32,6 @@ from agentflow._errors import (
     RunHeld,
     VersionNotDeployed,
 )
-from agentflow._run_types import RunKind
 from agentflow.cli import _errors
 from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._cmd_runs import list_row
@@ -122,13 +121,8 @@ def _shown(run_id: str | None) -> str | None:
 
 
 async def _recover_one(here: Here, run_id: str, rerun: bool, operator: str | None) -> tuple[str, str]:
-    row = await here.target.store.latest(run_id)
-    here.target.sealer.open_checkpoint(row, run_id)  # the flow column is trusted once the row checks
-    if RunKind.of(row.flow) is RunKind.LOOP:
-        how = f"recover_tool_loop(..., run_id={run_id!r}) from your code, or through the workers (--workers)"
-        return "skipped", f"a tool loop: recover it with {how}"
-    flows = here.app.flow_versions(row.flow)
-    return outcome(await here.runner.recover(flows, run_id, rerun_in_doubt=rerun, operator=operator))
+    run = await here.operator.runs.open(run_id)  # a flow run or a tool loop: its column is trusted once checked
+    return outcome(await run.recover(run_id, rerun_in_doubt=rerun, operator=operator))
 
 
 async def _recover_through(workers: Workers, run_ids: Sequence[str], rerun: bool, operator: str | None) -> Outcomes:

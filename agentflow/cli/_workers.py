@@ -38,6 +38,7 @@ from agentflow.exec.checkpoints._protocol import CheckpointStore
 
 try:
     from agentflow.celery import AgentflowTasks, FlowClient, load_tasks
+    from agentflow.operate import ThroughWorkers
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise _errors.CliError(f"--workers needs the celery extra: pip install 'agentflow[celery]' ({exc})") from None
 
@@ -65,7 +66,9 @@ class Workers:
 
     def __init__(self, tasks: AgentflowTasks, *, wait: bool, timeout_s: float) -> None:
         """Act through `tasks` (the deployment's store and key ring); wait up to `timeout_s`, unless not `wait`."""
-        self.client = FlowClient(tasks)
+        #: Every action goes through the library's operator, as ``cli@<host>:<pid>``.
+        self.operator = ThroughWorkers(tasks, name="cli")
+        self.client: FlowClient = self.operator.client
         self.wait = wait
         self.timeout_s = timeout_s
         #: Says on stderr what the command waits for, and how each run goes.

@@ -1,4 +1,4 @@
-"""Tools, the executor, the call log and the tool loop."""
+"""Tools, the executor, the call log and the tool loop (`LoopRunner`, and one function per operation on it)."""
 
 from agentflow.exec._context import CallInfo, current_call, idempotency_key
 from agentflow.exec._durable_loop import (
@@ -12,6 +12,7 @@ from agentflow.exec._durable_loop import (
     wake_tool_loop,
 )
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
+from agentflow.exec._loop_runner import LoopRunner
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "CallInfo",
     "Executor",
     "LoopResult",
+    "LoopRunner",
     "Registry",
     "RetryPolicy",
     "Tool",

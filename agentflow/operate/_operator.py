@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_cursor import RunOutcome
 
@@ -43,11 +44,13 @@ class Acted:
     """The step of its newest checkpoint then (the decision's own step through the workers)."""
     error: str | None = None
     """Why it failed, when it ended ``failed``."""
+    pending: tuple[ApprovalRequest, ...] = ()
+    """The calls it waits for approval of, when this process left it ``paused``."""
 
     @classmethod
     def of(cls, outcome: RunOutcome) -> Acted:
         """What a run's outcome says of it."""
-        return cls(outcome.run_id, str(outcome.status), outcome.step, outcome.error)
+        return cls(outcome.run_id, str(outcome.status), outcome.step, outcome.error, tuple(outcome.pending))
 
 
 class Operator(ABC):

@@ -37,10 +37,11 @@ def test_a_paused_tool_loop_is_listed_shown_and_verified(agentflow, db):
     assert '"stage": "model"' in shown.stdout and "refund" in shown.stdout and "pending" in shown.stdout
     assert "run_tool_loop(..., run_id='chat-1'" in shown.stdout
     assert agentflow("verify", "chat-1").exit_code == 0
-    # a loop resumes through run_tool_loop, not through a FlowApp
+    # a loop resumes with the app's tool loop of its name: an app without it is named, and nothing is touched
     resumed = agentflow("resume", "chat-1", "--app", "runs_kit:app", "--approve")
     assert resumed.exit_code == 2
-    assert "resume it with run_tool_loop" in one_line_error(resumed)
+    assert "unknown tool loop 'support' (this app has: none)" in one_line_error(resumed)
+    assert agentflow("verify", "chat-1").exit_code == 0
 
 
 def test_the_read_model_knows_a_loop_by_its_kind_not_by_its_column(db):
