@@ -39,12 +39,12 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints._protocol import CheckpointStore, MarkerStore
+from agentflow.exec.checkpoints._protocol import CheckpointStore
 from agentflow.exec.checkpoints._records import Marker
 
 log = logging.getLogger("agentflow.markers")
@@ -86,22 +86,6 @@ def key_of(kind: str, subject: str) -> str:
     return f"{kind}/{subject}"
 
 
-def markers_of(store: CheckpointStore) -> MarkerStore:
-    """The store's markers.
-
-    Raises:
-        TypeError: the store has no `MarkerStore` methods (a store written outside agentflow).
-    """
-    # Three lookups, not a runtime Protocol check: that costs microseconds, and each drive makes one.
-    if not all(callable(getattr(store, name, None)) for name in ("put_marker", "peek_markers", "take_marker")):
-        raise TypeError(
-            f"{type(store).__name__} has no markers (put_marker, peek_markers, take_marker): agentflow keeps "
-            "cancel requests and recover_all's bookkeeping there; give the store the MarkerStore methods "
-            "(the conformance suite checks them)"
-        )
-    return cast(MarkerStore, store)
-
-
 def marker_value(
     sealer: Sealer, kind: str, subject: str, body: Mapping[str, Any], ttl_s: float, now: float | None = None
 ) -> tuple[dict[str, Any], str]:
@@ -120,7 +104,7 @@ class Markers:
 
     def __init__(self, store: CheckpointStore, sealer: Sealer, events: Events | None = None) -> None:
         """`events`: where a marker that does not count is reported (``control.refused``), beside the WARNING."""
-        self._store = markers_of(store)
+        self._store = store
         self._sealer = sealer
         self._events = events
 

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentflow._errors import CheckpointError
-from agentflow.exec._markers import markers_of
 from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
 from agentflow.exec.checkpoints._records import Lease, Marker, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
 
@@ -130,13 +129,13 @@ class SimStore:
         return await self._op("leases", lambda: self.inner.leases(run_ids))
 
     async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
-        return await self._op("put_marker", lambda: markers_of(self.inner).put_marker(key, value, token, ttl_s))
+        return await self._op("put_marker", lambda: self.inner.put_marker(key, value, token, ttl_s))
 
     async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
-        return await self._op("peek_markers", lambda: markers_of(self.inner).peek_markers(keys))
+        return await self._op("peek_markers", lambda: self.inner.peek_markers(keys))
 
     async def take_marker(self, key: str, token: str) -> bool:
-        return await self._op("take_marker", lambda: markers_of(self.inner).take_marker(key, token))
+        return await self._op("take_marker", lambda: self.inner.take_marker(key, token))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

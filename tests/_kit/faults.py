@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from _kit.tickets import raise_crash
-from agentflow.exec._markers import markers_of
 from agentflow.exec.checkpoints import CheckpointConflict, CheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._records import Lease, Marker
 
@@ -353,15 +352,15 @@ class FaultyStore:
 
     async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
         """Forward `MarkerStore.put_marker`."""
-        return await markers_of(self.inner).put_marker(key, value, token, ttl_s)
+        return await self.inner.put_marker(key, value, token, ttl_s)
 
     async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
         """Forward `MarkerStore.peek_markers`."""
-        return await markers_of(self.inner).peek_markers(keys)
+        return await self.inner.peek_markers(keys)
 
     async def take_marker(self, key: str, token: str) -> bool:
         """Forward `MarkerStore.take_marker`."""
-        return await markers_of(self.inner).take_marker(key, token)
+        return await self.inner.take_marker(key, token)
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from _kit.tickets import KEY
 
 from agentflow._events import Event, Events
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import MarkerBusy, Markers, key_of, marker_value, markers_of
+from agentflow.exec._markers import MarkerBusy, Markers, key_of, marker_value
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 OTHER_KEY = b"another-key-the-workers-lack-0123456789"
@@ -77,8 +77,3 @@ async def test_a_marker_held_is_renewed_keeps_others_out_and_goes_with_its_holde
         assert held.body["owner"] == "w1"
     # And once the holder lets go, it is gone
     assert await _markers(store).peek("lock", ["prune"]) == {}
-
-
-async def test_a_store_without_markers_is_told_what_it_lacks() -> None:
-    with pytest.raises(TypeError, match="has no markers \\(put_marker, peek_markers, take_marker\\)"):
-        markers_of(object())  # type: ignore[arg-type]

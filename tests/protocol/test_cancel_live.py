@@ -16,7 +16,7 @@ from _kit.workers import Workers
 from agentflow import Call, Flow, RunResult, RunStatus
 from agentflow.exec import cancel_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import key_of, marker_value, markers_of
+from agentflow.exec._markers import key_of, marker_value
 from agentflow.exec._run_cancel import KIND, REQUEST_TTL_S, CancelRequest
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -33,13 +33,13 @@ async def _inside_slow_lookup(
 
 async def _request(workers: Workers, run_id: str) -> str | None:
     """What the cancel request marker holds (None: no request)."""
-    mark = (await markers_of(workers.raw).peek_markers([key_of(KIND, run_id)])).get(key_of(KIND, run_id))
+    mark = (await workers.raw.peek_markers([key_of(KIND, run_id)])).get(key_of(KIND, run_id))
     return None if mark is None else mark.value
 
 
 async def _leave(workers: Workers, run_id: str, value: str) -> None:
     """Write `value` as the run's cancel marker, straight into the store (as an attacker or an old request would)."""
-    await markers_of(workers.raw).put_marker(key_of(KIND, run_id), value, "t" * 32, REQUEST_TTL_S)
+    await workers.raw.put_marker(key_of(KIND, run_id), value, "t" * 32, REQUEST_TTL_S)
 
 
 def _signed(key: bytes, run_id: str, request: CancelRequest, now: float | None = None) -> str:

@@ -86,8 +86,45 @@ from agentflow.exec.checkpoints._records import (
 
 
 @runtime_checkable
-class CheckpointStore(Protocol):
-    """Where runs keep their checkpoints and call logs."""
+class MarkerStore(Protocol):
+    """The marker part of the port: small notes with an expiry, kept apart from the leases (`Marker`).
+
+    A marker is not a lease: nothing fences on it, and no run's lease is ever one. It is a
+    key set for a while, atomically against every other put and take of that key, judged
+    on the store's clock as leases are, so that of many workers exactly one sets it.
+    """
+
+    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
+        """Set marker `key` to `value` for `ttl_s` seconds, unless another token's marker is live there.
+
+        A live marker of the same `token` is replaced, value and expiry (a renewal); a lapsed
+        one of any token is overwritten. Atomic: of racing puts with different tokens, exactly
+        one sets a free key.
+
+        Returns:
+            The marker as it stands afterwards: this token's, or the live one that stayed
+            (compare ``marker.token`` with `token`).
+
+        Raises:
+            ValueError: `key`, `value` or `token` is empty, or `ttl_s` is not positive.
+        """
+        ...
+
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
+        """Return the live marker of each of `keys` that has one (lapsed and absent ones are left out)."""
+        ...
+
+    async def take_marker(self, key: str, token: str) -> bool:
+        """Remove the marker if `token` set it (live or lapsed); return whether it was live.
+
+        Another token's marker stays.
+        """
+        ...
+
+
+@runtime_checkable
+class CheckpointStore(MarkerStore, Protocol):
+    """Where runs keep their checkpoints and call logs (and their markers: every store has them, `MarkerStore`)."""
 
     #: Whether the store lives inside one process (then no shared key is required).
     in_process: bool
@@ -391,42 +428,5 @@ class EventStore(Protocol):
 
         Raises:
             ValueError: `after` is not a cursor this store gave.
-        """
-        ...
-
-
-@runtime_checkable
-class MarkerStore(Protocol):
-    """The marker part of the port: small notes with an expiry, kept apart from the leases (`Marker`).
-
-    A marker is not a lease: nothing fences on it, and no run's lease is ever one. It is a
-    key set for a while, atomically against every other put and take of that key, judged
-    on the store's clock as leases are, so that of many workers exactly one sets it.
-    """
-
-    async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
-        """Set marker `key` to `value` for `ttl_s` seconds, unless another token's marker is live there.
-
-        A live marker of the same `token` is replaced, value and expiry (a renewal); a lapsed
-        one of any token is overwritten. Atomic: of racing puts with different tokens, exactly
-        one sets a free key.
-
-        Returns:
-            The marker as it stands afterwards: this token's, or the live one that stayed
-            (compare ``marker.token`` with `token`).
-
-        Raises:
-            ValueError: `key`, `value` or `token` is empty, or `ttl_s` is not positive.
-        """
-        ...
-
-    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]:
-        """Return the live marker of each of `keys` that has one (lapsed and absent ones are left out)."""
-        ...
-
-    async def take_marker(self, key: str, token: str) -> bool:
-        """Remove the marker if `token` set it (live or lapsed); return whether it was live.
-
-        Another token's marker stays.
         """
         ...
