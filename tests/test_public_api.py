@@ -7,12 +7,14 @@ import json
 import pytest
 
 import agentflow
+import agentflow.errors
 import agentflow.exec
 import agentflow.exec.checkpoints
 import agentflow.exec.limits
 import agentflow.flow
 from agentflow import _errors
 from agentflow._errors import AgentflowError
+from agentflow._moved import MOVED
 from agentflow.exec.limits import LimitsUnavailable, RateLimited
 
 DESIGN_TOP_LEVEL = ["Flow", "Call", "Registry", "Executor", "FlowRunner", "RunContext"]
@@ -104,13 +106,15 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 #: helpers) and the run read model (``agentflow.exec._run_read``, ``_run_view``).
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
-        "AgentflowError", "ApprovalDenied", "Call", "CheckpointConflict", "Child", "CheckpointError",
-        "CheckpointNotFound",
-        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "DidNotHappen", "Event", "Events", "Executor",
-        "Flow", "FlowApp", "FlowError", "FlowRunner", "FlowVersions", "Happened", "IdentityMismatch",
-        "InDoubtDecision", "Limit", "LoopSpec", "Map", "ModelError", "RateLimited", "RecoveryNeedsDecision", "Registry",
-        "Rerun", "RunContext", "RunFailed", "RunHeld", "RunKind", "RunResult", "RunStatus", "Stale", "StoreNotDurable",
-        "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed", "Wait",
+        "Call", "Child", "DidNotHappen", "Event", "Events", "Executor", "Flow", "FlowApp", "FlowRunner",
+        "FlowVersions", "Happened", "InDoubtDecision", "Limit", "LoopSpec", "Map", "Registry", "Rerun", "RunContext",
+        "RunKind", "RunResult", "RunStatus", "Wait",
+    ],
+    "agentflow.errors": [
+        "AgentflowError", "ApprovalDenied", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
+        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "FlowError", "IdentityMismatch",
+        "LimitsUnavailable", "ModelError", "RateLimited", "RecoveryNeedsDecision", "RunFailed", "RunHeld", "Stale",
+        "StoreNotDurable", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed",
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "LoopRunner", "Registry",
@@ -185,9 +189,22 @@ def test_command_and_demo_packages_export_nothing(name: str) -> None:
     assert public_names(module) == set()
 
 
-def test_agentflow_all_contains_the_design_names_and_the_root_error():
-    assert set(DESIGN_TOP_LEVEL) | {"AgentflowError"} <= set(agentflow.__all__)
-    assert agentflow.AgentflowError is AgentflowError
+def test_agentflow_all_contains_the_design_names_and_the_errors_module_every_error():
+    assert set(DESIGN_TOP_LEVEL) <= set(agentflow.__all__)
+    assert agentflow.errors.AgentflowError is AgentflowError
+    assert set(ERRORS) | set(ELSEWHERE) == set(agentflow.errors.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_an_error_that_left_the_root_is_still_there_for_a_release_with_a_warning_naming_its_home(name: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"agentflow\.{name} moved to agentflow\.errors\.{name}"):
+        moved = getattr(agentflow, name)
+    assert moved is getattr(agentflow.errors, name)
+
+
+def test_a_name_agentflow_never_had_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="module 'agentflow' has no attribute 'FlowErorr'"):
+        agentflow.FlowErorr  # noqa: B018
 
 
 def test_run_kind_and_status_are_the_base_types_everywhere():
@@ -283,8 +300,8 @@ def test_the_errors_defined_elsewhere_are_drawn_under_their_real_parent(name: st
     assert error.__base__ is ERRORS[DRAWN[name]]
 
 
-def test_rate_limited_is_the_same_from_agentflow_and_from_the_limits():
-    assert agentflow.RateLimited is RateLimited and agentflow.Limit is agentflow.exec.limits.Limit
+def test_rate_limited_is_the_same_from_agentflow_errors_and_from_the_limits():
+    assert agentflow.errors.RateLimited is RateLimited and agentflow.Limit is agentflow.exec.limits.Limit
 
 
 def test_identity_mismatch_is_a_permission_error():

@@ -10,7 +10,8 @@ import pytest
 from _kit.faults import FaultyStore
 from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY, ORDER, TICKETS, Crash, Ledger, make_tickets
-from agentflow import CheckpointError, Executor, FlowRunner
+from agentflow import Executor, FlowRunner
+from agentflow.errors import CheckpointError
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 #: The kit's raw rows are checked on all six set-ups (`store_setup` alone runs four).

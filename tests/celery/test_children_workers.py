@@ -14,7 +14,8 @@ import pytest
 from _kit.poll import until
 from celery_kit import Deployment
 
-from agentflow import CheckpointNotFound, Happened, Rerun
+from agentflow import Happened, Rerun
+from agentflow.errors import CheckpointNotFound
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 

@@ -30,9 +30,10 @@ from celery import Celery
 from celery.exceptions import Ignore
 from celery_kit import ROOT, Deployment
 
-from agentflow import FlowApp, Registry, RunFailed
+from agentflow import FlowApp, Registry
 from agentflow.celery import AgentflowTasks, register_tasks
 from agentflow.celery._worker import Outcome
+from agentflow.errors import RunFailed
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(180)]

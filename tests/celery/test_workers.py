@@ -12,7 +12,7 @@ import pytest
 from _kit.poll import until
 from celery_kit import ended
 
-from agentflow import CheckpointConflict
+from agentflow.errors import CheckpointConflict
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(300)]
 

@@ -23,8 +23,9 @@ from _kit.replication import ReplicaSet, Server, free_port, replica_set, server_
 from _kit.tickets import KEY, ORDER, make_tickets
 from test_redis import cp, rec
 
-from agentflow import Call, Executor, Flow, FlowRunner, StoreNotDurable
+from agentflow import Call, Executor, Flow, FlowRunner
 from agentflow._errors import CheckpointError
+from agentflow.errors import StoreNotDurable
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import RedisCheckpointStore

@@ -34,9 +34,10 @@ from typing import Any, TypeVar
 from click.testing import Result
 from pydantic import BaseModel
 
-from agentflow import Call, Flow, FlowApp, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
+from agentflow import Call, Flow, FlowApp, FlowRunner, Registry, RunContext
 from agentflow._events import Events
 from agentflow.demo.worker import DEMO_KEY
+from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.checkpoints._records import Lease
 

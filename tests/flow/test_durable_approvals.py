@@ -13,7 +13,8 @@ from _kit.faults import body, meet
 from _kit.tickets import ORDER, REFUNDS, TICKETS, WIRES, Crash, Refund
 from _kit.workers import Workers, faulty
 
-from agentflow import Flow, IdentityMismatch, RunContext
+from agentflow import Flow, RunContext
+from agentflow.errors import IdentityMismatch
 from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision
 from agentflow.flow import RunResult
 

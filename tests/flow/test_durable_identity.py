@@ -12,7 +12,8 @@ from _kit.faults import body
 from _kit.tickets import AUDITED, ORDER, REFUNDS, TICKETS, Crash, Order, Refund
 from _kit.workers import Workers, faulty
 
-from agentflow import Flow, IdentityMismatch, RunContext
+from agentflow import Flow, RunContext
+from agentflow.errors import IdentityMismatch
 from agentflow.exec._durable_seal import canonical
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt
 from agentflow.flow import RunResult

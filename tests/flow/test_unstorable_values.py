@@ -16,7 +16,8 @@ import pytest
 from _kit.tickets import KEY
 from pydantic import BaseModel
 
-from agentflow import Call, Executor, Flow, FlowError, FlowRunner, Registry
+from agentflow import Call, Executor, Flow, FlowRunner, Registry
+from agentflow.errors import FlowError
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
 
 registry = Registry()

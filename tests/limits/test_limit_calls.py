@@ -11,7 +11,8 @@ import pytest
 from _kit.poll import until
 from pydantic import BaseModel
 
-from agentflow import Call, Event, Events, Executor, Flow, FlowRunner, RunContext, RunHeld
+from agentflow import Call, Event, Events, Executor, Flow, FlowRunner, RunContext
+from agentflow.errors import RunHeld
 from agentflow.exec import Registry, run_tool_loop
 from agentflow.exec._run_events import read_events
 from agentflow.exec.checkpoints import SQLiteCheckpointStore

@@ -16,7 +16,8 @@ from _kit.faults import FaultyStore
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger
 
-from agentflow import Event, Events, IdentityMismatch, Registry, RunContext
+from agentflow import Event, Events, Registry, RunContext
+from agentflow.errors import IdentityMismatch
 from agentflow.exec import LoopResult, advance_tool_loop, decide_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import (
     CheckpointConflict,

@@ -19,7 +19,8 @@ from _kit.faults import FaultyStore, WriteLog, body
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger
 
-from agentflow import CheckpointTooLarge, Registry, RunStatus
+from agentflow import Registry, RunStatus
+from agentflow.errors import CheckpointTooLarge
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec._durable_loop import LoopRunner, read_tool_loop
 from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision

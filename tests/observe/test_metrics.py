@@ -9,7 +9,8 @@ from _kit.poll import until
 from _kit.tickets import FANOUT, TICKETS, Crash, make_tickets
 from pydantic import BaseModel
 
-from agentflow import Call, Events, Executor, Flow, FlowApp, FlowRunner, RecoveryNeedsDecision, Registry
+from agentflow import Call, Events, Executor, Flow, FlowApp, FlowRunner, Registry
+from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec import run_tool_loop
 from agentflow.exec._run_lease import Ownership, holding
 from agentflow.exec.checkpoints import MemoryCheckpointStore

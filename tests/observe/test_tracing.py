@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from pydantic import BaseModel
 
-from agentflow import Call, Events, Executor, Flow, FlowRunner, RecoveryNeedsDecision, Registry, RunContext
+from agentflow import Call, Events, Executor, Flow, FlowRunner, Registry, RunContext
+from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec import run_tool_loop
 from agentflow.exec._tracing import NO_TRACING
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore

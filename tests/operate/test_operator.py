@@ -15,7 +15,8 @@ import pytest
 from _kit.stores import StoreSetup
 from pydantic import BaseModel
 
-from agentflow import Call, CheckpointStoreCorrupt, Flow, FlowApp, FlowError, LoopSpec, Registry, RunStatus
+from agentflow import Call, Flow, FlowApp, LoopSpec, Registry, RunStatus
+from agentflow.errors import CheckpointStoreCorrupt, FlowError
 from agentflow.exec import LoopRunner
 from agentflow.models import Message, ToolCall
 from agentflow.operate import InProcess

@@ -40,7 +40,8 @@ from _kit.faults import FaultyStore, file_rendezvous
 from _kit.specs import open_spec
 from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Tickets, make_tickets
 
-from agentflow import CheckpointConflict, Executor, Flow, FlowApp, FlowRunner
+from agentflow import Executor, Flow, FlowApp, FlowRunner
+from agentflow.errors import CheckpointConflict
 from agentflow.exec import current_call
 from agentflow.exec._run_lease import Ownership, holding, process_owner
 from agentflow.exec.checkpoints import CheckpointStore

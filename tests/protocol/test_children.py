@@ -14,8 +14,9 @@ from _kit.tickets import KEY, Crash, Refund, amount_args
 from _kit.workers import faulty
 from pydantic import BaseModel
 
-from agentflow import Call, Child, Flow, FlowError, RunStatus
+from agentflow import Call, Child, Flow, RunStatus
 from agentflow._errors import CheckpointConflict
+from agentflow.errors import FlowError
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 

@@ -27,7 +27,8 @@ from _kit.faults import FaultyStore
 from _kit.stores import RedisRows, StoreSetup, setups
 from _kit.tickets import KEY, ORDER, Crash, Order, make_tickets, show_args
 
-from agentflow import Call, DidNotHappen, Executor, Flow, FlowRunner, RecoveryNeedsDecision
+from agentflow import Call, DidNotHappen, Executor, Flow, FlowRunner
+from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointConflict, SealedCall, SealedCheckpoint

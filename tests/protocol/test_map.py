@@ -13,7 +13,8 @@ from _kit.tickets import Crash
 from _kit.workers import faulty
 from pydantic import BaseModel
 
-from agentflow import FlowError, Map, RecoveryNeedsDecision, Registry, RunStatus
+from agentflow import Map, Registry, RunStatus
+from agentflow.errors import FlowError, RecoveryNeedsDecision
 from agentflow.flow import Flow
 
 

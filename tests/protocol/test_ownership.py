@@ -46,8 +46,9 @@ from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Re
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 
-from agentflow import Executor, FlowRunner, RecoveryNeedsDecision, RunHeld
+from agentflow import Executor, FlowRunner
 from agentflow.cli._group import cli
+from agentflow.errors import RecoveryNeedsDecision, RunHeld
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint

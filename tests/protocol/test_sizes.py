@@ -6,7 +6,8 @@ import pytest
 from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 from pydantic import BaseModel
 
-from agentflow import Call, CheckpointTooLarge, Executor, Flow, FlowRunner, RecoveryNeedsDecision
+from agentflow import Call, Executor, Flow, FlowRunner
+from agentflow.errors import CheckpointTooLarge, RecoveryNeedsDecision
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 
 LIMIT = 64 * 1024

@@ -14,8 +14,9 @@ import pytest
 from _kit.faults import body
 from _kit.tickets import ORDER, Order, Refund, amount_args, order_args, show_args, was_denied, went_out
 
-from agentflow import Call, Flow, FlowError, RunStatus, Wait
+from agentflow import Call, Flow, RunStatus, Wait
 from agentflow._errors import CheckpointConflict
+from agentflow.errors import FlowError
 from agentflow.exec._run_timers import NotDue
 
 HOUR = 3600.0

@@ -22,7 +22,7 @@ from runs_kit import HOLDER, hold, stored
 from starlette.testclient import TestClient
 from viewer_kit import client_for, make_app
 
-from agentflow import RunHeld
+from agentflow.errors import RunHeld
 from agentflow.exec._run_view import SegmentView
 from agentflow.operate import InProcess
 

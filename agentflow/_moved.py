@@ -1,0 +1,59 @@
+"""Names that moved out of the ``agentflow`` namespace, kept importable from it for one release.
+
+``agentflow/__init__.py`` binds `moved_attribute` as its module ``__getattr__``: Python calls
+it only for a name the package does not bind itself, so every current name costs nothing.
+A moved name is looked up in its new home, returned, and a `DeprecationWarning` (pointing at
+the user's import) says where to import it from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any, Final
+
+#: Each moved name and the module that has it now.
+MOVED: Final[dict[str, str]] = {
+    name: "agentflow.errors"
+    for name in (
+        "AgentflowError",
+        "ApprovalDenied",
+        "CheckpointConflict",
+        "CheckpointError",
+        "CheckpointNotFound",
+        "CheckpointStoreCorrupt",
+        "CheckpointTooLarge",
+        "ControlRefused",
+        "FlowError",
+        "IdentityMismatch",
+        "ModelError",
+        "RateLimited",
+        "RecoveryNeedsDecision",
+        "RunFailed",
+        "RunHeld",
+        "Stale",
+        "StoreNotDurable",
+        "ToolArgumentsInvalid",
+        "ToolError",
+        "ToolTimeout",
+        "UnknownTool",
+        "VersionNotDeployed",
+    )
+}
+
+
+def moved_attribute(name: str) -> Any:
+    """``agentflow.<name>`` for a name that moved: its new home's, with a `DeprecationWarning`.
+
+    Raises:
+        AttributeError: `name` is not a name agentflow has or had.
+    """
+    home = MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module 'agentflow' has no attribute {name!r}")
+    warnings.warn(
+        f"agentflow.{name} moved to {home}.{name}: import it from {home} (the old name goes in the next release)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(home), name)

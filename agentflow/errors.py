@@ -1,0 +1,58 @@
+"""Every error agentflow raises, in one place: ``from agentflow.errors import RunHeld``.
+
+The tree (`AgentflowError` at its root) and what each error carries are in `agentflow._errors`;
+`LimitsUnavailable` and `RateLimited` are the limits' own (`agentflow.exec.limits`). Until the
+next release each of these is still importable from ``agentflow`` itself, with a
+`DeprecationWarning` that names its new home.
+"""
+
+from agentflow._errors import (
+    AgentflowError,
+    ApprovalDenied,
+    CheckpointConflict,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointStoreCorrupt,
+    CheckpointTooLarge,
+    ControlRefused,
+    FlowError,
+    IdentityMismatch,
+    ModelError,
+    RecoveryNeedsDecision,
+    RunFailed,
+    RunHeld,
+    Stale,
+    StoreNotDurable,
+    ToolArgumentsInvalid,
+    ToolError,
+    ToolTimeout,
+    UnknownTool,
+    VersionNotDeployed,
+)
+from agentflow.exec.limits import LimitsUnavailable, RateLimited
+
+__all__ = [
+    "AgentflowError",
+    "ApprovalDenied",
+    "CheckpointConflict",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointStoreCorrupt",
+    "CheckpointTooLarge",
+    "ControlRefused",
+    "FlowError",
+    "IdentityMismatch",
+    "LimitsUnavailable",
+    "ModelError",
+    "RateLimited",
+    "RecoveryNeedsDecision",
+    "RunFailed",
+    "RunHeld",
+    "Stale",
+    "StoreNotDurable",
+    "ToolArgumentsInvalid",
+    "ToolError",
+    "ToolTimeout",
+    "UnknownTool",
+    "VersionNotDeployed",
+]
