@@ -11,13 +11,11 @@ leaves every tool call to a worker.
 
 from __future__ import annotations
 
-from agentflow._run_types import RunKind
-
 #: The ``--call`` argument of ``agentflow decide``, one per call in doubt.
 CALL_WORDS = "--call CALL_ID=rerun|happened:JSON|not:REASON"
 
 
-def decide_hint(run_id: str, kind: RunKind, *, workers: str | None) -> str:
+def decide_hint(run_id: str, *, workers: str | None) -> str:
     """What to run once the calls in doubt were checked at their systems.
 
     `workers`: the ``--workers`` value of the deployment (``"..."`` when it is distributed but
@@ -25,6 +23,4 @@ def decide_hint(run_id: str, kind: RunKind, *, workers: str | None) -> str:
     """
     if workers is not None:
         return f"agentflow decide {run_id} --workers {workers} {CALL_WORDS} --as NAME"
-    if kind is RunKind.LOOP:
-        return f'recover_tool_loop(..., run_id="{run_id}", rerun_in_doubt=True)'
     return f"agentflow recover {run_id} --app ... --rerun-in-doubt --as NAME"

@@ -145,6 +145,29 @@ class FlowClient(LoopOperations):
         awaiting = control_of(body).awaiting if parked(body) else ()
         return "; ".join(f"{tool}: {why}" for tool, why in awaiting) or None
 
+    async def settle(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> str:
+        """Poll the store until the run, a flow run or a tool loop, settled; return its status then.
+
+        Settled is what `wait` waits for: ended, paused, or parked waiting for a decision
+        (then the status is ``running``). Each poll reads the run's newest row and checks it.
+
+        Raises:
+            TimeoutError: it did not settle in time.
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: its newest row fails its check.
+        """
+        store = self.runner.checkpoints
+        assert store is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row = await store.latest(run_id)
+            body = self.sealer.open_checkpoint(row, run_id)
+            if row.status != "running" or parked(body):
+                return row.status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id!r} is still {row.status} at step {row.step} after {timeout_s}s")
+            await asyncio.sleep(poll_s)
+
     async def wait(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
         """Poll the store until the run is settled (ended, paused, or waiting for a decision).
 

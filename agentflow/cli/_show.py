@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._hints import decide_hint
-from agentflow._run_types import RunKind
 from agentflow.cli._text import paint, table
 from agentflow.exec._durable_read import started_where
 from agentflow.exec._markers import Note
@@ -158,17 +157,12 @@ def _pending(report: RunReport) -> list[str]:
         call, tool, node = (printable(str(p.get(k))) for k in ("call_id", "tool", "node"))
         lines.append(f"  {call}: {tool} {short(p.get('args'), 60)} (node {node})")
     run_id = printable(report.run_id)
-    if report.kind is RunKind.LOOP:
-        return [
-            *lines,
-            f"  decide with: run_tool_loop(..., run_id={printable(repr(report.run_id))}, approve=True or False)",
-        ]
     return [*lines, f"  decide with: agentflow resume {run_id} --app module:attr --approve|--deny"]
 
 
 def _rerun_command(report: RunReport, workers: str | None) -> str:
     """How an operator decides the run's calls in doubt, once checked at their systems (`decide_hint`)."""
-    return printable(decide_hint(report.run_id, report.kind, workers=workers))
+    return printable(decide_hint(report.run_id, workers=workers))
 
 
 #: The mark of a run on a flow version the deployment's app lacks.

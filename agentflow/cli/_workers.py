@@ -24,7 +24,6 @@ from typing import TypeVar
 from agentflow._app import FlowApp
 from agentflow._display import printable
 from agentflow._keys import is_public
-from agentflow._run_types import RunKind
 from agentflow.cli import _errors
 from agentflow.cli._apps import search_cwd
 from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV
@@ -97,8 +96,7 @@ class Workers:
         """
         if not self.wait:
             return None
-        row = await self.store.latest(run_id)
-        self.sealer.open_checkpoint(row, run_id)  # its flow column picks the waiter once the row checks
+        self.sealer.open_checkpoint(await self.store.latest(run_id), run_id)  # an unknown or forged run: said now
         self.progress.waiting(
             run_id,
             "a worker carries it on until it ends, pauses or waits for a decision "
@@ -106,10 +104,7 @@ class Workers:
         )
         try:
             async with polling_rows(self.progress, self.store, self.sealer, run_id):
-                if RunKind.of(row.flow) is RunKind.LOOP:
-                    await self.client.wait_loop(RunKind.name_of(row.flow), run_id, timeout_s=self.timeout_s)
-                else:
-                    await self.client.wait(run_id, timeout_s=self.timeout_s)
+                await self.client.settle(run_id, timeout_s=self.timeout_s)
             timed_out = False
         except TimeoutError:
             timed_out = True

@@ -136,7 +136,7 @@ def run_page(viewer: Viewer) -> Endpoint:
             "ops": offers(viewer, request, report),
             "done": done if done in DONE else None,
             "distributed": distributed,
-            "decide_hint": decide_hint(report.run_id, report.kind, workers="..." if distributed else None),
+            "decide_hint": decide_hint(report.run_id, workers="..." if distributed else None),
             "event_names": EVENT_NAMES,
             "migration": _migration(viewer, report),
         }

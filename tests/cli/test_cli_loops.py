@@ -35,7 +35,7 @@ def test_a_paused_tool_loop_is_listed_shown_and_verified(agentflow, db):
     shown = agentflow("runs", "show", "chat-1")
     assert shown.exit_code == 0, shown.output
     assert '"stage": "model"' in shown.stdout and "refund" in shown.stdout and "pending" in shown.stdout
-    assert "run_tool_loop(..., run_id='chat-1'" in shown.stdout
+    assert "agentflow resume chat-1 --app module:attr --approve|--deny" in shown.stdout
     assert agentflow("verify", "chat-1").exit_code == 0
     # a loop resumes with the app's tool loop of its name: an app without it is named, and nothing is touched
     resumed = agentflow("resume", "chat-1", "--app", "runs_kit:app", "--approve")
@@ -63,7 +63,7 @@ def test_the_read_model_knows_a_loop_by_its_kind_not_by_its_column(db):
     assert (flow.kind, flow.name, flow.flow) == (RunKind.FLOW, "refunds", "refunds")
 
 
-def test_a_loop_in_doubt_is_told_to_recover_through_recover_tool_loop():
+def test_a_loop_in_doubt_is_told_to_recover_with_the_same_command_as_a_flow_run():
     from agentflow import RunKind
     from agentflow.cli._show import run_text
     from agentflow.exec._run_view import IN_DOUBT, CallView, CheckpointView, RunReport
@@ -73,8 +73,7 @@ def test_a_loop_in_doubt_is_told_to_recover_through_recover_tool_loop():
     report.checkpoints = [CheckpointView(3, 0.0, "running", 0, superstep=1, what="superstep")]
     report.calls = [CallView("1/tools/0/ab", "refund", "tools", 1, "started", state=IN_DOUBT)]
 
-    # When it is shown, Then the way on is the tool loop's, not a flow's recover command
+    # When it is shown, Then the way on is the command any run takes (the app given has the loop)
     text = run_text(report)
     assert "in doubt: refund" in text
-    assert 'recover_tool_loop(..., run_id="chat-9", rerun_in_doubt=True)' in text
-    assert "agentflow recover" not in text
+    assert "agentflow recover chat-9 --app ... --rerun-in-doubt --as NAME" in text
