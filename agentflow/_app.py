@@ -15,15 +15,12 @@ from typing import Any
 
 from agentflow._errors import FlowError
 from agentflow._events import Events
-from agentflow.exec._executor import Approver, Executor
-from agentflow.exec._registry import Registry
+from agentflow.exec import Approver, Executor, Registry
 from agentflow.exec._run_lease import DEFAULT_LEASE_S
 from agentflow.exec._tracing import Tracer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow._graph import Flow
-from agentflow.flow._runner import FlowRunner
-from agentflow.flow._versions import FlowVersions
-from agentflow.models._protocol import Model
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.flow import Flow, FlowRunner, FlowVersions
+from agentflow.models import Model
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,11 @@ from agentflow._app import FlowApp
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
-from agentflow.exec._loop_runner import LoopRunner
+from agentflow.exec import LoopRunner
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_cursor import RunOutcome
-from agentflow.flow._runner import FlowRunner
-from agentflow.flow._versions import FlowVersions
-from agentflow.models._messages import Message
-from agentflow.models._protocol import Model
+from agentflow.flow import FlowRunner, FlowVersions
+from agentflow.models import Message, Model
 
 __all__ = ["FlowOps", "LazyModel", "RunOps", "Runs"]
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from agentflow.flow import Child
 from agentflow.flow._children import read_child, start_child
-from agentflow.flow._nodes import Child
 
 if TYPE_CHECKING:
     from agentflow.flow._result import RunResult

@@ -16,8 +16,8 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow._runs import Runs
 from agentflow.celery._tasks import AgentflowTasks
-from agentflow.exec._loop_engine import LoopResult
-from agentflow.models._messages import Message
+from agentflow.exec import LoopResult
+from agentflow.models import Message
 
 
 class LoopOperations(ABC):

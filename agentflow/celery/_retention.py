@@ -24,7 +24,7 @@ from typing import Any, Final
 from agentflow.celery._settings import WorkerSettings
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import MarkerBusy, Markers
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
 
 log = logging.getLogger("agentflow.celery")

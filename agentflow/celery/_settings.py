@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentflow.exec.checkpoints._retention import RetentionPolicy
+from agentflow.exec.checkpoints import RetentionPolicy
 
 
 @dataclass(frozen=True)

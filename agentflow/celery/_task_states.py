@@ -37,7 +37,7 @@ from celery import Celery
 from agentflow.exec._durable_read import read_log
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import Markers
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 log = logging.getLogger("agentflow.celery")
 

@@ -71,7 +71,7 @@ from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._task_states import ANSWERED, ANSWERING, LOST, REFUSED, SKIPPED, settle
 from agentflow.celery._worker import Outcome, Worker
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 __all__ = ["AgentflowTasks", "celery_config", "register_tasks"]
 

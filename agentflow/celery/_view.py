@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentflow._run_types import DEFAULT_VERSION
-from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec import ApprovalRequest
 from agentflow.exec._run_view import CallView, SegmentView
 
 

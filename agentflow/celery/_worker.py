@@ -63,8 +63,8 @@ from agentflow.exec._context import delivering
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import MarkerBusy, Markers
 from agentflow.exec._tracing import NO_TRACING, Tracer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow._runner import FlowRunner
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.flow import FlowRunner
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,15 @@ from agentflow.celery._loop_client import LoopOperations
 from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.celery._view import RunView
+from agentflow.exec import ApprovalRequest
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._markers import Markers
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
 from agentflow.exec._run_events import RunEvent, follow_events
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_read import read_run
-from agentflow.exec.checkpoints._records import SealedCheckpoint
-from agentflow.flow._runner import FlowRunner
+from agentflow.exec.checkpoints import SealedCheckpoint
+from agentflow.flow import FlowRunner
 
 
 class FlowClient(LoopOperations):

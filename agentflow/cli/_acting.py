@@ -35,8 +35,8 @@ from agentflow.cli._target import (
 )
 from agentflow.cli._watch import moving_here
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.flow._runner import FlowRunner
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.flow import FlowRunner
 from agentflow.operate import InProcess
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_cursor import RunOutcome
 from agentflow.exec._run_lease import held_by
 from agentflow.exec._run_read import read_run
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers

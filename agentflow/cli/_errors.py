@@ -24,7 +24,7 @@ from agentflow._errors import (
     CheckpointNotFound,
     CheckpointStoreCorrupt,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from agentflow._display import redact
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 #: What ``--store`` accepts, for error messages.
 ACCEPTED: Final = (

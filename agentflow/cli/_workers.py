@@ -33,7 +33,7 @@ from agentflow.cli._watch import polling_rows
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 try:
     from agentflow.celery import AgentflowTasks, FlowClient, load_tasks

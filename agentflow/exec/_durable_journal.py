@@ -14,8 +14,7 @@ from typing import Any
 
 from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointError
 from agentflow.exec._durable_seal import Sealer, canonical
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
 
 
 class Journal:

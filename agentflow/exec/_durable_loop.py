@@ -32,9 +32,8 @@ from agentflow.exec._registry import Registry
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_lease import DEFAULT_LEASE_S
 from agentflow.exec._tracing import Tracer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.models._messages import Message
-from agentflow.models._protocol import Model
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.models import Message, Model
 
 __all__ = [
     "LoopResult",

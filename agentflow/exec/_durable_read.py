@@ -27,8 +27,7 @@ from typing import Any
 from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 
 #: Record kinds that close a call for good.
 FINAL = frozenset({"done", "failed", "denied"})

@@ -27,8 +27,8 @@ from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo, _current
 from agentflow.exec._registry import Registry, Tool
 from agentflow.exec._tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
+from agentflow.exec.limits import RateLimited
 from agentflow.exec.limits._gate import Gate, Slots
-from agentflow.exec.limits._spec import RateLimited
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,11 +39,9 @@ from agentflow.exec._run_cursor import RunCursor, RunOutcome
 from agentflow.exec._run_driver import RunDriver
 from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec._run_steps import RunSteps
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.limits._table import provider_of
-from agentflow.models._messages import Message, ToolCall
-from agentflow.models._protocol import Model
+from agentflow.models import Message, Model, ToolCall
 
 _EMPTY_CHAIN = hashlib.sha256(b"agentflow/history/1").hexdigest()
 

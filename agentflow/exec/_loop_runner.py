@@ -33,9 +33,8 @@ from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.exec._tracing import Tracer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.models._messages import Message
-from agentflow.models._protocol import Model
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.models import Message, Model
 
 __all__ = ["HoldsRuns", "LoopRunner", "new_loop_id"]
 

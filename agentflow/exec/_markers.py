@@ -44,7 +44,7 @@ from typing import Any, Final
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import Marker
 
 log = logging.getLogger("agentflow.markers")

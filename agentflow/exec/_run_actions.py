@@ -26,7 +26,7 @@ from agentflow.exec._run_events import recording
 from agentflow.exec._run_lease import Head, HeldHead, holding, holding_reading_head
 from agentflow.exec._run_steps import RunSteps
 from agentflow.exec._run_timers import NotDue, a_child_ended, due
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease
 
 

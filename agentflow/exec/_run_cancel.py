@@ -47,7 +47,7 @@ from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import Markers, Note
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 log = logging.getLogger("agentflow.cancel")
 

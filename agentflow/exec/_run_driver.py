@@ -21,8 +21,7 @@ from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_cursor import RunCursor, RunOutcome
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 
 if TYPE_CHECKING:
     from agentflow.exec._run_steps import RunSteps

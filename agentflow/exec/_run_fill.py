@@ -24,7 +24,7 @@ from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, started_w
 from agentflow.exec._run_control import control_of
 from agentflow.exec._run_steps import CLAIM_CAUSES
 from agentflow.exec._run_timers import wake_of
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import SealedCheckpoint
 
 Body = dict[str, Any]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 
 def sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:

@@ -44,7 +44,7 @@ from agentflow.exec._run_sweep import forgotten
 from agentflow.exec._run_trim import kept_from
 from agentflow.exec._run_view import RunHead
 from agentflow.exec._run_waits import read_limit_waits
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import UNREADABLE, Lease, SealedCheckpoint, is_unreadable
 
 #: How many runs ``verify --all`` and a full listing read at most.

@@ -48,8 +48,7 @@ from agentflow.exec._run_driver import C, R, RunDriver
 from agentflow.exec._run_lease import Ownership
 from agentflow.exec._run_timers import wake_of
 from agentflow.exec._tracing import NO_TRACING, StepSpan, Tracer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 
 #: The version of the checkpoint body layout.
 BODY_VERSION = 1

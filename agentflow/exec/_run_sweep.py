@@ -24,7 +24,7 @@ from typing import Final
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import UNFINISHED
 
 #: How many listed runs a sweep compares at most.

@@ -25,8 +25,7 @@ from typing import Any
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 
 #: What a timer may wake a run for.
 WAKES = ("timer", "approval", "child")

@@ -28,7 +28,7 @@ from typing import Final
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._run_events import RunEvent, read_events
 from agentflow.exec._run_view import LimitWait
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 
 #: Events after which no wait of the run is open: a step saved, the run claimed, ended, paused, or its lease lost.
 _CLOSE_ALL: Final = frozenset(

@@ -25,17 +25,16 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import CheckpointConflict, CheckpointError, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus, version_of
+from agentflow.exec import Executor
 from agentflow.exec._durable import CallLog
 from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._executor import Executor
 from agentflow.exec._run_cancel import CancelRequested
 from agentflow.exec._run_cursor import RunCursor
 from agentflow.exec._run_driver import RunDriver
 from agentflow.exec._run_protocol import RunProtocol
 from agentflow.exec._run_steps import RunSteps
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep

@@ -16,11 +16,11 @@ from pydantic import BaseModel, ValidationError
 
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext, identity_body
-from agentflow.exec._executor import Executor
+from agentflow.exec import Executor
 from agentflow.exec._run_keys import sealer_for
 from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, RunProtocol
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.flow import _recover, _timers
 from agentflow.flow._children import ChildRuns, InlineChildren
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol, Migration

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
+from agentflow.exec import ApprovalRequest
 from agentflow.exec._durable import Decision
-from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec._run_timers import NotDue, due_at
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult

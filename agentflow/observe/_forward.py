@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from prometheus_client import Histogram
 
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.observe._forward import ForwardingStore
 
 

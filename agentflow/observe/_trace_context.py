@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import Span, SpanContext, TraceFlags
 
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.observe._forward import ForwardingStore
 
 #: A W3C ``traceparent`` of version 00.

@@ -40,11 +40,11 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
 
-from agentflow.exec._registry import Tool
+from agentflow.exec import Tool
 from agentflow.exec._run_cancel import CancelRequested
 from agentflow.exec._run_cursor import RunCursor
 from agentflow.exec._tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.models._usage import clear_usage, last_usage
 from agentflow.observe._trace_context import (
     Pending,

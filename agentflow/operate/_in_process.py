@@ -11,7 +11,7 @@ from agentflow._events import Events
 from agentflow._runs import Runs
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_lease import process_owner
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.operate._operator import Acted, Operator
 
 __all__ = ["InProcess"]

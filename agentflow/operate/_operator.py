@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow.exec._executor import ApprovalRequest
+from agentflow.exec import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_cursor import RunOutcome
 

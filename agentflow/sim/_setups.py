@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._redis_durability import Durability
 
 #: Opens a handle on one episode's storage (called once per actor).

@@ -32,13 +32,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentflow._app import FlowApp, LoopSpec
-from agentflow.exec._context import current_call
+from agentflow.exec import Registry, current_call
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._registry import Registry
-from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.flow import Call, Flow
-from agentflow.models._messages import Message, ToolCall
+from agentflow.models import Message, ToolCall
 from agentflow.sim._scheduler import ACTOR
 
 #: The tools that must never run twice on their own.
