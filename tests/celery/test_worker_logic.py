@@ -83,7 +83,7 @@ async def test_a_resume_message_without_a_signed_resume_is_refused(s, caplog):
 async def test_a_signed_decision_is_spent_by_the_rerun_it_points_at(s):
     await s.parked()
     # When an operator decides (a signed decision claim), then the rerun message comes
-    step = await s.worker.decide_in_doubt("mail", "r1", operator="alice")
+    step = await s.worker.runs.of("mail").decide_in_doubt("r1", operator="alice")
     out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="rerun")
     # Then the call reran once and the run finished; the decision names alice
     assert (out.done, out.status) == ("ran", "done")
