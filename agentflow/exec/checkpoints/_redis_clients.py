@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
@@ -36,6 +36,10 @@ from agentflow._errors import CheckpointError
 
 Client: TypeAlias = "Redis | RedisCluster"
 
+#: The most commands one pipeline carries. Below redis-py's threshold (1,000 from its 8.x) for
+#: packing a pipeline on a thread of the event loop's default executor: a store starts no
+#: thread, and each round trip stays short. Every pipeline of the store is built in pages of it.
+MAX_PIPELINE: Final = 500
 #: Driver errors that mean Redis did not answer.
 _UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError)
 

@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any, Final
 
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint, listed
-from agentflow.exec.checkpoints._redis_clients import Bound
+from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, Bound
 from agentflow.exec.checkpoints._redis_rows import _decode_checkpoint, _scored, _text
 
 #: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
@@ -65,10 +65,12 @@ class Index:
         if not bound.cluster:  # the index is exact: one round trip
             return [_text(run_id) for run_id in await bound.scripts["unfinished"](keys=[index], args=[])]
         entries = _scored(await bound.client.zrange(index, 0, -1, withscores=True))
-        pipe = bound.client.pipeline(transaction=False)
-        for run_id, _ in entries:
-            pipe.hmget(self._run_keys(run_id)[1], ["flow", "status"])
-        states: list[list[Any]] = await pipe.execute() if entries else []
+        states: list[list[Any]] = []
+        for start in range(0, len(entries), MAX_PIPELINE):
+            pipe = bound.client.pipeline(transaction=False)
+            for run_id, _ in entries[start : start + MAX_PIPELINE]:
+                pipe.hmget(self._run_keys(run_id)[1], ["flow", "status"])
+            states += await pipe.execute()
         found, stale = [], []
         for (run_id, score), (run_flow, status) in zip(entries, states, strict=True):
             if run_flow is None:
@@ -86,7 +88,7 @@ class Index:
         index = f"{self._prefix}:runs" if flow is None else self.keys(flow)[1]
         found: dict[str, SealedCheckpoint] = {}
         stale: list[tuple[str, float]] = []
-        start, page = 0, max(limit, 100)
+        start, page = 0, min(max(limit, 100), MAX_PIPELINE)
         while len(found) < limit:
             entries = _scored(await bound.client.zrevrange(index, start, start + page - 1, withscores=True))
             if not entries:

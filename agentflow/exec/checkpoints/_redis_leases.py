@@ -25,14 +25,14 @@ from typing import Any, Final
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._records import Lease
-from agentflow.exec.checkpoints._redis_clients import LoopClients
+from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, LoopClients
 from agentflow.exec.checkpoints._redis_rows import _text
 from agentflow.exec.checkpoints._rules import check_lease_args
 
 #: The longest lease the store writes (about 31 years); a longer `ttl_s` is cut to it.
 _MAX_TTL_S: Final = 1e9
 #: How many leases one pipelined read asks for.
-_CHUNK: Final = 500
+_CHUNK: Final = MAX_PIPELINE
 
 
 def _ms(ttl_s: float) -> int:

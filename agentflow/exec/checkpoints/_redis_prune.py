@@ -36,13 +36,13 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
 from agentflow.exec.checkpoints._records import JudgedRows, Pruned, Trimmed
-from agentflow.exec.checkpoints._redis_clients import Bound, LoopClients
+from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, Bound, LoopClients
 from agentflow.exec.checkpoints._redis_index import STALE_AFTER_S, Index
 from agentflow.exec.checkpoints._redis_rows import _scored, _text
 from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, trims
 
 #: Index entries read per page, and runs pruned per pipeline.
-_PAGE: Final = 500
+_PAGE: Final = MAX_PIPELINE
 #: Scripts in flight at once on a Cluster (each on its own connection).
 _CLUSTER_CALLS: Final = 32
 #: The run's keys the prune script takes, in its KEYS order.
@@ -80,8 +80,9 @@ class RedisPrune:
         start, low, width = 0, "-inf" if since is None else repr(since), 3 if trim else 2
         while len(found) < limit:
             async with self._clients.use() as bound:
+                size = min(_PAGE // width, limit - len(found))  # `width` commands a run: one pipeline a page
                 page = await bound.client.zrangebyscore(
-                    self._every, low, f"({before!r}", start=start, num=min(_PAGE, limit - len(found)), withscores=True
+                    self._every, low, f"({before!r}", start=start, num=size, withscores=True
                 )
                 entries = _scored(page)
                 if not entries:
