@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck docs pytest services bench sim failover all clean
+.PHONY: demo test lint typecheck docs pytest services bench sim failover soak all clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,3 +78,12 @@ clean:
 ROUNDS ?= 20
 failover: $(STAMP) services
 	AGENTFLOW_FAILOVER_ROUNDS=$(ROUNDS) $(PY) -m pytest tests/celery/test_failover.py -q -s -p no:warnings
+
+# The soaks' long forms, which `make test` runs at their shortest meaningful length: the chaos soak
+# for CHAOS_SECONDS of random SIGKILLs over CHAOS_RUNS runs on each set-up, then `make failover`.
+CHAOS_SECONDS ?= 600
+CHAOS_RUNS ?= 500
+soak: $(STAMP) services
+	AGENTFLOW_CHAOS_SECONDS=$(CHAOS_SECONDS) AGENTFLOW_CHAOS_RUNS=$(CHAOS_RUNS) \
+		$(PY) -m pytest tests/celery/test_chaos.py -q -s -p no:warnings
+	$(MAKE) failover ROUNDS=$(ROUNDS)
