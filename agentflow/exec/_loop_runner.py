@@ -210,7 +210,7 @@ class LoopRunner:
 
     async def _paused(self, run_id: str, ctx: RunContext | None) -> LoopResult:
         """A paused loop as it stands (`run` given its id and no decision)."""
-        opened = await self.protocol.open(run_id, ctx)
+        opened = await self.protocol.steps.open(run_id, ctx)
         if opened.status != RunStatus.PAUSED:
             hint = (
                 "recover it: LoopRunner.recover or recover_tool_loop"
@@ -238,7 +238,7 @@ class LoopRunner:
             raise ValueError("start needs a LoopRunner with a checkpoint store")
         lp = self._cursor(run_id, messages, max_steps, ctx)
         async with self.protocol.hold(lp.run_id):
-            await self.protocol.start(lp)
+            await self.protocol.steps.start(lp)
         return self.protocol.driver.result(lp, RunStatus.RUNNING)
 
     async def advance(
@@ -417,7 +417,7 @@ class LoopRunner:
             CheckpointNotFound: unknown run.
             CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
         """
-        opened = await self.protocol.open(run_id, None, identity=False)
+        opened = await self.protocol.steps.open(run_id, None, identity=False)
         return self.protocol.driver.result(opened.cur, RunStatus(opened.status))
 
 

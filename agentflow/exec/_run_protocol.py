@@ -2,15 +2,16 @@
 
 Moving parts:
 - `RunSteps` (`_run_steps`): the parts (start, open, read, seeds, claim, save) over one
-  store, sealer and `RunDriver` (what a flow or a loop plugs in).
+  store, sealer and `RunDriver` (what a flow or a loop plugs in). A protocol holds one
+  (`RunProtocol.steps`) and hands it to the driver, which saves its steps with it.
 - `RunProtocol` puts them in order, once for every kind of run, each entry point under the
   run's lease (`_run_lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
   doubt), `retry`, `cancel`, `migrate` (onto another definition: the driver builds the
   moved cursor), `wake` (a paused run whose signed timer is due: `_run_timers`).
-  `decide` (in `_durable`) is the one rule turning ``approve`` into decisions. The run's
-  own progress (`begin`, `recover`, `resume`, `advance`) is here; the held drive and the
-  entry points from outside (an operator's, a due timer's) are in `_run_actions`, its base.
+  `decide` (in `_durable`) is the one rule turning ``approve`` into decisions. The held
+  drive (`_drive`) and the entry points from outside (an operator's, a due timer's) come
+  first, the run's own progress (`begin`, `recover`, `resume`, `advance`) after them.
 - Every drive runs on the look-out for a cancel request (`_run_cancel.CancelWatch`); one
   ends the run through `_end_cancelled`, the one place a run becomes ``cancelled``.
 - Control records (`_run_control`): every decision that steers a run is a claim
@@ -34,27 +35,330 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, Generic
 
-from agentflow._errors import CheckpointConflict, ControlRefused, RecoveryNeedsDecision, Stale
+from agentflow._errors import CheckpointConflict, ControlRefused, FlowError, RecoveryNeedsDecision, RunHeld, Stale
+from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import decide
-from agentflow.exec._durable_read import CallState
-from agentflow.exec._run_actions import RunActions
-from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, untouched
-from agentflow.exec._run_control import awaiting_record, parked
-from agentflow.exec._run_driver import C, R
-from agentflow.exec._run_lease import Head
-from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened
+from agentflow.exec._durable_read import CallState, calls_in_doubt
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._registry import Registry
+from agentflow.exec._run_cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
+from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, pins_for, untouched
+from agentflow.exec._run_control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
+from agentflow.exec._run_driver import C, R, RunDriver
+from agentflow.exec._run_events import recording
+from agentflow.exec._run_lease import Head, HeldHead, Ownership, holding, holding_reading_head
+from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened, RunSteps
+from agentflow.exec._run_timers import NotDue, a_child_ended, due
+from agentflow.exec._tracing import NO_TRACING, Tracer
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.checkpoints._records import Lease
 from agentflow.exec.checkpoints._rules import check_new_run_id
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 
 
-class RunProtocol(RunActions[C, R]):
+@contextlib.asynccontextmanager
+async def _unowned(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[None, Awaitable[Head]]]:
+    """No lease to hold (a runner without an ownership); the head is read when awaited."""
+    head = store.head(run_id)
+    try:
+        yield None, head
+    finally:
+        head.close()  # a no-op once it ran
+
+
+class RunProtocol(Generic[C, R]):
     """The durable sequence of one kind of run over one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        driver: RunDriver[C, R],
+        store: CheckpointStore | None,
+        sealer: Sealer | None,
+        registry: Registry,
+        events: Events,
+        max_bytes: int = MAX_CHECKPOINT_BYTES,
+        ownership: Ownership | None = None,
+        tracer: Tracer = NO_TRACING,
+    ) -> None:
+        #: The parts of the sequence (`_run_steps`): what a driver is handed to save its steps.
+        self.steps: RunSteps[C, R] = RunSteps(driver, store, sealer, registry, events, max_bytes, ownership, tracer)
+        self.driver = driver
+        self.store = store
+        self.sealer = sealer
+        self.events = events
+        self.ownership = self.steps.ownership
+
+    def hold(self, run_id: str, *, unborn: bool = False) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+        """Hold the run's lease for a block (nothing is held without a store or an ownership).
+
+        `unborn`: the block starts the run (`_run_lease.take_unborn`).
+
+        Raises:
+            RunHeld: another holder's lease is live.
+        """
+        self.steps.tracer.taking_up()
+        if self.store is None or self.ownership is None:
+            held: contextlib.AbstractAsyncContextManager[Lease | None] = contextlib.nullcontext(None)
+        else:
+            held = holding(self.store, run_id, self.ownership, unborn=unborn)
+        return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
+
+    def hold_reading_head(self, run_id: str) -> contextlib.AbstractAsyncContextManager[HeldHead]:
+        """`hold`, and the run's head read with the lease's take (`holding_reading_head`).
+
+        Raises:
+            RunHeld: another holder's lease is live.
+            ValueError: the runner has no store.
+        """
+        self.steps.tracer.taking_up()
+        store, _ = self.steps._stores()
+        if self.ownership is None:
+            held: contextlib.AbstractAsyncContextManager[HeldHead] = _unowned(store, run_id)
+        else:
+            held = holding_reading_head(store, run_id, self.ownership)
+        return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
+
+    def operator(self, name: str | None) -> dict[str, Any]:
+        """The ``operator`` field of a control record: `name`, else this process's owner name."""
+        if name is not None:
+            return {"operator": name}
+        return {"operator": self.ownership.owner} if self.ownership is not None else {}
+
+    async def _drive(self, cur: C, seeds: Mapping[str, CallState], *, limit: int | None, recovering: bool) -> R:
+        """Drive the held run, on the look-out for a cancel request (`_run_cancel`): it ends the run there."""
+        if self.store is not None and self.sealer is not None:
+            cur.watch = CancelWatch(self.store, self.sealer, cur.run_id, self.events, cur.started_at, steps=limit)
+        try:
+            return await self.driver.drive(self.steps, cur, seeds, limit=limit, recovering=recovering)
+        except CancelRequested as stop:
+            if cur.journal is not None:
+                await cur.journal.flush()  # a finished call's record goes in before the run ends
+            request = stop.request
+            who = {"operator": request.operator} if request.operator is not None else {}
+            result = await self._end_cancelled(cur.run_id, request.reason, who)
+            await withdraw(*self.steps._stores(), cur.run_id)
+            return result
+
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None) -> R:
+        """Cancel a run: at once if no live worker holds it, else by a signed request to its holder.
+
+        A run nobody holds (paused, stranded, between two supersteps) ends ``cancelled``
+        here, with a signed claim naming `operator` and `reason`. A run a live worker holds
+        gets a signed cancel request instead (`_run_cancel`): the holder starts no call
+        after it sees it, lets the calls in flight finish and be logged, then saves the same
+        claim. The result then is the run as it stands now (``running`` or ``paused``); wait
+        for ``cancelled`` (the holder looks before each call and each step).
+
+        The claim opens a segment of its own, so a worker that lost the run is fenced (it
+        starts no call and saves nothing more), and ``cancelled`` is final: no store takes
+        another save of the run, and nothing recovers it. A paused run's pending calls are
+        dropped; calls in doubt stay in the log as they are.
+
+        Raises:
+            CheckpointConflict: the run already ended.
+            CheckpointStoreCorrupt: a row fails its check.
+        """
+        if not reason.strip():
+            raise ValueError("say why the run is cancelled (the reason is signed into the run)")
+        who = self.operator(operator)
+        try:
+            return await self._cancel_now(run_id, reason, who)
+        except RunHeld as held:
+            store, sealer = self.steps._stores()
+            request = CancelRequest(run_id, reason, who.get("operator"), time.time())
+            standing = await post(store, sealer, request)
+            self.events.emit(
+                "run.cancel_requested", run_id, holder=held.owner, reason=standing.reason, operator=standing.operator
+            )
+        try:  # the holder may have let go meanwhile, leaving nobody to see the request
+            return await self._cancel_now(run_id, standing.reason, {"operator": standing.operator})
+        except RunHeld:
+            opened = await self.steps.open(run_id, None, identity=False)
+            return self.driver.result(opened.cur, RunStatus(opened.status))
+
+    async def _cancel_now(self, run_id: str, reason: str, who: Mapping[str, Any]) -> R:
+        async with self.hold(run_id):
+            result = await self._end_cancelled(run_id, reason, who)
+        if self.store is not None and self.sealer is not None:
+            await withdraw(self.store, self.sealer, run_id)  # an earlier request is spent with it
+        return result
+
+    async def _end_cancelled(self, run_id: str, reason: str, who: Mapping[str, Any]) -> R:
+        """Save the signed ``cancel`` claim of a held run: the one place a run becomes cancelled."""
+        opened = await self.steps.open(run_id, None, identity=False)
+        if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+            raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to cancel")
+        _, counts = await self.steps.read(opened)
+        cur = opened.cur
+        assert cur.step is not None
+        cur.pins = pins_for(counts, cur.step + 1)
+        cur.pending, cur.decisions = [], {}
+        cur.error = f"cancelled by {who.get('operator') or 'an operator'}: {reason}"
+        control = {**who, "reason": reason}
+        await self.steps.save(cur, RunStatus.CANCELLED, segment=cur.step + 1, claim="cancel", control=control)
+        self.events.emit("run.cancelled", run_id, kind=self.driver.kind.value, step=cur.step, reason=reason, **who)
+        return self.driver.result(cur, RunStatus.CANCELLED)
+
+    async def retry(
+        self, run_id: str, *, operator: str | None, ctx: RunContext | None = None, limit: int | None = None
+    ) -> R:
+        """Run a failed run again from the superstep that failed, in a new segment (a ``retry`` claim).
+
+        The calls of that superstep that finished replay; the ones that failed run again;
+        calls in doubt follow the usual rules (an idempotent one reruns, another needs a
+        decision). The claim names `operator`. `limit` 0 only stores the retry's claim: a
+        worker's `advance` (cause ``retry``) spends it.
+
+        Raises:
+            CheckpointConflict: the run did not fail (`RunHeld`: a live worker holds it).
+            RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
+        """
+        async with self.hold(run_id):
+            opened = await self.steps.open(run_id, ctx)
+            if opened.status != RunStatus.FAILED:
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only a failed run can be retried")
+            records, counts = await self.steps.read(opened)
+            opened.cur.cause = "retry"
+            states = self.driver.seeds(opened.cur, records)
+            seeds = without_failed(states)
+            calls_in_doubt(run_id, seeds, self.steps.registry, granted(opened.body, opened.row.segment, seeds))
+            cur = opened.cur
+            cur.error = None
+            await self.steps.claim(cur, "retry", counts, self.operator(operator))
+            self.events.emit(
+                "run.retried", run_id, kind=self.driver.kind.value, step=cur.step, **self.operator(operator)
+            )
+            return await self._drive(cur, seeds, limit=limit, recovering=True)
+
+    async def migrate(
+        self,
+        run_id: str,
+        *,
+        operator: str | None,
+        ctx: RunContext | None = None,
+        limit: int | None = None,
+    ) -> R:
+        """Move an unfinished run onto the definition its driver was made to migrate to, with a ``migrate`` claim.
+
+        The driver reads the run whatever definition it was saved on and builds the cursor
+        on the new one (its state mapped and checked). The move is allowed only at a step
+        boundary: when no call of the step the run would go on with finished or is in
+        doubt (its effect would otherwise be lost with the old step). Pending approvals,
+        denials and unspent decisions are dropped (the new definition asks again), and so
+        are failed calls (they had no effect to keep). The claim opens a segment of its own
+        and carries what moved where (`RunDriver.migration_record`) with `operator`. `limit`
+        0 only stores the claim; a worker's `advance` (cause ``migrate``) goes on.
+
+        Raises:
+            CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
+            FlowError: calls were logged in the step it would go on with, or the move does not fit.
+        """
+        async with self.hold(run_id):
+            opened = await self.steps.open(run_id, ctx)
+            self.driver.migration_record(opened.body)  # refuses a driver not made to migrate, before any read
+            if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only an unfinished run can be migrated")
+            records, counts = await self.steps.read(opened)
+            states = self.driver.seeds(opened.cur, records)
+            acted = sorted(cid for cid, state in states.items() if state.kind == "done" or state.in_doubt)
+            if acted:
+                raise FlowError(
+                    f"run {run_id!r} has {len(acted)} call(s) finished or in doubt in the step it would go on "
+                    f"with ({', '.join(acted)}); moving it now would lose what they did. Finish that step where "
+                    "the run's own version is deployed (recover, resume or decide it), then migrate"
+                )
+            record = self.driver.migration_record(opened.body)
+            cur = opened.cur
+            cur.cause, cur.pending, cur.decisions, cur.error = "migrate", [], {}, None
+            who = self.operator(operator)
+            await self.steps.claim(cur, "migrate", counts, {**who, "migrated": dict(record)})
+            self.events.emit("run.migrated", run_id, kind=self.driver.kind.value, step=cur.step, **record, **who)
+            return await self._drive(cur, {}, limit=limit, recovering=False)
+
+    async def wake(
+        self,
+        run_id: str,
+        *,
+        limit: int | None,
+        expected_step: int | None = None,
+        ctx: RunContext | None = None,
+        now: float | None = None,
+    ) -> R:
+        """Wake a paused run whose signed timer is due: a ``wake`` claim, then drive it (see `_run_timers`).
+
+        A plain timer lets the run go on; an approval's deadline settles the pending calls
+        as the driver says (`RunDriver.woken`). The claim opens a segment, so of two wakes
+        one wins and the run is woken once.
+
+        Raises:
+            Stale: the run is not at `expected_step` (a late or duplicate message).
+            NotDue: the run waits on a timer that is not due yet (nothing is done).
+            CheckpointConflict: the run is not waiting on a timer (`RunHeld`: a live worker holds it).
+        """
+        async with self.hold(run_id):
+            opened = await self.steps.open(run_id, ctx)
+            cur, wake = opened.cur, opened.cur.wake
+            if expected_step is not None and cur.step != expected_step:
+                raise Stale(f"run {run_id!r} is at step {cur.step}, not {expected_step}: this wake is late")
+            if opened.status != RunStatus.PAUSED or wake is None:
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status} and not waiting on a timer")
+            clock = time.time() if now is None else now
+            if due(wake) > clock:
+                raise NotDue(run_id, due(wake))
+            if wake["for"] == "child" and not await a_child_ended(*self.steps._stores(), wake):
+                raise NotDue(run_id, clock)  # its children are still under way
+            records, counts = await self.steps.read(opened, resuming=True)
+            seeds = self.steps.seeds(opened, records, rerun_in_doubt=False)
+            decided = self.driver.woken(cur, wake)
+            cur.cause = "wake"
+            record = {"at": due(wake), "for": wake["for"], **decided}
+            await self.steps.claim(cur, "wake", counts, {**self.operator(None), "woke": record})
+            late = round(clock - due(wake), 3)
+            self.events.emit("run.woken", run_id, kind=self.driver.kind.value, step=cur.step, late_s=late, **record)
+            return await self._drive(cur, seeds, limit=limit, recovering=False)
+
+    async def decide_in_doubt(
+        self,
+        run_id: str,
+        *,
+        operator: str | None,
+        ctx: RunContext | None = None,
+        calls: Mapping[str, InDoubtDecision] | None = None,
+    ) -> int:
+        """Store an operator's word on the run's calls in doubt (checked at their systems).
+
+        The decision is a signed claim naming `operator`: the calls to rerun (``rerun``),
+        and, in the same atomic write, a signed ``done`` or ``failed`` record for each call
+        that `Happened` or `DidNotHappen` (`_run_control.settle`). A worker spends it with
+        `advance` (or a process with `recover`). Returns the claim's step.
+
+        Raises:
+            CheckpointConflict: the run is not running, or has no call in doubt.
+            ValueError: `calls` does not decide exactly the calls in doubt, or a result
+                does not fit its tool's return type.
+        """
+        async with self.hold(run_id):
+            opened = await self.steps.open(run_id, ctx)
+            if opened.status != RunStatus.RUNNING:
+                raise CheckpointConflict(f"run {run_id!r} is {opened.status}: it has no call in doubt to decide")
+            records, counts = await self.steps.read(opened)
+            seeds = self.steps.seeds(opened, records, rerun_in_doubt=True)
+            doubtful = [s for s in seeds.values() if s.in_doubt]
+            if not doubtful:
+                raise CheckpointConflict(f"run {run_id!r} has no call in doubt: there is nothing to decide")
+            who = self.operator(operator)
+            rerun, supplied = settle(run_id, doubtful, calls, self.steps.registry, who.get("operator"))
+            await self.steps.claim(opened.cur, "decision", counts, {**who, "rerun": rerun}, supplied)
+            assert opened.cur.step is not None
+            return opened.cur.step
 
     async def begin(self, cur: C, limit: int | None, lineage: Mapping[str, Any] | None = None) -> R:
         """Save a new run's step 0 and drive it up to `limit` steps, holding its lease throughout.
@@ -65,7 +369,7 @@ class RunProtocol(RunActions[C, R]):
         """
         check_new_run_id(cur.run_id)
         async with self.hold(cur.run_id, unborn=True):
-            await self.start(cur, lineage)
+            await self.steps.start(cur, lineage)
             return await self._drive(cur, {}, limit=limit, recovering=False)
 
     async def recover(
@@ -77,17 +381,17 @@ class RunProtocol(RunActions[C, R]):
         `operator`), signed.
         """
         async with self.hold(run_id):
-            opened = await self.open(run_id, ctx)
+            opened = await self.steps.open(run_id, ctx)
             if opened.status == RunStatus.PAUSED:
                 return self.driver.result(opened.cur, RunStatus.PAUSED)
             if opened.status != RunStatus.RUNNING:
                 raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to recover")
-            records, counts = await self.read(opened)
+            records, counts = await self.steps.read(opened)
             opened.cur.cause, opened.cur.cut_off = "recovery", cut_off_spans(opened.body, records)
-            seeds = self.seeds(opened, records, rerun_in_doubt)
+            seeds = self.steps.seeds(opened, records, rerun_in_doubt)
             doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
             control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
-            await self.claim(opened.cur, "recovery", counts, control)
+            await self.steps.claim(opened.cur, "recovery", counts, control)
             return await self._drive(opened.cur, seeds, limit=None, recovering=True)
 
     async def resume(
@@ -109,7 +413,7 @@ class RunProtocol(RunActions[C, R]):
             ValueError: `approve` names a call that is not pending, or leaves one undecided.
         """
         async with self.hold(run_id):
-            opened = await self.open(run_id, ctx)
+            opened = await self.steps.open(run_id, ctx)
             if opened.status != RunStatus.PAUSED:
                 hint = " (recover it instead)" if opened.status == RunStatus.RUNNING else ""
                 raise CheckpointConflict(
@@ -118,10 +422,10 @@ class RunProtocol(RunActions[C, R]):
             cur = opened.cur
             cur.cause = "resume"
             chosen = decide(run_id, cur.pending, approve, note)
-            records, counts = await self.read(opened, resuming=True)
-            seeds = self.seeds(opened, records, rerun_in_doubt=False)
+            records, counts = await self.steps.read(opened, resuming=True)
+            seeds = self.steps.seeds(opened, records, rerun_in_doubt=False)
             cur.decisions, cur.pending = chosen, []
-            await self.claim(cur, "resume", counts, self.operator(operator))
+            await self.steps.claim(cur, "resume", counts, self.operator(operator))
             # A paused run did not crash: continuing it is not a recovery.
             return await self._drive(cur, seeds, limit=limit, recovering=False)
 
@@ -159,7 +463,7 @@ class RunProtocol(RunActions[C, R]):
         """
         async with self.hold_reading_head(run_id) as (_, reading):  # the head read with the lease's take
             head_row, counts = await reading
-            opened = await self.open(run_id, None, head_row)
+            opened = await self.steps.open(run_id, None, head_row)
             cur, body = opened.cur, opened.body
             if expected_step is not None and cur.step != expected_step:
                 raise Stale(
@@ -179,18 +483,18 @@ class RunProtocol(RunActions[C, R]):
                 try:
                     check_counts(run_id, opened.row.step, body, counts)
                 except AheadOfCheckpoint as exc:
-                    raise await self._moved_on(opened, exc) from None
+                    raise await self.steps._moved_on(opened, exc) from None
                 next_seq = untouched(body, counts)
             seeds: dict[str, CallState] = {}
             if next_seq is None:
-                records, counts = await self.read(opened)
+                records, counts = await self.steps.read(opened)
                 # A recovery, unless a decision is spent, or nothing was logged since (then cleared below).
                 cur.cut_off = None if cur.cause in SPENT else cut_off_spans(body, records)
                 try:
-                    seeds = self.seeds(opened, records, rerun_in_doubt)
+                    seeds = self.steps.seeds(opened, records, rerun_in_doubt)
                 except RecoveryNeedsDecision as exc:
                     if park and not parked(body):
-                        await self.claim(cur, "parked", counts, awaiting_record(exc.calls))
+                        await self.steps.claim(cur, "parked", counts, awaiting_record(exc.calls))
                         self.events.emit("run.parked", run_id, step=cur.step, tools=[tool for tool, _ in exc.calls])
                     raise
                 # Nothing logged since the checkpoint: any seeds predate it (the finished calls of
@@ -199,12 +503,12 @@ class RunProtocol(RunActions[C, R]):
                 if next_seq is None:  # something was logged after the checkpoint: its worker died in the step
                     if cur.cause not in SPENT:
                         cur.cause = "recovery"
-                    await self.claim(cur, "recovery", counts)
+                    await self.steps.claim(cur, "recovery", counts)
                     return await self._drive(cur, seeds, limit=1, recovering=True)
             mark = marker_of(body)
             assert mark is not None
             cur.cut_off = None  # handed over cleanly: nothing was cut off
-            cur.journal = self.journal(run_id, mark[0], next_seq)
+            cur.journal = self.steps.journal(run_id, mark[0], next_seq)
             return await self._drive(cur, seeds, limit=1, recovering=False)
 
 

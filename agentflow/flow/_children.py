@@ -104,7 +104,7 @@ async def read_child(runner: FlowRunner, child: Child, run_id: str, parent: Mapp
         FlowError: the run under the child's id belongs to no parent, or to another one.
     """
     proto = runner.protocol(child.flow)
-    opened = await proto.open(run_id, None, identity=False)
+    opened = await proto.steps.open(run_id, None, identity=False)
     if opened.cur.parent != dict(parent):
         raise FlowError(
             f"run {run_id!r} is not the child of {parent.get('run')!r} that its id says (its lineage is "
@@ -138,7 +138,7 @@ async def run_child(node: str, spec: Child, state: BaseModel, log: CallLog, runn
 async def waiting_children(runner: FlowRunner, flow: FlowLike[Any], run_id: str) -> list[tuple[Child, str]]:
     """The child runs a paused parent waits for, each with its node's `Child` (none when it waits for none)."""
     try:
-        opened = await runner.protocol(flow).open(run_id, None, identity=False)
+        opened = await runner.protocol(flow).steps.open(run_id, None, identity=False)
     except AgentflowError:
         return []  # nothing readable to cascade from: the parent's own cancel says what is wrong
     wake = opened.cur.wake

@@ -70,7 +70,7 @@ async def fork(
     limit: int | None,
 ) -> RunResult[Any]:
     """See `FlowRunner.fork`."""
-    store, sealer = proto._stores()
+    store, sealer = proto.steps._stores()
     rows = list(await store.history(run_id))
     row = next((r for r in rows if r.step == at_step), None)
     if row is None:
