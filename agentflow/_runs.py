@@ -29,6 +29,7 @@ from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.exec import LoopRunner
+from agentflow.exec._run_checks import checked_latest
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_cursor import RunOutcome
 from agentflow.flow import FlowRunner, FlowVersions
@@ -317,8 +318,7 @@ class Runs:
         store, sealer = self.runner.checkpoints, self.runner.sealer
         if store is None or sealer is None:
             raise ValueError("acting on stored runs needs a runner with a checkpoint store")
-        row = await store.latest(run_id)
-        sealer.open_checkpoint(row, run_id)
+        row, _ = await checked_latest(store, sealer, run_id)
         return row.flow
 
     async def open(self, run_id: str) -> RunOps:

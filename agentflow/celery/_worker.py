@@ -62,6 +62,7 @@ from agentflow.celery._task_states import answered, asked, lost_tasks
 from agentflow.exec._context import delivering
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import MarkerBusy, Markers
+from agentflow.exec._run_checks import checked_latest
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.flow import FlowRunner
@@ -179,8 +180,7 @@ class Worker:
     async def parent_waiting(self, parent: str) -> tuple[str, int, str] | None:
         """``(flow, step, version)`` of a parent run paused for its children, to send it a wake (None: it is not)."""
         try:
-            row = await self.store.latest(parent)
-            body = self.sealer.open_checkpoint(row, parent)
+            row, body = await checked_latest(self.store, self.sealer, parent)
         except (CheckpointNotFound, CheckpointStoreCorrupt):
             return None
         wake = body.get("wake") if row.status == "paused" else None

@@ -25,6 +25,7 @@ from agentflow.celery._view import RunView
 from agentflow.exec import ApprovalRequest, LoopResult
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import Markers
+from agentflow.exec._run_checks import checked_latest
 from agentflow.exec._run_control import InDoubtDecision, control_of, parked
 from agentflow.exec._run_events import RunEvent, follow_events
 from agentflow.exec._run_lease import held_by
@@ -141,7 +142,7 @@ class FlowClient:
     async def _awaiting(self, run_id: str) -> str | None:
         """What a parked run waits for a decision about (from its signed latest checkpoint), or None."""
         assert self.runner.checkpoints is not None
-        body = self.sealer.open_checkpoint(await self.runner.checkpoints.latest(run_id), run_id)
+        _, body = await checked_latest(self.runner.checkpoints, self.sealer, run_id)
         awaiting = control_of(body).awaiting if parked(body) else ()
         return "; ".join(f"{tool}: {why}" for tool, why in awaiting) or None
 
@@ -160,8 +161,7 @@ class FlowClient:
         assert store is not None
         deadline = time.monotonic() + timeout_s
         while True:
-            row = await store.latest(run_id)
-            body = self.sealer.open_checkpoint(row, run_id)
+            row, body = await checked_latest(store, self.sealer, run_id)
             if row.status != "running" or parked(body):
                 return row.status
             if time.monotonic() > deadline:
@@ -343,8 +343,7 @@ class FlowClient:
         """
         assert self.runner.checkpoints is not None
         store = self.runner.checkpoints
-        row = await store.latest(run_id)
-        self.sealer.open_checkpoint(row, run_id)  # the flow column and status are trusted once the row checks
+        row, _ = await checked_latest(store, self.sealer, run_id)  # its flow column and status, checked
         lease = (await held_by(store, [run_id])).get(run_id)
         if lease is not None:
             raise RunHeld(run_id, lease.owner, lease.expires_at)

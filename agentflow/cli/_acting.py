@@ -35,6 +35,7 @@ from agentflow.cli._target import (
 )
 from agentflow.cli._watch import moving_here
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_checks import checked_latest
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.flow import FlowRunner
 from agentflow.operate import InProcess
@@ -125,8 +126,7 @@ async def column_of(store: CheckpointStore, sealer: Sealer, run_id: str) -> str:
         CheckpointNotFound: unknown run.
         CheckpointStoreCorrupt: its latest row fails its check.
     """
-    row = await store.latest(run_id)
-    sealer.open_checkpoint(row, run_id)
+    row, _ = await checked_latest(store, sealer, run_id)
     return row.flow
 
 

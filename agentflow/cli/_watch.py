@@ -26,6 +26,7 @@ from agentflow._errors import AgentflowError
 from agentflow._events import Event, Events
 from agentflow.cli._progress import WAITING_FOR_DECISION, Progress
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_checks import checked_latest
 from agentflow.exec._run_control import control_of, parked
 from agentflow.exec.checkpoints import CheckpointStore
 
@@ -68,8 +69,7 @@ async def moving_here(events: Events, progress: Progress) -> AsyncIterator[None]
 async def _poll(progress: Progress, store: CheckpointStore, sealer: Sealer, run_id: str, every_s: float) -> None:
     while True:
         try:
-            row = await store.latest(run_id)
-            body = sealer.open_checkpoint(row, run_id)
+            row, body = await checked_latest(store, sealer, run_id)
             by = control_of(body).by or ""
         except (AgentflowError, OSError):  # the wait beside it reads the run and says what is wrong
             return

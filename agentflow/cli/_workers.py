@@ -31,6 +31,7 @@ from agentflow.cli._progress import WAITING_FOR_DECISION, Progress
 from agentflow.cli._target import Target, demo_key_allowed
 from agentflow.cli._watch import polling_rows
 from agentflow.exec._durable_seal import Sealer
+from agentflow.exec._run_checks import checked_latest
 from agentflow.exec._run_read import read_run
 from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import CheckpointStore
@@ -96,7 +97,7 @@ class Workers:
         """
         if not self.wait:
             return None
-        self.sealer.open_checkpoint(await self.store.latest(run_id), run_id)  # an unknown or forged run: said now
+        await checked_latest(self.store, self.sealer, run_id)  # an unknown or forged run: said now
         self.progress.waiting(
             run_id,
             "a worker carries it on until it ends, pauses or waits for a decision "

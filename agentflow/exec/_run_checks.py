@@ -37,10 +37,28 @@ from typing import Any
 
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt
 from agentflow.exec._durable_read import LoggedRecord
+from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 
 
 class AheadOfCheckpoint(CheckpointStoreCorrupt):
     """Raised when the log holds records past the checkpoint read: removed checkpoints, or a race."""
+
+
+async def checked_latest(
+    store: CheckpointStore, sealer: Sealer, run_id: str
+) -> tuple[SealedCheckpoint, dict[str, Any]]:
+    """The run's newest checkpoint and its body: the one read of a run's head outside the protocol.
+
+    Its columns (flow, status, step) are trusted only once the row checks, so a caller that picks
+    what to do by them reads the head here.
+
+    Raises:
+        CheckpointNotFound: unknown run.
+        CheckpointStoreCorrupt: the row fails its check.
+    """
+    row = await store.latest(run_id)
+    return row, sealer.open_checkpoint(row, run_id)
 
 
 def counts_of(records: Sequence[LoggedRecord]) -> dict[int, int]:
