@@ -41,6 +41,10 @@ __all__ = ["FlowOps", "LazyModel", "RunOps", "Runs"]
 class RunOps(Protocol):
     """What can be done to a stored run of one flow or one tool loop (a loop's superstep is one stage)."""
 
+    def refuses(self, action: str) -> str | None:
+        """Why runs of this kind cannot take `action` (an operation's name); None when they can."""
+        ...
+
     async def advance(
         self,
         run_id: str,
@@ -136,6 +140,10 @@ class FlowOps:
 
     def __init__(self, runner: FlowRunner, flows: FlowVersions[Any]) -> None:
         self.runner, self.flows = runner, flows
+
+    def refuses(self, action: str) -> str | None:
+        """A flow run can take every operation."""
+        return None
 
     async def advance(
         self,

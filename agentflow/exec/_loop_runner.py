@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel
 
@@ -48,6 +48,15 @@ class HoldsRuns(Protocol):
     events: Events
     executor: Executor
     max_checkpoint_bytes: int
+
+
+#: What a tool loop cannot do, and why: the one statement of it (`LoopRunner.refuses`, and each refused call).
+REFUSED: Final[Mapping[str, str]] = {
+    "retry": "a loop fails only when it reached max_steps, which a retry would reach again; start a new loop "
+    "from its history (read it with LoopRunner.read)",
+    "fork": "only flow runs can be forked; start a new loop from its history (read it with LoopRunner.read)",
+    "migrate": "tool loops have no versions to migrate between",
+}
 
 
 def new_loop_id() -> str:
@@ -349,16 +358,17 @@ class LoopRunner:
         """
         return await self.protocol.decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
 
+    def refuses(self, action: str) -> str | None:
+        """Why a tool loop cannot take `action` (``retry``, ``fork``, ``migrate``); None when it can."""
+        return REFUSED.get(action)
+
     async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> LoopResult:
         """Refused: a tool loop fails only when it used up `max_steps`, and a retry would use none more.
 
         Raises:
             FlowError: always; start a new loop from the failed one's history instead.
         """
-        raise FlowError(
-            f"run {run_id!r} is a tool loop: a loop fails only when it reached max_steps, which a retry "
-            "would reach again; start a new loop from its history (read it with LoopRunner.read)"
-        )
+        raise FlowError(f"run {run_id!r} is a tool loop: {REFUSED['retry']}")
 
     async def fork(
         self,
@@ -375,10 +385,7 @@ class LoopRunner:
         Raises:
             FlowError: always; start a new loop from the history up to that step instead.
         """
-        raise FlowError(
-            f"run {run_id!r} is a tool loop: only flow runs can be forked; start a new loop from its "
-            "history (read it with LoopRunner.read)"
-        )
+        raise FlowError(f"run {run_id!r} is a tool loop: {REFUSED['fork']}")
 
     async def migrate(
         self,
@@ -395,7 +402,7 @@ class LoopRunner:
         Raises:
             FlowError: always.
         """
-        raise FlowError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
+        raise FlowError(f"run {run_id!r} is a tool loop: {REFUSED['migrate']}")
 
     async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> LoopResult:
         """Cancel a loop (see `FlowRunner.cancel`).

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentflow._runs import Runs
 from agentflow.exec import ApprovalRequest
 from agentflow.exec._run_control import InDoubtDecision
 from agentflow.exec._run_cursor import RunOutcome
@@ -58,6 +59,9 @@ class Operator(ABC):
 
     #: Whether the tools run elsewhere (on the workers) rather than in this process.
     distributed = False
+    #: The runs it acts on, each's operations picked by its kind (`agentflow._runs`): what the
+    #: surfaces ask whether an action fits a run before they offer it.
+    runs: Runs
 
     @abstractmethod
     async def resume(

@@ -36,6 +36,7 @@ class ThroughWorkers(Operator):
         )
         #: The client every action goes through (wait for a run with `client.wait`).
         self.client: FlowClient = FlowClient(tasks, runner)
+        self.runs = self.client.runs
 
     async def resume(
         self, run_id: str, *, approve: bool | Mapping[str, bool], note: str | None = None, operator: str | None = None

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from agentflow._errors import RunHeld
-from agentflow._run_types import RunKind, RunStatus
+from agentflow._errors import FlowError, RunHeld
+from agentflow._run_types import RunStatus
 from agentflow.exec._run_view import RunReport
 from agentflow.viewer._settings import Viewer
 
@@ -49,8 +49,6 @@ class Rule:
     """What it does, for messages ("Cannot cancel this run")."""
     fits: Callable[[RunReport], str | None]
     """None when the run's state fits the action; else why not (the page does not show it)."""
-    loop_why: str | None
-    """Why a tool loop cannot get it here (None: tool loops can)."""
     principal_why: str | None
     """Why a run acting for a principal cannot get it here (None: it can; the action needs no principal)."""
     held_blocks: bool = True
@@ -61,13 +59,15 @@ class Rule:
         held = held_text(report) if self.held_blocks else None
         if held is not None:
             return held
-        flows = viewer.flows
-        if flows is None:
+        flows, operator = viewer.flows, viewer.operator
+        if flows is None or operator is None:
             return "start the viewer with --app module:attr (or --workers module:attr) to act on runs from here"
-        if report.kind is RunKind.LOOP:
-            return self.loop_why
-        if report.flow not in flows.flows:
-            return f"the app given to the viewer has no flow {report.flow!r}"
+        try:  # a flow run or a tool loop: the app's own runs of that name take the action, or say why not
+            refused = operator.runs.of(report.flow).refuses(self.name)
+        except FlowError as exc:
+            return f"the app given to the viewer cannot act on it: {exc}"
+        if refused is not None:
+            return refused
         if report.version is not None and not flows.has_version(report.flow, report.version):
             return needs_migration_text(report, flows.flow_versions(report.flow).versions)
         if self.principal_why is not None and report.identity is not None and report.identity.principal:
@@ -112,20 +112,8 @@ def _principal(what: str) -> str:
     return f"this run acts for a principal, which the viewer does not hold: {what} it from the application"
 
 
-RESUME: Final = Rule(
-    "resume",
-    "resume",
-    _paused,
-    "a paused tool loop resumes through run_tool_loop with the same run_id",
-    _principal("resume"),
-)
-CANCEL: Final = Rule("cancel", "cancel", _unfinished, None, None, held_blocks=False)
-RETRY: Final = Rule("retry", "retry", _failed, "retrying a tool loop is not built yet", _principal("retry"))
-DECIDE: Final = Rule(
-    "decide",
-    "decide the calls in doubt of",
-    _in_doubt,
-    "decide a tool loop's calls in doubt with agentflow decide, then recover it",
-    _principal("decide and recover"),
-)
-FORK: Final = Rule("fork", "fork", _any, "only flow runs can be forked", _principal("fork"), held_blocks=False)
+RESUME: Final = Rule("resume", "resume", _paused, _principal("resume"))
+CANCEL: Final = Rule("cancel", "cancel", _unfinished, None, held_blocks=False)
+RETRY: Final = Rule("retry", "retry", _failed, _principal("retry"))
+DECIDE: Final = Rule("decide", "decide the calls in doubt of", _in_doubt, _principal("decide and recover"))
+FORK: Final = Rule("fork", "fork", _any, _principal("fork"), held_blocks=False)
