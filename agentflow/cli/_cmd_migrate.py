@@ -21,9 +21,8 @@ import click
 from agentflow._app import import_attribute
 from agentflow._display import printable
 from agentflow._errors import FlowError
-from agentflow._run_types import RunKind
 from agentflow.cli import _errors
-from agentflow.cli._acting import Acting, acting, column_of
+from agentflow.cli._acting import Acting, acting
 from agentflow.cli._apps import search_cwd
 from agentflow.cli._text import echo, paint
 
@@ -86,13 +85,10 @@ def migrate(
     here = how.here()
 
     async def act() -> tuple[str, str, int | None, str | None]:
-        column = await column_of(here.target.store, here.target.sealer, run_id)
-        if RunKind.of(column) is RunKind.LOOP:
-            raise _errors.CliError(f"run {run_id!r} is a tool loop: tool loops have no versions to migrate between")
         try:
+            run = await here.operator.runs.open(run_id)  # a tool loop refuses: it has no versions
             async with here.moving() if run_here else contextlib.nullcontext():  # without --run: the claim only
-                result = await here.runner.migrate(
-                    here.app.flow_versions(column),
+                result = await run.migrate(
                     run_id,
                     to_version=to_version,
                     state=state,
@@ -102,7 +98,7 @@ def migrate(
                 )
         except FlowError as exc:
             raise _errors.CliError(str(exc)) from None
-        return result.version, str(result.status), result.step, result.error
+        return result.version or "?", str(result.status), result.step, result.error
 
     version, status, at_step, error = here.target.run(act)
     goes_on = "" if run_here else "; the next recovery carries it on (agentflow recover, or a worker's sweep)"
