@@ -6,8 +6,8 @@ from agentflow._identity import RunContext
 from agentflow._moved import moved_attribute as __getattr__  # noqa: F401 - the old names of moved errors
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
-from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec.limits import Limit
+from agentflow.exec.run.control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.flow import Call, Child, Flow, FlowRunner, FlowVersions, Map, RunResult, Wait
 
 __all__ = [

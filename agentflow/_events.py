@@ -13,7 +13,7 @@ Names in use (data in parentheses):
 - ``run.parked`` (step, tools): a worker parked the run on calls in doubt (their tools)
 - ``lease.lost`` (owner): a holder's renewal found the run's lease lapsed or taken over
 - ``lease.taken_over`` (owner, earlier): a runner with an identity took over the lease an earlier
-  life of its own process held (`agentflow.exec._run_lease.Ownership.restartable`)
+  life of its own process held (`agentflow.exec.run.lease.Ownership.restartable`)
 - ``runs.swept`` (waiting, unfinished): a worker's recover_all counted the runs waiting for a
   person, per flow and reason, and the unfinished runs and the oldest one's age, per flow
   (``agentflow.celery._stranded``); no run id
@@ -68,7 +68,7 @@ class Events:
     """A hub: `subscribe` a callback, get back a function that unsubscribes it.
 
     With ``record=True``, the events of each run are also appended to the run's stream in
-    its store while a runner on this hub holds the run (`agentflow.exec._run_events`), for
+    its store while a runner on this hub holds the run (`agentflow.exec.run.events`), for
     any process to read or follow. Off by default: recording seals and stores every event,
     which costs a superstep on the memory store as much as the superstep itself; the
     Celery workers record (their supersteps take milliseconds, and following a run from

@@ -29,9 +29,9 @@ from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.exec import LoopRunner
-from agentflow.exec._run_checks import checked_latest
-from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_cursor import RunOutcome
+from agentflow.exec.run.checks import checked_latest
+from agentflow.exec.run.control import InDoubtDecision
+from agentflow.exec.run.cursor import RunOutcome
 from agentflow.flow import FlowRunner, FlowVersions
 from agentflow.models import Message, Model
 

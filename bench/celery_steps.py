@@ -9,7 +9,7 @@ acks_late, reject/retry on worker lost, time limits), on 2 worker processes each
 - agentflow: a 10-node linear flow of one trivial idempotent tool. `FlowClient.start`
   saves step 0 and enqueues the first superstep. Each superstep task goes through the
   run protocol (`FlowRunner.advance`), which holds the run's lease in the checkpoint
-  store (`agentflow.exec._run_lease.holding_reading_head`: on Redis one script takes the
+  store (`agentflow.exec.run.lease.holding_reading_head`: on Redis one script takes the
   lease and reads the run's head, its latest checkpoint and records per segment). It
   looks for a cancel request, continues the segment after a clean handoff, logs the call
   ``started``, saves ``done`` with the signed checkpoint in one script, appends the

@@ -24,10 +24,10 @@ from typing import Any
 
 from agentflow import Executor, FlowRunner
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import ALL_RUNS, read_run
 from agentflow.exec.checkpoints import MemoryCheckpointStore, RetentionPolicy, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._records import ENDED
 from agentflow.exec.checkpoints._retention import prunable, prune_finished
+from agentflow.exec.run.read import ALL_RUNS, read_run
 from bench import _flows, _services
 from bench._report import Report, Table
 from bench._suite import Context

@@ -30,7 +30,7 @@ VIOLATIONS = {
     "seal": ("agentflow/exec/_durable_seal.py", "import agentflow._events"),
     "surfaces": ("agentflow/viewer/_pages.py", "import agentflow.cli._text"),
     "observe": ("agentflow/celery/_stranded.py", "import agentflow.observe"),
-    "otel": ("agentflow/exec/_run_steps.py", "import opentelemetry.trace"),
+    "otel": ("agentflow/exec/run/steps.py", "import opentelemetry.trace"),
     "wheel": ("agentflow/_display.py", "import config"),
     "demo": ("agentflow/celery/client.py", "import agentflow.demo.tickets"),
     "config": ("config/settings.py", "import agentflow.demo.worker"),

@@ -103,7 +103,7 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 #: API change, made here on purpose. Left out on purpose (importable from their private modules
 #: by the workers and the CLI): the Celery worker's internals (``Worker``,
 #: ``LoopBridge``, ``Outcome``), ``start_tool_loop`` and ``read_tool_loop`` (FlowClient's
-#: helpers) and the run read model (``agentflow.exec._run_read``, ``_run_view``).
+#: helpers) and the run read model (``agentflow.exec.run.read``, ``run.view``).
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
         "Call", "Child", "DidNotHappen", "Event", "Events", "Executor", "Flow", "FlowApp", "FlowRunner",

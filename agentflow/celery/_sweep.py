@@ -25,13 +25,13 @@ from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind, version_of
 from agentflow.celery._stranded import Stranded, Waiting
 from agentflow.exec._durable_read import fold, read_log
-from agentflow.exec._run_control import parked
-from agentflow.exec._run_lease import held_by
-from agentflow.exec._run_quarantine import Reporter
-from agentflow.exec._run_steps import started_of
-from agentflow.exec._run_sweep import relist_forgotten
-from agentflow.exec._run_timers import a_child_ended, due_at, wake_of
 from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.run.control import parked
+from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.quarantine import Reporter
+from agentflow.exec.run.steps import started_of
+from agentflow.exec.run.sweep import relist_forgotten
+from agentflow.exec.run.timers import a_child_ended, due_at, wake_of
 
 if TYPE_CHECKING:
     from agentflow.celery._worker import Worker

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec import ApprovalRequest
-from agentflow.exec._run_view import CallView, SegmentView
+from agentflow.exec.run.view import CallView, SegmentView
 
 
 @dataclass

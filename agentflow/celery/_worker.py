@@ -23,7 +23,7 @@
   migration; a run sent a recovery that did not move since waits out a back-off
   (`_resends`). A run whose latest checkpoint fails its check, and a stranded run of a flow
   the app does not know, are reported once (WARNING, an event, the task's result) and
-  marked in the store (`agentflow.exec._run_quarantine`); a run that checks again loses
+  marked in the store (`agentflow.exec.run.quarantine`); a run that checks again loses
   its marker.
 - `prune`: one tick of the retention beat (`_retention.prune_tick`).
 """
@@ -62,9 +62,9 @@ from agentflow.celery._task_states import answered, asked, lost_tasks
 from agentflow.exec._context import delivering
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import MarkerBusy, Markers
-from agentflow.exec._run_checks import checked_latest
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.checks import checked_latest
 from agentflow.flow import FlowRunner
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class Worker:
         def advance() -> Coroutine[Any, Any, Any]:
             if cause == "wake":  # a timer the sweep found due: checked against the run's signed wake time
                 return run.wake(run_id, expected_step=step, max_supersteps=1)
-            # The run protocol reads the run's head with the lease's take (`_run_lease`).
+            # The run protocol reads the run's head with the lease's take (`run.lease`).
             return run.advance(run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
 
         outcome = await self._advance(flow_name, run_id, step, cause, advance)

@@ -35,8 +35,8 @@ from agentflow.cli._target import (
 )
 from agentflow.cli._watch import moving_here
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_checks import checked_latest
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.checks import checked_latest
 from agentflow.flow import FlowRunner
 from agentflow.operate import InProcess
 

@@ -1,6 +1,6 @@
 """``agentflow events RUN_ID``: a run's stored events, one line each; ``--follow`` prints the new ones as they come.
 
-The events are read with agentflow's own reader (`agentflow.exec._run_events`: `read_events`,
+The events are read with agentflow's own reader (`agentflow.exec.run.events`: `read_events`,
 page by page, or `follow_events` with ``--follow``), which checks each one under the key
 ring as it reads it; this module only writes the lines. A line is the event's cursor
 (``--after`` takes it, to read on from the next event), its local time to the millisecond,
@@ -36,8 +36,8 @@ from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import other_keys_text
 from agentflow.cli._target import Target
 from agentflow.cli._text import echo, paint
-from agentflow.exec._run_events import Positions, RunEvent, follow_events, read_events
-from agentflow.exec._run_read import read_run, signed_with_other_keys
+from agentflow.exec.run.events import Positions, RunEvent, follow_events, read_events
+from agentflow.exec.run.read import read_run, signed_with_other_keys
 
 #: Fields that say how an event was stored or timed, not what happened: not printed.
 QUIET: Final = frozenset({"kind", "seconds"})

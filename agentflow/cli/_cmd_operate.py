@@ -26,7 +26,7 @@ from agentflow._display import printable
 from agentflow.cli import _errors
 from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._text import echo, paint
-from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
+from agentflow.exec.run.control import DidNotHappen, Happened, InDoubtDecision, Rerun
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers

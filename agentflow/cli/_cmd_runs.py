@@ -28,9 +28,9 @@ from agentflow.cli._show import (
 )
 from agentflow.cli._text import echo, table
 from agentflow.exec._markers import Markers
-from agentflow.exec._run_quarantine import QUARANTINED, marks
-from agentflow.exec._run_read import ALL_RUNS, read_run, read_runs, signed_with_other_keys
-from agentflow.exec._run_view import CORRUPT, LIVE, STATUSES, RunReport
+from agentflow.exec.run.quarantine import QUARANTINED, marks
+from agentflow.exec.run.read import ALL_RUNS, read_run, read_runs, signed_with_other_keys
+from agentflow.exec.run.view import CORRUPT, LIVE, STATUSES, RunReport
 
 
 @click.group("runs")

@@ -11,10 +11,10 @@ from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import check_summary, quarantine_text
 from agentflow.cli._text import echo, paint
 from agentflow.exec._markers import Markers
-from agentflow.exec._run_quarantine import QUARANTINED, marks
-from agentflow.exec._run_read import read_all, read_run
-from agentflow.exec._run_trim import trimmed_text
-from agentflow.exec._run_view import RunReport
+from agentflow.exec.run.quarantine import QUARANTINED, marks
+from agentflow.exec.run.read import read_all, read_run
+from agentflow.exec.run.trim import trimmed_text
+from agentflow.exec.run.view import RunReport
 
 
 @click.command("verify")

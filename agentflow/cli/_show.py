@@ -16,8 +16,8 @@ from agentflow._hints import decide_hint
 from agentflow.cli._text import paint, table
 from agentflow.exec._durable_read import started_where
 from agentflow.exec._markers import Note
-from agentflow.exec._run_trim import trimmed_text
-from agentflow.exec._run_view import RunReport
+from agentflow.exec.run.trim import trimmed_text
+from agentflow.exec.run.view import RunReport
 
 
 def _heading(title: str) -> list[str]:

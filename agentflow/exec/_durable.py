@@ -38,9 +38,9 @@ from agentflow.exec._durable_read import FINAL, CallState
 from agentflow.exec._durable_seal import canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
-from agentflow.exec._run_cancel import CancelWatch
 from agentflow.exec._tracing import CallSpan
 from agentflow.exec.limits._gate import Slots
+from agentflow.exec.run.cancel import CancelWatch
 
 
 class PauseForApproval(Exception):
@@ -250,7 +250,7 @@ class CallLog:
             started["on"], started["at"] = self.journal.holder, time.time()
             if (message := current_delivery()) is not None:  # and the message it served (Flower's task)
                 started["task"] = message
-        if self.span is not None:  # the superstep's span: a recovery links to it (`_run_checks.cut_off_spans`)
+        if self.span is not None:  # the superstep's span: a recovery links to it (`run.checks.cut_off_spans`)
             started["span"] = self.span
         if self.journal is not None:  # a non-idempotent call's started must survive a failover before it runs
             await self.journal.write("started", self._body(request, **started), durable=not tool.idempotent)

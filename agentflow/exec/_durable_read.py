@@ -6,7 +6,7 @@ Moving parts:
 - `read_head`: the latest checkpoint and the records per segment, in one read.
 - `fold` / `analyze`: fold the records (of the run, or of one superstep) into a
   `CallState` per call identity; `calls_in_doubt` decides which of them may run again.
-  The read model (`_run_read`) shows calls from the same fold.
+  The read model (`run.read`) shows calls from the same fold.
 
 Invariants:
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
@@ -14,7 +14,7 @@ Invariants:
   stalled worker's late ``done`` arrived, a retry) makes its call run again.
 
 What the log must hold against the latest checkpoint (markers, pins, nothing past it) is
-checked in `_run_checks`, the one set of checks every reader of a run makes.
+checked in `run.checks`, the one set of checks every reader of a run makes.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def read_log(store: CheckpointStore, sealer: Sealer, run_id: str) -> list[
     """Load and check every call record of a run: signatures, and numbering within each segment.
 
     What the log must hold against the checkpoints (their markers and pins) is checked by
-    the caller with `agentflow.exec._run_checks`.
+    the caller with `agentflow.exec.run.checks`.
 
     Raises:
         CheckpointStoreCorrupt: a record fails its signature or is out of place (a gap).

@@ -1,6 +1,6 @@
 """Tool loops in the run protocol: the loop's cursor, its checkpoint body, and the model/tools cycle.
 
-`LoopDriver` is what a tool loop plugs into `agentflow.exec._run_protocol.RunProtocol`; the
+`LoopDriver` is what a tool loop plugs into `agentflow.exec.run.protocol.RunProtocol`; the
 protocol owns the durable sequence. See `_durable_loop` for the public functions and the
 storage layout (each checkpoint stores only the messages added since the previous one).
 A model call takes a slot of the registry's limit named after the model's provider (its
@@ -34,13 +34,13 @@ from agentflow.exec._durable import CallLog, PauseForApproval, describe_failure
 from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._executor import Executor
-from agentflow.exec._run_cancel import CancelRequested
-from agentflow.exec._run_cursor import RunCursor, RunOutcome
-from agentflow.exec._run_driver import RunDriver
-from agentflow.exec._run_protocol import RunProtocol
-from agentflow.exec._run_steps import RunSteps
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.limits._table import provider_of
+from agentflow.exec.run.cancel import CancelRequested
+from agentflow.exec.run.cursor import RunCursor, RunOutcome
+from agentflow.exec.run.driver import RunDriver
+from agentflow.exec.run.protocol import RunProtocol
+from agentflow.exec.run.steps import RunSteps
 from agentflow.models import Message, Model, ToolCall
 
 _EMPTY_CHAIN = hashlib.sha256(b"agentflow/history/1").hexdigest()

@@ -1,6 +1,6 @@
 """`LoopRunner`: runs the tool loops of one name, the way `FlowRunner` runs flows.
 
-A tool loop is a run like a flow run: the same protocol (`_run_protocol`) holds, checks
+A tool loop is a run like a flow run: the same protocol (`run.protocol`) holds, checks
 and saves it, and it has the same operations (run, start, advance, recover, resume, wake,
 decide_in_doubt, cancel, read). What a loop plugs in is `LoopDriver` (`_loop_engine`).
 A runner is built once from what every operation shares (model, tools, store, key, lease,
@@ -28,12 +28,12 @@ from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
-from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_keys import sealer_for
-from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
-from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.control import InDoubtDecision
+from agentflow.exec.run.keys import sealer_for
+from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
+from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.models import Message, Model
 
 __all__ = ["HoldsRuns", "LoopRunner", "new_loop_id"]

@@ -3,9 +3,9 @@
 A marker says something for a while about a run (or about agentflow's own work), so that
 every worker sharing the store knows it:
 
-- ``cancel/<run>``: an operator asks the run's holder to stop it (`_run_cancel`);
+- ``cancel/<run>``: an operator asks the run's holder to stop it (`run.cancel`);
 - ``quarantined/<run>``, ``unknown-flow/<run>``: recover_all reported the run and leaves it
-  alone (`_run_quarantine`);
+  alone (`run.quarantine`);
 - ``recovering/<run>``: a recovery was sent for the run at a step, on a rung of a back-off
   (`agentflow.celery._resends`);
 - ``recheck/<run>``: a worker sends the recheck of a held run (`agentflow.celery._rechecks`);

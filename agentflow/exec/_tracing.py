@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from agentflow.exec._registry import Tool
-    from agentflow.exec._run_cursor import RunCursor
+    from agentflow.exec.run.cursor import RunCursor
 
 #: What became of a tool call, as its span says (``outcome``).
 OUTCOMES = ("ran", "replayed", "rerun", "in doubt", "denied", "failed", "pending")

@@ -14,7 +14,7 @@ Moving parts:
   and enqueues its first superstep (`agentflow.celery`).
 - While a child is unfinished, the parent pauses with a signed timer of its own kind
   (``wake: {"for": "child", "runs": [...]}``); it is due once a child ended
-  (`agentflow.exec._run_timers`), and the wake reruns the parent's superstep, which then
+  (`agentflow.exec.run.timers`), and the wake reruns the parent's superstep, which then
   finds the child's result. A child that failed or was cancelled fails the parent's node.
 - Cancelling a parent cancels the children it waits for (`waiting_children`), and theirs.
 """

@@ -3,7 +3,7 @@
 A flow checkpoint body holds, besides the envelope every run carries (identity, pending
 approvals, decisions not yet spent, the log marker and pins): the state, the frontier,
 the visits, the superstep number, the flow's version and its graph digest. `FlowDriver`
-is what a flow plugs into `agentflow.exec._run_protocol.RunProtocol`; the protocol owns the
+is what a flow plugs into `agentflow.exec.run.protocol.RunProtocol`; the protocol owns the
 rest.
 
 A driver holds every version at hand of its flow (`FlowVersions`): reading a checkpoint
@@ -29,12 +29,12 @@ from agentflow.exec import Executor
 from agentflow.exec._durable import CallLog
 from agentflow.exec._durable_read import CallState
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_cancel import CancelRequested
-from agentflow.exec._run_cursor import RunCursor
-from agentflow.exec._run_driver import RunDriver
-from agentflow.exec._run_protocol import RunProtocol
-from agentflow.exec._run_steps import RunSteps
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.run.cancel import CancelRequested
+from agentflow.exec.run.cursor import RunCursor
+from agentflow.exec.run.driver import RunDriver
+from agentflow.exec.run.protocol import RunProtocol
+from agentflow.exec.run.steps import RunSteps
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
@@ -283,7 +283,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         if out.paused:
             cur.pending = list(log.pending)
             cur.wake = approval_deadline(cur.flow, cur.pending, time.time())
-            if out.children:  # due once a child ended (`agentflow.exec._run_timers`)
+            if out.children:  # due once a child ended (`agentflow.exec.run.timers`)
                 cur.wake = {"at": time.time(), "for": "child", "runs": list(out.children)}
             await proto.save(cur, RunStatus.PAUSED, unreplayed=log.unreplayed, recovered=recovered)
             self.events.emit("run.paused", cur.run_id, pending=[p.call_id for p in cur.pending], wake=cur.wake)

@@ -16,7 +16,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from agentflow.exec._durable import PauseForApproval, describe_failure
-from agentflow.exec._run_cancel import CancelRequested
+from agentflow.exec.run.cancel import CancelRequested
 from agentflow.flow._nodes import Map
 
 if TYPE_CHECKING:

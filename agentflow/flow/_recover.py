@@ -1,9 +1,9 @@
 """`recover_all`: recover every unfinished run of a flow, for a worker on start-up.
 
-Each run goes through the run protocol's `recover` (`agentflow.exec._run_protocol`), which
+Each run goes through the run protocol's `recover` (`agentflow.exec.run.protocol`), which
 owns the checks, the claim and the replay; this module only finds the runs and reports
 each one's outcome, so one bad run never stops the others. With ``sweep``, runs the
-store's listing index forgot are found from their rows first (`agentflow.exec._run_sweep`).
+store's listing index forgot are found from their rows first (`agentflow.exec.run.sweep`).
 A run whose lease is live is reported as `RunHeld` without being touched: its worker is
 alive, so it is neither recovered nor an error to retry.
 """
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 from agentflow._errors import CheckpointStoreCorrupt, RunHeld
-from agentflow.exec._run_lease import held_by
-from agentflow.exec._run_sweep import relist_forgotten
+from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.sweep import relist_forgotten
 from agentflow.flow._result import RunResult
 from agentflow.flow._versions import FlowLike
 

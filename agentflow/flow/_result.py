@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel
 
 from agentflow._run_types import DEFAULT_VERSION
-from agentflow.exec._run_cursor import RunOutcome
+from agentflow.exec.run.cursor import RunOutcome
 
 S = TypeVar("S", bound=BaseModel)
 

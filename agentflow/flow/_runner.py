@@ -3,7 +3,7 @@
 Without a store a run lives only in this process. With one, step 0 is saved before the
 first superstep and a checkpoint after each superstep; every tool call goes through the
 call log. Every rule of the durable sequence (claim, checks, replay, decisions) lives in
-the run protocol (`agentflow.exec._run_protocol`); a flow plugs in `FlowDriver`.
+the run protocol (`agentflow.exec.run.protocol`); a flow plugs in `FlowDriver`.
 
 A runner runs runs (run, start, advance, recover, resume, wake) and carries an operator's
 actions on them (decide_in_doubt, retry, cancel, fork, migrate): each holds the run's lease
@@ -24,11 +24,11 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import CheckpointConflict, FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec import Executor
-from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_keys import sealer_for
-from agentflow.exec._run_lease import DEFAULT_LEASE_S, Ownership
-from agentflow.exec._run_protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.control import InDoubtDecision
+from agentflow.exec.run.keys import sealer_for
+from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
+from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.flow import _fork, _recover, _timers
 from agentflow.flow._children import ChildRuns, InlineChildren, waiting_children
 from agentflow.flow._durable import Cursor, FlowDriver, FlowProtocol, Migration

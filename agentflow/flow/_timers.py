@@ -1,7 +1,7 @@
 """A flow's timers: an approval's deadline, what it decides, and the in-process sweeper that wakes due runs.
 
 The rules of a timer (where its wake time lives, when it is due, that a wake is a claim)
-are in `agentflow.exec._run_timers`; this module holds what is a flow's own:
+are in `agentflow.exec.run.timers`; this module holds what is a flow's own:
 - `approval_deadline`: a run pausing for approvals gets a deadline when every pending
   call's node gives one (``Call(timeout_s=...)``): the earliest of them. A pending call
   without a deadline waits for a person, and so does the run.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec import ApprovalRequest
 from agentflow.exec._durable import Decision
-from agentflow.exec._run_timers import NotDue, due_at
+from agentflow.exec.run.timers import NotDue, due_at
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._versions import FlowLike, as_versions

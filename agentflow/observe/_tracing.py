@@ -41,10 +41,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
 
 from agentflow.exec import Tool
-from agentflow.exec._run_cancel import CancelRequested
-from agentflow.exec._run_cursor import RunCursor
 from agentflow.exec._tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.cancel import CancelRequested
+from agentflow.exec.run.cursor import RunCursor
 from agentflow.models._usage import clear_usage, last_usage
 from agentflow.observe._trace_context import (
     Pending,

@@ -27,8 +27,8 @@ from typing import Any
 
 from agentflow._runs import Runs
 from agentflow.exec import ApprovalRequest
-from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_cursor import RunOutcome
+from agentflow.exec.run.control import InDoubtDecision
+from agentflow.exec.run.cursor import RunOutcome
 
 __all__ = ["Acted", "Operator"]
 

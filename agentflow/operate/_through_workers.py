@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentflow._errors import FlowError
-from agentflow.exec._run_control import InDoubtDecision
-from agentflow.exec._run_lease import process_owner
+from agentflow.exec.run.control import InDoubtDecision
+from agentflow.exec.run.lease import process_owner
 from agentflow.operate._operator import Acted, Operator
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError, RecoveryNeedsDecision
 from agentflow.celery._worker import Worker
-from agentflow.exec._run_control import DidNotHappen, Happened, InDoubtDecision, Rerun
-from agentflow.exec._run_read import read_run
+from agentflow.exec.run.control import DidNotHappen, Happened, InDoubtDecision, Rerun
+from agentflow.exec.run.read import read_run
 from agentflow.sim._broker import Message
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from agentflow._errors import (
     RecoveryNeedsDecision,
     RunHeld,
 )
-from agentflow.exec._run_view import RunReport
+from agentflow.exec.run.view import RunReport
 from agentflow.operate import Operator
 from agentflow.viewer._guards import STALE, csrf_matches, read_form, who_refusal
 from agentflow.viewer._rules import CANCEL, DECIDE, FORK, HELD_TITLE, RESUME, RETRY, Rule, held_text

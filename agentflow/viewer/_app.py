@@ -1,7 +1,7 @@
 """`create_app`: the viewer's routes, static files, request guards and shutdown.
 
 Pages read the store on every request and check every row they show, as
-``agentflow runs show`` does (`agentflow.exec._run_read`). Nothing is cached.
+``agentflow runs show`` does (`agentflow.exec.run.read`). Nothing is cached.
 
 Before any route, a request passes two guards (`agentflow.viewer._hosts`): forwarded
 headers rewrite its client address and scheme only when they come from a proxy the

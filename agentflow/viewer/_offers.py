@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from agentflow.exec._run_view import RunReport
+from agentflow.exec.run.view import RunReport
 from agentflow.viewer._guards import client_refusal, csrf_token
 from agentflow.viewer._rules import CANCEL, DECIDE, FORK, RESUME, RETRY, Rule
 from agentflow.viewer._settings import Viewer

@@ -15,7 +15,7 @@ from typing import Final
 
 from agentflow._errors import FlowError, RunHeld
 from agentflow._run_types import RunStatus
-from agentflow.exec._run_view import RunReport
+from agentflow.exec.run.view import RunReport
 from agentflow.viewer._settings import Viewer
 
 #: The title of the answer to an action on a run a live worker holds.

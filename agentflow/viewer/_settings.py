@@ -19,9 +19,9 @@ from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._errors import CheckpointError, CheckpointNotFound
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
-from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.read import read_run
+from agentflow.exec.run.view import RunReport
 from agentflow.operate import InProcess, Operator, ThroughWorkers
 from agentflow.viewer._hosts import TrustedHosts, check_proxies, parse_entry
 

@@ -1,6 +1,6 @@
 """``GET /runs/{run_id}/events``: a run's event stream as server-sent events, for the run page's live list.
 
-Each stored event (`agentflow.exec._run_events`, every one checked under the viewer's key
+Each stored event (`agentflow.exec.run.events`, every one checked under the viewer's key
 ring) goes out as ``id: <cursor>``, ``event: <name>`` and ``data: <one line of JSON>``
 (``name``, ``at``, ``data``; every string as the page shows it, through `visible`). A
 stored event that does not check goes out as ``event: problem`` with its message, never
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from agentflow._errors import CheckpointError
-from agentflow.exec._run_events import RunEvent, follow_events, read_events
+from agentflow.exec.run.events import RunEvent, follow_events, read_events
 from agentflow.viewer._settings import SECURITY_HEADERS, Viewer, visible
 
 log = logging.getLogger("agentflow.viewer")

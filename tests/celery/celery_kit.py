@@ -31,8 +31,8 @@ from kombu import pools
 
 if TYPE_CHECKING:
     from agentflow.celery import RunView
-    from agentflow.exec._run_view import RunReport
     from agentflow.exec.checkpoints._records import Lease
+    from agentflow.exec.run.view import RunReport
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -237,7 +237,7 @@ class Deployment:
 
     async def report(self, run_id: str) -> RunReport:
         """The run as the read model shows it (every row checked), with its lease."""
-        from agentflow.exec._run_read import read_run
+        from agentflow.exec.run.read import read_run
 
         worker = self.tasks.worker
         return await read_run(worker.store, worker.sealer, run_id)

@@ -40,7 +40,7 @@ from celery_kit import Deployment
 
 from agentflow import Happened, Rerun
 from agentflow._errors import CheckpointError, CheckpointNotFound
-from agentflow.exec._run_read import read_run
+from agentflow.exec.run.read import read_run
 
 #: The ticket flow's tools that must not have an effect twice, and the result each returns.
 RESULTS: dict[str, Callable[[str, int], str]] = {

@@ -11,7 +11,7 @@ import pytest
 from _kit.poll import until
 from celery_kit import HERE, ROOT, Deployment
 
-from agentflow.exec._run_events import read_events
+from agentflow.exec.run.events import read_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
 

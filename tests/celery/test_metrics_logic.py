@@ -111,7 +111,7 @@ async def test_the_timed_store_keeps_every_rule_of_the_store_it_wraps():
 def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does():
     from types import SimpleNamespace
 
-    from agentflow.exec._run_events import stream_of
+    from agentflow.exec.run.events import stream_of
 
     histogram = Histogram("t_events_seconds", "t", ("op",), registry=CollectorRegistry())
     # Given a timed store over a store with event streams, and one over a store without (asked in both orders)

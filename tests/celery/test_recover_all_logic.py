@@ -25,9 +25,9 @@ from agentflow.celery._worker import RECOVER_ALL_LOCK, Worker
 from agentflow.exec._durable_loop import start_tool_loop
 from agentflow.exec._durable_seal import Sealer, canonical, key_id
 from agentflow.exec._markers import Markers, key_of, marker_value
-from agentflow.exec._run_lease import take
-from agentflow.exec._run_quarantine import QUARANTINED, UNKNOWN_FLOW, marks
 from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.run.lease import take
+from agentflow.exec.run.quarantine import QUARANTINED, UNKNOWN_FLOW, marks
 from agentflow.models import Message, ScriptedModel
 
 

@@ -16,8 +16,8 @@ from worker_kit import RIVAL
 
 from agentflow.celery._rechecks import RECHECK
 from agentflow.celery._worker import Outcome
-from agentflow.exec._run_control import control_of
-from agentflow.exec._run_lease import Ownership, take
+from agentflow.exec.run.control import control_of
+from agentflow.exec.run.lease import Ownership, take
 
 
 async def test_a_superstep_finding_the_run_held_does_nothing_and_says_when_the_lease_ends(s):

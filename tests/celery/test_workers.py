@@ -33,7 +33,7 @@ async def test_runs_enqueued_as_tasks_finish_on_two_workers(deployment):
     assert all(effects[(t, r)] == 1 for r in run_ids for t in ("hold_seats", *NON_IDEMPOTENT))
     # and every handoff was clean: each superstep continued the run's one segment without a
     # claim of its own (one checkpoint per superstep, none extra), and no run is marked recovered
-    from agentflow.exec._run_read import read_run
+    from agentflow.exec.run.read import read_run
 
     worker = deployment.tasks.worker
     for run_id in run_ids:

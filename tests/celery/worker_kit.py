@@ -19,8 +19,8 @@ from agentflow import Call, Flow, FlowApp, Registry
 from agentflow._events import Event
 from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._worker import Outcome, Worker
-from agentflow.exec._run_lease import Ownership
 from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.run.lease import Ownership
 
 KEY = b"worker-logic-test-key-0123456789ab"
 OTHER_KEY = b"worker-logic-other-key-0123456789"

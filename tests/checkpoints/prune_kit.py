@@ -33,8 +33,8 @@ from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 from agentflow import Executor, FlowRunner
 from agentflow._errors import CheckpointNotFound
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.run.read import read_run
 
 if TYPE_CHECKING:
     import pytest

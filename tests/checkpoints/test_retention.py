@@ -24,7 +24,6 @@ from _kit.stores import MemoryRows, StoreSetup, child_env, setups
 from prune_kit import CHECK
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
-from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import (
     MemoryCheckpointStore,
     Pruned,
@@ -36,6 +35,7 @@ from agentflow.exec.checkpoints import (
     trim_finished,
 )
 from agentflow.exec.checkpoints._records import ENDED, judged_row
+from agentflow.exec.run.read import read_run
 
 WORKER = Path(__file__).with_name("prune_kit.py")
 #: A run's keys in Redis (its lease has none while nobody holds it).

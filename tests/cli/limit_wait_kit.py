@@ -23,9 +23,9 @@ from pydantic import BaseModel
 
 from agentflow import Call, Events, Executor, Flow, FlowRunner, Registry, RunResult
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_events import read_events
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.limits import Limit, LocalLimits
+from agentflow.exec.run.events import read_events
 
 #: The limit the run's call waits for: one call in flight.
 API = Limit("api", concurrency=1)

@@ -47,8 +47,8 @@ def test_a_paused_tool_loop_is_listed_shown_and_verified(agentflow, db):
 def test_the_read_model_knows_a_loop_by_its_kind_not_by_its_column(db):
     from agentflow import RunKind
     from agentflow.exec._durable_seal import Sealer
-    from agentflow.exec._run_read import read_run
-    from agentflow.exec._run_view import RunReport
+    from agentflow.exec.run.read import read_run
+    from agentflow.exec.run.view import RunReport
 
     add_loop(db)
 
@@ -66,7 +66,7 @@ def test_the_read_model_knows_a_loop_by_its_kind_not_by_its_column(db):
 def test_a_loop_in_doubt_is_told_to_recover_with_the_same_command_as_a_flow_run():
     from agentflow import RunKind
     from agentflow.cli._show import run_text
-    from agentflow.exec._run_view import IN_DOUBT, CallView, CheckpointView, RunReport
+    from agentflow.exec.run.view import IN_DOUBT, CallView, CheckpointView, RunReport
 
     # Given a tool loop whose current turn has a call in doubt (as the read model reports it)
     report = RunReport("chat-9", "loop:support", RunKind.LOOP, "running", 3, 0.0)

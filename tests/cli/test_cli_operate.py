@@ -10,8 +10,8 @@ from runs_kit import one_line_error
 
 from agentflow.exec._durable_read import read_log
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run.read import read_run
 
 APP = "runs_kit:app"
 

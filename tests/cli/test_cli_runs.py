@@ -7,9 +7,9 @@ from runs_kit import one_line_error
 
 from agentflow.cli._show import run_text
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
-from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run.read import read_run
+from agentflow.exec.run.view import RunReport
 
 
 def rows(output: str) -> dict[str, str]:

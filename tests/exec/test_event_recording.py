@@ -1,4 +1,4 @@
-"""Recording a run's events into its store's stream while a process holds the run (`_run_events.recording`).
+"""Recording a run's events into its store's stream while a process holds the run (`run.events.recording`).
 
 The rules: the events of a hold are stored in emit order, all of them by the time the hold
 is let go; a superstep's events share appends (a quick superstep costs one append, not one
@@ -18,11 +18,11 @@ from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry
 from agentflow._events import Events
-from agentflow.exec import _run_events
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_events import read_events
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.checkpoints._records import SealedEvent
+from agentflow.exec.run import events as run_events
+from agentflow.exec.run.events import read_events
 
 
 class Count(BaseModel):
@@ -56,7 +56,7 @@ async def names(store: MemoryCheckpointStore, run_id: str) -> list[str]:
 
 async def test_each_superstep_stores_its_events_in_one_append_in_emit_order(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given events buffered for as long as a hold lasts (so the count below cannot depend on the machine's speed)
-    monkeypatch.setattr(_run_events, "FLUSH_AFTER_S", 60.0)
+    monkeypatch.setattr(run_events, "FLUSH_AFTER_S", 60.0)
     registry = Registry()
 
     @registry.tool(idempotent=True)

@@ -14,9 +14,9 @@ from pydantic import BaseModel
 from agentflow import Call, Event, Events, Executor, Flow, FlowRunner, RunContext
 from agentflow.errors import RunHeld
 from agentflow.exec import Registry, run_tool_loop
-from agentflow.exec._run_events import read_events
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.limits import Limit, LocalLimits, RateLimited
+from agentflow.exec.run.events import read_events
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 KEY = b"k" * 32

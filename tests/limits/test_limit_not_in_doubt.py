@@ -23,10 +23,10 @@ from limit_wait_proc import API, CHARGE, KEY, Order
 
 from agentflow import Event, Events, Executor, FlowRunner, Registry
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_events import read_events
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.limits import LocalLimits
 from agentflow.exec.limits._backends import BackendRef
+from agentflow.exec.run.events import read_events
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,12 +1,12 @@
-"""Which waits for a limit a run's event stream leaves open (`_run_waits.open_waits`)."""
+"""Which waits for a limit a run's event stream leaves open (`run.waits.open_waits`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentflow.exec._run_events import RunEvent
-from agentflow.exec._run_view import LimitWait
-from agentflow.exec._run_waits import open_waits
+from agentflow.exec.run.events import RunEvent
+from agentflow.exec.run.view import LimitWait
+from agentflow.exec.run.waits import open_waits
 
 
 def ev(n: int, name: str, **data: Any) -> RunEvent:

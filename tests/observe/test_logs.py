@@ -22,9 +22,9 @@ from _kit.tickets import TICKETS, Crash, make_tickets
 
 from agentflow import Event, Events, Executor, FlowRunner, RunContext
 from agentflow.exec._markers import key_of
-from agentflow.exec._run_cancel import KIND
-from agentflow.exec._run_lease import Ownership, holding
 from agentflow.exec.checkpoints import RedisCheckpointStore
+from agentflow.exec.run.cancel import KIND
+from agentflow.exec.run.lease import Ownership, holding
 
 pytestmark = [pytest.mark.redis]
 

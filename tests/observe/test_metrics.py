@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from agentflow import Call, Events, Executor, Flow, FlowApp, FlowRunner, Registry
 from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec import run_tool_loop
-from agentflow.exec._run_lease import Ownership, holding
 from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.run.lease import Ownership, holding
 from agentflow.models import Message, ScriptedModel, ToolCall
 from agentflow.observe import Metrics, serve_metrics
 

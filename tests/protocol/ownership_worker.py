@@ -43,9 +43,9 @@ from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Ti
 from agentflow import Executor, Flow, FlowApp, FlowRunner
 from agentflow.errors import CheckpointConflict
 from agentflow.exec import current_call
-from agentflow.exec._run_lease import Ownership, holding, process_owner
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.run.lease import Ownership, holding, process_owner
 
 #: The flows a job may run, by name.
 FLOWS = {flow.name: flow for flow in (TICKETS, LOOKUP, BATCH, REFUNDS)}

@@ -18,7 +18,7 @@ from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 
 from agentflow import Executor, FlowRunner
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_all, read_heads, read_runs
+from agentflow.exec.run.read import read_all, read_heads, read_runs
 
 SHARED = setups("sqlite", "sql-sqlite", "fakeredis", "redis")
 

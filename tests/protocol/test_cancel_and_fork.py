@@ -23,9 +23,9 @@ from agentflow._errors import (
 )
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
-from agentflow.exec._run_view import Lineage
 from agentflow.exec.checkpoints import idempotency_key
+from agentflow.exec.run.read import read_run
+from agentflow.exec.run.view import Lineage
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 

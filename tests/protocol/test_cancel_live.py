@@ -17,7 +17,7 @@ from agentflow import Call, Flow, RunResult, RunStatus
 from agentflow.exec import cancel_tool_loop, run_tool_loop
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import key_of, marker_value
-from agentflow.exec._run_cancel import KIND, REQUEST_TTL_S, CancelRequest
+from agentflow.exec.run.cancel import KIND, REQUEST_TTL_S, CancelRequest
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 

@@ -1,4 +1,4 @@
-"""The holder's look-out for cancel requests (`_run_cancel.CancelWatch`): when it reads the store.
+"""The holder's look-out for cancel requests (`run.cancel.CancelWatch`): when it reads the store.
 
 The rule beside those in test_cancel_live.py: the read after a drive's last step is left out
 when the previous read is younger than `FRESH_S` (no call can start before the next drive
@@ -16,11 +16,11 @@ from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry, RunStatus
 from agentflow._events import Events
-from agentflow.exec import _run_cancel
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_cancel import CancelRequest, CancelWatch, post
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.checkpoints._records import Marker
+from agentflow.exec.run import cancel as run_cancel
+from agentflow.exec.run.cancel import CancelRequest, CancelWatch, post
 
 
 class ReadCounting(MemoryCheckpointStore):
@@ -40,7 +40,7 @@ def watch(store: ReadCounting, steps: int | None) -> CancelWatch:
 
 
 async def test_a_quick_last_step_of_a_drive_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_run_cancel, "FRESH_S", 60.0)  # "quick" whatever the machine's load
+    monkeypatch.setattr(run_cancel, "FRESH_S", 60.0)  # "quick" whatever the machine's load
     store = ReadCounting()
     # Given a one-step drive (a worker's) that read the store at its start
     look = watch(store, steps=1)
@@ -67,7 +67,7 @@ async def test_a_last_step_longer_than_fresh_s_is_read_again(monkeypatch: pytest
     look = watch(store, steps=1)
     await look.check(boundary=True)
     # When the step took longer than FRESH_S (here: FRESH_S is 0)
-    monkeypatch.setattr(_run_cancel, "FRESH_S", 0.0)
+    monkeypatch.setattr(run_cancel, "FRESH_S", 0.0)
     await look.step_ended()
     # Then its end reads the store again
     assert store.marker_reads == 2
@@ -76,7 +76,7 @@ async def test_a_last_step_longer_than_fresh_s_is_read_again(monkeypatch: pytest
 async def test_a_request_made_during_a_quick_last_step_ends_the_run_at_the_next_drive_before_any_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_run_cancel, "FRESH_S", 60.0)  # the step counts as quick whatever the machine's load
+    monkeypatch.setattr(run_cancel, "FRESH_S", 60.0)  # the step counts as quick whatever the machine's load
     # Given a two-step flow whose first tool posts a cancel request for its own run (as an
     # operator would while the step runs), each step driven by a one-step drive, as on workers
     store, sealer = ReadCounting(), Sealer(KEY)

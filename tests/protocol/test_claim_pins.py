@@ -17,8 +17,8 @@ from _kit.tickets import FANOUT, KEY, ORDER, TICKETS, Crash, Order, make_tickets
 
 from agentflow import Call, Executor, Flow, FlowRunner
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt, RecoveryNeedsDecision
+from agentflow.exec.run.read import read_run
 
 
 async def buy_node(order: Order, handle: Any) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Taking a run's lease and reading its head together (`_run_lease.take_reading_head`).
+"""Taking a run's lease and reading its head together (`run.lease.take_reading_head`).
 
 On a store with a lease take that reads the head (Redis) they are one round trip; on the
 others the head is read beside the take. Either way the head that comes back is the store's,
@@ -17,8 +17,8 @@ from _kit.tickets import KEY
 
 from agentflow._errors import CheckpointNotFound, RunHeld
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_lease import Ownership, holding_reading_head, take
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SealedCheckpoint
+from agentflow.exec.run.lease import Ownership, holding_reading_head, take
 
 
 def row(run_id: str) -> SealedCheckpoint:

@@ -1,4 +1,4 @@
-"""Run leases (`agentflow.exec._run_lease`): renewed from a timer while a block holds the run,
+"""Run leases (`agentflow.exec.run.lease`): renewed from a timer while a block holds the run,
 released when it ends, never taken from a live holder, and never a reason to break the block.
 
 Renewal and release run on every store set-up (`any_store`); the failure cases on the memory store.
@@ -16,8 +16,8 @@ from _kit.poll import until
 
 from agentflow import Executor, FlowRunner, Registry
 from agentflow._errors import RunHeld
-from agentflow.exec._run_lease import Ownership, held_by, holding, take
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
+from agentflow.exec.run.lease import Ownership, held_by, holding, take
 
 RUN = "lease-run-1"
 ME = Ownership("me@host:1", lease_s=0.3)

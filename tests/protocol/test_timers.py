@@ -17,7 +17,7 @@ from _kit.tickets import ORDER, Order, Refund, amount_args, order_args, show_arg
 from agentflow import Call, Flow, RunStatus, Wait
 from agentflow._errors import CheckpointConflict
 from agentflow.errors import FlowError
-from agentflow.exec._run_timers import NotDue
+from agentflow.exec.run.timers import NotDue
 
 HOUR = 3600.0
 

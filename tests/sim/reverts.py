@@ -18,10 +18,11 @@ from typing import Any
 from unittest import mock
 
 from agentflow.celery import _sweep
-from agentflow.exec import _durable_read, _run_steps
-from agentflow.exec._run_checks import check_read_whole
+from agentflow.exec import _durable_read
 from agentflow.exec.checkpoints import _redis_rows
 from agentflow.exec.checkpoints import redis as redis_store
+from agentflow.exec.run import steps as run_steps
+from agentflow.exec.run.checks import check_read_whole
 
 
 @contextmanager
@@ -31,7 +32,7 @@ def claim_read_trusted() -> Iterator[None]:
     async def trusting(self: Any, cur: Any, counts: Any, claim_step: int, opened: int = 0) -> None:
         return None
 
-    with mock.patch.object(_run_steps.RunSteps, "_read_still_whole", trusting):
+    with mock.patch.object(run_steps.RunSteps, "_read_still_whole", trusting):
         yield
 
 
@@ -77,5 +78,5 @@ def read_counted_by_segment() -> Iterator[None]:
     def by_segment(run_id: str, claim_step: int, read: Any, now: Any, opened: int = 0) -> None:
         check_read_whole(run_id, claim_step, read, now, sum(now.values()) - sum(read.values()))
 
-    with mock.patch.object(_run_steps, "check_read_whole", by_segment):
+    with mock.patch.object(run_steps, "check_read_whole", by_segment):
         yield

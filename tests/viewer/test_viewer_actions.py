@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 from viewer_kit import client_for, make_app
 
 from agentflow.errors import RunHeld
-from agentflow.exec._run_view import SegmentView
+from agentflow.exec.run.view import SegmentView
 from agentflow.operate import InProcess
 
 

@@ -16,8 +16,8 @@ from viewer_kit import make_app, served
 
 from agentflow import Events, Happened
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_run
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run.read import read_run
 
 pytestmark = pytest.mark.browser
 

@@ -15,8 +15,8 @@ import runs_kit
 from viewer_kit import client_for
 
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_read import read_heads
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run.read import read_heads
 from agentflow.viewer import ViewerSettings, create_app
 
 #: The kit's own runs, newest first (the demo's three orders come after them, in the order they ended).

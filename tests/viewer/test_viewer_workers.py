@@ -27,8 +27,8 @@ from test_viewer_settings import run_viewer
 from viewer_kit import client_for, load_kit, make_app, settings_for
 
 from agentflow.celery import AgentflowTasks, register_tasks
-from agentflow.exec._run_view import RunReport
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run.view import RunReport
 from agentflow.viewer import ViewerSettings, create_app
 
 #: The module the tests' deployment is imported from, as ``--workers MODULE:ATTR`` names it.

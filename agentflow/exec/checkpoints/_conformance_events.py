@@ -46,7 +46,7 @@ async def check_events_in_order_with_cursors(store: CheckpointStore) -> None:
 async def check_event_positions_are_append_only(store: CheckpointStore) -> None:
     """An event, once stored, keeps its place and its bytes: later appends only add after it, at growing cursors.
 
-    What makes a copy or a reorder visible to a reader (`agentflow.exec._run_events.Positions`):
+    What makes a copy or a reorder visible to a reader (`agentflow.exec.run.events.Positions`):
     a replayed event lands after the ones it copies, never in their place.
     """
     if not isinstance(store, EventStore):

@@ -62,7 +62,7 @@ store without `TrimStore` is refused with a `NotImplementedError` that says so.
 
 Event streams (`EventStore`: ``append_events`` and ``read_events``) are optional too: a
 store that has them keeps every event of a run, in order, readable from any process with
-a cursor (`agentflow.exec._run_events`); a store without them (a wrapper that forwards only
+a cursor (`agentflow.exec.run.events`); a store without them (a wrapper that forwards only
 `CheckpointStore`) simply records no stream. A run's events go with the run: ``delete`` and
 ``prune`` remove them.
 """

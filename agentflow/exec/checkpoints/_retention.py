@@ -17,7 +17,7 @@ The design of a trim:
   event stream and a retry of a failed run work as before: a retry claims from the newest
   checkpoint and replays the finished calls from the call records, so nothing runs twice.
   What goes is the run's past states: its history starts at the kept step, and a fork from
-  an older step is refused, naming the retention (`agentflow.exec._run_trim`).
+  an older step is refused, naming the retention (`agentflow.exec.run.trim`).
 - A run is trimmed in one atomic step (one transaction or script), judged again as it goes
   (a run retried, resumed or held by a live lease since it was listed is left), so a trim
   cut off midway leaves each run trimmed or untouched. Only the rows before the newest go.

@@ -40,7 +40,7 @@ Leases are `_redis_leases`'s: ``_lua/lease.lua`` takes, renews and releases a ru
 the server's clock, and the key expires by itself when the lease lapses. The lease key is
 not one of the run keys the other scripts take; `delete` removes it with them. A take may
 read the run's head in the same script (`take_lease_reading_head`, beyond the port: what
-`agentflow.exec._run_lease` uses where a store has it), so a worker's superstep starts
+`agentflow.exec.run.lease` uses where a store has it), so a worker's superstep starts
 with one round trip, not two.
 
 Markers (`MarkerStore`) use the same script and rules on keys of their own (``P:marker:{K}``,

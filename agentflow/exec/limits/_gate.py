@@ -20,7 +20,7 @@ The sequence:
    key), so two calls needing the same two limits never hold one each while waiting for
    the other. A slot already taken is kept while the next one is waited for.
 2. A refused take is waited out here, with ``asyncio.sleep``: the run's lease is renewed
-   by its timer meanwhile (`_run_lease`), so a waiting run is never taken for a dead one.
+   by its timer meanwhile (`run.lease`), so a waiting run is never taken for a dead one.
    The wait is reported when it begins and when its reason changes (``call.waiting``),
    and its end too (``call.admitted``).
 3. While slots are held, concurrency slots are renewed every third of their `hold_s`.

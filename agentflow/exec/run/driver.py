@@ -1,6 +1,6 @@
 """What a kind of run plugs into the run protocol: its state codec and how it drives a step.
 
-`RunProtocol` (in `_run_protocol`) owns the sequence every run follows (open, check, claim,
+`RunProtocol` (in `run.protocol`) owns the sequence every run follows (open, check, claim,
 spend a decision, save); a `RunDriver` owns only what differs between flows and loops:
 - how its checkpoint body is read and written (`read`, `cursor`, `fields`, `after_save`),
 - where it stands (`superstep`) and which of the log's calls belong to that point (`seeds`),
@@ -20,11 +20,11 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_cursor import RunCursor, RunOutcome
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.run.cursor import RunCursor, RunOutcome
 
 if TYPE_CHECKING:
-    from agentflow.exec._run_steps import RunSteps
+    from agentflow.exec.run.steps import RunSteps
 
 C = TypeVar("C", bound=RunCursor)
 R = TypeVar("R", bound=RunOutcome)

@@ -1,20 +1,20 @@
 """The run protocol: the one sequence every durable run follows, for flows and tool loops alike.
 
 Moving parts:
-- `RunSteps` (`_run_steps`): the parts (start, open, read, seeds, claim, save) over one
+- `RunSteps` (`run.steps`): the parts (start, open, read, seeds, claim, save) over one
   store, sealer and `RunDriver` (what a flow or a loop plugs in). A protocol holds one
   (`RunProtocol.steps`) and hands it to the driver, which saves its steps with it.
 - `RunProtocol` puts them in order, once for every kind of run, each entry point under the
-  run's lease (`_run_lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
+  run's lease (`run.lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
   doubt), `retry`, `cancel`, `migrate` (onto another definition: the driver builds the
-  moved cursor), `wake` (a paused run whose signed timer is due: `_run_timers`).
+  moved cursor), `wake` (a paused run whose signed timer is due: `run.timers`).
   `decide` (in `_durable`) is the one rule turning ``approve`` into decisions. The held
   drive (`_drive`) and the entry points from outside (an operator's, a due timer's) come
   first, the run's own progress (`begin`, `recover`, `resume`, `advance`) after them.
-- Every drive runs on the look-out for a cancel request (`_run_cancel.CancelWatch`); one
+- Every drive runs on the look-out for a cancel request (`run.cancel.CancelWatch`); one
   ends the run through `_end_cancelled`, the one place a run becomes ``cancelled``.
-- Control records (`_run_control`): every decision that steers a run is a claim
+- Control records (`run.control`): every decision that steers a run is a claim
   checkpoint, signed like any other: a resume (``decisions``), an operator's decision to
   rerun calls in doubt (``rerun``), a worker parking a run on calls in doubt
   (``awaiting``). Each names its ``operator``. A message only points at one.
@@ -48,18 +48,18 @@ from agentflow.exec._durable import decide
 from agentflow.exec._durable_read import CallState, calls_in_doubt
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
-from agentflow.exec._run_cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
-from agentflow.exec._run_checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, pins_for, untouched
-from agentflow.exec._run_control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
-from agentflow.exec._run_driver import C, R, RunDriver
-from agentflow.exec._run_events import recording
-from agentflow.exec._run_lease import Head, HeldHead, Ownership, holding, holding_reading_head
-from agentflow.exec._run_steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened, RunSteps
-from agentflow.exec._run_timers import NotDue, a_child_ended, due
 from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import Lease
 from agentflow.exec.checkpoints._rules import check_new_run_id
+from agentflow.exec.run.cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
+from agentflow.exec.run.checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, pins_for, untouched
+from agentflow.exec.run.control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
+from agentflow.exec.run.driver import C, R, RunDriver
+from agentflow.exec.run.events import recording
+from agentflow.exec.run.lease import Head, HeldHead, Ownership, holding, holding_reading_head
+from agentflow.exec.run.steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened, RunSteps
+from agentflow.exec.run.timers import NotDue, a_child_ended, due
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 
@@ -88,7 +88,7 @@ class RunProtocol(Generic[C, R]):
         ownership: Ownership | None = None,
         tracer: Tracer = NO_TRACING,
     ) -> None:
-        #: The parts of the sequence (`_run_steps`): what a driver is handed to save its steps.
+        #: The parts of the sequence (`run.steps`): what a driver is handed to save its steps.
         self.steps: RunSteps[C, R] = RunSteps(driver, store, sealer, registry, events, max_bytes, ownership, tracer)
         self.driver = driver
         self.store = store
@@ -99,7 +99,7 @@ class RunProtocol(Generic[C, R]):
     def hold(self, run_id: str, *, unborn: bool = False) -> contextlib.AbstractAsyncContextManager[Lease | None]:
         """Hold the run's lease for a block (nothing is held without a store or an ownership).
 
-        `unborn`: the block starts the run (`_run_lease.take_unborn`).
+        `unborn`: the block starts the run (`run.lease.take_unborn`).
 
         Raises:
             RunHeld: another holder's lease is live.
@@ -133,7 +133,7 @@ class RunProtocol(Generic[C, R]):
         return {"operator": self.ownership.owner} if self.ownership is not None else {}
 
     async def _drive(self, cur: C, seeds: Mapping[str, CallState], *, limit: int | None, recovering: bool) -> R:
-        """Drive the held run, on the look-out for a cancel request (`_run_cancel`): it ends the run there."""
+        """Drive the held run, on the look-out for a cancel request (`run.cancel`): it ends the run there."""
         if self.store is not None and self.sealer is not None:
             cur.watch = CancelWatch(self.store, self.sealer, cur.run_id, self.events, cur.started_at, steps=limit)
         try:
@@ -152,7 +152,7 @@ class RunProtocol(Generic[C, R]):
 
         A run nobody holds (paused, stranded, between two supersteps) ends ``cancelled``
         here, with a signed claim naming `operator` and `reason`. A run a live worker holds
-        gets a signed cancel request instead (`_run_cancel`): the holder starts no call
+        gets a signed cancel request instead (`run.cancel`): the holder starts no call
         after it sees it, lets the calls in flight finish and be logged, then saves the same
         claim. The result then is the run as it stands now (``running`` or ``paused``); wait
         for ``cancelled`` (the holder looks before each call and each step).
@@ -292,7 +292,7 @@ class RunProtocol(Generic[C, R]):
         ctx: RunContext | None = None,
         now: float | None = None,
     ) -> R:
-        """Wake a paused run whose signed timer is due: a ``wake`` claim, then drive it (see `_run_timers`).
+        """Wake a paused run whose signed timer is due: a ``wake`` claim, then drive it (see `run.timers`).
 
         A plain timer lets the run go on; an approval's deadline settles the pending calls
         as the driver says (`RunDriver.woken`). The claim opens a segment, so of two wakes
@@ -337,7 +337,7 @@ class RunProtocol(Generic[C, R]):
 
         The decision is a signed claim naming `operator`: the calls to rerun (``rerun``),
         and, in the same atomic write, a signed ``done`` or ``failed`` record for each call
-        that `Happened` or `DidNotHappen` (`_run_control.settle`). A worker spends it with
+        that `Happened` or `DidNotHappen` (`run.control.settle`). A worker spends it with
         `advance` (or a process with `recover`). Returns the claim's step.
 
         Raises:

@@ -1,14 +1,14 @@
 """Stage 2 of reading a run: the views built from its rows once every one of them checked.
 
 `fill` turns checked checkpoint bodies and call records into the read model's views
-(`agentflow.exec._run_view`): the history, the segments (who held the run when), the
+(`agentflow.exec.run.view`): the history, the segments (who held the run when), the
 calls and their shown states, the recoveries, the identity and the latest state.
 
 Invariants:
 - Nothing here checks a row: it is only ever given bodies and records that stage 1
-  (`agentflow.exec._run_read`) opened and checked. A body not shaped as agentflow writes
+  (`agentflow.exec.run.read`) opened and checked. A body not shaped as agentflow writes
   it raises (`KeyError`, `TypeError`, ...), and the reader reports the run corrupt.
-- Who did what comes from the checked bodies only (`_run_control.control_of`), never from
+- Who did what comes from the checked bodies only (`run.control.control_of`), never from
   the store's unsigned columns or its leases.
 """
 
@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentflow._run_types import RunKind, version_of
-from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, started_where
-from agentflow.exec._run_control import control_of
-from agentflow.exec._run_steps import CLAIM_CAUSES
-from agentflow.exec._run_timers import wake_of
 from agentflow.exec.checkpoints import SealedCheckpoint
+from agentflow.exec.run import view as v
+from agentflow.exec.run.control import control_of
+from agentflow.exec.run.steps import CLAIM_CAUSES
+from agentflow.exec.run.timers import wake_of
 
 Body = dict[str, Any]
 

@@ -33,9 +33,9 @@ from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._markers import Markers, Note
-from agentflow.exec._run_lease import held_by
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint
+from agentflow.exec.run.lease import held_by
 
 #: The latest checkpoint fails its check: the run is not recovered until it checks again.
 QUARANTINED: Final = "quarantined"

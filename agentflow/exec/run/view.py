@@ -1,7 +1,7 @@
 """The run read model: what a person (or a program) is shown of a stored run.
 
 Every surface reads runs through these records: ``agentflow runs`` and ``agentflow verify``,
-the run viewer, `FlowClient.status` and the demo's narrator. `agentflow.exec._run_read`
+the run viewer, `FlowClient.status` and the demo's narrator. `agentflow.exec.run.read`
 fills them, and only from rows whose signatures and numbering checked.
 
 Who did what: every checkpoint names the process that saved it (``by``, the lease holder)
@@ -10,7 +10,7 @@ worker holds carries that worker's lease, and then no call of it is "in doubt": 
 are running on that worker.
 
 A call waiting for a slot of a shared limit has no record in the call log; a live run's
-waits come from its event stream (`_run_waits`), the one place that says so.
+waits come from its event stream (`run.waits`), the one place that says so.
 
 A run with any problem carries its problems and the position of each row, nothing else:
 no state, no results, nothing decoded from a payload that failed its check. A principal is
@@ -256,7 +256,7 @@ class RunReport:
     (read from the run's event stream, if the store keeps one; empty for a run nobody holds)."""
     kept_from: int = 0
     """The step its stored history starts at: 0, or the step of the ended checkpoint a retention trim kept
-    (the checkpoints before it were deleted; its call records all stay). See `agentflow.exec._run_trim`."""
+    (the checkpoints before it were deleted; its call records all stay). See `agentflow.exec.run.trim`."""
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""

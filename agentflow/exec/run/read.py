@@ -1,22 +1,22 @@
-"""Read a stored run into the read model (`agentflow.exec._run_view`), checking every row first.
+"""Read a stored run into the read model (`agentflow.exec.run.view`), checking every row first.
 
 Two stages:
 1. `_check_rows`: every checkpoint is opened with `Sealer.open_checkpoint` (signature,
    numbering, segment) and the call log with `read_log` (signatures, numbering); then the
    log is held against the latest checkpoint with the same checks recovery makes
-   (`agentflow.exec._run_checks`), and against what every older checkpoint saw and pinned.
+   (`agentflow.exec.run.checks`), and against what every older checkpoint saw and pinned.
    No row is decoded before its signature checks.
 2. The views (segments, calls and their states, recoveries, identity, state) are built
-   only when stage 1 found nothing wrong (`agentflow.exec._run_fill`).
+   only when stage 1 found nothing wrong (`agentflow.exec.run._fill`).
 
-Who did what comes from the checked bodies only (`_run_control.control_of`: who saved each
+Who did what comes from the checked bodies only (`run.control.control_of`: who saved each
 checkpoint, who decided each claim); whether a worker holds the run now comes from the
 store's lease, read before and after the rows (a run held at either read is shown as
 held: a call it logs as started is running there, not in doubt). Of a held run, the calls
-waiting for a shared limit come from its event stream (`_run_waits`): such a call has no
+waiting for a shared limit come from its event stream (`run.waits`): such a call has no
 record in the log yet.
 
-A run that retention trimmed (`agentflow.exec._run_trim`) has a history that starts at
+A run that retention trimmed (`agentflow.exec.run.trim`) has a history that starts at
 the ended checkpoint the trim kept: its rows are checked from there, and the report says
 where it starts (`RunReport.kept_from`) instead of reporting the older checkpoints missing.
 
@@ -33,19 +33,19 @@ from typing import Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind
-from agentflow.exec import _run_view as v
 from agentflow.exec._durable_read import LoggedRecord, read_log
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_checks import AheadOfCheckpoint, check_held, check_records, counts_of
-from agentflow.exec._run_control import parked
-from agentflow.exec._run_fill import Body, fill, superstep_of
-from agentflow.exec._run_lease import held_by
-from agentflow.exec._run_sweep import forgotten
-from agentflow.exec._run_trim import kept_from
-from agentflow.exec._run_view import RunHead
-from agentflow.exec._run_waits import read_limit_waits
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._records import UNREADABLE, Lease, SealedCheckpoint, is_unreadable
+from agentflow.exec.run import view as v
+from agentflow.exec.run._fill import Body, fill, superstep_of
+from agentflow.exec.run.checks import AheadOfCheckpoint, check_held, check_records, counts_of
+from agentflow.exec.run.control import parked
+from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.sweep import forgotten
+from agentflow.exec.run.trim import kept_from
+from agentflow.exec.run.view import RunHead
+from agentflow.exec.run.waits import read_limit_waits
 
 #: How many runs ``verify --all`` and a full listing read at most.
 ALL_RUNS: Final = 1_000_000

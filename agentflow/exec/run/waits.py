@@ -15,7 +15,7 @@ it ends. `open_waits` folds a run's stored events (oldest first) into the waits 
 Invariants:
 - Only events that checked are read (`read_events` seals and opens each); one that did not
   (`RunEvent.problem`) says nothing.
-- The read model asks only about a run that a live worker holds (`_run_read.read_run`):
+- The read model asks only about a run that a live worker holds (`run.read.read_run`):
   the wait of a worker whose lease lapsed is no wait.
 - Reading is bounded: a store keeps a run's newest `EVENTS_KEPT` events.
 """
@@ -26,9 +26,9 @@ from collections.abc import Iterable
 from typing import Final
 
 from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._run_events import RunEvent, read_events
-from agentflow.exec._run_view import LimitWait
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.events import RunEvent, read_events
+from agentflow.exec.run.view import LimitWait
 
 #: Events after which no wait of the run is open: a step saved, the run claimed, ended, paused, or its lease lost.
 _CLOSE_ALL: Final = frozenset(

@@ -1,7 +1,7 @@
 """What a worker holds of a run between steps (`RunCursor`) and what a run returns (`RunOutcome`).
 
 Flows and tool loops extend both: a flow's cursor adds its state, frontier and visits, a
-loop's its messages and stage. Everything the run protocol (`_run_protocol`) reads or
+loop's its messages and stage. Everything the run protocol (`run.protocol`) reads or
 writes lives on the base, so the protocol never needs to know which kind it holds.
 """
 
@@ -15,8 +15,8 @@ from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
 from agentflow.exec._durable import Decision, Journal
 from agentflow.exec._executor import ApprovalRequest
-from agentflow.exec._run_cancel import CancelWatch
 from agentflow.exec._tracing import NO_SPAN, StepSpan
+from agentflow.exec.run.cancel import CancelWatch
 
 
 @dataclass
@@ -55,7 +55,7 @@ class RunCursor:
     (None: the run was started untraced; a tracer then derives one from the run id)."""
     wake: dict[str, Any] | None = None
     """A paused run's timer, signed into its checkpoint: ``{"at": seconds since the epoch, "for": "timer"
-    or "approval"}`` (`_run_timers`); None when nothing but a person wakes it."""
+    or "approval"}`` (`run.timers`); None when nothing but a person wakes it."""
     cause: str = "start"
     """Why the next superstep runs (`agentflow.exec._tracing.CAUSES`); the protocol sets it."""
     cut_off: tuple[str, ...] | None = None

@@ -4,15 +4,15 @@
 state codec and how it drives a step) and this process's `Ownership`. Its parts:
 - `start`: save step 0 in segment 0;
 - `open`: load the latest checkpoint, check its signature and kind, restore the identity;
-- `read`: read the whole call log and make the checks every reader makes (`_run_checks`);
+- `read`: read the whole call log and make the checks every reader makes (`run.checks`);
 - `claim`: save the next step in a new segment, pinning the record count of every earlier
-  segment, with the claim's control record (see `_run_protocol`); of racing workers
+  segment, with the claim's control record (see `run.protocol`); of racing workers
   exactly one wins;
 - `save`: the checkpoint after a step (with a held ``done`` record, atomically), naming
   who saved it (``by``);
 - `step_span`: the span of the superstep a driver begins (`agentflow.exec._tracing`); every
   checkpoint body carries the run's trace context (``trace``) from step 0 on.
-The entry points that put the parts in order, under the run's lease, are in `_run_protocol`.
+The entry points that put the parts in order, under the run's lease, are in `run.protocol`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from agentflow.exec._durable_journal import Journal
 from agentflow.exec._durable_read import CallState, LoggedRecord, calls_in_doubt, read_log
 from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._registry import Registry
-from agentflow.exec._run_checks import (
+from agentflow.exec._tracing import NO_TRACING, StepSpan, Tracer
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.run.checks import (
     AheadOfCheckpoint,
     check_read_whole,
     check_records,
@@ -43,12 +45,10 @@ from agentflow.exec._run_checks import (
     pins_for,
     pins_of,
 )
-from agentflow.exec._run_control import granted, without_failed
-from agentflow.exec._run_driver import C, R, RunDriver
-from agentflow.exec._run_lease import Ownership
-from agentflow.exec._run_timers import wake_of
-from agentflow.exec._tracing import NO_TRACING, StepSpan, Tracer
-from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.run.control import granted, without_failed
+from agentflow.exec.run.driver import C, R, RunDriver
+from agentflow.exec.run.lease import Ownership
+from agentflow.exec.run.timers import wake_of
 
 #: The version of the checkpoint body layout.
 BODY_VERSION = 1
@@ -95,7 +95,7 @@ class RunSteps(Generic[C, R]):
         tracer: Tracer = NO_TRACING,
     ) -> None:
         self.driver = driver
-        # A lease this protocol's holder loses is reported on its hub (`_run_lease`, ``lease.lost``).
+        # A lease this protocol's holder loses is reported on its hub (`run.lease`, ``lease.lost``).
         self.ownership = replace(ownership, events=events) if ownership and ownership.events is None else ownership
         self.store = store
         self.sealer = sealer
@@ -388,7 +388,7 @@ class RunSteps(Generic[C, R]):
 
         A call in doubt reruns when its tool is idempotent, when `rerun_in_doubt`, or when
         the opened checkpoint is a claim whose signed ``rerun`` decision covers it
-        (`_run_control.granted`).
+        (`run.control.granted`).
 
         Raises:
             RecoveryNeedsDecision: a call is in doubt, its tool is not idempotent, and
