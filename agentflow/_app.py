@@ -16,9 +16,9 @@ from typing import Any
 from agentflow._errors import FlowError
 from agentflow._events import Events
 from agentflow.exec import Approver, Executor, Registry
-from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.lease import DEFAULT_LEASE_S
+from agentflow.exec.tracing import Tracer
 from agentflow.flow import Flow, FlowRunner, FlowVersions
 from agentflow.models import Model
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from agentflow._errors import IdentityMismatch
 
 if TYPE_CHECKING:
-    from agentflow.exec._durable_seal import Sealer
+    from agentflow.exec.seal import Sealer
 
 
 @dataclass(frozen=True, slots=True)

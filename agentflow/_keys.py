@@ -18,7 +18,7 @@ import hashlib
 import string
 from typing import Final
 
-from agentflow.exec._durable_seal import MIN_KEY_BYTES
+from agentflow.exec.seal import MIN_KEY_BYTES
 
 #: A key with fewer distinct byte values than this was not drawn at random (32 random bytes
 #: have about 30 distinct values; fewer than 16 happens with odds of about 3e-17).

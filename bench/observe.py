@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentflow import Events, Executor, FlowRunner
-from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints import MemoryCheckpointStore
-from agentflow.flow._durable import Cursor
+from agentflow.exec.tracing import Tracer
+from agentflow.flow._driver import Cursor
 from bench import _flows, _services
 from bench._report import Report, Table, Target
 from bench._suite import Context
@@ -220,7 +220,7 @@ def _share(times: dict[str, Series], case: str, over: str) -> Series:
 def sdk_floor(plan: Plan) -> Series:
     """Seconds per superstep the OpenTelemetry SDK itself takes for the spans a traced ticket run makes.
 
-    The same spans, made directly on the SDK (as `_tracing` sets it up): a run's start span,
+    The same spans, made directly on the SDK (as `tracing` sets it up): a run's start span,
     and per superstep its span and its call's span, each current while open, with as many
     attributes as agentflow gives them. What tracing on costs beyond it is agentflow's part.
     """

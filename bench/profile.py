@@ -73,7 +73,7 @@ async def _flow_job(
 async def _unfinished_job(
     case: str, ctx: Context, runs: int, profiled: Callable[[Callable[[], Awaitable[None]]], Any]
 ) -> Any:
-    from agentflow.exec._durable_seal import Sealer
+    from agentflow.exec.seal import Sealer
     from bench import unfinished
 
     svc = ctx.services

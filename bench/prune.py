@@ -23,11 +23,11 @@ from contextlib import closing
 from typing import Any
 
 from agentflow import Executor, FlowRunner
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import MemoryCheckpointStore, RetentionPolicy, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._records import ENDED
 from agentflow.exec.checkpoints._retention import prunable, prune_finished
+from agentflow.exec.checkpoints.records import ENDED
 from agentflow.exec.run.read import ALL_RUNS, read_run
+from agentflow.exec.seal import Sealer
 from bench import _flows, _services
 from bench._report import Report, Table
 from bench._suite import Context

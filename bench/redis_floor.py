@@ -91,7 +91,7 @@ def _resealer(key: bytes, calls: Any, checkpoints: Any) -> Any:
     """Seal a run's rows again from their bodies, as a run seals them (canonical JSON, then HMAC)."""
     import json
 
-    from agentflow.exec._durable_seal import Sealer
+    from agentflow.exec.seal import Sealer
 
     sealer = Sealer(key)
     bodies = [(c.run_id, c.segment, c.seq, c.kind, json.loads(c.payload)) for c in calls]

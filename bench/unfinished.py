@@ -20,8 +20,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SealedCheckpoint
+from agentflow.exec.seal import Sealer
 from bench import _flows, _services
 from bench._report import Report, Table, Target
 from bench._suite import Context

@@ -27,7 +27,7 @@ CONTRACTS = {
 VIOLATIONS = {
     "stores": ("agentflow/exec/checkpoints/memory.py", "import agentflow.exec._registry"),
     "exec-below-flow": ("agentflow/exec/_context.py", "import agentflow.flow"),
-    "seal": ("agentflow/exec/_durable_seal.py", "import agentflow._events"),
+    "seal": ("agentflow/exec/seal.py", "import agentflow._events"),
     "surfaces": ("agentflow/viewer/_pages.py", "import agentflow.cli._text"),
     "observe": ("agentflow/celery/_stranded.py", "import agentflow.observe"),
     "otel": ("agentflow/exec/run/steps.py", "import opentelemetry.trace"),

@@ -3,7 +3,7 @@
 A run found held is looked at again just after its lease ends (a ``recheck``
 superstep). Many messages may find it held at once: every duplicate of a superstep's
 message finds the run held too. Only the first of them sends a recheck; it sets the signed
-marker ``recheck/<run_id>`` (`agentflow.exec._markers`) to lapse when that lease ends. The
+marker ``recheck/<run_id>`` (`agentflow.exec.run.markers`) to lapse when that lease ends. The
 recheck itself, due just after, finds the marker lapsed and may send the next one if the
 run is still held at the same step. A put of a marker is atomic in every store, so of
 racing senders exactly one sends.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from agentflow.exec._markers import Markers
+from agentflow.exec.run.markers import Markers
 
 #: The marker's kind (``recheck/<run_id>``).
 RECHECK: Final = "recheck"

@@ -8,7 +8,7 @@ task for a worker to take (it finds the run moved on, or claims it once). Under 
 backlog those duplicates outgrow the work itself (a recovery storm).
 
 So recover_all leaves a marker for each recovery it sends: the signed marker
-``recovering/<run_id>`` (`agentflow.exec._markers`), which says the step the run was at and
+``recovering/<run_id>`` (`agentflow.exec.run.markers`), which says the step the run was at and
 the rung of the back-off. The run at
 that same step is sent another recovery only once the rung's wait has passed: `base_s`, then
 twice that, and so on up to `CAP_FACTOR` times `base_s`, each less half a base (so the beat
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentflow.celery._stranded import Stranded
-from agentflow.exec._markers import Markers, Note
+from agentflow.exec.run.markers import Markers, Note
 
 #: The back-off grows to this many times its base, then stays there.
 CAP_FACTOR: Final = 8

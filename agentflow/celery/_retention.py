@@ -5,7 +5,7 @@ trims those older than `WorkerSettings.retention_trim_days` (each keeps only its
 checkpoint, its call records and listing; see `agentflow.exec.checkpoints._retention`),
 each at most `WorkerSettings.retention_batches` batches (the rest waits for the next tick,
 so a tick stays short however much piled up), holding the ``lock/prune`` marker
-(`agentflow.exec._markers`): of several ticks at once (two beats, a slow tick overrunning
+(`agentflow.exec.run.markers`): of several ticks at once (two beats, a slow tick overrunning
 the next), one works and the others say so and do nothing. The marker is renewed while the
 tick runs and lapses by itself if its worker dies. Pruning goes first, so no run is trimmed just before it goes.
 
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from agentflow.celery._settings import WorkerSettings
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import MarkerBusy, Markers
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints._retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
+from agentflow.exec.run.markers import MarkerBusy, Markers
+from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.celery")
 

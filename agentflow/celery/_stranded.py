@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow.exec._markers import Note
+from agentflow.exec.run.markers import Note
 
 
 @dataclass

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind, version_of
 from agentflow.celery._stranded import Stranded, Waiting
-from agentflow.exec._durable_read import fold, read_log
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.calls.read import fold, read_log
+from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.run.control import parked
 from agentflow.exec.run.lease import held_by
 from agentflow.exec.run.quarantine import Reporter

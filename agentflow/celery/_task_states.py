@@ -6,7 +6,7 @@ state that stopped being true:
 - A task that asked a person (``PAUSED``: an approval; ``NEEDS_DECISION``: calls in doubt)
   stays listed under that state after the person answered, so ``state:NEEDS_DECISION`` would
   list answered runs beside the ones that wait. So the task that asks leaves the marker
-  ``asked/<run>`` (`agentflow.exec._markers`: signed, in the store) naming itself; the task
+  ``asked/<run>`` (`agentflow.exec.run.markers`: signed, in the store) naming itself; the task
   that spends the answer (a ``resume``, a ``rerun`` of a decision, a ``retry``, a
   ``migrate``), or the client that cancels the run, takes the marker and moves the asking
   task to ``ANSWERED`` (an event for its id, and its result in the backend). What
@@ -34,10 +34,10 @@ from typing import Any, Final
 
 from celery import Celery
 
-from agentflow.exec._durable_read import read_log
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import Markers
+from agentflow.exec.calls.read import read_log
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.markers import Markers
+from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.celery")
 

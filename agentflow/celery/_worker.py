@@ -60,11 +60,11 @@ from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
 from agentflow.celery._task_states import answered, asked, lost_tasks
 from agentflow.exec._context import delivering
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import MarkerBusy, Markers
-from agentflow.exec._tracing import NO_TRACING, Tracer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.checks import checked_latest
+from agentflow.exec.run.markers import MarkerBusy, Markers
+from agentflow.exec.seal import Sealer
+from agentflow.exec.tracing import NO_TRACING, Tracer
 from agentflow.flow import FlowRunner
 
 log = logging.getLogger(__name__)

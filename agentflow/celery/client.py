@@ -23,14 +23,14 @@ from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.celery._view import RunView
 from agentflow.exec import ApprovalRequest, LoopResult
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import Markers
 from agentflow.exec.checkpoints import SealedCheckpoint
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import InDoubtDecision, control_of, parked
 from agentflow.exec.run.events import RunEvent, follow_events
 from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.markers import Markers
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
 from agentflow.models import Message
 

@@ -34,9 +34,9 @@ from agentflow.cli._target import (
     workers_option,
 )
 from agentflow.cli._watch import moving_here
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.checks import checked_latest
+from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
 from agentflow.operate import InProcess
 

@@ -36,10 +36,10 @@ from agentflow.cli import _errors
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import ENDED, JudgedRows
 from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, judged_rows, prunable, prune, pruner, trimmable
 from agentflow.exec.checkpoints._retention import trim as trim_runs
 from agentflow.exec.checkpoints._rules import check_prune_statuses
+from agentflow.exec.checkpoints.records import ENDED, JudgedRows
 from agentflow.exec.run.read import ALL_RUNS
 
 #: Seconds per unit of a duration.

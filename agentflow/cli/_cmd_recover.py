@@ -36,11 +36,11 @@ from agentflow.cli import _errors
 from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._cmd_runs import list_row
 from agentflow.cli._text import echo, table
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.cursor import RunOutcome
 from agentflow.exec.run.lease import held_by
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers

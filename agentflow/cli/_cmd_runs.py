@@ -27,7 +27,7 @@ from agentflow.cli._show import (
     run_text,
 )
 from agentflow.cli._text import echo, table
-from agentflow.exec._markers import Markers
+from agentflow.exec.run.markers import Markers
 from agentflow.exec.run.quarantine import QUARANTINED, marks
 from agentflow.exec.run.read import ALL_RUNS, read_run, read_runs, signed_with_other_keys
 from agentflow.exec.run.view import CORRUPT, LIVE, STATUSES, RunReport

@@ -10,7 +10,7 @@ from agentflow.cli._keys import key_ids
 from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import check_summary, quarantine_text
 from agentflow.cli._text import echo, paint
-from agentflow.exec._markers import Markers
+from agentflow.exec.run.markers import Markers
 from agentflow.exec.run.quarantine import QUARANTINED, marks
 from agentflow.exec.run.read import read_all, read_run
 from agentflow.exec.run.trim import trimmed_text

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from agentflow._keys import PublicKeyRefused, parse_keys
-from agentflow.exec._durable_seal import key_id
+from agentflow.exec.seal import key_id
 
 #: The variable read when ``--key-env`` is not given.
 DEFAULT_KEY_ENV: Final = "AGENTFLOW_CHECKPOINT_KEYS"

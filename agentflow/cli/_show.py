@@ -14,8 +14,8 @@ from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._hints import decide_hint
 from agentflow.cli._text import paint, table
-from agentflow.exec._durable_read import started_where
-from agentflow.exec._markers import Note
+from agentflow.exec.calls.read import started_where
+from agentflow.exec.run.markers import Note
 from agentflow.exec.run.trim import trimmed_text
 from agentflow.exec.run.view import RunReport
 

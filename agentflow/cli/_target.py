@@ -22,8 +22,8 @@ from agentflow._display import redact
 from agentflow.cli import _errors
 from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV, KeyProblem, key_ids, read_keys
 from agentflow.cli._stores import StoreURLError, open_store
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.seal import Sealer
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., object])

@@ -25,10 +25,10 @@ from typing import Final
 from agentflow._errors import AgentflowError
 from agentflow._events import Event, Events
 from agentflow.cli._progress import WAITING_FOR_DECISION, Progress
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import control_of, parked
+from agentflow.exec.seal import Sealer
 
 #: How often the run's newest checkpoint is read while a worker moves it (seconds).
 POLL_S: Final = 0.25

@@ -30,11 +30,11 @@ from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV
 from agentflow.cli._progress import WAITING_FOR_DECISION, Progress
 from agentflow.cli._target import Target, demo_key_allowed
 from agentflow.cli._watch import polling_rows
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
+from agentflow.exec.seal import Sealer
 
 try:
     from agentflow.celery import AgentflowTasks, FlowClient, load_tasks

@@ -35,9 +35,9 @@ from agentflow.demo._celery import LEASE_S, PREFIX_ENV, build, demo_prefix, redi
 from agentflow.demo.story import RUN_IDS, VICTIM, effects_table, inspect_commands, mails_sent, say
 from agentflow.demo.tickets import LEDGER_ENV, SLOW_ENV, Order
 from agentflow.demo.worker import DEMO_KEY
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import CheckpointView, RunReport
+from agentflow.exec.seal import Sealer
 
 #: Where the ``agentflow`` package is imported from: the workers' ``PYTHONPATH`` starts with it.
 PACKAGE_ROOT = Path(agentflow.__file__).resolve().parents[1]

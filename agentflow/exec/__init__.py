@@ -1,7 +1,8 @@
 """Tools, the executor, the call log and the tool loop (`LoopRunner`, and one function per operation on it)."""
 
 from agentflow.exec._context import CallInfo, current_call, idempotency_key
-from agentflow.exec._durable_loop import (
+from agentflow.exec._executor import ApprovalRequest, Approver, Executor
+from agentflow.exec._loop_functions import (
     LoopResult,
     advance_tool_loop,
     cancel_tool_loop,
@@ -11,7 +12,6 @@ from agentflow.exec._durable_loop import (
     run_tool_loop,
     wake_tool_loop,
 )
-from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._loop_runner import LoopRunner
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
 

@@ -1,6 +1,6 @@
 """`Executor`: runs one tool call (validation, approval port, limits, timeout, retries, events).
 
-The executor knows nothing about durability: the call log (`_durable.py`) wraps each call
+The executor knows nothing about durability: the call log (`calls.log.py`) wraps each call
 with its records. Sync tools run off the event loop on the executor the caller chose
 (default: `asyncio.to_thread`'s pool); the current call's `CallInfo` is visible inside them.
 Each attempt of a call holds a slot of every limit of its tool (`limits._gate`, on the
@@ -26,9 +26,9 @@ from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo, _current
 from agentflow.exec._registry import Registry, Tool
-from agentflow.exec._tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
 from agentflow.exec.limits import RateLimited
 from agentflow.exec.limits._gate import Gate, Slots
+from agentflow.exec.tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
 
 
 @dataclass(frozen=True, slots=True)

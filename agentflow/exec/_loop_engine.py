@@ -1,7 +1,7 @@
 """Tool loops in the run protocol: the loop's cursor, its checkpoint body, and the model/tools cycle.
 
 `LoopDriver` is what a tool loop plugs into `agentflow.exec.run.protocol.RunProtocol`; the
-protocol owns the durable sequence. See `_durable_loop` for the public functions and the
+protocol owns the durable sequence. See `_loop_functions` for the public functions and the
 storage layout (each checkpoint stores only the messages added since the previous one).
 A model call takes a slot of the registry's limit named after the model's provider (its
 ``provider`` attribute, else its adapter: ``openai``, ``anthropic``) through the executor's
@@ -30,10 +30,9 @@ from agentflow._errors import (
 )
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
-from agentflow.exec._durable import CallLog, PauseForApproval, describe_failure
-from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
-from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._executor import Executor
+from agentflow.exec.calls.log import CallLog, PauseForApproval, describe_failure
+from agentflow.exec.calls.read import CallState, LoggedRecord, analyze
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.limits._table import provider_of
 from agentflow.exec.run.cancel import CancelRequested
@@ -41,6 +40,7 @@ from agentflow.exec.run.cursor import RunCursor, RunOutcome
 from agentflow.exec.run.driver import RunDriver
 from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.run.steps import RunSteps
+from agentflow.exec.seal import Sealer, canonical
 from agentflow.models import Message, Model, ToolCall
 
 _EMPTY_CHAIN = hashlib.sha256(b"agentflow/history/1").hexdigest()

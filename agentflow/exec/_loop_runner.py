@@ -5,7 +5,7 @@ and saves it, and it has the same operations (run, start, advance, recover, resu
 decide_in_doubt, cancel, read). What a loop plugs in is `LoopDriver` (`_loop_engine`).
 A runner is built once from what every operation shares (model, tools, store, key, lease,
 owner, hub, tracer) and holds one protocol; the ``*_tool_loop`` functions
-(`_durable_loop`) are one-line uses of it.
+(`_loop_functions`) are one-line uses of it.
 
 The model is only needed by the operations that call it (`run`, `advance`, `recover`,
 `wake`, and a `resume` that carries the loop on): a runner built without one stores
@@ -24,16 +24,16 @@ from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
-from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
+from agentflow.exec.seal import Sealer
+from agentflow.exec.tracing import Tracer
 from agentflow.models import Message, Model
 
 __all__ = ["HoldsRuns", "LoopRunner", "new_loop_id"]

@@ -32,7 +32,7 @@ from agentflow._run_types import RunStatus
 from agentflow.flow._nodes import Child
 
 if TYPE_CHECKING:
-    from agentflow.exec._durable import CallLog
+    from agentflow.exec.calls.log import CallLog
     from agentflow.flow._result import RunResult
     from agentflow.flow._runner import FlowRunner
     from agentflow.flow._versions import FlowLike
@@ -84,7 +84,7 @@ async def start_child(
     runner: FlowRunner, child: Child, state: BaseModel, run_id: str, parent: Mapping[str, Any], *, limit: int | None
 ) -> RunResult[Any] | None:
     """Start the child run (step 0 with its signed lineage, then up to `limit` supersteps); None if the id is taken."""
-    from agentflow.flow._durable import Cursor
+    from agentflow.flow._driver import Cursor
 
     flow = child.flow
     proto = runner.protocol(flow)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from agentflow._errors import CheckpointNotFound, FlowError
 from agentflow._identity import RunContext, identity_body
 from agentflow.exec.run.trim import no_checkpoint_text
-from agentflow.flow._durable import Cursor, FlowProtocol
+from agentflow.flow._driver import Cursor, FlowProtocol
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from agentflow._errors import FlowError
 from agentflow._run_types import DEFAULT_VERSION
 from agentflow.exec import Registry
-from agentflow.exec._durable_seal import digest
+from agentflow.exec.seal import digest
 from agentflow.flow._nodes import _RAISE, TIMEOUT_DECISIONS, Call, Child, Edge, Map, Node, Wait, label
 
 __all__ = ["DEFAULT_MAX_VISITS", "_RAISE", "Call", "Child", "Edge", "Flow", "Map", "Node", "Wait"]

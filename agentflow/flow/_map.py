@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from agentflow.exec._durable import PauseForApproval, describe_failure
+from agentflow.exec.calls.log import PauseForApproval, describe_failure
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.flow._nodes import Map
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from agentflow.exec._durable import CallLog
+    from agentflow.exec.calls.log import CallLog
 
 
 async def run_map(node: str, spec: Map, state: BaseModel, log: CallLog) -> dict[str, Any]:

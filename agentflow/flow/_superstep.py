@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentflow._errors import ApprovalDenied, FlowError
 from agentflow._events import Events
-from agentflow.exec._durable import CallLog, PauseForApproval
+from agentflow.exec.calls.log import CallLog, PauseForApproval
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.flow._children import PauseForChild, run_child
 from agentflow.flow._graph import _RAISE, Call, Child, Flow, Map, Node, Wait

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec import ApprovalRequest
-from agentflow.exec._durable import Decision
+from agentflow.exec.calls.log import Decision
 from agentflow.exec.run.timers import NotDue, due_at
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._versions import FlowLike, as_versions
 
 if TYPE_CHECKING:
-    from agentflow.flow._durable import Cursor
+    from agentflow.flow._driver import Cursor
     from agentflow.flow._runner import FlowRunner
 
 log = logging.getLogger("agentflow.timers")

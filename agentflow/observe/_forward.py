@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.records import Lease, SealedCall, SealedCheckpoint
 
 T = TypeVar("T")
 

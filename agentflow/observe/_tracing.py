@@ -1,6 +1,6 @@
 """`Tracing`: agentflow's OpenTelemetry spans, one trace per run across every worker (the ``otel`` extra).
 
-`Tracing` implements the tracing port (`agentflow.exec._tracing.Tracer`) on the
+`Tracing` implements the tracing port (`agentflow.exec.tracing.Tracer`) on the
 OpenTelemetry API: pass it to an `Executor` and the runs it drives report spans to the
 tracer provider you configured (the global one by default). Without an SDK configured,
 the API makes every span a no-op.
@@ -41,10 +41,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
 
 from agentflow.exec import Tool
-from agentflow.exec._tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.exec.run.cursor import RunCursor
+from agentflow.exec.tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
 from agentflow.models._usage import clear_usage, last_usage
 from agentflow.observe._trace_context import (
     Pending,

@@ -36,10 +36,10 @@ from agentflow._run_types import RunKind
 from agentflow.celery import WorkerSettings
 from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._worker import Worker
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import ENDED, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.records import ENDED, SealedCall, SealedCheckpoint
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.models import Message as ChatMessage
 from agentflow.sim._broker import Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time

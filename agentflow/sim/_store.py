@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from agentflow._errors import CheckpointError
 from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
-from agentflow.exec.checkpoints._records import Lease, Marker, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints.records import Lease, Marker, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
 
 _T = TypeVar("_T")
 

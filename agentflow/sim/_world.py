@@ -33,8 +33,8 @@ from pydantic import BaseModel
 
 from agentflow._app import FlowApp, LoopSpec
 from agentflow.exec import Registry, current_call
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.seal import Sealer
 from agentflow.flow import Call, Flow
 from agentflow.models import Message, ToolCall
 from agentflow.sim._scheduler import ACTOR

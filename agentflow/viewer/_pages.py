@@ -12,9 +12,9 @@ from starlette.responses import Response
 
 from agentflow._errors import CheckpointError
 from agentflow._hints import decide_hint
-from agentflow.exec._durable_seal import key_id
 from agentflow.exec.run.read import read_heads
 from agentflow.exec.run.view import DECISION, STATUSES, RunHead, RunReport
+from agentflow.exec.seal import key_id
 from agentflow.viewer._offers import offers
 from agentflow.viewer._rules import needs_migration_text
 from agentflow.viewer._settings import Viewer, root_of

@@ -18,10 +18,10 @@ from starlette.templating import Jinja2Templates
 from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._errors import CheckpointError, CheckpointNotFound
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
+from agentflow.exec.seal import Sealer
 from agentflow.operate import InProcess, Operator, ThroughWorkers
 from agentflow.viewer._hosts import TrustedHosts, check_proxies, parse_entry
 

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from _kit.tickets import raise_crash
 from agentflow.exec.checkpoints import CheckpointConflict, CheckpointStore, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._records import Lease, Marker
+from agentflow.exec.checkpoints.records import Lease, Marker
 
 #: The kinds of write a fault can pick.
 WRITE_KINDS = ("save", "started", "done", "pending", "denied", "failed", "unrecordable")

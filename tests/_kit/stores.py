@@ -37,7 +37,7 @@ import pytest
 
 from _kit.specs import child_env, open_spec
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._records import stored_fields
+from agentflow.exec.checkpoints.records import stored_fields
 
 #: Every set-up, by pytest id.
 ALL_SETUPS = ("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")

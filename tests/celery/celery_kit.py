@@ -31,7 +31,7 @@ from kombu import pools
 
 if TYPE_CHECKING:
     from agentflow.celery import RunView
-    from agentflow.exec.checkpoints._records import Lease
+    from agentflow.exec.checkpoints.records import Lease
     from agentflow.exec.run.view import RunReport
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from celery_kit import Deployment, ended
 from pydantic import BaseModel
 
 from agentflow import Happened
-from agentflow.exec._durable_read import read_log
+from agentflow.exec.calls.read import read_log
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
 

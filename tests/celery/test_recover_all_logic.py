@@ -22,12 +22,12 @@ from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import RECOVERING, Resends
 from agentflow.celery._worker import RECOVER_ALL_LOCK, Worker
-from agentflow.exec._durable_loop import start_tool_loop
-from agentflow.exec._durable_seal import Sealer, canonical, key_id
-from agentflow.exec._markers import Markers, key_of, marker_value
+from agentflow.exec._loop_functions import start_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.run.lease import take
+from agentflow.exec.run.markers import Markers, key_of, marker_value
 from agentflow.exec.run.quarantine import QUARANTINED, UNKNOWN_FLOW, marks
+from agentflow.exec.seal import Sealer, canonical, key_id
 from agentflow.models import Message, ScriptedModel
 
 

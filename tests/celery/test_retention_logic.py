@@ -13,9 +13,9 @@ from celery import Celery
 from agentflow import FlowApp, Registry
 from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._retention import PRUNE_LOCK
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import Markers
 from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.run.markers import Markers
+from agentflow.exec.seal import Sealer
 
 #: The workers' key: retention judges each run by its newest checkpoint, signed with it.
 KEY = b"k" * 32

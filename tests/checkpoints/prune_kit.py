@@ -32,9 +32,9 @@ from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 
 from agentflow import Executor, FlowRunner
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 if TYPE_CHECKING:
     import pytest

@@ -689,7 +689,7 @@ async def test_the_conformance_suite_passes_on_redis_cluster(redis_cluster):
 
 
 async def test_head_reads_the_latest_checkpoint_and_the_records_per_segment_in_one_go(store):
-    from agentflow.exec._durable_read import read_head
+    from agentflow.exec.calls.read import read_head
 
     # Given a run with two checkpoints, two records in segment 0 and one in segment 1
     await store.save("s1", 0, cp("s1", 0))

@@ -26,10 +26,10 @@ from test_redis import cp, rec
 from agentflow import Call, Executor, Flow, FlowRunner
 from agentflow._errors import CheckpointError
 from agentflow.errors import StoreNotDurable
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import RedisCheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall
+from agentflow.exec.checkpoints.records import SealedCall
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

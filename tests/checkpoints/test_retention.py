@@ -34,7 +34,7 @@ from agentflow.exec.checkpoints import (
     prune_finished,
     trim_finished,
 )
-from agentflow.exec.checkpoints._records import ENDED, judged_row
+from agentflow.exec.checkpoints.records import ENDED, judged_row
 from agentflow.exec.run.read import read_run
 
 WORKER = Path(__file__).with_name("prune_kit.py")

@@ -25,9 +25,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.sqlalchemy import MIGRATIONS, SQLAlchemyCheckpointStore
+from agentflow.exec.seal import Sealer
 
 SEALER = Sealer(b"k" * 32)
 REPO = Path(__file__).resolve().parents[2]
@@ -585,7 +585,7 @@ RACER = """
 import asyncio, json, sys, time
 from pathlib import Path
 from agentflow._errors import CheckpointConflict
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.seal import Sealer
 from agentflow.exec.checkpoints.sqlalchemy import SQLAlchemyCheckpointStore
 
 async def attempt(store, run_id, step, me):

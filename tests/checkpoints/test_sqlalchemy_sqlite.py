@@ -21,9 +21,9 @@ import pytest
 from _kit.poll import until
 
 from agentflow._errors import CheckpointConflict
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SealedCheckpoint
 from agentflow.exec.checkpoints.sqlalchemy import SQLAlchemyCheckpointStore
+from agentflow.exec.seal import Sealer
 
 SEALER = Sealer(b"k" * 32)
 

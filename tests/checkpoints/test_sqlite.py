@@ -17,10 +17,10 @@ from typing import Literal
 import pytest
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._sqlite_file import _unflushed
 from agentflow.exec.checkpoints.sqlite import MIGRATIONS, SQLiteCheckpointStore
+from agentflow.exec.seal import Sealer
 
 SEALER = Sealer(b"k" * 32)
 REPO = Path(__file__).resolve().parents[2]
@@ -455,7 +455,7 @@ _RACER = """
 import asyncio, sys, time
 from pathlib import Path
 from agentflow._errors import CheckpointConflict
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.seal import Sealer
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
 async def main(path, mode, worker, barrier):

@@ -22,7 +22,6 @@ from prune_kit import CHECK
 
 from agentflow import Call, Executor, Flow, FlowRunner
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import (
     CheckpointStore,
     MemoryCheckpointStore,
@@ -34,6 +33,7 @@ from agentflow.exec.checkpoints import (
 )
 from agentflow.exec.checkpoints._retention import trimmable
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.observe._forward import ForwardingStore
 
 DAY, HOUR = 86_400.0, 3_600.0

@@ -22,10 +22,10 @@ from _kit.poll import until
 from pydantic import BaseModel
 
 from agentflow import Call, Events, Executor, Flow, FlowRunner, Registry, RunResult
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.limits import Limit, LocalLimits
 from agentflow.exec.run.events import read_events
+from agentflow.exec.seal import Sealer
 
 #: The limit the run's call waits for: one call in flight.
 API = Limit("api", concurrency=1)

@@ -39,7 +39,7 @@ from agentflow._events import Events
 from agentflow.demo.worker import DEMO_KEY
 from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints.records import Lease
 
 KEY = DEMO_KEY
 #: The key as the CLI reads it from the environment.

@@ -11,10 +11,10 @@ from pathlib import Path
 import runs_kit
 from runs_kit import one_line_error
 
-from agentflow.exec._durable_seal import Sealer, key_id
-from agentflow.exec._markers import Markers
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run.markers import Markers
 from agentflow.exec.run.quarantine import QUARANTINED, mark
+from agentflow.exec.seal import Sealer, key_id
 
 OTHER_KEY = runs_kit.ALIEN_KEY
 GOOD = {"order-1", "order-2", "order-3", "refund-1", "refund-2", "ship-1"}

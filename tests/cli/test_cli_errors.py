@@ -11,7 +11,7 @@ import pytest
 import runs_kit
 from runs_kit import one_line_error
 
-from agentflow.exec._durable_seal import key_id
+from agentflow.exec.seal import key_id
 
 WRONG_KEY = "another-key-that-signed-nothing-here-0123"
 

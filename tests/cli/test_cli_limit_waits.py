@@ -5,10 +5,10 @@ from __future__ import annotations
 import runs_kit
 from limit_wait_kit import waiting_run
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
+from agentflow.exec.seal import Sealer
 
 
 def test_runs_show_says_the_call_waits_for_a_limit_and_since_when(db, agentflow):

@@ -46,9 +46,9 @@ def test_a_paused_tool_loop_is_listed_shown_and_verified(agentflow, db):
 
 def test_the_read_model_knows_a_loop_by_its_kind_not_by_its_column(db):
     from agentflow import RunKind
-    from agentflow.exec._durable_seal import Sealer
     from agentflow.exec.run.read import read_run
     from agentflow.exec.run.view import RunReport
+    from agentflow.exec.seal import Sealer
 
     add_loop(db)
 

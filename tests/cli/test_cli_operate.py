@@ -8,10 +8,10 @@ from pathlib import Path
 import runs_kit
 from runs_kit import one_line_error
 
-from agentflow.exec._durable_read import read_log
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.calls.read import read_log
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 APP = "runs_kit:app"
 

@@ -6,10 +6,10 @@ import runs_kit
 from runs_kit import one_line_error
 
 from agentflow.cli._show import run_text
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
+from agentflow.exec.seal import Sealer
 
 
 def rows(output: str) -> dict[str, str]:

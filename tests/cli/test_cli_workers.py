@@ -34,7 +34,7 @@ from runs_kit import one_line_error
 
 from agentflow._errors import RunHeld
 from agentflow.cli._group import cli
-from agentflow.exec._durable_read import read_log
+from agentflow.exec.calls.read import read_log
 
 if TYPE_CHECKING:
     from celery_kit import Deployment

@@ -13,9 +13,9 @@ from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 
 from agentflow import Events, Executor, FlowRunner
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints._protocol import EventStore
 from agentflow.exec.run.events import Positions, follow_events, read_events
+from agentflow.exec.seal import Sealer
 
 STREAMS = setups("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")
 

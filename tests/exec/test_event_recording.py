@@ -18,11 +18,11 @@ from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry
 from agentflow._events import Events
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import MemoryCheckpointStore
-from agentflow.exec.checkpoints._records import SealedEvent
+from agentflow.exec.checkpoints.records import SealedEvent
 from agentflow.exec.run import events as run_events
 from agentflow.exec.run.events import read_events
+from agentflow.exec.seal import Sealer
 
 
 class Count(BaseModel):

@@ -1,4 +1,4 @@
-"""Markers: signed notes beside runs, in the store's markers, that count only when they check (`_markers`)."""
+"""Markers: signed notes beside runs, in the store's markers, that count only when they check (`run.markers`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from _kit.tickets import KEY
 
 from agentflow._events import Event, Events
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import MarkerBusy, Markers, key_of, marker_value
 from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.run.markers import MarkerBusy, Markers, key_of, marker_value
+from agentflow.exec.seal import Sealer
 
 OTHER_KEY = b"another-key-the-workers-lack-0123456789"
 

@@ -14,7 +14,7 @@ import secrets
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentflow.exec._durable_seal import _CALL_DOMAIN, _CHECKPOINT_DOMAIN, Sealer, canonical
+from agentflow.exec.seal import _CALL_DOMAIN, _CHECKPOINT_DOMAIN, Sealer, canonical
 
 texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 counts = st.integers(min_value=0, max_value=2**62)

@@ -15,9 +15,9 @@ from _kit.faults import WriteLog
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, Registry
-from agentflow.exec._durable import Journal
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.calls.log import Journal
 from agentflow.exec.checkpoints import CheckpointConflict, MemoryCheckpointStore
+from agentflow.exec.seal import Sealer
 from agentflow.flow import NodeHandle
 
 registry = Registry()

@@ -14,8 +14,8 @@ from _kit.workers import Workers, faulty
 
 from agentflow import Flow, RunContext
 from agentflow.errors import IdentityMismatch
-from agentflow.exec._durable_seal import canonical
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt
+from agentflow.exec.seal import canonical
 from agentflow.flow import RunResult
 
 ALICE = RunContext(user="alice", thread="thread-1")

@@ -14,7 +14,6 @@ from _kit.tickets import BATCH, KEY, KEY_B, OPAQUE, ORDER, TICKETS, Crash, make_
 from _kit.workers import Workers, faulty
 
 from agentflow import Executor, FlowRunner
-from agentflow.exec._durable_seal import key_id
 from agentflow.exec.checkpoints import (
     CheckpointConflict,
     CheckpointNotFound,
@@ -23,6 +22,7 @@ from agentflow.exec.checkpoints import (
     RecoveryNeedsDecision,
     SQLiteCheckpointStore,
 )
+from agentflow.exec.seal import key_id
 from agentflow.flow import FlowError, RunResult
 
 

@@ -18,8 +18,8 @@ from _kit.faults import body
 from _kit.tickets import KEY, ORDER, OTHER_KEY, TICKETS, Crash
 from _kit.workers import Workers, faulty
 
-from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt, SealedCall
+from agentflow.exec.seal import Sealer, canonical
 
 
 async def crashed(workers: Workers, run_id: str = "order-1") -> None:

@@ -22,11 +22,11 @@ from _kit.specs import child_env, open_spec
 from limit_wait_proc import API, CHARGE, KEY, Order
 
 from agentflow import Event, Events, Executor, FlowRunner, Registry
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.limits import LocalLimits
 from agentflow.exec.limits._backends import BackendRef
 from agentflow.exec.run.events import read_events
+from agentflow.exec.seal import Sealer
 
 HERE = Path(__file__).resolve().parent
 

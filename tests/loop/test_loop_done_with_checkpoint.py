@@ -22,7 +22,7 @@ from _kit.tickets import Crash, Ledger
 from agentflow import Registry, RunStatus
 from agentflow.errors import CheckpointTooLarge
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
-from agentflow.exec._durable_loop import LoopRunner, read_tool_loop
+from agentflow.exec._loop_functions import LoopRunner, read_tool_loop
 from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 

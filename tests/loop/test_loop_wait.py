@@ -12,8 +12,8 @@ import pytest
 
 from agentflow import Registry, RunStatus
 from agentflow.exec import run_tool_loop, wake_tool_loop
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.run.timers import NotDue
+from agentflow.exec.seal import Sealer
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 KEY = b"k" * 32

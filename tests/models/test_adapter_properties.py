@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from openai_stub import Reply, StubServer
 
 from agentflow._errors import ModelError
-from agentflow.exec._durable_seal import canonical
+from agentflow.exec.seal import canonical
 from agentflow.models import Message
 from agentflow.models._sdk import SDKModel
 

@@ -21,10 +21,10 @@ from _kit.stores import _remove_redis_keys
 from _kit.tickets import TICKETS, Crash, make_tickets
 
 from agentflow import Event, Events, Executor, FlowRunner, RunContext
-from agentflow.exec._markers import key_of
 from agentflow.exec.checkpoints import RedisCheckpointStore
 from agentflow.exec.run.cancel import KIND
 from agentflow.exec.run.lease import Ownership, holding
+from agentflow.exec.run.markers import key_of
 
 pytestmark = [pytest.mark.redis]
 

@@ -22,10 +22,10 @@ from pydantic import BaseModel
 from agentflow import Call, Events, Executor, Flow, FlowRunner, Registry, RunContext
 from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec import run_tool_loop
-from agentflow.exec._tracing import NO_TRACING
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
 from agentflow.exec.checkpoints._protocol import EventStore, RetentionStore
 from agentflow.exec.checkpoints.conformance import validate
+from agentflow.exec.tracing import NO_TRACING
 from agentflow.models import Message, ScriptedModel, ToolCall
 from agentflow.models._usage import note_usage
 from agentflow.observe import TracedStore, Tracing

@@ -44,7 +44,7 @@ from agentflow import Executor, Flow, FlowApp, FlowRunner
 from agentflow.errors import CheckpointConflict
 from agentflow.exec import current_call
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.run.lease import Ownership, holding, process_owner
 
 #: The flows a job may run, by name.

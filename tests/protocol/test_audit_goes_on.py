@@ -17,8 +17,8 @@ from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 
 from agentflow import Executor, FlowRunner
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.run.read import read_all, read_heads, read_runs
+from agentflow.exec.seal import Sealer
 
 SHARED = setups("sqlite", "sql-sqlite", "fakeredis", "redis")
 

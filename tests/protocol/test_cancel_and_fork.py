@@ -22,10 +22,10 @@ from agentflow._errors import (
     RecoveryNeedsDecision,
 )
 from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import idempotency_key
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import Lineage
+from agentflow.exec.seal import Sealer
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 

@@ -15,9 +15,9 @@ from _kit.workers import Workers
 
 from agentflow import Call, Flow, RunResult, RunStatus
 from agentflow.exec import cancel_tool_loop, run_tool_loop
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import key_of, marker_value
 from agentflow.exec.run.cancel import KIND, REQUEST_TTL_S, CancelRequest
+from agentflow.exec.run.markers import key_of, marker_value
+from agentflow.exec.seal import Sealer
 from agentflow.models import Message, ScriptedModel, ToolCall
 
 

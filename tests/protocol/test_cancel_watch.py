@@ -16,11 +16,11 @@ from pydantic import BaseModel
 
 from agentflow import Call, Flow, FlowApp, Registry, RunStatus
 from agentflow._events import Events
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import MemoryCheckpointStore
-from agentflow.exec.checkpoints._records import Marker
+from agentflow.exec.checkpoints.records import Marker
 from agentflow.exec.run import cancel as run_cancel
 from agentflow.exec.run.cancel import CancelRequest, CancelWatch, post
+from agentflow.exec.seal import Sealer
 
 
 class ReadCounting(MemoryCheckpointStore):

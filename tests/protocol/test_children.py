@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from agentflow import Call, Child, Flow, RunStatus
 from agentflow._errors import CheckpointConflict
 from agentflow.errors import FlowError
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 #: The child: a refund (over 100: it waits for an approval).
 REFUND = (

@@ -16,9 +16,9 @@ from _kit.stores import StoreSetup
 from _kit.tickets import FANOUT, KEY, ORDER, TICKETS, Crash, Order, make_tickets, order_args, show_args
 
 from agentflow import Call, Executor, Flow, FlowRunner
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 
 async def buy_node(order: Order, handle: Any) -> dict[str, object]:

@@ -29,9 +29,9 @@ from _kit.tickets import KEY, ORDER, Crash, Order, make_tickets, show_args
 
 from agentflow import Call, DidNotHappen, Executor, Flow, FlowRunner
 from agentflow.errors import RecoveryNeedsDecision
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointConflict, SealedCall, SealedCheckpoint
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 
 async def look_then_charge(order: Order, handle: Any) -> dict[str, object]:

@@ -17,7 +17,7 @@ from _kit.tickets import KEY, REFUNDS, Refund, make_tickets
 from agentflow import Executor, FlowRunner, RunContext
 from agentflow._errors import IdentityMismatch
 from agentflow.exec import run_tool_loop
-from agentflow.exec._durable_loop import decide_tool_loop
+from agentflow.exec._loop_functions import decide_tool_loop
 from agentflow.exec.checkpoints import CheckpointConflict, CheckpointStore, SQLiteCheckpointStore
 from agentflow.models import Message, ScriptedModel, ToolCall
 

@@ -18,9 +18,9 @@ from _kit.tickets import KEY, ORDER, TICKETS, Crash, Tickets, make_tickets
 
 from agentflow import Executor, FlowRunner
 from agentflow._events import Event
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStoreCorrupt
 from agentflow.exec.run.read import read_all
+from agentflow.exec.seal import Sealer
 
 
 async def stranded(setup: StoreSetup, run_id: str = "order-1") -> Tickets:

@@ -15,7 +15,7 @@ from _kit.workers import Workers, faulty
 
 from agentflow import DidNotHappen, Happened, Rerun
 from agentflow.exec import decide_in_doubt_tool_loop, recover_tool_loop, run_tool_loop
-from agentflow.exec._durable_read import CallState
+from agentflow.exec.calls.read import CallState
 from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision
 from agentflow.exec.run.control import settle
 from agentflow.models import Message, ScriptedModel, ToolCall

@@ -16,9 +16,9 @@ import pytest
 from _kit.tickets import KEY
 
 from agentflow._errors import CheckpointNotFound, RunHeld
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SealedCheckpoint
 from agentflow.exec.run.lease import Ownership, holding_reading_head, take
+from agentflow.exec.seal import Sealer
 
 
 def row(run_id: str) -> SealedCheckpoint:

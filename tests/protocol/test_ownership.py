@@ -49,10 +49,10 @@ from starlette.testclient import TestClient
 from agentflow import Executor, FlowRunner
 from agentflow.cli._group import cli
 from agentflow.errors import RecoveryNeedsDecision, RunHeld
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.viewer import ViewerSettings, create_app
 
 T = TypeVar("T")

@@ -13,10 +13,10 @@ import asyncio
 from _kit.tickets import KEY, LOOKUP, REFUNDS, TICKETS, Crash, Order, Refund, Tickets, make_tickets
 
 from agentflow import Executor, FlowRunner
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision
 from agentflow.exec.run.read import read_heads, read_run, read_runs
 from agentflow.exec.run.view import IN_DOUBT, LIVE, WAITING
+from agentflow.exec.seal import Sealer
 
 SEALER = Sealer(KEY)
 WORKER = "worker-a@host-1:101"

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from agentflow import Call, Flow, FlowApp, RunStatus
 from agentflow._errors import CheckpointConflict, FlowError, VersionNotDeployed
 from agentflow._run_types import version_of
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.flow._versions import FlowVersions
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 from agentflow.celery import _sweep
-from agentflow.exec import _durable_read
+from agentflow.exec.calls import read as calls_read
 from agentflow.exec.checkpoints import _redis_rows
 from agentflow.exec.checkpoints import redis as redis_store
 from agentflow.exec.run import steps as run_steps
@@ -56,7 +56,7 @@ def records_overwritable() -> Iterator[None]:
 @contextmanager
 def done_overruled() -> Iterator[None]:
     """The late-done fix reverted: a record after a call's ``done`` (an operator's "did not happen") wins."""
-    with mock.patch.object(_durable_read, "settled", lambda state: False):
+    with mock.patch.object(calls_read, "settled", lambda state: False):
         yield
 
 

@@ -18,10 +18,10 @@ import httpx2
 from starlette.testclient import TestClient
 from viewer_kit import runs_kit
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
+from agentflow.exec.seal import Sealer
 
 #: The runs kit's flows and ``quotes`` (which fails on cue: `runs_kit.DOWN`).
 app = runs_kit.quotes_app

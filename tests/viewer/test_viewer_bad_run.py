@@ -10,7 +10,7 @@ import re
 
 from viewer_kit import client_for, make_app, runs_kit
 
-from agentflow.exec._durable_seal import key_id
+from agentflow.exec.seal import key_id
 
 OTHER_KEY = runs_kit.ALIEN_KEY
 GOOD = ["order-1", "order-2", "order-3", "refund-1", "refund-2", "ship-1", "tamper-1"]

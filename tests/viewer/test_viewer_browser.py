@@ -15,9 +15,9 @@ from playwright.sync_api import Dialog, Page, expect
 from viewer_kit import make_app, served
 
 from agentflow import Events, Happened
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 pytestmark = pytest.mark.browser
 

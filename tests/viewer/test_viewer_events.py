@@ -22,10 +22,10 @@ from _kit.poll import until
 from viewer_kit import client_for, make_app, served
 
 import agentflow
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.events import RunEvent, read_events
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.viewer import _stream
 from agentflow.viewer._settings import SECURITY_HEADERS
 

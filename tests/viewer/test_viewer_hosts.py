@@ -17,9 +17,9 @@ import pytest
 import runs_kit
 from viewer_kit import LOCAL, TOKEN, client_for, csrf_of, make_app, served_like_serve, settings_for
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 from agentflow.viewer._serve import bound
 
 PORT = 18765

@@ -14,9 +14,9 @@ from typing import Any
 import runs_kit
 from viewer_kit import client_for
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_heads
+from agentflow.exec.seal import Sealer
 from agentflow.viewer import ViewerSettings, create_app
 
 #: The kit's own runs, newest first (the demo's three orders come after them, in the order they ended).

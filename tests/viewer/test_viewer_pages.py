@@ -9,7 +9,7 @@ import runs_kit
 from starlette.testclient import TestClient
 from viewer_kit import client_for, csrf_of, make_app
 
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.seal import Sealer
 
 
 def row_of(html: str, run_id: str) -> str:

@@ -9,9 +9,9 @@ import runs_kit
 from starlette.testclient import TestClient
 from viewer_kit import LOCAL, TOKEN, client_for, csrf_of, make_app
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
 from agentflow.exec.run.read import read_run
+from agentflow.exec.seal import Sealer
 
 REMOTE = ("192.0.2.7", 40000)
 

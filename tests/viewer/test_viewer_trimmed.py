@@ -6,8 +6,8 @@ import time
 
 import runs_kit
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import RetentionPolicy, SQLiteCheckpointStore, trim_finished
+from agentflow.exec.seal import Sealer
 
 CHECK = Sealer(runs_kit.KEY).checkpoint_problem
 

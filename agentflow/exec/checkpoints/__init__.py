@@ -17,9 +17,9 @@ from agentflow.exec.checkpoints._errors import (
     RecoveryNeedsDecision,
 )
 from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints._records import Pruned, SealedCall, SealedCheckpoint, Trimmed
 from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished, trim_finished
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
+from agentflow.exec.checkpoints.records import Pruned, SealedCall, SealedCheckpoint, Trimmed
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
 
 if typing.TYPE_CHECKING:

@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, Final
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
+from agentflow.exec.seal import Sealer
 
 #: Signs every row the checks write (a fixed test key: these rows are never trusted).
 SEALER: Final = Sealer(b"conformance-key-0123456789abcdef")

@@ -23,7 +23,7 @@ from agentflow.exec.checkpoints._conformance_base import (
     _save_steps,
 )
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import SealedCall
+from agentflow.exec.checkpoints.records import SealedCall
 
 #: How many coroutines race in the concurrency checks.
 RACERS: Final = 20

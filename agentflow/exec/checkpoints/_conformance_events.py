@@ -11,7 +11,7 @@ from agentflow.exec.checkpoints import _retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _expect, _expect_raises, _ids, _save_steps
 from agentflow.exec.checkpoints._conformance_retention import CUT_OFF, OWNER, _run
 from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
-from agentflow.exec.checkpoints._records import ENDED, EVENTS_KEPT, SealedEvent
+from agentflow.exec.checkpoints.records import ENDED, EVENTS_KEPT, SealedEvent
 
 
 def _events(run_id: str, start: int, count: int) -> list[SealedEvent]:

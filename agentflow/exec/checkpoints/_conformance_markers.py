@@ -15,7 +15,7 @@ from agentflow.exec.checkpoints._conformance_base import _expect, _expect_raises
 from agentflow.exec.checkpoints._conformance_calls import RACERS
 from agentflow.exec.checkpoints._conformance_leases import LONG, SHORT, _token, until_lapsed
 from agentflow.exec.checkpoints._protocol import CheckpointStore, MarkerStore
-from agentflow.exec.checkpoints._records import Marker
+from agentflow.exec.checkpoints.records import Marker
 
 
 def _markers(store: CheckpointStore) -> MarkerStore:

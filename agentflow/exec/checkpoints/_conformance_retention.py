@@ -22,7 +22,7 @@ from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints import _retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _call, _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._protocol import CheckpointStore
-from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint, judged_row
+from agentflow.exec.checkpoints.records import ENDED, SealedCheckpoint, judged_row
 
 #: The cut-off of every check: one hour into 1970.
 CUT_OFF: Final = 3600.0

@@ -19,8 +19,8 @@ from agentflow.exec.checkpoints import _retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _call, _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._conformance_retention import CUT_OFF, _old
 from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore, TrimStore
-from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint, judged_row
 from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX
+from agentflow.exec.checkpoints.records import ENDED, SealedCheckpoint, judged_row
 
 #: Checkpoints of the runs the checks trim: a trim deletes all but the last.
 STEPS = 3

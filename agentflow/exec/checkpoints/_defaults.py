@@ -39,7 +39,6 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final, NoReturn, Protocol
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import JudgedRows, Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
 from agentflow.exec.checkpoints._rules import (
     check_call,
     check_judged,
@@ -48,6 +47,7 @@ from agentflow.exec.checkpoints._rules import (
     check_save,
     is_judged,
 )
+from agentflow.exec.checkpoints.records import JudgedRows, Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
 
 #: How many runs the generic `default_prunable` reads from the listing (all of them, in practice).
 _EVERY_RUN: Final = 1_000_000

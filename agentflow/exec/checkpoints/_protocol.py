@@ -11,7 +11,7 @@ Rules every backend keeps (the conformance suite in `conformance.py` checks each
 - Both are atomic against every other writer the backend supports (one process for the
   memory store; every process on the host for SQLite; every client for Redis and SQL).
 - Stores keep rows exactly as given and never decode payloads; checking signatures is the
-  caller's job (`agentflow.exec._durable_seal`).
+  caller's job (`agentflow.exec.seal`).
 
 The rest of the contract, which callers use as plainly as the methods above (a store that
 wraps another must forward them too, or callers lose them silently):
@@ -72,7 +72,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentflow.exec.checkpoints._records import (
+from agentflow.exec.checkpoints.records import (
     JudgedRows,
     Lease,
     Marker,
@@ -239,7 +239,7 @@ class CheckpointStore(MarkerStore, Protocol):
 
         Relist never writes, changes or deletes a checkpoint or call row, only the index,
         and never decodes a payload. So it can list again a row someone forged: the caller
-        must check the returned row's signature (`agentflow.exec._durable_seal`) before it
+        must check the returned row's signature (`agentflow.exec.seal`) before it
         trusts or acts on the run, and should relist only runs it means to recover.
 
         Returns:

@@ -15,9 +15,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from agentflow.exec.checkpoints._records import EVENTS_KEPT, SealedEvent, StoredEvent
 from agentflow.exec.checkpoints._redis_clients import LoopClients
 from agentflow.exec.checkpoints._redis_rows import _decode_event, _encode, _text
+from agentflow.exec.checkpoints.records import EVENTS_KEPT, SealedEvent, StoredEvent
 
 #: A stream id, the only cursor this store gives.
 _STREAM_ID: Final = re.compile(r"\d+-\d+")

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint, listed
 from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, Bound
 from agentflow.exec.checkpoints._redis_rows import _decode_checkpoint, _scored, _text
+from agentflow.exec.checkpoints.records import UNFINISHED, SealedCheckpoint, listed
 
 #: Age (seconds, by index score) after which an index entry whose run has no keys is removed.
 STALE_AFTER_S: Final = 300.0

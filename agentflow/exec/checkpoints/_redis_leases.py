@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease
 from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, LoopClients
 from agentflow.exec.checkpoints._redis_rows import _text
 from agentflow.exec.checkpoints._rules import check_lease_args
+from agentflow.exec.checkpoints.records import Lease
 
 #: The longest lease the store writes (about 31 years); a longer `ttl_s` is cut to it.
 _MAX_TTL_S: Final = 1e9

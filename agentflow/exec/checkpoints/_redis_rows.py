@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint, SealedEvent
+from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint, SealedEvent
 
 #: Version written first in every row header.
 _FORMAT = 1

@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from redis import exceptions as redis_errors
 
 from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._redis_clients import Bound, LoopClients
 from agentflow.exec.checkpoints._redis_durability import Durability
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_rows import _encode, _text
 from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_save
+from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
 

@@ -81,8 +81,8 @@ from typing import Final
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
 from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints._records import ENDED, JudgedRows, Pruned, SealedCheckpoint, Trimmed, judged_row
 from agentflow.exec.checkpoints._rules import check_prune_statuses
+from agentflow.exec.checkpoints.records import ENDED, JudgedRows, Pruned, SealedCheckpoint, Trimmed, judged_row
 
 #: Runs per batch when nobody says otherwise.
 DEFAULT_BATCH: Final = 500
@@ -183,7 +183,7 @@ def _check_for(store: CheckpointStore, check: RowCheck | None) -> RowCheck:
     if check is not None:
         return check
     if store.in_process and store.local_key is not None:
-        from agentflow.exec._durable_seal import Sealer  # the seal reads this package's records: imported late
+        from agentflow.exec.seal import Sealer  # the seal reads this package's records: imported late
 
         return Sealer(store.local_key).checkpoint_problem
     raise ValueError(

@@ -11,7 +11,7 @@ from typing import Final
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound
 from agentflow._run_types import RunKind
-from agentflow.exec.checkpoints._records import ENDED, FINAL, JudgedRows, SealedCall, SealedCheckpoint, SealedEvent
+from agentflow.exec.checkpoints.records import ENDED, FINAL, JudgedRows, SealedCall, SealedCheckpoint, SealedEvent
 
 #: The ``flow`` column prefix of the runs a trim never takes: tool loops, whose transcript is
 #: spread over their checkpoints (each holds the messages of its turn), so that dropping the

@@ -16,8 +16,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import EVENTS_KEPT, SealedEvent, StoredEvent
 from agentflow.exec.checkpoints._sql_leases import Transaction
+from agentflow.exec.checkpoints.records import EVENTS_KEPT, SealedEvent, StoredEvent
 
 #: The advisory-lock namespace of event appends (any fixed number; it keys ``pg_advisory_xact_lock``).
 _LOCK_SPACE: Final = 0x61665F65

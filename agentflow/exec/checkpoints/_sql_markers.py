@@ -37,9 +37,9 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Marker
 from agentflow.exec.checkpoints._sql_leases import Transaction, clock, upsert, with_now
 from agentflow.exec.checkpoints._sql_rows import as_kind
+from agentflow.exec.checkpoints.records import Marker
 
 #: How many keys one SELECT of a peek asks for (both databases allow far more parameters).
 _CHUNK: Final = 500

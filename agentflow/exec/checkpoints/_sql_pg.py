@@ -26,7 +26,7 @@ transaction did before, in one round trip.
   `PgFastPath.release_lease`: saves one flush per run, safely).
 - renew, the live leases, the latest checkpoint and a run's head are single statements.
 
-The rules' status sets (ended, final) are passed in as arrays, so `_records` stays their
+The rules' status sets (ended, final) are passed in as arrays, so `records` stays their
 one definition. Duplicate keys become `CheckpointConflict`, every other driver error one
 `CheckpointError` (`Connector.driver`).
 """
@@ -37,9 +37,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from agentflow._errors import CheckpointConflict
-from agentflow.exec.checkpoints._records import ENDED, FINAL, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine
+from agentflow.exec.checkpoints.records import ENDED, FINAL, SealedCall, SealedCheckpoint
 
 #: The rules' status sets, in the order the functions take them.
 _ENDED: Final = sorted(ENDED)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint, stored_fields
+from agentflow.exec.checkpoints.records import Lease, SealedCall, SealedCheckpoint, stored_fields
 
 R = TypeVar("R", SealedCheckpoint, SealedCall)
 

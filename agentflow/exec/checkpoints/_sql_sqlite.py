@@ -40,10 +40,10 @@ from functools import partial
 from typing import Any, Final, TypeVar
 
 from agentflow._errors import AgentflowError, CheckpointConflict
-from agentflow.exec.checkpoints._records import Lease, SealedCall, SealedCheckpoint, stored_fields
 from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints._sql_engines import SQLITE_BUSY_TIMEOUT_MS, Connector, LoopEngine
 from agentflow.exec.checkpoints._sqlite_file import _immediate, _unflushed
+from agentflow.exec.checkpoints.records import Lease, SealedCall, SealedCheckpoint, stored_fields
 
 _T = TypeVar("_T")
 

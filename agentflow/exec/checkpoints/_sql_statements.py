@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCall, SealedCheckpoint, stored_fields
+from agentflow.exec.checkpoints.records import UNFINISHED, SealedCall, SealedCheckpoint, stored_fields
 
 #: The parameters of a save besides ``run`` (the run's id): the checkpoint's other fields.
 SAVE_FIELDS: Final = tuple(f.name for f in fields(SealedCheckpoint) if f.name != "run_id")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import EVENTS_KEPT, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints.records import EVENTS_KEPT, SealedEvent, StoredEvent
 
 _INSERT: Final = "INSERT INTO events (run_id, payload, kid, sig) VALUES (?, ?, ?, ?)"
 _TRIM: Final = """

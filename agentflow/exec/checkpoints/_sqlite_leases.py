@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, TypeVar
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints.records import Lease
 
 _T = TypeVar("_T")
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from agentflow.exec.checkpoints._records import Marker
 from agentflow.exec.checkpoints._sqlite_leases import Expiring
+from agentflow.exec.checkpoints.records import Marker
 
 #: The markers table.
 MARKERS: Final = Expiring("markers", "key", "value", Marker, "marker")

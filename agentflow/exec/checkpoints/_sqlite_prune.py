@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-from agentflow.exec.checkpoints._records import JudgedRows
 from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, is_judged
+from agentflow.exec.checkpoints.records import JudgedRows
 
 #: The runs a prune may take: ``{marks}`` is one ``?`` per status; then before, before, now. With each run's
 #: newest checkpoint row's step and signature, to compare with the row the caller judged.

@@ -31,19 +31,6 @@ from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._records import (
-    EVENTS_KEPT,
-    UNFINISHED,
-    JudgedRows,
-    Lease,
-    Marker,
-    Pruned,
-    SealedCall,
-    SealedCheckpoint,
-    SealedEvent,
-    StoredEvent,
-    Trimmed,
-)
 from agentflow.exec.checkpoints._rules import (
     check_call,
     check_events,
@@ -57,6 +44,19 @@ from agentflow.exec.checkpoints._rules import (
     int_cursor,
     is_judged,
     trims,
+)
+from agentflow.exec.checkpoints.records import (
+    EVENTS_KEPT,
+    UNFINISHED,
+    JudgedRows,
+    Lease,
+    Marker,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+    Trimmed,
 )
 
 

@@ -74,17 +74,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import (
-    JudgedRows,
-    Lease,
-    Marker,
-    Pruned,
-    SealedCall,
-    SealedCheckpoint,
-    SealedEvent,
-    StoredEvent,
-    Trimmed,
-)
 from agentflow.exec.checkpoints._redis_clients import Client, LoopClients, address
 from agentflow.exec.checkpoints._redis_durability import Durability, check_server
 from agentflow.exec.checkpoints._redis_events import RedisEvents
@@ -95,6 +84,17 @@ from agentflow.exec.checkpoints._redis_rows import _calls_of, _decode_checkpoint
 from agentflow.exec.checkpoints._redis_urls import client_factory
 from agentflow.exec.checkpoints._redis_writes import RedisWrites
 from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row
+from agentflow.exec.checkpoints.records import (
+    JudgedRows,
+    Lease,
+    Marker,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+    Trimmed,
+)
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")

@@ -38,7 +38,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import _sql_rows as rows_of
-from agentflow.exec.checkpoints._records import (
+from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row, int_cursor
+from agentflow.exec.checkpoints._sql_durability import check_commit
+from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
+from agentflow.exec.checkpoints._sql_events import SQLEvents
+from agentflow.exec.checkpoints._sql_leases import SQLLeases
+from agentflow.exec.checkpoints._sql_markers import SQLMarkers
+from agentflow.exec.checkpoints._sql_pg import PgFastPath, functions
+from agentflow.exec.checkpoints._sql_prune import SQLPrune
+from agentflow.exec.checkpoints._sql_sqlite import LiteFastPath
+from agentflow.exec.checkpoints._sql_statements import LATEST_FIELDS, Tables, statements, tables
+from agentflow.exec.checkpoints.records import (
     JudgedRows,
     Lease,
     Marker,
@@ -50,16 +60,6 @@ from agentflow.exec.checkpoints._records import (
     Trimmed,
     listed,
 )
-from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row, int_cursor
-from agentflow.exec.checkpoints._sql_durability import check_commit
-from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
-from agentflow.exec.checkpoints._sql_events import SQLEvents
-from agentflow.exec.checkpoints._sql_leases import SQLLeases
-from agentflow.exec.checkpoints._sql_markers import SQLMarkers
-from agentflow.exec.checkpoints._sql_pg import PgFastPath, functions
-from agentflow.exec.checkpoints._sql_prune import SQLPrune
-from agentflow.exec.checkpoints._sql_sqlite import LiteFastPath
-from agentflow.exec.checkpoints._sql_statements import LATEST_FIELDS, Tables, statements, tables
 
 #: Allowed table prefixes (40 characters at most keeps index names under PostgreSQL's 63).
 _PREFIX: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}")

@@ -52,19 +52,6 @@ from typing import Any, Literal, TypeVar
 
 from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_markers, _sqlite_prune, _sqlite_rows
-from agentflow.exec.checkpoints._records import (
-    UNFINISHED,
-    JudgedRows,
-    Lease,
-    Marker,
-    Pruned,
-    SealedCall,
-    SealedCheckpoint,
-    SealedEvent,
-    StoredEvent,
-    Trimmed,
-    listed,
-)
 from agentflow.exec.checkpoints._rules import (
     check_events,
     check_judged,
@@ -86,6 +73,19 @@ from agentflow.exec.checkpoints._sqlite_rows import (
     checkpoint_of,
     insert_call,
     insert_checkpoint,
+)
+from agentflow.exec.checkpoints.records import (
+    UNFINISHED,
+    JudgedRows,
+    Lease,
+    Marker,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+    Trimmed,
+    listed,
 )
 
 _T = TypeVar("_T")

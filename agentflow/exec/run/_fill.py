@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentflow._run_types import RunKind, version_of
-from agentflow.exec._durable_read import IN_DOUBT, LoggedRecord, fold, started_where
+from agentflow.exec.calls.read import IN_DOUBT, LoggedRecord, fold, started_where
 from agentflow.exec.checkpoints import SealedCheckpoint
 from agentflow.exec.run import view as v
 from agentflow.exec.run.control import control_of

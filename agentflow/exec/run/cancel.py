@@ -6,7 +6,7 @@ canceller leaves a request, and the holder ends the run.
 
 Moving parts:
 - `post`: the canceller's side. The request (run, reason, operator, when) is left as the
-  signed marker ``cancel/<run>`` (`agentflow.exec._markers`): every process shares the
+  signed marker ``cancel/<run>`` (`agentflow.exec.run.markers`): every process shares the
   store's markers, a put is atomic, and the marker lapses on its own after `REQUEST_TTL_S`
   (a run that ended meanwhile never reads it).
 - `CancelWatch`: the holder's side. It reads the marker at every step boundary (before a
@@ -26,7 +26,7 @@ Moving parts:
 Invariants:
 - Only a request whose signature checks stops a run. Any other marker there (written by
   hand, changed, signed with a key the holder lacks) is reported (a WARNING and
-  ``control.refused``) and removed (`_markers`), so it neither stops the run nor keeps a
+  ``control.refused``) and removed (`run.markers`), so it neither stops the run nor keeps a
   real request out.
 - A call that started before the holder saw the request is not interrupted: it finishes
   and its ``done`` (or ``failed``) record is logged before the run ends.
@@ -45,9 +45,9 @@ from typing import Any, Final
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import Markers, Note
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.markers import Markers, Note
+from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.cancel")
 

@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt
-from agentflow.exec._durable_read import LoggedRecord
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.calls.read import LoggedRecord
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.seal import Sealer
 
 
 class AheadOfCheckpoint(CheckpointStoreCorrupt):

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec._durable_read import CallState
 from agentflow.exec._registry import Registry
+from agentflow.exec.calls.read import CallState
 
 #: The fields a claim may carry besides its cause.
 CONTROL_FIELDS = ("operator", "rerun", "awaiting", "reason", "migrated", "woke")

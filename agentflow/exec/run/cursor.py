@@ -13,10 +13,10 @@ from typing import Any
 
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import Decision, Journal
 from agentflow.exec._executor import ApprovalRequest
-from agentflow.exec._tracing import NO_SPAN, StepSpan
+from agentflow.exec.calls.log import Decision, Journal
 from agentflow.exec.run.cancel import CancelWatch
+from agentflow.exec.tracing import NO_SPAN, StepSpan
 
 
 @dataclass
@@ -57,7 +57,7 @@ class RunCursor:
     """A paused run's timer, signed into its checkpoint: ``{"at": seconds since the epoch, "for": "timer"
     or "approval"}`` (`run.timers`); None when nothing but a person wakes it."""
     cause: str = "start"
-    """Why the next superstep runs (`agentflow.exec._tracing.CAUSES`); the protocol sets it."""
+    """Why the next superstep runs (`agentflow.exec.tracing.CAUSES`); the protocol sets it."""
     cut_off: tuple[str, ...] | None = None
     """Set when the next superstep continues a cut-off one (a recovery): the span ids its
     ``started`` records carry (the spans of the superstep the dead worker left)."""

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
-from agentflow.exec._durable_read import CallState, LoggedRecord, analyze
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.calls.read import CallState, LoggedRecord, analyze
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.run.cursor import RunCursor, RunOutcome
+from agentflow.exec.seal import Sealer
 
 if TYPE_CHECKING:
     from agentflow.exec.run.steps import RunSteps

@@ -40,8 +40,8 @@ from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
+from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.events")
 

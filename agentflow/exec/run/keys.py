@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.seal import Sealer
 
 
 def sealer_for(store: CheckpointStore | None, key: bytes | Sequence[bytes] | None) -> Sealer | None:

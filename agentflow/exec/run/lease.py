@@ -49,7 +49,7 @@ from typing import Any, TypeAlias
 from agentflow._errors import CheckpointNotFound, RunHeld
 from agentflow._events import Events
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease, SealedCheckpoint
+from agentflow.exec.checkpoints.records import Lease, SealedCheckpoint
 
 log = logging.getLogger("agentflow.lease")
 

@@ -9,7 +9,7 @@ Moving parts:
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
   doubt), `retry`, `cancel`, `migrate` (onto another definition: the driver builds the
   moved cursor), `wake` (a paused run whose signed timer is due: `run.timers`).
-  `decide` (in `_durable`) is the one rule turning ``approve`` into decisions. The held
+  `decide` (in `calls.log`) is the one rule turning ``approve`` into decisions. The held
   drive (`_drive`) and the entry points from outside (an operator's, a due timer's) come
   first, the run's own progress (`begin`, `recover`, `resume`, `advance`) after them.
 - Every drive runs on the look-out for a cancel request (`run.cancel.CancelWatch`); one
@@ -44,14 +44,12 @@ from agentflow._errors import CheckpointConflict, ControlRefused, FlowError, Rec
 from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import decide
-from agentflow.exec._durable_read import CallState, calls_in_doubt
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
-from agentflow.exec._tracing import NO_TRACING, Tracer
+from agentflow.exec.calls.log import decide
+from agentflow.exec.calls.read import CallState, calls_in_doubt
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import Lease
 from agentflow.exec.checkpoints._rules import check_new_run_id
+from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.run.cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
 from agentflow.exec.run.checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, pins_for, untouched
 from agentflow.exec.run.control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
@@ -60,6 +58,8 @@ from agentflow.exec.run.events import recording
 from agentflow.exec.run.lease import Head, HeldHead, Ownership, holding, holding_reading_head
 from agentflow.exec.run.steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened, RunSteps
 from agentflow.exec.run.timers import NotDue, a_child_ended, due
+from agentflow.exec.seal import Sealer
+from agentflow.exec.tracing import NO_TRACING, Tracer
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 

@@ -7,7 +7,7 @@ workers' app does not know (``unknown-flow``). Each is reported once (a WARNING 
 event), then remembered with a marker so the next ticks, on whichever worker beat sends
 them to, neither report it again nor enqueue it.
 
-The marker is the signed marker ``<why>/<run_id>`` (`agentflow.exec._markers`), set for
+The marker is the signed marker ``<why>/<run_id>`` (`agentflow.exec.run.markers`), set for
 `MARK_TTL_S`:
 - every store shares markers between all workers and puts them atomically, so of two
   workers that find the run at once exactly one reports it;
@@ -31,11 +31,11 @@ from typing import Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Events
-from agentflow.exec._durable_seal import Sealer
-from agentflow.exec._markers import Markers, Note
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import UNFINISHED, SealedCheckpoint
+from agentflow.exec.checkpoints.records import UNFINISHED, SealedCheckpoint
 from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.markers import Markers, Note
+from agentflow.exec.seal import Sealer
 
 #: The latest checkpoint fails its check: the run is not recovered until it checks again.
 QUARANTINED: Final = "quarantined"

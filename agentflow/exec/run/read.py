@@ -33,10 +33,9 @@ from typing import Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind
-from agentflow.exec._durable_read import LoggedRecord, read_log
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.calls.read import LoggedRecord, read_log
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import UNREADABLE, Lease, SealedCheckpoint, is_unreadable
+from agentflow.exec.checkpoints.records import UNREADABLE, Lease, SealedCheckpoint, is_unreadable
 from agentflow.exec.run import view as v
 from agentflow.exec.run._fill import Body, fill, superstep_of
 from agentflow.exec.run.checks import AheadOfCheckpoint, check_held, check_records, counts_of
@@ -46,6 +45,7 @@ from agentflow.exec.run.sweep import forgotten
 from agentflow.exec.run.trim import kept_from
 from agentflow.exec.run.view import RunHead
 from agentflow.exec.run.waits import read_limit_waits
+from agentflow.exec.seal import Sealer
 
 #: How many runs ``verify --all`` and a full listing read at most.
 ALL_RUNS: Final = 1_000_000
@@ -300,7 +300,7 @@ async def read_heads(
     rows = list(await store.list_runs(flow, offset + limit))[offset:]
     live = await held_by(store, [row.run_id for row in rows])
     for row in rows:
-        if is_unreadable(row):  # the store could not decode its newest row (`_records.unreadable`)
+        if is_unreadable(row):  # the store could not decode its newest row (`records.unreadable`)
             heads.append(RunHead(row.run_id, "", "", 0, 0.0, -1, row.payload.decode(errors="replace")))
             continue
         try:

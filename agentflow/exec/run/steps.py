@@ -10,7 +10,7 @@ state codec and how it drives a step) and this process's `Ownership`. Its parts:
   exactly one wins;
 - `save`: the checkpoint after a step (with a held ``done`` record, atomically), naming
   who saved it (``by``);
-- `step_span`: the span of the superstep a driver begins (`agentflow.exec._tracing`); every
+- `step_span`: the span of the superstep a driver begins (`agentflow.exec.tracing`); every
   checkpoint body carries the run's trace context (``trace``) from step 0 on.
 The entry points that put the parts in order, under the run's lease, are in `run.protocol`.
 """
@@ -27,12 +27,10 @@ from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, Checkp
 from agentflow._events import Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable import envelope, read_decisions, read_pending, too_large
-from agentflow.exec._durable_journal import Journal
-from agentflow.exec._durable_read import CallState, LoggedRecord, calls_in_doubt, read_log
-from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec._registry import Registry
-from agentflow.exec._tracing import NO_TRACING, StepSpan, Tracer
+from agentflow.exec.calls.journal import Journal
+from agentflow.exec.calls.log import envelope, read_decisions, read_pending, too_large
+from agentflow.exec.calls.read import CallState, LoggedRecord, calls_in_doubt, read_log
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.run.checks import (
     AheadOfCheckpoint,
@@ -49,6 +47,8 @@ from agentflow.exec.run.control import granted, without_failed
 from agentflow.exec.run.driver import C, R, RunDriver
 from agentflow.exec.run.lease import Ownership
 from agentflow.exec.run.timers import wake_of
+from agentflow.exec.seal import Sealer, canonical
+from agentflow.exec.tracing import NO_TRACING, StepSpan, Tracer
 
 #: The version of the checkpoint body layout.
 BODY_VERSION = 1

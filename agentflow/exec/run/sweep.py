@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import UNFINISHED
+from agentflow.exec.checkpoints.records import UNFINISHED
+from agentflow.exec.seal import Sealer
 
 #: How many listed runs a sweep compares at most.
 SWEEP_LIMIT: Final = 1_000_000

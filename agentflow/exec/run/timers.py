@@ -24,8 +24,8 @@ from typing import Any
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunStatus
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.seal import Sealer
 
 #: What a timer may wake a run for.
 WAKES = ("timer", "approval", "child")

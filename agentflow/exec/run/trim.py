@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentflow.exec.checkpoints._records import ENDED, SealedCheckpoint
 from agentflow.exec.checkpoints._rules import trims
+from agentflow.exec.checkpoints.records import ENDED, SealedCheckpoint
 
 
 def kept_from(rows: Sequence[SealedCheckpoint]) -> int:

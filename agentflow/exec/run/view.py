@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentflow._run_types import RunKind, RunStatus
-from agentflow.exec.checkpoints._records import Lease
+from agentflow.exec.checkpoints.records import Lease
 
 #: Call states, as shown.
 DONE: Final = "done"

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.events import RunEvent, read_events
 from agentflow.exec.run.view import LimitWait
+from agentflow.exec.seal import Sealer
 
 #: Events after which no wait of the run is open: a step saved, the run claimed, ended, paused, or its lease lost.
 _CLOSE_ALL: Final = frozenset(

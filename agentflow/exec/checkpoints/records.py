@@ -108,7 +108,7 @@ class Marker:
 
     What agentflow keeps there: a cancel request waiting for a run's holder, a run reported
     as quarantined, a recovery or recheck sent, the lock of a sweep. The store treats the
-    value as opaque text; agentflow signs it (`agentflow.exec._markers`), so a marker
+    value as opaque text; agentflow signs it (`agentflow.exec.run.markers`), so a marker
     someone wrote by hand is read as no marker at all.
     """
 

@@ -2,7 +2,7 @@
 
 A journal writes signed records numbered within its segment, one at a time (concurrent
 nodes queue on a lock), so the store can refuse a gap or a fenced writer. Which record
-is held for the checkpoint is `CallLog.closes_with`'s rule (`_durable`); how a held
+is held for the checkpoint is `CallLog.closes_with`'s rule (`calls.log`); how a held
 record is stored, whatever happens next, is here.
 """
 
@@ -13,8 +13,8 @@ import contextlib
 from typing import Any
 
 from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointError
-from agentflow.exec._durable_seal import Sealer, canonical
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.seal import Sealer, canonical
 
 
 class Journal:

@@ -43,9 +43,9 @@ from typing import Any, Final
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._records import Marker
+from agentflow.exec.checkpoints.records import Marker
+from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.markers")
 

@@ -1,7 +1,7 @@
 """The call log: ``started`` before a tool can run, then how it ended; replay and in-doubt checks.
 
 Moving parts:
-- `Journal` (`_durable_journal`): one worker's pen on a run's log, numbering its records
+- `Journal` (`calls.journal`): one worker's pen on a run's log, numbering its records
   within its segment and holding a step's closing ``done`` for the checkpoint.
 - `CallLog`: what a node's tool calls go through. For each call it replays a finished
   result, pauses for an approval, or takes the slots of its tool's limits, logs
@@ -20,7 +20,7 @@ Invariants:
 - Call identity is ``superstep/node/ordinal/argument digest``: the same on every worker.
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
 
-Reading the log back (checking, folding, deciding what may rerun) is `_durable_read`.
+Reading the log back (checking, folding, deciding what may rerun) is `calls.read`.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import Any
 from agentflow._errors import ApprovalDenied, ToolError
 from agentflow._identity import RunContext
 from agentflow.exec._context import CallInfo, current_delivery
-from agentflow.exec._durable_journal import Journal as Journal
-from agentflow.exec._durable_read import FINAL, CallState
-from agentflow.exec._durable_seal import canonical, digest
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
-from agentflow.exec._tracing import CallSpan
+from agentflow.exec.calls.journal import Journal as Journal
+from agentflow.exec.calls.read import FINAL, CallState
 from agentflow.exec.limits._gate import Slots
 from agentflow.exec.run.cancel import CancelWatch
+from agentflow.exec.seal import canonical, digest
+from agentflow.exec.tracing import CallSpan
 
 
 class PauseForApproval(Exception):

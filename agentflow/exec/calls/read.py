@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt, RecoveryNeedsDecision
-from agentflow.exec._durable_seal import Sealer
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.seal import Sealer
 
 #: Record kinds that close a call for good.
 FINAL = frozenset({"done", "failed", "denied"})

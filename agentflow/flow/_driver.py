@@ -26,15 +26,15 @@ from agentflow._errors import CheckpointConflict, CheckpointError, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus, version_of
 from agentflow.exec import Executor
-from agentflow.exec._durable import CallLog
-from agentflow.exec._durable_read import CallState
-from agentflow.exec._durable_seal import Sealer
+from agentflow.exec.calls.log import CallLog
+from agentflow.exec.calls.read import CallState
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.exec.run.cursor import RunCursor
 from agentflow.exec.run.driver import RunDriver
 from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.run.steps import RunSteps
+from agentflow.exec.seal import Sealer
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
@@ -42,7 +42,7 @@ from agentflow.flow._timers import approval_deadline, settle_deadline
 
 if TYPE_CHECKING:
     from agentflow.flow._runner import FlowRunner
-from agentflow.exec._durable_seal import check_storable
+from agentflow.exec.seal import check_storable
 from agentflow.flow._versions import FlowVersions
 
 

@@ -25,7 +25,7 @@ from json.encoder import encode_basestring as _json_str
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._records import SealedCall, SealedCheckpoint, SealedEvent
+from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint, SealedEvent
 
 #: The shortest key accepted, in bytes (HMAC-SHA256's block of output).
 MIN_KEY_BYTES = 32

@@ -29,10 +29,10 @@ from agentflow.exec._executor import Approver
 from agentflow.exec._loop_engine import LoopResult
 from agentflow.exec._loop_runner import LoopRunner
 from agentflow.exec._registry import Registry
-from agentflow.exec._tracing import Tracer
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.lease import DEFAULT_LEASE_S
+from agentflow.exec.tracing import Tracer
 from agentflow.models import Message, Model
 
 __all__ = [
