@@ -24,8 +24,8 @@ from typing import Any
 
 from agentflow import Executor, FlowRunner
 from agentflow.exec.checkpoints import MemoryCheckpointStore, RetentionPolicy, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._retention import prunable, prune_finished
 from agentflow.exec.checkpoints.records import ENDED
+from agentflow.exec.checkpoints.retention import prunable, prune_finished
 from agentflow.exec.run.read import ALL_RUNS, read_run
 from agentflow.exec.seal import Sealer
 from bench import _flows, _services

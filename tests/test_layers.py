@@ -26,7 +26,7 @@ CONTRACTS = {
 #: One forbidden import per contract: (the file it goes in, the import).
 VIOLATIONS = {
     "stores": ("agentflow/exec/checkpoints/memory.py", "import agentflow.exec._registry"),
-    "exec-below-flow": ("agentflow/exec/_context.py", "import agentflow.flow"),
+    "exec-below-flow": ("agentflow/exec/context.py", "import agentflow.flow"),
     "seal": ("agentflow/exec/seal.py", "import agentflow._events"),
     "surfaces": ("agentflow/viewer/_pages.py", "import agentflow.cli._text"),
     "observe": ("agentflow/celery/_stranded.py", "import agentflow.observe"),

@@ -20,8 +20,7 @@ from agentflow.flow import Child
 from agentflow.flow._children import read_child, start_child
 
 if TYPE_CHECKING:
-    from agentflow.flow._result import RunResult
-    from agentflow.flow._runner import FlowRunner
+    from agentflow.flow import FlowRunner, RunResult
 
 #: Enqueues a superstep: ``(flow, run_id, step, cause, *, version)``.
 Send = Callable[..., str]

@@ -2,7 +2,7 @@
 
 A tick prunes the finished runs that `WorkerSettings.retention_days` no longer keeps, then
 trims those older than `WorkerSettings.retention_trim_days` (each keeps only its newest
-checkpoint, its call records and listing; see `agentflow.exec.checkpoints._retention`),
+checkpoint, its call records and listing; see `agentflow.exec.checkpoints.retention`),
 each at most `WorkerSettings.retention_batches` batches (the rest waits for the next tick,
 so a tick stays short however much piled up), holding the ``lock/prune`` marker
 (`agentflow.exec.run.markers`): of several ticks at once (two beats, a slow tick overrunning
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from agentflow.celery._settings import WorkerSettings
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
+from agentflow.exec.checkpoints.retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
 from agentflow.exec.run.markers import MarkerBusy, Markers
 from agentflow.exec.seal import Sealer
 

@@ -13,7 +13,7 @@ state that stopped being true:
   ``state:NEEDS_DECISION`` and ``state:PAUSED`` list is then what waits for a person now.
 - A task whose worker was killed stays ``STARTED``: its message is handed out again only
   after the broker's visibility timeout (an hour on Redis). Each ``started`` record names
-  the task it served (`agentflow.exec._context.delivering`), so the task that recovers the
+  the task it served (`agentflow.exec.context.delivering`), so the task that recovers the
   run (it replays or reruns the cut-off calls, or parks the run on them) moves each task
   named by those calls' ``started`` records, other than itself, to ``LOST``.
 

@@ -25,7 +25,7 @@
   the app does not know, are reported once (WARNING, an event, the task's result) and
   marked in the store (`agentflow.exec.run.quarantine`); a run that checks again loses
   its marker.
-- `prune`: one tick of the retention beat (`_retention.prune_tick`).
+- `prune`: one tick of the retention beat (`retention.prune_tick`).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
 from agentflow.celery._task_states import answered, asked, lost_tasks
-from agentflow.exec._context import delivering
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.context import delivering
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.markers import MarkerBusy, Markers
 from agentflow.exec.seal import Sealer
@@ -133,7 +133,7 @@ class Worker:
         self.loops = flow_app.loops
         self.settings = settings
         self._store_factory = store_factory
-        #: The store as made, never wrapped: the prune tick opens one of its own (`_retention`).
+        #: The store as made, never wrapped: the prune tick opens one of its own (`retention`).
         self._unwrapped_factory = store_factory
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None

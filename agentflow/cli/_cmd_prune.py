@@ -7,18 +7,18 @@ in batches (``--batch``) with a progress bar. ``--dry-run`` counts and deletes n
 
 ``--trim`` keeps the runs and deletes only their older checkpoints: each keeps its newest
 checkpoint, call records, lease and listing entries, so it still shows, lists and retries
-(`_retention` says what a trim keeps and why). Tool loops are never trimmed.
+(`retention` says what a trim keeps and why). Tool loops are never trimmed.
 
-The store does the work (`agentflow.exec.checkpoints._retention`): each run is judged
+The store does the work (`agentflow.exec.checkpoints.retention`): each run is judged
 again as it is deleted and goes whole, with its checkpoints, call records, lease and
 listing entries; a run a live worker holds, or one retried or resumed since it was listed,
 is left. A running or paused run is never pruned, however old. Before that, each listed
-run is judged by its **signed** newest checkpoint (`_retention.judged_rows`): the store lists by
+run is judged by its **signed** newest checkpoint (`retention.judged_rows`): the store lists by
 fields it keeps in clear, which anyone with write access can set, so the command needs
 the checkpoint key (``--key-env``) and prunes only runs whose newest checkpoint checks and
 itself says it ended before the cut-off. A run whose newest row does not check is left,
 and named. The store then deletes a run only if its newest row is still the one judged
-(`_retention.judged_rows`): a run retried while the person read the question is left.
+(`retention.judged_rows`): a run retried while the person read the question is left.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from agentflow.cli import _errors
 from agentflow.cli._target import open_target, store_options
 from agentflow.cli._text import echo
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._retention import DEFAULT_BATCH, judged_rows, prunable, prune, pruner, trimmable
-from agentflow.exec.checkpoints._retention import trim as trim_runs
-from agentflow.exec.checkpoints._rules import check_prune_statuses
 from agentflow.exec.checkpoints.records import ENDED, JudgedRows
+from agentflow.exec.checkpoints.retention import DEFAULT_BATCH, judged_rows, prunable, prune, pruner, trimmable
+from agentflow.exec.checkpoints.retention import trim as trim_runs
+from agentflow.exec.checkpoints.rules import check_prune_statuses
 from agentflow.exec.run.read import ALL_RUNS
 
 #: Seconds per unit of a duration.

@@ -1,6 +1,5 @@
 """Tools, the executor, the call log and the tool loop (`LoopRunner`, and one function per operation on it)."""
 
-from agentflow.exec._context import CallInfo, current_call, idempotency_key
 from agentflow.exec._executor import ApprovalRequest, Approver, Executor
 from agentflow.exec._loop_functions import (
     LoopResult,
@@ -14,6 +13,7 @@ from agentflow.exec._loop_functions import (
 )
 from agentflow.exec._loop_runner import LoopRunner
 from agentflow.exec._registry import ApprovalPolicy, Registry, RetryPolicy, Tool
+from agentflow.exec.context import CallInfo, current_call, idempotency_key
 
 __all__ = [
     "ApprovalPolicy",

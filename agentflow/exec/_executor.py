@@ -24,10 +24,10 @@ from typing import Any
 from agentflow._errors import ApprovalDenied, ToolTimeout
 from agentflow._events import Events
 from agentflow._identity import RunContext
-from agentflow.exec._context import CallInfo, _current
 from agentflow.exec._registry import Registry, Tool
+from agentflow.exec.context import CallInfo, _current
 from agentflow.exec.limits import RateLimited
-from agentflow.exec.limits._gate import Gate, Slots
+from agentflow.exec.limits.gate import Gate, Slots
 from agentflow.exec.tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
 
 

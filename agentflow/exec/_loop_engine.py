@@ -34,7 +34,7 @@ from agentflow.exec._executor import Executor
 from agentflow.exec.calls.log import CallLog, PauseForApproval, describe_failure
 from agentflow.exec.calls.read import CallState, LoggedRecord, analyze
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
-from agentflow.exec.limits._table import provider_of
+from agentflow.exec.limits.table import provider_of
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.exec.run.cursor import RunCursor, RunOutcome
 from agentflow.exec.run.driver import RunDriver

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 from agentflow._errors import ToolArgumentsInvalid, UnknownTool
 from agentflow._identity import RunContext
 from agentflow.exec.limits import BackendSpec, Limit, LimitKey
-from agentflow.exec.limits._table import LimitTable
+from agentflow.exec.limits.table import LimitTable
 from agentflow.exec.seal import check_storable
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -26,7 +26,7 @@ from agentflow._errors import ModelError
 from agentflow.models._decode import Body, Malformed, check_limits, loads, read_body
 from agentflow.models._messages import Message
 from agentflow.models._secrets import Scrubber
-from agentflow.models._usage import note_usage
+from agentflow.models.usage import note_usage
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.exec.run.cursor import RunCursor
 from agentflow.exec.tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
-from agentflow.models._usage import clear_usage, last_usage
+from agentflow.models.usage import clear_usage, last_usage
 from agentflow.observe._trace_context import (
     Pending,
     TracedStore,

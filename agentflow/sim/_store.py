@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentflow._errors import CheckpointError
-from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore
 from agentflow.exec.checkpoints.records import Lease, Marker, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
 
 _T = TypeVar("_T")

@@ -5,7 +5,7 @@
 1. the form, then who asks and from where (`_guards.who_refusal`: a 403);
 2. the run, read and checked (a 404 if the store has none);
 3. a live holder (a 409 naming it) for the actions it blocks, then the action's rule
-   (`_rules.Rule`: the run's state, the app, a tool loop, a principal: a 409);
+   (`rules.Rule`: the run's state, the app, a tool loop, a principal: a 409);
 4. the action's own fields (a 400 saying what is wrong);
 5. the CSRF token, bound to the action, the run and the step the page showed (a stale page: a 409);
 6. the deed, through `Viewer.operator` (this process, or the workers); what the runner

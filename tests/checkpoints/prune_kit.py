@@ -117,14 +117,14 @@ async def retry_claim(store: CheckpointStore, run_id: str) -> SealedCheckpoint:
 def between_judgement_and_store(
     monkeypatch: pytest.MonkeyPatch, name: str, attack: Callable[[], Awaitable[None]]
 ) -> list[bool]:
-    """Run `attack` once, just before `_retention`'s `name` (``prune`` or ``trim``) hands its first batch to the store.
+    """Run `attack` once, just before `retention`'s `name` (``prune`` or ``trim``) hands its first batch to the store.
 
     `prune_finished` and `trim_finished` call it right after judging the batch by its signed
     newest rows. Returns a list that holds True once the attack ran.
     """
-    from agentflow.exec.checkpoints import _retention
+    from agentflow.exec.checkpoints import retention
 
-    real = getattr(_retention, name)
+    real = getattr(retention, name)
     fired: list[bool] = []
 
     async def hooked(*args: Any, **kwargs: Any) -> Any:
@@ -133,7 +133,7 @@ def between_judgement_and_store(
             await attack()
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(_retention, name, hooked)
+    monkeypatch.setattr(retention, name, hooked)
     return fired
 
 

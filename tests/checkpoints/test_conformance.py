@@ -20,9 +20,9 @@ from agentflow.exec.checkpoints import (
     SealedCheckpoint,
     StoreDefaults,
 )
-from agentflow.exec.checkpoints._rules import check_lease_args, check_row
 from agentflow.exec.checkpoints.conformance import CHECKS, SEALER, Check, check_implements_protocol, validate
 from agentflow.exec.checkpoints.records import Lease, Marker
+from agentflow.exec.checkpoints.rules import check_lease_args, check_row
 
 RACE_WORKER = Path(__file__).with_name("race_worker.py")
 RACERS = 4

@@ -30,8 +30,8 @@ from agentflow.exec.checkpoints import (
     RetentionPolicy,
     SealedCall,
     Trimmed,
-    _retention,
     prune_finished,
+    retention,
     trim_finished,
 )
 from agentflow.exec.checkpoints.records import ENDED, judged_row
@@ -174,13 +174,13 @@ async def test_a_store_that_cannot_be_told_the_judged_rows_is_pruned_generically
     await MemoryRows(store).set_clear("retried", "failed", now - DAY)
     # When the runs are trimmed with the rows judged, Then the store is refused: it could not compare them
     with pytest.raises(NotImplementedError, match="takes no judged rows"):
-        await _retention.trim(store, ["retried", "left"], now - HOUR, ENDED, judged)
+        await retention.trim(store, ["retried", "left"], now - HOUR, ENDED, judged)
     # When they are pruned with the rows judged, Then the generic prune compares them: the retried run stays
-    pruned = await _retention.prune(store, ["retried", "left"], now - HOUR, ENDED, "pruner", judged)
+    pruned = await retention.prune(store, ["retried", "left"], now - HOUR, ENDED, "pruner", judged)
     assert pruned.run_ids == ("left",) and len(await store.history("retried")) == 5
     # And judged rows that name no row are refused
     with pytest.raises(ValueError, match="as \\(step, sig\\)"):
-        await _retention.prune(MemoryCheckpointStore(), ["retried"], now, ENDED, "pruner", {"retried": (1, "")})
+        await retention.prune(MemoryCheckpointStore(), ["retried"], now, ENDED, "pruner", {"retried": (1, "")})
 
 
 def test_a_policy_keeps_unfinished_runs_and_says_what_is_wrong() -> None:

@@ -31,7 +31,7 @@ from agentflow.exec.checkpoints import (
     TrimStore,
     trim_finished,
 )
-from agentflow.exec.checkpoints._retention import trimmable
+from agentflow.exec.checkpoints.retention import trimmable
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 from agentflow.observe._forward import ForwardingStore

@@ -13,7 +13,7 @@ from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY, ORDER, TICKETS, make_tickets
 
 from agentflow import Events, Executor, FlowRunner
-from agentflow.exec.checkpoints._protocol import EventStore
+from agentflow.exec.checkpoints.protocol import EventStore
 from agentflow.exec.run.events import Positions, follow_events, read_events
 from agentflow.exec.seal import Sealer
 

@@ -8,7 +8,7 @@ import pytest
 
 from agentflow.exec import Registry
 from agentflow.exec.limits import Limit, LocalLimits, RedisLimits, SQLLimits
-from agentflow.exec.limits._table import provider_of
+from agentflow.exec.limits.table import provider_of
 from agentflow.models import ScriptedModel
 
 

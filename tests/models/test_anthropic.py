@@ -18,7 +18,7 @@ from agentflow.exec import Registry, run_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.flow import RunStatus
 from agentflow.models import AnthropicModel, Message, ToolCall
-from agentflow.models._usage import Usage, clear_usage, last_usage
+from agentflow.models.usage import Usage, clear_usage, last_usage
 
 
 def make_model(stub: StubServer, **options: Any) -> AnthropicModel:

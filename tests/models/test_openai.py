@@ -18,8 +18,8 @@ from agentflow.exec import Registry, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.flow import RunStatus
 from agentflow.models import Message, ToolCall
-from agentflow.models._usage import Usage, clear_usage, last_usage
 from agentflow.models.openai import OpenAIChatModel
+from agentflow.models.usage import Usage, clear_usage, last_usage
 
 
 def make_model(stub: StubServer, **options: Any) -> OpenAIChatModel:

@@ -23,11 +23,11 @@ from agentflow import Call, Events, Executor, Flow, FlowRunner, Registry, RunCon
 from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec import run_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
-from agentflow.exec.checkpoints._protocol import EventStore, RetentionStore
 from agentflow.exec.checkpoints.conformance import validate
+from agentflow.exec.checkpoints.protocol import EventStore, RetentionStore
 from agentflow.exec.tracing import NO_TRACING
 from agentflow.models import Message, ScriptedModel, ToolCall
-from agentflow.models._usage import note_usage
+from agentflow.models.usage import note_usage
 from agentflow.observe import TracedStore, Tracing
 from agentflow.observe._trace_context import derived_context, traceparent
 

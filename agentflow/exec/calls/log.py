@@ -32,12 +32,12 @@ from typing import Any
 
 from agentflow._errors import ApprovalDenied, ToolError
 from agentflow._identity import RunContext
-from agentflow.exec._context import CallInfo, current_delivery
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
 from agentflow.exec.calls.journal import Journal as Journal
 from agentflow.exec.calls.read import FINAL, CallState
-from agentflow.exec.limits._gate import Slots
+from agentflow.exec.context import CallInfo, current_delivery
+from agentflow.exec.limits.gate import Slots
 from agentflow.exec.run.cancel import CancelWatch
 from agentflow.exec.seal import canonical, digest
 from agentflow.exec.tracing import CallSpan

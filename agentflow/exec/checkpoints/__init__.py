@@ -7,7 +7,6 @@ extra to install when their driver is missing.
 import typing
 
 from agentflow import _optional
-from agentflow.exec._context import idempotency_key
 from agentflow.exec.checkpoints._defaults import StoreDefaults
 from agentflow.exec.checkpoints._errors import (
     CheckpointConflict,
@@ -16,11 +15,12 @@ from agentflow.exec.checkpoints._errors import (
     CheckpointStoreCorrupt,
     RecoveryNeedsDecision,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints._retention import RetentionPolicy, prune_finished, trim_finished
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, RetentionStore, TrimStore
 from agentflow.exec.checkpoints.records import Pruned, SealedCall, SealedCheckpoint, Trimmed
+from agentflow.exec.checkpoints.retention import RetentionPolicy, prune_finished, trim_finished
 from agentflow.exec.checkpoints.sqlite import SQLiteCheckpointStore
+from agentflow.exec.context import idempotency_key
 
 if typing.TYPE_CHECKING:
     from agentflow.exec.checkpoints.redis import RedisCheckpointStore

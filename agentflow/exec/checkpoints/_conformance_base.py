@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, Final
 
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore
 from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
 from agentflow.exec.seal import Sealer
 

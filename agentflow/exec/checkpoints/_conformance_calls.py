@@ -22,7 +22,7 @@ from agentflow.exec.checkpoints._conformance_base import (
     _save_segment,
     _save_steps,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore
 from agentflow.exec.checkpoints.records import SealedCall
 
 #: How many coroutines race in the concurrency checks.

@@ -7,10 +7,10 @@ stream. Each check takes a store and raises `AssertionError` naming the rule it 
 from __future__ import annotations
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints import _retention
+from agentflow.exec.checkpoints import retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _expect, _expect_raises, _ids, _save_steps
 from agentflow.exec.checkpoints._conformance_retention import CUT_OFF, OWNER, _run
-from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore
 from agentflow.exec.checkpoints.records import ENDED, EVENTS_KEPT, SealedEvent
 
 
@@ -87,7 +87,7 @@ async def check_events_go_with_the_run(store: CheckpointStore) -> None:
     _expect(not await store.read_events(run_id), "delete removes the run's events")
     old = await _run(store, _ids()[1], "done", CUT_OFF - 100)
     await store.append_events(old, _events(old, 0, 2))
-    pruned = await _retention.prune(store, [old], CUT_OFF, ENDED, OWNER)
+    pruned = await retention.prune(store, [old], CUT_OFF, ENDED, OWNER)
     _expect(pruned.run_ids == (old,), f"the old run was not pruned: {pruned}")
     _expect(not await store.read_events(old), "prune removes the run's events")
 

@@ -19,7 +19,7 @@ from typing import Final
 from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints._conformance_base import _checkpoint, _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._conformance_calls import RACERS
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore
 from agentflow.exec.checkpoints.records import Lease
 
 #: A lease that outlives any check (seconds).

@@ -14,7 +14,7 @@ import uuid
 from agentflow.exec.checkpoints._conformance_base import _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._conformance_calls import RACERS
 from agentflow.exec.checkpoints._conformance_leases import LONG, SHORT, _token, until_lapsed
-from agentflow.exec.checkpoints._protocol import CheckpointStore, MarkerStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, MarkerStore
 from agentflow.exec.checkpoints.records import Marker
 
 

@@ -3,7 +3,7 @@
 None is pruned either once its newest row is not the row the caller judged (a save came after the judgement).
 
 Each check takes a store and raises `AssertionError` naming the rule the store breaks;
-`conformance` collects them into `CHECKS`. The checks go through `_retention` (the store's
+`conformance` collects them into `CHECKS`. The checks go through `retention` (the store's
 own `prunable` and `prune`, or the generic ones a store without them gets), so every store
 is held to the same rules.
 
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints import _retention
+from agentflow.exec.checkpoints import retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _call, _expect, _expect_raises, _ids
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore
 from agentflow.exec.checkpoints.records import ENDED, SealedCheckpoint, judged_row
 
 #: The cut-off of every check: one hour into 1970.
@@ -74,11 +74,11 @@ async def check_prune_takes_only_old_finished_runs(store: CheckpointStore) -> No
     unfinished = [await _run(store, flow, status, 50.0) for status in ("running", "paused")]
     recent = await _run(store, flow, "done", CUT_OFF + 10)
     mine = [*ended, *unfinished, recent]
-    listed = _mine(await _retention.prunable(store, CUT_OFF, ENDED, 100_000), mine)
+    listed = _mine(await retention.prunable(store, CUT_OFF, ENDED, 100_000), mine)
     _expect(listed == ended, f"prunable listed {listed}, expected the old finished runs oldest first {ended}")
-    failed = _mine(await _retention.prunable(store, CUT_OFF, {"failed"}, 100_000), mine)
+    failed = _mine(await retention.prunable(store, CUT_OFF, {"failed"}, 100_000), mine)
     _expect(failed == ended[2:], f"prunable of failed runs listed {failed}, expected {ended[2:]}")
-    pruned = await _retention.prune(store, list(reversed(mine)), CUT_OFF, ENDED, OWNER)
+    pruned = await retention.prune(store, list(reversed(mine)), CUT_OFF, ENDED, OWNER)
     _expect(
         pruned.run_ids == tuple(reversed(ended)),
         f"prune deleted {list(pruned.run_ids)}, expected the old finished runs {ended[::-1]} in the order asked",
@@ -96,10 +96,10 @@ async def check_prune_refuses_runs_that_have_not_ended(store: CheckpointStore) -
     run_id = await _run(store, flow, "running", 100.0)
     for statuses in ({"running"}, {"done", "paused"}, set()):
         await _expect_raises(
-            ValueError, _retention.prunable(store, CUT_OFF, statuses, 10), f"prunable of statuses {statuses}"
+            ValueError, retention.prunable(store, CUT_OFF, statuses, 10), f"prunable of statuses {statuses}"
         )
         await _expect_raises(
-            ValueError, _retention.prune(store, [run_id], CUT_OFF, statuses, OWNER), f"prune of statuses {statuses}"
+            ValueError, retention.prune(store, [run_id], CUT_OFF, statuses, OWNER), f"prune of statuses {statuses}"
         )
     await _expect_whole(store, run_id, 2, "after refused prunes")
 
@@ -110,14 +110,14 @@ async def check_prune_leaves_a_held_run(store: CheckpointStore) -> None:
     run_id = await _run(store, flow, "failed", 100.0)
     token = f"token-{uuid.uuid4().hex}"
     await store.take_lease(run_id, "a worker retrying it", token, 60.0)
-    listed = _mine(await _retention.prunable(store, CUT_OFF, ENDED, 100_000), [run_id])
+    listed = _mine(await retention.prunable(store, CUT_OFF, ENDED, 100_000), [run_id])
     _expect(not listed, "prunable listed a run a live lease holds")
-    pruned = await _retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER)
+    pruned = await retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER)
     _expect(not pruned.run_ids, "prune deleted a run a live lease holds")
     await _expect_whole(store, run_id, 2, "a held run after a prune")
     _expect(run_id in await store.leases([run_id]), "a prune took away the lease of the run it left alone")
     await store.release_lease(run_id, token)
-    pruned = await _retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER)
+    pruned = await retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER)
     _expect(pruned.run_ids == (run_id,), "prune did not delete the run once its lease was given up")
     _expect(not await store.leases([run_id]), "a pruned run still shows a lease")
 
@@ -126,10 +126,10 @@ async def check_prune_judges_each_run_again(store: CheckpointStore) -> None:
     """A run that moved on after it was listed (a retry's claim saved) is kept; unknown ids are skipped."""
     _, flow = _ids()
     run_id = await _run(store, flow, "failed", 100.0)
-    listed = _mine(await _retention.prunable(store, CUT_OFF, ENDED, 100_000), [run_id])
+    listed = _mine(await retention.prunable(store, CUT_OFF, ENDED, 100_000), [run_id])
     _expect(listed == [run_id], f"prunable listed {listed}, expected the failed run")
     await store.save(run_id, 2, _old(run_id, 2, flow, "running", 200.0))  # a retry's claim
-    pruned = await _retention.prune(store, [run_id, f"{run_id}-unknown"], CUT_OFF, ENDED, OWNER)
+    pruned = await retention.prune(store, [run_id, f"{run_id}-unknown"], CUT_OFF, ENDED, OWNER)
     _expect(not pruned.run_ids, f"prune deleted {list(pruned.run_ids)}: the run was retried after it was listed")
     history = [cp.step for cp in await store.history(run_id)]
     _expect(history == [0, 1, 2], f"a retried run holds steps {history} after a prune, expected [0, 1, 2]")
@@ -139,7 +139,7 @@ async def check_pruned_run_id_starts_afresh(store: CheckpointStore) -> None:
     """After a prune nothing of the run is left: its id takes a step 0 again, with no old row or lease."""
     _, flow = _ids()
     run_id = await _run(store, flow, "done", 100.0, calls=4)
-    pruned = await _retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER)
+    pruned = await retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER)
     _expect(pruned.run_ids == (run_id,) and pruned.rows == 6, f"prune of a done run returned {pruned}")
     fresh = _old(run_id, 0, flow, "running", CUT_OFF + 100)
     await store.save(run_id, 0, fresh)
@@ -151,11 +151,11 @@ async def check_prune_limit_and_cut_off(store: CheckpointStore) -> None:
     """`prunable` returns at most `limit` runs, oldest first, and none saved at or after the cut-off."""
     _, flow = _ids()
     runs = [await _run(store, flow, "done", 100.0 + i, calls=0) for i in range(4)]
-    first = _mine(await _retention.prunable(store, CUT_OFF, ENDED, 2), runs)
+    first = _mine(await retention.prunable(store, CUT_OFF, ENDED, 2), runs)
     _expect(first == runs[:2], f"prunable with limit 2 listed {first}, expected the two oldest {runs[:2]}")
-    early = _mine(await _retention.prunable(store, 101.0, ENDED, 100_000), runs)
+    early = _mine(await retention.prunable(store, 101.0, ENDED, 100_000), runs)
     _expect(early == runs[:1], f"prunable with the cut-off at 101 s listed {early}, expected only {runs[:1]}")
-    pruned = await _retention.prune(store, runs, 102.0, ENDED, OWNER)
+    pruned = await retention.prune(store, runs, 102.0, ENDED, OWNER)
     _expect(pruned.run_ids == tuple(runs[:2]), f"prune with the cut-off at 102 s deleted {list(pruned.run_ids)}")
 
 
@@ -172,7 +172,7 @@ async def check_prune_takes_only_the_judged_row(store: CheckpointStore) -> None:
     then = {run_id: judged_row(await store.latest(run_id)) for run_id in (moved, still)}
     await store.save(moved, 2, _old(moved, 2, flow, "running", 150.0))  # a retry's claim
     await store.save(moved, 3, _old(moved, 3, flow, "failed", 160.0))  # and it failed again, long ago too
-    pruned = await _retention.prune(store, [moved, still], CUT_OFF, ENDED, OWNER, judged=then)
+    pruned = await retention.prune(store, [moved, still], CUT_OFF, ENDED, OWNER, judged=then)
     _expect(
         pruned.run_ids == (still,),
         f"prune given the rows judged deleted {list(pruned.run_ids)}, expected only {still}: run {moved} saved "
@@ -183,8 +183,8 @@ async def check_prune_takes_only_the_judged_row(store: CheckpointStore) -> None:
     await _expect_gone(store, still, "a run whose judged row was still its newest")
     newest = await store.latest(moved)
     for wrong, what in (({}, "no row judged for it"), ({moved: (3, "0" * 64)}, "its step 3 judged with another sig")):
-        pruned = await _retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged=wrong)
+        pruned = await retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged=wrong)
         _expect(not pruned.run_ids, f"prune deleted run {moved} with {what}")
-    pruned = await _retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged={moved: judged_row(newest)})
+    pruned = await retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged={moved: judged_row(newest)})
     _expect(pruned.run_ids == (moved,), f"prune did not delete run {moved} once its newest row was the one judged")
     await _expect_gone(store, moved, "a run pruned at the row judged")

@@ -19,7 +19,7 @@ from agentflow.exec.checkpoints._conformance_base import (
     _ids,
     _save_steps,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore
 
 
 async def check_implements_protocol(store: CheckpointStore) -> None:

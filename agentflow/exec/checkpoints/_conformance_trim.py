@@ -1,7 +1,7 @@
 """Conformance checks of trimming: old finished runs keep their newest checkpoint, call log and listing; nothing else.
 
 Each check takes a store and raises `AssertionError` naming the rule the store breaks;
-`conformance` collects them into `CHECKS`. They go through `_retention` (the store's own
+`conformance` collects them into `CHECKS`. They go through `retention` (the store's own
 `trimmable` and `trim`). A store without `TrimStore` cannot trim: each check then holds it
 to the refusal instead (a `NotImplementedError` that says so, and nothing deleted), which
 is the whole of its contract; every store agentflow ships trims (tests/checkpoints pins it).
@@ -15,12 +15,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from agentflow.exec.checkpoints import _retention
+from agentflow.exec.checkpoints import retention
 from agentflow.exec.checkpoints._conformance_base import SEALER, _call, _expect, _expect_raises, _ids
 from agentflow.exec.checkpoints._conformance_retention import CUT_OFF, _old
-from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore, TrimStore
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, TrimStore
 from agentflow.exec.checkpoints.records import ENDED, SealedCheckpoint, judged_row
+from agentflow.exec.checkpoints.rules import UNTRIMMED_PREFIX
 
 #: Checkpoints of the runs the checks trim: a trim deletes all but the last.
 STEPS = 3
@@ -43,8 +43,8 @@ async def _trimming(store: CheckpointStore, flow: str) -> bool:
         return True
     run_id = await _long_run(store, flow, "done", 100.0)
     for action in (
-        _retention.trimmable(store, CUT_OFF, ENDED, 10),
-        _retention.trim(store, [run_id], CUT_OFF, ENDED),
+        retention.trimmable(store, CUT_OFF, ENDED, 10),
+        retention.trim(store, [run_id], CUT_OFF, ENDED),
     ):
         try:
             await action
@@ -88,14 +88,14 @@ async def check_trim_keeps_only_the_newest_checkpoint(store: CheckpointStore) ->
     newest = {run_id: await store.latest(run_id) for run_id in ended}
     if isinstance(store, EventStore):
         await store.append_events(ended[0], [SEALER.seal_event(ended[0], {"name": "run.done", "at": 1.0, "data": {}})])
-    listed = _mine(await _retention.trimmable(store, CUT_OFF, ENDED, 100_000), mine)
+    listed = _mine(await retention.trimmable(store, CUT_OFF, ENDED, 100_000), mine)
     expected = [(run_id, 100.0 + i) for i, run_id in enumerate(ended)]
     _expect(listed == expected, f"trimmable listed {listed}, expected the old finished flow runs {expected}")
-    since = _mine(await _retention.trimmable(store, CUT_OFF, ENDED, 100_000, since=101.0), mine)
+    since = _mine(await retention.trimmable(store, CUT_OFF, ENDED, 100_000, since=101.0), mine)
     _expect(since == expected[1:], f"trimmable since 101 s listed {since}, expected {expected[1:]}")
-    first = _mine(await _retention.trimmable(store, CUT_OFF, {"failed", "cancelled"}, 1), mine)
+    first = _mine(await retention.trimmable(store, CUT_OFF, {"failed", "cancelled"}, 1), mine)
     _expect(first == expected[:1], f"trimmable of one failed or cancelled run listed {first}, expected {expected[:1]}")
-    trimmed = await _retention.trim(store, list(reversed(mine)), CUT_OFF, ENDED)
+    trimmed = await retention.trim(store, list(reversed(mine)), CUT_OFF, ENDED)
     _expect(trimmed.run_ids == tuple(reversed(ended)), f"trim took {list(trimmed.run_ids)}, expected {ended[::-1]}")
     _expect(trimmed.rows == 3 * (STEPS - 1), f"trim counted {trimmed.rows} rows, expected {3 * (STEPS - 1)}")
     for run_id in ended:
@@ -106,9 +106,9 @@ async def check_trim_keeps_only_the_newest_checkpoint(store: CheckpointStore) ->
     if isinstance(store, EventStore):
         kept_events = await store.read_events(ended[0])
         _expect(len(kept_events) == 1, f"a trim took the events of run {ended[0]}: {len(kept_events)} left")
-    again = _mine(await _retention.trimmable(store, CUT_OFF, ENDED, 100_000), mine)
+    again = _mine(await retention.trimmable(store, CUT_OFF, ENDED, 100_000), mine)
     _expect(not again, f"trimmable listed runs already trimmed: {again}")
-    twice = await _retention.trim(store, ended, CUT_OFF, ENDED)
+    twice = await retention.trim(store, ended, CUT_OFF, ENDED)
     _expect(not twice.run_ids and twice.rows == 0, f"a second trim of the same runs returned {twice}")
 
 
@@ -120,10 +120,10 @@ async def check_trim_refuses_runs_that_have_not_ended(store: CheckpointStore) ->
     run_id = await _long_run(store, flow, "paused", 100.0)
     for statuses in ({"running"}, {"done", "paused"}, set()):
         await _expect_raises(
-            ValueError, _retention.trimmable(store, CUT_OFF, statuses, 10), f"trimmable of statuses {statuses}"
+            ValueError, retention.trimmable(store, CUT_OFF, statuses, 10), f"trimmable of statuses {statuses}"
         )
         await _expect_raises(
-            ValueError, _retention.trim(store, [run_id], CUT_OFF, statuses), f"trim of statuses {statuses}"
+            ValueError, retention.trim(store, [run_id], CUT_OFF, statuses), f"trim of statuses {statuses}"
         )
     kept = [cp.step for cp in await store.history(run_id)]
     _expect(kept == list(range(STEPS)), f"refused trims left steps {kept}")
@@ -137,14 +137,14 @@ async def check_trim_leaves_a_held_run(store: CheckpointStore) -> None:
     run_id = await _long_run(store, flow, "failed", 100.0)
     token = f"token-{uuid.uuid4().hex}"
     await store.take_lease(run_id, "a worker retrying it", token, 60.0)
-    listed = _mine(await _retention.trimmable(store, CUT_OFF, ENDED, 100_000), [run_id])
+    listed = _mine(await retention.trimmable(store, CUT_OFF, ENDED, 100_000), [run_id])
     _expect(not listed, "trimmable listed a run a live lease holds")
-    trimmed = await _retention.trim(store, [run_id], CUT_OFF, ENDED)
+    trimmed = await retention.trim(store, [run_id], CUT_OFF, ENDED)
     _expect(not trimmed.run_ids, "trim took a run a live lease holds")
     _expect(len(await store.history(run_id)) == STEPS, "a held run lost checkpoints to a trim")
     _expect(run_id in await store.leases([run_id]), "a trim took away the lease of the run it left alone")
     await store.release_lease(run_id, token)
-    trimmed = await _retention.trim(store, [run_id], CUT_OFF, ENDED)
+    trimmed = await retention.trim(store, [run_id], CUT_OFF, ENDED)
     _expect(trimmed.run_ids == (run_id,), "trim did not take the run once its lease was given up")
 
 
@@ -154,10 +154,10 @@ async def check_trim_judges_each_run_again(store: CheckpointStore) -> None:
     if not await _trimming(store, flow):
         return
     run_id = await _long_run(store, flow, "failed", 100.0)
-    listed = _mine(await _retention.trimmable(store, CUT_OFF, ENDED, 100_000), [run_id])
+    listed = _mine(await retention.trimmable(store, CUT_OFF, ENDED, 100_000), [run_id])
     _expect([r for r, _ in listed] == [run_id], f"trimmable listed {listed}, expected the failed run")
     await store.save(run_id, STEPS, _old(run_id, STEPS, flow, "running", 200.0))  # a retry's claim
-    trimmed = await _retention.trim(store, [run_id, f"{run_id}-unknown"], CUT_OFF, ENDED)
+    trimmed = await retention.trim(store, [run_id, f"{run_id}-unknown"], CUT_OFF, ENDED)
     _expect(not trimmed.run_ids, f"trim took {list(trimmed.run_ids)}: the run was retried after it was listed")
     kept = [cp.step for cp in await store.history(run_id)]
     _expect(kept == list(range(STEPS + 1)), f"a retried run holds steps {kept} after a trim")
@@ -169,7 +169,7 @@ async def check_trimmed_run_is_retried_and_trimmed_again(store: CheckpointStore)
     if not await _trimming(store, flow):
         return
     run_id = await _long_run(store, flow, "failed", 100.0)
-    await _retention.trim(store, [run_id], CUT_OFF, ENDED)
+    await retention.trim(store, [run_id], CUT_OFF, ENDED)
     # The retry: a claim opening segment STEPS, a started record in it, then its done record with the end.
     await store.save(run_id, STEPS, _claim(run_id, flow))
     await store.record_call(run_id, _call(run_id, STEPS, 0, "started"))
@@ -181,9 +181,9 @@ async def check_trimmed_run_is_retried_and_trimmed_again(store: CheckpointStore)
     _expect(dict(counts) == {0: 2, STEPS: 2}, f"a trimmed run retried counts records {dict(counts)}")
     relisted = await store.relist(run_id)
     _expect(relisted == done, "relist of a trimmed, retried run did not return its newest row")
-    listed = _mine(await _retention.trimmable(store, CUT_OFF, ENDED, 100_000), [run_id])
+    listed = _mine(await retention.trimmable(store, CUT_OFF, ENDED, 100_000), [run_id])
     _expect(listed == [(run_id, 201.0)], f"trimmable listed {listed}: a retried run that ended again qualifies")
-    trimmed = await _retention.trim(store, [run_id], CUT_OFF, ENDED)
+    trimmed = await retention.trim(store, [run_id], CUT_OFF, ENDED)
     _expect(trimmed.rows == 2, f"the second trim counted {trimmed.rows} rows, expected the 2 the retry added")
     _expect(list(await store.history(run_id)) == [done], "the second trim did not keep only the newest checkpoint")
     _expect(len(await store.calls(run_id)) == 4, "a trim took call records")
@@ -209,7 +209,7 @@ async def check_trim_takes_only_the_judged_row(store: CheckpointStore) -> None:
     await store.save(moved, STEPS, _claim(moved, flow))  # a retry's claim
     failed = SEALER.seal_checkpoint(moved, STEPS + 1, flow, "failed", STEPS, 160.0, {"step": STEPS + 1})
     await store.save(moved, STEPS + 1, failed)  # and it failed again, long ago too
-    trimmed = await _retention.trim(store, [moved, still], CUT_OFF, ENDED, judged=then)
+    trimmed = await retention.trim(store, [moved, still], CUT_OFF, ENDED, judged=then)
     _expect(
         trimmed.run_ids == (still,),
         f"trim given the rows judged took {list(trimmed.run_ids)}, expected only {still}: run {moved} saved "
@@ -219,8 +219,8 @@ async def check_trim_takes_only_the_judged_row(store: CheckpointStore) -> None:
     _expect(kept == list(range(STEPS + 2)), f"a run saved again after it was judged holds steps {kept} after a trim")
     _expect([cp.step for cp in await store.history(still)] == [STEPS - 1], f"run {still} was not trimmed")
     for wrong, what in (({}, "no row judged for it"), ({moved: (STEPS + 1, "0" * 64)}, "its newest step, another sig")):
-        trimmed = await _retention.trim(store, [moved], CUT_OFF, ENDED, judged=wrong)
+        trimmed = await retention.trim(store, [moved], CUT_OFF, ENDED, judged=wrong)
         _expect(not trimmed.run_ids, f"trim took run {moved} with {what}")
-    trimmed = await _retention.trim(store, [moved], CUT_OFF, ENDED, judged={moved: judged_row(failed)})
+    trimmed = await retention.trim(store, [moved], CUT_OFF, ENDED, judged={moved: judged_row(failed)})
     _expect(trimmed.run_ids == (moved,), f"trim did not take run {moved} once its newest row was the one judged")
     _expect(list(await store.history(moved)) == [failed], f"run {moved} trimmed at the row judged kept other rows")

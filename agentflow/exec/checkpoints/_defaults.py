@@ -20,12 +20,12 @@ mixin gives:
   ``list_runs``, ``leases``, ``take_lease``, ``latest``, ``history``, ``calls`` and
   ``delete``, one run at a time. A run is pruned whole only if the store's ``delete`` is
   atomic, and only while its newest row is the one the caller judged (``judged``); they
-  are also what `_retention` falls back on for a store without them.
+  are also what `retention` falls back on for a store without them.
 
 No trim (`TrimStore`): the port has no way to delete one checkpoint of a run and keep the
 rest (``delete`` takes all of it, and a save cannot put the newest row back: it would be a
 step 0 over stored call records). So `default_trimmable` and `default_trim`, what
-`_retention` falls back on for a store without ``trimmable`` and ``trim``, refuse with a
+`retention` falls back on for a store without ``trimmable`` and ``trim``, refuse with a
 `NotImplementedError` that says so (`no_trim`), rather than half-do it.
 
 The stores agentflow ships do not use it: each has a one-transaction or one-script
@@ -39,7 +39,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final, NoReturn, Protocol
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._rules import (
+from agentflow.exec.checkpoints.records import JudgedRows, Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
+from agentflow.exec.checkpoints.rules import (
     check_call,
     check_judged,
     check_prune_statuses,
@@ -47,7 +48,6 @@ from agentflow.exec.checkpoints._rules import (
     check_save,
     is_judged,
 )
-from agentflow.exec.checkpoints.records import JudgedRows, Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
 
 #: How many runs the generic `default_prunable` reads from the listing (all of them, in practice).
 _EVERY_RUN: Final = 1_000_000

@@ -26,8 +26,8 @@ from typing import Any, Final
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, LoopClients
 from agentflow.exec.checkpoints._redis_rows import _text
-from agentflow.exec.checkpoints._rules import check_lease_args
 from agentflow.exec.checkpoints.records import Lease
+from agentflow.exec.checkpoints.rules import check_lease_args
 
 #: The longest lease the store writes (about 31 years); a longer `ttl_s` is cut to it.
 _MAX_TTL_S: Final = 1e9

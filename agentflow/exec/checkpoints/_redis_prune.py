@@ -38,8 +38,8 @@ from typing import Any, Final
 from agentflow.exec.checkpoints._redis_clients import MAX_PIPELINE, Bound, LoopClients
 from agentflow.exec.checkpoints._redis_index import STALE_AFTER_S, Index
 from agentflow.exec.checkpoints._redis_rows import _scored, _text
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, trims
 from agentflow.exec.checkpoints.records import JudgedRows, Pruned, Trimmed
+from agentflow.exec.checkpoints.rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, trims
 
 #: Index entries read per page, and runs pruned per pipeline.
 _PAGE: Final = MAX_PIPELINE

@@ -1,8 +1,8 @@
 """The writes of `RedisCheckpointStore`: a save (with the records before it) and a call record, one script each.
 
-``_lua/save.lua`` and ``_lua/record_call.lua`` apply the rules of `_rules` atomically and
+``_lua/save.lua`` and ``_lua/record_call.lua`` apply the rules of `rules` atomically and
 set the run's expiry; this module builds their arguments (rows as `_redis_rows` encodes
-them) and reads their replies. A refusal names what the script read, and `_rules` is run
+them) and reads their replies. A refusal names what the script read, and `rules` is run
 on it here, so the error and its message are those of every other store.
 
 On one server the save script also keeps the three indexes (`_redis_index`) in the same
@@ -30,8 +30,8 @@ from agentflow.exec.checkpoints._redis_clients import Bound, LoopClients
 from agentflow.exec.checkpoints._redis_durability import Durability
 from agentflow.exec.checkpoints._redis_index import Index
 from agentflow.exec.checkpoints._redis_rows import _encode, _text
-from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.rules import check_call, check_no_stored_rows, check_save
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
 

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentflow.exec.checkpoints._rules import check_lease_args
+from agentflow.exec.checkpoints.rules import check_lease_args
 
 #: Opens one transaction on the store's database (`SQLAlchemyCheckpointStore._tx`).
 Transaction = Callable[..., AbstractAsyncContextManager[AsyncConnection]]

@@ -15,9 +15,9 @@ every record the previous holder of the lock committed: what the store's two-sta
 transaction did before, in one round trip.
 
 - ``<prefix>write``: a call record (``p_step`` NULL), a save, or records then a save, all
-  or nothing. It applies the numbering, fencing and compare-and-set rules (`_rules`) to
+  or nothing. It applies the numbering, fencing and compare-and-set rules (`rules`) to
   what it read and writes only if they pass; otherwise it writes nothing and returns what
-  it read, and `PgFastPath.write` runs `_rules` on that to raise the same error, with the
+  it read, and `PgFastPath.write` runs `rules` on that to raise the same error, with the
   same message, as every other store. A step 0 reads the ``runs`` row without a lock and
   refuses to start over stored rows; two writers of one step 0 meet at the primary key.
 - ``<prefix>take_lease``: the leases module's upsert, then the row read back under the
@@ -37,9 +37,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from agentflow._errors import CheckpointConflict
-from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine
 from agentflow.exec.checkpoints.records import ENDED, FINAL, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.rules import check_call, check_lease_args, check_no_stored_rows, check_save
 
 #: The rules' status sets, in the order the functions take them.
 _ENDED: Final = sorted(ENDED)
@@ -195,7 +195,7 @@ class PgFastPath:
         """Append `calls`, then save `checkpoint` as `step` (None: records only): all or nothing.
 
         Raises:
-            CheckpointConflict: a rule refused it (the message is `_rules`'), or another writer won a key.
+            CheckpointConflict: a rule refused it (the message is `rules`'), or another writer won a key.
             CheckpointNotFound: records for a run without a checkpoint.
         """
         cp = checkpoint
@@ -271,7 +271,7 @@ class PgFastPath:
 def _refuse(
     run_id: str, step: int | None, cp: SealedCheckpoint | None, calls: Sequence[SealedCall], seen: Mapping[str, Any]
 ) -> None:
-    """Raise the error `_rules` gives for what the function read, in the order the other stores check."""
+    """Raise the error `rules` gives for what the function read, in the order the other stores check."""
     listed: bool = seen["listed"]
     step_seen, flow_seen, status_seen = seen["last_step"], seen["last_flow"], seen["last_status"]
     counts = [*(seen["counts"] or ()), *[0] * len(calls)]  # none read past the first record refused

@@ -43,10 +43,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, is_judged
 from agentflow.exec.checkpoints._sql_leases import SQLLeases, Transaction, clock
 from agentflow.exec.checkpoints._sql_statements import Tables
 from agentflow.exec.checkpoints.records import JudgedRows, Pruned, Trimmed
+from agentflow.exec.checkpoints.rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, is_judged
 
 #: How long a prune holds the leases of a batch (seconds): the transaction's length at most.
 _LEASE_S = 60.0

@@ -17,7 +17,7 @@ its statements and ends its transaction itself:
   ``check_same_thread=true``). One round trip.
 
 A write is one ``BEGIN IMMEDIATE`` transaction: the write lock first, then the run's
-``runs`` row, `_rules` applied in Python on what it read, then the writes, as the store's
+``runs`` row, `rules` applied in Python on what it read, then the writes, as the store's
 SQLAlchemy transactions did (a step 0 refuses to start over stored rows; two writers of
 one step 0 meet at the primary key; a duplicate key is `CheckpointConflict`). A commit
 waits for the disk as the connection's ``synchronous`` level says (SQLite's default,
@@ -40,10 +40,10 @@ from functools import partial
 from typing import Any, Final, TypeVar
 
 from agentflow._errors import AgentflowError, CheckpointConflict
-from agentflow.exec.checkpoints._rules import check_call, check_lease_args, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints._sql_engines import SQLITE_BUSY_TIMEOUT_MS, Connector, LoopEngine
 from agentflow.exec.checkpoints._sqlite_file import _immediate, _unflushed
 from agentflow.exec.checkpoints.records import Lease, SealedCall, SealedCheckpoint, stored_fields
+from agentflow.exec.checkpoints.rules import check_call, check_lease_args, check_no_stored_rows, check_save
 
 _T = TypeVar("_T")
 
@@ -169,7 +169,7 @@ class LiteFastPath:
         """Append `calls`, then save `checkpoint` as `step` (None: records only), in one transaction.
 
         Raises:
-            CheckpointConflict: a rule refused it (the message is `_rules`'), or another writer won a key.
+            CheckpointConflict: a rule refused it (the message is `rules`'), or another writer won a key.
             CheckpointNotFound: records for a run without a checkpoint.
         """
         await self._do(partial(_immediate, job=partial(self._write, run_id, step, checkpoint, calls)))

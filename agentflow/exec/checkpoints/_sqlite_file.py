@@ -68,7 +68,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX events_by_run ON events (run_id, id);
     """,
     # 4: markers (`_sqlite_markers`), apart from the leases. No run takes an id under 'agentflow/'
-    # (`_rules.check_new_run_id`), so lease rows of such ids hold no run and go: markers are read
+    # (`rules.check_new_run_id`), so lease rows of such ids hold no run and go: markers are read
     # from their own table only. substr, not LIKE: LIKE ignores case, and 'Agentflow/x' is a run's id.
     """
     CREATE TABLE markers (

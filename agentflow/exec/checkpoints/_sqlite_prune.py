@@ -19,7 +19,7 @@ readers see the run before or after it, and a process killed midway leaves the
 transaction rolled back: every run whole or gone, never a part.
 
 `trim` is a job for the same transaction: it judges the runs asked for as a prune would,
-and also that the run is not a tool loop (`_rules.trims`) and still has a checkpoint row
+and also that the run is not a tool loop (`rules.trims`) and still has a checkpoint row
 older than its newest; then it deletes those older rows, and nothing else. A trim killed
 midway leaves every run trimmed or untouched.
 """
@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-from agentflow.exec.checkpoints._rules import UNTRIMMED_PREFIX, is_judged
 from agentflow.exec.checkpoints.records import JudgedRows
+from agentflow.exec.checkpoints.rules import UNTRIMMED_PREFIX, is_judged
 
 #: The runs a prune may take: ``{marks}`` is one ``?`` per status; then before, before, now. With each run's
 #: newest checkpoint row's step and signature, to compare with the row the caller judged.

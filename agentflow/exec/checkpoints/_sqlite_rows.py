@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints._rules import check_call, check_no_stored_rows, check_save
 from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.rules import check_call, check_no_stored_rows, check_save
 
 #: Columns of a checkpoint row, in `SealedCheckpoint` field order, and the type each must hold.
 CHECKPOINT_COLUMNS: Final = ("run_id", "step", "flow", "status", "segment", "saved_at", "payload", "kid", "sig")

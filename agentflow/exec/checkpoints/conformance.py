@@ -173,7 +173,7 @@ from agentflow.exec.checkpoints._conformance_trim import (
 from agentflow.exec.checkpoints._conformance_trim import (
     check_trimmed_run_is_retried_and_trimmed_again as check_trimmed_run_is_retried_and_trimmed_again,
 )
-from agentflow.exec.checkpoints._protocol import CheckpointStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore
 
 __all__ = ["CHECKS", "SEALER", "Check", "StoreFactory", "validate"]
 

@@ -31,20 +31,6 @@ from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints._rules import (
-    check_call,
-    check_events,
-    check_judged,
-    check_lease_args,
-    check_marker_args,
-    check_no_stored_rows,
-    check_prune_statuses,
-    check_row,
-    check_save,
-    int_cursor,
-    is_judged,
-    trims,
-)
 from agentflow.exec.checkpoints.records import (
     EVENTS_KEPT,
     UNFINISHED,
@@ -57,6 +43,20 @@ from agentflow.exec.checkpoints.records import (
     SealedEvent,
     StoredEvent,
     Trimmed,
+)
+from agentflow.exec.checkpoints.rules import (
+    check_call,
+    check_events,
+    check_judged,
+    check_lease_args,
+    check_marker_args,
+    check_no_stored_rows,
+    check_prune_statuses,
+    check_row,
+    check_save,
+    int_cursor,
+    is_judged,
+    trims,
 )
 
 

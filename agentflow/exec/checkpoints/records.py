@@ -131,7 +131,7 @@ class Pruned:
     rows: int
     """How many checkpoint rows and call records were deleted with them."""
     refused: tuple[tuple[str, str], ...] = ()
-    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`_retention.judged`)."""
+    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`retention.judged`)."""
 
     def __add__(self, other: Pruned) -> Pruned:
         return Pruned(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
@@ -146,7 +146,7 @@ class Trimmed:
     rows: int
     """How many checkpoint rows were deleted from them (call records are never trimmed)."""
     refused: tuple[tuple[str, str], ...] = ()
-    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`_retention.judged`)."""
+    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`retention.judged`)."""
 
     def __add__(self, other: Trimmed) -> Trimmed:
         return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)

@@ -17,7 +17,7 @@ A row is one JSON header line and then the payload bytes exactly as given; the f
 its codec live in `_redis_rows`.
 
 `save` and `record_call` run ``_lua/save.lua`` and ``_lua/record_call.lua`` (EVALSHA, loaded
-again on NOSCRIPT), which apply the rules of `_rules` atomically and set the run's expiry:
+again on NOSCRIPT), which apply the rules of `rules` atomically and set the run's expiry:
 every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
 Their arguments and replies are `_redis_writes`'.
 
@@ -83,7 +83,6 @@ from agentflow.exec.checkpoints._redis_prune import RedisPrune
 from agentflow.exec.checkpoints._redis_rows import _calls_of, _decode_checkpoint, _head_of, _text
 from agentflow.exec.checkpoints._redis_urls import client_factory
 from agentflow.exec.checkpoints._redis_writes import RedisWrites
-from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row
 from agentflow.exec.checkpoints.records import (
     JudgedRows,
     Lease,
@@ -95,6 +94,7 @@ from agentflow.exec.checkpoints.records import (
     StoredEvent,
     Trimmed,
 )
+from agentflow.exec.checkpoints.rules import check_events, check_marker_args, check_row
 
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")

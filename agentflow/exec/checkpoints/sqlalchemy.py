@@ -10,8 +10,8 @@ The hot operations (saves, call records, leases, ``latest`` and ``head``) take a
 of their database's driver, under a pooled connection: on PostgreSQL each is one statement
 in autocommit on the asyncpg connection (`_sql_pg`); on SQLite each is one job of the
 ``sqlite3`` connection, run inline (`_sql_sqlite`), a write one ``BEGIN IMMEDIATE``
-transaction. Both read the run's ``runs`` row under a lock, apply `_rules` (PostgreSQL
-mirrors them in its function and raises with `_rules` on what it read), then write.
+transaction. Both read the run's ``runs`` row under a lock, apply `rules` (PostgreSQL
+mirrors them in its function and raises with `rules` on what it read), then write.
 
 `latest` (and so `head`) reads the newest ``checkpoints`` row, not through ``runs``, as
 every store does; the compare-and-set and the fencing check read the locked ``runs`` row.
@@ -38,7 +38,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import _sql_rows as rows_of
-from agentflow.exec.checkpoints._rules import check_events, check_marker_args, check_row, int_cursor
 from agentflow.exec.checkpoints._sql_durability import check_commit
 from agentflow.exec.checkpoints._sql_engines import Connector, LoopEngine, check_url
 from agentflow.exec.checkpoints._sql_events import SQLEvents
@@ -60,6 +59,7 @@ from agentflow.exec.checkpoints.records import (
     Trimmed,
     listed,
 )
+from agentflow.exec.checkpoints.rules import check_events, check_marker_args, check_row, int_cursor
 
 #: Allowed table prefixes (40 characters at most keeps index names under PostgreSQL's 63).
 _PREFIX: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}")
@@ -90,7 +90,7 @@ def _v4_pg_functions(conn: sa.Connection, t: Tables) -> None:
 def _v5_create_markers(conn: sa.Connection, t: Tables) -> None:
     """Version 5: the markers table (`_sql_markers`); lease rows of ids under ``agentflow/`` are deleted.
 
-    No run takes an id that starts with ``agentflow/`` (`_rules.check_new_run_id`), so such a
+    No run takes an id that starts with ``agentflow/`` (`rules.check_new_run_id`), so such a
     lease row holds no run, and markers are read from their own table only. The prefix is
     compared with ``substr``: LIKE ignores case on SQLite, and ``Agentflow/x`` is a run's id.
     """

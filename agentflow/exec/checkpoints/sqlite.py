@@ -52,15 +52,6 @@ from typing import Any, Literal, TypeVar
 
 from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints import _sqlite_events, _sqlite_leases, _sqlite_markers, _sqlite_prune, _sqlite_rows
-from agentflow.exec.checkpoints._rules import (
-    check_events,
-    check_judged,
-    check_lease_args,
-    check_marker_args,
-    check_row,
-    int_cursor,
-)
-from agentflow.exec.checkpoints._rules import check_prune_statuses as _statuses
 from agentflow.exec.checkpoints._sqlite_file import MIGRATIONS as MIGRATIONS  # re-exported: tests import it here
 from agentflow.exec.checkpoints._sqlite_file import _connect, _immediate, _unflushed, _Worker
 from agentflow.exec.checkpoints._sqlite_rows import (
@@ -87,6 +78,15 @@ from agentflow.exec.checkpoints.records import (
     Trimmed,
     listed,
 )
+from agentflow.exec.checkpoints.rules import (
+    check_events,
+    check_judged,
+    check_lease_args,
+    check_marker_args,
+    check_row,
+    int_cursor,
+)
+from agentflow.exec.checkpoints.rules import check_prune_statuses as _statuses
 
 _T = TypeVar("_T")
 

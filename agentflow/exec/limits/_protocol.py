@@ -2,7 +2,7 @@
 
 Every operation is atomic in its backend and judged on the backend's clock (Redis: the
 server's ``TIME``), so workers on hosts with skewed clocks agree. A backend never waits:
-`take` says how long to wait, and the caller (`_gate`) does the waiting, in its own event
+`take` says how long to wait, and the caller (`gate`) does the waiting, in its own event
 loop, where the run's lease goes on being renewed.
 """
 

@@ -40,7 +40,7 @@ from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
-from agentflow.exec.checkpoints._protocol import CheckpointStore, EventStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore
 from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.events")

@@ -48,8 +48,8 @@ from agentflow.exec._registry import Registry
 from agentflow.exec.calls.log import decide
 from agentflow.exec.calls.read import CallState, calls_in_doubt
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._rules import check_new_run_id
 from agentflow.exec.checkpoints.records import Lease
+from agentflow.exec.checkpoints.rules import check_new_run_id
 from agentflow.exec.run.cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
 from agentflow.exec.run.checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, pins_for, untouched
 from agentflow.exec.run.control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed

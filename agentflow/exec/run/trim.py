@@ -1,6 +1,6 @@
 """Reading a run that retention trimmed: where its stored history starts, and how readers say so.
 
-A trim (`agentflow.exec.checkpoints._retention`) deletes every checkpoint of a finished run
+A trim (`agentflow.exec.checkpoints.retention`) deletes every checkpoint of a finished run
 but the newest; a run retried after a trim appends its new checkpoints after the kept one.
 So the history of a trimmed run starts at a step k > 0 whose checkpoint ended the run (its
 status, covered by its signature, is ``done``, ``failed`` or ``cancelled``). Readers accept
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentflow.exec.checkpoints._rules import trims
 from agentflow.exec.checkpoints.records import ENDED, SealedCheckpoint
+from agentflow.exec.checkpoints.rules import trims
 
 
 def kept_from(rows: Sequence[SealedCheckpoint]) -> int:
     """The step a run's stored history starts at: 0, or the ended checkpoint a retention trim kept.
 
-    Only a flow run's: retention never trims a tool loop (`_rules.trims`), so a loop whose
+    Only a flow run's: retention never trims a tool loop (`rules.trims`), so a loop whose
     history starts past 0 has lost checkpoints, and its readers say so.
 
     Args:

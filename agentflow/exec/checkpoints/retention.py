@@ -21,7 +21,7 @@ The design of a trim:
 - A run is trimmed in one atomic step (one transaction or script), judged again as it goes
   (a run retried, resumed or held by a live lease since it was listed is left), so a trim
   cut off midway leaves each run trimmed or untouched. Only the rows before the newest go.
-- Tool loops are never trimmed (`_rules.trims`): their transcript is spread over their
+- Tool loops are never trimmed (`rules.trims`): their transcript is spread over their
   checkpoints. They are pruned whole or kept.
 - Readers accept a history that starts at a step k > 0 only when checkpoint k ended the
   run (its signed status), which is where a trim cuts: ``agentflow verify`` says the run
@@ -80,9 +80,9 @@ from typing import Final
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
-from agentflow.exec.checkpoints._protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints._rules import check_prune_statuses
+from agentflow.exec.checkpoints.protocol import CheckpointStore, RetentionStore, TrimStore
 from agentflow.exec.checkpoints.records import ENDED, JudgedRows, Pruned, SealedCheckpoint, Trimmed, judged_row
+from agentflow.exec.checkpoints.rules import check_prune_statuses
 
 #: Runs per batch when nobody says otherwise.
 DEFAULT_BATCH: Final = 500

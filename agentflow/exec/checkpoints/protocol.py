@@ -49,7 +49,7 @@ Retention (`RetentionStore`: ``prunable`` and ``prune``) is the port's optional 
 store that has it prunes finished runs in batches, natively; any other store (a wrapper
 that forwards only `CheckpointStore`, a third-party store) is pruned by the generic
 version built on the methods above (`_defaults.default_prune`), one run at a time.
-Callers go through `agentflow.exec.checkpoints._retention`, which picks one or the other.
+Callers go through `agentflow.exec.checkpoints.retention`, which picks one or the other.
 A prune (and a trim) takes the rows the caller judged (`JudgedRows`: each run's newest
 checkpoint row, by step and signature, whose signature the caller checked) and deletes a
 run only while that very row is still its newest, compared inside the store's atomic step:
@@ -332,7 +332,7 @@ class RetentionStore(Protocol):
         holds the run's lease (as `owner`) while it deletes it. Unknown ids are skipped.
 
         `judged` is what the caller checked, per run: ``(step, sig)`` of the newest
-        checkpoint row whose signature it verified (`_retention.judged_rows`). Given it, the
+        checkpoint row whose signature it verified (`retention.judged_rows`). Given it, the
         store deletes a run only if, inside that same atomic step, the run's newest
         checkpoint *row* (the last row stored, read from the rows themselves: never the
         listing index, the ``runs`` row or the latest hash, whose fields in clear anyone
@@ -368,7 +368,7 @@ class TrimStore(Protocol):
         A run qualifies when its newest checkpoint's status is one of `statuses` (statuses
         of a run that ended only), that checkpoint was saved before `before` and at or after
         `since` (None: no lower bound; the caller's cursor when it lists batch after
-        batch), no live lease holds the run, the run is not a tool loop (`_rules.trims`),
+        batch), no live lease holds the run, the run is not a tool loop (`rules.trims`),
         and an older checkpoint of it is still stored (a trimmed run is not listed again).
         Read from the listing index (a run it forgot is not found), without writing.
 
