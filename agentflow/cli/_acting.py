@@ -34,9 +34,6 @@ from agentflow.cli._target import (
     workers_option,
 )
 from agentflow.cli._watch import moving_here
-from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.run.checks import checked_latest
-from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
 from agentflow.operate import InProcess
 
@@ -117,17 +114,6 @@ class Acting:
         target = open_target(self.store_url, self.key_env)
         # It acts on stored runs someone may be following: their events go into the runs' streams (the default).
         return Here(app, target, InProcess(app, target.store, target.keys, name="cli"), Progress())
-
-
-async def column_of(store: CheckpointStore, sealer: Sealer, run_id: str) -> str:
-    """The run's stored flow column (``loop:<name>`` for a tool loop), trusted only once its latest row checks.
-
-    Raises:
-        CheckpointNotFound: unknown run.
-        CheckpointStoreCorrupt: its latest row fails its check.
-    """
-    row, _ = await checked_latest(store, sealer, run_id)
-    return row.flow
 
 
 def _resolve(ctx: click.Context, options: dict[str, Any], waits: bool) -> Acting:

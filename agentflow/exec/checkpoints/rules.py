@@ -17,14 +17,9 @@ from agentflow.exec.checkpoints.records import ENDED, FINAL, JudgedRows, SealedC
 #: spread over their checkpoints (each holds the messages of its turn), so that dropping the
 #: older ones would lose messages a retry or a reader needs. They are pruned whole or kept.
 UNTRIMMED_PREFIX: Final = RunKind.LOOP.column("")
-#: Every lease id that is not a run's starts with this (a cancel request, a quarantine, the sweep's
-#: lock: `marker_id`); no run may take an id that starts with it.
+#: Run ids under it are reserved (markers were once kept in the lease table under such ids); no run
+#: may take an id that starts with it.
 MARKER_PREFIX: Final = "agentflow/"
-
-
-def marker_id(*parts: str) -> str:
-    """The lease id of a marker: ``agentflow/<part>/<part>...`` (never a run's id: `check_new_run_id`)."""
-    return MARKER_PREFIX + "/".join(parts)
 
 
 def check_new_run_id(run_id: str) -> None:
