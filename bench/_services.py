@@ -57,7 +57,7 @@ async def pg_drop_prefix(url: str, prefix: str) -> None:
     """Drop every table of the current schema whose name starts with `prefix`, and the store's functions."""
     import asyncpg
 
-    from agentflow.exec.checkpoints._sql_pg import drop_functions
+    from agentflow.exec.checkpoints.sqlalchemy._pg import drop_functions
 
     conn = await asyncpg.connect(url)
     try:

@@ -125,7 +125,7 @@ def _pg_filler(url: str, table_prefix: str) -> Filler:
 
 def _redis_filler(store: Any, client: Any, prefix: str) -> Filler:
     """Write the keys ``save.lua`` writes for each run, and its index entries (private layout, checked afterwards)."""
-    from agentflow.exec.checkpoints._redis_rows import _encode
+    from agentflow.exec.checkpoints.redis._rows import _encode
 
     async def fill(chunk: list[Clone]) -> None:
         pipe = client.pipeline(transaction=False)

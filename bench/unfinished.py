@@ -54,7 +54,7 @@ def _rows(sealer: Sealer, body: dict[str, Any], first: int, count: int, tag: str
 
 def _redis_filler(store: Any, client: Any, prefix: str) -> Filler:
     """Write rows as ``save.lua`` and the store's index updates do (private layout, checked afterwards)."""
-    from agentflow.exec.checkpoints._redis_rows import _encode
+    from agentflow.exec.checkpoints.redis._rows import _encode
 
     async def fill(rows: list[SealedCheckpoint]) -> None:
         pipe = client.pipeline(transaction=False)

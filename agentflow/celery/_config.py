@@ -4,7 +4,7 @@
 
 - Redis (``redis://``, ``rediss://``, ``redis+sentinel://``; any URL that is not AMQP): broker and result
   backend on that Redis, every key under ``<key_prefix>:celery:``. A ``redis+sentinel://`` URL
-  (the store's form, `agentflow.exec.checkpoints._redis_urls`) becomes kombu's list of
+  (the store's form, `agentflow.exec.checkpoints.redis.urls`) becomes kombu's list of
   ``sentinel://`` URLs with the primary's name in the transport options: the workers ask the
   Sentinels for the primary and follow a failover without a restart. An unacknowledged
   message is redelivered once it has been unacknowledged for the visibility timeout
@@ -29,8 +29,8 @@ from urllib.parse import quote, urlsplit
 
 from agentflow._errors import RunFailed
 from agentflow.celery._settings import WorkerSettings
-from agentflow.exec.checkpoints._redis_urls import SENTINEL_SCHEME as SENTINEL
-from agentflow.exec.checkpoints._redis_urls import parse_sentinel
+from agentflow.exec.checkpoints.redis.urls import SENTINEL_SCHEME as SENTINEL
+from agentflow.exec.checkpoints.redis.urls import parse_sentinel
 
 #: Broker URL schemes of RabbitMQ (kombu's AMQP transports).
 AMQP_SCHEMES: Final = ("amqp", "amqps", "pyamqp")

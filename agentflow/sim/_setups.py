@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints._redis_durability import Durability
+from agentflow.exec.checkpoints.redis.durability import Durability
 
 #: Opens a handle on one episode's storage (called once per actor).
 Opener = Callable[[], CheckpointStore]

@@ -306,7 +306,7 @@ def _postgres_runner(dsn: str) -> Callable[[str, Sequence[Any]], Any]:
 
 
 class RedisRows(Rows):
-    """The Redis store's keys (layout and row format: agentflow/exec/checkpoints/redis.py, _redis_rows.py)."""
+    """The Redis store's keys (layout and row format: agentflow/exec/checkpoints/redis/store.py, _redis_rows.py)."""
 
     def __init__(self, client: Callable[[], Any], prefix: str) -> None:
         self._client = client

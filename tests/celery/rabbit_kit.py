@@ -42,7 +42,7 @@ from _kit.stores import _remove_postgres_tables
 from celery_kit import Deployment
 from kombu.connection import Connection
 
-from agentflow.exec.checkpoints._sql_pg import drop_functions
+from agentflow.exec.checkpoints.sqlalchemy._pg import drop_functions
 
 #: The machine's RabbitMQ (no virtual host: each session adds its own).
 RABBITMQ = os.environ.get("AGENTFLOW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")

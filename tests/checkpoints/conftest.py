@@ -17,7 +17,7 @@ import pytest
 from store_kit import Opened, StoreFactory
 
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
-from agentflow.exec.checkpoints._sql_pg import drop_functions
+from agentflow.exec.checkpoints.sqlalchemy._pg import drop_functions
 
 
 def backend_class(module: str, name: str) -> Any:

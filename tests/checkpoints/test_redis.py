@@ -335,7 +335,7 @@ async def test_listings_send_no_keys_or_scan(backend):
         await s.delete("r1")
     # Then commands were sent, none of them KEYS or SCAN (and no script calls them either)
     assert "EVALSHA" in sent and not {"KEYS", "SCAN"} & set(sent)
-    for script in (resources.files("agentflow.exec.checkpoints") / "_lua").iterdir():
+    for script in (resources.files("agentflow.exec.checkpoints.redis") / "_lua").iterdir():
         text = script.read_text("utf-8").upper()
         assert "'KEYS'" not in text and "'SCAN'" not in text
 
@@ -467,7 +467,7 @@ async def test_tenants_are_isolated_by_prefix(backend):
 async def test_stored_runs_scans_this_prefix_only_over_every_page(backend, monkeypatch):
     # Given a prefix with SCAN pattern characters, a tenant its unescaped pattern would match,
     # run ids with awkward characters, and pages of 7 keys
-    monkeypatch.setattr("agentflow.exec.checkpoints.redis._SCAN_COUNT", 7)
+    monkeypatch.setattr("agentflow.exec.checkpoints.redis.store._SCAN_COUNT", 7)
     run_ids = sorted([f"run-{i:02d}" for i in range(30)] + ["a}:cp", "a*b?[c]\\d", "ü-run"])
     async with (
         backend.store(prefix=backend.prefix + "*[x]") as ours,

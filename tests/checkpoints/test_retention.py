@@ -1,7 +1,7 @@
 """Retention on every store set-up: old finished runs pruned whole, in batches; nothing else touched.
 
 The rules themselves (only ended runs, none held, each judged again) are conformance checks
-(`_conformance_retention`, `_conformance_trim`); these tests prune real runs (clones of one
+(`_conformance.retention`, `_conformance.trim`); these tests prune real runs (clones of one
 ticket run, so every run left reads back healthy through `read_run`) on every set-up, count
 rows before and after, kill a prune (and a trim) midway on the stores another process
 shares, and show a reader racing a prune sees the run whole or not at all, and that a run

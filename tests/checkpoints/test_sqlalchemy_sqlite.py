@@ -1,4 +1,4 @@
-"""SQLAlchemyCheckpointStore's SQLite fast path (`_sql_sqlite`): where each operation runs and what it commits.
+"""SQLAlchemyCheckpointStore's SQLite fast path (`sqlalchemy._sqlite`): where each operation runs and what it commits.
 
 Each store here opens its connections through ``async_creator``, with SQLite's trace
 callback reporting every statement and the thread that ran it, so a test sees whether an

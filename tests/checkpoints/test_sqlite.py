@@ -18,8 +18,8 @@ import pytest
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints._sqlite_file import _unflushed
 from agentflow.exec.checkpoints.sqlite import MIGRATIONS, SQLiteCheckpointStore
+from agentflow.exec.checkpoints.sqlite.file import unflushed
 from agentflow.exec.seal import Sealer
 
 SEALER = Sealer(b"k" * 32)
@@ -92,7 +92,7 @@ async def test_lease_writes_leave_the_synchronous_level_as_set(
         # When a lease is taken, renewed and released, inline and on the worker thread
         await store.take_lease("r", "A", "token", 30)
         await store.renew_lease("r", "token", 30)
-        await store._run(partial(_unflushed, job=lambda c: None, level=synchronous))
+        await store._run(partial(unflushed, job=lambda c: None, level=synchronous))
         assert await store.release_lease("r", "token")
         # Then both connections are back at the store's level for the saves and records that follow
         assert store._inline_connection().execute("PRAGMA synchronous").fetchone()[0] == expected

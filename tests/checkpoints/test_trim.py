@@ -1,7 +1,7 @@
 """Trimming on every store set-up: a finished run keeps its newest checkpoint, and everything still works.
 
 The store rules (only ended flow runs, none held, each judged again, atomic) are conformance
-checks (`_conformance_trim`); these tests trim real runs of the ticket flow and hold every
+checks (`_conformance.trim`); these tests trim real runs of the ticket flow and hold every
 reader to them: `read_run` (what ``runs show``, ``verify`` and the viewer read) says where
 the history starts instead of reporting checkpoints missing, a retry of a trimmed failed
 run replays its finished calls and runs none twice, a fork from a trimmed step is refused

@@ -19,8 +19,8 @@ from unittest import mock
 
 from agentflow.celery import _sweep
 from agentflow.exec.calls import read as calls_read
-from agentflow.exec.checkpoints import _redis_rows
-from agentflow.exec.checkpoints import redis as redis_store
+from agentflow.exec.checkpoints.redis import _rows as _redis_rows
+from agentflow.exec.checkpoints.redis import store as redis_store
 from agentflow.exec.run import steps as run_steps
 from agentflow.exec.run.checks import check_read_whole
 
@@ -44,7 +44,7 @@ def records_overwritable() -> Iterator[None]:
         lines = lua[name].splitlines()
         lua[name] = "\n".join(line.replace("taken or ", "") for line in lines)
         assert lua[name] != redis_store._LUA[name], f"{name}.lua no longer has the append-only check this reverts"
-    original = _redis_rows._head_of  # redis.py calls it by the name it imported: that name is patched
+    original = _redis_rows._head_of  # redis/store.py calls it by the name it imported: that name is patched
 
     def trusting_head(run_id: str, raw: bytes, fields: Any, stored: int) -> Any:
         return original(run_id, raw, fields, 0)  # no surplus: the counter is believed

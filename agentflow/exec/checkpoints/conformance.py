@@ -19,16 +19,16 @@ simulation checks: ``agentflow.sim.run_simulation(agentflow.sim.custom(name, epi
 runs it on a store of yours (docs/simulation.md). It lives above the stores (it drives the
 runners and workers), so it is not imported here.
 
-This module is the public entry: the checks live in `_conformance_saves` (the protocol's
+This module is the public entry: the checks live in `_conformance.saves` (the protocol's
 members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
-written), `_conformance_calls` (call log, fencing, `save_after_calls`, `head`,
-concurrency) and `_conformance_leases` (run leases: one holder, renew and release by its
-token, lapsing, racing takers), `_conformance_markers` (markers: one token per key,
-lapsing, apart from leases) and `_conformance_retention` (prunes: only old finished
+written), `_conformance.calls` (call log, fencing, `save_after_calls`, `head`,
+concurrency) and `_conformance.leases` (run leases: one holder, renew and release by its
+token, lapsing, racing takers), `_conformance.markers` (markers: one token per key,
+lapsing, apart from leases) and `_conformance.retention` (prunes: only old finished
 runs, each whole, none under a live lease, judged again as they go, none whose newest row
-is not the one judged) and `_conformance_trim` (trims: old finished flow runs keep only
+is not the one judged) and `_conformance.trim` (trims: old finished flow runs keep only
 their newest checkpoint, their call log and listing, under the same judgement), their
-helpers and `SEALER` in `_conformance_base`; all are re-exported here.
+helpers and `SEALER` in `_conformance.base`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -39,138 +39,138 @@ from typing import Final
 
 # Each name is imported "as" itself: an explicit re-export, so `conformance.check_*`,
 # `SEALER` and `RACERS` stay importable from here (for mypy too).
-from agentflow.exec.checkpoints._conformance_base import SEALER as SEALER
-from agentflow.exec.checkpoints._conformance_calls import RACERS as RACERS
-from agentflow.exec.checkpoints._conformance_calls import check_call_numbering as check_call_numbering
-from agentflow.exec.checkpoints._conformance_calls import (
+from agentflow.exec.checkpoints._conformance.base import SEALER as SEALER
+from agentflow.exec.checkpoints._conformance.calls import RACERS as RACERS
+from agentflow.exec.checkpoints._conformance.calls import check_call_numbering as check_call_numbering
+from agentflow.exec.checkpoints._conformance.calls import (
     check_calls_ordered_and_unchanged as check_calls_ordered_and_unchanged,
 )
-from agentflow.exec.checkpoints._conformance_calls import check_concurrent_first_saves as check_concurrent_first_saves
-from agentflow.exec.checkpoints._conformance_calls import check_concurrent_next_saves as check_concurrent_next_saves
-from agentflow.exec.checkpoints._conformance_calls import check_concurrent_records as check_concurrent_records
-from agentflow.exec.checkpoints._conformance_calls import (
+from agentflow.exec.checkpoints._conformance.calls import check_concurrent_first_saves as check_concurrent_first_saves
+from agentflow.exec.checkpoints._conformance.calls import check_concurrent_next_saves as check_concurrent_next_saves
+from agentflow.exec.checkpoints._conformance.calls import check_concurrent_records as check_concurrent_records
+from agentflow.exec.checkpoints._conformance.calls import (
     check_head_counts_records_per_segment as check_head_counts_records_per_segment,
 )
-from agentflow.exec.checkpoints._conformance_calls import (
+from agentflow.exec.checkpoints._conformance.calls import (
     check_record_call_of_unknown_run as check_record_call_of_unknown_run,
 )
-from agentflow.exec.checkpoints._conformance_calls import (
+from agentflow.exec.checkpoints._conformance.calls import (
     check_save_after_calls_is_all_or_nothing as check_save_after_calls_is_all_or_nothing,
 )
-from agentflow.exec.checkpoints._conformance_calls import (
+from agentflow.exec.checkpoints._conformance.calls import (
     check_save_after_calls_numbers_each_segment as check_save_after_calls_numbers_each_segment,
 )
-from agentflow.exec.checkpoints._conformance_calls import check_started_is_fenced as check_started_is_fenced
-from agentflow.exec.checkpoints._conformance_calls import (
+from agentflow.exec.checkpoints._conformance.calls import check_started_is_fenced as check_started_is_fenced
+from agentflow.exec.checkpoints._conformance.calls import (
     check_started_refused_after_end as check_started_refused_after_end,
 )
-from agentflow.exec.checkpoints._conformance_events import (
+from agentflow.exec.checkpoints._conformance.events import (
     check_event_positions_are_append_only as check_event_positions_are_append_only,
 )
-from agentflow.exec.checkpoints._conformance_events import check_events_are_bounded as check_events_are_bounded
-from agentflow.exec.checkpoints._conformance_events import check_events_go_with_the_run as check_events_go_with_the_run
-from agentflow.exec.checkpoints._conformance_events import (
+from agentflow.exec.checkpoints._conformance.events import check_events_are_bounded as check_events_are_bounded
+from agentflow.exec.checkpoints._conformance.events import check_events_go_with_the_run as check_events_go_with_the_run
+from agentflow.exec.checkpoints._conformance.events import (
     check_events_in_order_with_cursors as check_events_in_order_with_cursors,
 )
-from agentflow.exec.checkpoints._conformance_events import (
+from agentflow.exec.checkpoints._conformance.events import (
     check_forged_event_is_refused as check_forged_event_is_refused,
 )
-from agentflow.exec.checkpoints._conformance_leases import check_lease_arguments as check_lease_arguments
-from agentflow.exec.checkpoints._conformance_leases import check_lease_is_exclusive as check_lease_is_exclusive
-from agentflow.exec.checkpoints._conformance_leases import check_lease_lapses as check_lease_lapses
-from agentflow.exec.checkpoints._conformance_leases import (
+from agentflow.exec.checkpoints._conformance.leases import check_lease_arguments as check_lease_arguments
+from agentflow.exec.checkpoints._conformance.leases import check_lease_is_exclusive as check_lease_is_exclusive
+from agentflow.exec.checkpoints._conformance.leases import check_lease_lapses as check_lease_lapses
+from agentflow.exec.checkpoints._conformance.leases import (
     check_lease_needs_no_checkpoint_and_delete_forgets_it as check_lease_needs_no_checkpoint_and_delete_forgets_it,
 )
-from agentflow.exec.checkpoints._conformance_leases import check_lease_race_of_takers as check_lease_race_of_takers
-from agentflow.exec.checkpoints._conformance_leases import (
+from agentflow.exec.checkpoints._conformance.leases import check_lease_race_of_takers as check_lease_race_of_takers
+from agentflow.exec.checkpoints._conformance.leases import (
     check_lease_released_by_holder_only as check_lease_released_by_holder_only,
 )
-from agentflow.exec.checkpoints._conformance_leases import (
+from agentflow.exec.checkpoints._conformance.leases import (
     check_lease_renewed_by_holder_only as check_lease_renewed_by_holder_only,
 )
-from agentflow.exec.checkpoints._conformance_leases import (
+from agentflow.exec.checkpoints._conformance.leases import (
     check_lease_take_again_by_holder_renews as check_lease_take_again_by_holder_renews,
 )
-from agentflow.exec.checkpoints._conformance_markers import check_marker_arguments as check_marker_arguments
-from agentflow.exec.checkpoints._conformance_markers import check_marker_lapses as check_marker_lapses
-from agentflow.exec.checkpoints._conformance_markers import check_marker_race_of_puts as check_marker_race_of_puts
-from agentflow.exec.checkpoints._conformance_markers import (
+from agentflow.exec.checkpoints._conformance.markers import check_marker_arguments as check_marker_arguments
+from agentflow.exec.checkpoints._conformance.markers import check_marker_lapses as check_marker_lapses
+from agentflow.exec.checkpoints._conformance.markers import check_marker_race_of_puts as check_marker_race_of_puts
+from agentflow.exec.checkpoints._conformance.markers import (
     check_marker_stands_for_its_token as check_marker_stands_for_its_token,
 )
-from agentflow.exec.checkpoints._conformance_markers import (
+from agentflow.exec.checkpoints._conformance.markers import (
     check_marker_taken_by_its_token_only as check_marker_taken_by_its_token_only,
 )
-from agentflow.exec.checkpoints._conformance_markers import check_markers_are_not_leases as check_markers_are_not_leases
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.markers import check_markers_are_not_leases as check_markers_are_not_leases
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_judges_each_run_again as check_prune_judges_each_run_again,
 )
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_leaves_a_held_run as check_prune_leaves_a_held_run,
 )
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_limit_and_cut_off as check_prune_limit_and_cut_off,
 )
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_refuses_runs_that_have_not_ended as check_prune_refuses_runs_that_have_not_ended,
 )
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_takes_only_old_finished_runs as check_prune_takes_only_old_finished_runs,
 )
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_takes_only_the_judged_row as check_prune_takes_only_the_judged_row,
 )
-from agentflow.exec.checkpoints._conformance_retention import (
+from agentflow.exec.checkpoints._conformance.retention import (
     check_pruned_run_id_starts_afresh as check_pruned_run_id_starts_afresh,
 )
-from agentflow.exec.checkpoints._conformance_saves import check_delete as check_delete
-from agentflow.exec.checkpoints._conformance_saves import check_ended_run_takes_no_save as check_ended_run_takes_no_save
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import check_delete as check_delete
+from agentflow.exec.checkpoints._conformance.saves import check_ended_run_takes_no_save as check_ended_run_takes_no_save
+from agentflow.exec.checkpoints._conformance.saves import (
     check_failed_run_takes_only_the_next_step as check_failed_run_takes_only_the_next_step,
 )
-from agentflow.exec.checkpoints._conformance_saves import check_implements_protocol as check_implements_protocol
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import check_implements_protocol as check_implements_protocol
+from agentflow.exec.checkpoints._conformance.saves import (
     check_latest_and_history_after_many_saves as check_latest_and_history_after_many_saves,
 )
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import (
     check_latest_of_unknown_run_not_found as check_latest_of_unknown_run_not_found,
 )
-from agentflow.exec.checkpoints._conformance_saves import check_list_runs as check_list_runs
-from agentflow.exec.checkpoints._conformance_saves import check_list_unfinished as check_list_unfinished
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import check_list_runs as check_list_runs
+from agentflow.exec.checkpoints._conformance.saves import check_list_unfinished as check_list_unfinished
+from agentflow.exec.checkpoints._conformance.saves import (
     check_new_run_starts_at_step_zero as check_new_run_starts_at_step_zero,
 )
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import (
     check_relist_of_a_listed_run_changes_nothing as check_relist_of_a_listed_run_changes_nothing,
 )
-from agentflow.exec.checkpoints._conformance_saves import check_relist_of_unknown_run as check_relist_of_unknown_run
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import check_relist_of_unknown_run as check_relist_of_unknown_run
+from agentflow.exec.checkpoints._conformance.saves import (
     check_row_must_match_arguments as check_row_must_match_arguments,
 )
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import (
     check_rows_come_back_as_written as check_rows_come_back_as_written,
 )
-from agentflow.exec.checkpoints._conformance_saves import check_run_never_changes_flow as check_run_never_changes_flow
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import check_run_never_changes_flow as check_run_never_changes_flow
+from agentflow.exec.checkpoints._conformance.saves import (
     check_save_is_exactly_latest_plus_one as check_save_is_exactly_latest_plus_one,
 )
-from agentflow.exec.checkpoints._conformance_saves import (
+from agentflow.exec.checkpoints._conformance.saves import (
     check_second_step_zero_conflicts as check_second_step_zero_conflicts,
 )
-from agentflow.exec.checkpoints._conformance_saves import check_stored_runs as check_stored_runs
-from agentflow.exec.checkpoints._conformance_trim import (
+from agentflow.exec.checkpoints._conformance.saves import check_stored_runs as check_stored_runs
+from agentflow.exec.checkpoints._conformance.trim import (
     check_trim_judges_each_run_again as check_trim_judges_each_run_again,
 )
-from agentflow.exec.checkpoints._conformance_trim import (
+from agentflow.exec.checkpoints._conformance.trim import (
     check_trim_keeps_only_the_newest_checkpoint as check_trim_keeps_only_the_newest_checkpoint,
 )
-from agentflow.exec.checkpoints._conformance_trim import check_trim_leaves_a_held_run as check_trim_leaves_a_held_run
-from agentflow.exec.checkpoints._conformance_trim import (
+from agentflow.exec.checkpoints._conformance.trim import check_trim_leaves_a_held_run as check_trim_leaves_a_held_run
+from agentflow.exec.checkpoints._conformance.trim import (
     check_trim_refuses_runs_that_have_not_ended as check_trim_refuses_runs_that_have_not_ended,
 )
-from agentflow.exec.checkpoints._conformance_trim import (
+from agentflow.exec.checkpoints._conformance.trim import (
     check_trim_takes_only_the_judged_row as check_trim_takes_only_the_judged_row,
 )
-from agentflow.exec.checkpoints._conformance_trim import (
+from agentflow.exec.checkpoints._conformance.trim import (
     check_trimmed_run_is_retried_and_trimmed_again as check_trimmed_run_is_retried_and_trimmed_again,
 )
 from agentflow.exec.checkpoints.protocol import CheckpointStore

@@ -29,7 +29,7 @@ from urllib.parse import quote
 from redis.asyncio import Redis
 
 from agentflow._errors import CheckpointError
-from agentflow.exec.checkpoints._redis_clients import Client, LoopClients
+from agentflow.exec.checkpoints.redis.clients import Client, LoopClients
 from agentflow.exec.limits._protocol import Refusal, RefusalReason
 from agentflow.exec.limits._spec import Limit, LimitsUnavailable
 

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointError
-from agentflow.exec.checkpoints._sql_engines import Connector, check_url
+from agentflow.exec.checkpoints.sqlalchemy.engines import Connector, check_url
 from agentflow.exec.limits._protocol import Refusal
 from agentflow.exec.limits._spec import Limit, LimitsUnavailable
 

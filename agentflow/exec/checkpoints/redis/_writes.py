@@ -1,0 +1,145 @@
+"""The writes of `RedisCheckpointStore`: a save (with the records before it) and a call record, one script each.
+
+``_lua/save.lua`` and ``_lua/record_call.lua`` apply the rules of `rules` atomically and
+set the run's expiry; this module builds their arguments (rows as `redis._rows` encodes
+them) and reads their replies. A refusal names what the script read, and `rules` is run
+on it here, so the error and its message are those of every other store.
+
+On one server the save script also keeps the three indexes (`redis._index`) in the same
+atomic step. On Redis Cluster they live in other slots: a step 0 adds the run to them
+before its save, and every save brings its entries up to date after; a failure there is
+logged, never raised (the save itself is durable, and the listings skip and repair stale
+entries).
+
+A write the run's promise stands on (`Durability.needs`: a record marked ``durable``, a
+checkpoint that opens a segment) is sent in one pipeline with the store's ``WAIT`` or
+``WAITAOF``, and `Durability.check_ack` reads the acknowledgement after the script's reply:
+a refused write raises its refusal, an accepted one that was not acknowledged in time
+raises `StoreNotDurable`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from redis import exceptions as redis_errors
+
+from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt
+from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.redis._index import Index
+from agentflow.exec.checkpoints.redis._rows import _encode, _text
+from agentflow.exec.checkpoints.redis.clients import Bound, LoopClients
+from agentflow.exec.checkpoints.redis.durability import Durability
+from agentflow.exec.checkpoints.rules import check_call, check_no_stored_rows, check_save
+
+_log = logging.getLogger("agentflow.exec.checkpoints.redis")
+
+
+class RedisWrites:
+    """The save and record scripts of one store; `run_keys(run_id)` names a run's four keys (and checks the id)."""
+
+    def __init__(
+        self,
+        clients: LoopClients,
+        index: Index,
+        run_keys: Callable[[str], list[str]],
+        ttl: str,
+        durability: Durability,
+    ) -> None:
+        self._clients = clients
+        self._index = index
+        self._run_keys = run_keys
+        self._ttl = ttl
+        self._durability = durability
+
+    async def save(self, run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall]) -> None:
+        """Append `calls`, then save `cp` as `step`, in one script: one round trip, all or nothing."""
+        row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
+        args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
+        args += [run_id, len(calls)]
+        for record in calls:
+            if record.run_id != run_id:
+                raise ValueError(f"save_after_calls({run_id!r}) was given a record of run {record.run_id!r}")
+            encoded = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
+            args += [record.segment, record.seq, record.kind, encoded]
+        async with self._clients.use() as bound:
+            keys = self._run_keys(run_id)
+            cluster = bound.cluster
+            if cluster and step == 0:
+                await self._index.update(bound, run_id, cp, before=True)
+            if not cluster:
+                keys += self._index.keys(cp.flow)
+            durable = self._durability.needs(step=step, segment=cp.segment)
+            reply = await self._script(bound, "save", keys, args, run_id, f"step {step}" if durable else None)
+            if reply[0] != "ok":
+                _refuse_save(run_id, step, cp, calls, reply)
+            try:
+                if cluster:
+                    await self._index.update(bound, run_id, cp, before=False)
+            except redis_errors.RedisError as exc:
+                _log.warning(
+                    "run %r: step %d saved, but its index update failed: %s",
+                    run_id,
+                    step,
+                    exc,
+                    extra={"run_id": run_id, "step": step, "segment": cp.segment},
+                )
+
+    async def record(self, run_id: str, record: SealedCall) -> None:
+        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
+        if record.run_id != run_id:
+            raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
+        row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
+        args: list[str | int | bytes] = [record.segment, record.seq, record.kind, row, self._ttl]
+        what = f"the {record.kind} record {record.segment}.{record.seq}"
+        durable = what if self._durability.needs(durable_record=record.durable) else None
+        async with self._clients.use() as bound:
+            reply = await self._script(bound, "record_call", self._run_keys(run_id), args, run_id, durable)
+        if reply[0] == "missing":
+            check_call(run_id, record, None, 0)
+        elif reply[0] != "ok":
+            check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
+            raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
+
+    async def _script(
+        self, bound: Bound, name: str, keys: list[str], args: list[str | int | bytes], run_id: str, durable: str | None
+    ) -> list[str]:
+        """Run script `name`; when `durable` names the write, wait for it in the same pipeline and check the ack."""
+        if durable is None:
+            return [_text(part) for part in await bound.scripts[name](keys=keys, args=args)]
+        script = bound.scripts[name]
+        for _ in range(2):  # EVALSHA, and once more after loading a script the server does not know
+            pipe = bound.client.pipeline(transaction=False)  # not redis-py's script support: it asks SCRIPT EXISTS
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            self._durability.add_wait(pipe)
+            raw, ack = await pipe.execute(raise_on_error=False)
+            if not isinstance(raw, redis_errors.NoScriptError):
+                break
+            await bound.client.script_load(script.script)
+        if isinstance(raw, Exception):
+            raise raw
+        reply = [_text(part) for part in raw]
+        if reply[0] == "ok":
+            if isinstance(ack, Exception):
+                raise CheckpointError(f"run {run_id!r}: {durable} is on the Redis primary, but its wait failed: {ack}")
+            self._durability.check_ack(ack, run_id, durable)
+        return reply
+
+
+def _refuse_save(run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall], reply: list[str]) -> None:
+    """Raise the error for the save script's refusal `reply` (see ``_lua/save.lua``'s Returns)."""
+    if reply[0] in ("call", "call-missing"):
+        record = calls[int(reply[1]) - 1]
+        if reply[0] == "call-missing":
+            check_call(run_id, record, None, 0)
+        check_call(run_id, record, (int(reply[2]), reply[3], int(reply[4])), int(reply[5]))
+        raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
+    if reply[0] == "rows":
+        check_no_stored_rows(run_id, True)
+    if reply[0] == "corrupt":
+        raise CheckpointStoreCorrupt(
+            f"run {run_id!r}: the store holds {reply[1]} checkpoint rows but its latest step is {reply[2]}"
+        )
+    check_save(run_id, step, cp.flow, (int(reply[1]), reply[2], reply[3]) if len(reply) > 1 else None)
+    raise CheckpointConflict(f"run {run_id!r}: the store refused step {step} ({reply})")
