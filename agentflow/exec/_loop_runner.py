@@ -15,20 +15,18 @@ decisions, cancels and reads, and refuses to call a model with a clear error.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from pydantic import BaseModel
-
-from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError
+from agentflow._errors import CheckpointConflict
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
+from agentflow.exec._driven import DrivenRunner
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
@@ -64,8 +62,15 @@ def new_loop_id() -> str:
     return "loop-" + secrets.token_urlsafe(16)
 
 
-class LoopRunner:
-    """Runs the tool loops called `name`; with `checkpoints`, every loop survives the death of its worker."""
+class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
+    """Runs the tool loops called `name`; with `checkpoints`, every loop survives the death of its worker.
+
+    The operations on stored loops (advance, recover, resume, wake, decide_in_doubt, cancel,
+    read) are `DrivenRunner`'s; retry, fork and migrate are refused with the reason (`REFUSED`).
+    """
+
+    refused = REFUSED
+    noun = "tool loop"
 
     def __init__(
         self,
@@ -209,14 +214,6 @@ class LoopRunner:
             return await self.resume(run_id, approve=approve, note=note, ctx=ctx)
         return await self.protocol.begin(self._cursor(run_id, messages, max_steps, ctx), None)
 
-    async def _exists(self, run_id: str) -> bool:
-        assert self.checkpoints is not None
-        try:
-            await self.checkpoints.latest(run_id)
-        except CheckpointNotFound:
-            return False
-        return True
-
     async def _paused(self, run_id: str, ctx: RunContext | None) -> LoopResult:
         """A paused loop as it stands (`run` given its id and no decision)."""
         opened = await self.protocol.steps.open(run_id, ctx)
@@ -249,183 +246,6 @@ class LoopRunner:
         async with self.protocol.hold(lp.run_id):
             await self.protocol.steps.start(lp)
         return self.protocol.driver.result(lp, RunStatus.RUNNING)
-
-    async def advance(
-        self,
-        run_id: str,
-        *,
-        expected_step: int | None = None,
-        rerun_in_doubt: bool = False,
-        handoff: bool = False,
-        park: bool = False,
-        spend: str | None = None,
-    ) -> LoopResult:
-        """Claim a loop and run exactly one stage of it: one model call, or one round of tools.
-
-        The arguments are `FlowRunner.advance`'s.
-
-        Raises:
-            Stale: the latest step is not `expected_step` (a late or duplicate message).
-            CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
-            RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
-            ControlRefused: `spend` names a decision the loop does not carry.
-        """
-        return await self.protocol.advance(
-            run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, park=park, spend=spend
-        )
-
-    async def recover(
-        self,
-        run_id: str,
-        *,
-        rerun_in_doubt: bool = False,
-        ctx: RunContext | None = None,
-        operator: str | None = None,
-    ) -> LoopResult:
-        """Continue a loop whose worker died, from its latest checkpoint (see `FlowRunner.recover`).
-
-        Raises:
-            CheckpointNotFound: nothing is stored for the run.
-            CheckpointConflict: the run ended, or another worker claimed it first.
-            CheckpointStoreCorrupt: a checkpoint, the history chain or a call record fails its check.
-            RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
-            IdentityMismatch: `ctx` is for someone else, or the run's principal is missing.
-        """
-        return await self.protocol.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
-
-    async def resume(
-        self,
-        run_id: str,
-        *,
-        approve: bool | Mapping[str, bool] = True,
-        note: str | None = None,
-        ctx: RunContext | None = None,
-        max_supersteps: int | None = None,
-        operator: str | None = None,
-    ) -> LoopResult:
-        """Decide a paused loop's pending approvals and carry it on (`max_supersteps` 0: only store the decision).
-
-        A loop's superstep is one stage: a model call, or one round of tools.
-
-        The decision is saved as the loop's next checkpoint (compare-and-set: of two racing
-        decisions one wins); with `max_supersteps` 0 the result's `step` is the step a worker
-        advances from.
-
-        Raises:
-            CheckpointConflict: the loop is not paused, or another decision won.
-            ValueError: `approve` is a mapping that leaves a pending call undecided.
-        """
-        return await self.protocol.resume(
-            run_id, approve=approve, note=note, ctx=ctx, limit=max_supersteps, operator=operator
-        )
-
-    async def wake(
-        self,
-        run_id: str,
-        *,
-        expected_step: int | None = None,
-        ctx: RunContext | None = None,
-        now: float | None = None,
-        max_supersteps: int | None = None,
-    ) -> LoopResult:
-        """Wake a loop that waits until the time a waiting tool returned (``@registry.tool(waits=True)``).
-
-        Raises:
-            NotDue: its time has not come (nothing is done).
-            CheckpointConflict: the loop is not waiting, or someone else woke it first.
-        """
-        return await self.protocol.wake(run_id, limit=max_supersteps, expected_step=expected_step, ctx=ctx, now=now)
-
-    async def decide_in_doubt(
-        self,
-        run_id: str,
-        *,
-        calls: Mapping[str, InDoubtDecision] | None = None,
-        operator: str | None = None,
-        ctx: RunContext | None = None,
-    ) -> int:
-        """Store an operator's word on a loop's calls in doubt; return the decision's step.
-
-        See `FlowRunner.decide_in_doubt`: per call id `Rerun()`, `Happened(result)` (checked
-        against the tool's return type, from this runner's registry) or `DidNotHappen(reason)`;
-        without `calls`, every call in doubt reruns.
-
-        Raises:
-            CheckpointConflict: the loop is not running or has no call in doubt (`RunHeld`: a
-                live worker holds it).
-            ValueError: `calls` does not decide exactly the calls in doubt, or a result does not
-                fit its tool's return type.
-        """
-        return await self.protocol.decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
-
-    def refuses(self, action: str) -> str | None:
-        """Why a tool loop cannot take `action` (``retry``, ``fork``, ``migrate``); None when it can."""
-        return REFUSED.get(action)
-
-    async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> LoopResult:
-        """Refused: a tool loop fails only when it used up `max_steps`, and a retry would use none more.
-
-        Raises:
-            FlowError: always; start a new loop from the failed one's history instead.
-        """
-        raise FlowError(f"run {run_id!r} is a tool loop: {REFUSED['retry']}")
-
-    async def fork(
-        self,
-        run_id: str,
-        *,
-        at_step: int,
-        new_run_id: str | None = None,
-        patch: Mapping[str, Any] | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> LoopResult:
-        """Refused: a loop has no state to patch; only flow runs are forked.
-
-        Raises:
-            FlowError: always; start a new loop from the history up to that step instead.
-        """
-        raise FlowError(f"run {run_id!r} is a tool loop: {REFUSED['fork']}")
-
-    async def migrate(
-        self,
-        run_id: str,
-        *,
-        to_version: str | None = None,
-        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
-        at: str | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> LoopResult:
-        """Refused: tool loops have no versions to move between.
-
-        Raises:
-            FlowError: always.
-        """
-        raise FlowError(f"run {run_id!r} is a tool loop: {REFUSED['migrate']}")
-
-    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> LoopResult:
-        """Cancel a loop (see `FlowRunner.cancel`).
-
-        A loop nobody holds is cancelled at once; a loop a live worker holds gets a signed
-        request its holder honours before its next model or tool call (the result is then
-        the loop as it stands, ``running``).
-
-        Raises:
-            CheckpointConflict: the loop already ended.
-            ValueError: `reason` is empty.
-        """
-        return await self.protocol.cancel(run_id, reason=reason, operator=operator)
-
-    async def read(self, run_id: str) -> LoopResult:
-        """A loop as its checkpoints show it (history checked), without touching it.
-
-        Raises:
-            CheckpointNotFound: unknown run.
-            CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
-        """
-        opened = await self.protocol.steps.open(run_id, None, identity=False)
-        return self.protocol.driver.result(opened.cur, RunStatus(opened.status))
 
 
 class _NoModel:
