@@ -11,16 +11,53 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agentflow._errors import FlowError
 from agentflow._events import Events
-from agentflow.exec import Approver, Executor, Registry
+from agentflow.exec import Approver, Executor, LoopRunner, Registry
+from agentflow.exec._driven import DrivenRunner
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.lease import DEFAULT_LEASE_S
 from agentflow.exec.tracing import Tracer
 from agentflow.flow import Flow, FlowRunner, FlowVersions
-from agentflow.models import Model
+from agentflow.models import Message, Model
+
+
+class LoopHost(Protocol):
+    """What the app needs of a tool loop it runs: its tools, and its runner beside a flow runner.
+
+    `LoopSpec` is one (a model and a registry); a pydantic-ai agent made durable
+    (`agentflow.integrations.pydantic_ai.DurableAgent`) is another: its turns are the agent's.
+    """
+
+    @property
+    def registry(self) -> Registry:
+        """The tools the loop's model may call (what metrics and the call log know them by)."""
+        ...
+
+    def runner_beside(self, runner: FlowRunner, name: str) -> DrivenRunner[Any, Any]:
+        """The runner of the loops `name`, sharing `runner`'s store, key ring, hold, event hub and tracer."""
+        ...
+
+
+class LazyModel:
+    """A loop's model, made by its factory on the first call (once per runner, so once per process)."""
+
+    def __init__(self, factory: Callable[[], Model]) -> None:
+        self._factory = factory
+        self._model: Model | None = None
+
+    @property
+    def model(self) -> Model:
+        """The model, made now if it was not yet."""
+        if self._model is None:
+            self._model = self._factory()
+        return self._model
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
+        """See `Model.complete`."""
+        return await self.model.complete(messages, tools)
 
 
 @dataclass(frozen=True)
@@ -34,20 +71,24 @@ class LoopSpec:
     max_steps: int = 10
     """Model calls the whole run may make."""
 
+    def runner_beside(self, runner: FlowRunner, name: str) -> LoopRunner:
+        """A `LoopRunner` for the loops `name` beside `runner`; its model is made on first use (`LazyModel`)."""
+        return LoopRunner.beside(runner, LazyModel(self.model_factory), self.registry, name=name)
+
 
 class FlowApp:
     """A registry of tools, the flows that use them, and (optionally) tool loops."""
 
     def __init__(
-        self, registry: Registry, flows: Iterable[Flow[Any]], *, loops: Mapping[str, LoopSpec] | None = None
+        self, registry: Registry, flows: Iterable[Flow[Any]], *, loops: Mapping[str, LoopHost] | None = None
     ) -> None:
-        """Bundle `flows` with their `registry`, and name the tool loops.
+        """Bundle `flows` with their `registry`, and name the tool loops (`LoopSpec`, or a durable agent).
 
         Raises:
             FlowError: two flows share a name and a version, or a flow calls a tool the registry lacks.
         """
         self.registry = registry
-        self.loops: dict[str, LoopSpec] = dict(loops or {})
+        self.loops: dict[str, LoopHost] = dict(loops or {})
         gathered: dict[str, list[Flow[Any]]] = {}
         for flow in flows:
             flow.validate(registry)

@@ -13,13 +13,13 @@ client, the CLI, the viewer, the simulation's operator) asks `Runs` for the run'
 
 What one kind cannot do is refused by that kind's operation with a `FlowError` that says
 why (a tool loop is not retried, forked or migrated: it has no state to patch and no
-versions). A loop's model is made on its first use (`LazyModel`): an operator who only
+versions). A loop's model is made on its first use (`agentflow._app.LazyModel`): an operator who only
 cancels or decides never builds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -28,14 +28,13 @@ from agentflow._app import FlowApp
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
-from agentflow.exec import LoopRunner
+from agentflow.exec._driven import DrivenRunner
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome
 from agentflow.flow import FlowRunner, FlowVersions
-from agentflow.models import Message, Model
 
-__all__ = ["FlowOps", "LazyModel", "RunOps", "Runs"]
+__all__ = ["FlowOps", "RunOps", "Runs"]
 
 
 class RunOps(Protocol):
@@ -263,32 +262,13 @@ class FlowOps:
         )
 
 
-class LazyModel:
-    """A loop's model, made by its factory on the first call (once per `Runs`, so once per process)."""
-
-    def __init__(self, factory: Callable[[], Model]) -> None:
-        self._factory = factory
-        self._model: Model | None = None
-
-    @property
-    def model(self) -> Model:
-        """The model, made now if it was not yet."""
-        if self._model is None:
-            self._model = self._factory()
-        return self._model
-
-    async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
-        """See `Model.complete`."""
-        return await self.model.complete(messages, tools)
-
-
 class Runs:
     """The runs of one app over `runner`'s store: each run's operations, picked by its kind in one place."""
 
     def __init__(self, app: FlowApp, runner: FlowRunner) -> None:
         """Act on `app`'s flows with `runner`, and on its tool loops beside it (same store, key ring and hold)."""
         self.app, self.runner = app, runner
-        self._loops: dict[str, LoopRunner] = {}
+        self._loops: dict[str, DrivenRunner[Any, Any]] = {}
 
     def of(self, column: str) -> RunOps:
         """The operations on runs stored under `column` (a flow's name, or ``loop:<name>``).
@@ -300,8 +280,8 @@ class Runs:
             return self.loop(RunKind.name_of(column))
         return FlowOps(self.runner, self.app.flow_versions(column))
 
-    def loop(self, name: str) -> LoopRunner:
-        """The runner of the tool loop `name`, built on first use.
+    def loop(self, name: str) -> DrivenRunner[Any, Any]:
+        """The runner of the tool loop `name` (a `LoopRunner`, or a durable agent's), built on first use.
 
         Raises:
             FlowError: the app has no tool loop `name`.
@@ -311,8 +291,7 @@ class Runs:
             if spec is None:
                 known = ", ".join(sorted(self.app.loops)) or "none"
                 raise FlowError(f"unknown tool loop {name!r} (this app has: {known})")
-            model = LazyModel(spec.model_factory)
-            self._loops[name] = LoopRunner.beside(self.runner, model, spec.registry, name=name)
+            self._loops[name] = spec.runner_beside(self.runner, name)
         return self._loops[name]
 
     async def column(self, run_id: str) -> str:

@@ -11,10 +11,11 @@ __all__ = ["FlowClient", "RunView"]
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
+from agentflow._app import LoopSpec
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError, RunHeld
 from agentflow._identity import RunContext
 from agentflow._run_types import DEFAULT_VERSION, RunKind
@@ -22,10 +23,11 @@ from agentflow._runs import Runs
 from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.celery._view import RunView
-from agentflow.exec import ApprovalRequest, LoopResult
+from agentflow.exec import ApprovalRequest, LoopResult, LoopRunner
 from agentflow.exec.checkpoints import SealedCheckpoint
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import InDoubtDecision, control_of, parked
+from agentflow.exec.run.cursor import RunOutcome
 from agentflow.exec.run.events import RunEvent, follow_events
 from agentflow.exec.run.lease import held_by
 from agentflow.exec.run.markers import Markers
@@ -33,6 +35,19 @@ from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
 from agentflow.models import Message
+
+
+class _StartsFromPrompt(Protocol):
+    """A loop started from a prompt (a durable agent's runner)."""
+
+    async def start(
+        self,
+        prompt: str,
+        *,
+        run_id: str | None = None,
+        deps_data: Mapping[str, Any] | None = None,
+        ctx: RunContext | None = None,
+    ) -> RunOutcome: ...
 
 
 class FlowClient:
@@ -389,8 +404,9 @@ class FlowClient:
         """
         if ctx is not None and ctx.principal is not None:
             raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
-        loop = self.runs.loop(name)
-        max_steps = self.runs.app.loops[name].max_steps
+        spec = self.runs.app.loops.get(name)
+        loop = self._loop_runner(name)
+        max_steps = spec.max_steps if isinstance(spec, LoopSpec) else 10
         started = await loop.start(messages, run_id=run_id, max_steps=max_steps, ctx=ctx)
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
         return started.run_id
@@ -403,7 +419,57 @@ class FlowClient:
             CheckpointNotFound: unknown run.
             CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
         """
-        return await self.runs.loop(name).read(run_id)
+        return await self._loop_runner(name).read(run_id)
+
+    async def start_agent(
+        self,
+        name: str,
+        prompt: str,
+        *,
+        run_id: str | None = None,
+        deps_data: Mapping[str, Any] | None = None,
+        ctx: RunContext | None = None,
+    ) -> str:
+        """Save a durable agent's step 0 (its prompt) and enqueue its first stage; return the run id.
+
+        The agent is a loop the app registers (``FlowApp(loops={"support": DurableAgent(...)})``,
+        `agentflow.integrations.pydantic_ai`). Follow it with `settle` or `events`, read it
+        with `agent_result`.
+
+        Raises:
+            FlowError: no loop has that name, or it is a tool loop (see `start_loop`).
+            ValueError: no prompt, `deps_data` is not JSON, or `ctx` carries a principal.
+        """
+        if ctx is not None and ctx.principal is not None:
+            raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
+        runner = self.runs.loop(name)
+        if isinstance(runner, LoopRunner):
+            raise FlowError(f"loop {name!r} is a tool loop started from messages: start it with start_loop")
+        starts = cast(_StartsFromPrompt, runner)
+        started = await starts.start(prompt, run_id=run_id, deps_data=deps_data, ctx=ctx)
+        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
+        return started.run_id
+
+    async def agent_result(self, name: str, run_id: str) -> RunOutcome:
+        """Read a durable agent's run from the store (an `AgentResult`: messages, usage, output; history checked).
+
+        Raises:
+            FlowError: no loop has that name.
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
+        """
+        result: RunOutcome = await self.runs.loop(name).read(run_id)
+        return result
+
+    def _loop_runner(self, name: str) -> LoopRunner:
+        """The `LoopRunner` of loop `name`; a loop another engine drives (an agent) is refused with what to use."""
+        runner = self.runs.loop(name)
+        if not isinstance(runner, LoopRunner):
+            raise FlowError(
+                f"loop {name!r} is a {runner.noun}, not a tool loop started from messages: "
+                "start it with start_agent and read it with agent_result"
+            )
+        return runner
 
     async def wait_loop(self, name: str, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> LoopResult:
         """Poll until the loop ended, paused, or waits for a decision.
@@ -443,6 +509,7 @@ class FlowClient:
         decided = await self.runs.loop(name).resume(
             run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
         )
-        assert decided.step is not None
-        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, decided.step, "resume")
-        return decided.step
+        step = decided.step
+        assert isinstance(step, int)
+        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, step, "resume")
+        return step

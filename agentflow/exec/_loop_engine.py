@@ -131,6 +131,10 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
                 raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint {expected} is missing from its history")
             if body.get("kind") != RunKind.LOOP or each.flow != self.column:
                 raise CheckpointConflict(f"run {run_id!r} is not a tool loop named {self.name!r} (it is {each.flow!r})")
+            if body.get("engine") is not None:  # a loop another engine drives (a pydantic-ai agent's)
+                raise CheckpointConflict(
+                    f"run {run_id!r} is a {body['engine']} agent's run, not a tool loop: act on it through its agent"
+                )
             for raw in body["new"]:
                 message = Message.model_validate(raw)
                 history.append(message)

@@ -36,6 +36,7 @@ from agentflow._run_types import RunKind
 from agentflow.celery import WorkerSettings
 from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._worker import Worker
+from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.records import ENDED, SealedCall, SealedCheckpoint
 from agentflow.exec.run.read import read_run
@@ -47,7 +48,7 @@ from agentflow.sim._operator import KEY, Operator
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
-from agentflow.sim._world import LOOP, Order, World, expected_states, make_app
+from agentflow.sim._world import LOOP, LOOP_STEPS, Order, World, expected_states, make_app
 
 
 @dataclass
@@ -223,6 +224,13 @@ class Episode(Points):
         self.opened.append(store)
         return store
 
+    @staticmethod
+    def loop_runner(worker: Worker) -> LoopRunner:
+        """The simulated tool loop's runner in `worker`."""
+        runner = worker.runs.loop(LOOP)
+        assert isinstance(runner, LoopRunner)
+        return runner
+
     def _worker(self, name: str) -> Worker:
         worker = Worker(self.app, self._open, KEY, self.config.settings)
         worker.node = name
@@ -299,9 +307,8 @@ class Episode(Points):
             run_id = f"r{i}-{flow.replace(':', '-')}"
             self.flows[run_id] = flow
             if RunKind.of(flow) is RunKind.LOOP:
-                spec = self.app.loops[LOOP]
                 opening = [ChatMessage(role="user", content=run_id)]
-                await worker.runs.loop(LOOP).start(opening, run_id=run_id, max_steps=spec.max_steps)
+                await self.loop_runner(worker).start(opening, run_id=run_id, max_steps=LOOP_STEPS)
             else:
                 await worker.runner.start(self.app.flows[flow], Order(order=run_id), run_id=run_id)
             self.send(Message(flow, run_id, 0, "start"))

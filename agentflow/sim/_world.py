@@ -183,6 +183,8 @@ class Shopper:
 
 #: The tool loop of the simulation (its runs' column is ``loop:agent``).
 LOOP = "agent"
+#: The most model calls a simulated tool loop may make.
+LOOP_STEPS = 4
 
 
 def make_app(world: World) -> FlowApp:
@@ -244,7 +246,7 @@ def make_app(world: World) -> FlowApp:
         .edge("look", "wire")
         .end("wire")
     )
-    loop = LoopSpec(model_factory=Shopper, registry=registry, max_steps=4)
+    loop = LoopSpec(model_factory=Shopper, registry=registry, max_steps=LOOP_STEPS)
     return FlowApp(registry, [shop, fan, wire_flow], loops={LOOP: loop})
 
 

@@ -1,0 +1,440 @@
+"""`AgentDriver`: a pydantic-ai agent's run, as the run protocol drives it (see README.md).
+
+A run alternates two stages, each ending with a checkpoint, as a tool loop does:
+- ``start``/``tools`` → ``model``: pydantic-ai resumes from the saved history (or the
+  prompt) and makes one model request; the stage ends once the response is in. A
+  ``started`` marker before the request counts it (`max_requests` holds across crashes).
+- ``model`` → ``tools`` or done: pydantic-ai resumes from the saved history, which ends
+  with the response, and handles it: its tool calls go through the call log (`_tools`),
+  or its output is validated and the run ends. A retry prompt or the tool results are the
+  next request, saved for the next stage.
+Each stage runs `Agent.iter` afresh from the history its checkpoint holds, so a stage is
+the same whether it follows the previous one in this process or in another after a crash.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import TypeAdapter
+from pydantic_ai import Agent
+from pydantic_ai.agent import AbstractAgent, AgentRun
+from pydantic_ai.exceptions import ModelAPIError
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.usage import RunUsage, UsageLimits
+from pydantic_core import to_jsonable_python
+
+from agentflow._errors import (
+    CheckpointConflict,
+    CheckpointError,
+    CheckpointStoreCorrupt,
+    ModelError,
+    RecoveryNeedsDecision,
+)
+from agentflow._identity import RunContext
+from agentflow._run_types import RunKind, RunStatus
+from agentflow.exec import Executor
+from agentflow.exec.calls.log import CallLog, PauseForApproval
+from agentflow.exec.calls.read import CallState, LoggedRecord, analyze
+from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.limits import LimitsUnavailable
+from agentflow.exec.run.cancel import CancelRequested
+from agentflow.exec.run.cursor import RunCursor, RunOutcome
+from agentflow.exec.run.driver import RunDriver
+from agentflow.exec.run.steps import RunSteps
+from agentflow.exec.seal import Sealer, canonical
+from agentflow.integrations.pydantic_ai._tools import AgentTools, Durability, Stage
+
+__all__ = ["ENGINE", "AgentCursor", "AgentDriver", "AgentInput", "AgentResult"]
+
+#: What an agent run's checkpoints say drives it (a tool loop's say nothing).
+ENGINE = "pydantic-ai"
+_EMPTY_CHAIN = hashlib.sha256(b"agentflow/pydantic-ai/history/1").hexdigest()
+_USAGE = TypeAdapter(RunUsage)
+#: Errors that are not the agent's: the run stays as it was saved (a recovery, a decision or a person acts).
+_NOT_THE_AGENTS = (
+    CheckpointError,
+    RecoveryNeedsDecision,
+    CancelRequested,
+    PauseForApproval,
+    LimitsUnavailable,
+    OSError,
+)
+
+
+def _chain(prev: str, raw: Mapping[str, Any]) -> str:
+    return hashlib.sha256(prev.encode() + canonical(raw)).hexdigest()
+
+
+def _dump(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
+    dumped: list[dict[str, Any]] = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
+    return dumped
+
+
+@dataclass(frozen=True)
+class AgentInput:
+    """What the `deps` factory gets to rebuild a run's dependencies on any worker."""
+
+    run_id: str
+    data: Mapping[str, Any]
+    """The JSON `deps_data` the run was started with (signed into its step 0, in clear: no secrets)."""
+
+
+@dataclass
+class AgentResult(RunOutcome):
+    """A durable agent's run as it stands (`AgentRunner.run`, `read`, `recover`...)."""
+
+    messages: list[ModelMessage]
+    """The whole conversation (pydantic-ai's messages)."""
+    model_calls: int
+    """Model requests made over the whole run, recoveries included."""
+    usage: RunUsage = field(default_factory=RunUsage)
+    """pydantic-ai's usage over the run (a request cut off by a crash is not in it)."""
+    output: Any = None
+    """The agent's output once the run is done (of the agent's output type where it can be rebuilt)."""
+
+
+@dataclass
+class AgentCursor(RunCursor):
+    """One worker's hold on an agent run between stages."""
+
+    prompt: str | None
+    """The user prompt (sent by the first model stage)."""
+    deps_data: dict[str, Any]
+    """The JSON the `deps` factory gets."""
+    max_steps: int
+    """The most model requests the run may make."""
+    history: list[ModelMessage] = field(default_factory=list)
+    stage: str = "start"
+    """``start``, ``model`` (a response waits to be handled) or ``tools`` (a request waits for the model)."""
+    turn: int = 0
+    """Model responses so far (the run's superstep)."""
+    model_calls: int = 0
+    usage: RunUsage = field(default_factory=RunUsage)
+    output: Any = None
+    """The output's JSON form once done."""
+    saved: list[dict[str, Any]] = field(default_factory=list)
+    """The JSON of each message saved so far."""
+    chains: list[str] = field(default_factory=list)
+    """The digest chain after each saved message."""
+    _next: tuple[list[dict[str, Any]], list[str]] | None = None
+
+
+class AgentDriver(RunDriver[AgentCursor, AgentResult]):
+    """A pydantic-ai agent's run, as the run protocol drives it."""
+
+    kind: ClassVar[RunKind] = RunKind.LOOP
+    model_ahead: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        agent: AbstractAgent[Any, Any],
+        tools: AgentTools,
+        executor: Executor,
+        name: str,
+        *,
+        deps: Callable[[AgentInput], Any] | None,
+        usage_limits: UsageLimits | None,
+    ) -> None:
+        self.agent, self.tools, self.executor, self.name = agent, tools, executor, name
+        self.events = executor.events
+        self.deps, self.usage_limits = deps, usage_limits
+        self._loaded: tuple[str, AgentCursor] | None = None
+        output_type = getattr(agent, "output_type", None)
+        try:
+            self._output: TypeAdapter[Any] | None = TypeAdapter(output_type) if output_type is not None else None
+        except Exception:  # an output spec that is not a type (a function, a list of tools): kept as JSON
+            self._output = None
+
+    @property
+    def column(self) -> str:
+        """``loop:<name>``."""
+        return RunKind.LOOP.column(self.name)
+
+    # -- the checkpoint body ----------------------------------------------------------
+
+    async def read(
+        self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
+    ) -> tuple[SealedCheckpoint, dict[str, Any]]:
+        """Read every checkpoint of the run (its messages are spread over them) and check the chain."""
+        rows = list(await store.history(run_id))
+        if not rows:
+            await store.latest(run_id)  # raises CheckpointNotFound with the store's message
+        saved: list[dict[str, Any]] = []
+        chains: list[str] = []
+        body: dict[str, Any] = {}
+        first: dict[str, Any] = {}
+        for expected, each in enumerate(rows):
+            body = sealer.open_checkpoint(each, run_id)
+            if each.step != expected:
+                raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint {expected} is missing from its history")
+            if body.get("kind") != RunKind.LOOP or each.flow != self.column or body.get("engine") != ENGINE:
+                raise CheckpointConflict(f"run {run_id!r} is not a run of agent {self.name!r} (it is {each.flow!r})")
+            first = first or body
+            keep = body.get("keep")
+            if not isinstance(keep, int) or not 0 <= keep <= len(saved):
+                raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint {each.step} keeps {keep!r} messages")
+            del saved[keep:], chains[keep:]
+            for raw in body["new"]:
+                chains.append(_chain(chains[-1] if chains else _EMPTY_CHAIN, raw))
+                saved.append(raw)
+        if body["history"] != {"len": len(saved), "chain": chains[-1] if chains else _EMPTY_CHAIN}:
+            raise CheckpointStoreCorrupt(f"run {run_id!r}: the stored history does not match its digest chain")
+        try:
+            history = ModelMessagesTypeAdapter.validate_python(saved)
+            usage = _USAGE.validate_python(body.get("usage") or {})
+        except ValueError as exc:
+            raise CheckpointStoreCorrupt(f"run {run_id!r} is signed but its messages do not load: {exc}") from None
+        cur = AgentCursor(
+            run_id,
+            dict(body["identity"]),
+            None,
+            first.get("prompt"),
+            dict(first.get("deps_data") or {}),
+            int(body["max_steps"]),
+            history=history,
+            stage=str(body["stage"]),
+            turn=int(body["turn"]),
+            model_calls=int(body["model_calls"]),
+            usage=usage,
+            output=body.get("output"),
+            saved=saved,
+            chains=chains,
+        )
+        self._loaded = (run_id, cur)  # for `cursor`, which the protocol calls next
+        return rows[-1], body
+
+    def cursor(self, row: SealedCheckpoint, body: dict[str, Any], ctx: RunContext | None) -> AgentCursor:
+        """The cursor `read` rebuilt from every checkpoint."""
+        assert self._loaded is not None and self._loaded[0] == row.run_id
+        cur = self._loaded[1]
+        cur.ctx = ctx
+        return cur
+
+    def fields(self, cur: AgentCursor) -> dict[str, Any]:
+        """Stage, counts, usage, and the messages changed since the last checkpoint with the chain."""
+        raws = _dump(cur.history)
+        keep, most = 0, min(len(cur.saved), len(raws))
+        while keep < most and cur.saved[keep] == raws[keep]:  # pydantic-ai may rewrite the tail it resumed from
+            keep += 1
+        chains = cur.chains[:keep]
+        for raw in raws[keep:]:
+            chains.append(_chain(chains[-1] if chains else _EMPTY_CHAIN, raw))
+        cur._next = (raws, chains)
+        body: dict[str, Any] = {
+            "engine": ENGINE,
+            "stage": cur.stage,
+            "turn": cur.turn,
+            "model_calls": cur.model_calls,
+            "max_steps": cur.max_steps,
+            "usage": _USAGE.dump_python(cur.usage, mode="json"),
+            "keep": keep,
+            "new": raws[keep:],
+            "history": {"len": len(raws), "chain": chains[-1] if chains else _EMPTY_CHAIN},
+        }
+        if cur.step is None:  # step 0: what the run was started with
+            body["prompt"], body["deps_data"] = cur.prompt, cur.deps_data
+        if cur.output is not None:
+            body["output"] = cur.output
+        return body
+
+    def after_save(self, cur: AgentCursor, body: Mapping[str, Any]) -> None:
+        """The saved messages are now the history the next checkpoint is told against."""
+        if cur._next is not None:
+            cur.saved, cur.chains = cur._next
+            cur._next = None
+
+    def event_fields(self, cur: AgentCursor) -> dict[str, Any]:
+        """The agent's name (as a loop's) and the stage."""
+        return {"loop": self.name, "stage": cur.stage}
+
+    def superstep(self, cur: AgentCursor) -> int:
+        """The run's turn."""
+        return cur.turn
+
+    def seeds(self, cur: AgentCursor, records: Sequence[LoggedRecord]) -> dict[str, CallState]:
+        """Model requests are counted from their markers (one cut off counts); tool calls as a loop's."""
+        cur.model_calls = max(cur.model_calls, sum(1 for r in records if r.body.get("model")))
+        return analyze(records, cur.turn) if cur.stage == "model" else {}
+
+    def result(
+        self,
+        cur: AgentCursor,
+        status: RunStatus,
+        replayed: list[str] | None = None,
+        rerun: list[str] | None = None,
+    ) -> AgentResult:
+        """The run as it stands."""
+        return AgentResult(
+            cur.run_id,
+            status,
+            list(cur.history),
+            cur.model_calls,
+            cur.usage,
+            self._revive(cur.output),
+            **cur.outcome(replayed, rerun),
+        )
+
+    def _revive(self, stored: Any) -> Any:
+        if stored is None or self._output is None:
+            return stored
+        try:
+            return self._output.validate_python(stored)
+        except ValueError:
+            return stored
+
+    # -- the stages -------------------------------------------------------------------
+
+    async def drive(
+        self,
+        proto: RunSteps[AgentCursor, AgentResult],
+        cur: AgentCursor,
+        seeds: Mapping[str, CallState],
+        *,
+        limit: int | None,
+        recovering: bool,
+    ) -> AgentResult:
+        """Run stages until the run ends, pauses, or `limit` ran (each in a span of its own)."""
+        replayed: list[str] = []
+        rerun: list[str] = []
+        stages = 0
+        while True:
+            if limit is not None and stages >= limit:
+                return self.result(cur, RunStatus.RUNNING, replayed, rerun)
+            stages += 1
+            if stages == 1 and cur.watch is not None:  # a boundary: a cancel request stops the run before it starts
+                await cur.watch.check(boundary=True)
+            with proto.step_span(cur):
+                if cur.stage in ("start", "tools"):
+                    ended = await self._model_stage(proto, cur)
+                else:
+                    ended = await self._tools_stage(proto, cur, seeds, recovering, replayed, rerun)
+            if ended is not None:
+                return self.result(cur, ended, replayed, rerun)
+            seeds, recovering = {}, False
+
+    def _iter(
+        self, cur: AgentCursor, stage: Stage, prompt: str | None
+    ) -> AbstractAsyncContextManager[AgentRun[Any, Any]]:
+        deps = self.deps(AgentInput(cur.run_id, cur.deps_data)) if self.deps is not None else None
+        return self.agent.iter(
+            prompt,
+            message_history=list(cur.history),
+            conversation_id=cur.run_id,  # each stage is a pydantic-ai run of its own, all in one conversation
+            deps=deps,
+            usage=copy.deepcopy(cur.usage),
+            usage_limits=self.usage_limits,
+            capabilities=[Durability(stage)],
+            infer_name=False,
+        )
+
+    async def _model_stage(self, proto: RunSteps[AgentCursor, AgentResult], cur: AgentCursor) -> RunStatus | None:
+        """Make the next model request; save the history with its response (the run's next turn)."""
+        if cur.model_calls >= cur.max_steps:
+            return await self._fail(
+                proto, cur, f"max_requests ({cur.max_steps}) reached: {cur.model_calls} requests made"
+            )
+        if cur.journal is not None:
+            marker: dict[str, Any] = {"call_id": f"{cur.turn + 1}/model", "superstep": cur.turn + 1, "model": True}
+            if cur.span.ref is not None:  # the stage's span: a recovery links to it
+                marker["span"] = cur.span.ref
+            await cur.journal.write("started", marker)
+        cur.model_calls += 1
+        stage = Stage(self.tools)
+        try:
+            async with self._iter(cur, stage, cur.prompt if cur.stage == "start" else None) as run:
+                node: Any = run.next_node
+                requested = False
+                while not (requested and Agent.is_call_tools_node(node)):  # until the response is in
+                    if Agent.is_end_node(node) or (Agent.is_call_tools_node(node) and not requested):
+                        raise ModelError(f"agent {self.name!r} did not ask its model from stage {cur.stage!r}")
+                    requested = requested or Agent.is_model_request_node(node)
+                    node = await run.next(node)
+                messages, usage = list(run.all_messages()), run.usage
+        except _NOT_THE_AGENTS:
+            raise
+        except ModelAPIError as exc:  # the provider failed: the run stays where it was (a recovery asks again)
+            raise ModelError(f"agent {self.name!r}: the model request failed: {exc}") from exc
+        except ModelError:
+            raise
+        except Exception as exc:
+            return await self._fail(proto, cur, f"{type(exc).__name__}: {exc}")
+        if cur.watch is not None:
+            await cur.watch.step_ended()
+        cur.history, cur.usage = messages, usage
+        cur.stage, cur.turn = "model", cur.turn + 1
+        await proto.save(cur, RunStatus.RUNNING)
+        return None
+
+    async def _tools_stage(
+        self,
+        proto: RunSteps[AgentCursor, AgentResult],
+        cur: AgentCursor,
+        seeds: Mapping[str, CallState],
+        recovering: bool,
+        replayed: list[str],
+        rerun: list[str],
+    ) -> RunStatus | None:
+        """Let pydantic-ai handle the saved response: its tool calls (logged), or the output."""
+        log = CallLog(self.executor, cur.run_id, cur.turn, cur.ctx, cur.journal, seeds, cur.decisions)
+        log.watch, log.span = cur.watch, cur.span.ref
+        stage = Stage(self.tools, log)
+        failure: str | None = None
+        output: Any = None
+        ended = False
+        try:
+            async with self._iter(cur, stage, None) as run:
+                node: Any = run.next_node
+                while True:
+                    node = await run.next(node)
+                    if Agent.is_end_node(node):
+                        ended, output = True, to_jsonable_python(node.data.output)
+                        break
+                    if Agent.is_model_request_node(node):  # handled: the next request waits for the model
+                        break
+                messages, usage = list(run.all_messages()), run.usage
+                if not ended:  # the request pydantic-ai resumes from (tool results, a retry prompt)
+                    messages.append(node.request)
+        except PauseForApproval:
+            messages, usage = cur.history, cur.usage
+        except _NOT_THE_AGENTS:
+            raise
+        except Exception as exc:  # the agent's own failure (a tool's error, a limit, an output it gave up on)
+            failure = f"{type(exc).__name__}: {exc}"
+            messages, usage = cur.history, cur.usage
+        if cur.watch is not None:
+            await cur.watch.step_ended()
+        replayed += log.replayed
+        rerun += log.rerun
+        recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
+        if failure is not None:
+            return await self._fail(proto, cur, failure, recovered)
+        if log.pending:
+            cur.pending = list(log.pending)
+            await proto.save(cur, RunStatus.PAUSED, recovered=recovered)
+            return RunStatus.PAUSED
+        cur.history, cur.usage = messages, usage
+        cur.decisions, cur.pending = {}, []
+        if ended:
+            cur.output = output
+            await proto.save(cur, RunStatus.DONE, recovered=recovered)
+            return RunStatus.DONE
+        cur.stage = "tools"
+        await proto.save(cur, RunStatus.RUNNING, recovered=recovered)
+        return None
+
+    async def _fail(
+        self,
+        proto: RunSteps[AgentCursor, AgentResult],
+        cur: AgentCursor,
+        why: str,
+        recovered: dict[str, Any] | None = None,
+    ) -> RunStatus:
+        cur.error = why
+        await proto.save(cur, RunStatus.FAILED, recovered=recovered)
+        return RunStatus.FAILED

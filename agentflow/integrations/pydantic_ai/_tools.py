@@ -1,0 +1,141 @@
+"""The agent's tools in the call log: an agentflow `Tool` per pydantic-ai tool, and the toolset that logs each call.
+
+pydantic-ai validates a tool's arguments and calls it through its toolsets; agentflow logs
+each call (`agentflow.exec.calls.log.CallLog`). `CallLogToolset` sits around the agent's
+assembled toolset (put there per run by `Durability`, a pydantic-ai capability): each
+`call_tool` becomes `CallLog.call` of the agent tool of that name, whose function calls the
+wrapped toolset back with the run context pydantic-ai gave (`_PENDING`, a context variable:
+the executor runs an async tool in the caller's task). The log stores the arguments as
+``{"args": {...}}`` (the agentflow tool takes them as one argument; pydantic-ai checks them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pydantic_ai import ModelRetry
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ModelResponse
+from pydantic_ai.tools import RunContext
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
+
+from agentflow.exec import Registry, Tool
+from agentflow.exec.calls.log import CallLog
+
+__all__ = ["RETRY_KEY", "AgentTools", "CallLogToolset", "Durability", "Stage"]
+
+#: How a `ModelRetry` a tool raised is stored as its result.
+RETRY_KEY: Final = "agentflow.model_retry"
+
+
+@dataclass
+class _Pending:
+    """The call pydantic-ai is making, for the agent tool's function to make."""
+
+    toolset: AbstractToolset[Any]
+    name: str
+    ctx: RunContext[Any]
+    tool: ToolsetTool[Any]
+
+
+_PENDING: ContextVar[_Pending | None] = ContextVar("agentflow_pydantic_ai_call", default=None)
+
+
+def _through(name: str) -> Any:
+    """The function of the agent tool `name`: make the pending pydantic-ai call; a `ModelRetry` is a result."""
+
+    async def call(args: dict[str, Any]) -> Any:
+        pending = _PENDING.get()
+        if pending is None or pending.name != name:
+            raise RuntimeError(f"tool {name!r} of a durable agent runs only inside the agent's run")
+        try:
+            return await pending.toolset.call_tool(name, args, pending.ctx, pending.tool)
+        except ModelRetry as exc:
+            return {RETRY_KEY: exc.message}
+
+    call.__name__ = name
+    return call
+
+
+class AgentTools:
+    """The agent's tools as agentflow knows them: idempotent or not, needing approval or not."""
+
+    def __init__(
+        self, toolsets: Collection[AbstractToolset[Any]], idempotent: Collection[str], approval: Collection[str]
+    ) -> None:
+        self.idempotent, self.approval = frozenset(idempotent), frozenset(approval)
+        self.registry = Registry()
+        for toolset in toolsets:  # the tools known before any run (a function toolset's); others on first call
+            if isinstance(toolset, FunctionToolset):
+                for name, tool in toolset.tools.items():
+                    self.add(name, tool.metadata)
+
+    def add(self, name: str, metadata: dict[str, Any] | None = None) -> Tool:
+        """Register the agent tool `name` (idempotent if declared so, or if its metadata says ``idempotent``)."""
+        if name in self.registry:
+            return self.registry.get(name)
+        idempotent = name in self.idempotent or bool((metadata or {}).get("idempotent", False))
+        return self.registry.add(_through(name), name=name, idempotent=idempotent, approval=name in self.approval)
+
+
+@dataclass
+class Stage:
+    """What the toolset of a run needs from the stage under way (one object: pydantic-ai copies toolsets)."""
+
+    tools: AgentTools
+    log: CallLog | None = None
+    """The call log of the tools stage under way (None in a model stage: no tool may run then)."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One call at a time: the log's order is the order the calls started."""
+
+
+@dataclass
+class CallLogToolset(WrapperToolset[Any]):
+    """The agent's toolset with every call logged: `started` before it runs, its result after."""
+
+    stage: Stage | None = None
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        """Make (or replay from the log) one tool call."""
+        stage = self.stage
+        if stage is None or stage.log is None:
+            raise RuntimeError(f"tool {name!r} was called outside a tools stage of a durable agent")
+        stage.tools.add(name, tool.tool_def.metadata)
+        ordinal = _ordinal(ctx)
+        async with stage.lock:
+            token = _PENDING.set(_Pending(self.wrapped, name, ctx, tool))
+            try:
+                value = await stage.log.call("tools", ordinal, name, {"args": tool_args})
+            finally:
+                _PENDING.reset(token)
+        if isinstance(value, dict) and set(value) == {RETRY_KEY}:
+            raise ModelRetry(str(value[RETRY_KEY]))
+        return value
+
+
+def _ordinal(ctx: RunContext[Any]) -> int:
+    """The call's place among the tool calls of the response being handled (its log identity)."""
+    for message in reversed(ctx.messages):
+        if isinstance(message, ModelResponse):
+            for index, part in enumerate(message.tool_calls):
+                if part.tool_call_id == ctx.tool_call_id:
+                    return index
+            break
+    raise RuntimeError(f"tool call {ctx.tool_call_id!r} is not in the response being handled")
+
+
+@dataclass
+class Durability(AbstractCapability[Any]):
+    """The per-run capability that puts `CallLogToolset` around the agent's toolset."""
+
+    stage: Stage
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
+        """Wrap the agent's assembled (non-output) toolset."""
+        return CallLogToolset(toolset, stage=self.stage)

@@ -1,0 +1,142 @@
+"""`AgentRunner`: the durable runs of one pydantic-ai agent (built by `DurableAgent.runner`)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agentflow._errors import CheckpointConflict
+from agentflow._identity import RunContext, identity_body
+from agentflow._run_types import RunStatus
+from agentflow.exec import Executor
+from agentflow.exec._driven import DrivenRunner
+from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.lease import Ownership
+from agentflow.exec.run.protocol import RunProtocol
+from agentflow.exec.seal import Sealer, check_storable
+from agentflow.integrations.pydantic_ai._driver import AgentCursor, AgentDriver, AgentResult
+
+__all__ = ["AgentRunner", "new_agent_run_id"]
+
+#: What an agent run cannot do, and why.
+REFUSED: Final[Mapping[str, str]] = {
+    "fork": "only flow runs can be forked; start a new agent run with this one's messages as its history",
+    "migrate": "agent runs have no versions to migrate between",
+}
+
+
+def new_agent_run_id() -> str:
+    """An unguessable agent run id."""
+    return "agent-" + secrets.token_urlsafe(16)
+
+
+class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
+    """Runs one durable agent; every run survives the death of its worker (with a checkpoint store).
+
+    The operations on stored runs (advance, recover, resume, wake, decide_in_doubt, cancel,
+    retry, read) are `DrivenRunner`'s; fork and migrate are refused with the reason.
+    """
+
+    refused = REFUSED
+    noun = "pydantic-ai agent"
+
+    def __init__(
+        self,
+        driver: AgentDriver,
+        executor: Executor,
+        checkpoints: CheckpointStore | None,
+        sealer: Sealer | None,
+        ownership: Ownership,
+        max_checkpoint_bytes: int,
+        max_requests: int,
+    ) -> None:
+        """Use `DurableAgent.runner` (or `FlowApp(loops=...)`) to build one."""
+        self.name = driver.name
+        self.checkpoints, self.sealer, self.ownership = checkpoints, sealer, ownership
+        self.executor, self.events = executor, executor.events
+        self.max_requests = max_requests
+        self.protocol: RunProtocol[AgentCursor, AgentResult] = RunProtocol(
+            driver,
+            checkpoints,
+            sealer,
+            executor.registry,
+            executor.events,
+            max_checkpoint_bytes,
+            ownership,
+            executor.tracer,
+        )
+
+    def _cursor(
+        self, prompt: str, run_id: str | None, deps_data: Mapping[str, Any] | None, ctx: RunContext | None
+    ) -> AgentCursor:
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("an agent run starts from a prompt: pass a non-empty string")
+        rid = run_id if run_id is not None else new_agent_run_id()
+        if not rid or not isinstance(rid, str):
+            raise ValueError("run_id must be a non-empty string")
+        data = dict(deps_data or {})
+        check_storable(data, "deps_data")
+        return AgentCursor(rid, identity_body(self.sealer, rid, ctx), ctx, prompt, data, self.max_requests)
+
+    async def run(
+        self,
+        prompt: str | None = None,
+        *,
+        run_id: str | None = None,
+        deps_data: Mapping[str, Any] | None = None,
+        ctx: RunContext | None = None,
+        approve: bool | Mapping[str, bool] | None = None,
+        note: str | None = None,
+    ) -> AgentResult:
+        """Run the agent on `prompt` until it answers, pauses for an approval, or fails.
+
+        With a store, a checkpoint ends every model request and every round of tools; a tool
+        call is logged before and after it runs. Given the `run_id` of a run paused for an
+        approval, it resumes that run: `approve` decides the pending calls (None returns it
+        as it stands).
+
+        Args:
+            prompt: the user prompt (not needed to resume).
+            run_id: the run's id; unguessable by default.
+            deps_data: JSON the `deps` factory gets on every worker (signed in clear: no secrets).
+            ctx: who the run acts for.
+            approve: the decision when resuming a paused run: one for all, or per call id.
+            note: a note stored with the decision.
+
+        Raises:
+            CheckpointConflict: the run id belongs to a run that is running or ended.
+            ModelError: the model request failed (the run stays recoverable).
+            ValueError: no prompt, or `deps_data` is not JSON.
+        """
+        if run_id is not None and self.checkpoints is not None and await self._exists(run_id):
+            if approve is None:
+                opened = await self.protocol.steps.open(run_id, ctx)
+                if opened.status != RunStatus.PAUSED:
+                    raise CheckpointConflict(f"run {run_id!r} exists and is {opened.status}, not paused")
+                return self.protocol.driver.result(opened.cur, RunStatus.PAUSED)
+            return await self.resume(run_id, approve=approve, note=note, ctx=ctx)
+        if prompt is None:
+            raise ValueError("an agent run starts from a prompt: pass a non-empty string")
+        return await self.protocol.begin(self._cursor(prompt, run_id, deps_data, ctx), None)
+
+    async def start(
+        self,
+        prompt: str,
+        *,
+        run_id: str | None = None,
+        deps_data: Mapping[str, Any] | None = None,
+        ctx: RunContext | None = None,
+    ) -> AgentResult:
+        """Save a new run's step 0 (its prompt) without running it; a worker advances it.
+
+        Raises:
+            ValueError: the runner has no store, no prompt, or `deps_data` is not JSON.
+            CheckpointConflict: the run id is taken.
+        """
+        if self.checkpoints is None:
+            raise ValueError("start needs an AgentRunner with a checkpoint store")
+        cur = self._cursor(prompt, run_id, deps_data, ctx)
+        async with self.protocol.hold(cur.run_id):
+            await self.protocol.steps.start(cur)
+        return self.protocol.driver.result(cur, RunStatus.RUNNING)
