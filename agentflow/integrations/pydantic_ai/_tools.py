@@ -23,6 +23,7 @@ from pydantic_ai.messages import ModelResponse
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
 
+from agentflow._errors import ApprovalDenied
 from agentflow.exec import Registry, Tool
 from agentflow.exec.calls.log import CallLog
 
@@ -91,6 +92,8 @@ class Stage:
     """The call log of the tools stage under way (None in a model stage: no tool may run then)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One call at a time: the log's order is the order the calls started."""
+    broken: bool = False
+    """A call of the round raised: pydantic-ai is ending the round, so no waiting call may start."""
 
 
 @dataclass
@@ -109,9 +112,16 @@ class CallLogToolset(WrapperToolset[Any]):
         stage.tools.add(name, tool.tool_def.metadata)
         ordinal = _ordinal(ctx)
         async with stage.lock:
+            if stage.broken:  # another call of the round failed: its siblings are being cancelled
+                raise asyncio.CancelledError(f"tool {name!r} not started: another call of its round failed")
             token = _PENDING.set(_Pending(self.wrapped, name, ctx, tool))
             try:
                 value = await stage.log.call("tools", ordinal, name, {"args": tool_args})
+            except ApprovalDenied as exc:  # a person said no: the model is told, as a tool loop's is
+                return f"denied: {exc}"
+            except BaseException:
+                stage.broken = True
+                raise
             finally:
                 _PENDING.reset(token)
         if isinstance(value, dict) and set(value) == {RETRY_KEY}:

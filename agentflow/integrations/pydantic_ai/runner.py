@@ -14,7 +14,7 @@ from agentflow.exec._driven import DrivenRunner
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.lease import Ownership
 from agentflow.exec.run.protocol import RunProtocol
-from agentflow.exec.seal import Sealer, check_storable
+from agentflow.exec.seal import Sealer, canonical
 from agentflow.integrations.pydantic_ai._driver import AgentCursor, AgentDriver, AgentResult
 
 __all__ = ["AgentRunner", "new_agent_run_id"]
@@ -76,7 +76,10 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
         if not rid or not isinstance(rid, str):
             raise ValueError("run_id must be a non-empty string")
         data = dict(deps_data or {})
-        check_storable(data, "deps_data")
+        try:
+            canonical(data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"deps_data must be JSON (it is signed into the run's step 0): {exc}") from None
         return AgentCursor(rid, identity_body(self.sealer, rid, ctx), ctx, prompt, data, self.max_requests)
 
     async def run(

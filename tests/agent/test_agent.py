@@ -1,0 +1,292 @@
+"""A pydantic-ai agent made durable (`agentflow.integrations.pydantic_ai`), in one process.
+
+The order agent of agentkit.py: ``lookup_order`` (idempotent, answers a lower-case id with
+``ModelRetry``), ``charge`` (not idempotent), a structured `Receipt` output. A worker's death is
+`Crash` raised inside a tool (a BaseException: nothing below catches it), and a second runner
+with its own owner takes the run over once the dead one's lease lapsed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _kit.leases import KILLED_LEASE_S, once_lapsed
+from _kit.stores import StoreSetup
+from _kit.tickets import Crash, Ledger, raise_crash
+from agentkit import EXPECTED, KEY, PROMPT, Receipt, charge_result, durable, make_agent
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from agentflow import DidNotHappen, Events, FlowApp, Happened, Registry, Rerun, RunStatus
+from agentflow.errors import CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision
+from agentflow.exec import LoopRunner
+from agentflow.integrations.pydantic_ai import AgentInput, AgentRunner, DurableAgent
+from agentflow.operate import InProcess
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "ledger.jsonl")
+
+
+def crashing(ledger: Ledger, run_id: str, tool: str) -> Agent[None, Receipt]:
+    """The order agent whose `tool` dies (`Crash`) right after its effect hit the ledger."""
+    return make_agent(ledger, run_id, die_in=tool, die=raise_crash)
+
+
+def runner_on(store_setup: StoreSetup, agent: Agent[None, Receipt], owner: str, **kw: Any) -> AgentRunner:
+    return durable(agent).runner(store_setup.open(), KEY, owner=owner, lease_s=KILLED_LEASE_S, **kw)
+
+
+async def killed_in(store_setup: StoreSetup, ledger: Ledger, tool: str) -> None:
+    """Run the agent until it dies inside `tool`."""
+    with pytest.raises(Crash):
+        await runner_on(store_setup, crashing(ledger, "order-1", tool), "dead").run(PROMPT, run_id="order-1")
+
+
+async def test_a_durable_agent_gives_the_output_the_plain_agent_gives(store_setup: StoreSetup, ledger: Ledger) -> None:
+    # Given the order agent, run once by pydantic-ai alone
+    plain = await make_agent(ledger, "plain").run(PROMPT)
+    # When the same agent runs durably
+    result = await runner_on(store_setup, make_agent(ledger, "order-1"), "w1").run(PROMPT, run_id="order-1")
+    # Then it reaches the same typed output, each tool effect once, three model requests
+    assert result.status == RunStatus.DONE and result.output == plain.output == EXPECTED
+    assert isinstance(result.output, Receipt)
+    assert ledger.counts("order-1") == {"model": 3, "lookup_order": 1, "charge": 1}
+    assert result.model_calls == 3 and result.usage.requests == 3
+    assert [type(m).__name__ for m in result.messages] == [type(m).__name__ for m in plain.all_messages()]
+
+
+async def test_each_stage_ends_with_a_checkpoint_and_stores_each_message_once(store_setup: StoreSetup) -> None:
+    # Given a finished run
+    ledger = Ledger(None)
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w1")
+    result = await runner.run(PROMPT, run_id="order-1")
+    # Then step 0 holds the prompt, each model request and each round of tools one checkpoint more
+    rows = await store_setup.history("order-1")
+    bodies = [runner.sealer.open_checkpoint(row, "order-1") for row in rows]  # type: ignore[union-attr]
+    assert [b["stage"] for b in bodies] == ["start", "model", "tools", "model", "tools", "model", "model"]
+    assert bodies[0]["prompt"] == PROMPT and all("prompt" not in b for b in bodies[1:])
+    # And a message is stored once, but for the request a model stage resumes from, which pydantic-ai
+    # sends re-stamped (stored as left and as sent: one copy more per round of tools)
+    stored = sum(len(b["new"]) for b in bodies)
+    assert stored == len(result.messages) + 2
+    assert (await runner.read("order-1")).messages == result.messages
+
+
+async def test_a_tool_that_asks_the_model_to_retry_is_replayed_as_a_retry(store_setup: StoreSetup) -> None:
+    # Given a run whose first lookup raised ModelRetry, killed inside the charge that came after
+    ledger = Ledger(None)
+    await killed_in(store_setup, ledger, "charge")
+    # When it is recovered and the operator says the charge happened
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    with pytest.raises(RecoveryNeedsDecision) as asked:
+        await once_lapsed(lambda: runner.recover("order-1"))
+    await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: Happened(charge_result("A1", 90))})
+    result = await runner.recover("order-1")
+    # Then the retry is part of the history as pydantic-ai made it, and the output is the same
+    assert result.output == EXPECTED
+    retried = [p for m in result.messages for p in m.parts if isinstance(p, ToolReturnPart) and p.outcome == "retried"]
+    assert [p.content for p in retried] == ["order ids are upper case"]
+
+
+async def test_a_cut_off_charge_parks_the_run_and_never_runs_again_on_its_own(
+    store_setup: StoreSetup, ledger: Ledger
+) -> None:
+    # Given a worker that died inside charge (the card was charged, the result never logged)
+    await killed_in(store_setup, ledger, "charge")
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    # When another worker recovers it, twice
+    for _ in range(2):
+        with pytest.raises(RecoveryNeedsDecision) as asked:
+            await once_lapsed(lambda: runner.recover("order-1"))
+        # Then it asks about charge alone, and runs nothing
+        assert [tool for tool, _ in asked.value.calls] == ["charge"]
+    assert ledger.counts("order-1")["charge"] == 1
+    # And once told it happened, with its result, the agent goes on to the uninterrupted output
+    await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: Happened(charge_result("A1", 90))})
+    result = await runner.recover("order-1")
+    assert result.status == RunStatus.DONE and result.output == EXPECTED
+    assert ledger.counts("order-1")["charge"] == 1
+
+
+async def test_a_rerun_decision_runs_the_cut_off_call_once_more(store_setup: StoreSetup, ledger: Ledger) -> None:
+    await killed_in(store_setup, ledger, "charge")
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    with pytest.raises(RecoveryNeedsDecision) as asked:
+        await once_lapsed(lambda: runner.recover("order-1"))
+    await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: Rerun()}, operator="erin")
+    result = await runner.recover("order-1")
+    assert result.output == EXPECTED and ledger.counts("order-1")["charge"] == 2  # the operator's call
+    assert result.rerun == asked.value.call_ids
+
+
+async def test_did_not_happen_fails_the_run_and_a_retry_runs_the_call(store_setup: StoreSetup, ledger: Ledger) -> None:
+    # Given a cut-off charge an operator says did not happen
+    await killed_in(store_setup, ledger, "charge")
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    with pytest.raises(RecoveryNeedsDecision) as asked:
+        await once_lapsed(lambda: runner.recover("order-1"))
+    await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: DidNotHappen("declined at the bank")})
+    # When the run goes on, Then pydantic-ai sees the failed call and the run fails, saying why
+    failed = await runner.recover("order-1")
+    assert failed.status == RunStatus.FAILED and "declined at the bank" in (failed.error or "")
+    # And a retry runs the failed stage again: charge runs, and the agent ends as an uninterrupted run
+    result = await runner.retry("order-1", operator="erin")
+    assert result.status == RunStatus.DONE and result.output == EXPECTED
+    assert ledger.counts("order-1")["charge"] == 2
+
+
+async def test_a_cut_off_idempotent_lookup_reruns_without_asking(store_setup: StoreSetup, ledger: Ledger) -> None:
+    await killed_in(store_setup, ledger, "lookup_order")
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    result = await once_lapsed(lambda: runner.recover("order-1"))
+    assert result.output == EXPECTED and len(result.rerun) == 1
+    assert ledger.counts("order-1") == {"model": 3, "lookup_order": 2, "charge": 1}
+
+
+async def test_a_tool_declared_for_approval_pauses_the_run_until_a_signed_decision(
+    store_setup: StoreSetup, ledger: Ledger
+) -> None:
+    # Given the agent with charge needing a person's approval
+    agent = DurableAgent(make_agent(ledger, "order-1"), name="orders", idempotent={"lookup_order"}, approval={"charge"})
+    runner = agent.runner(store_setup.open(), KEY)
+    paused = await runner.run(PROMPT, run_id="order-1")
+    # Then the run pauses before charge runs
+    assert paused.status == RunStatus.PAUSED and [p.tool for p in paused.pending] == ["charge"]
+    assert ledger.counts("order-1").get("charge", 0) == 0
+    # When it is approved, Then charge runs once and the agent ends as usual
+    result = await runner.resume("order-1", approve=True, operator="erin")
+    assert result.output == EXPECTED and ledger.counts("order-1")["charge"] == 1
+    # And the approval was single-use: resuming again is refused
+    with pytest.raises(CheckpointConflict):
+        await runner.resume("order-1", approve=True)
+
+
+async def test_a_denied_call_is_told_to_the_model(store_setup: StoreSetup, ledger: Ledger) -> None:
+    agent = DurableAgent(make_agent(ledger, "order-1"), name="orders", idempotent={"lookup_order"}, approval={"charge"})
+    runner = agent.runner(store_setup.open(), KEY)
+    await runner.run(PROMPT, run_id="order-1")
+    result = await runner.resume("order-1", approve=False, note="over the limit")
+    assert result.status == RunStatus.DONE and ledger.counts("order-1").get("charge", 0) == 0
+    told = [
+        p.content for m in result.messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "charge"
+    ]
+    assert len(told) == 1 and "denied" in str(told[0]) and "over the limit" in str(told[0])
+
+
+async def test_a_cancelled_agent_run_is_never_recovered(store_setup: StoreSetup, ledger: Ledger) -> None:
+    await killed_in(store_setup, ledger, "charge")
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    cancelled = await once_lapsed(lambda: runner.cancel("order-1", reason="customer withdrew", operator="erin"))
+    assert cancelled.status == RunStatus.CANCELLED
+    with pytest.raises(CheckpointConflict):
+        await runner.recover("order-1")
+    assert ledger.counts("order-1")["charge"] == 1
+
+
+async def test_max_requests_counts_requests_cut_off_by_crashes(store_setup: StoreSetup) -> None:
+    # Given an agent whose every model request dies, with a budget of two requests
+    def dies(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        raise Crash("the worker died inside the model request")
+
+    agent = DurableAgent(Agent(FunctionModel(dies)), name="stuck", max_requests=2)
+    first = agent.runner(store_setup.open(), KEY, owner="w1", lease_s=KILLED_LEASE_S)
+    with pytest.raises(Crash):
+        await first.run("hello", run_id="stuck-1")
+    second = agent.runner(store_setup.open(), KEY, owner="w2", lease_s=KILLED_LEASE_S)
+    with pytest.raises(Crash):
+        await once_lapsed(lambda: second.recover("stuck-1"))
+    # When a third worker recovers it, Then the run fails without asking the model a third time
+    third = agent.runner(store_setup.open(), KEY, owner="w3", lease_s=KILLED_LEASE_S)
+    failed = await once_lapsed(lambda: third.recover("stuck-1"))
+    assert failed.status == RunStatus.FAILED and "max_requests (2)" in (failed.error or "")
+    assert failed.model_calls == 2
+
+
+async def test_deps_are_rebuilt_on_each_worker_from_the_run_and_its_data(store_setup: StoreSetup) -> None:
+    # Given an agent whose deps a factory makes from the run id and the JSON it started with
+    made: list[AgentInput] = []
+
+    def reply(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("hello")])
+
+    agent = DurableAgent(Agent(FunctionModel(reply), deps_type=dict), name="greeter", deps=made.append)
+    result = await agent.runner(store_setup.open(), KEY).run("hi", run_id="g-1", deps_data={"user": "u-7"})
+    # Then every stage got them, and they are signed into step 0
+    assert result.output == "hello"
+    assert {(d.run_id, d.data["user"]) for d in made} == {("g-1", "u-7")} and len(made) == 2
+
+
+async def test_an_app_acts_on_agent_runs_as_on_any_run(store_setup: StoreSetup, ledger: Ledger) -> None:
+    # Given an app with the agent registered beside flows, and a run cut off inside charge
+    await killed_in(store_setup, ledger, "charge")
+    app = FlowApp(Registry(), [], loops={"orders": durable(make_agent(ledger, "order-1"))})
+    operator = InProcess(app, store_setup.open(), [KEY], name="operator-test")
+    # When the operator decides and recovers it by id alone
+    ops = await operator.runs.open("order-1")
+    assert isinstance(ops, AgentRunner) and ops.refuses("fork") and not ops.refuses("retry")
+    with pytest.raises(RecoveryNeedsDecision) as asked:
+        await once_lapsed(lambda: operator.recover("order-1", operator="erin"))
+    await operator.decide(
+        "order-1", calls={asked.value.call_ids[0]: Happened(charge_result("A1", 90))}, operator="erin"
+    )
+    acted = await operator.runs.loop("orders").read("order-1")
+    # Then it ends as an uninterrupted run, charge once
+    assert acted.status == "done" and ledger.counts("order-1")["charge"] == 1
+
+
+async def test_checkpoint_events_name_the_agent_and_its_stage(store_setup: StoreSetup, ledger: Ledger) -> None:
+    events = Events()
+    seen: list[tuple[Any, Any]] = []
+    events.subscribe(
+        lambda e: seen.append((e.data.get("loop"), e.data.get("stage"))) if e.name == "checkpoint.saved" else None
+    )
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w1", events=events)
+    await runner.run(PROMPT, run_id="order-1")
+    assert seen[0] == ("orders", "start") and ("orders", "tools") in seen and seen[-1] == ("orders", "model")
+
+
+async def test_a_changed_checkpoint_is_refused_before_its_messages_are_read(
+    store_setup: StoreSetup, ledger: Ledger
+) -> None:
+    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w1")
+    await runner.run(PROMPT, run_id="order-1")
+    rows = await store_setup.history("order-1")
+    await store_setup.rows.put_checkpoint(rows[1], dataclasses.replace(rows[1], payload=rows[2].payload))
+    with pytest.raises(CheckpointStoreCorrupt):
+        await runner.read("order-1")
+
+
+async def test_a_plain_tool_loop_of_the_same_name_refuses_an_agent_run(store_setup: StoreSetup, ledger: Ledger) -> None:
+    await runner_on(store_setup, make_agent(ledger, "order-1"), "w1").run(PROMPT, run_id="order-1")
+    loop = LoopRunner(None, Registry(), checkpoints=store_setup.open(), checkpoint_key=KEY, name="orders")
+    with pytest.raises(CheckpointConflict, match="pydantic-ai agent's run, not a tool loop"):
+        await loop.read("order-1")
+
+
+def test_bad_arguments_say_what_to_fix(ledger: Ledger) -> None:
+    agent = make_agent(ledger, "x")
+    with pytest.raises(ValueError, match="needs a name"):
+        DurableAgent(Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("x")]))))
+    with pytest.raises(ValueError, match=r"has no tool \['refund'\] \(its tools: \['charge', 'lookup_order'\]\)"):
+        DurableAgent(agent, idempotent={"refund"})
+    with pytest.raises(ValueError, match="max_requests must be at least 1"):
+        DurableAgent(agent, max_requests=0)
+
+
+async def test_a_run_needs_a_prompt_and_json_deps_data(ledger: Ledger) -> None:
+    runner = durable(make_agent(ledger, "x")).runner()
+    with pytest.raises(ValueError, match="starts from a prompt"):
+        await runner.run("")
+    with pytest.raises(ValueError, match="deps_data"):
+        await runner.run("hi", deps_data={"when": object()})
+
+
+async def test_without_a_store_the_agent_runs_as_pydantic_ai_alone_would(ledger: Ledger) -> None:
+    result = await durable(make_agent(ledger, "order-1")).runner().run(PROMPT, run_id="order-1")
+    assert result.output == EXPECTED and result.step is None
