@@ -1,15 +1,8 @@
-"""The crash kit for durable pydantic-ai agents: an order agent whose tools keep a ledger, and a worker entry point.
+"""The crash kit for durable pydantic-ai agents: the worker entry point around the shared order agent.
 
-The agent (`make_agent`) has two tools, ``lookup_order`` (idempotent) and ``charge`` (not), and a
-structured output (`Receipt`). Its model is a pydantic-ai `FunctionModel` whose replies depend only
-on the history, so a model in a new process picks up where a dead one stopped:
-
-  turn 1: asks ``lookup_order("a1")``; the tool answers with ``ModelRetry`` (ids are upper case)
-  turn 2: asks ``lookup_order("A1")`` and ``charge("A1", 90)`` in one response
-  turn 3: gives the output ``Receipt(order="A1", charged=90, note=<the lookup's result>)``
-
-Every model request and every tool body writes the ledger (`_kit.tickets.Ledger`) first, so a test
-counts what really ran in every process together.
+The agent and its conversation are `_kit.agents` (the order agent: ``lookup_order``, idempotent,
+``charge``, not, a `Receipt` output); here a worker process runs or recovers one of its runs and
+may die at a boundary.
 
 Boundaries (``--crash POINT[:WHAT]``), each a SIGKILL of the worker's own process:
   model:N               inside the Nth model request of this process (after it hit the ledger)
@@ -34,131 +27,19 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
+from _kit.agents import PROMPT, Receipt, charge_result, durable, make_agent
 from _kit.faults import FaultyStore
 from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.specs import open_spec
 from _kit.tickets import Ledger, sigkill
-from pydantic import BaseModel
-from pydantic_ai import Agent, ModelRetry
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agentflow import Events, Happened, Rerun
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
-from agentflow.integrations.pydantic_ai import AgentResult, DurableAgent
+from agentflow.integrations.pydantic_ai import AgentResult
 
 KEY = b"agent-crash-kit-key-0123456789abcdef"
-PROMPT = "Charge order A1 90 EUR."
-TOOLS = ("lookup_order", "charge")
-NON_IDEMPOTENT = frozenset({"charge"})
-#: Model requests an uninterrupted run makes.
-REQUESTS = 3
-#: The most model requests a run may make over every process.
-MAX_REQUESTS = 6
-
-
-class Receipt(BaseModel):
-    """The agent's output."""
-
-    order: str
-    charged: int
-    note: str
-
-
-#: What every run reaches, interrupted or not.
-EXPECTED = Receipt(order="A1", charged=90, note="A1: 90 EUR, card on file")
-
-
-def lookup_result(order: str) -> str:
-    """What lookup_order returns (an operator supplying a result uses it too)."""
-    return f"{order}: 90 EUR, card on file"
-
-
-def charge_result(order: str, amount: int) -> str:
-    """What charge returns."""
-    return f"charged {amount} EUR for {order}"
-
-
-def _returns(messages: list[ModelMessage]) -> dict[str, Any]:
-    return {
-        part.tool_name: part.content
-        for message in messages
-        if isinstance(message, ModelRequest)
-        for part in message.parts
-        if isinstance(part, ToolReturnPart) and part.outcome != "retried"
-    }
-
-
-def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """The model's next response, from the history alone (the same on every worker)."""
-    turn = sum(1 for m in messages if isinstance(m, ModelResponse)) + 1
-    retried = any(
-        isinstance(p, ToolReturnPart) and p.outcome == "retried"  # pydantic-ai's answer to a ModelRetry
-        for m in messages
-        if isinstance(m, ModelRequest)
-        for p in m.parts
-    )
-    if turn == 1:
-        return ModelResponse(parts=[ToolCallPart("lookup_order", {"order": "a1"}, tool_call_id="call-1")])
-    if turn == 2 and retried:
-        return ModelResponse(
-            parts=[
-                ToolCallPart("lookup_order", {"order": "A1"}, tool_call_id="call-2"),
-                ToolCallPart("charge", {"order": "A1", "amount": 90}, tool_call_id="call-3"),
-            ]
-        )
-    returns = _returns(messages)
-    output = {"order": "A1", "charged": 90, "note": returns.get("lookup_order", "?")}
-    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, output, tool_call_id="call-out")])
-
-
-def make_agent(
-    ledger: Ledger,
-    run_id: str,
-    *,
-    die_in_model: int | None = None,
-    die_in: str | None = None,
-    die: Callable[[str], NoReturn] = sigkill,
-) -> Agent[None, Receipt]:
-    """The order agent; its model request number `die_in_model` and its tool `die_in` `die` (SIGKILL by default)."""
-    requests = Counter[str]()
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        requests["n"] += 1
-        ledger.record("model", run_id, str(requests["n"]))
-        if die_in_model == requests["n"]:
-            die("inside a model request")
-        return reply(messages, info)
-
-    agent = Agent(FunctionModel(model), output_type=Receipt, name="orders")
-
-    @agent.tool_plain
-    def lookup_order(order: str) -> str:
-        """Find an order (safe to repeat)."""
-        if order != order.upper():
-            raise ModelRetry("order ids are upper case")
-        ledger.record("lookup_order", run_id)
-        if die_in == "lookup_order":
-            die("inside lookup_order")
-        return lookup_result(order)
-
-    @agent.tool_plain
-    async def charge(order: str, amount: int) -> str:
-        """Charge the customer's card (not idempotent)."""
-        ledger.record("charge", run_id)
-        if die_in == "charge":
-            die("inside charge")
-        return charge_result(order, amount)
-
-    return agent
-
-
-def durable(agent: Agent[None, Receipt]) -> DurableAgent:
-    """The order agent made durable: lookup_order may rerun, charge may not."""
-    return DurableAgent(agent, name="orders", idempotent={"lookup_order"}, max_requests=MAX_REQUESTS)
 
 
 def outcome(result: AgentResult) -> dict[str, Any]:
@@ -196,7 +77,6 @@ async def act(opts: argparse.Namespace) -> dict[str, Any]:
     ledger = Ledger(opts.ledger)
     agent = make_agent(
         ledger,
-        opts.run_id,
         die_in_model=int(what) if point == "model" else None,
         die_in=what if point == "in_tool" else None,
     )

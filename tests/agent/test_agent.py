@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kit.agents import EXPECTED, PROMPT, Receipt, charge_result, durable, make_agent
 from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger, raise_crash
-from agentkit import EXPECTED, KEY, PROMPT, Receipt, charge_result, durable, make_agent
+from agentkit import KEY
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelResponse, TextPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -33,9 +34,9 @@ def ledger(tmp_path: Path) -> Ledger:
     return Ledger(tmp_path / "ledger.jsonl")
 
 
-def crashing(ledger: Ledger, run_id: str, tool: str) -> Agent[None, Receipt]:
+def crashing(ledger: Ledger, tool: str) -> Agent[None, Receipt]:
     """The order agent whose `tool` dies (`Crash`) right after its effect hit the ledger."""
-    return make_agent(ledger, run_id, die_in=tool, die=raise_crash)
+    return make_agent(ledger, die_in=tool, die=raise_crash)
 
 
 def runner_on(store_setup: StoreSetup, agent: Agent[None, Receipt], owner: str, **kw: Any) -> AgentRunner:
@@ -45,14 +46,14 @@ def runner_on(store_setup: StoreSetup, agent: Agent[None, Receipt], owner: str, 
 async def killed_in(store_setup: StoreSetup, ledger: Ledger, tool: str) -> None:
     """Run the agent until it dies inside `tool`."""
     with pytest.raises(Crash):
-        await runner_on(store_setup, crashing(ledger, "order-1", tool), "dead").run(PROMPT, run_id="order-1")
+        await runner_on(store_setup, crashing(ledger, tool), "dead").run(PROMPT, run_id="order-1")
 
 
 async def test_a_durable_agent_gives_the_output_the_plain_agent_gives(store_setup: StoreSetup, ledger: Ledger) -> None:
     # Given the order agent, run once by pydantic-ai alone
-    plain = await make_agent(ledger, "plain").run(PROMPT)
+    plain = await make_agent(ledger).run(PROMPT)
     # When the same agent runs durably
-    result = await runner_on(store_setup, make_agent(ledger, "order-1"), "w1").run(PROMPT, run_id="order-1")
+    result = await runner_on(store_setup, make_agent(ledger), "w1").run(PROMPT, run_id="order-1")
     # Then it reaches the same typed output, each tool effect once, three model requests
     assert result.status == RunStatus.DONE and result.output == plain.output == EXPECTED
     assert isinstance(result.output, Receipt)
@@ -64,7 +65,7 @@ async def test_a_durable_agent_gives_the_output_the_plain_agent_gives(store_setu
 async def test_each_stage_ends_with_a_checkpoint_and_stores_each_message_once(store_setup: StoreSetup) -> None:
     # Given a finished run
     ledger = Ledger(None)
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w1")
+    runner = runner_on(store_setup, make_agent(ledger), "w1")
     result = await runner.run(PROMPT, run_id="order-1")
     # Then step 0 holds the prompt, each model request and each round of tools one checkpoint more
     rows = await store_setup.history("order-1")
@@ -83,7 +84,7 @@ async def test_a_tool_that_asks_the_model_to_retry_is_replayed_as_a_retry(store_
     ledger = Ledger(None)
     await killed_in(store_setup, ledger, "charge")
     # When it is recovered and the operator says the charge happened
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    runner = runner_on(store_setup, make_agent(ledger), "w2")
     with pytest.raises(RecoveryNeedsDecision) as asked:
         await once_lapsed(lambda: runner.recover("order-1"))
     await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: Happened(charge_result("A1", 90))})
@@ -99,7 +100,7 @@ async def test_a_cut_off_charge_parks_the_run_and_never_runs_again_on_its_own(
 ) -> None:
     # Given a worker that died inside charge (the card was charged, the result never logged)
     await killed_in(store_setup, ledger, "charge")
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    runner = runner_on(store_setup, make_agent(ledger), "w2")
     # When another worker recovers it, twice
     for _ in range(2):
         with pytest.raises(RecoveryNeedsDecision) as asked:
@@ -116,7 +117,7 @@ async def test_a_cut_off_charge_parks_the_run_and_never_runs_again_on_its_own(
 
 async def test_a_rerun_decision_runs_the_cut_off_call_once_more(store_setup: StoreSetup, ledger: Ledger) -> None:
     await killed_in(store_setup, ledger, "charge")
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    runner = runner_on(store_setup, make_agent(ledger), "w2")
     with pytest.raises(RecoveryNeedsDecision) as asked:
         await once_lapsed(lambda: runner.recover("order-1"))
     await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: Rerun()}, operator="erin")
@@ -128,7 +129,7 @@ async def test_a_rerun_decision_runs_the_cut_off_call_once_more(store_setup: Sto
 async def test_did_not_happen_fails_the_run_and_a_retry_runs_the_call(store_setup: StoreSetup, ledger: Ledger) -> None:
     # Given a cut-off charge an operator says did not happen
     await killed_in(store_setup, ledger, "charge")
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    runner = runner_on(store_setup, make_agent(ledger), "w2")
     with pytest.raises(RecoveryNeedsDecision) as asked:
         await once_lapsed(lambda: runner.recover("order-1"))
     await runner.decide_in_doubt("order-1", calls={asked.value.call_ids[0]: DidNotHappen("declined at the bank")})
@@ -143,7 +144,7 @@ async def test_did_not_happen_fails_the_run_and_a_retry_runs_the_call(store_setu
 
 async def test_a_cut_off_idempotent_lookup_reruns_without_asking(store_setup: StoreSetup, ledger: Ledger) -> None:
     await killed_in(store_setup, ledger, "lookup_order")
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    runner = runner_on(store_setup, make_agent(ledger), "w2")
     result = await once_lapsed(lambda: runner.recover("order-1"))
     assert result.output == EXPECTED and len(result.rerun) == 1
     assert ledger.counts("order-1") == {"model": 3, "lookup_order": 2, "charge": 1}
@@ -153,7 +154,7 @@ async def test_a_tool_declared_for_approval_pauses_the_run_until_a_signed_decisi
     store_setup: StoreSetup, ledger: Ledger
 ) -> None:
     # Given the agent with charge needing a person's approval
-    agent = DurableAgent(make_agent(ledger, "order-1"), name="orders", idempotent={"lookup_order"}, approval={"charge"})
+    agent = DurableAgent(make_agent(ledger), name="orders", idempotent={"lookup_order"}, approval={"charge"})
     runner = agent.runner(store_setup.open(), KEY)
     paused = await runner.run(PROMPT, run_id="order-1")
     # Then the run pauses before charge runs
@@ -168,7 +169,7 @@ async def test_a_tool_declared_for_approval_pauses_the_run_until_a_signed_decisi
 
 
 async def test_a_denied_call_is_told_to_the_model(store_setup: StoreSetup, ledger: Ledger) -> None:
-    agent = DurableAgent(make_agent(ledger, "order-1"), name="orders", idempotent={"lookup_order"}, approval={"charge"})
+    agent = DurableAgent(make_agent(ledger), name="orders", idempotent={"lookup_order"}, approval={"charge"})
     runner = agent.runner(store_setup.open(), KEY)
     await runner.run(PROMPT, run_id="order-1")
     result = await runner.resume("order-1", approve=False, note="over the limit")
@@ -181,7 +182,7 @@ async def test_a_denied_call_is_told_to_the_model(store_setup: StoreSetup, ledge
 
 async def test_a_cancelled_agent_run_is_never_recovered(store_setup: StoreSetup, ledger: Ledger) -> None:
     await killed_in(store_setup, ledger, "charge")
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w2")
+    runner = runner_on(store_setup, make_agent(ledger), "w2")
     cancelled = await once_lapsed(lambda: runner.cancel("order-1", reason="customer withdrew", operator="erin"))
     assert cancelled.status == RunStatus.CANCELLED
     with pytest.raises(CheckpointConflict):
@@ -225,7 +226,7 @@ async def test_deps_are_rebuilt_on_each_worker_from_the_run_and_its_data(store_s
 async def test_an_app_acts_on_agent_runs_as_on_any_run(store_setup: StoreSetup, ledger: Ledger) -> None:
     # Given an app with the agent registered beside flows, and a run cut off inside charge
     await killed_in(store_setup, ledger, "charge")
-    app = FlowApp(Registry(), [], loops={"orders": durable(make_agent(ledger, "order-1"))})
+    app = FlowApp(Registry(), [], loops={"orders": durable(make_agent(ledger))})
     operator = InProcess(app, store_setup.open(), [KEY], name="operator-test")
     # When the operator decides and recovers it by id alone
     ops = await operator.runs.open("order-1")
@@ -246,7 +247,7 @@ async def test_checkpoint_events_name_the_agent_and_its_stage(store_setup: Store
     events.subscribe(
         lambda e: seen.append((e.data.get("loop"), e.data.get("stage"))) if e.name == "checkpoint.saved" else None
     )
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w1", events=events)
+    runner = runner_on(store_setup, make_agent(ledger), "w1", events=events)
     await runner.run(PROMPT, run_id="order-1")
     assert seen[0] == ("orders", "start") and ("orders", "tools") in seen and seen[-1] == ("orders", "model")
 
@@ -254,7 +255,7 @@ async def test_checkpoint_events_name_the_agent_and_its_stage(store_setup: Store
 async def test_a_changed_checkpoint_is_refused_before_its_messages_are_read(
     store_setup: StoreSetup, ledger: Ledger
 ) -> None:
-    runner = runner_on(store_setup, make_agent(ledger, "order-1"), "w1")
+    runner = runner_on(store_setup, make_agent(ledger), "w1")
     await runner.run(PROMPT, run_id="order-1")
     rows = await store_setup.history("order-1")
     await store_setup.rows.put_checkpoint(rows[1], dataclasses.replace(rows[1], payload=rows[2].payload))
@@ -263,14 +264,14 @@ async def test_a_changed_checkpoint_is_refused_before_its_messages_are_read(
 
 
 async def test_a_plain_tool_loop_of_the_same_name_refuses_an_agent_run(store_setup: StoreSetup, ledger: Ledger) -> None:
-    await runner_on(store_setup, make_agent(ledger, "order-1"), "w1").run(PROMPT, run_id="order-1")
+    await runner_on(store_setup, make_agent(ledger), "w1").run(PROMPT, run_id="order-1")
     loop = LoopRunner(None, Registry(), checkpoints=store_setup.open(), checkpoint_key=KEY, name="orders")
     with pytest.raises(CheckpointConflict, match="pydantic-ai agent's run, not a tool loop"):
         await loop.read("order-1")
 
 
 def test_bad_arguments_say_what_to_fix(ledger: Ledger) -> None:
-    agent = make_agent(ledger, "x")
+    agent = make_agent(ledger)
     with pytest.raises(ValueError, match="needs a name"):
         DurableAgent(Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("x")]))))
     with pytest.raises(ValueError, match=r"has no tool \['refund'\] \(its tools: \['charge', 'lookup_order'\]\)"):
@@ -280,7 +281,7 @@ def test_bad_arguments_say_what_to_fix(ledger: Ledger) -> None:
 
 
 async def test_a_run_needs_a_prompt_and_json_deps_data(ledger: Ledger) -> None:
-    runner = durable(make_agent(ledger, "x")).runner()
+    runner = durable(make_agent(ledger)).runner()
     with pytest.raises(ValueError, match="starts from a prompt"):
         await runner.run("")
     with pytest.raises(ValueError, match="deps_data"):
@@ -288,5 +289,5 @@ async def test_a_run_needs_a_prompt_and_json_deps_data(ledger: Ledger) -> None:
 
 
 async def test_without_a_store_the_agent_runs_as_pydantic_ai_alone_would(ledger: Ledger) -> None:
-    result = await durable(make_agent(ledger, "order-1")).runner().run(PROMPT, run_id="order-1")
+    result = await durable(make_agent(ledger)).runner().run(PROMPT, run_id="order-1")
     assert result.output == EXPECTED and result.step is None

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _kit.agents import EXPECTED, MAX_REQUESTS, NON_IDEMPOTENT, REQUESTS, TOOLS
 from _kit.stores import child_env, setups
 from _kit.tickets import Ledger
-from agentkit import EXPECTED, MAX_REQUESTS, NON_IDEMPOTENT, REQUESTS, TOOLS
 
 HERE = Path(__file__).parent
 
