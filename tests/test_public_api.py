@@ -144,12 +144,13 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
     "agentflow.operate": ["Acted", "InProcess", "Operator", "ThroughWorkers"],
+    "agentflow.integrations.pydantic_ai": ["AgentInput", "AgentResult", "AgentRunner", "DurableAgent"],
     "agentflow.observe": [
         "Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker",
     ],
 }  # fmt: skip
 #: Packages with no public names of their own (a command and a demo).
-NO_API = ["agentflow.cli", "agentflow.demo"]
+NO_API = ["agentflow.cli", "agentflow.demo", "agentflow.integrations"]
 
 
 def public_names(module: object) -> set[str]:

@@ -16,7 +16,7 @@ agentflow gives pydantic-ai), so a test counts what really ran in every process 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from pydantic import BaseModel
@@ -106,6 +106,7 @@ def make_agent(
     die_in_model: int | None = None,
     die_in: str | None = None,
     die: Callable[[str], NoReturn] = sigkill,
+    pause: Callable[[], Awaitable[None]] | None = None,
 ) -> Agent[None, Receipt]:
     """The order agent; its model request number `die_in_model` and its tool `die_in` `die` (SIGKILL by default)."""
     requests = Counter[str]()
@@ -135,6 +136,8 @@ def make_agent(
         ledger.record("charge", _run_id())
         if die_in == "charge":
             die("inside charge")
+        if pause is not None:  # a worker test's window to kill the process inside the charge
+            await pause()
         return charge_result(order, amount)
 
     return agent

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from _kit.agents import durable, make_agent
 from _kit.tickets import (
     FANOUT,
     SLOW,
@@ -161,6 +162,7 @@ app = FlowApp(
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
+        "orders": durable(make_agent(ledger, pause=_pause)),  # a durable pydantic-ai agent
     },
 )
 

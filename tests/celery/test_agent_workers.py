@@ -1,0 +1,64 @@
+"""A durable pydantic-ai agent on real Celery workers: each stage is a task; a worker SIGKILLed inside
+a non-idempotent tool parks the run until an operator decides, through the client."""
+
+from __future__ import annotations
+
+import pytest
+from _kit.agents import EXPECTED, PROMPT, charge_result
+
+from agentflow import Happened
+from agentflow.errors import FlowError
+
+pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(300)]
+
+
+async def test_a_durable_agent_runs_stage_by_stage_as_tasks(deployment):
+    # Given a worker whose app registers the order agent beside its flows
+    deployment.start_worker("w1")
+    # When the agent is started through the client
+    run_id = await deployment.client.start_agent("orders", PROMPT)
+    status = await deployment.client.settle(run_id, timeout_s=60)
+    # Then every stage ran as a task and the run ended with the output an in-process run gives
+    result = await deployment.client.agent_result("orders", run_id)
+    assert status == "done" and result.status == "done", result.error
+    assert result.output == EXPECTED  # type: ignore[attr-defined]
+    effects = deployment.effects()
+    assert (effects[("lookup_order", run_id)], effects[("charge", run_id)]) == (1, 1)
+    # And each stage was its own checkpoint: the prompt, three responses and two rounds of tools, the output
+    assert result.step == 6
+
+
+async def test_a_worker_killed_inside_charge_parks_the_agent_until_an_operator_decides(deployment):
+    # Given a worker that dies (its whole process group, SIGKILL) right after the card was charged
+    deployment.set_delay(0.8, 0.8)  # charge waits this long after its effect: the kill lands inside it
+    deployment.start_worker("w1")
+    run_id = await deployment.client.start_agent("orders", PROMPT, run_id=f"{deployment.prefix}-agent")
+    await deployment.until_effect("charge", run_id)
+    deployment.kill_group("w1")
+    deployment.set_delay(0.0, 0.0)
+    # When another worker starts and looks at the run
+    deployment.start_worker("w2")
+    assert await deployment.client.settle(run_id, timeout_s=60) == "running"
+    # Then the charge is in doubt and the run waits for a person: nothing reran it
+    report = await deployment.report(run_id)
+    doubtful = [c for c in report.calls if c.tool == "charge" and c.state == "in doubt"]
+    assert [tool for tool, _ in report.awaiting] == ["charge"] and len(doubtful) == 1, report
+    assert deployment.effects()[("charge", run_id)] == 1
+    # When an operator checked the card and says it happened, with its result
+    await deployment.client.decide_in_doubt(
+        run_id, calls={doubtful[0].call_id: Happened(charge_result("A1", 90))}, operator="erin"
+    )
+    # Then a worker carries the agent on to the same output, and the card was charged once
+    assert await deployment.client.settle(run_id, timeout_s=60) == "done"
+    result = await deployment.client.agent_result("orders", run_id)
+    assert result.output == EXPECTED  # type: ignore[attr-defined]
+    assert deployment.effects()[("charge", run_id)] == 1
+
+
+async def test_a_tool_loop_is_not_started_as_an_agent_nor_an_agent_as_a_tool_loop(deployment):
+    from agentflow.models import Message
+
+    with pytest.raises(FlowError, match="is a tool loop started from messages: start it with start_loop"):
+        await deployment.client.start_agent("forecast", PROMPT)
+    with pytest.raises(FlowError, match="is a pydantic-ai agent, not a tool loop started from messages"):
+        await deployment.client.start_loop("orders", [Message.user(PROMPT)])
