@@ -21,7 +21,7 @@ async def test_a_durable_agent_runs_stage_by_stage_as_tasks(deployment):
     # Then every stage ran as a task and the run ended with the output an in-process run gives
     result = await deployment.client.agent_result("orders", run_id)
     assert status == "done" and result.status == "done", result.error
-    assert result.output == EXPECTED  # type: ignore[attr-defined]
+    assert result.output == EXPECTED
     effects = deployment.effects()
     assert (effects[("lookup_order", run_id)], effects[("charge", run_id)]) == (1, 1)
     # And each stage was its own checkpoint: the prompt, three responses and two rounds of tools, the output
@@ -51,7 +51,7 @@ async def test_a_worker_killed_inside_charge_parks_the_agent_until_an_operator_d
     # Then a worker carries the agent on to the same output, and the card was charged once
     assert await deployment.client.settle(run_id, timeout_s=60) == "done"
     result = await deployment.client.agent_result("orders", run_id)
-    assert result.output == EXPECTED  # type: ignore[attr-defined]
+    assert result.output == EXPECTED
     assert deployment.effects()[("charge", run_id)] == 1
 
 
