@@ -243,6 +243,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             if lp.model_calls >= lp.max_steps:
                 lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
                 await proto.save(lp, RunStatus.FAILED)
+                self.events.emit("run.finished", lp.run_id, loop=self.name, status="failed", error=lp.error)
                 return self.result(lp, RunStatus.FAILED, replayed, rerun)
             reply = await self._ask_model(lp)
             await self._stage_ended(lp)
@@ -250,6 +251,8 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             lp.stage = "model"
             status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
             await proto.save(lp, status)
+            if status is RunStatus.DONE:
+                self.events.emit("run.finished", lp.run_id, loop=self.name, status=status.value)
             return self.result(lp, status, replayed, rerun) if status is RunStatus.DONE else None
         log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
         log.watch, log.span = lp.watch, lp.span.ref

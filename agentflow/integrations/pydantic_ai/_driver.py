@@ -423,6 +423,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         if ended:
             cur.output = output
             await proto.save(cur, RunStatus.DONE, recovered=recovered)
+            self.events.emit("run.finished", cur.run_id, loop=self.name, status=RunStatus.DONE.value)
             return RunStatus.DONE
         cur.stage = "tools"
         await proto.save(cur, RunStatus.RUNNING, recovered=recovered)
@@ -437,4 +438,5 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
     ) -> RunStatus:
         cur.error = why
         await proto.save(cur, RunStatus.FAILED, recovered=recovered)
+        self.events.emit("run.finished", cur.run_id, loop=self.name, status=RunStatus.FAILED.value, error=why)
         return RunStatus.FAILED
