@@ -2,7 +2,8 @@
 
 Names in use (data in parentheses):
 - ``run.started`` (kind, and flow, or loop and stage): step 0 is saved; ``run.finished``
-  (flow or loop, status, and error when it failed), ``run.recovered`` (kind, step, replayed, rerun), ``run.paused`` (pending)
+  (flow or loop, status, and error when it failed), ``run.recovered`` (kind, step, replayed,
+  rerun), ``run.paused`` (pending)
 - ``node.started`` / ``node.finished`` (node, superstep)
 - ``tool.started`` (tool, call_id, attempt), ``tool.finished`` (tool, call_id, ms),
   ``tool.failed`` (tool, call_id, error, ms), ``tool.retrying`` (tool, call_id, attempt, delay_s),

@@ -12,6 +12,11 @@ At the end: no run is lost (every run is done, after an operator decided about t
 waiting for a decision), no non-idempotent tool had an effect twice unless its call was
 in doubt and the operator chose to rerun it (then at most once more), and every call in
 doubt is accounted for.
+
+Durable pydantic-ai agent runs (the order agent, `_kit.agents`, as the loop ``orders``: one
+per four ticket runs) go through the same chaos alongside. Their operator is honest: a
+``charge`` in doubt that the ledger shows happened is `Happened`, one that did not is
+rerun; so every agent run ends done with the expected output, its card charged exactly once.
 """
 
 from __future__ import annotations
@@ -25,11 +30,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import pytest
+from _kit.agents import EXPECTED, PROMPT, charge_result
 from _kit.tickets import Ledger, Order
 from celery_kit import Deployment
 from rabbit_kit import rabbitmq_vhost, scale_out_deployment
 
+from agentflow import Happened, InDoubtDecision, Rerun
 from agentflow.celery import RunView
+from agentflow.errors import RunHeld
+from agentflow.integrations.pydantic_ai import AgentResult
 
 SECONDS = float(os.environ.get("AGENTFLOW_CHAOS_SECONDS", "25"))
 RUNS = int(os.environ.get("AGENTFLOW_CHAOS_RUNS", "60"))
@@ -73,6 +82,9 @@ def soak(request: pytest.FixtureRequest) -> Soak:
 
 
 NON_IDEMPOTENT = ("charge_card", "email_tickets")
+#: The durable agent the app registers (`celery_flows`), and one of its runs per this many ticket runs.
+AGENT = "orders"
+TICKET_RUNS_PER_AGENT_RUN = 4
 
 
 @dataclass
@@ -92,6 +104,14 @@ async def _produce(deployment: Deployment, runs: int, run_ids: list[str], until:
     gap = max(0.0, (until - time.monotonic()) / runs)
     for i in range(runs):
         run_ids.append(await deployment.client.start("tickets", {"show": f"show-{i}", "seats": 1 + i % 4}))
+        await asyncio.sleep(random.uniform(0, 2 * gap))
+
+
+async def _produce_agents(deployment: Deployment, runs: int, run_ids: list[str], until: float) -> None:
+    """Start `runs` agent runs of the order agent, spread over the time until `until`."""
+    gap = max(0.0, (until - time.monotonic()) / runs)
+    for _ in range(runs):
+        run_ids.append(await deployment.client.start_agent(AGENT, PROMPT))
         await asyncio.sleep(random.uniform(0, 2 * gap))
 
 
@@ -187,6 +207,73 @@ async def _settle(
     return views, decided
 
 
+@dataclass(frozen=True)
+class AgentDecision:
+    """One call in doubt of an agent run, and what the operator said about it."""
+
+    run_id: str
+    tool: str
+    call_id: str
+    happened: bool  # the ledger showed the effect: `Happened`; else `Rerun`
+
+
+async def _decide_honestly(deployment: Deployment, run_id: str) -> list[AgentDecision] | None:
+    """Decide the calls in doubt of a parked agent run as a person checking the card's statement would.
+
+    A ``charge`` the ledger shows happened is `Happened` (with the result charge returns), one
+    it does not show is rerun. Only ``charge`` is not idempotent: nothing else may park the run.
+    None when a worker holds the run just then (a sweep looking at it): asked again on the next poll.
+    """
+    report = await deployment.report(run_id)
+    if report.lease is not None:
+        return None
+    assert {tool for tool, _ in report.awaiting} == {"charge"}, (run_id, report.awaiting, report.calls)
+    doubtful = report.in_doubt
+    assert doubtful and {c.tool for c in doubtful} <= {"charge", "lookup_order"}, (run_id, report.calls)
+    charged = deployment.effects()[("charge", run_id)] >= 1
+    made = [AgentDecision(run_id, c.tool, c.call_id, charged) for c in doubtful if c.tool == "charge"]
+    assert made, (run_id, report.awaiting, report.calls)
+    calls: dict[str, InDoubtDecision] = {
+        d.call_id: Happened(charge_result("A1", 90)) if d.happened else Rerun() for d in made
+    }  # an idempotent lookup_order left out reruns
+    try:
+        await deployment.client.decide_in_doubt(run_id, calls=calls, operator="chaos")
+    except RunHeld:  # a worker took the run since the report was read
+        return None
+    return made
+
+
+async def _settle_agents(
+    deployment: Deployment, run_ids: list[str], deadline: float
+) -> tuple[dict[str, AgentResult], list[AgentDecision]]:
+    """Poll every agent run until it is done, deciding its calls in doubt as an honest operator would."""
+    pending = set(run_ids)
+    results: dict[str, AgentResult] = {}
+    decisions: list[AgentDecision] = []
+    last: dict[str, str] = {}
+    while pending and time.monotonic() < deadline:
+        for run_id in sorted(pending):
+            try:  # one read: settled (ended, or parked waiting for a decision) or not yet
+                status = await deployment.client.settle(run_id, timeout_s=0.0)
+            except TimeoutError as moving:
+                last[run_id] = str(moving)
+                continue
+            last[run_id] = status
+            if status == "running":  # parked on calls in doubt
+                decisions.extend(await _decide_honestly(deployment, run_id) or [])
+                continue
+            result = await deployment.client.agent_result(AGENT, run_id)
+            assert isinstance(result, AgentResult), result
+            if result.status != "done":
+                raise AssertionError(f"agent run {run_id} ended {result.status}: {result.error}")
+            results[run_id] = result
+            pending.discard(run_id)
+        await asyncio.sleep(0.5)
+    lost = {r: last.get(r) for r in sorted(pending)}
+    assert not lost, f"{len(lost)} agent run(s) never finished: {lost}"
+    return results, decisions
+
+
 async def test_chaos_soak_loses_no_run_and_repeats_no_effect(soak: Soak) -> None:
     deployment, seconds, runs = soak.deployment, soak.seconds, soak.runs
     rng = random.Random(os.environ.get("AGENTFLOW_CHAOS_SEED") or None)
@@ -202,14 +289,23 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(soak: Soak) -> None
         deployment.wait_ready(name)
     deployment.start_beat()
     # When runs flow in while workers' main processes and pool children are SIGKILLed at random
+    # (and, alongside, durable agent runs: one per four ticket runs)
     run_ids: list[str] = []
+    agent_ids: list[str] = []
+    agent_runs = max(1, runs // TICKET_RUNS_PER_AGENT_RUN)
     until = time.monotonic() + seconds
     await asyncio.gather(
-        _produce(deployment, runs, run_ids, until - seconds * 0.15), _monkey(deployment, chaos, until, rng)
+        _produce(deployment, runs, run_ids, until - seconds * 0.15),
+        _produce_agents(deployment, agent_runs, agent_ids, until - seconds * 0.15),
+        _monkey(deployment, chaos, until, rng),
     )
     await _all_up(deployment, chaos)
-    # and an operator reruns the calls in doubt of every run that waits for a decision
-    views, decided = await _settle(deployment, run_ids, time.monotonic() + SETTLE_S)
+    # and an operator reruns the calls in doubt of every run that waits for a decision (of an agent
+    # run: says Happened to a charge the ledger shows, reruns one it does not)
+    deadline = time.monotonic() + SETTLE_S
+    (views, decided), (agent_results, agent_decisions) = await asyncio.gather(
+        _settle(deployment, run_ids, deadline), _settle_agents(deployment, agent_ids, deadline)
+    )
     duration = time.monotonic() - began
 
     # Then no run was lost: every one is done
@@ -236,6 +332,20 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(soak: Soak) -> None
     for run_id, tool in duplicates:
         assert len(set(keys[(tool, run_id)])) == 1, (run_id, tool, keys[(tool, run_id)])
     hold_reruns = sum(effects[("hold_seats", r)] - 1 for r in run_ids)
+    # And every agent run is done with the expected output, its card charged exactly once (an honest
+    # operator never causes a second charge: any duplicate is a bug), its order looked up
+    assert len(agent_ids) == agent_runs and set(agent_results) == set(agent_ids)
+    assert not set(agent_ids) & set(run_ids)
+    for run_id in agent_ids:
+        result = agent_results[run_id]
+        assert result.status == "done" and result.output == EXPECTED, (run_id, result.status, result.output)
+        charges = effects[("charge", run_id)]
+        mine = [d for d in agent_decisions if d.run_id == run_id]
+        assert charges == 1, (run_id, "charged", charges, mine, chaos.log)
+        assert effects[("lookup_order", run_id)] >= 1, (run_id, "lookup_order never ran")
+    happened = sum(d.happened for d in agent_decisions)
+    agent_charges = sum(effects[("charge", r)] for r in agent_ids)
+    lookup_reruns = sum(effects[("lookup_order", r)] - 1 for r in agent_ids)
 
     print(
         f"\nchaos soak on {soak.name}: {len(run_ids)} runs, {runs * 3} supersteps, {duration:.0f} s "
@@ -245,6 +355,10 @@ async def test_chaos_soak_loses_no_run_and_repeats_no_effect(soak: Soak) -> None
         f"decisions: {len(decided)} runs, {sum(named.values())} calls in doubt {dict(named)}, "
         f"of which {len(duplicates)} had already had their effect (rerun = one extra) and "
         f"{reruns_without_effect} had not; idempotent hold_seats reruns: {hold_reruns}; "
+        f"agent runs: {len(agent_ids)}, decisions: {len(agent_decisions)} charges in doubt over "
+        f"{len({d.run_id for d in agent_decisions})} runs ({happened} happened, "
+        f"{len(agent_decisions) - happened} rerun), charges: {agent_charges}, "
+        f"idempotent lookup_order reruns: {lookup_reruns}; "
         f"lost runs: 0; unexplained duplicate effects: 0"
     )
     assert chaos.main_kills + chaos.child_kills > 0
