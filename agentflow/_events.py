@@ -5,6 +5,8 @@ Names in use (data in parentheses):
   (flow or loop, status, and error when it failed), ``run.recovered`` (kind, step, replayed,
   rerun), ``run.paused`` (pending)
 - ``node.started`` / ``node.finished`` (node, superstep)
+- ``model.text`` (loop, turn, text): a streamed model request's text as it comes (a durable
+  pydantic-ai agent built with ``stream=True``)
 - ``tool.started`` (tool, call_id, attempt), ``tool.finished`` (tool, call_id, ms),
   ``tool.failed`` (tool, call_id, error, ms), ``tool.retrying`` (tool, call_id, attempt, delay_s),
   ``tool.replayed`` (tool, call_id), ``tool.rerun`` (tool, call_id): a call in doubt runs again

@@ -9,6 +9,7 @@ with its own owner takes the run over once the dead one's lease lapsed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from agentflow import DidNotHappen, Events, FlowApp, Happened, Registry, Rerun, RunStatus
 from agentflow.errors import CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec import LoopRunner
+from agentflow.exec.run.events import follow_events
+from agentflow.exec.seal import Sealer
 from agentflow.integrations.pydantic_ai import AgentInput, AgentRunner, DurableAgent
 from agentflow.operate import InProcess
 
@@ -291,3 +294,23 @@ async def test_a_run_needs_a_prompt_and_json_deps_data(ledger: Ledger) -> None:
 async def test_without_a_store_the_agent_runs_as_pydantic_ai_alone_would(ledger: Ledger) -> None:
     result = await durable(make_agent(ledger)).runner().run(PROMPT, run_id="order-1")
     assert result.output == EXPECTED and result.step is None
+
+
+async def test_a_streaming_agent_reports_the_models_text_in_the_runs_stored_events(store_setup: StoreSetup) -> None:
+    # Given an agent built with stream=True, whose model streams its answer in three pieces
+    async def pieces(messages: list[Any], info: AgentInfo) -> AsyncIterator[str]:
+        for piece in ("Your order ", "A1 ", "is on its way."):
+            yield piece
+
+    def whole(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("Your order A1 is on its way.")])
+
+    agent = DurableAgent(Agent(FunctionModel(whole, stream_function=pieces)), name="tracker", stream=True)
+    store = store_setup.open()
+    # When it runs on a hub that records its events
+    result = await agent.runner(store, KEY, events=Events(record=True)).run("where is A1?", run_id="t-1")
+    # Then a follower of the run's stored events gets the text as it came, then the run's end
+    followed = [event async for event in follow_events(store, Sealer(KEY), "t-1")]
+    texts = [event.data["text"] for event in followed if event.name == "model.text"]
+    assert result.output == "Your order A1 is on its way." and "".join(texts) == result.output
+    assert len(texts) == 3 and followed[-1].name == "run.finished"

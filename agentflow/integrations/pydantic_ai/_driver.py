@@ -25,7 +25,14 @@ from pydantic import TypeAdapter
 from pydantic_ai import Agent
 from pydantic_ai.agent import AbstractAgent, AgentRun
 from pydantic_ai.exceptions import ModelAPIError
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    PartDeltaEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+)
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 
@@ -140,8 +147,10 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         *,
         deps: Callable[[AgentInput], Any] | None,
         usage_limits: UsageLimits | None,
+        stream: bool = False,
     ) -> None:
         self.agent, self.tools, self.executor, self.name = agent, tools, executor, name
+        self.stream = stream
         self.events = executor.events
         self.deps, self.usage_limits = deps, usage_limits
         self._loaded: tuple[str, AgentCursor] | None = None
@@ -348,13 +357,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         stage = Stage(self.tools)
         try:
             async with self._iter(cur, stage, cur.prompt if cur.stage == "start" else None) as run:
-                node: Any = run.next_node
-                requested = False
-                while not (requested and Agent.is_call_tools_node(node)):  # until the response is in
-                    if Agent.is_end_node(node) or (Agent.is_call_tools_node(node) and not requested):
-                        raise ModelError(f"agent {self.name!r} did not ask its model from stage {cur.stage!r}")
-                    requested = requested or Agent.is_model_request_node(node)
-                    node = await run.next(node)
+                await self._request(cur, run)
                 messages, usage = list(run.all_messages()), run.usage
         except _NOT_THE_AGENTS:
             raise
@@ -370,6 +373,31 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         cur.stage, cur.turn = "model", cur.turn + 1
         await proto.save(cur, RunStatus.RUNNING)
         return None
+
+    async def _request(self, cur: AgentCursor, run: AgentRun[Any, Any]) -> None:
+        """Drive pydantic-ai's graph through one model request, up to the node that handles its response."""
+        node: Any = run.next_node
+        requested = False
+        while not (requested and Agent.is_call_tools_node(node)):  # until the response is in
+            if Agent.is_end_node(node) or (Agent.is_call_tools_node(node) and not requested):
+                raise ModelError(f"agent {self.name!r} did not ask its model from stage {cur.stage!r}")
+            if Agent.is_model_request_node(node):
+                requested = True
+                if self.stream:
+                    await self._stream(cur, node, run)
+            node = await run.next(node)
+
+    async def _stream(self, cur: AgentCursor, node: Any, run: AgentRun[Any, Any]) -> None:
+        """Make the request streamed, reporting the model's text as it comes (``model.text``)."""
+        async with node.stream(run.ctx) as response:
+            async for event in response:
+                text = None
+                if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                    text = event.part.content
+                elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                    text = event.delta.content_delta
+                if text:
+                    self.events.emit("model.text", cur.run_id, loop=self.name, turn=cur.turn + 1, text=text)
 
     async def _tools_stage(
         self,

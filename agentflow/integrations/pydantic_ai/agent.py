@@ -54,6 +54,7 @@ class DurableAgent:
         deps: Callable[[AgentInput], Any] | None = None,
         usage_limits: UsageLimits | None = None,
         max_requests: int = 50,
+        stream: bool = False,
     ) -> None:
         """Wrap `agent`.
 
@@ -69,6 +70,9 @@ class DurableAgent:
                 and the run's `deps_data` (JSON given when it starts). None: no deps.
             usage_limits: pydantic-ai's limits, applied to the usage of the whole run.
             max_requests: the most model requests a run may make, crashes included.
+            stream: make each model request streamed and report its text as it comes, in
+                ``model.text`` events (loop, turn, text) a page follows through the run's event
+                stream (`FlowClient.events`, the viewer); the model must support streaming.
 
         Raises:
             ValueError: no usable name, `max_requests` below 1, or a tool named in
@@ -90,7 +94,7 @@ class DurableAgent:
             unknown = sorted((set(idempotent) | set(approval)) - known)
             if unknown:
                 raise ValueError(f"agent {chosen!r} has no tool {unknown} (its tools: {sorted(known)})")
-        self.deps, self.usage_limits, self.max_requests = deps, usage_limits, max_requests
+        self.deps, self.usage_limits, self.max_requests, self.stream = deps, usage_limits, max_requests, stream
 
     def __repr__(self) -> str:
         return f"DurableAgent({self.name!r}, tools={sorted(t.name for t in self.tools.registry)})"
@@ -149,5 +153,7 @@ class DurableAgent:
         ownership: Ownership,
         max_checkpoint_bytes: int,
     ) -> AgentRunner:
-        driver = AgentDriver(self.agent, self.tools, executor, name, deps=self.deps, usage_limits=self.usage_limits)
+        driver = AgentDriver(
+            self.agent, self.tools, executor, name, deps=self.deps, usage_limits=self.usage_limits, stream=self.stream
+        )
         return AgentRunner(driver, executor, checkpoints, sealer, ownership, max_checkpoint_bytes, self.max_requests)
