@@ -20,8 +20,9 @@ from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger, raise_crash
 from agentkit import KEY
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelResponse, TextPart, ToolReturnPart
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import UsageLimits
 
 from agentflow import DidNotHappen, Events, FlowApp, Happened, Registry, Rerun, RunStatus
 from agentflow.errors import CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision
@@ -314,3 +315,39 @@ async def test_a_streaming_agent_reports_the_models_text_in_the_runs_stored_even
     texts = [event.data["text"] for event in followed if event.name == "model.text"]
     assert result.output == "Your order A1 is on its way." and "".join(texts) == result.output
     assert len(texts) == 3 and followed[-1].name == "run.finished"
+
+
+async def test_a_tool_pydantic_ai_would_defer_for_approval_pauses_the_run_for_a_signed_decision(
+    store_setup: StoreSetup,
+) -> None:
+    # Given a plain pydantic-ai agent whose refund tool requires approval (pydantic-ai's deferred tools)
+    refunds: list[str] = []
+
+    def reply(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
+            return ModelResponse(parts=[TextPart("Refunded A1.")])
+        return ModelResponse(parts=[ToolCallPart("refund", {"order": "A1"})])
+
+    agent = Agent(FunctionModel(reply), name="refunds")
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order: str) -> str:
+        refunds.append(order)
+        return f"refunded {order}"
+
+    runner = DurableAgent(agent).runner(store_setup.open(), KEY)
+    # When it runs durably, Then it pauses before the refund, which has not run
+    paused = await runner.run("refund A1", run_id="r-1")
+    assert paused.status == RunStatus.PAUSED and [p.tool for p in paused.pending] == ["refund"] and refunds == []
+    # And once a person approves (a signed, single-use decision), the refund runs once and the agent answers
+    done = await runner.resume("r-1", approve=True, operator="erin")
+    assert done.status == RunStatus.DONE and done.output == "Refunded A1." and refunds == ["A1"]
+
+
+async def test_pydantic_ais_usage_limits_hold_over_the_whole_run(store_setup: StoreSetup, ledger: Ledger) -> None:
+    # Given the order agent (three requests) limited by pydantic-ai to two
+    agent = DurableAgent(make_agent(ledger), name="orders", usage_limits=UsageLimits(request_limit=2))
+    result = await agent.runner(store_setup.open(), KEY).run(PROMPT, run_id="order-1")
+    # Then the third request is refused, although each stage is a pydantic-ai run of its own
+    assert result.status == RunStatus.FAILED and "UsageLimitExceeded" in (result.error or "")
+    assert ledger.counts("order-1")["model"] == 2

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from pydantic_ai import ModelRetry
@@ -73,14 +73,19 @@ class AgentTools:
         for toolset in toolsets:  # the tools known before any run (a function toolset's); others on first call
             if isinstance(toolset, FunctionToolset):
                 for name, tool in toolset.tools.items():
-                    self.add(name, tool.metadata)
+                    self.add(name, tool.metadata, approval=tool.requires_approval)
 
-    def add(self, name: str, metadata: dict[str, Any] | None = None) -> Tool:
-        """Register the agent tool `name` (idempotent if declared so, or if its metadata says ``idempotent``)."""
+    def add(self, name: str, metadata: dict[str, Any] | None = None, *, approval: bool = False) -> Tool:
+        """Register the agent tool `name`.
+
+        It is idempotent if declared so, or if its metadata says ``idempotent``; it needs a
+        person's approval if declared so, or if pydantic-ai's ``requires_approval`` says so.
+        """
         if name in self.registry:
             return self.registry.get(name)
         idempotent = name in self.idempotent or bool((metadata or {}).get("idempotent", False))
-        return self.registry.add(_through(name), name=name, idempotent=idempotent, approval=name in self.approval)
+        approval = approval or name in self.approval
+        return self.registry.add(_through(name), name=name, idempotent=idempotent, approval=approval)
 
 
 @dataclass
@@ -102,6 +107,15 @@ class CallLogToolset(WrapperToolset[Any]):
 
     stage: Stage | None = None
 
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """The wrapped tools; one pydantic-ai would defer for approval is ours to approve (the run pauses)."""
+        tools = await super().get_tools(ctx)
+        for name, tool in list(tools.items()):
+            if tool.tool_def.kind == "unapproved" and self.stage is not None:
+                self.stage.tools.add(name, tool.tool_def.metadata, approval=True)
+                tools[name] = replace(tool, tool_def=replace(tool.tool_def, kind="function"))
+        return tools
+
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
@@ -114,7 +128,10 @@ class CallLogToolset(WrapperToolset[Any]):
         async with stage.lock:
             if stage.broken:  # another call of the round failed: its siblings are being cancelled
                 raise asyncio.CancelledError(f"tool {name!r} not started: another call of its round failed")
-            token = _PENDING.set(_Pending(self.wrapped, name, ctx, tool))
+            agreed = stage.tools.registry.get(name).approval is not False  # the log asks the person first
+            token = _PENDING.set(
+                _Pending(self.wrapped, name, replace(ctx, tool_call_approved=True) if agreed else ctx, tool)
+            )
             try:
                 value = await stage.log.call("tools", ordinal, name, {"args": tool_args})
             except ApprovalDenied as exc:  # a person said no: the model is told, as a tool loop's is
