@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from agentflow._errors import FlowError
 from agentflow._events import Events
 from agentflow.exec import Approver, Executor, LoopRunner, Registry
-from agentflow.exec._driven import DrivenRunner
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.driven import DrivenRunner
 from agentflow.exec.run.lease import DEFAULT_LEASE_S
 from agentflow.exec.tracing import Tracer
 from agentflow.flow import Flow, FlowRunner, FlowVersions

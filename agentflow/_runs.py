@@ -28,7 +28,7 @@ from agentflow._app import FlowApp
 from agentflow._errors import FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
-from agentflow.exec._driven import DrivenRunner
+from agentflow.exec.driven import DrivenRunner
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome

@@ -22,11 +22,11 @@ from agentflow._errors import CheckpointConflict
 from agentflow._events import Events
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
-from agentflow.exec._driven import DrivenRunner
 from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.driven import DrivenRunner
 from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol

@@ -10,8 +10,8 @@ from agentflow._errors import CheckpointConflict
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
 from agentflow.exec import Executor
-from agentflow.exec._driven import DrivenRunner
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.driven import DrivenRunner
 from agentflow.exec.run.lease import Ownership
 from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.seal import Sealer, canonical
