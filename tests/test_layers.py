@@ -35,7 +35,7 @@ VIOLATIONS = {
     "wheel": ("agentflow/_display.py", "import config"),
     "demo": ("agentflow/celery/client.py", "import agentflow.demo.tickets"),
     "config": ("config/settings.py", "import agentflow.demo.worker"),
-    "sim": ("agentflow/celery/_worker.py", "import agentflow.sim"),
+    "sim": ("agentflow/celery/worker.py", "import agentflow.sim"),
 }
 
 

@@ -2,8 +2,10 @@
 
 The public surface is what an application wires and calls: `register_tasks` (with
 `WorkerSettings` and `celery_config`) on its own Celery app, and `FlowClient` to start,
-follow and resume runs. What a worker process keeps for itself (its `Worker`, the run
-`Leases`, the event-loop bridge, a superstep's `Outcome`) stays in the private modules.
+follow and resume runs. What a worker process keeps for itself (the run `Leases`, the
+event-loop bridge) stays in the private modules; its `Worker` (`agentflow.celery.worker`) and
+what a task sends next (`agentflow.celery.follow_ups`) are public modules but not part of
+this surface: the simulation (`agentflow.sim`) drives them, an application does not.
 """
 
 try:

@@ -1,7 +1,7 @@
 """Child runs on the workers: a parent's `Child` node starts its child and leaves it to the queue.
 
 A parent's superstep never drives its child: it saves the child's step 0 (a compare-and-set
-on the child's derived run id, `agentflow.flow._children`), sends the child's first
+on the child's derived run id, `agentflow.flow.children`), sends the child's first
 superstep to its version's queue, and pauses. When the child ends, the worker that ended
 it sends the parent a ``wake``; if that worker dies first, recover_all's sweep finds the
 parent due (one of its children ended) and wakes it. Either way the parent's wake is a
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from agentflow.flow import Child
-from agentflow.flow._children import read_child, start_child
+from agentflow.flow.children import read_child, start_child
 
 if TYPE_CHECKING:
     from agentflow.flow import FlowRunner, RunResult

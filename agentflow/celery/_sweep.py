@@ -34,9 +34,9 @@ from agentflow.exec.run.sweep import relist_forgotten
 from agentflow.exec.run.timers import a_child_ended, due_at, wake_of
 
 if TYPE_CHECKING:
-    from agentflow.celery._worker import Worker
+    from agentflow.celery.worker import Worker
 
-log = logging.getLogger("agentflow.celery._worker")
+log = logging.getLogger("agentflow.celery.worker")
 
 
 async def relisted(worker: Worker, columns: list[str]) -> list[str]:

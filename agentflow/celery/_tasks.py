@@ -66,11 +66,11 @@ from agentflow._errors import RunFailed
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._config import celery_config, task_options
-from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
 from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._task_states import ANSWERED, ANSWERING, LOST, REFUSED, SKIPPED, settle
-from agentflow.celery._worker import Outcome, Worker
+from agentflow.celery.follow_ups import FollowUp, after_superstep, after_sweep
+from agentflow.celery.worker import Outcome, Worker
 from agentflow.exec.checkpoints import CheckpointStore
 
 __all__ = ["AgentflowTasks", "celery_config", "register_tasks"]

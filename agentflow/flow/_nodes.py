@@ -130,7 +130,7 @@ class Child:
         result: a function of the child's final state returning that result (default: the
             child's state as a dict).
 
-    A child that fails or is cancelled fails this node. See `agentflow.flow._children`.
+    A child that fails or is cancelled fails this node. See `agentflow.flow.children`.
     """
 
     flow: Any

@@ -30,12 +30,12 @@ from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
 from agentflow.flow import _fork, _recover, _timers
-from agentflow.flow._children import ChildRuns, InlineChildren, waiting_children
 from agentflow.flow._driver import Cursor, FlowDriver, FlowProtocol, Migration
 from agentflow.flow._fork import Patch
 from agentflow.flow._graph import Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._versions import FlowLike, as_versions
+from agentflow.flow.children import ChildRuns, InlineChildren, waiting_children
 
 S = TypeVar("S", bound=BaseModel)
 

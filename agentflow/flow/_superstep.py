@@ -21,9 +21,9 @@ from agentflow._errors import ApprovalDenied, FlowError
 from agentflow._events import Events
 from agentflow.exec.calls.log import CallLog, PauseForApproval
 from agentflow.exec.run.cancel import CancelRequested
-from agentflow.flow._children import PauseForChild, run_child
 from agentflow.flow._graph import _RAISE, Call, Child, Flow, Map, Node, Wait
 from agentflow.flow._map import run_map
+from agentflow.flow.children import PauseForChild, run_child
 
 if TYPE_CHECKING:
     from agentflow.flow._runner import FlowRunner

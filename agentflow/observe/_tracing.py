@@ -349,7 +349,7 @@ class Tracing:
 
 
 class _Wrappable(Protocol):
-    """What `trace_worker` needs of a Celery worker (`agentflow.celery._worker.Worker`)."""
+    """What `trace_worker` needs of a Celery worker (`agentflow.celery.worker.Worker`)."""
 
     tracer: Any
 

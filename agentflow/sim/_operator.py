@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, FlowError, RecoveryNeedsDecision
-from agentflow.celery._worker import Worker
+from agentflow.celery.worker import Worker
 from agentflow.exec.run.control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec.run.read import read_run
 from agentflow.sim._broker import Message

@@ -34,8 +34,8 @@ from agentflow._errors import (
 )
 from agentflow._run_types import RunKind
 from agentflow.celery import WorkerSettings
-from agentflow.celery._follow_ups import FollowUp, after_superstep, after_sweep
-from agentflow.celery._worker import Worker
+from agentflow.celery.follow_ups import FollowUp, after_superstep, after_sweep
+from agentflow.celery.worker import Worker
 from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.records import ENDED, SealedCall, SealedCheckpoint
@@ -276,7 +276,7 @@ class Episode(Points):
             self.follow_up(after_superstep(outcome, msg.flow, msg.run_id, msg.step))
 
     def follow_up(self, sent: list[FollowUp]) -> None:
-        """Send what the Celery task would send next (`agentflow.celery._follow_ups`: the one rule)."""
+        """Send what the Celery task would send next (`agentflow.celery.follow_ups`: the one rule)."""
         for up in sent:
             delay = up.countdown(self.clock.time(), self.config.settings.recheck_margin_s)
             self.send(Message(up.flow, up.run_id, up.step, up.cause), delay or 0.0)

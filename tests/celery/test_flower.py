@@ -32,7 +32,7 @@ from celery_kit import ROOT, Deployment
 
 from agentflow import FlowApp, Registry
 from agentflow.celery import AgentflowTasks, register_tasks
-from agentflow.celery._worker import Outcome
+from agentflow.celery.worker import Outcome
 from agentflow.errors import RunFailed
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 

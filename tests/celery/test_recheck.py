@@ -16,7 +16,7 @@ import pytest
 from _kit.poll import until
 from celery_kit import Deployment
 
-from agentflow.celery._worker import RECOVER_ALL_LOCK
+from agentflow.celery.worker import RECOVER_ALL_LOCK
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
 

@@ -21,7 +21,7 @@ from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
 from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import RECOVERING, Resends
-from agentflow.celery._worker import RECOVER_ALL_LOCK, Worker
+from agentflow.celery.worker import RECOVER_ALL_LOCK, Worker
 from agentflow.exec._loop_functions import start_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.run.lease import take
@@ -357,7 +357,7 @@ async def test_the_recover_all_lock_is_renewed_while_a_sweep_works_and_lapses_so
         await let_go.wait()
         return None
 
-    monkeypatch.setattr("agentflow.celery._worker.sweep", slow_sweep)
+    monkeypatch.setattr("agentflow.celery.worker.sweep", slow_sweep)
     sweeping = asyncio.create_task(first.stranded())
     await going_on.wait()
     # When the sweep goes on for 2.5 leases, Then its lock is renewed: the other worker's sweep gives way
@@ -369,7 +369,7 @@ async def test_the_recover_all_lock_is_renewed_while_a_sweep_works_and_lapses_so
     monkeypatch.setattr(store, "take_marker", _never_released)
     sweeping.cancel()
     monkeypatch.undo()
-    monkeypatch.setattr("agentflow.celery._worker.sweep", _quick_sweep)
+    monkeypatch.setattr("agentflow.celery.worker.sweep", _quick_sweep)
     await until(second.stranded, "the next sweep once the dead sweeper's lock lapsed", timeout_s=3.0, every=0.05)
 
 

@@ -15,7 +15,7 @@ from _kit.poll import until
 from worker_kit import RIVAL
 
 from agentflow.celery._rechecks import RECHECK
-from agentflow.celery._worker import Outcome
+from agentflow.celery.worker import Outcome
 from agentflow.exec.run.control import control_of
 from agentflow.exec.run.lease import Ownership, take
 

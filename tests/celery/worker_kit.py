@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from agentflow import Call, Flow, FlowApp, Registry
 from agentflow._events import Event
 from agentflow.celery import WorkerSettings, register_tasks
-from agentflow.celery._worker import Outcome, Worker
+from agentflow.celery.worker import Outcome, Worker
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.run.lease import Ownership
 

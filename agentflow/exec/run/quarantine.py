@@ -1,6 +1,6 @@
 """Runs recover_all reported once and leaves alone: a marker kept in the store's leases.
 
-`recover_all` (`agentflow.celery._worker.Worker.stranded`) finds two kinds of unfinished
+`recover_all` (`agentflow.celery.worker.Worker.stranded`) finds two kinds of unfinished
 runs it cannot move: one whose latest checkpoint fails its check (``quarantined``: a
 changed row, or a run signed with a key the workers do not hold) and one whose flow the
 workers' app does not know (``unknown-flow``). Each is reported once (a WARNING and an

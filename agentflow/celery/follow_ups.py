@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentflow.celery._stranded import Stranded
-    from agentflow.celery._worker import Outcome
+    from agentflow.celery.worker import Outcome
 
 
 @dataclass(frozen=True)
