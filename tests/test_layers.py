@@ -31,7 +31,7 @@ VIOLATIONS = {
     "surfaces": ("agentflow/viewer/_pages.py", "import agentflow.cli._text"),
     "observe": ("agentflow/celery/_stranded.py", "import agentflow.observe"),
     "otel": ("agentflow/exec/run/steps.py", "import opentelemetry.trace"),
-    "integrations": ("agentflow/_runs.py", "import pydantic_ai"),
+    "integrations": ("agentflow/runs.py", "import pydantic_ai"),
     "wheel": ("agentflow/_display.py", "import config"),
     "demo": ("agentflow/celery/client.py", "import agentflow.demo.tickets"),
     "config": ("config/settings.py", "import agentflow.demo.worker"),

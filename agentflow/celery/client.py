@@ -19,7 +19,6 @@ from agentflow._app import LoopSpec
 from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError, RunHeld
 from agentflow._identity import RunContext
 from agentflow._run_types import DEFAULT_VERSION, RunKind
-from agentflow._runs import Runs
 from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.celery._view import RunView
@@ -35,6 +34,7 @@ from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
 from agentflow.models import Message
+from agentflow.runs import Runs
 
 
 class _StartsFromPrompt(Protocol):

@@ -50,7 +50,6 @@ from agentflow._errors import (
 )
 from agentflow._events import Events
 from agentflow._run_types import version_of
-from agentflow._runs import Runs
 from agentflow.celery._children import QueuedChildren, Send
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import Resends
@@ -66,6 +65,7 @@ from agentflow.exec.run.markers import MarkerBusy, Markers
 from agentflow.exec.seal import Sealer
 from agentflow.exec.tracing import NO_TRACING, Tracer
 from agentflow.flow import FlowRunner
+from agentflow.runs import Runs
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class Worker:
 
     @property
     def runs(self) -> Runs:
-        """This process's runs, flows and tool loops alike, held as `owner` (`agentflow._runs`)."""
+        """This process's runs, flows and tool loops alike, held as `owner` (`agentflow.runs`)."""
         if self._runs is None:
             self._runs = Runs(self.flow_app, self.runner)
         return self._runs

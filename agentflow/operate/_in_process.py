@@ -8,11 +8,11 @@ from typing import Any
 from agentflow._app import FlowApp
 from agentflow._errors import CheckpointConflict
 from agentflow._events import Events
-from agentflow._runs import Runs
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.lease import process_owner
 from agentflow.operate._operator import Acted, Operator
+from agentflow.runs import Runs
 
 __all__ = ["InProcess"]
 

@@ -2,7 +2,7 @@
 
 Every surface an operator works from (the CLI's acting commands, the viewer's buttons,
 a script) acts through one of two operators, and never asks what kind of run it acts on
-(a flow run or a tool loop: `agentflow._runs` decides that, once, from the run's checked
+(a flow run or a tool loop: `agentflow.runs` decides that, once, from the run's checked
 newest row):
 
 - `InProcess` acts here, with the app's flows, loops and tools over the store, holding the
@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow._runs import Runs
 from agentflow.exec import ApprovalRequest
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome
+from agentflow.runs import Runs
 
 __all__ = ["Acted", "Operator"]
 
@@ -59,7 +59,7 @@ class Operator(ABC):
 
     #: Whether the tools run elsewhere (on the workers) rather than in this process.
     distributed = False
-    #: The runs it acts on, each's operations picked by its kind (`agentflow._runs`): what the
+    #: The runs it acts on, each's operations picked by its kind (`agentflow.runs`): what the
     #: surfaces ask whether an action fits a run before they offer it.
     runs: Runs
 

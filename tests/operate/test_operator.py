@@ -1,4 +1,4 @@
-"""`agentflow.operate`: one operator acts on a flow run and a tool loop alike (`agentflow._runs` picks the kind).
+"""`agentflow.operate`: one operator acts on a flow run and a tool loop alike (`agentflow.runs` picks the kind).
 
 Each test runs on every store set-up (`_kit.stores`). The app has one flow (``refunds``: a
 refund that needs approval) and one tool loop (``support``: asks for the same refund, then

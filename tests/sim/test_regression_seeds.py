@@ -37,7 +37,7 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # Race 1, a claim racing a late started: with the fix reverted, `make sim` seed 1 finds it on
     # memory after 283,478 steps (10.1 s). Found again (tests/sim/find_seeds.py) when markers left
     # the lease table: simulation seed 1, 0.5 s; and when every run's kind was decided in one place
-    # (agentflow._runs): simulation seed 1, 11.8 s.
+    # (agentflow.runs): simulation seed 1, 11.8 s.
     (
         "claim-race", "memory", 2166848092, None, claim_read_trusted, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale",
