@@ -81,13 +81,16 @@ failover: $(STAMP) services
 
 # The soaks' long forms, which `make test` runs at their shortest meaningful length: the chaos soak
 # for CHAOS_SECONDS of random SIGKILLs over CHAOS_RUNS runs on each set-up, AGENT_KILLS random SIGKILLs
-# of durable pydantic-ai agents (tests/agent), then `make failover`.
+# of durable pydantic-ai agents' worker processes (tests/agent) and as many of their Celery workers, then
+# `make failover`.
 CHAOS_SECONDS ?= 600
 CHAOS_RUNS ?= 500
-AGENT_KILLS ?= 300
+AGENT_KILLS ?= 200
 soak: $(STAMP) services
 	AGENTFLOW_CHAOS_SECONDS=$(CHAOS_SECONDS) AGENTFLOW_CHAOS_RUNS=$(CHAOS_RUNS) \
 		$(PY) -m pytest tests/celery/test_chaos.py -q -s -p no:warnings
 	AGENT_KILLS=$(AGENT_KILLS) $(PY) -m pytest tests/agent/test_agent_crash.py -k random_kills -q -s -p no:warnings \
 		--timeout 3600
+	AGENT_WORKER_KILLS=$(AGENT_KILLS) $(PY) -m pytest tests/celery/test_agent_workers.py -k random_worker_kills -q -s \
+		-p no:warnings --timeout 7200
 	$(MAKE) failover ROUNDS=$(ROUNDS)

@@ -3,10 +3,15 @@ a non-idempotent tool parks the run until an operator decides, through the clien
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+from collections import Counter
+
 import pytest
 from _kit.agents import EXPECTED, PROMPT, charge_result
 
-from agentflow import Happened
+from agentflow import Happened, Rerun
 from agentflow.errors import FlowError
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(300)]
@@ -62,3 +67,37 @@ async def test_a_tool_loop_is_not_started_as_an_agent_nor_an_agent_as_a_tool_loo
         await deployment.client.start_agent("forecast", PROMPT)
     with pytest.raises(FlowError, match="is a pydantic-ai agent, not a tool loop started from messages"):
         await deployment.client.start_loop("orders", [Message.user(PROMPT)])
+
+
+#: Random SIGKILLs of the worker running an agent run (`make soak` sets AGENT_WORKER_KILLS for the long form).
+WORKER_KILLS = int(os.environ.get("AGENT_WORKER_KILLS", "3"))
+
+
+async def test_random_worker_kills_never_charge_an_agent_run_twice(deployment):
+    rng = random.Random(int(os.environ.get("AGENT_SEED", "20261204")))
+    decided = Counter[str]()
+    for i in range(WORKER_KILLS):
+        # Given a worker running an agent run with slow tools, SIGKILLed (its whole group) at a random moment
+        deployment.set_delay(0.2, 0.5)
+        deployment.start_worker(f"k{i}")
+        run_id = await deployment.client.start_agent("orders", PROMPT, run_id=f"{deployment.prefix}-a{i}")
+        await asyncio.sleep(rng.uniform(0.0, 1.5))  # the kill's moment: anywhere in the run, or after it
+        deployment.kill_group(f"k{i}")
+        # When a new worker takes over, and an operator decides a cut-off charge from the card's statement
+        deployment.set_delay(0.0, 0.0)
+        deployment.start_worker(f"r{i}")
+        while (status := await deployment.client.settle(run_id, timeout_s=60)) == "running":
+            report = await deployment.report(run_id)
+            charged = deployment.effects()[("charge", run_id)] > 0
+            decision = Happened(charge_result("A1", 90)) if charged else Rerun()
+            doubtful = {c.call_id: decision for c in report.calls if c.state == "in doubt"}
+            assert set(c.tool for c in report.calls if c.state == "in doubt") == {"charge"}, report.calls
+            await deployment.client.decide_in_doubt(run_id, calls=doubtful, operator="soak")
+            decided["happened" if charged else "rerun"] += 1
+        # Then the run ends with the uninterrupted output, and the card was charged exactly once
+        assert status == "done", status
+        result = await deployment.client.agent_result("orders", run_id)
+        assert result.output == EXPECTED
+        assert deployment.effects()[("charge", run_id)] == 1
+        deployment.kill_group(f"r{i}")  # idle: the next run starts on a worker of its own
+    print(f"\n{WORKER_KILLS} worker kills over {WORKER_KILLS} agent runs: decisions {dict(decided)}, charges once each")
