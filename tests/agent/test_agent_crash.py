@@ -9,18 +9,15 @@ is made again; the model is asked at most ``MAX_REQUESTS`` times over every proc
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _kit.agents import EXPECTED, MAX_REQUESTS, NON_IDEMPOTENT, REQUESTS, TOOLS
-from _kit.stores import child_env, setups
+from _kit.processes import run_kit
+from _kit.stores import setups
 from _kit.tickets import Ledger
 
 HERE = Path(__file__).parent
@@ -36,18 +33,10 @@ class Worker:
 
     def __call__(self, run_id: str, action: str, crash: str | None = None) -> dict[str, Any] | None:
         """Run one worker; None if it was killed."""
-        cmd = [sys.executable, str(HERE / "agentkit.py"), "--db", str(self.db), "--ledger", str(self.ledger.path)]
-        cmd += ["--run-id", run_id, "--action", action]
-        if self.store:
-            cmd += ["--store", self.store]
-        if crash:
-            cmd += ["--crash", crash]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=HERE, env=child_env())
-        if proc.returncode == -signal.SIGKILL:
-            return None
-        assert proc.returncode == 0, proc.stderr
-        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return report
+        args = ["--db", str(self.db), "--ledger", str(self.ledger.path), "--run-id", run_id, "--action", action]
+        args += ["--store", self.store] if self.store else []
+        args += ["--crash", crash] if crash else []
+        return run_kit(HERE / "agentkit.py", *args)
 
 
 CASES = [

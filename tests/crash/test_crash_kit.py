@@ -7,16 +7,13 @@ RecoveryNeedsDecision, and after the operator's ``rerun_in_doubt`` the run compl
 
 from __future__ import annotations
 
-import json
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _kit.stores import child_env, setups
+from _kit.processes import run_kit
+from _kit.stores import setups
 from _kit.tickets import NON_IDEMPOTENT, TOOLS, Ledger
 from crashkit import POINTS
 
@@ -24,16 +21,8 @@ HERE = Path(__file__).parent
 
 
 def worker(store: str, ledger: Path, run_id: str, action: str, crash: str | None = None) -> dict[str, Any] | None:
-    cmd = [sys.executable, str(HERE / "crashkit.py"), "--store", store, "--ledger", str(ledger)]
-    cmd += ["--run-id", run_id, "--action", action]
-    if crash:
-        cmd += ["--crash", crash]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=HERE, env=child_env())
-    if proc.returncode == -signal.SIGKILL:
-        return None
-    assert proc.returncode == 0, proc.stderr
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return report
+    args = ["--store", store, "--ledger", str(ledger), "--run-id", run_id, "--action", action]
+    return run_kit(HERE / "crashkit.py", *args, *(["--crash", crash] if crash else []))
 
 
 def recover_until_done(store: str, ledger: Path, run_id: str) -> tuple[dict[str, Any], list[list[str]]]:

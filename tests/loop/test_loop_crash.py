@@ -9,15 +9,12 @@ called at most ``max_steps`` times over all the processes together.
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _kit.stores import child_env, setups
+from _kit.processes import run_kit
+from _kit.stores import setups
 from _kit.tickets import Ledger
 from loopkit import EXPECTED_HISTORY, MAX_STEPS, NON_IDEMPOTENT, TOOLS
 
@@ -36,20 +33,11 @@ class Worker:
         self, run_id: str, action: str, crash: str | None = None, approver: bool = False
     ) -> dict[str, Any] | None:
         """Run one worker; None if it was killed."""
-        cmd = [sys.executable, str(HERE / "loopkit.py"), "--db", str(self.db), "--ledger", str(self.ledger.path)]
-        cmd += ["--run-id", run_id, "--action", action]
-        if self.store:
-            cmd += ["--store", self.store]
-        if crash:
-            cmd += ["--crash", crash]
-        if approver:
-            cmd.append("--approver")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=HERE, env=child_env())
-        if proc.returncode == -signal.SIGKILL:
-            return None
-        assert proc.returncode == 0, proc.stderr
-        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return report
+        args = ["--db", str(self.db), "--ledger", str(self.ledger.path), "--run-id", run_id, "--action", action]
+        args += ["--store", self.store] if self.store else []
+        args += ["--crash", crash] if crash else []
+        args += ["--approver"] if approver else []
+        return run_kit(HERE / "loopkit.py", *args)
 
     def recover_until_done(self, run_id: str, approver: bool = False) -> tuple[dict[str, Any], list[list[str]]]:
         """Recover as an operator would: on a decision, check the calls and rerun them."""

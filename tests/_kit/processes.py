@@ -1,0 +1,31 @@
+"""One worker process of a crash kit (tests/crash, tests/loop, tests/agent): run it, and read what it said.
+
+A kit script runs or recovers one run, may SIGKILL itself at a boundary, and prints its outcome
+as JSON on its last line of stdout; a killed process prints nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from _kit.specs import child_env
+
+
+def run_kit(script: Path, *args: str, timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """Run `script` with `args` (tests/ on ``PYTHONPATH``, in its folder); its JSON outcome, None if it was killed.
+
+    Raises:
+        AssertionError: the process failed otherwise (its stderr is in the message).
+    """
+    cmd = [sys.executable, str(script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=script.parent, env=child_env())
+    if proc.returncode == -signal.SIGKILL:
+        return None
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report
