@@ -73,6 +73,7 @@ async def test_a_tool_loop_is_not_started_as_an_agent_nor_an_agent_as_a_tool_loo
 WORKER_KILLS = int(os.environ.get("AGENT_WORKER_KILLS", "3"))
 
 
+@pytest.mark.timeout(60 + 30 * WORKER_KILLS)
 async def test_random_worker_kills_never_charge_an_agent_run_twice(deployment):
     rng = random.Random(int(os.environ.get("AGENT_SEED", "20261204")))
     decided = Counter[str]()
