@@ -20,12 +20,13 @@ from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger, raise_crash
 from agentkit import KEY
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import ModelAPIError
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
 from agentflow import DidNotHappen, Events, FlowApp, Happened, Registry, Rerun, RunStatus
-from agentflow.errors import CheckpointConflict, CheckpointStoreCorrupt, RecoveryNeedsDecision
+from agentflow.errors import CheckpointConflict, CheckpointStoreCorrupt, ModelError, RecoveryNeedsDecision
 from agentflow.exec import LoopRunner
 from agentflow.exec.run.events import follow_events
 from agentflow.exec.seal import Sealer
@@ -351,3 +352,24 @@ async def test_pydantic_ais_usage_limits_hold_over_the_whole_run(store_setup: St
     # Then the third request is refused, although each stage is a pydantic-ai run of its own
     assert result.status == RunStatus.FAILED and "UsageLimitExceeded" in (result.error or "")
     assert ledger.counts("order-1")["model"] == 2
+
+
+async def test_a_failing_model_provider_leaves_the_run_to_a_recovery_that_asks_again(store_setup: StoreSetup) -> None:
+    # Given a provider that fails the first request, then answers
+    answers: list[str] = []
+
+    def flaky(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        answers.append("asked")
+        if len(answers) == 1:
+            raise ModelAPIError("stand-in", "503 Service Unavailable")
+        return ModelResponse(parts=[TextPart("hello")])
+
+    agent = DurableAgent(Agent(FunctionModel(flaky)), name="greeter")
+    runner = agent.runner(store_setup.open(), KEY, lease_s=KILLED_LEASE_S)
+    # When the run meets the failure, Then it is not the agent's: the run stays running, the request counted
+    with pytest.raises(ModelError, match="503"):
+        await runner.run("hi", run_id="g-1")
+    assert (await runner.read("g-1")).status == RunStatus.RUNNING
+    # And a recovery asks again and ends
+    result = await once_lapsed(lambda: runner.recover("g-1"))
+    assert result.status == RunStatus.DONE and result.output == "hello" and result.model_calls == 2

@@ -41,7 +41,6 @@ from agentflow._errors import (
     CheckpointError,
     CheckpointStoreCorrupt,
     ModelError,
-    RecoveryNeedsDecision,
 )
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
@@ -49,7 +48,6 @@ from agentflow.exec import Executor
 from agentflow.exec.calls.log import CallLog, PauseForApproval
 from agentflow.exec.calls.read import CallState, LoggedRecord, analyze
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
-from agentflow.exec.limits import LimitsUnavailable
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.exec.run.cursor import RunCursor, RunOutcome
 from agentflow.exec.run.driver import RunDriver
@@ -63,15 +61,9 @@ __all__ = ["ENGINE", "AgentCursor", "AgentDriver", "AgentInput", "AgentResult"]
 ENGINE = "pydantic-ai"
 _EMPTY_CHAIN = hashlib.sha256(b"agentflow/pydantic-ai/history/1").hexdigest()
 _USAGE = TypeAdapter(RunUsage)
-#: Errors that are not the agent's: the run stays as it was saved (a recovery, a decision or a person acts).
-_NOT_THE_AGENTS = (
-    CheckpointError,
-    RecoveryNeedsDecision,
-    CancelRequested,
-    PauseForApproval,
-    LimitsUnavailable,
-    OSError,
-)
+#: Errors that are not the agent's (as a flow's driver has them): the store refused or failed, the run
+#: is being cancelled, or a call waits for a person. The run stays as saved; every other error fails it.
+_NOT_THE_AGENTS = (CheckpointError, CancelRequested, PauseForApproval)
 
 
 def _chain(prev: str, raw: Mapping[str, Any]) -> str:
@@ -361,10 +353,9 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
                 messages, usage = list(run.all_messages()), run.usage
         except _NOT_THE_AGENTS:
             raise
-        except ModelAPIError as exc:  # the provider failed: the run stays where it was (a recovery asks again)
+        except ModelAPIError as exc:  # the provider failed: the run stays where it was (a recovery asks again,
+            # each request counted, so max_requests ends a provider that keeps failing)
             raise ModelError(f"agent {self.name!r}: the model request failed: {exc}") from exc
-        except ModelError:
-            raise
         except Exception as exc:
             return await self._fail(proto, cur, f"{type(exc).__name__}: {exc}")
         if cur.watch is not None:
