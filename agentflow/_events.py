@@ -45,9 +45,45 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 log = logging.getLogger("agentflow.events")
+
+#: Every name above a run's stream can carry (``runs.swept`` has no run): a page that follows a
+#: run listens for these (a test holds them to every name agentflow emits).
+RUN_EVENT_NAMES: Final = (
+    "run.started",
+    "run.finished",
+    "run.paused",
+    "run.recovered",
+    "run.parked",
+    "run.cancel_requested",
+    "run.cancelled",
+    "run.retried",
+    "run.forked",
+    "run.quarantined",
+    "run.unknown_flow",
+    "run.unlisted",
+    "run.migrated",
+    "run.waiting",
+    "run.woken",
+    "node.started",
+    "node.finished",
+    "model.text",
+    "tool.started",
+    "tool.finished",
+    "tool.failed",
+    "tool.retrying",
+    "tool.replayed",
+    "tool.rerun",
+    "call.waiting",
+    "call.admitted",
+    "limit.closed",
+    "checkpoint.saved",
+    "lease.lost",
+    "lease.taken_over",
+    "control.refused",
+)
 
 
 @dataclass(frozen=True, slots=True)

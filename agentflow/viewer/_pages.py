@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentflow._errors import CheckpointError
+from agentflow._events import RUN_EVENT_NAMES
 from agentflow._hints import decide_hint
 from agentflow.exec.run.read import read_heads
 from agentflow.exec.run.view import DECISION, STATUSES, RunHead, RunReport
@@ -18,7 +19,6 @@ from agentflow.exec.seal import key_id
 from agentflow.viewer._offers import offers
 from agentflow.viewer._rules import needs_migration_text
 from agentflow.viewer._settings import Viewer, root_of
-from agentflow.viewer._stream import EVENT_NAMES
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -137,7 +137,7 @@ def run_page(viewer: Viewer) -> Endpoint:
             "done": done if done in DONE else None,
             "distributed": distributed,
             "decide_hint": decide_hint(report.run_id, workers="..." if distributed else None),
-            "event_names": EVENT_NAMES,
+            "event_names": RUN_EVENT_NAMES,
             "migration": _migration(viewer, report),
         }
         return viewer.page(request, "run.html", context)

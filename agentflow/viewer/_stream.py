@@ -40,39 +40,6 @@ TICK_S: Final = 0.25
 RETRY_MS: Final = 3000
 #: Event names the stream sends as they are; any other name goes out as a problem (it could break the framing).
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-#: The event names agentflow records (`agentflow._events`): the page listens for these, plus ``problem`` and ``end``.
-EVENT_NAMES: Final = (
-    "run.started",
-    "run.finished",
-    "run.paused",
-    "run.recovered",
-    "run.parked",
-    "run.cancel_requested",
-    "run.cancelled",
-    "run.retried",
-    "run.forked",
-    "run.quarantined",
-    "run.unknown_flow",
-    "run.unlisted",
-    "run.migrated",
-    "run.waiting",
-    "run.woken",
-    "node.started",
-    "node.finished",
-    "tool.started",
-    "tool.finished",
-    "tool.failed",
-    "tool.retrying",
-    "tool.replayed",
-    "tool.rerun",
-    "call.waiting",
-    "call.admitted",
-    "limit.closed",
-    "checkpoint.saved",
-    "lease.lost",
-    "lease.taken_over",
-    "control.refused",
-)
 
 
 def shown(value: Any) -> Any:
