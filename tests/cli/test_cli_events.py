@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -23,8 +24,11 @@ from _kit.poll import until
 from runs_kit import one_line_error
 from test_cli_stores import _drop_tables, _forget
 
-from agentflow._events import Events
+from agentflow._events import Event, Events
 from agentflow.cli._stores import open_store
+from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.run import events as run_events
+from agentflow.exec.seal import Sealer
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "runs_kit:app"
@@ -41,17 +45,36 @@ def cursors(stdout: str) -> list[str]:
     return [line.split()[0] for line in stdout.splitlines()]
 
 
-def change_event(db: Path, cursor: str, sql: str) -> None:
-    """Run `sql` on the events table behind agentflow's back (``?`` is the event's id, its cursor in SQLite)."""
-    with closing(sqlite3.connect(db)) as conn, conn:
-        conn.execute(sql, (int(cursor),))
+def entry(cursor: str) -> int:
+    """The stored entry (one append) an event's cursor points into: its row id in SQLite."""
+    return int(cursor.split("~")[1] if "~" in cursor else cursor)
 
 
-def forge_event(db: Path, cursor: str, find: bytes, to: bytes) -> None:
-    """Change bytes of a stored event's payload behind agentflow's back (its signature stays as it was)."""
+def change_entry(db: Path, cursor: str, sql: str) -> None:
+    """Run `sql` on the events table behind agentflow's back (``?`` is the id of the entry `cursor` is in)."""
     with closing(sqlite3.connect(db)) as conn, conn:
-        (payload,) = conn.execute("SELECT payload FROM events WHERE id = ?", (int(cursor),)).fetchone()
-        conn.execute("UPDATE events SET payload = ? WHERE id = ?", (payload.replace(find, to), int(cursor)))
+        conn.execute(sql, (entry(cursor),))
+
+
+def forge_entry(db: Path, cursor: str, find: bytes, to: bytes) -> None:
+    """Change bytes of a stored entry's payload behind agentflow's back (its signature stays as it was)."""
+    with closing(sqlite3.connect(db)) as conn, conn:
+        (payload,) = conn.execute("SELECT payload FROM events WHERE id = ?", (entry(cursor),)).fetchone()
+        conn.execute("UPDATE events SET payload = ? WHERE id = ?", (payload.replace(find, to), entry(cursor)))
+
+
+def append_entries(db: Path, run_id: str, entries: list[list[str]]) -> None:
+    """Append `entries` to the run's stream as one later holder would: one writer, one append per entry."""
+
+    async def append() -> None:
+        async with SQLiteCheckpointStore(db) as store:
+            recorder = run_events._Recorder(store, Sealer(runs_kit.KEY), run_id)
+            for names in entries:
+                for name in names:
+                    recorder(Event(name, run_id, {"node": "refund"}))
+                await recorder.drain()
+
+    runs_kit.in_thread(append)
 
 
 def test_events_prints_each_stored_event_on_one_line(agentflow):
@@ -62,7 +85,7 @@ def test_events_prints_each_stored_event_on_one_line(agentflow):
     assert names(result.stdout) == PAUSED
     lines = result.stdout.splitlines()
     cursor, day, time, name, *fields = lines[3].split()
-    assert cursor.isdigit() and len(day) == 10 and len(time) == 12 and time[8] == "."
+    assert re.fullmatch(r"\d+|\d*~\d+~\d+", cursor) and len(day) == 10 and len(time) == 12 and time[8] == "."
     assert (name, fields) == ("checkpoint.saved", ["step=1", "status=paused", "flow=refunds", "segment=0"])
     assert lines[4].split()[3:] == ["run.paused", 'pending=["0/refund/0/' + lines[4].split('"0/refund/0/')[1]]
     assert result.stderr == ""
@@ -99,44 +122,45 @@ def test_nothing_of_a_run_whose_rows_fail_their_check_is_shown(agentflow):
     assert "agentflow verify tamper-1 names them" in one_line_error(result)
 
 
-def test_a_forged_event_is_a_problem_line_and_the_command_exits_1(agentflow, db):
-    # Given refund-1's run.started event, its name changed in the store
-    run_started = cursors(agentflow("events", "refund-1").stdout)[1]
-    forge_event(db, run_started, b"run.started", b"run.startex")
+def test_a_forged_entry_is_a_problem_line_and_the_command_exits_1(agentflow, db):
+    # Given the entry that holds refund-1's run.started, its name changed in the store
+    every = cursors(agentflow("events", "refund-1").stdout)
+    forge_entry(db, every[1], b"run.started", b"run.startex")
     # When the events are listed
     result = agentflow("events", "refund-1")
-    # Then that event is a PROBLEM line with the reason and nothing of its data; the others are printed as they are
+    # Then the entry (every event of that append) is one PROBLEM line with the reason and nothing of its data
     assert result.exit_code == 1
-    problem = result.stdout.splitlines()[1]
-    assert problem.split()[:3] == [run_started, "-", "PROBLEM"]
+    (problem,) = result.stdout.splitlines()
+    assert problem.split()[:3] == [str(entry(every[1])), "-", "PROBLEM"]
     assert "signature does not match" in problem and "startex" not in result.stdout
-    assert names(result.stdout)[2:] == ["GAP", "node.started", "checkpoint.saved", "run.paused"]
     assert "1 stored event(s) did not check (PROBLEM above)" in one_line_error(result)
 
 
-def test_a_replayed_copy_of_an_event_is_a_problem_line(agentflow, db):
-    # Given a byte-for-byte copy of refund-1's node.started appended to its stream again
+def test_a_replayed_copy_of_an_entry_is_a_problem_line_per_event(agentflow, db):
+    # Given a byte-for-byte copy of the entry holding refund-1's node.started appended to its stream again
     node_started = cursors(agentflow("events", "refund-1").stdout)[2]
     copy = "INSERT INTO events (run_id, payload, kid, sig) SELECT run_id, payload, kid, sig FROM events WHERE id = ?"
-    change_event(db, node_started, copy)
-    # When the events are listed, Then the copy is a PROBLEM line naming it a replay
+    change_entry(db, node_started, copy)
+    # When the events are listed, Then each event of the copy is a PROBLEM line naming it a replay
     result = agentflow("events", "refund-1")
     assert result.exit_code == 1
-    assert names(result.stdout) == [*PAUSED, "PROBLEM"]
-    assert "is a copy of an event already read" in result.stdout.splitlines()[-1]
+    assert names(result.stdout) == [*PAUSED, *["PROBLEM"] * len(PAUSED)]
+    assert all("is a copy of an event already read" in line for line in result.stdout.splitlines()[len(PAUSED) :])
 
 
 def test_events_missing_between_two_are_a_gap_line_before_the_next(agentflow, db):
-    # Given refund-1's node.started deleted from its stream
+    # Given a later holder of refund-1 that appended three entries, the middle one then deleted
+    append_entries(db, "refund-1", [["node.started"], ["node.finished", "checkpoint.saved"], ["run.paused"]])
     every = cursors(agentflow("events", "refund-1").stdout)
-    change_event(db, every[2], "DELETE FROM events WHERE id = ?")
+    assert len(every) == len(PAUSED) + 4
+    change_entry(db, every[len(PAUSED) + 1], "DELETE FROM events WHERE id = ?")
     # When the events are listed
     result = agentflow("events", "refund-1")
     # Then a GAP line says what is missing, before the event that follows it (which checks, and is printed)
     assert result.exit_code == 1
-    assert names(result.stdout) == ["checkpoint.saved", "run.started", "GAP", "checkpoint.saved", "run.paused"]
-    gap = result.stdout.splitlines()[2]
-    assert gap.split()[0] == every[3] and "are missing before" in gap
+    assert names(result.stdout) == [*PAUSED, "node.started", "GAP", "run.paused"]
+    gap = result.stdout.splitlines()[len(PAUSED) + 1]
+    assert gap.split()[0] == every[-1] and "events 1 to 2 of writer" in gap and "are missing before" in gap
     assert "events are missing in 1 place(s) (GAP above)" in one_line_error(result)
 
 

@@ -415,7 +415,8 @@ class EventStore(Protocol):
     async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
         """Append `events` to the run's stream, in order, each given the next cursor.
 
-        The stream keeps the newest `EVENTS_KEPT` events (Redis trims approximately: a few
+        Each is an entry (`SealedEvent`: the events of one append, to the recorder). The
+        stream keeps the newest `EVENTS_KEPT` entries (Redis trims approximately: a few
         more). Appending needs no checkpoint: a run's first events come before its step 0.
 
         Raises:

@@ -163,19 +163,19 @@ def judged_row(row: SealedCheckpoint) -> tuple[int, str]:
     return row.step, row.sig
 
 
-#: How many events a store keeps per run: appending more drops the oldest (Redis trims
+#: How many event entries (appends) a store keeps per run: appending more drops the oldest (Redis trims
 #: approximately, so it may keep a few more).
 EVENTS_KEPT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
 class SealedEvent:
-    """One signed event of a run's event stream, as a store keeps it."""
+    """One signed entry of a run's event stream (one append's events), as a store keeps it."""
 
     run_id: str
     """The run the event happened in."""
     payload: bytes
-    """Canonical JSON of ``{"name", "at", "data"}``; decoded only after the signature checks."""
+    """Canonical JSON of ``{"pos", "events"}`` (`agentflow.exec.run.events`), decoded once its signature checks."""
     kid: str
     """Id of the key that signed this event."""
     sig: str
