@@ -32,6 +32,7 @@ BENCHMARKS: list[str] = [
     "unfinished",  # P4
     "loop_storage",  # P5
     "loop_durability",  # P1 for tool loops (issue 17 item 5): durability per stage vs LangGraph's ReAct agent
+    "agent_step",  # a pydantic-ai agent step: DurableAgent vs pydantic-ai's DBOS integration (SQLite, PostgreSQL)
     "rss",  # issue 8 item 4: memory stays flat over 1,000 runs
     "celery_steps",  # P3: supersteps/s with 2 workers vs bare chained Celery tasks
     "recovery",  # issue 14: SIGKILL -> the run moving again, default settings (a few minutes)

@@ -199,7 +199,7 @@ def tracing_off(plan: Plan) -> Series:
         began = time.perf_counter()
         for _ in range(rounds):
             tracer.taking_up()
-            with proto.step_span(cur):
+            with proto.steps.step_span(cur):
                 if cur.span.ref is not None:
                     raise AssertionError("tracing is off")
                 with tracer.tool_call(cur.run_id, tool, "0/hold/0/digest", args) as span:
