@@ -19,8 +19,8 @@ from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger, raise_crash
 from agentkit import KEY
-from pydantic_ai import Agent
-from pydantic_ai.exceptions import ModelAPIError
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
@@ -373,3 +373,48 @@ async def test_a_failing_model_provider_leaves_the_run_to_a_recovery_that_asks_a
     # And a recovery asks again and ends
     result = await once_lapsed(lambda: runner.recover("g-1"))
     assert result.status == RunStatus.DONE and result.output == "hello" and result.model_calls == 2
+
+
+def _always_retries(tries: list[int], crash_on: int | None = None) -> Agent[None, str]:
+    """An agent whose model asks for ``flaky`` until told otherwise, and whose ``flaky`` always says retry."""
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("flaky", {"x": len(messages)})])
+
+    agent = Agent(FunctionModel(model), retries=2)
+
+    @agent.tool_plain
+    def flaky(x: int) -> str:
+        tries.append(x)
+        if crash_on is not None and len(tries) == crash_on:
+            raise Crash("killed after the tool's attempt")
+        raise ModelRetry("not yet")
+
+    return agent
+
+
+async def test_a_tools_retry_limit_holds_over_the_stages_and_a_crash_as_in_pydantic_ai(store_setup: StoreSetup) -> None:
+    # Given a tool that always asks the model to retry, allowed 2 retries: pydantic-ai alone tries it 3 times, fails
+    plain: list[int] = []
+    with pytest.raises(UnexpectedModelBehavior, match="exceeded max retries count of 2"):
+        await _always_retries(plain).run("go")
+    # When the same agent runs durably (each stage a pydantic-ai run of its own, started from the saved history)
+    tries: list[int] = []
+    result = (
+        await DurableAgent(_always_retries(tries), name="flaky", idempotent={"flaky"})
+        .runner(store_setup.open(), KEY)
+        .run("go", run_id="f-1")
+    )
+    # Then it fails as pydantic-ai does, after as many tries, not when the request budget runs out
+    assert result.status == RunStatus.FAILED and "exceeded max retries count of 2" in (result.error or "")
+    assert len(tries) == len(plain) == 3 and result.model_calls == 3
+    # And a run killed in its second try counts the first after its recovery (the count comes from the history)
+    cut: list[int] = []
+    dead = DurableAgent(_always_retries(cut, crash_on=2), name="flaky", idempotent={"flaky"})
+    with pytest.raises(Crash):
+        await dead.runner(store_setup.open(), KEY, owner="dead", lease_s=KILLED_LEASE_S).run("go", run_id="f-2")
+    alive = DurableAgent(_always_retries(cut), name="flaky", idempotent={"flaky"})
+    runner = alive.runner(store_setup.open(), KEY, owner="alive", lease_s=KILLED_LEASE_S)
+    recovered = await once_lapsed(lambda: runner.recover("f-2"))
+    assert recovered.status == RunStatus.FAILED and "exceeded max retries count of 2" in (recovered.error or "")
+    assert len(cut) == 4  # the try cut off by the crash, made again (idempotent), is not counted twice

@@ -7,6 +7,11 @@ assembled toolset (put there per run by `Durability`, a pydantic-ai capability):
 wrapped toolset back with the run context pydantic-ai gave (`_PENDING`, a context variable:
 the executor runs an async tool in the caller's task). The log stores the arguments as
 ``{"args": {...}}`` (the agentflow tool takes them as one argument; pydantic-ai checks them).
+
+A stage starts pydantic-ai afresh from the saved history, so pydantic-ai's own count of a
+tool's retries starts at 0 in each: the toolset counts them from the history instead
+(`retries_used`, by pydantic-ai's rule) and ends the run as pydantic-ai would once a tool
+that raised `ModelRetry` has used its ``max_retries``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any, Final
 
 from pydantic_ai import ModelRetry
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.messages import ModelResponse
+from pydantic_ai.exceptions import UnexpectedModelBehavior
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, RetryPromptPart, ToolReturnPart
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
 
@@ -27,7 +33,7 @@ from agentflow._errors import ApprovalDenied
 from agentflow.exec import Registry, Tool
 from agentflow.exec.calls.log import CallLog
 
-__all__ = ["RETRY_KEY", "AgentTools", "CallLogToolset", "Durability", "Stage"]
+__all__ = ["RETRY_KEY", "AgentTools", "CallLogToolset", "Durability", "Stage", "retries_used"]
 
 #: How a `ModelRetry` a tool raised is stored as its result.
 RETRY_KEY: Final = "agentflow.model_retry"
@@ -125,6 +131,8 @@ class CallLogToolset(WrapperToolset[Any]):
             raise RuntimeError(f"tool {name!r} was called outside a tools stage of a durable agent")
         stage.tools.add(name, tool.tool_def.metadata)
         ordinal = _ordinal(ctx)
+        used = retries_used(ctx.messages, name)
+        ctx = replace(ctx, retry=used, retries={**ctx.retries, name: used})
         async with stage.lock:
             if stage.broken:  # another call of the round failed: its siblings are being cancelled
                 raise asyncio.CancelledError(f"tool {name!r} not started: another call of its round failed")
@@ -142,8 +150,34 @@ class CallLogToolset(WrapperToolset[Any]):
             finally:
                 _PENDING.reset(token)
         if isinstance(value, dict) and set(value) == {RETRY_KEY}:
+            if used >= tool.max_retries:  # what pydantic-ai raises, counted over the whole run
+                raise UnexpectedModelBehavior(f"Tool {name!r} exceeded max retries count of {tool.max_retries}")
             raise ModelRetry(str(value[RETRY_KEY]))
         return value
+
+
+def retries_used(messages: list[ModelMessage], name: str) -> int:
+    """The retries tool `name` has used before the response being handled, as pydantic-ai counts them in one run.
+
+    Each request that carries the tool's results is a step: one where it failed (`ModelRetry`,
+    or arguments that did not validate: a retry prompt, or a return marked ``retried``) adds
+    one, one where it only succeeded sets the count back to 0.
+    """
+    used = 0
+    for message in messages:
+        if not isinstance(message, ModelRequest):
+            continue
+        mine = [part for part in message.parts if getattr(part, "tool_name", None) == name]
+        if any(_retried(part) for part in mine):
+            used += 1
+        elif any(isinstance(part, ToolReturnPart) for part in mine):
+            used = 0
+    return used
+
+
+def _retried(part: Any) -> bool:
+    """Whether a part of a request is a tool's retry: a retry prompt, or (newer pydantic-ai) a return marked so."""
+    return isinstance(part, RetryPromptPart) or getattr(part, "outcome", None) == "retried"
 
 
 def _ordinal(ctx: RunContext[Any]) -> int:
