@@ -222,10 +222,18 @@ async def test_deps_are_rebuilt_on_each_worker_from_the_run_and_its_data(store_s
         return ModelResponse(parts=[TextPart("hello")])
 
     agent = DurableAgent(Agent(FunctionModel(reply), deps_type=dict), name="greeter", deps=made.append)
-    result = await agent.runner(store_setup.open(), KEY).run("hi", run_id="g-1", deps_data={"user": "u-7"})
-    # Then every stage got them, and they are signed into step 0
-    assert result.output == "hello"
-    assert {(d.run_id, d.data["user"]) for d in made} == {("g-1", "u-7")} and len(made) == 2
+    runner = agent.runner(store_setup.open(), KEY)
+    # When the run goes in one process, Then its stages share one pydantic-ai run, so the deps are made once
+    result = await runner.run("hi", run_id="g-1", deps_data={"user": "u-7"})
+    assert result.output == "hello" and [(d.run_id, d.data) for d in made] == [("g-1", {"user": "u-7"})]
+    # And when each stage goes on a worker of its own (a superstep each), each worker makes them again,
+    # from the run id and the data signed into step 0
+    made.clear()
+    await runner.start("hi", run_id="g-2", deps_data={"user": "u-8"})
+    for step in (0, 1):
+        await runner.advance("g-2", expected_step=step, handoff=True)
+    assert (await runner.read("g-2")).output == "hello"
+    assert [(d.run_id, d.data) for d in made] == [("g-2", {"user": "u-8"})] * 2
 
 
 async def test_an_app_acts_on_agent_runs_as_on_any_run(store_setup: StoreSetup, ledger: Ledger) -> None:

@@ -8,8 +8,13 @@ A run alternates two stages, each ending with a checkpoint, as a tool loop does:
   with the response, and handles it: its tool calls go through the call log (`_tools`),
   or its output is validated and the run ends. A retry prompt or the tool results are the
   next request, saved for the next stage.
-Each stage runs `Agent.iter` afresh from the history its checkpoint holds, so a stage is
-the same whether it follows the previous one in this process or in another after a crash.
+A stage that starts a drive (a worker's superstep, a recovery, a resume) runs `Agent.iter`
+afresh from the history its checkpoint holds; the stages after it in the same drive go on
+with the same pydantic-ai run (`_Live`), which is where a fresh one would have started from:
+its history is the saved one, and what pydantic-ai counts across a run that the history does
+not show is counted from the history (a tool's retries, `_tools.retries_used`). So a stage is
+the same whether it follows the previous one in this process or in another after a crash,
+and an in-process run pays pydantic-ai's run set-up once, not at every stage.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -122,6 +127,17 @@ class AgentCursor(RunCursor):
     chains: list[str] = field(default_factory=list)
     """The digest chain after each saved message."""
     _next: tuple[list[dict[str, Any]], list[str]] | None = None
+
+
+@dataclass
+class _Live:
+    """The pydantic-ai run a drive goes on with from one stage to the next, and where it stands."""
+
+    run: AgentRun[Any, Any]
+    node: Any
+    """The node the next stage starts from: the one that handles a response, or that makes the next request."""
+    stage: Stage
+    """The stage object the run's toolset holds (its log is set per stage)."""
 
 
 class AgentDriver(RunDriver[AgentCursor, AgentResult]):
@@ -304,20 +320,33 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         replayed: list[str] = []
         rerun: list[str] = []
         stages = 0
-        while True:
-            if limit is not None and stages >= limit:
-                return self.result(cur, RunStatus.RUNNING, replayed, rerun)
-            stages += 1
-            if stages == 1 and cur.watch is not None:  # a boundary: a cancel request stops the run before it starts
-                await cur.watch.check(boundary=True)
-            with proto.step_span(cur):
-                if cur.stage in ("start", "tools"):
-                    ended = await self._model_stage(proto, cur)
-                else:
-                    ended = await self._tools_stage(proto, cur, seeds, recovering, replayed, rerun)
-            if ended is not None:
-                return self.result(cur, ended, replayed, rerun)
-            seeds, recovering = {}, False
+        async with AsyncExitStack() as runs:  # the pydantic-ai run the stages go on with, closed at the end
+            live: _Live | None = None
+            while True:
+                if limit is not None and stages >= limit:
+                    return self.result(cur, RunStatus.RUNNING, replayed, rerun)
+                stages += 1
+                if stages == 1 and cur.watch is not None:  # a boundary: a cancel request stops the run first
+                    await cur.watch.check(boundary=True)
+                with proto.step_span(cur):
+                    if cur.stage in ("start", "tools"):
+                        ended, live = await self._model_stage(proto, cur, runs, live)
+                    else:
+                        ended, live = await self._tools_stage(
+                            proto, cur, runs, live, seeds, recovering, replayed, rerun
+                        )
+                if ended is not None:
+                    return self.result(cur, ended, replayed, rerun)
+                seeds, recovering = {}, False
+
+    async def _live(self, cur: AgentCursor, runs: AsyncExitStack, live: _Live | None, log: CallLog | None) -> _Live:
+        """The run to go on with (`live`), or a fresh one from the saved history; its stage set to `log`'s."""
+        if live is None:
+            stage = Stage(self.tools)
+            run = await runs.enter_async_context(self._iter(cur, stage, cur.prompt if cur.stage == "start" else None))
+            live = _Live(run, run.next_node, stage)
+        live.stage.log, live.stage.broken = log, False
+        return live
 
     def _iter(
         self, cur: AgentCursor, stage: Stage, prompt: str | None
@@ -326,7 +355,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         return self.agent.iter(
             prompt,
             message_history=list(cur.history),
-            conversation_id=cur.run_id,  # each stage is a pydantic-ai run of its own, all in one conversation
+            conversation_id=cur.run_id,  # each drive is a pydantic-ai run of its own, all in one conversation
             deps=deps,
             usage=copy.deepcopy(cur.usage),
             usage_limits=self.usage_limits,
@@ -334,40 +363,39 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
             infer_name=False,
         )
 
-    async def _model_stage(self, proto: RunSteps[AgentCursor, AgentResult], cur: AgentCursor) -> RunStatus | None:
+    async def _model_stage(
+        self, proto: RunSteps[AgentCursor, AgentResult], cur: AgentCursor, runs: AsyncExitStack, live: _Live | None
+    ) -> tuple[RunStatus | None, _Live | None]:
         """Make the next model request; save the history with its response (the run's next turn)."""
         if cur.model_calls >= cur.max_steps:
-            return await self._fail(
-                proto, cur, f"max_requests ({cur.max_steps}) reached: {cur.model_calls} requests made"
-            )
+            why = f"max_requests ({cur.max_steps}) reached: {cur.model_calls} requests made"
+            return await self._fail(proto, cur, why), None
         if cur.journal is not None:
             marker: dict[str, Any] = {"call_id": f"{cur.turn + 1}/model", "superstep": cur.turn + 1, "model": True}
             if cur.span.ref is not None:  # the stage's span: a recovery links to it
                 marker["span"] = cur.span.ref
             await cur.journal.write("started", marker)
         cur.model_calls += 1
-        stage = Stage(self.tools)
         try:
-            async with self._iter(cur, stage, cur.prompt if cur.stage == "start" else None) as run:
-                await self._request(cur, run)
-                messages, usage = list(run.all_messages()), run.usage
+            live = await self._live(cur, runs, live, None)
+            live.node = await self._request(cur, live.run, live.node)
+            messages, usage = list(live.run.all_messages()), copy.deepcopy(live.run.usage)
         except _NOT_THE_AGENTS:
             raise
         except ModelAPIError as exc:  # the provider failed: the run stays where it was (a recovery asks again,
             # each request counted, so max_requests ends a provider that keeps failing)
             raise ModelError(f"agent {self.name!r}: the model request failed: {exc}") from exc
         except Exception as exc:
-            return await self._fail(proto, cur, f"{type(exc).__name__}: {exc}")
+            return await self._fail(proto, cur, f"{type(exc).__name__}: {exc}"), None
         if cur.watch is not None:
             await cur.watch.step_ended()
         cur.history, cur.usage = messages, usage
         cur.stage, cur.turn = "model", cur.turn + 1
         await proto.save(cur, RunStatus.RUNNING)
-        return None
+        return None, live
 
-    async def _request(self, cur: AgentCursor, run: AgentRun[Any, Any]) -> None:
-        """Drive pydantic-ai's graph through one model request, up to the node that handles its response."""
-        node: Any = run.next_node
+    async def _request(self, cur: AgentCursor, run: AgentRun[Any, Any], node: Any) -> Any:
+        """Drive pydantic-ai's graph from `node` through one model request; the node that handles its response."""
         requested = False
         while not (requested and Agent.is_call_tools_node(node)):  # until the response is in
             if Agent.is_end_node(node) or (Agent.is_call_tools_node(node) and not requested):
@@ -377,6 +405,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
                 if self.stream:
                     await self._stream(cur, node, run)
             node = await run.next(node)
+        return node
 
     async def _stream(self, cur: AgentCursor, node: Any, run: AgentRun[Any, Any]) -> None:
         """Make the request streamed, reporting the model's text as it comes (``model.text``)."""
@@ -394,31 +423,33 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         self,
         proto: RunSteps[AgentCursor, AgentResult],
         cur: AgentCursor,
+        runs: AsyncExitStack,
+        live: _Live | None,
         seeds: Mapping[str, CallState],
         recovering: bool,
         replayed: list[str],
         rerun: list[str],
-    ) -> RunStatus | None:
+    ) -> tuple[RunStatus | None, _Live | None]:
         """Let pydantic-ai handle the saved response: its tool calls (logged), or the output."""
         log = CallLog(self.executor, cur.run_id, cur.turn, cur.ctx, cur.journal, seeds, cur.decisions)
         log.watch, log.span = cur.watch, cur.span.ref
-        stage = Stage(self.tools, log)
         failure: str | None = None
         output: Any = None
         ended = False
         try:
-            async with self._iter(cur, stage, None) as run:
-                node: Any = run.next_node
-                while True:
-                    node = await run.next(node)
-                    if Agent.is_end_node(node):
-                        ended, output = True, to_jsonable_python(node.data.output)
-                        break
-                    if Agent.is_model_request_node(node):  # handled: the next request waits for the model
-                        break
-                messages, usage = list(run.all_messages()), run.usage
-                if not ended:  # the request pydantic-ai resumes from (tool results, a retry prompt)
-                    messages.append(node.request)
+            live = await self._live(cur, runs, live, log)
+            run, node = live.run, live.node
+            while True:
+                node = await run.next(node)
+                if Agent.is_end_node(node):
+                    ended, output = True, to_jsonable_python(node.data.output)
+                    break
+                if Agent.is_model_request_node(node):  # handled: the next request waits for the model
+                    break
+            live.node = node
+            messages, usage = list(run.all_messages()), copy.deepcopy(run.usage)
+            if not ended:  # the request pydantic-ai resumes from (tool results, a retry prompt)
+                messages.append(node.request)
         except PauseForApproval:
             messages, usage = cur.history, cur.usage
         except _NOT_THE_AGENTS:
@@ -432,21 +463,21 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         rerun += log.rerun
         recovered = proto.report_step(cur, log.replayed, log.rerun, recovering)
         if failure is not None:
-            return await self._fail(proto, cur, failure, recovered)
+            return await self._fail(proto, cur, failure, recovered), None
         if log.pending:
             cur.pending = list(log.pending)
             await proto.save(cur, RunStatus.PAUSED, recovered=recovered)
-            return RunStatus.PAUSED
+            return RunStatus.PAUSED, None
         cur.history, cur.usage = messages, usage
         cur.decisions, cur.pending = {}, []
         if ended:
             cur.output = output
             await proto.save(cur, RunStatus.DONE, recovered=recovered)
             self.events.emit("run.finished", cur.run_id, loop=self.name, status=RunStatus.DONE.value)
-            return RunStatus.DONE
+            return RunStatus.DONE, None
         cur.stage = "tools"
         await proto.save(cur, RunStatus.RUNNING, recovered=recovered)
-        return None
+        return None, live
 
     async def _fail(
         self,

@@ -8,8 +8,8 @@ wrapped toolset back with the run context pydantic-ai gave (`_PENDING`, a contex
 the executor runs an async tool in the caller's task). The log stores the arguments as
 ``{"args": {...}}`` (the agentflow tool takes them as one argument; pydantic-ai checks them).
 
-A stage starts pydantic-ai afresh from the saved history, so pydantic-ai's own count of a
-tool's retries starts at 0 in each: the toolset counts them from the history instead
+A stage that starts pydantic-ai afresh from the saved history (on a worker, after a crash)
+would count a tool's retries from 0: the toolset counts them from the history instead
 (`retries_used`, by pydantic-ai's rule) and ends the run as pydantic-ai would once a tool
 that raised `ModelRetry` has used its ``max_retries``.
 """
