@@ -23,7 +23,8 @@ This module is the public entry: the checks live in `_conformance.saves` (the pr
 members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, rows kept as
 written), `_conformance.calls` (call log, fencing, `save_after_calls`, `head`,
 concurrency) and `_conformance.leases` (run leases: one holder, renew and release by its
-token, lapsing, racing takers), `_conformance.markers` (markers: one token per key,
+token, lapsing, racing takers), `_conformance.lease_moves` (leases moved with a record or a
+save, `LeaseMoving`), `_conformance.markers` (markers: one token per key,
 lapsing, apart from leases) and `_conformance.retention` (prunes: only old finished
 runs, each whole, none under a live lease, judged again as they go, none whose newest row
 is not the one judged) and `_conformance.trim` (trims: old finished flow runs keep only
@@ -74,6 +75,15 @@ from agentflow.exec.checkpoints._conformance.events import (
 )
 from agentflow.exec.checkpoints._conformance.events import (
     check_forged_event_is_refused as check_forged_event_is_refused,
+)
+from agentflow.exec.checkpoints._conformance.lease_moves import (
+    check_record_moves_the_lease_of_its_bearer as check_record_moves_the_lease_of_its_bearer,
+)
+from agentflow.exec.checkpoints._conformance.lease_moves import (
+    check_record_refused_by_another_holder_writes_nothing as check_record_refused_by_another_holder_writes_nothing,
+)
+from agentflow.exec.checkpoints._conformance.lease_moves import (
+    check_save_hands_the_lease_on_or_gives_it_up as check_save_hands_the_lease_on_or_gives_it_up,
 )
 from agentflow.exec.checkpoints._conformance.leases import check_lease_arguments as check_lease_arguments
 from agentflow.exec.checkpoints._conformance.leases import check_lease_is_exclusive as check_lease_is_exclusive
@@ -220,6 +230,9 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_lease_race_of_takers,
     check_lease_needs_no_checkpoint_and_delete_forgets_it,
     check_lease_arguments,
+    check_record_moves_the_lease_of_its_bearer,
+    check_record_refused_by_another_holder_writes_nothing,
+    check_save_hands_the_lease_on_or_gives_it_up,
     check_marker_stands_for_its_token,
     check_marker_lapses,
     check_marker_taken_by_its_token_only,

@@ -36,6 +36,7 @@ from agentflow.exec.checkpoints.records import (
     UNFINISHED,
     JudgedRows,
     Lease,
+    LeaseMove,
     Marker,
     Pruned,
     SealedCall,
@@ -49,6 +50,7 @@ from agentflow.exec.checkpoints.rules import (
     check_events,
     check_judged,
     check_lease_args,
+    check_lease_move,
     check_marker_args,
     check_no_stored_rows,
     check_prune_statuses,
@@ -249,6 +251,26 @@ class MemoryCheckpointStore:
             segments.setdefault(record.segment, []).append(record)
         self._checkpoints.setdefault(run_id, []).append(checkpoint)
         self._listed[run_id] = None
+
+    async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
+        """`record_call`, moving the run's lease in the same instant (see `LeaseMoving`)."""
+        check_lease_move(run_id, move, self._live(run_id))
+        await self.record_call(run_id, record)
+        self._move(run_id, move)
+
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+    ) -> None:
+        """`save_after_calls`, moving the run's lease in the same instant (see `LeaseMoving`)."""
+        check_lease_move(run_id, move, self._live(run_id))
+        await self.save_after_calls(run_id, step, checkpoint, calls)
+        self._move(run_id, move)
+
+    def _move(self, run_id: str, move: LeaseMove) -> None:
+        if move.to is None:
+            self._leases.pop(run_id, None)
+        else:
+            self._leases[run_id] = Lease(run_id, move.owner, move.to, time.time() + move.ttl_s)
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, Mapping[int, int]]:
         """Return the latest checkpoint and the record count of each segment, in one instant."""

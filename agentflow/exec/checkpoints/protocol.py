@@ -75,6 +75,7 @@ from typing import Protocol, runtime_checkable
 from agentflow.exec.checkpoints.records import (
     JudgedRows,
     Lease,
+    LeaseMove,
     Marker,
     Pruned,
     SealedCall,
@@ -294,6 +295,38 @@ class CheckpointStore(MarkerStore, Protocol):
 
     async def aclose(self) -> None:
         """Release connections (the store can still be used again afterwards)."""
+        ...
+
+
+@runtime_checkable
+class LeaseMoving(Protocol):
+    """An optional part of the port: a run's lease moved in the same atomic write as a record or a save.
+
+    What lets a worker hand a run to the next superstep's worker with the save that ends
+    its step, and the next worker take it with its first write, without a round trip of
+    its own for either (`agentflow.exec.run.relay`). Each method is its plain
+    counterpart's write, with `LeaseMove`'s rule checked first, in the same transaction
+    or script: both happen or neither does.
+    """
+
+    async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
+        """`record_call`, moving the run's lease as `move` says.
+
+        Raises:
+            RunHeld: another token holds the lease live (nothing is written).
+            CheckpointConflict, CheckpointNotFound: as `record_call` (the lease is not moved).
+        """
+        ...
+
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+    ) -> None:
+        """`save_after_calls` (with no `calls`: `save`), moving the run's lease as `move` says.
+
+        Raises:
+            RunHeld: another token holds the lease live (nothing is written).
+            CheckpointConflict, CheckpointNotFound, ValueError: as `save_after_calls` (the lease is not moved).
+        """
         ...
 
 

@@ -103,6 +103,26 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseMove:
+    """A change of a run's lease made in the same atomic write as a call record or a save (`LeaseMoving`).
+
+    The write is applied only while the run's lease is free, lapsed or held by `bearer`;
+    the lease then becomes `to`'s (as `owner`, for `ttl_s` seconds from the store's now),
+    or is given up when `to` is None. While another token holds it live, nothing is
+    written and the store raises `RunHeld` naming that holder.
+    """
+
+    bearer: str
+    """The token the writer bears: its own lease's, or a baton's handed to it."""
+    to: str | None
+    """The token that holds the lease after the write (the bearer's again: renewed); None: given up."""
+    owner: str
+    """Who holds it after the write, for people."""
+    ttl_s: float
+    """How long the lease lasts after the write, unless renewed."""
+
+
+@dataclass(frozen=True, slots=True)
 class Marker:
     """A note agentflow leaves in the store beside a run, apart from its leases and rows (`MarkerStore`).
 

@@ -9,9 +9,18 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
-from agentflow._errors import CheckpointConflict, CheckpointNotFound
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, RunHeld
 from agentflow._run_types import RunKind
-from agentflow.exec.checkpoints.records import ENDED, FINAL, JudgedRows, SealedCall, SealedCheckpoint, SealedEvent
+from agentflow.exec.checkpoints.records import (
+    ENDED,
+    FINAL,
+    JudgedRows,
+    Lease,
+    LeaseMove,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+)
 
 #: The ``flow`` column prefix of the runs a trim never takes: tool loops, whose transcript is
 #: spread over their checkpoints (each holds the messages of its turn), so that dropping the
@@ -134,6 +143,20 @@ def check_lease_args(owner: str, token: str, ttl_s: float) -> None:
         raise ValueError("a lease needs a non-empty owner and token")
     if not ttl_s > 0:
         raise ValueError(f"a lease's ttl_s must be positive, not {ttl_s!r}")
+
+
+def check_lease_move(run_id: str, move: LeaseMove, held: Lease | None) -> None:
+    """`LeaseMove`'s rule, given the run's live lease `held` (None: free or lapsed).
+
+    Raises:
+        RunHeld: another token holds the lease live; the write that moves it must not happen.
+        ValueError: the move's tokens, owner or ttl are not valid lease arguments.
+    """
+    check_lease_args(move.owner, move.bearer, move.ttl_s)
+    if move.to is not None:
+        check_lease_args(move.owner, move.to, move.ttl_s)
+    if held is not None and held.token != move.bearer:
+        raise RunHeld(run_id, held.owner, held.expires_at)
 
 
 def check_marker_args(key: str, value: str, token: str, ttl_s: float) -> None:

@@ -21,17 +21,18 @@ raises `StoreNotDurable`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 from redis import exceptions as redis_errors
 
-from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt
-from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint
+from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt, RunHeld
+from agentflow.exec.checkpoints.records import LeaseMove, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.redis._index import Index
 from agentflow.exec.checkpoints.redis._rows import _encode, _text
 from agentflow.exec.checkpoints.redis.clients import Bound, LoopClients
 from agentflow.exec.checkpoints.redis.durability import Durability
-from agentflow.exec.checkpoints.rules import check_call, check_no_stored_rows, check_save
+from agentflow.exec.checkpoints.rules import check_call, check_lease_move, check_no_stored_rows, check_save
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
 
@@ -43,7 +44,7 @@ class RedisWrites:
         self,
         clients: LoopClients,
         index: Index,
-        run_keys: Callable[[str], list[str]],
+        run_keys: Callable[..., list[str]],
         ttl: str,
         durability: Durability,
     ) -> None:
@@ -53,8 +54,13 @@ class RedisWrites:
         self._ttl = ttl
         self._durability = durability
 
-    async def save(self, run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall]) -> None:
-        """Append `calls`, then save `cp` as `step`, in one script: one round trip, all or nothing."""
+    async def save(
+        self, run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove | None = None
+    ) -> None:
+        """Append `calls`, then save `cp` as `step`, in one script: one round trip, all or nothing.
+
+        With `move`, the run's lease moves in the same script (`LeaseMoving`).
+        """
         row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
         args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
         args += [run_id, len(calls)]
@@ -63,6 +69,8 @@ class RedisWrites:
                 raise ValueError(f"save_after_calls({run_id!r}) was given a record of run {record.run_id!r}")
             encoded = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
             args += [record.segment, record.seq, record.kind, encoded]
+        if move is not None:
+            args += _move_args(move)
         async with self._clients.use() as bound:
             keys = self._run_keys(run_id)
             cluster = bound.cluster
@@ -70,9 +78,12 @@ class RedisWrites:
                 await self._index.update(bound, run_id, cp, before=True)
             if not cluster:
                 keys += self._index.keys(cp.flow)
+            if move is not None:
+                keys += self._run_keys(run_id, ("lease",))
             durable = self._durability.needs(step=step, segment=cp.segment)
             reply = await self._script(bound, "save", keys, args, run_id, f"step {step}" if durable else None)
             if reply[0] != "ok":
+                _refuse_held(run_id, reply)
                 _refuse_save(run_id, step, cp, calls, reply)
             try:
                 if cluster:
@@ -86,16 +97,21 @@ class RedisWrites:
                     extra={"run_id": run_id, "step": step, "segment": cp.segment},
                 )
 
-    async def record(self, run_id: str, record: SealedCall) -> None:
-        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
+    async def record(self, run_id: str, record: SealedCall, move: LeaseMove | None = None) -> None:
+        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`), moving the lease with `move`."""
         if record.run_id != run_id:
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
         row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)
         args: list[str | int | bytes] = [record.segment, record.seq, record.kind, row, self._ttl]
+        keys = self._run_keys(run_id)
+        if move is not None:
+            args += _move_args(move)
+            keys += self._run_keys(run_id, ("lease",))
         what = f"the {record.kind} record {record.segment}.{record.seq}"
         durable = what if self._durability.needs(durable_record=record.durable) else None
         async with self._clients.use() as bound:
-            reply = await self._script(bound, "record_call", self._run_keys(run_id), args, run_id, durable)
+            reply = await self._script(bound, "record_call", keys, args, run_id, durable)
+        _refuse_held(run_id, reply)
         if reply[0] == "missing":
             check_call(run_id, record, None, 0)
         elif reply[0] != "ok":
@@ -125,6 +141,18 @@ class RedisWrites:
                 raise CheckpointError(f"run {run_id!r}: {durable} is on the Redis primary, but its wait failed: {ack}")
             self._durability.check_ack(ack, run_id, durable)
         return reply
+
+
+def _move_args(move: LeaseMove) -> list[str | int | bytes]:
+    """A lease move's four script arguments (``_lua/lease_move.lua``), its rule's argument checks made first."""
+    check_lease_move("", move, None)
+    return [move.bearer, move.to or "", move.owner, math.ceil(move.ttl_s * 1000)]
+
+
+def _refuse_held(run_id: str, reply: list[str]) -> None:
+    """Raise `RunHeld` when a write that moves the lease found another token's live lease."""
+    if reply[0] == "held":
+        raise RunHeld(run_id, reply[1], int(reply[3]) / 1000)
 
 
 def _refuse_save(run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall], reply: list[str]) -> None:

@@ -77,6 +77,7 @@ from agentflow._errors import CheckpointConflict, CheckpointNotFound, Checkpoint
 from agentflow.exec.checkpoints.records import (
     JudgedRows,
     Lease,
+    LeaseMove,
     Marker,
     Pruned,
     SealedCall,
@@ -104,6 +105,9 @@ _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for 
 #: What the retention scripts share (`newest_is`), put before each of them: Redis runs one script at a time.
 for _name in ("prune_run", "trim_run"):
     _LUA[_name] = (resources.files(__package__) / "_lua" / "newest.lua").read_text() + "\n" + _LUA[_name]
+#: What the writes share when they move a run's lease (`LeaseMoving`), put before each of them.
+for _name in ("save", "record_call"):
+    _LUA[_name] = (resources.files(__package__) / "_lua" / "lease_move.lua").read_text() + "\n" + _LUA[_name]
 #: How often `relist` reads the newest row again when a save or delete moved it meanwhile.
 _RELIST_ATTEMPTS = 3
 #: Keys `stored_runs` asks for per SCAN page (a hint to the server, not a limit).
@@ -337,6 +341,17 @@ class RedisCheckpointStore:
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
         await self._writes.record(run_id, record)
+
+    async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
+        """`record_call`, moving the run's lease in the same script (see `LeaseMoving`)."""
+        await self._writes.record(run_id, record, move)
+
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+    ) -> None:
+        """`save_after_calls`, moving the run's lease in the same script (see `LeaseMoving`)."""
+        check_row(run_id, step, checkpoint)
+        await self._writes.save(run_id, step, checkpoint, calls, move)
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
         """Return the latest checkpoint and how many call records each segment holds, in one round trip.

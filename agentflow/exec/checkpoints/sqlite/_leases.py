@@ -22,6 +22,8 @@ IMMEDIATE``), so no other connection to the file writes between its statements:
 - renew (leases only): an UPDATE of the live row of this token, then the row read back.
 - release (`Expiring.drop`): a DELETE of this token's row; it says whether the row was
   still live.
+- move (`move`, leases only): the lease moved in the transaction of a record or a save
+  (`LeaseMoving`): the row read and judged, then written for the new token or deleted.
 
 Reads (`Expiring.live`) need no transaction. Every row read is checked for type (SQLite
 columns take values of any type): a mismatch is `CheckpointStoreCorrupt` naming the row's
@@ -38,7 +40,8 @@ from pathlib import Path
 from typing import Any, Final, Generic, TypeVar
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints.records import Lease
+from agentflow.exec.checkpoints.records import Lease, LeaseMove
+from agentflow.exec.checkpoints.rules import check_lease_move
 
 _T = TypeVar("_T")
 
@@ -125,6 +128,23 @@ LEASES: Final = Expiring("leases", "run_id", "owner", Lease, "lease of run")
 _RENEW: Final = (
     "UPDATE leases SET expires_at = :now + :ttl WHERE run_id = :run_id AND token = :token AND expires_at > :now"
 )
+
+
+_HAND: Final = (
+    "INSERT INTO leases (run_id, owner, token, expires_at) VALUES (:run_id, :owner, :token, :now + :ttl) "
+    "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at"
+)
+
+
+def move(run_id: str, change: LeaseMove, path: Path, conn: sqlite3.Connection) -> None:
+    """Move the lease as `change` says (`LeaseMove`), or raise `RunHeld`. In the write transaction, before its rows."""
+    held = LEASES.get(run_id, path, conn)
+    now = time.time()
+    check_lease_move(run_id, change, held if held is not None and held.expires_at > now else None)
+    if change.to is None:
+        conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
+    else:
+        conn.execute(_HAND, {"run_id": run_id, "owner": change.owner, "token": change.to, "now": now, "ttl": change.ttl_s})
 
 
 def take(run_id: str, owner: str, token: str, ttl_s: float, path: Path, conn: sqlite3.Connection) -> Lease:

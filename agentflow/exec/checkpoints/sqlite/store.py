@@ -55,6 +55,7 @@ from agentflow.exec.checkpoints.records import (
     UNFINISHED,
     JudgedRows,
     Lease,
+    LeaseMove,
     Marker,
     Pruned,
     SealedCall,
@@ -267,6 +268,29 @@ class SQLiteCheckpointStore:
         check_row(run_id, step, checkpoint)
 
         def job(conn: sqlite3.Connection) -> None:
+            for record in calls:
+                insert_call(run_id, record, self.path, conn)
+            insert_checkpoint(checkpoint, self.path, conn)
+
+        await self._do(partial(in_immediate, job=job))
+
+    async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
+        """`record_call`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
+
+        def job(conn: sqlite3.Connection) -> None:
+            _sqlite_leases.move(run_id, move, self.path, conn)
+            insert_call(run_id, record, self.path, conn)
+
+        await self._do(partial(in_immediate, job=job))
+
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+    ) -> None:
+        """`save_after_calls`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
+        check_row(run_id, step, checkpoint)
+
+        def job(conn: sqlite3.Connection) -> None:
+            _sqlite_leases.move(run_id, move, self.path, conn)
             for record in calls:
                 insert_call(run_id, record, self.path, conn)
             insert_checkpoint(checkpoint, self.path, conn)

@@ -9,6 +9,7 @@
 --
 -- ARGV[1] segment   ARGV[2] seq   ARGV[3] kind   ARGV[4] row (the encoded record, bytes as given)
 -- ARGV[5] ttl in seconds; "0" means the run's keys never expire
+-- With a lease move (lease_move.lua): KEYS[5] the run's lease key, ARGV[6..9] the move.
 --
 -- The rules (the same as agentflow/exec/checkpoints/_rules.py check_call): the run must
 -- have a checkpoint; a "started" record is refused when the run ended (done/failed/cancelled) or when
@@ -23,6 +24,14 @@
 --   {"ok"}
 --   {"missing"}                               the run has no checkpoint
 --   {"refused", step, status, segment, next}  the latest checkpoint and the segment's next seq
+--   {"held", owner, token, expires_at}         a move: another token's live lease (nothing written)
+
+if KEYS[5] then
+  local refusal = lease_refusal(KEYS[5], ARGV[6])
+  if refusal then
+    return refusal
+  end
+end
 
 local last = redis.call('HMGET', KEYS[2], 'step', 'status', 'segment')
 if not last[1] then
@@ -41,8 +50,11 @@ end
 
 redis.call('HSET', KEYS[3], ARGV[1] .. ':' .. ARGV[2], ARGV[4])
 redis.call('HSET', KEYS[4], ARGV[1], tostring(count + 1))
+if KEYS[5] then
+  lease_apply(KEYS[5], ARGV[7], ARGV[8], ARGV[9])
+end
 
-for i = 1, #KEYS do
+for i = 1, 4 do
   if last[2] == 'paused' or ARGV[5] == '0' then
     redis.call('PERSIST', KEYS[i])
   else

@@ -17,6 +17,8 @@
 -- ARGV[8] run id
 -- ARGV[9] n: how many call records to append before the checkpoint (0 for a plain save);
 --         then four values per record: segment, seq, kind, row
+-- With a lease move (lease_move.lua): the run's lease key after every other KEY, and the move's
+-- four values after the records' (ARGV[10 + 4n] to ARGV[13 + 4n]).
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
@@ -40,10 +42,21 @@
 --   {"corrupt", rows, step}                  the row list does not end at the latest step
 --   {"call", i, step, status, segment, next} record i is refused (as record_call.lua would)
 --   {"call-missing", i}                      record i is for a run with no checkpoint
+--   {"held", owner, token, expires_at}       a move: another token's live lease (nothing written)
 
 local last = redis.call('HMGET', KEYS[2], 'step', 'flow', 'status', 'segment')
 
 local n = tonumber(ARGV[9] or '0')
+local move = 10 + n * 4
+local lease_key = nil
+if ARGV[move] then
+  lease_key = KEYS[#KEYS]
+  local refusal = lease_refusal(lease_key, ARGV[move])
+  if refusal then
+    return refusal
+  end
+end
+local indexed = #KEYS - (lease_key and 1 or 0) == 7
 if n > 0 then
   if not last[1] then
     return {'call-missing', '1'}
@@ -97,7 +110,11 @@ redis.call('RPUSH', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'step', ARGV[1], 'flow', ARGV[2], 'status', ARGV[3],
   'segment', ARGV[4], 'saved_at', ARGV[5])
 
-if #KEYS == 7 then
+if lease_key then
+  lease_apply(lease_key, ARGV[move + 1], ARGV[move + 2], ARGV[move + 3])
+end
+
+if indexed then
   redis.call('ZADD', KEYS[5], ARGV[5], ARGV[8])
   redis.call('ZADD', KEYS[6], ARGV[5], ARGV[8])
   if ARGV[3] == 'running' or ARGV[3] == 'paused' then
