@@ -37,7 +37,9 @@ async def check_record_moves_the_lease_of_its_bearer(store: CheckpointStore) -> 
     await store.take_lease(run_id, "saver", baton, _LONG)
     # The bearer of the baton takes the lease as its own token with its first record.
     await store.record_call_moving(run_id, _call(run_id, 0, 0), LeaseMove(baton, own, "next", _LONG))
-    _expect(await _holder(store, run_id) == ("next", own), "a record moved the lease, yet its holder is not the new one")
+    _expect(
+        await _holder(store, run_id) == ("next", own), "a record moved the lease, yet the new token does not hold it"
+    )
     _expect(len(await store.calls(run_id)) == 1, "a record that moved the lease was not stored")
     # A free lease is taken by any bearer (the baton lapsed, nobody took it since).
     other, flow2 = _ids()
@@ -73,7 +75,8 @@ async def check_save_hands_the_lease_on_or_gives_it_up(store: CheckpointStore) -
     mine, baton = _token(), _token()
     await store.take_lease(run_id, "worker", mine, _LONG)
     step1 = _checkpoint(run_id, 1, flow)
-    await store.save_after_calls_moving(run_id, 1, step1, [_call(run_id, 0, 0)], LeaseMove(mine, baton, "handed", _LONG))
+    handed = LeaseMove(mine, baton, "handed", _LONG)
+    await store.save_after_calls_moving(run_id, 1, step1, [_call(run_id, 0, 0)], handed)
     _expect(await store.latest(run_id) == step1, "a save that handed the lease on was not stored")
     _expect(await _holder(store, run_id) == ("handed", baton), "a save did not hand the lease to the baton")
     stale = _checkpoint(run_id, 1, flow)

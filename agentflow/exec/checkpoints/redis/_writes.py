@@ -98,7 +98,7 @@ class RedisWrites:
                 )
 
     async def record(self, run_id: str, record: SealedCall, move: LeaseMove | None = None) -> None:
-        """Append a call record (numbered and fenced; see `CheckpointStore.record_call`), moving the lease with `move`."""
+        """Append a call record (numbered and fenced: `CheckpointStore.record_call`), moving the lease with `move`."""
         if record.run_id != run_id:
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
         row = _encode([run_id, record.segment, record.seq, record.kind, record.kid, record.sig], record.payload)

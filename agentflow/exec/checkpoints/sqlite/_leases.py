@@ -132,7 +132,8 @@ _RENEW: Final = (
 
 _HAND: Final = (
     "INSERT INTO leases (run_id, owner, token, expires_at) VALUES (:run_id, :owner, :token, :now + :ttl) "
-    "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at"
+    "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
+    "expires_at = excluded.expires_at"
 )
 
 
@@ -144,7 +145,8 @@ def move(run_id: str, change: LeaseMove, path: Path, conn: sqlite3.Connection) -
     if change.to is None:
         conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
     else:
-        conn.execute(_HAND, {"run_id": run_id, "owner": change.owner, "token": change.to, "now": now, "ttl": change.ttl_s})
+        values = {"run_id": run_id, "owner": change.owner, "token": change.to, "now": now, "ttl": change.ttl_s}
+        conn.execute(_HAND, values)
 
 
 def take(run_id: str, owner: str, token: str, ttl_s: float, path: Path, conn: sqlite3.Connection) -> Lease:
