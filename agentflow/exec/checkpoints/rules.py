@@ -145,6 +145,13 @@ def check_lease_args(owner: str, token: str, ttl_s: float) -> None:
         raise ValueError(f"a lease's ttl_s must be positive, not {ttl_s!r}")
 
 
+def check_move_args(move: LeaseMove) -> None:
+    """Refuse a `LeaseMove` whose tokens, owner or ttl are not valid lease arguments (`check_lease_args`)."""
+    check_lease_args(move.owner, move.bearer, move.ttl_s)
+    if move.to is not None:
+        check_lease_args(move.owner, move.to, move.ttl_s)
+
+
 def check_lease_move(run_id: str, move: LeaseMove, held: Lease | None) -> None:
     """`LeaseMove`'s rule, given the run's live lease `held` (None: free or lapsed).
 
@@ -152,9 +159,7 @@ def check_lease_move(run_id: str, move: LeaseMove, held: Lease | None) -> None:
         RunHeld: another token holds the lease live; the write that moves it must not happen.
         ValueError: the move's tokens, owner or ttl are not valid lease arguments.
     """
-    check_lease_args(move.owner, move.bearer, move.ttl_s)
-    if move.to is not None:
-        check_lease_args(move.owner, move.to, move.ttl_s)
+    check_move_args(move)
     if held is not None and held.token != move.bearer:
         raise RunHeld(run_id, held.owner, held.expires_at)
 

@@ -32,7 +32,7 @@ from agentflow.exec.checkpoints.redis._index import Index
 from agentflow.exec.checkpoints.redis._rows import _encode, _text
 from agentflow.exec.checkpoints.redis.clients import Bound, LoopClients
 from agentflow.exec.checkpoints.redis.durability import Durability
-from agentflow.exec.checkpoints.rules import check_call, check_lease_move, check_no_stored_rows, check_save
+from agentflow.exec.checkpoints.rules import check_call, check_move_args, check_no_stored_rows, check_save
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
 
@@ -145,7 +145,7 @@ class RedisWrites:
 
 def _move_args(move: LeaseMove) -> list[str | int | bytes]:
     """A lease move's four script arguments (``_lua/lease_move.lua``), its rule's argument checks made first."""
-    check_lease_move("", move, None)
+    check_move_args(move)
     return [move.bearer, move.to or "", move.owner, math.ceil(move.ttl_s * 1000)]
 
 
