@@ -25,9 +25,11 @@ T = TypeVar("T")
 PASSED_THROUGH = frozenset({"append_events", "read_events"})
 #: Optional operations a wrapper has exactly when the wrapped store has them, timed under the
 #: name of the port's operation they stand for (the Redis store's lease take that reads the head
-#: too), or their own (`MarkerStore`'s).
+#: too; `LeaseMoving`'s writes), or their own (`MarkerStore`'s).
 TIMED_AS = {
     "take_lease_reading_head": "take_lease",
+    "record_call_moving": "record_call",
+    "save_after_calls_moving": "save_after_calls",
     **{name: name for name in ("put_marker", "peek_markers", "take_marker")},
 }
 

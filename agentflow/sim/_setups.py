@@ -101,6 +101,16 @@ class _Waiting:
         if self._rule.needs(step=step, segment=checkpoint.segment):
             self._replicate()
 
+    async def record_call_moving(self, run_id: str, record: Any, move: Any) -> None:
+        await self._store.record_call_moving(run_id, record, move)
+        if self._rule.needs(durable_record=record.durable):
+            self._replicate()
+
+    async def save_after_calls_moving(self, run_id: str, step: int, checkpoint: Any, calls: Any, move: Any) -> None:
+        await self._store.save_after_calls_moving(run_id, step, checkpoint, calls, move)
+        if self._rule.needs(step=step, segment=checkpoint.segment):
+            self._replicate()
+
 
 # A failover of the memory "server": its state is copied to a replica now and then, and the
 # replica replaces it when the primary is lost. The simulation reaches into the store's

@@ -17,8 +17,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentflow._errors import CheckpointError
-from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore
-from agentflow.exec.checkpoints.records import Lease, Marker, SealedCall, SealedCheckpoint, SealedEvent, StoredEvent
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, LeaseMoving
+from agentflow.exec.checkpoints.records import (
+    Lease,
+    LeaseMove,
+    Marker,
+    SealedCall,
+    SealedCheckpoint,
+    SealedEvent,
+    StoredEvent,
+)
 
 _T = TypeVar("_T")
 
@@ -157,18 +165,49 @@ class SimHeadStore(SimEventStore):
     """`SimEventStore` over a store that takes a lease and reads the head in one operation (Redis)."""
 
     async def take_lease_reading_head(
-        self, run_id: str, owner: str, token: str, ttl_s: float
-    ) -> tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None]:
-        result: tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None] = await self._op(
-            "take_lease_reading_head", lambda: self.inner.take_lease_reading_head(run_id, owner, token, ttl_s)
+        self, run_id: str, owner: str, token: str, ttl_s: float, marker: str | None = None
+    ) -> tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None, Marker | None]:
+        result: tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None, Marker | None] = await self._op(
+            "take_lease_reading_head", lambda: self.inner.take_lease_reading_head(run_id, owner, token, ttl_s, marker)
         )
         return result
 
 
+class _MovesLeases(SimStore):
+    """The `LeaseMoving` writes, surrounded by points like the plain ones (mixed into a class below)."""
+
+    inner: Any
+
+    async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
+        await self._op(
+            f"record_call.{record.kind}",
+            lambda: self.inner.record_call_moving(run_id, record, move),
+            lambda: self._points.wrote(run_id, None, (record,)),
+        )
+
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+    ) -> None:
+        await self._op(
+            "save_moving",
+            lambda: self.inner.save_after_calls_moving(run_id, step, checkpoint, calls, move),
+            lambda: self._points.wrote(run_id, checkpoint, calls),
+        )
+
+
+class SimMovingEventStore(_MovesLeases, SimEventStore):
+    """`SimEventStore` over a store that moves leases with its writes (memory, SQLite)."""
+
+
+class SimMovingHeadStore(_MovesLeases, SimHeadStore):
+    """`SimHeadStore` over a store that moves leases with its writes (Redis)."""
+
+
 def sim_store(inner: CheckpointStore, points: Points) -> CheckpointStore:
     """Wrap `inner` in the `SimStore` that forwards exactly the capabilities it has."""
+    moves = isinstance(inner, LeaseMoving)
     if hasattr(inner, "take_lease_reading_head") and isinstance(inner, EventStore):
-        return SimHeadStore(inner, points)
+        return SimMovingHeadStore(inner, points) if moves else SimHeadStore(inner, points)
     if isinstance(inner, EventStore):
-        return SimEventStore(inner, points)
+        return SimMovingEventStore(inner, points) if moves else SimEventStore(inner, points)
     return SimStore(inner, points)

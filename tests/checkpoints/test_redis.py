@@ -277,22 +277,42 @@ async def test_a_take_reading_the_head_returns_what_head_reads_in_one_script(sto
     await store.save("r1", 1, cp("r1", 1, segment=1))
     await store.record_call("r1", rec("r1", 1, 0))
     # When a free lease is taken with the head
-    lease, head = await store.take_lease_reading_head("r1", "w1", "t1", 30)
+    lease, head, _ = await store.take_lease_reading_head("r1", "w1", "t1", 30)
     # Then the lease is held by the taker, and the head is the one `head` reads
     assert (lease.owner, lease.token) == ("w1", "t1")
     assert (await store.leases(["r1"]))["r1"].token == "t1"
     assert head == await store.head("r1")
     # And another taker gets the live lease and no head
-    other, none = await store.take_lease_reading_head("r1", "w2", "t2", 30)
+    other, none, _ = await store.take_lease_reading_head("r1", "w2", "t2", 30)
     assert other.token == "t1" and none is None
     # And a run with nothing stored gives its lease and no head
-    _, nothing = await store.take_lease_reading_head("r9", "w1", "t9", 30)
+    _, nothing, _ = await store.take_lease_reading_head("r9", "w1", "t9", 30)
     assert nothing is None
     # And counts that are not numbers are corrupt, as `head` finds them
     await raw.hset(backend.run_keys("r1")[3], "1", b"many")
     await store.release_lease("r1", "t1")
     with pytest.raises(CheckpointStoreCorrupt, match="record counts are not numbers"):
         await store.take_lease_reading_head("r1", "w1", "t3", 30)
+
+
+async def test_a_take_reading_the_head_reads_a_marker_about_the_run_in_the_same_script(store, backend, raw):
+    await store.save("r1", 0, cp("r1", 0))
+    # Given a marker about the run (a cancel request), kept in the run's slot
+    put = await store.put_marker("cancel/r1", "stop it", "m1", 60)
+    assert await raw.exists(f"{backend.prefix}:marker:{{r1}}:cancel")
+    # When a free lease is taken with the head and that marker
+    lease, head, marker = await store.take_lease_reading_head("r1", "w1", "t1", 30, "cancel/r1")
+    # Then the marker is the one `peek_markers` reads
+    assert lease.token == "t1" and head == await store.head("r1")
+    assert marker == (await store.peek_markers(["cancel/r1"]))["cancel/r1"] == put
+    # And a run without one reads None
+    await store.save("r2", 0, cp("r2", 0))
+    assert (await store.take_lease_reading_head("r2", "w1", "t2", 30, "cancel/r2"))[2] is None
+    # And a taker refused by a live lease reads no marker
+    assert (await store.take_lease_reading_head("r1", "w2", "t3", 30, "cancel/r1"))[2] is None
+    # And a marker about another run is refused before anything is read
+    with pytest.raises(ValueError, match="reads a marker about that run"):
+        await store.take_lease_reading_head("r2", "w1", "t4", 30, "cancel/r1")
 
 
 # --- listings and their indexes -----------------------------------------------------------
@@ -643,8 +663,10 @@ async def test_store_works_on_redis_cluster(redis_cluster):
             with pytest.raises(CheckpointConflict, match="fenced off|ended"):
                 await s.record_call(run_id, rec(run_id, 0, 1))
             assert len(await s.history(run_id)) == 2 and len(await s.calls(run_id)) == 1
-            # and a lease take reads the head in the same script, on the run's slot
-            assert (await s.take_lease_reading_head(run_id, "w", "t", 30))[1] == await s.head(run_id)
+            # and a lease take reads the head and the run's cancel marker in the same script, on the run's slot
+            await s.put_marker(f"cancel/{run_id}", "please", "m", 60)
+            _, head, marker = await s.take_lease_reading_head(run_id, "w", "t", 30, f"cancel/{run_id}")
+            assert head == await s.head(run_id) and marker is not None and marker.value == "please"
             assert 0 < await cluster.ttl(f"cl:run:{{{run_id}}}:latest") <= 600
         # Then the listings read across nodes, checking each indexed run (the indexes are
         # updated by separate commands on Cluster): an ended run left in the index is not listed

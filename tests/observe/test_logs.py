@@ -85,8 +85,8 @@ async def test_a_debug_run_logs_no_secret_and_each_line_about_it_carries_its_run
             # When the run is recovered (the call in doubt rerun) at DEBUG, and another holder loses its lease
             result = await runner.recover(TICKETS, run_id, rerun_in_doubt=True, ctx=ctx, operator="ops")
             assert result.status == "done"
-            async with holding(store, f"{prefix}-other", Ownership("w@host:1", lease_s=0.09)) as lease:
-                await store.release_lease(f"{prefix}-other", lease.token)
+            async with holding(store, f"{prefix}-other", Ownership("w@host:1", lease_s=0.09)) as held:
+                await store.release_lease(f"{prefix}-other", held.lease.token)
                 await _until_logged(captured, "lost its lease")
         finally:
             await store.aclose()

@@ -164,9 +164,9 @@ async def test_a_tool_loop_counts_under_its_column(m):
 async def test_a_lease_found_lost_is_counted(m):
     # Given a holder whose lease is renewed every 30 ms
     ownership = Ownership("w@host:1", lease_s=0.09, events=m.events)
-    async with holding(m.store, "r1", ownership) as lease:
+    async with holding(m.store, "r1", ownership) as held:
         # When the lease is released behind its back (as if it lapsed and another took it)
-        await m.store.release_lease("r1", lease.token)
+        await m.store.release_lease("r1", held.lease.token)
         # Then its next renewal reports it lost
         await until(lambda: m.value("agentflow_leases_lost_total") == 1, "the lost lease counted", timeout_s=5)
 

@@ -30,9 +30,9 @@ async def test_a_store_without_the_fused_take_reads_the_head_beside_it() -> None
     assert not hasattr(store, "take_lease_reading_head")
     await store.save("r-1", 0, row("r-1"))
     # When a holder takes the run with its head
-    async with holding_reading_head(store, "r-1", Ownership("w1")) as (lease, head):
+    async with holding_reading_head(store, "r-1", Ownership("w1")) as (tenure, head, _):
         # Then it holds the lease, and the head is the store's
-        assert (await store.leases(["r-1"]))["r-1"].token == lease.token
+        assert (await store.leases(["r-1"]))["r-1"].token == tenure.lease.token
         assert await head == await store.head("r-1")
     # and the lease is given back afterwards
     assert await store.leases(["r-1"]) == {}
@@ -40,7 +40,7 @@ async def test_a_store_without_the_fused_take_reads_the_head_beside_it() -> None
 
 async def test_a_run_with_nothing_stored_is_not_found_when_its_head_is_awaited() -> None:
     store = MemoryCheckpointStore()
-    async with holding_reading_head(store, "r-9", Ownership("w1")) as (_, head):
+    async with holding_reading_head(store, "r-9", Ownership("w1")) as (_, head, _):
         with pytest.raises(CheckpointNotFound):
             await head
 

@@ -46,7 +46,8 @@ class RenewalFails(MemoryCheckpointStore):
 
 async def test_a_lease_held_past_its_term_is_renewed_from_a_timer(any_store):
     # Given a run held with a lease of 0.3 s
-    async with holding(any_store, RUN, ME) as lease:
+    async with holding(any_store, RUN, ME) as tenure:
+        lease = tenure.lease
         first = lease.expires_at
         assert await expiry(any_store) == pytest.approx(first)
         # When the block works on past the end of that first term
@@ -95,7 +96,8 @@ async def test_a_live_lease_is_refused_with_run_held_naming_the_holder_and_its_e
     # Given a run a rival holds
     store = MemoryCheckpointStore()
     ran = False
-    async with holding(store, RUN, RIVAL) as theirs:
+    async with holding(store, RUN, RIVAL) as held:
+        theirs = held.lease
         # When another runner tries to hold it
         with pytest.raises(RunHeld) as refused:
             async with holding(store, RUN, ME):
@@ -114,7 +116,8 @@ async def test_a_renewal_that_finds_the_lease_lost_logs_a_warning_and_the_block_
     store = MemoryCheckpointStore()
     went_on = False
     # Given a run held with a lease of 0.3 s
-    async with holding(store, RUN, ME) as mine:
+    async with holding(store, RUN, ME) as held:
+        mine = held.lease
         # When its lease is taken from it (it lapsed meanwhile, say, and a rival took the run)
         assert await store.release_lease(RUN, mine.token)
         rival = await take(store, RUN, RIVAL)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, cast
 
 from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointError
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.protocol import LeaseMoving
+from agentflow.exec.checkpoints.records import LeaseMove
 from agentflow.exec.seal import Sealer, canonical
 
 
@@ -80,26 +82,40 @@ class Journal:
             self._held.append(self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload))
             self.next_seq += 1
 
-    async def save(self, step: int, checkpoint: SealedCheckpoint) -> None:
+    async def save(self, step: int, checkpoint: SealedCheckpoint, move: LeaseMove | None = None) -> None:
         """Store the held records and then `checkpoint`, atomically where the store can.
 
+        `move`: the run's lease moves in the same write (the store is a `LeaseMoving` one).
+
         Raises:
-            CheckpointConflict: the store refused the checkpoint or a record. The held
-                records are then still stored on their own where they fit: a finished
-                call's result is true whoever holds the run now.
+            CheckpointConflict: the store refused the checkpoint or a record (`RunHeld`:
+                `move`'s bearer no longer holds the lease). The held records are then
+                still stored on their own where they fit: a finished call's result is
+                true whoever holds the run now.
         """
         async with self._lock:
             held, self._held = self._held, []
-            if not held:
+            if move is not None:
+                moving = cast(LeaseMoving, self.store)
+                try:
+                    await moving.save_after_calls_moving(self.run_id, step, checkpoint, held, move)
+                except CheckpointConflict:
+                    await self._append_all(held)
+                    raise
+            elif not held:
                 await self.store.save(self.run_id, step, checkpoint)
             else:
                 try:
                     await self.store.save_after_calls(self.run_id, step, checkpoint, held)
                 except CheckpointConflict:
-                    for record in held:
-                        with contextlib.suppress(CheckpointConflict):
-                            await self._append(record)
+                    await self._append_all(held)
                     raise
+
+    async def _append_all(self, held: list[SealedCall]) -> None:
+        """Store held records on their own after their checkpoint was refused, each where it still fits."""
+        for record in held:
+            with contextlib.suppress(CheckpointConflict):
+                await self._append(record)
 
     async def flush(self) -> None:
         """Store the held records now (the run ends without another checkpoint of this writer)."""

@@ -65,6 +65,15 @@ store that has them keeps every event of a run, in order, readable from any proc
 a cursor (`agentflow.exec.run.events`); a store without them (a wrapper that forwards only
 `CheckpointStore`) simply records no stream. A run's events go with the run: ``delete`` and
 ``prune`` remove them.
+
+Lease moves (`LeaseMoving`: ``record_call_moving`` and ``save_after_calls_moving``) are
+optional as well: a store that has them gives a run's lease up (or hands it on) in the
+same atomic write as a save, so the save that ends a holder's last step is also its
+release, one round trip instead of two (`agentflow.exec.run.lease.Tenure`); a store
+without them is released on its own afterwards.
+
+`has_part(store, Part)` says whether a store has an optional part, cheaply enough to ask
+on every run.
 """
 
 from __future__ import annotations
@@ -302,11 +311,10 @@ class CheckpointStore(MarkerStore, Protocol):
 class LeaseMoving(Protocol):
     """An optional part of the port: a run's lease moved in the same atomic write as a record or a save.
 
-    What lets a worker hand a run to the next superstep's worker with the save that ends
-    its step, and the next worker take it with its first write, without a round trip of
-    its own for either (`agentflow.exec.run.relay`). Each method is its plain
-    counterpart's write, with `LeaseMove`'s rule checked first, in the same transaction
-    or script: both happen or neither does.
+    What lets the save that ends a holder's last step give the run's lease up with it, in
+    one round trip (`agentflow.exec.run.lease.Tenure`), and a lease be handed on or taken
+    with a write. Each method is its plain counterpart's write, with `LeaseMove`'s rule
+    checked first, in the same transaction or script: both happen or neither does.
     """
 
     async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
@@ -464,3 +472,26 @@ class EventStore(Protocol):
             ValueError: `after` is not a cursor this store gave.
         """
         ...
+
+
+#: (store class, optional part) -> whether the class's stores have that part (`has_part`).
+_HAS: dict[tuple[type, type], bool] = {}
+
+
+def has_part(store: object, part: type) -> bool:
+    """Whether `store` has the optional part `part` of the port (a runtime-checkable protocol).
+
+    The answer is kept per store class: checking a runtime protocol walks its members each
+    time (tens of microseconds), and this is asked on every run. Not kept for a class that
+    answers attributes itself (``__getattr__``): a wrapper has a part exactly when what it
+    wraps has it.
+    """
+    if store is None:
+        return False
+    kind = type(store)
+    has = _HAS.get((kind, part))
+    if has is None:
+        has = isinstance(store, part)
+        if not hasattr(kind, "__getattr__"):
+            _HAS[kind, part] = has
+    return has

@@ -12,7 +12,9 @@ Moving parts:
 - `CancelWatch`: the holder's side. It reads the marker at every step boundary (before a
   drive's first step and after each step, before its save) and before a call starts
   (calls that start together, with no call ending in between, share one read) and raises
-  `CancelRequested` once a signed request is there. One read is left out: after the last
+  `CancelRequested` once a signed request is there. A worker's first look is the marker
+  as the lease's take read it, where the store reads both in one round trip (Redis:
+  `run.lease.holding_reading_head`); it is checked as any read is. One read is left out: after the last
   step a drive runs (a worker's drive runs one), when the previous read is younger than
   `FRESH_S`. No call starts between that step's end and the next drive's first read, so a
   request that came in those milliseconds is met there, as one made a moment later would
@@ -46,7 +48,9 @@ from typing import Any, Final
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._events import Events
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.run.markers import Markers, Note
+from agentflow.exec.checkpoints.records import Marker
+from agentflow.exec.run.lease import UNREAD
+from agentflow.exec.run.markers import Markers, Note, key_of
 from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.cancel")
@@ -132,14 +136,22 @@ class CancelWatch:
         started_at: float | None = None,
         *,
         steps: int | None = None,
+        seen: Marker | None | object = UNREAD,
     ) -> None:
-        """`steps`: how many steps the drive runs at most (None: until the run ends or pauses)."""
+        """`steps`: how many steps the drive runs at most (None: until the run ends or pauses).
+
+        `seen`: the run's cancel marker as the lease's take read it a moment ago (None: there
+        was none; `UNREAD`: the take did not read it): the first look takes it instead of
+        reading the store. Nothing starts between that take and the first look, so it stands
+        for a read made then, as a read left out after a quick last step does.
+        """
         self._markers = Markers(store, sealer, events)
         self.run_id = run_id
         self._started_at = started_at
         self._fresh = False
         self._steps_left = steps
         self._read_at: float | None = None  # time.monotonic() of the last read
+        self._seen = seen
         self.found: CancelRequest | None = None
         """The request seen, once one was (it stays: the holder starts nothing after it)."""
 
@@ -177,7 +189,7 @@ class CancelWatch:
                 return
             self._fresh = True
             self._read_at = time.monotonic()
-            note = (await self._markers.peek(KIND, [self.run_id])).get(self.run_id)
+            note = (await self._look()).get(self.run_id)
             if note is None:
                 return
             try:
@@ -195,3 +207,12 @@ class CancelWatch:
                 return
             self.found = found
         raise CancelRequested(self.found)
+
+    async def _look(self) -> dict[str, Note]:
+        """The run's cancel marker if it counts: the one the take read, the first time, else the store's."""
+        seen, self._seen = self._seen, UNREAD
+        if isinstance(seen, Marker):
+            return await self._markers.opened(KIND, {key_of(KIND, self.run_id): self.run_id}, {seen.key: seen})
+        if seen is None:
+            return {}
+        return await self._markers.peek(KIND, [self.run_id])

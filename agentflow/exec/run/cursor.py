@@ -16,6 +16,7 @@ from agentflow._run_types import RunStatus
 from agentflow.exec._executor import ApprovalRequest
 from agentflow.exec.calls.log import Decision, Journal
 from agentflow.exec.run.cancel import CancelWatch
+from agentflow.exec.run.lease import Tenure
 from agentflow.exec.tracing import NO_SPAN, StepSpan
 
 
@@ -44,6 +45,9 @@ class RunCursor:
     """Record counts of earlier segments, pinned by the claim that opened this segment."""
     watch: CancelWatch | None = None
     """The look-out for a cancel request while this worker drives the run (None without a store)."""
+    tenure: Tenure | None = field(default=None, repr=False)
+    """The lease this worker holds while it drives the run, when the drive's last save gives it up
+    (`run.lease.Tenure`; None: the lease, if any, is released on its own after the drive)."""
     clock: float = field(default_factory=time.perf_counter, repr=False)
     """When this worker last saved the run, or took it up (`time.perf_counter`): the ``seconds``
     of its next ``checkpoint.saved`` event are counted from here."""

@@ -49,7 +49,7 @@ from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
-from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, has_part
 from agentflow.exec.checkpoints.records import StoredEvent
 from agentflow.exec.seal import Sealer
 
@@ -113,25 +113,8 @@ class Positions:
 
 
 def stream_of(store: object) -> EventStore | None:
-    """The store as an `EventStore`, or None when it keeps no event streams.
-
-    Asked once per run: the answer is kept per store class, since checking a runtime
-    protocol walks its members each time (a few tens of microseconds). Not for a class that
-    answers attributes itself (``__getattr__``: a wrapper is one exactly when what it wraps is).
-    """
-    if store is None:
-        return None
-    kind = type(store)
-    keeps = _KEEPS_EVENTS.get(kind)
-    if keeps is None:
-        keeps = isinstance(store, EventStore)
-        if not hasattr(kind, "__getattr__"):
-            _KEEPS_EVENTS[kind] = keeps
-    return cast(EventStore, store) if keeps else None
-
-
-#: Store class -> whether its stores keep event streams (`stream_of`).
-_KEEPS_EVENTS: dict[type, bool] = {}
+    """The store as an `EventStore`, or None when it keeps no event streams (`has_part`)."""
+    return cast(EventStore, store) if has_part(store, EventStore) else None
 
 
 def _item(event: Event) -> list[Any]:

@@ -9,10 +9,19 @@ Moving parts:
 - `holding(store, run_id, ownership)`: takes the run's lease in the store (`RunHeld` when
   a live holder has it), renews it from a timer every third of `lease_s` while the block
   runs, and gives it back when the block ends, whether it returned or raised.
-- `holding_reading_head(store, run_id, ownership)`: the same, and the run's head (its
-  latest checkpoint and records per segment) read with the take: in the same round trip
-  where the store can (`take_lease_reading_head`, the Redis store's lease script), else
-  in flight beside it. What every superstep of a worker starts with.
+- `holding_reading_head(store, run_id, ownership, marker)`: the same, and the run's head
+  (its latest checkpoint and records per segment) read with the take: in the same round
+  trip where the store can (`take_lease_reading_head`, the Redis store's lease script),
+  else in flight beside it. Where the store reads with the take, a marker about the run
+  comes in the same round trip too (the run's cancel request: `run.cancel.CancelWatch`
+  takes it as its first look). What every superstep of a worker starts with.
+- `Tenure`: what a held block holds: the lease, and whether a write of the block gave it
+  up. `holding` and `holding_reading_head` yield one. On a store that moves leases with
+  its writes (`LeaseMoving`), the protocol arms it for a drive (`arm`): the save that
+  ends the drive (its last step, or one that ends, pauses or fails the run) gives the
+  lease up in the same atomic write (`closing`), and the block then releases nothing.
+  A superstep so makes one round trip fewer; the lease is free the moment its last step
+  is stored, as it was a round trip later before.
 - `held_by(store, run_ids)`: the live leases of some runs (for listings and recover_all).
 
 Invariants:
@@ -31,6 +40,11 @@ Invariants:
   twice. A head read with the take is the run as it stood when the lease was granted.
 - A renewal that finds the lease lost is logged at WARNING (and emitted as ``lease.lost``
   to the ownership's event hub); the block goes on and is fenced at its next write, as above.
+- A save that gives the lease up is written only while the lease is free, lapsed or still
+  the block's own (`LeaseMove`'s rule, in the store's write): a holder whose lease was
+  taken over is refused (`RunHeld`) and writes nothing. Nothing the block writes after
+  the save that gave the lease up could need it: that save is the drive's last write
+  (`Tenure.closing` gives it up once), and a write after it would be fenced anyway.
 """
 
 from __future__ import annotations
@@ -44,19 +58,32 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from agentflow._errors import CheckpointNotFound, RunHeld
 from agentflow._events import Events
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints.records import Lease, SealedCheckpoint
+from agentflow.exec.checkpoints.records import Lease, LeaseMove, Marker, SealedCheckpoint
 
 log = logging.getLogger("agentflow.lease")
 
 #: A run's head: its latest checkpoint and how many call records each segment holds.
 Head: TypeAlias = tuple[SealedCheckpoint, Mapping[int, int]]
-#: A held run's lease (None: nothing is held) and its head, being read.
-HeldHead: TypeAlias = tuple[Lease | None, Awaitable[Head]]
+
+
+class _Unread:
+    """What `take_reading_head` says of a marker it could not read with the take (the store has no fused take)."""
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+#: A marker the take did not read (see `Seen`).
+UNREAD: Final = _Unread()
+#: A marker as the take read it: the marker (None: none live) or `UNREAD`.
+Seen: TypeAlias = Marker | None | _Unread
+#: A held run's tenure (None: nothing is held), its head, being read, and the marker read with the take.
+HeldHead: TypeAlias = tuple["Tenure | None", Awaitable[Head], Seen]
 
 #: How long a lease lasts unless renewed, when nobody says otherwise.
 DEFAULT_LEASE_S = 30.0
@@ -131,6 +158,41 @@ class Ownership:
         return identity == self.identity and life.isdigit() and int(life) < self.life
 
 
+@dataclass(eq=False)
+class Tenure:
+    """A held block's lease, and whether a write of the block gave it up (see the module docstring)."""
+
+    lease: Lease
+    """The lease as taken."""
+    ttl_s: float
+    """How long it lasts when renewed."""
+    given_up: bool = False
+    """A save gave the lease up: the block releases nothing, and nothing renews it."""
+    _armed: bool = field(default=False, repr=False)
+    _saves_left: int | None = field(default=None, repr=False)
+
+    def arm(self, saves: int | None) -> None:
+        """Give the lease up with the drive's last save: the `saves`-th, or the first that leaves the run not running.
+
+        `saves` None: only a save that ends, pauses or fails the run is the last.
+        """
+        self._armed, self._saves_left = not self.given_up, saves
+
+    def closing(self, running: bool) -> LeaseMove | None:
+        """The lease move a save makes: give up the lease if it is the armed drive's last, else None.
+
+        `running`: the save leaves the run running (a step that ended, not the run).
+        """
+        if not self._armed:
+            return None
+        if self._saves_left is not None:
+            self._saves_left -= 1
+        if running and self._saves_left != 0:
+            return None
+        self._armed = False
+        return LeaseMove(self.lease.token, None, self.lease.owner, self.ttl_s)
+
+
 class _Renewer:
     """Renews a held lease every third of `lease_s` from a timer: no task until one is due.
 
@@ -138,8 +200,9 @@ class _Renewer:
     could leave the store's connection unusable for the release that follows).
     """
 
-    def __init__(self, store: CheckpointStore, lease: Lease, lease_s: float, events: Events | None) -> None:
-        self._store, self._lease, self._lease_s, self._events = store, lease, lease_s, events
+    def __init__(self, store: CheckpointStore, tenure: Tenure, lease_s: float, events: Events | None) -> None:
+        self._store, self._tenure, self._lease_s, self._events = store, tenure, lease_s, events
+        self._lease = tenure.lease
         self._loop = asyncio.get_running_loop()
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
@@ -151,12 +214,14 @@ class _Renewer:
 
     async def _renew(self) -> None:
         lease = self._lease
+        if self._tenure.given_up:  # a save gave it up: there is nothing to renew
+            return
         try:
             renewed = await self._store.renew_lease(lease.run_id, lease.token, self._lease_s)
         except Exception as exc:  # the work goes on: fencing still guards it if the lease lapses
             log.warning("could not renew the lease of run %s: %s", lease.run_id, exc, extra={"run_id": lease.run_id})
         else:
-            if renewed is None and not self.lost:
+            if renewed is None and not self.lost and not self._tenure.given_up:
                 self.lost = True
                 log.warning(
                     "run %s: %s lost its lease (it lapsed or was taken over); its next write will be refused",
@@ -217,11 +282,15 @@ async def _ready(head: Head) -> Head:
     return head
 
 
-async def take_reading_head(store: CheckpointStore, run_id: str, ownership: Ownership) -> tuple[Lease, Awaitable[Head]]:
+async def take_reading_head(
+    store: CheckpointStore, run_id: str, ownership: Ownership, marker: str | None = None
+) -> tuple[Lease, Awaitable[Head], Seen]:
     """Take the run's lease and read its head: in one round trip where the store can, else beside the take.
 
     The head comes as an awaitable (a read that raises `CheckpointNotFound` when nothing
-    is stored); `holding_reading_head` settles it if it is never awaited.
+    is stored); `holding_reading_head` settles it if it is never awaited. `marker`: a
+    marker key about the run to read in the same round trip, where the store can; what
+    was found there comes third (`Seen`: `UNREAD` where the store cannot).
 
     Raises:
         RunHeld: another holder's lease is live.
@@ -229,11 +298,12 @@ async def take_reading_head(store: CheckpointStore, run_id: str, ownership: Owne
     token = secrets.token_hex(16)
     fused = getattr(store, "take_lease_reading_head", None)  # not a runtime Protocol check: that costs per call
     if fused is not None:
-        lease, head = await fused(run_id, ownership.owner, token, ownership.lease_s)
+        lease, head, seen = await fused(run_id, ownership.owner, token, ownership.lease_s, marker)
         if await _took_over(store, lease, token, ownership):
-            lease, head = await fused(run_id, ownership.owner, token, ownership.lease_s)
+            lease, head, seen = await fused(run_id, ownership.owner, token, ownership.lease_s, marker)
         lease = _taken(run_id, token, lease)
-        return lease, (_ready(head) if head is not None else store.head(run_id))  # None: nothing stored, it raises
+        ready = _ready(head) if head is not None else store.head(run_id)  # None: nothing stored, it raises
+        return lease, ready, (UNREAD if marker is None else seen)
     reading = asyncio.ensure_future(store.head(run_id))
     try:
         lease = await take(store, run_id, ownership)
@@ -243,7 +313,7 @@ async def take_reading_head(store: CheckpointStore, run_id: str, ownership: Owne
     except BaseException:  # cancelled: the read goes with the caller
         reading.cancel()
         raise
-    return lease, reading
+    return lease, reading, UNREAD
 
 
 async def _settle(head: Awaitable[Any]) -> None:
@@ -300,8 +370,8 @@ async def _stored(store: CheckpointStore, run_id: str) -> bool:
 @contextlib.asynccontextmanager
 async def holding(
     store: CheckpointStore, run_id: str, ownership: Ownership, *, unborn: bool = False
-) -> AsyncIterator[Lease]:
-    """Hold the run's lease while the block runs (see the module docstring).
+) -> AsyncIterator[Tenure]:
+    """Hold the run's lease while the block runs (see the module docstring); the block gets its `Tenure`.
 
     `unborn`: the block starts the run, so a holder that stored nothing of it does not keep
     it out (`take_unborn`).
@@ -310,46 +380,52 @@ async def holding(
         RunHeld: another holder's lease is live (the block does not run).
     """
     lease = await (take_unborn if unborn else take)(store, run_id, ownership)
-    async with _held(store, lease, ownership):
-        yield lease
+    async with _held(store, lease, ownership) as tenure:
+        yield tenure
 
 
 @contextlib.asynccontextmanager
 async def holding_reading_head(
-    store: CheckpointStore, run_id: str, ownership: Ownership
-) -> AsyncIterator[tuple[Lease, Awaitable[Head]]]:
-    """`holding`, and the run's head read with the take (`take_reading_head`).
+    store: CheckpointStore, run_id: str, ownership: Ownership, marker: str | None = None
+) -> AsyncIterator[tuple[Tenure, Awaitable[Head], Seen]]:
+    """`holding`, and the run's head (and `marker`, where the store can) read with the take (`take_reading_head`).
 
     Raises:
         RunHeld: another holder's lease is live (the block does not run).
     """
-    lease, head = await take_reading_head(store, run_id, ownership)
+    lease, head, seen = await take_reading_head(store, run_id, ownership, marker)
     try:
-        async with _held(store, lease, ownership):
-            yield lease, head
+        async with _held(store, lease, ownership) as tenure:
+            yield tenure, head, seen
     finally:
         await _settle(head)  # mostly awaited already by the block
 
 
 @contextlib.asynccontextmanager
-async def _held(store: CheckpointStore, lease: Lease, ownership: Ownership) -> AsyncIterator[None]:
-    """Renew the taken `lease` while the block runs; give it back afterwards."""
-    run_id = lease.run_id
-    renewer = _Renewer(store, lease, ownership.lease_s, ownership.events)
+async def _held(store: CheckpointStore, lease: Lease, ownership: Ownership) -> AsyncIterator[Tenure]:
+    """Renew the taken `lease` while the block runs; give it back afterwards, unless a save gave it up."""
+    tenure = Tenure(lease, ownership.lease_s)
+    renewer = _Renewer(store, tenure, ownership.lease_s, ownership.events)
     try:
-        yield
+        yield tenure
     finally:
         await renewer.stop()
-        try:
-            await store.release_lease(run_id, lease.token)
-        except Exception as exc:  # the lease lapses on its own; say so rather than hide the block's outcome
-            log.warning(
-                "could not release the lease of run %s (it lapses in %s s): %s",
-                run_id,
-                ownership.lease_s,
-                exc,
-                extra={"run_id": run_id},
-            )
+        if not tenure.given_up:
+            await _release(store, lease, ownership.lease_s)
+
+
+async def _release(store: CheckpointStore, lease: Lease, lease_s: float) -> None:
+    """Give the lease back; a failure is logged (the lease lapses on its own), never raised over the block's outcome."""
+    try:
+        await store.release_lease(lease.run_id, lease.token)
+    except Exception as exc:
+        log.warning(
+            "could not release the lease of run %s (it lapses in %s s): %s",
+            lease.run_id,
+            lease_s,
+            exc,
+            extra={"run_id": lease.run_id},
+        )
 
 
 async def held_by(store: CheckpointStore, run_ids: Sequence[str]) -> Mapping[str, Lease]:

@@ -167,12 +167,21 @@ class Markers:
         found: dict[str, Note] = {}
         keys = list(by_key)
         for start in range(0, len(keys), 500):
-            for key, marker in (await self._store.peek_markers(keys[start : start + 500])).items():
-                subject = by_key[key]
-                try:
-                    found[subject] = self._open(kind, subject, marker)
-                except CheckpointStoreCorrupt as exc:
-                    await self._refuse(kind, subject, marker, str(exc))
+            found.update(await self.opened(kind, by_key, await self._store.peek_markers(keys[start : start + 500])))
+        return found
+
+    async def opened(self, kind: str, by_key: Mapping[str, str], markers: Mapping[str, Marker]) -> dict[str, Note]:
+        """The markers of `kind` read elsewhere (keys as `by_key` maps them to subjects) that count, by subject.
+
+        What `peek` does with what it read; the others are reported and removed.
+        """
+        found: dict[str, Note] = {}
+        for key, marker in markers.items():
+            subject = by_key[key]
+            try:
+                found[subject] = self._open(kind, subject, marker)
+            except CheckpointStoreCorrupt as exc:
+                await self._refuse(kind, subject, marker, str(exc))
         return found
 
     async def take(self, note: Note) -> bool:

@@ -48,14 +48,16 @@ from agentflow.exec._registry import Registry
 from agentflow.exec.calls.log import decide
 from agentflow.exec.calls.read import CallState, calls_in_doubt
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints.records import Lease
+from agentflow.exec.checkpoints.protocol import LeaseMoving, has_part
 from agentflow.exec.checkpoints.rules import check_new_run_id
+from agentflow.exec.run.cancel import KIND as CANCEL
 from agentflow.exec.run.cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
 from agentflow.exec.run.checks import AheadOfCheckpoint, check_counts, cut_off_spans, marker_of, pins_for, untouched
 from agentflow.exec.run.control import InDoubtDecision, awaiting_record, granted, parked, settle, without_failed
 from agentflow.exec.run.driver import C, R, RunDriver
 from agentflow.exec.run.events import recording
-from agentflow.exec.run.lease import Head, HeldHead, Ownership, holding, holding_reading_head
+from agentflow.exec.run.lease import UNREAD, Head, HeldHead, Ownership, Seen, Tenure, holding, holding_reading_head
+from agentflow.exec.run.markers import key_of
 from agentflow.exec.run.steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened, RunSteps
 from agentflow.exec.run.timers import NotDue, a_child_ended, due
 from agentflow.exec.seal import Sealer
@@ -65,11 +67,11 @@ __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Open
 
 
 @contextlib.asynccontextmanager
-async def _unowned(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[None, Awaitable[Head]]]:
+async def _unowned(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[None, Awaitable[Head], Seen]]:
     """No lease to hold (a runner without an ownership); the head is read when awaited."""
     head = store.head(run_id)
     try:
-        yield None, head
+        yield None, head, UNREAD
     finally:
         head.close()  # a no-op once it ran
 
@@ -96,7 +98,7 @@ class RunProtocol(Generic[C, R]):
         self.events = events
         self.ownership = self.steps.ownership
 
-    def hold(self, run_id: str, *, unborn: bool = False) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+    def hold(self, run_id: str, *, unborn: bool = False) -> contextlib.AbstractAsyncContextManager[Tenure | None]:
         """Hold the run's lease for a block (nothing is held without a store or an ownership).
 
         `unborn`: the block starts the run (`run.lease.take_unborn`).
@@ -106,13 +108,13 @@ class RunProtocol(Generic[C, R]):
         """
         self.steps.tracer.taking_up()
         if self.store is None or self.ownership is None:
-            held: contextlib.AbstractAsyncContextManager[Lease | None] = contextlib.nullcontext(None)
+            held: contextlib.AbstractAsyncContextManager[Tenure | None] = contextlib.nullcontext(None)
         else:
             held = holding(self.store, run_id, self.ownership, unborn=unborn)
         return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
 
     def hold_reading_head(self, run_id: str) -> contextlib.AbstractAsyncContextManager[HeldHead]:
-        """`hold`, and the run's head read with the lease's take (`holding_reading_head`).
+        """`hold`, and the run's head (and its cancel marker) read with the lease's take (`holding_reading_head`).
 
         Raises:
             RunHeld: another holder's lease is live.
@@ -123,7 +125,7 @@ class RunProtocol(Generic[C, R]):
         if self.ownership is None:
             held: contextlib.AbstractAsyncContextManager[HeldHead] = _unowned(store, run_id)
         else:
-            held = holding_reading_head(store, run_id, self.ownership)
+            held = holding_reading_head(store, run_id, self.ownership, key_of(CANCEL, run_id))
         return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
 
     def operator(self, name: str | None) -> dict[str, Any]:
@@ -132,10 +134,29 @@ class RunProtocol(Generic[C, R]):
             return {"operator": name}
         return {"operator": self.ownership.owner} if self.ownership is not None else {}
 
-    async def _drive(self, cur: C, seeds: Mapping[str, CallState], *, limit: int | None, recovering: bool) -> R:
-        """Drive the held run, on the look-out for a cancel request (`run.cancel`): it ends the run there."""
+    async def _drive(
+        self,
+        cur: C,
+        seeds: Mapping[str, CallState],
+        *,
+        limit: int | None,
+        recovering: bool,
+        tenure: Tenure | None = None,
+        seen: Seen = UNREAD,
+    ) -> R:
+        """Drive the held run, on the look-out for a cancel request (`run.cancel`): it ends the run there.
+
+        `tenure`: the lease held for the drive; on a store that moves leases with its writes,
+        the drive's last save gives it up (`Tenure.arm`). `seen`: the run's cancel marker as
+        the lease's take read it (the watch's first look).
+        """
         if self.store is not None and self.sealer is not None:
-            cur.watch = CancelWatch(self.store, self.sealer, cur.run_id, self.events, cur.started_at, steps=limit)
+            cur.watch = CancelWatch(
+                self.store, self.sealer, cur.run_id, self.events, cur.started_at, steps=limit, seen=seen
+            )
+        if tenure is not None and limit != 0 and has_part(self.store, LeaseMoving):
+            tenure.arm(limit)
+            cur.tenure = tenure
         try:
             return await self.driver.drive(self.steps, cur, seeds, limit=limit, recovering=recovering)
         except CancelRequested as stop:
@@ -221,7 +242,7 @@ class RunProtocol(Generic[C, R]):
             CheckpointConflict: the run did not fail (`RunHeld`: a live worker holds it).
             RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
         """
-        async with self.hold(run_id):
+        async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             if opened.status != RunStatus.FAILED:
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}: only a failed run can be retried")
@@ -236,7 +257,7 @@ class RunProtocol(Generic[C, R]):
             self.events.emit(
                 "run.retried", run_id, kind=self.driver.kind.value, step=cur.step, **self.operator(operator)
             )
-            return await self._drive(cur, seeds, limit=limit, recovering=True)
+            return await self._drive(cur, seeds, limit=limit, recovering=True, tenure=tenure)
 
     async def migrate(
         self,
@@ -261,7 +282,7 @@ class RunProtocol(Generic[C, R]):
             CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
             FlowError: calls were logged in the step it would go on with, or the move does not fit.
         """
-        async with self.hold(run_id):
+        async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             self.driver.migration_record(opened.body)  # refuses a driver not made to migrate, before any read
             if opened.status not in (RunStatus.RUNNING, RunStatus.PAUSED):
@@ -281,7 +302,7 @@ class RunProtocol(Generic[C, R]):
             who = self.operator(operator)
             await self.steps.claim(cur, "migrate", counts, {**who, "migrated": dict(record)})
             self.events.emit("run.migrated", run_id, kind=self.driver.kind.value, step=cur.step, **record, **who)
-            return await self._drive(cur, {}, limit=limit, recovering=False)
+            return await self._drive(cur, {}, limit=limit, recovering=False, tenure=tenure)
 
     async def wake(
         self,
@@ -303,7 +324,7 @@ class RunProtocol(Generic[C, R]):
             NotDue: the run waits on a timer that is not due yet (nothing is done).
             CheckpointConflict: the run is not waiting on a timer (`RunHeld`: a live worker holds it).
         """
-        async with self.hold(run_id):
+        async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             cur, wake = opened.cur, opened.cur.wake
             if expected_step is not None and cur.step != expected_step:
@@ -323,7 +344,7 @@ class RunProtocol(Generic[C, R]):
             await self.steps.claim(cur, "wake", counts, {**self.operator(None), "woke": record})
             late = round(clock - due(wake), 3)
             self.events.emit("run.woken", run_id, kind=self.driver.kind.value, step=cur.step, late_s=late, **record)
-            return await self._drive(cur, seeds, limit=limit, recovering=False)
+            return await self._drive(cur, seeds, limit=limit, recovering=False, tenure=tenure)
 
     async def decide_in_doubt(
         self,
@@ -368,9 +389,9 @@ class RunProtocol(Generic[C, R]):
             ValueError: the run id is empty or reserved (`check_new_run_id`).
         """
         check_new_run_id(cur.run_id)
-        async with self.hold(cur.run_id, unborn=True):
+        async with self.hold(cur.run_id, unborn=True) as tenure:
             await self.steps.start(cur, lineage)
-            return await self._drive(cur, {}, limit=limit, recovering=False)
+            return await self._drive(cur, {}, limit=limit, recovering=False, tenure=tenure)
 
     async def recover(
         self, run_id: str, *, rerun_in_doubt: bool, ctx: RunContext | None, operator: str | None = None
@@ -380,7 +401,7 @@ class RunProtocol(Generic[C, R]):
         With `rerun_in_doubt`, the claim records the decision (the calls it reruns and
         `operator`), signed.
         """
-        async with self.hold(run_id):
+        async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             if opened.status == RunStatus.PAUSED:
                 return self.driver.result(opened.cur, RunStatus.PAUSED)
@@ -392,7 +413,7 @@ class RunProtocol(Generic[C, R]):
             doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
             control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
             await self.steps.claim(opened.cur, "recovery", counts, control)
-            return await self._drive(opened.cur, seeds, limit=None, recovering=True)
+            return await self._drive(opened.cur, seeds, limit=None, recovering=True, tenure=tenure)
 
     async def resume(
         self,
@@ -412,7 +433,7 @@ class RunProtocol(Generic[C, R]):
             CheckpointConflict: the run is not paused, or another resume won.
             ValueError: `approve` names a call that is not pending, or leaves one undecided.
         """
-        async with self.hold(run_id):
+        async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             if opened.status != RunStatus.PAUSED:
                 hint = " (recover it instead)" if opened.status == RunStatus.RUNNING else ""
@@ -427,7 +448,7 @@ class RunProtocol(Generic[C, R]):
             cur.decisions, cur.pending = chosen, []
             await self.steps.claim(cur, "resume", counts, self.operator(operator))
             # A paused run did not crash: continuing it is not a recovery.
-            return await self._drive(cur, seeds, limit=limit, recovering=False)
+            return await self._drive(cur, seeds, limit=limit, recovering=False, tenure=tenure)
 
     async def advance(
         self,
@@ -461,7 +482,7 @@ class RunProtocol(Generic[C, R]):
             CheckpointStoreCorrupt: a row fails its check.
             ControlRefused: `spend` names a decision the latest checkpoint does not carry.
         """
-        async with self.hold_reading_head(run_id) as (_, reading):  # the head read with the lease's take
+        async with self.hold_reading_head(run_id) as (tenure, reading, seen):  # the head read with the lease's take
             head_row, counts = await reading
             opened = await self.steps.open(run_id, None, head_row)
             cur, body = opened.cur, opened.body
@@ -504,12 +525,12 @@ class RunProtocol(Generic[C, R]):
                     if cur.cause not in SPENT:
                         cur.cause = "recovery"
                     await self.steps.claim(cur, "recovery", counts)
-                    return await self._drive(cur, seeds, limit=1, recovering=True)
+                    return await self._drive(cur, seeds, limit=1, recovering=True, tenure=tenure, seen=seen)
             mark = marker_of(body)
             assert mark is not None
             cur.cut_off = None  # handed over cleanly: nothing was cut off
             cur.journal = self.steps.journal(run_id, mark[0], next_seq)
-            return await self._drive(cur, seeds, limit=1, recovering=False)
+            return await self._drive(cur, seeds, limit=1, recovering=False, tenure=tenure, seen=seen)
 
 
 #: Claims that carry a decision a superstep spends: its span's cause names the decision.

@@ -207,7 +207,10 @@ class RunSteps(Generic[C, R]):
         row = self.sealer.seal_encoded_checkpoint(
             cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload
         )
-        await cur.journal.save(step, row)  # with a held ``done`` record, if the step left one
+        move = cur.tenure.closing(str(status) == RunStatus.RUNNING) if cur.tenure is not None else None
+        await cur.journal.save(step, row, move)  # with a held ``done`` record, and the lease given up with the last
+        if move is not None and cur.tenure is not None:
+            cur.tenure.given_up = True
         cur.step = step
         cur.span.saved(step, str(status))
         self.driver.after_save(cur, body)

@@ -68,13 +68,15 @@ class Leases:
 
     async def take_reading(
         self, run_id: str, owner: str, token: str, ttl_s: float, head_keys: Sequence[str]
-    ) -> tuple[Lease, Any, int, list[Any]]:
-        """`take`, and when it wrote the lease, the run's head in the same script.
+    ) -> tuple[Lease, Any, int, list[Any], list[Any]]:
+        """`take`, and when it wrote the lease, the run's head (and a marker about it) in the same script.
 
-        `head_keys`: the run's checkpoint list, per-segment counts hash and calls hash (none:
-        a plain take, as `take` makes). Returns the lease as it stands, the newest checkpoint
-        row as stored (None: no row, no head asked, or the lease was not taken), how many
-        records the calls hash holds, and the counts hash flattened (field, value, ...).
+        `head_keys`: the run's checkpoint list, per-segment counts hash and calls hash, and
+        optionally a marker's key in the run's slot (none: a plain take, as `take` makes).
+        Returns the lease as it stands, the newest checkpoint row as stored (None: no row, no
+        head asked, or the lease was not taken), how many records the calls hash holds, the
+        counts hash flattened (field, value, ...), and the marker's hash fields (value, token,
+        expires_at; each None when there is none).
         """
         check_lease_args(owner, token, ttl_s)
         key = self._key(run_id)
@@ -82,8 +84,12 @@ class Leases:
             reply = await bound.scripts["lease"](keys=[key, *head_keys], args=["take", token, _ms(ttl_s), owner])
         lease = self._lease(run_id, *reply[1:4])
         if len(reply) < 6:  # no head asked, or another holder's live lease: none was read
-            return lease, None, 0, []
-        return lease, reply[4] or None, int(reply[5]), list(reply[6:])
+            return lease, None, 0, [], [None, None, None]
+        return lease, reply[4] or None, int(reply[5]), list(reply[9:]), list(reply[6:9])
+
+    def held(self, key: str, fields: Sequence[Any]) -> Lease | None:
+        """The lease (or marker) under `key` from its hash fields as read (None: none live there)."""
+        return self._lease(key, *fields) if any(value is not None for value in fields) else None
 
     async def renew(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live; None if it does not."""
@@ -102,7 +108,8 @@ class Leases:
         if len(keys) == 1:  # a run's own check (its cancel marker, each step): one command, no pipeline
             async with self._clients.use() as bound:
                 fields = await bound.client.hmget(keys[0], ["owner", "token", "expires_at"])
-            return {unique[0]: self._lease(unique[0], *fields)} if any(v is not None for v in fields) else {}
+            found_one = self.held(unique[0], fields)
+            return {} if found_one is None else {unique[0]: found_one}
         for start in range(0, len(unique), _CHUNK):
             async with self._clients.use() as bound:
                 pipe = bound.client.pipeline(transaction=False)
@@ -110,6 +117,7 @@ class Leases:
                     pipe.hmget(key, ["owner", "token", "expires_at"])
                 replies: list[list[Any]] = await pipe.execute()
             for run_id, fields in zip(unique[start : start + _CHUNK], replies, strict=True):
-                if any(value is not None for value in fields):
-                    found[run_id] = self._lease(run_id, *fields)
+                lease = self.held(run_id, fields)
+                if lease is not None:
+                    found[run_id] = lease
         return found

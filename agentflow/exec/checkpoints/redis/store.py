@@ -11,7 +11,7 @@ tag puts every key of a run in one Redis Cluster slot, so each script touches on
     P:runs:<flow>         zset   run id -> saved_at of its newest save
     P:unfinished:<flow>   zset   run id -> saved_at, for runs last saved running or paused
     P:run:{R}:lease       hash   owner, token, expires_at of the run's lease (`redis._leases`)
-    P:marker:{K}          hash   owner (the marker's value), token, expires_at of marker K (`MarkerStore`)
+    P:marker:{S}:<kind>   hash   owner (the marker's value), token, expires_at of marker <kind>/S (`MarkerStore`)
 
 A row is one JSON header line and then the payload bytes exactly as given; the format and
 its codec live in `redis._rows`.
@@ -40,13 +40,16 @@ Leases are `redis._leases`'s: ``_lua/lease.lua`` takes, renews and releases a ru
 the server's clock, and the key expires by itself when the lease lapses. The lease key is
 not one of the run keys the other scripts take; `delete` removes it with them. A take may
 read the run's head in the same script (`take_lease_reading_head`, beyond the port: what
-`agentflow.exec.run.lease` uses where a store has it), so a worker's superstep starts
-with one round trip, not two.
+`agentflow.exec.run.lease` uses where a store has it), and a marker about the run with it
+(its cancel request), so a worker's superstep starts with one round trip, not three.
 
-Markers (`MarkerStore`) use the same script and rules on keys of their own (``P:marker:{K}``,
-the marker's key as the hash tag), apart from every run's keys: a put is a take, a renewal
-a take with the same token, a take of a marker a release; the hash's owner field holds the
-marker's value. A run's `delete` leaves its markers to lapse.
+Markers (`MarkerStore`) use the same script and rules on keys of their own: a marker
+``<kind>/<subject>`` is kept at ``P:marker:{<subject>}:<kind>``, the subject as the hash tag,
+so a marker about a run shares the run's slot (and the take can read it), apart from the
+run's own keys: a put is a take, a renewal a take with the same token, a take of a marker a
+release; the hash's owner field holds the marker's value. A run's `delete` leaves its
+markers to lapse. (Releases before this layout kept a marker at ``P:marker:{<kind>/<subject>}``;
+those lapse on their own: a cancel request within minutes, a sweep's lock within its term.)
 
 Retention is `redis._prune`'s: finished runs are found through ``P:runs`` (sorted by the
 time of their newest save) and each is deleted whole by ``_lua/prune_run.lua``, which
@@ -114,6 +117,14 @@ _RELIST_ATTEMPTS = 3
 _SCAN_COUNT = 1000
 #: Characters a SCAN MATCH pattern treats specially, escaped when they occur in the prefix.
 _GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def _marker_key(prefix: str, key: str) -> str:
+    """Where marker `key` (``<kind>/<subject>``) is kept: in its subject's slot (see the module docstring)."""
+    kind, _, subject = key.partition("/")
+    if not kind or not subject or subject.startswith("}"):
+        return f"{prefix}:marker:{{{key}}}"  # not a kind and a subject: the whole key is the tag
+    return f"{prefix}:marker:{{{subject}}}:{kind}"
 
 
 def _marker(held: Lease) -> Marker:
@@ -195,7 +206,7 @@ class RedisCheckpointStore:
         self._ttl = str(ttl_s or 0)
         self._index = Index(prefix, self._run_keys)
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
-        self._markers = Leases(self._clients, lambda key: f"{prefix}:marker:{{{key}}}")
+        self._markers = Leases(self._clients, lambda key: _marker_key(prefix, key))
         self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
         self._events = RedisEvents(self._clients, self._run_keys, self._ttl)
         self._writes = RedisWrites(self._clients, self._index, self._run_keys, self._ttl, durability)
@@ -375,23 +386,31 @@ class RedisCheckpointStore:
         return _head_of(run_id, raw, fields, int(stored))
 
     async def take_lease_reading_head(
-        self, run_id: str, owner: str, token: str, ttl_s: float
-    ) -> tuple[Lease, tuple[SealedCheckpoint, dict[int, int]] | None]:
+        self, run_id: str, owner: str, token: str, ttl_s: float, marker: str | None = None
+    ) -> tuple[Lease, tuple[SealedCheckpoint, dict[int, int]] | None, Marker | None]:
         """`take_lease`, and when it took the lease, `head` in the same script (one round trip).
 
         The head is None when the lease was not taken (another token holds it live) or
-        nothing is stored for the run.
+        nothing is stored for the run. `marker`: a marker key about the run
+        (``<kind>/<run_id>``), read in the same script as `peek_markers` would (None: none
+        asked, none live, or the lease was not taken).
 
         Raises:
-            CheckpointStoreCorrupt: the lease hash, the row or a count is not one this store wrote.
+            CheckpointStoreCorrupt: the lease hash, the row, a count or the marker is not one this store wrote.
+            ValueError: `marker` is not a key about this run.
         """
         keys = self._run_keys(run_id)
-        lease, raw, stored, flat = await self._leases.take_reading(
-            run_id, owner, token, ttl_s, [keys[0], keys[3], keys[2]]
-        )
+        head_keys = [keys[0], keys[3], keys[2]]
+        if marker is not None:
+            if marker.partition("/")[2] != run_id:
+                raise ValueError(f"take_lease_reading_head({run_id!r}) reads a marker about that run, not {marker!r}")
+            head_keys.append(_marker_key(self._prefix, marker))
+        lease, raw, stored, flat, fields = await self._leases.take_reading(run_id, owner, token, ttl_s, head_keys)
+        found = None if marker is None else self._markers.held(marker, fields)
+        note = None if found is None else _marker(found)
         if raw is None:
-            return lease, None
-        return lease, _head_of(run_id, raw, dict(zip(flat[::2], flat[1::2], strict=True)), stored)
+            return lease, None, note
+        return lease, _head_of(run_id, raw, dict(zip(flat[::2], flat[1::2], strict=True)), stored), note
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""

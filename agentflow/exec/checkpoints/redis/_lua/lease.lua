@@ -6,6 +6,7 @@
 --   KEYS[2]  P:run:{R}:cp      list   (take only, optional) the run's checkpoint rows
 --   KEYS[3]  P:run:{R}:next    hash   (with KEYS[2]) call records per segment
 --   KEYS[4]  P:run:{R}:calls   hash   (with KEYS[2]) the call records themselves (only counted)
+--   KEYS[5]  P:marker:{R}:<kind>  hash  (with KEYS[2], optional) a marker about the run, read as it stands
 --
 -- ARGV[1] what to do: "take", "renew" or "release"
 -- ARGV[2] token
@@ -25,12 +26,14 @@
 -- With KEYS[2] to KEYS[4], a take that wrote the lease also reads the run's head in the same
 -- instant (the store's `take_lease_reading_head`): the newest checkpoint row (false if none),
 -- how many records the run holds (HLEN of the calls hash: the counts hash is unsigned and
--- can be set back, the records cannot be undone without a delete) and the counts hash,
--- flattened, after the lease's four fields.
+-- can be set back, the records cannot be undone without a delete), the marker's value, token
+-- and expires_at (false each when KEYS[5] is not given or holds no live marker: its key
+-- expires with it), and the counts hash, flattened, after the lease's four fields.
 --
 -- Returns:
 --   {"held", owner, token, expires_at}   take, renew: the lease as it stands afterwards
---   {"held", owner, token, expires_at, newest, records, segment, count, ...}   take with KEYS[2..4], written
+--   {"held", owner, token, expires_at, newest, records, m_value, m_token, m_expires, segment, count, ...}
+--                                        take with KEYS[2..4] (and KEYS[5]), written
 --   {"lost"}                             renew: the token holds no live lease
 --   {"released"} / {"lapsed"} / {"other"} release: deleted live / deleted lapsed / not this token's
 
@@ -69,6 +72,13 @@ redis.call('HSET', KEYS[1], 'owner', owner, 'token', token, 'expires_at', expire
 redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', tonumber(expires) - 1))
 if op == 'take' and KEYS[2] then
   local reply = {'held', owner, token, expires, redis.call('LINDEX', KEYS[2], -1), redis.call('HLEN', KEYS[4])}
+  local marker = {false, false, false}
+  if KEYS[5] then
+    marker = redis.call('HMGET', KEYS[5], 'owner', 'token', 'expires_at')
+  end
+  for _, part in ipairs(marker) do
+    reply[#reply + 1] = part
+  end
   for _, part in ipairs(redis.call('HGETALL', KEYS[3])) do
     reply[#reply + 1] = part
   end
