@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.records import LeaseMove
 from agentflow.exec.checkpoints.sqlalchemy import MIGRATIONS, SQLAlchemyCheckpointStore
 from agentflow.exec.seal import Sealer
 
@@ -338,6 +339,25 @@ async def test_tables_of_schema_version_4_gain_the_markers_table_and_drop_marker
     assert await backend.sql("SELECT key, value, token FROM agentflow_markers") == [("cancel/r", "please", "token-m")]
 
 
+async def test_tables_of_schema_version_5_gain_the_writes_that_move_a_lease(backend: Backend) -> None:
+    # Given tables at schema version 5, before a write could move a lease (on PostgreSQL: no write_moving function)
+    async with backend.store() as store:
+        await save_steps(store, "r", "running")
+        held = await store.take_lease("r", "A", "token-r", 3600)
+    if backend.name == "postgres":
+        await backend.sql("DROP FUNCTION agentflow_write_moving")
+    await backend.sql("UPDATE agentflow_meta SET value = '5' WHERE key = 'schema_version'")
+    # When this agentflow opens them and saves a step giving the lease up with it
+    async with backend.store() as store:
+        step = checkpoint("r", 1)
+        await store.save_after_calls_moving("r", 1, step, [], LeaseMove(held.token, None, "A", 30))
+        # Then the step is saved and the lease is free, and the schema is current
+        assert (await store.latest("r")).step == 1 and await store.leases(["r"]) == {}
+    assert await backend.sql("SELECT value FROM agentflow_meta WHERE key = 'schema_version'") == [
+        (str(len(MIGRATIONS)),)
+    ]
+
+
 async def test_a_marker_row_of_the_wrong_type_is_corrupt(store: SQLAlchemyCheckpointStore, backend: Backend) -> None:
     await store.put_marker("k", "v", "t", 60)
     # Given a marker whose value no longer is text (a blob on SQLite, NULL on PostgreSQL)
@@ -527,7 +547,7 @@ async def test_dropping_the_tables_drops_the_functions(backend: Backend) -> None
     async with backend.store("t_") as store:
         await store.setup()
     functions = "SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace ORDER BY proname"
-    assert await backend.sql(functions) == [("t_release_lease",), ("t_take_lease",), ("t_write",)]
+    assert await backend.sql(functions) == [("t_release_lease",), ("t_take_lease",), ("t_write",), ("t_write_moving",)]
     # When the tables are dropped by prefix, as the tests and the benchmarks drop them (CASCADE)
     for table in ("meta", "checkpoints", "runs", "calls", "leases", "events"):
         await backend.sql(f"DROP TABLE IF EXISTS t_{table} CASCADE")

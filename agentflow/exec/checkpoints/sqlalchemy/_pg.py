@@ -20,6 +20,10 @@ transaction did before, in one round trip.
   it read, and `PgFastPath.write` runs `rules` on that to raise the same error, with the
   same message, as every other store. A step 0 reads the ``runs`` row without a lock and
   refuses to start over stored rows; two writers of one step 0 meet at the primary key.
+- ``<prefix>write_moving`` (migration 6): ``write``, and the run's lease moved with it
+  (`LeaseMoving`): the lease row is locked and `LeaseMove`'s rule judged first (another
+  token's live lease: nothing is written, its holder is returned), then ``write``, then the
+  lease given up or handed on, only if ``write`` wrote.
 - ``<prefix>take_lease``: the leases module's upsert, then the row read back under the
   lock the upsert took (on the conflicting row too, when its ``WHERE`` failed).
 - ``<prefix>release_lease``: the DELETE, committed without waiting for the disk (see
@@ -36,9 +40,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
-from agentflow._errors import CheckpointConflict
-from agentflow.exec.checkpoints.records import ENDED, FINAL, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints.rules import check_call, check_lease_args, check_no_stored_rows, check_save
+from agentflow._errors import CheckpointConflict, RunHeld
+from agentflow.exec.checkpoints.records import ENDED, FINAL, LeaseMove, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.rules import (
+    check_call,
+    check_lease_args,
+    check_move_args,
+    check_no_stored_rows,
+    check_save,
+)
 from agentflow.exec.checkpoints.sqlalchemy.engines import Connector, LoopEngine
 
 #: The rules' status sets, in the order the functions take them.
@@ -131,6 +141,44 @@ BEGIN
 END
 $fn$""",
         f"""
+CREATE OR REPLACE FUNCTION {p}write_moving(
+    p_run text, p_step integer, p_flow text, p_status text, p_segment integer, p_saved_at double precision,
+    p_payload bytea, p_kid text, p_sig text,
+    c_segment integer[], c_seq integer[], c_kind text[], c_payload bytea[], c_kid text[], c_sig text[],
+    p_ended text[], p_final text[], m_bearer text, m_to text, m_owner text, m_ttl double precision,
+    p_schema {p}meta DEFAULT NULL,
+    OUT listed boolean, OUT last_step integer, OUT last_flow text, OUT last_status text, OUT last_segment integer,
+    OUT counts integer[], OUT stored boolean, OUT written boolean,
+    OUT held_owner text, OUT held_expires double precision
+) LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    held record;
+BEGIN
+    written := false;
+    SELECT l.owner, l.token, l.expires_at INTO held FROM {p}leases l WHERE l.run_id = p_run FOR UPDATE;
+    IF FOUND AND held.expires_at > {_NOW} AND held.token <> m_bearer THEN  -- another token's live lease
+        held_owner := held.owner;
+        held_expires := held.expires_at;
+        RETURN;
+    END IF;
+    SELECT w.listed, w.last_step, w.last_flow, w.last_status, w.last_segment, w.counts, w.stored, w.written
+        INTO listed, last_step, last_flow, last_status, last_segment, counts, stored, written
+        FROM {p}write(p_run, p_step, p_flow, p_status, p_segment, p_saved_at, p_payload, p_kid, p_sig,
+                      c_segment, c_seq, c_kind, c_payload, c_kid, c_sig, p_ended, p_final) w;
+    IF NOT written THEN
+        RETURN;
+    END IF;
+    IF m_to IS NULL THEN
+        DELETE FROM {p}leases l WHERE l.run_id = p_run AND (l.token = m_bearer OR l.expires_at <= {_NOW});
+    ELSE
+        INSERT INTO {p}leases AS l (run_id, owner, token, expires_at) VALUES (p_run, m_owner, m_to, {_NOW} + m_ttl)
+            ON CONFLICT (run_id) DO UPDATE
+                SET owner = excluded.owner, token = excluded.token, expires_at = excluded.expires_at
+                WHERE l.token = m_bearer OR l.expires_at <= {_NOW};
+    END IF;
+END
+$fn$""",
+        f"""
 CREATE OR REPLACE FUNCTION {p}take_lease(
     p_run text, p_owner text, p_token text, p_ttl double precision, p_schema {p}meta DEFAULT NULL,
     OUT run_id text, OUT owner text, OUT token text, OUT expires_at double precision
@@ -161,7 +209,7 @@ $fn$""",
 
 def drop_functions(p: str) -> list[str]:
     """Statements dropping the functions of tables prefixed `p` (``DROP TABLE <p>meta CASCADE`` does too)."""
-    return [f"DROP FUNCTION IF EXISTS {p}{name}" for name in ("write", "take_lease", "release_lease")]
+    return [f"DROP FUNCTION IF EXISTS {p}{name}" for name in ("write_moving", "write", "take_lease", "release_lease")]
 
 
 class PgFastPath:
@@ -174,6 +222,7 @@ class PgFastPath:
         self._db = db
         self._ready = ready
         self._write = f"SELECT * FROM {p}write({', '.join(f'${i}' for i in range(1, 18))})"
+        self._write_moving = f"SELECT * FROM {p}write_moving({', '.join(f'${i}' for i in range(1, 22))})"
         self._take = f"SELECT * FROM {p}take_lease($1, $2, $3, $4)"
         self._renew = (
             f"UPDATE {p}leases SET expires_at = {_NOW} + $3 WHERE run_id = $1 AND token = $2 AND expires_at > {_NOW} "
@@ -190,12 +239,21 @@ class PgFastPath:
         )
 
     async def write(
-        self, run_id: str, step: int | None, checkpoint: SealedCheckpoint | None, calls: Sequence[SealedCall]
+        self,
+        run_id: str,
+        step: int | None,
+        checkpoint: SealedCheckpoint | None,
+        calls: Sequence[SealedCall],
+        move: LeaseMove | None = None,
     ) -> None:
         """Append `calls`, then save `checkpoint` as `step` (None: records only): all or nothing.
 
+        `move`: the run's lease moves in the same statement (``<prefix>write_moving``), its
+        rule checked first under the lease row's lock.
+
         Raises:
             CheckpointConflict: a rule refused it (the message is `rules`'), or another writer won a key.
+            RunHeld: `move`'s bearer does not hold the lease, and another token holds it live.
             CheckpointNotFound: records for a run without a checkpoint.
         """
         cp = checkpoint
@@ -218,10 +276,18 @@ class PgFastPath:
             if first is None
             else f"call record {first.segment}.{first.seq} of run {run_id!r}"
         )
+        if move is not None:
+            check_move_args(move)
         async with self._db.driver(await self._ready(), taken) as conn:
-            seen = await conn.fetchrow(self._write, *args)
-        if not seen["written"]:
-            _refuse(run_id, step, cp, calls, seen)
+            if move is None:
+                seen = await conn.fetchrow(self._write, *args)
+            else:
+                seen = await conn.fetchrow(self._write_moving, *args, move.bearer, move.to, move.owner, move.ttl_s)
+        if seen["written"]:
+            return
+        if move is not None and seen["held_owner"] is not None:
+            raise RunHeld(run_id, seen["held_owner"], seen["held_expires"])
+        _refuse(run_id, step, cp, calls, seen)
 
     async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Mapping[str, Any] | None:
         """Take the run's lease unless another live token holds it; the lease row as it stands."""

@@ -40,8 +40,15 @@ from functools import partial
 from typing import Any, Final, TypeVar
 
 from agentflow._errors import AgentflowError, CheckpointConflict
-from agentflow.exec.checkpoints.records import Lease, SealedCall, SealedCheckpoint, stored_fields
-from agentflow.exec.checkpoints.rules import check_call, check_lease_args, check_no_stored_rows, check_save
+from agentflow.exec.checkpoints.records import Lease, LeaseMove, SealedCall, SealedCheckpoint, stored_fields
+from agentflow.exec.checkpoints.rules import (
+    check_call,
+    check_lease_args,
+    check_lease_move,
+    check_move_args,
+    check_no_stored_rows,
+    check_save,
+)
 from agentflow.exec.checkpoints.sqlalchemy.engines import SQLITE_BUSY_TIMEOUT_MS, Connector, LoopEngine
 from agentflow.exec.checkpoints.sqlite.file import in_immediate, unflushed
 
@@ -128,6 +135,7 @@ class LiteFastPath:
             "WHERE l.expires_at <= ? OR l.token = excluded.token"
         )
         self._lease = f"SELECT {', '.join(_LEASE)} FROM {p}leases WHERE run_id = ?"
+        self._drop_lease = f"DELETE FROM {p}leases WHERE run_id = ?"
         self._renew = f"UPDATE {p}leases SET expires_at = ? + ? WHERE run_id = ? AND token = ? AND expires_at > ?"
         self._release_live = f"DELETE FROM {p}leases WHERE run_id = ? AND token = ? AND expires_at > ?"
         self._release_any = f"DELETE FROM {p}leases WHERE run_id = ? AND token = ?"
@@ -164,17 +172,47 @@ class LiteFastPath:
     # -- saves and call records --------------------------------------------------------
 
     async def write(
-        self, run_id: str, step: int | None, checkpoint: SealedCheckpoint | None, calls: Sequence[SealedCall]
+        self,
+        run_id: str,
+        step: int | None,
+        checkpoint: SealedCheckpoint | None,
+        calls: Sequence[SealedCall],
+        move: LeaseMove | None = None,
     ) -> None:
         """Append `calls`, then save `checkpoint` as `step` (None: records only), in one transaction.
 
+        `move`: the run's lease moves in the same transaction (`LeaseMoving`), checked first.
+
         Raises:
             CheckpointConflict: a rule refused it (the message is `rules`'), or another writer won a key.
+            RunHeld: `move`'s bearer does not hold the lease, and another token holds it live.
             CheckpointNotFound: records for a run without a checkpoint.
         """
-        await self._do(partial(in_immediate, job=partial(self._write, run_id, step, checkpoint, calls)))
+        if move is not None:
+            check_move_args(move)
+        await self._do(partial(in_immediate, job=partial(self._write, run_id, step, checkpoint, calls, move)))
 
     def _write(
+        self,
+        run_id: str,
+        step: int | None,
+        checkpoint: SealedCheckpoint | None,
+        calls: Sequence[SealedCall],
+        move: LeaseMove | None,
+        conn: sqlite3.Connection,
+    ) -> None:
+        now = time.time()
+        if move is not None:  # the lease's rule first: a refused move writes nothing
+            found = conn.execute(self._lease, (run_id,)).fetchone()
+            held = None if found is None else Lease(*found)
+            check_lease_move(run_id, move, held if held is not None and held.expires_at > now else None)
+        self._write_rows(run_id, step, checkpoint, calls, conn)
+        if move is not None:
+            conn.execute(self._drop_lease, (run_id,))
+            if move.to is not None:
+                conn.execute(self._take, (run_id, move.owner, move.to, now, move.ttl_s, now))
+
+    def _write_rows(
         self,
         run_id: str,
         step: int | None,

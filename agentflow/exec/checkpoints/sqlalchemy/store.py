@@ -40,6 +40,7 @@ from agentflow._errors import CheckpointConflict, CheckpointNotFound, Checkpoint
 from agentflow.exec.checkpoints.records import (
     JudgedRows,
     Lease,
+    LeaseMove,
     Marker,
     Pruned,
     SealedCall,
@@ -98,6 +99,11 @@ def _v5_create_markers(conn: sa.Connection, t: Tables) -> None:
     conn.execute(sa.delete(t.leases).where(sa.func.substr(t.leases.c.run_id, 1, 10) == "agentflow/"))
 
 
+def _v6_pg_lease_moves(conn: sa.Connection, t: Tables) -> None:
+    """Version 6: on PostgreSQL, the functions again, ``write_moving`` among them (`LeaseMoving`); nothing on SQLite."""
+    _v4_pg_functions(conn, t)
+
+
 #: Schema changes in order; ``schema_version`` counts how many a database has applied.
 MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [
     _v1_create_tables,
@@ -105,6 +111,7 @@ MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [
     _v3_create_events,
     _v4_pg_functions,
     _v5_create_markers,
+    _v6_pg_lease_moves,
 ]
 
 
@@ -235,6 +242,19 @@ class SQLAlchemyCheckpointStore:
         if record.run_id != run_id:  # `check_call`'s first rule, before any round trip
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
         await self._fast.write(run_id, None, None, (record,))
+
+    async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
+        """`record_call`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
+        if record.run_id != run_id:
+            raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
+        await self._fast.write(run_id, None, None, (record,), move)
+
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+    ) -> None:
+        """`save_after_calls`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
+        check_row(run_id, step, checkpoint)
+        await self._fast.write(run_id, step, checkpoint, calls, move)
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint row of the run (read from ``checkpoints``, whatever ``runs`` says)."""
