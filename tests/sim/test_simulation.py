@@ -44,6 +44,18 @@ def test_the_run_protocol_keeps_every_invariant_under_faults(setup: str) -> None
     assert report.ends.get("done", 0) > 0 and report.effects > 0, describe(report)
 
 
+@pytest.mark.parametrize("setup", sorted(SLICE))
+def test_the_save_that_gives_a_lease_up_is_simulated_under_every_fault_of_a_store_write(setup: str) -> None:
+    # Given a slice of the simulation on a store that moves leases with its writes (all three do)
+    report = run_simulation(SETUPS[setup](), SEED, Config(steps=SLICE[setup] // 3))
+    assert report.failure is None, describe(report)
+    # Then workers saved their last step giving the lease up with it, and that write failed before
+    # and after it took effect, and a worker crashed and stalled right after it
+    covered = {kind for kind, point in report.stats.covered if point.startswith("store.save_moving")}
+    assert "store.save_moving" in report.stats.points, describe(report)
+    assert {"store-fails-before", "store-fails-after"} <= covered and covered & {"crash", "stall"}, covered
+
+
 def test_the_redis_setup_models_a_rewound_record_counter() -> None:
     report = run_simulation(SETUPS["fakeredis"](), SEED, Config(steps=20_000))
     assert report.failure is None, describe(report)
