@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentflow._errors import CheckpointError
-from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, LeaseMoving
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, HeadReading, LeaseMoving
 from agentflow.exec.checkpoints.records import (
     Lease,
     LeaseMove,
@@ -206,7 +206,7 @@ class SimMovingHeadStore(_MovesLeases, SimHeadStore):
 def sim_store(inner: CheckpointStore, points: Points) -> CheckpointStore:
     """Wrap `inner` in the `SimStore` that forwards exactly the capabilities it has."""
     moves = isinstance(inner, LeaseMoving)
-    if hasattr(inner, "take_lease_reading_head") and isinstance(inner, EventStore):
+    if isinstance(inner, HeadReading) and isinstance(inner, EventStore):
         return SimMovingHeadStore(inner, points) if moves else SimHeadStore(inner, points)
     if isinstance(inner, EventStore):
         return SimMovingEventStore(inner, points) if moves else SimEventStore(inner, points)

@@ -122,3 +122,19 @@ def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does(
     # and a store's own class answers the same every time, no store at all being none
     memory = MemoryCheckpointStore()
     assert stream_of(memory) is memory and stream_of(memory) is memory and stream_of(None) is None
+
+
+def test_a_timed_store_has_each_optional_part_exactly_when_the_store_it_wraps_does(redis_url):
+    from redis.asyncio import Redis
+
+    from agentflow.exec.checkpoints.protocol import HeadReading, LeaseMoving, has_part
+    from agentflow.exec.checkpoints.redis import RedisCheckpointStore
+
+    histogram = Histogram("t_parts_seconds", "t", ("op",), registry=CollectorRegistry())
+    # Given timed stores over the memory store (moves leases, reads no head with a take) and over Redis (both)
+    over_memory = TimedStore(MemoryCheckpointStore(), histogram)
+    over_redis = TimedStore(RedisCheckpointStore(lambda: Redis.from_url(redis_url), prefix="t-parts"), histogram)
+    # Then each answers for what it wraps, asked again and in either order (the answer is kept per store)
+    for _ in range(2):
+        assert [has_part(over_memory, HeadReading), has_part(over_memory, LeaseMoving)] == [False, True]
+        assert [has_part(over_redis, HeadReading), has_part(over_redis, LeaseMoving)] == [True, True]

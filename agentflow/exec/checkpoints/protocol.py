@@ -72,12 +72,18 @@ same atomic write as a save, so the save that ends a holder's last step is also 
 release, one round trip instead of two (`agentflow.exec.run.lease.Tenure`); a store
 without them is released on its own afterwards.
 
+A lease take that reads the head (`HeadReading`: ``take_lease_reading_head``) is optional
+too: a store that has it starts a worker's superstep with one round trip (the Redis store:
+the lease, the run's head and its cancel request in one script); any other store's head is
+read beside its take.
+
 `has_part(store, Part)` says whether a store has an optional part, cheaply enough to ask
 on every run.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -339,6 +345,29 @@ class LeaseMoving(Protocol):
 
 
 @runtime_checkable
+class HeadReading(Protocol):
+    """An optional part of the port: a lease take that reads the run's head, and a marker about it, with the take.
+
+    What a worker's superstep starts with, in one round trip where the store can (the Redis
+    store's lease script); `agentflow.exec.run.lease.take_reading_head` reads the head beside
+    the take on any other store.
+    """
+
+    async def take_lease_reading_head(
+        self, run_id: str, owner: str, token: str, ttl_s: float, marker: str | None = None
+    ) -> tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None, Marker | None]:
+        """`take_lease`, and when it took the lease, `head` and the marker `marker` (``<kind>/<run_id>``) as they stand.
+
+        The head is None when the lease was not taken or nothing is stored; the marker is None
+        when none was asked, none is live, or the lease was not taken.
+
+        Raises:
+            ValueError: `marker` is not a key about this run.
+        """
+        ...
+
+
+@runtime_checkable
 class RetentionStore(Protocol):
     """The retention part of the port: find finished runs older than a cut-off, and delete them whole."""
 
@@ -482,16 +511,27 @@ def has_part(store: object, part: type) -> bool:
     """Whether `store` has the optional part `part` of the port (a runtime-checkable protocol).
 
     The answer is kept per store class: checking a runtime protocol walks its members each
-    time (tens of microseconds), and this is asked on every run. Not kept for a class that
-    answers attributes itself (``__getattr__``): a wrapper has a part exactly when what it
-    wraps has it.
+    time (tens of microseconds), and this is asked on every run. For a class that answers
+    attributes itself (``__getattr__``: a wrapper has a part exactly when what it wraps has
+    it), it is kept per store instead, for as long as the store lives.
     """
     if store is None:
         return False
     kind = type(store)
     has = _HAS.get((kind, part))
-    if has is None:
-        has = isinstance(store, part)
-        if not hasattr(kind, "__getattr__"):
-            _HAS[kind, part] = has
-    return has
+    if has is not None:
+        return has
+    if not hasattr(kind, "__getattr__"):
+        has = _HAS[kind, part] = isinstance(store, part)
+        return has
+    try:
+        kept = _HAS_BY_STORE.setdefault(store, {})
+    except TypeError:  # not weakly referable: asked afresh each time
+        return isinstance(store, part)
+    if part not in kept:
+        kept[part] = isinstance(store, part)
+    return kept[part]
+
+
+#: Wrapper store -> {optional part: whether it has it} (`has_part`), forgotten with the store.
+_HAS_BY_STORE: weakref.WeakKeyDictionary[object, dict[type, bool]] = weakref.WeakKeyDictionary()

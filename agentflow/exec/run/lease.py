@@ -11,7 +11,7 @@ Moving parts:
   runs, and gives it back when the block ends, whether it returned or raised.
 - `holding_reading_head(store, run_id, ownership, marker)`: the same, and the run's head
   (its latest checkpoint and records per segment) read with the take: in the same round
-  trip where the store can (`take_lease_reading_head`, the Redis store's lease script),
+  trip where the store can (`HeadReading`, the Redis store's lease script),
   else in flight beside it. Where the store reads with the take, a marker about the run
   comes in the same round trip too (the run's cancel request: `run.cancel.CancelWatch`
   takes it as its first look). What every superstep of a worker starts with.
@@ -58,11 +58,12 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 from agentflow._errors import CheckpointNotFound, RunHeld
 from agentflow._events import Events
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.checkpoints.protocol import HeadReading, has_part
 from agentflow.exec.checkpoints.records import Lease, LeaseMove, Marker, SealedCheckpoint
 
 log = logging.getLogger("agentflow.lease")
@@ -296,8 +297,8 @@ async def take_reading_head(
         RunHeld: another holder's lease is live.
     """
     token = secrets.token_hex(16)
-    fused = getattr(store, "take_lease_reading_head", None)  # not a runtime Protocol check: that costs per call
-    if fused is not None:
+    if has_part(store, HeadReading):
+        fused = cast(HeadReading, store).take_lease_reading_head
         lease, head, seen = await fused(run_id, ownership.owner, token, ownership.lease_s, marker)
         if await _took_over(store, lease, token, ownership):
             lease, head, seen = await fused(run_id, ownership.owner, token, ownership.lease_s, marker)

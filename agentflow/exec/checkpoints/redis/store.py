@@ -39,7 +39,7 @@ expiry rule of a save, and touches nothing when they already agree with it.
 Leases are `redis._leases`'s: ``_lua/lease.lua`` takes, renews and releases a run's lease on
 the server's clock, and the key expires by itself when the lease lapses. The lease key is
 not one of the run keys the other scripts take; `delete` removes it with them. A take may
-read the run's head in the same script (`take_lease_reading_head`, beyond the port: what
+read the run's head in the same script (`take_lease_reading_head`, the port's optional `HeadReading`: what
 `agentflow.exec.run.lease` uses where a store has it), and a marker about the run with it
 (its cancel request), so a worker's superstep starts with one round trip, not three.
 
