@@ -12,7 +12,7 @@ Names in use (data in parentheses):
   ``tool.replayed`` (tool, call_id), ``tool.rerun`` (tool, call_id): a call in doubt runs again
 - ``checkpoint.saved`` (kind, step, status, flow, or loop and stage, unreplayed, claim, segment,
   seconds): ``claim`` is the claim's cause (None for a checkpoint that ends a step), ``seconds``
-  the time since this process last saved the run or took it up
+  the time from this process's last save of the run (or its taking the run up) to this save
 - ``run.parked`` (step, tools): a worker parked the run on calls in doubt (their tools)
 - ``lease.lost`` (owner): a holder's renewal found the run's lease lapsed or taken over
 - ``lease.taken_over`` (owner, earlier): a runner with an identity took over the lease an earlier
@@ -148,12 +148,21 @@ class Events:
             wanted = None if names is None or wanted is None else wanted | names
         self._wanted = wanted
 
+    def wants(self, name: str) -> bool:
+        """Whether some subscriber wants events named `name` (an event nobody wants need not be built)."""
+        wanted = self._wanted
+        return wanted is None or name in wanted
+
     def emit(self, name: str, run_id: str | None, **data: Any) -> None:
         """Deliver an event to every subscriber that wants it."""
         wanted = self._wanted
         if wanted is not None and name not in wanted:
             return
-        event = Event(name, run_id, data)
+        self.deliver(Event(name, run_id, data))
+
+    def deliver(self, event: Event) -> None:
+        """Deliver an event built beforehand (the one a save carries into the store: `agentflow.exec.run.steps`)."""
+        name = event.name
         for callback, names in self._subscribers:
             if names is not None and name not in names:
                 continue
@@ -161,4 +170,4 @@ class Events:
                 callback(event)
             except Exception:
                 who = getattr(callback, "__qualname__", None) or repr(callback)
-                log.exception("event subscriber %s failed on %s", who, name, extra={"run_id": run_id})
+                log.exception("event subscriber %s failed on %s", who, name, extra={"run_id": event.run_id})

@@ -106,8 +106,10 @@ class _Waiting:
         if self._rule.needs(durable_record=record.durable):
             self._replicate()
 
-    async def save_after_calls_moving(self, run_id: str, step: int, checkpoint: Any, calls: Any, move: Any) -> None:
-        await self._store.save_after_calls_moving(run_id, step, checkpoint, calls, move)
+    async def save_after_calls_moving(
+        self, run_id: str, step: int, checkpoint: Any, calls: Any, move: Any, events: Any = ()
+    ) -> None:
+        await self._store.save_after_calls_moving(run_id, step, checkpoint, calls, move, events)
         if self._rule.needs(step=step, segment=checkpoint.segment):
             self._replicate()
 

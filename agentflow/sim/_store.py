@@ -186,11 +186,17 @@ class _MovesLeases(SimStore):
         )
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
         await self._op(
             "save_moving",
-            lambda: self.inner.save_after_calls_moving(run_id, step, checkpoint, calls, move),
+            lambda: self.inner.save_after_calls_moving(run_id, step, checkpoint, calls, move, events),
             lambda: self._points.wrote(run_id, checkpoint, calls),
         )
 

@@ -339,6 +339,29 @@ async def test_tables_of_schema_version_4_gain_the_markers_table_and_drop_marker
     assert await backend.sql("SELECT key, value, token FROM agentflow_markers") == [("cancel/r", "please", "token-m")]
 
 
+async def test_a_save_whose_events_cannot_be_appended_after_it_is_still_a_stored_save(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a run whose holder gives its lease up with its next save, carrying the run's events,
+    # and an events table that refuses the append that follows the save's transaction
+    async with backend.store() as store:
+        await save_steps(store, "r", "running")
+        held = await store.take_lease("r", "A", "token-r", 3600)
+
+        async def refused(run_id: str, events: Any) -> None:
+            raise ConnectionError("the events append was cut off")
+
+        monkeypatch.setattr(store._events, "append", refused)
+        event = Sealer(b"k" * 32).seal_event("r", {"pos": ["w", 0], "events": [["n", 1.0, {}]]})
+        # When the save is made, Then it returns: the step is stored and the lease free, as the caller is told
+        await store.save_after_calls_moving(
+            "r", 1, checkpoint("r", 1), [], LeaseMove(held.token, None, "A", 30), [event]
+        )
+        assert (await store.latest("r")).step == 1 and await store.leases(["r"]) == {}
+    # And the lost events are logged, naming the run and the step
+    assert any("'r': step 1 saved, but its 1 event entries" in r.getMessage() for r in caplog.records)
+
+
 async def test_tables_of_schema_version_5_gain_the_writes_that_move_a_lease(backend: Backend) -> None:
     # Given tables at schema version 5, before a write could move a lease (on PostgreSQL: no write_moving function)
     async with backend.store() as store:

@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "runs_kit:app"
 #: What refund-1's stream holds: it started, and paused for the refund's approval.
 PAUSED = ["checkpoint.saved", "run.started", "node.started", "checkpoint.saved", "run.paused"]
+#: The first entry of it: every event up to the save that paused the run and gave its lease up, which
+#: carried them (run.paused is emitted after that save, and appended on its own).
+CARRIED = PAUSED[:4]
 
 
 def names(stdout: str) -> list[str]:
@@ -128,10 +131,12 @@ def test_a_forged_entry_is_a_problem_line_and_the_command_exits_1(agentflow, db)
     forge_entry(db, every[1], b"run.started", b"run.startex")
     # When the events are listed
     result = agentflow("events", "refund-1")
-    # Then the entry (every event of that append) is one PROBLEM line with the reason and nothing of its data
+    # Then the entry (every event of that write) is one PROBLEM line with the reason and nothing of its data,
+    # and the entry after it is shown as it was stored
     assert result.exit_code == 1
-    (problem,) = result.stdout.splitlines()
+    problem, paused = result.stdout.splitlines()
     assert problem.split()[:3] == [str(entry(every[1])), "-", "PROBLEM"]
+    assert names(paused) == ["run.paused"]
     assert "signature does not match" in problem and "startex" not in result.stdout
     assert "1 stored event(s) did not check (PROBLEM above)" in one_line_error(result)
 
@@ -144,7 +149,7 @@ def test_a_replayed_copy_of_an_entry_is_a_problem_line_per_event(agentflow, db):
     # When the events are listed, Then each event of the copy is a PROBLEM line naming it a replay
     result = agentflow("events", "refund-1")
     assert result.exit_code == 1
-    assert names(result.stdout) == [*PAUSED, *["PROBLEM"] * len(PAUSED)]
+    assert names(result.stdout) == [*PAUSED, *["PROBLEM"] * len(CARRIED)]
     assert all("is a copy of an event already read" in line for line in result.stdout.splitlines()[len(PAUSED) :])
 
 

@@ -26,7 +26,7 @@ from agentflow import Call, Flow, FlowApp, Registry, RunStatus
 from agentflow.errors import CheckpointConflict
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.protocol import LeaseMoving
-from agentflow.exec.checkpoints.records import LeaseMove
+from agentflow.exec.checkpoints.records import LeaseMove, SealedEvent
 from agentflow.exec.run.lease import Ownership, holding
 from agentflow.observe._forward import ForwardingStore
 
@@ -44,9 +44,15 @@ class Watched(MemoryCheckpointStore):
         return await super().release_lease(run_id, token)
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
-        await super().save_after_calls_moving(run_id, step, checkpoint, calls, move)
+        await super().save_after_calls_moving(run_id, step, checkpoint, calls, move, events)
         self.moves.append((step, move))
 
 

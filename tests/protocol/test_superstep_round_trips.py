@@ -1,9 +1,10 @@
 """What a worker's superstep asks of the Redis store, round trip by round trip (real Redis).
 
-- A handed-over superstep makes four round trips: the lease's take with the run's head
-  and its cancel marker (one script), ``started``, ``done`` with the checkpoint and the
-  lease given up (one script), and the superstep's events. (It made six before: the cancel
-  look and the release were round trips of their own.)
+- A handed-over superstep makes three round trips: the lease's take with the run's head
+  and its cancel marker (one script), ``started``, and ``done`` with the checkpoint, the
+  lease given up and the superstep's events (one script), which are all in the stream when
+  it returns. (It made six before: the cancel look, the release and the events' append
+  were round trips of their own.)
 - The cancel marker read with the take is the watch's first look: a request posted
   before the superstep ends the run before any call, without another read; a marker
   that does not check, read that way, is reported and removed, never obeyed.
@@ -24,6 +25,7 @@ from agentflow import Call, Flow, FlowApp, Registry, RunStatus
 from agentflow._events import Events
 from agentflow.exec.checkpoints.redis import RedisCheckpointStore
 from agentflow.exec.run.cancel import CancelRequest, post
+from agentflow.exec.run.events import read_events
 from agentflow.exec.seal import Sealer
 
 pytestmark = pytest.mark.usefixtures("redis_url")
@@ -64,7 +66,7 @@ def counting(ran: list[int]) -> tuple[FlowApp, str]:
     return FlowApp(registry, [flow]), "count"
 
 
-async def test_a_handed_over_superstep_makes_four_round_trips(redis_url: str, unique_prefix: Any) -> None:
+async def test_a_handed_over_superstep_makes_three_round_trips(redis_url: str, unique_prefix: Any) -> None:
     log: list[str] = []
     prefix = unique_prefix()
     ran: list[int] = []
@@ -76,10 +78,22 @@ async def test_a_handed_over_superstep_makes_four_round_trips(redis_url: str, un
         # When a worker runs the next superstep, handed over cleanly
         log.clear()
         out = await runner.advance(flows, "r-1", expected_step=out.step, handoff=True)
-    # Then it made four round trips, in this order
+        stored = await read_events(store, Sealer(KEY), "r-1")
+    # Then it made three round trips, in this order
     assert out.status == RunStatus.RUNNING and ran == [0]
-    lease, calls, events = (f"{prefix}:run:{{r-1}}:{part}" for part in ("lease", "cp", "events"))
-    assert log == [f"EVALSHA {lease}", f"EVALSHA {calls}", f"EVALSHA {calls}", f"EVALSHA {events}"], log
+    lease, calls = (f"{prefix}:run:{{r-1}}:{part}" for part in ("lease", "cp"))
+    assert log[: log.index("XRANGE")] == [f"EVALSHA {lease}", f"EVALSHA {calls}", f"EVALSHA {calls}"], log
+    # And the superstep's events, its checkpoint.saved last, were stored with its save, each once
+    names = [e.name for e in stored]
+    assert [e.problem for e in stored] == [None] * len(stored), stored
+    assert names[names.index("node.started") :] == [
+        "node.started",
+        "tool.started",
+        "tool.finished",
+        "node.finished",
+        "checkpoint.saved",
+    ], names
+    assert stored[-1].data["step"] == 1 and names.count("checkpoint.saved") == 2, stored
 
 
 async def test_a_cancel_request_read_with_the_take_ends_the_run_before_any_call(

@@ -6,7 +6,7 @@ longer finds its bug with the fix reverted. This runs the simulation with each f
 reverted, simulation seed after simulation seed, until an episode breaks the invariant the
 entry names, checks that the same episode holds with the fix in, and prints the new seed::
 
-    .venv/bin/python tests/sim/find_seeds.py [name ...] [--steps-per-seed N] [--seeds K]
+    .venv/bin/python tests/sim/find_seeds.py [name ...] [--steps-per-seed N] [--seeds K] [--first S]
 
 Copy the printed seeds into `FOUND` (the comments there say how each was found).
 """
@@ -23,11 +23,11 @@ from test_regression_seeds import FOUND, replay  # the script's folder is first 
 from agentflow.sim import SETUPS, Config, run_simulation
 
 
-def find(name: str, steps_per_seed: int, seeds: int) -> int | None:
+def find(name: str, steps_per_seed: int, seeds: int, first: int = 1) -> int | None:
     """The first episode seed that finds entry `name`'s bug with its fix reverted and holds with it in."""
     _, setup, _, faults, revert, breaks, _ = next(entry for entry in FOUND if entry[0] == name)
     config = Config(steps=steps_per_seed) if faults is None else Config(steps=steps_per_seed, faults=faults)
-    for seed in range(1, seeds + 1):
+    for seed in range(first, first + seeds):
         began = time.perf_counter()
         with revert():
             report = run_simulation(SETUPS[setup](), seed, config)
@@ -50,9 +50,10 @@ def main() -> int:
     parser.add_argument("names", nargs="*", default=[entry[0] for entry in FOUND])
     parser.add_argument("--steps-per-seed", type=int, default=1_000_000)
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first", type=int, default=1, help="the first simulation seed to try")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)
-    missing = [name for name in args.names if find(name, args.steps_per_seed, args.seeds) is None]
+    missing = [name for name in args.names if find(name, args.steps_per_seed, args.seeds, args.first) is None]
     for name in missing:
         print(f"{name}: not found; try more seeds or steps")
     return 1 if missing else 0

@@ -38,9 +38,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # memory after 283,478 steps (10.1 s). Found again (tests/sim/find_seeds.py) when markers left
     # the lease table: simulation seed 1, 0.5 s; and when every run's kind was decided in one place
     # (agentflow.runs): simulation seed 1, 11.8 s; and when a drive's last save gave the lease up
-    # with it (run.lease.Tenure): simulation seed 1, 60.7 s.
+    # with it (run.lease.Tenure): simulation seed 1, 60.7 s; and when that save carried the run's
+    # events too: simulation seed 1, 32.1 s.
     (
-        "claim-race", "memory", 490413008, None, claim_read_trusted, "had its effect 2 times",
+        "claim-race", "memory", 2954238040, None, claim_read_trusted, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale",
     ),
     # Race 2, a rewound record counter: with the fix reverted and the faults that make it likely
@@ -48,9 +49,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # after the lease lapsed), simulation seed 9 finds it on fakeredis after 33,070 steps (12.3 s).
     # Found again when markers left the lease table: simulation seed 2 (seed 1 found race 3 first);
     # and when every run's kind was decided in one place: simulation seed 1, 155 s; and when a
-    # drive's last save gave the lease up with it and the take read the cancel marker: seed 1, 38.6 s.
+    # drive's last save gave the lease up with it and the take read the cancel marker: seed 1, 38.6 s;
+    # and when that save carried the run's events too: seed 1, 257 s.
     (
-        "rewound-counter", "fakeredis", 2923448208,
+        "rewound-counter", "fakeredis", 203954797,
         Faults(crash=0.03, tamper=0.2, messages=MessageFaults(lost=0.0, doubled=0.3, late=0.05)),
         records_overwritable, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_rewound_record_counter_never_lets_a_handoff_overwrite_a_record",
@@ -61,9 +63,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # reverted and stalls at 0.01 a step, seed 2 finds it on memory after 54,205 steps (1.9 s).
     # Found again when markers left the lease table: simulation seed 1, 4.6 s; and when every run's
     # kind was decided in one place: simulation seed 1, 26.6 s; and when a drive's last save gave
-    # the lease up with it: simulation seed 1, 7.9 s.
+    # the lease up with it: simulation seed 1, 7.9 s; and when that save carried the run's events
+    # too: simulation seed 1, 9.1 s.
     (
-        "late-done", "memory", 3897999250, Faults(stall=0.01), done_overruled, "had its effect 2 times",
+        "late-done", "memory", 1803865426, Faults(stall=0.01), done_overruled, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_late_done_outweighs_a_did_not_happen_decided_before_it",
     ),
     # A run parked on a call whose stalled worker then logged the call's done: the sweep left it
@@ -71,9 +74,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # (72 s); with the fix reverted, seed 1 finds it on memory after 575,850 steps (45 s). Found
     # again when markers left the lease table: simulation seed 2, 26 s; and when every run's kind was
     # decided in one place: simulation seed 1, 6.3 s; and when a drive's last save gave the lease
-    # up with it: simulation seed 1, 9.5 s.
+    # up with it: simulation seed 1, 9.5 s; and when that save carried the run's events too:
+    # simulation seed 1, 35.9 s.
     (
-        "parked-for-nobody", "memory", 1576583647, None, parked_for_good, "runs did not end",
+        "parked-for-nobody", "memory", 1418659210, None, parked_for_good, "runs did not end",
         "tests/celery/test_recover_all_logic.py::test_stranded_recovers_a_parked_run_whose_call_ended_after_all",
     ),
     # Race 3, races 1 and 2 at once: a late started lands between a claim's read and the claim, and
@@ -82,9 +86,11 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # tests/sim/find_seeds.py looking for race 2 again (simulation seed 1 on fakeredis, race 2's faults);
     # found again when every run's kind was decided in one place: simulation seed 1, 227 s; and when a
     # drive's last save gave the lease up with it and the take read the cancel marker: simulation
-    # seeds 1 to 5 found nothing in a million steps each, seed 100 found it after 756 steps (15.9 s).
+    # seeds 1 to 5 found nothing in a million steps each, seed 100 found it after 756 steps (15.9 s);
+    # and when that save carried the run's events too: seeds 100 to 104 and 201 to 202 found nothing in
+    # a million steps each, 300 and 301 nothing in half a million, seed 302 found it after 1,848 steps.
     (
-        "hidden-late-started", "fakeredis", 2805769219,
+        "hidden-late-started", "fakeredis", 1896687609,
         Faults(crash=0.03, tamper=0.2, messages=MessageFaults(lost=0.0, doubled=0.3, late=0.05)),
         read_counted_by_segment, "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_late_started_hidden_by_a_rewound_counter_still_stops_a_claim",

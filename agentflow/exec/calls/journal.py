@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any, cast
 
 from agentflow._errors import AgentflowError, CheckpointConflict, CheckpointError
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.protocol import LeaseMoving
-from agentflow.exec.checkpoints.records import LeaseMove
+from agentflow.exec.checkpoints.records import LeaseMove, SealedEvent
 from agentflow.exec.seal import Sealer, canonical
 
 
@@ -82,10 +83,13 @@ class Journal:
             self._held.append(self.sealer.seal_encoded_call(self.run_id, self.segment, self.next_seq, kind, payload))
             self.next_seq += 1
 
-    async def save(self, step: int, checkpoint: SealedCheckpoint, move: LeaseMove | None = None) -> None:
+    async def save(
+        self, step: int, checkpoint: SealedCheckpoint, move: LeaseMove | None = None, events: Sequence[SealedEvent] = ()
+    ) -> None:
         """Store the held records and then `checkpoint`, atomically where the store can.
 
-        `move`: the run's lease moves in the same write (the store is a `LeaseMoving` one).
+        `move`: the run's lease moves in the same write (the store is a `LeaseMoving` one),
+        and `events` are appended to the run's stream with it (only with a `move`).
 
         Raises:
             CheckpointConflict: the store refused the checkpoint or a record (`RunHeld`:
@@ -98,7 +102,7 @@ class Journal:
             if move is not None:
                 moving = cast(LeaseMoving, self.store)
                 try:
-                    await moving.save_after_calls_moving(self.run_id, step, checkpoint, held, move)
+                    await moving.save_after_calls_moving(self.run_id, step, checkpoint, held, move, events)
                 except CheckpointConflict:
                     await self._append_all(held)
                     raise

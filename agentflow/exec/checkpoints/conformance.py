@@ -24,7 +24,7 @@ members, compare-and-set, history, listing, delete, `stored_runs`, `relist`, row
 written), `_conformance.calls` (call log, fencing, `save_after_calls`, `head`,
 concurrency) and `_conformance.leases` (run leases: one holder, renew and release by its
 token, lapsing, racing takers), `_conformance.lease_moves` (leases moved with a record or a
-save, `LeaseMoving`), `_conformance.markers` (markers: one token per key,
+save, `LeaseMoving`, and the events a save carries), `_conformance.markers` (markers: one token per key,
 lapsing, apart from leases) and `_conformance.retention` (prunes: only old finished
 runs, each whole, none under a live lease, judged again as they go, none whose newest row
 is not the one judged) and `_conformance.trim` (trims: old finished flow runs keep only
@@ -81,6 +81,9 @@ from agentflow.exec.checkpoints._conformance.lease_moves import (
 )
 from agentflow.exec.checkpoints._conformance.lease_moves import (
     check_record_refused_by_another_holder_writes_nothing as check_record_refused_by_another_holder_writes_nothing,
+)
+from agentflow.exec.checkpoints._conformance.lease_moves import (
+    check_save_carries_events_only_when_stored as check_save_carries_events_only_when_stored,
 )
 from agentflow.exec.checkpoints._conformance.lease_moves import (
     check_save_hands_the_lease_on_or_gives_it_up as check_save_hands_the_lease_on_or_gives_it_up,
@@ -233,6 +236,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_record_moves_the_lease_of_its_bearer,
     check_record_refused_by_another_holder_writes_nothing,
     check_save_hands_the_lease_on_or_gives_it_up,
+    check_save_carries_events_only_when_stored,
     check_marker_stands_for_its_token,
     check_marker_lapses,
     check_marker_taken_by_its_token_only,

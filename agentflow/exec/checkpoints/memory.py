@@ -259,12 +259,20 @@ class MemoryCheckpointStore:
         self._move(run_id, move)
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
-        """`save_after_calls`, moving the run's lease in the same instant (see `LeaseMoving`)."""
+        """`save_after_calls`, moving the run's lease and appending `events` in the same instant (see `LeaseMoving`)."""
         check_lease_move(run_id, move, self._live(run_id))
+        check_events(run_id, events)
         await self.save_after_calls(run_id, step, checkpoint, calls)
         self._move(run_id, move)
+        self._append(run_id, events)
 
     def _move(self, run_id: str, move: LeaseMove) -> None:
         if move.to is None:
@@ -285,6 +293,9 @@ class MemoryCheckpointStore:
     async def append_events(self, run_id: str, events: Sequence[SealedEvent]) -> None:
         """Append to the run's stream, keeping the newest `EVENTS_KEPT` (see `EventStore.append_events`)."""
         check_events(run_id, events)
+        self._append(run_id, events)
+
+    def _append(self, run_id: str, events: Sequence[SealedEvent]) -> None:
         stream = self._events.setdefault(run_id, deque(maxlen=EVENTS_KEPT))
         for event in events:
             self._event_no += 1

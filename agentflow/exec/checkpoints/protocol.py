@@ -69,8 +69,9 @@ a cursor (`agentflow.exec.run.events`); a store without them (a wrapper that for
 Lease moves (`LeaseMoving`: ``record_call_moving`` and ``save_after_calls_moving``) are
 optional as well: a store that has them gives a run's lease up (or hands it on) in the
 same atomic write as a save, so the save that ends a holder's last step is also its
-release, one round trip instead of two (`agentflow.exec.run.lease.Tenure`); a store
-without them is released on its own afterwards.
+release, one round trip instead of two (`agentflow.exec.run.lease.Tenure`), and carries
+the run's events not yet appended with it; a store without them is released on its own
+afterwards, and its events appended on their own.
 
 A lease take that reads the head (`HeadReading`: ``take_lease_reading_head``) is optional
 too: a store that has it starts a worker's superstep with one round trip (the Redis store:
@@ -333,13 +334,26 @@ class LeaseMoving(Protocol):
         ...
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
         """`save_after_calls` (with no `calls`: `save`), moving the run's lease as `move` says.
 
+        `events` are appended to the run's stream (`EventStore.append_events`) when the save
+        is stored, and never when it is refused: in the same write where the store can (the
+        memory, SQLite and Redis stores); the SQLAlchemy store appends them right after it,
+        and logs an append that fails then (the save is stored). A store that keeps no
+        streams drops them.
+
         Raises:
             RunHeld: another token holds the lease live (nothing is written).
-            CheckpointConflict, CheckpointNotFound, ValueError: as `save_after_calls` (the lease is not moved).
+            CheckpointConflict, CheckpointNotFound, ValueError: as `save_after_calls` (the lease is not moved,
+                no event is appended).
         """
         ...
 

@@ -11,6 +11,15 @@
   recorded unless the hub says so (``Events(record=True)``, as the Celery workers' hub
   does), nor when the store has no stream or there is no sealer. A failed append is logged
   and dropped: observing a run never breaks it.
+- The save that gives the run's lease up (the last write of a held block on a store that
+  moves leases with its writes: `agentflow.exec.run.lease.Tenure`) carries the buffered
+  events, and its own ``checkpoint.saved``, as one entry in the same write: the recorder is
+  the tenure's `Rider`. No append runs while that write is in flight, so the entries keep
+  their order. Refused with nothing written, the save gives its events back to the buffer
+  (the ``checkpoint.saved`` of a save that did not happen is dropped); of a save whose
+  outcome is unknown (the store failed mid-write), the events are dropped and their
+  numbers spent, with a warning: stored, they must not be stored twice; missing, a reader
+  shows a gap before the holder's next event.
 - One append is one stored entry: the events it carries, sealed together
   (`Sealer.seal_event`: the MAC covers the run id and the payload,
   ``{"pos": [writer, n], "events": [[name, at, data], ...]}``), and checked before its
@@ -43,14 +52,15 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
 from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, has_part
-from agentflow.exec.checkpoints.records import StoredEvent
+from agentflow.exec.checkpoints.records import SealedEvent, StoredEvent
+from agentflow.exec.run.lease import Tenure
 from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.events")
@@ -139,9 +149,14 @@ class _Recorder:
         self._buffer: list[Event] = []
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None  # starts the next append once FLUSH_AFTER_S passed
+        self._riding: list[Event] | None = None  # the events a save carries while it is in flight (`ride`)
+        self._carried: Event | None = None  # the save's own event, stored by it: not buffered when delivered
 
     def __call__(self, event: Event) -> None:
         if event.run_id != self._run_id:
+            return
+        if event is self._carried:
+            self._carried = None
             return
         if threading.get_ident() == self._thread:
             self._add(event)
@@ -150,8 +165,46 @@ class _Recorder:
 
     def _add(self, event: Event) -> None:
         self._buffer.append(event)
-        if self._timer is None and (self._task is None or self._task.done()):  # else an append will take it
+        self._start_timer()
+
+    def _start_timer(self) -> None:
+        idle = self._task is None or self._task.done()  # else an append under way takes the buffer
+        if self._buffer and self._timer is None and idle and self._riding is None:
             self._timer = self._loop.call_later(FLUSH_AFTER_S, self._due)
+
+    async def ride(self, last: Event) -> SealedEvent:
+        """The buffered events and `last`, sealed as the next entry, for the save that gives the lease up (`Rider`)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._task is not None and not self._task.done():  # an append under way is stored first
+            await self._task
+        batch = [*self._buffer, last]
+        sealed = self._seal(batch)  # raises with nothing changed
+        self._riding, self._buffer = batch, []
+        return sealed
+
+    def rode(self, stored: bool | None) -> None:
+        """What became of the save that carried the events (`Rider`); appends go on after it."""
+        riding, self._riding = self._riding or [], None
+        if stored is True:
+            self._written += len(riding)
+            self._carried = riding[-1]
+        elif stored is False:
+            self._buffer = riding[:-1] + self._buffer
+        else:
+            self._written += len(riding)
+            log.warning(
+                "%d events of run %s went with a save that may not have been stored; they are not stored again",
+                len(riding),
+                self._run_id,
+                extra={"run_id": self._run_id},
+            )
+        self._start_timer()
+
+    def _seal(self, batch: list[Event]) -> SealedEvent:
+        body = {"pos": [self._writer, self._written], "events": [_item(event) for event in batch]}
+        return self._sealer.seal_event(self._run_id, body)
 
     def _due(self) -> None:
         self._timer = None
@@ -162,8 +215,7 @@ class _Recorder:
         while self._buffer:
             batch, self._buffer = self._buffer, []
             try:
-                body = {"pos": [self._writer, self._written], "events": [_item(event) for event in batch]}
-                sealed = self._sealer.seal_event(self._run_id, body)
+                sealed = self._seal(batch)
                 self._written += len(batch)
                 await self._store.append_events(self._run_id, [sealed])
             except Exception:
@@ -187,8 +239,13 @@ async def recording(
     events: Events,
     run_id: str,
     held: contextlib.AbstractAsyncContextManager[_T],
+    tenure_of: Callable[[_T], Tenure | None] | None = None,
 ) -> AsyncIterator[_T]:
-    """Hold `held` and record the run's events meanwhile; the last append is awaited before it is let go."""
+    """Hold `held` and record the run's events meanwhile; the last append is awaited before it is let go.
+
+    `tenure_of`: the lease `held` holds, found in what it yields; the recorder rides with the
+    save that gives it up (`Tenure.rider`).
+    """
     stream = stream_of(store)
     if stream is None or sealer is None or not events.record:
         async with held as value:
@@ -196,6 +253,9 @@ async def recording(
         return
     async with held as value:
         recorder = _Recorder(stream, sealer, run_id)
+        tenure = tenure_of(value) if tenure_of is not None else None
+        if tenure is not None:
+            tenure.rider = recorder
         unsubscribe = events.subscribe(recorder)
         try:
             yield value

@@ -21,7 +21,10 @@ Moving parts:
   ends the drive (its last step, or one that ends, pauses or fails the run) gives the
   lease up in the same atomic write (`closing`), and the block then releases nothing.
   A superstep so makes one round trip fewer; the lease is free the moment its last step
-  is stored, as it was a round trip later before.
+  is stored, as it was a round trip later before. Where the block also records the run's
+  events (`agentflow.exec.run.events.recording`), its recorder is the tenure's `Rider`:
+  the events not yet appended, and the ``checkpoint.saved`` of that last save, go into the
+  same write (`LeaseMoving.save_after_calls_moving`'s ``events``), one round trip fewer again.
 - `held_by(store, run_ids)`: the live leases of some runs (for listings and recover_all).
 
 Invariants:
@@ -58,13 +61,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 from agentflow._errors import CheckpointNotFound, RunHeld
-from agentflow._events import Events
+from agentflow._events import Event, Events
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.protocol import HeadReading, has_part
-from agentflow.exec.checkpoints.records import Lease, LeaseMove, Marker, SealedCheckpoint
+from agentflow.exec.checkpoints.records import Lease, LeaseMove, Marker, SealedCheckpoint, SealedEvent
 
 log = logging.getLogger("agentflow.lease")
 
@@ -159,6 +162,22 @@ class Ownership:
         return identity == self.identity and life.isdigit() and int(life) < self.life
 
 
+class Rider(Protocol):
+    """What carries a held run's events into the save that gives its lease up (the run's event recorder).
+
+    `ride` and `rode` come in pairs around that one write: nothing the rider holds is
+    appended on its own in between.
+    """
+
+    async def ride(self, last: Event) -> SealedEvent:
+        """The events not yet appended, and `last` after them, sealed as one entry for the save to carry."""
+        ...
+
+    def rode(self, stored: bool | None) -> None:
+        """The save's outcome: stored (True), refused with nothing written (False), or unknown (None)."""
+        ...
+
+
 @dataclass(eq=False)
 class Tenure:
     """A held block's lease, and whether a write of the block gave it up (see the module docstring)."""
@@ -169,6 +188,8 @@ class Tenure:
     """How long it lasts when renewed."""
     given_up: bool = False
     """A save gave the lease up: the block releases nothing, and nothing renews it."""
+    rider: Rider | None = field(default=None, repr=False)
+    """Whose events the save that gives the lease up carries (None: that save carries none)."""
     _armed: bool = field(default=False, repr=False)
     _saves_left: int | None = field(default=None, repr=False)
 

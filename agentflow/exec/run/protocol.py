@@ -66,6 +66,16 @@ from agentflow.exec.tracing import NO_TRACING, Tracer
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
 
 
+def _itself(tenure: Tenure | None) -> Tenure | None:
+    """The tenure `hold`'s block holds: what it yields."""
+    return tenure
+
+
+def _first(held: HeldHead) -> Tenure | None:
+    """The tenure `hold_reading_head`'s block holds: the first of what it yields."""
+    return held[0]
+
+
 @contextlib.asynccontextmanager
 async def _unowned(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[None, Awaitable[Head], Seen]]:
     """No lease to hold (a runner without an ownership); the head is read when awaited."""
@@ -111,7 +121,7 @@ class RunProtocol(Generic[C, R]):
             held: contextlib.AbstractAsyncContextManager[Tenure | None] = contextlib.nullcontext(None)
         else:
             held = holding(self.store, run_id, self.ownership, unborn=unborn)
-        return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
+        return recording(self.store, self.sealer, self.events, run_id, held, _itself)  # the run's event stream
 
     def hold_reading_head(self, run_id: str) -> contextlib.AbstractAsyncContextManager[HeldHead]:
         """`hold`, and the run's head (and its cancel marker) read with the lease's take (`holding_reading_head`).
@@ -126,7 +136,7 @@ class RunProtocol(Generic[C, R]):
             held: contextlib.AbstractAsyncContextManager[HeldHead] = _unowned(store, run_id)
         else:
             held = holding_reading_head(store, run_id, self.ownership, key_of(CANCEL, run_id))
-        return recording(self.store, self.sealer, self.events, run_id, held)  # the run's event stream
+        return recording(self.store, self.sealer, self.events, run_id, held, _first)  # the run's event stream
 
     def operator(self, name: str | None) -> dict[str, Any]:
         """The ``operator`` field of a control record: `name`, else this process's owner name."""

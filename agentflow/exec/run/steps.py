@@ -17,14 +17,21 @@ The entry points that put the parts in order, under the run's lease, are in `run
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Generic
 
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, CheckpointTooLarge, RecoveryNeedsDecision
-from agentflow._events import Events
+from agentflow._errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CheckpointStoreCorrupt,
+    CheckpointTooLarge,
+    RecoveryNeedsDecision,
+)
+from agentflow._events import Event, Events
 from agentflow._identity import RunContext, restore_identity
 from agentflow._run_types import RunStatus
 from agentflow.exec._registry import Registry
@@ -32,6 +39,7 @@ from agentflow.exec.calls.journal import Journal
 from agentflow.exec.calls.log import envelope, read_decisions, read_pending, too_large
 from agentflow.exec.calls.read import CallState, LoggedRecord, calls_in_doubt, read_log
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
+from agentflow.exec.checkpoints.records import LeaseMove
 from agentflow.exec.run.checks import (
     AheadOfCheckpoint,
     check_read_whole,
@@ -45,7 +53,7 @@ from agentflow.exec.run.checks import (
 )
 from agentflow.exec.run.control import granted, without_failed
 from agentflow.exec.run.driver import C, R, RunDriver
-from agentflow.exec.run.lease import Ownership
+from agentflow.exec.run.lease import Ownership, Rider
 from agentflow.exec.run.timers import wake_of
 from agentflow.exec.seal import Sealer, canonical
 from agentflow.exec.tracing import NO_TRACING, StepSpan, Tracer
@@ -64,6 +72,34 @@ def started_of(body: Mapping[str, Any]) -> float | None:
     """When the run a checked checkpoint body belongs to started (its ``started``; None if it has none)."""
     started = body.get("started")
     return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+
+
+log = logging.getLogger("agentflow.events")
+
+
+async def _save_riding(
+    journal: Journal, rider: Rider, step: int, row: SealedCheckpoint, move: LeaseMove, saved: Event
+) -> None:
+    """`Journal.save` giving the lease up with the run's events not yet stored, `saved` last, in the same write.
+
+    The rider learns what became of them (`Rider.rode`): stored, refused with nothing
+    written, or unknown (the store failed: the events may be stored, so never again).
+    """
+    try:
+        riding = await rider.ride(saved)
+    except Exception:  # observing a run never breaks it: the save goes alone, the events stay buffered
+        log.exception("run %s: its events could not go with step %d's save", row.run_id, step)
+        await journal.save(step, row, move)
+        return
+    try:
+        await journal.save(step, row, move, (riding,))
+    except (CheckpointConflict, CheckpointNotFound):
+        rider.rode(False)
+        raise
+    except BaseException:
+        rider.rode(None)
+        raise
+    rider.rode(True)
 
 
 @dataclass
@@ -208,26 +244,37 @@ class RunSteps(Generic[C, R]):
             cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload
         )
         move = cur.tenure.closing(str(status) == RunStatus.RUNNING) if cur.tenure is not None else None
-        await cur.journal.save(step, row, move)  # with a held ``done`` record, and the lease given up with the last
+        saved = self._saved(cur, step, status, unreplayed, claim)  # built before the write: it may carry it
+        rider = cur.tenure.rider if cur.tenure is not None else None
+        if move is None or rider is None or saved is None:  # with a held ``done``, the lease given up with the last
+            await cur.journal.save(step, row, move)
+        else:  # ... and the run's events not yet stored, this save's own last
+            await _save_riding(cur.journal, rider, step, row, move, saved)
         if move is not None and cur.tenure is not None:
             cur.tenure.given_up = True
         cur.step = step
         cur.span.saved(step, str(status))
         self.driver.after_save(cur, body)
-        saved_at = time.perf_counter()
-        self.events.emit(
-            "checkpoint.saved",
-            cur.run_id,
-            kind=self.driver.kind.value,
-            step=step,
-            status=str(status),
+        if saved is not None:
+            self.events.deliver(saved)
+        cur.clock = time.perf_counter()
+
+    def _saved(self, cur: C, step: int, status: str, unreplayed: Sequence[str], claim: str | None) -> Event | None:
+        """The ``checkpoint.saved`` of the save about to be written, or None when nobody wants it."""
+        if not self.events.wants("checkpoint.saved"):
+            return None
+        assert cur.journal is not None
+        data = {
+            "kind": self.driver.kind.value,
+            "step": step,
+            "status": str(status),
             **self.driver.event_fields(cur),
-            unreplayed=list(unreplayed),
-            claim=claim,
-            segment=cur.journal.segment,
-            seconds=saved_at - cur.clock,
-        )
-        cur.clock = saved_at
+            "unreplayed": list(unreplayed),
+            "claim": claim,
+            "segment": cur.journal.segment,
+            "seconds": time.perf_counter() - cur.clock,
+        }
+        return Event("checkpoint.saved", cur.run_id, data)
 
     async def start(self, cur: C, lineage: Mapping[str, Any] | None = None) -> None:
         """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run), then emit ``run.started``.

@@ -11,7 +11,8 @@ import uuid
 
 from agentflow._errors import CheckpointConflict, RunHeld
 from agentflow.exec.checkpoints._conformance.base import _call, _checkpoint, _expect, _expect_raises, _ids
-from agentflow.exec.checkpoints.protocol import CheckpointStore, LeaseMoving
+from agentflow.exec.checkpoints._conformance.events import _events, _numbers
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, LeaseMoving
 from agentflow.exec.checkpoints.records import LeaseMove
 
 #: A lease that outlives any check (seconds).
@@ -96,3 +97,31 @@ async def check_save_hands_the_lease_on_or_gives_it_up(store: CheckpointStore) -
     done = _checkpoint(run_id, 2, flow, "done")
     await store.save_after_calls_moving(run_id, 2, done, [], LeaseMove(baton, None, "x", _LONG))
     _expect(await _holder(store, run_id) is None, "a save that gave the lease up left it held")
+
+
+async def check_save_carries_events_only_when_stored(store: CheckpointStore) -> None:
+    """A moving save's events join the run's stream, after those before them, when it is stored; never when refused."""
+    if not isinstance(store, LeaseMoving) or not isinstance(store, EventStore):
+        return
+    run_id, flow = _ids()
+    await store.save(run_id, 0, _checkpoint(run_id, 0, flow))
+    await store.append_events(run_id, _events(run_id, 0, 2))
+    mine = _token()
+    await store.take_lease(run_id, "worker", mine, _LONG)
+    other = LeaseMove(_token(), None, "x", _LONG)
+    await _expect_raises(
+        RunHeld,
+        store.save_after_calls_moving(run_id, 1, _checkpoint(run_id, 1, flow), [], other, _events(run_id, 10, 1)),
+        "a save by another than the lease's holder",
+    )
+    _expect(await _numbers(store, run_id) == [0, 1], "a save refused for the lease stored its events")
+    gives_up = LeaseMove(mine, None, "worker", _LONG)
+    await _expect_raises(
+        CheckpointConflict,
+        store.save_after_calls_moving(run_id, 2, _checkpoint(run_id, 2, flow), [], gives_up, _events(run_id, 20, 1)),
+        "a save of a step that is not next",
+    )
+    _expect(await _numbers(store, run_id) == [0, 1], "a save refused for its step stored its events")
+    await store.save_after_calls_moving(run_id, 1, _checkpoint(run_id, 1, flow), [], gives_up, _events(run_id, 2, 2))
+    _expect(await _numbers(store, run_id) == [0, 1, 2, 3], "a stored save's events are not in the stream, in order")
+    _expect(await _holder(store, run_id) is None, "a save that carried events did not give the lease up")

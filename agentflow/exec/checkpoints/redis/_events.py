@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from agentflow.exec.checkpoints.records import EVENTS_KEPT, SealedEvent, StoredEvent
-from agentflow.exec.checkpoints.redis._rows import _decode_event, _encode, _text
+from agentflow.exec.checkpoints.redis._rows import _decode_event, _encode_event, _text
 from agentflow.exec.checkpoints.redis.clients import LoopClients
 
 #: A stream id, the only cursor this store gives.
@@ -33,7 +33,7 @@ class RedisEvents:
 
     async def append(self, run_id: str, events: Sequence[SealedEvent]) -> None:
         """Append `events` in order (one script), trimmed and expiring with the run."""
-        rows = [_encode([run_id, e.kid, e.sig], e.payload) for e in events]
+        rows = [_encode_event(run_id, e) for e in events]
         async with self._clients.use() as bound:
             keys = self._keys(run_id, ("events", "latest"))
             await bound.scripts["append_events"](keys=keys, args=[self._ttl, EVENTS_KEPT, *rows])

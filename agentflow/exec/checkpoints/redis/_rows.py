@@ -69,6 +69,11 @@ def _decode_call(run_id: str, raw: object, what: str) -> SealedCall:
     return SealedCall(f[1], f[2], f[3], f[4], payload, f[5], f[6])
 
 
+def _encode_event(run_id: str, event: SealedEvent) -> bytes:
+    """An event's stream entry (field ``e``), as `_decode_event` reads it."""
+    return _encode([run_id, event.kid, event.sig], event.payload)
+
+
 def _decode_event(run_id: str, raw: object, what: str) -> SealedEvent:
     f, payload = _split(run_id, raw, what, _EVENT_HEAD)
     return SealedEvent(f[1], payload, f[2], f[3])

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from redis import exceptions as redis_errors
 
 from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt, RunHeld
-from agentflow.exec.checkpoints.records import LeaseMove, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.records import EVENTS_KEPT, LeaseMove, SealedCall, SealedCheckpoint, SealedEvent
 from agentflow.exec.checkpoints.redis._index import Index
-from agentflow.exec.checkpoints.redis._rows import _encode, _text
+from agentflow.exec.checkpoints.redis._rows import _encode, _encode_event, _text
 from agentflow.exec.checkpoints.redis.clients import Bound, LoopClients
 from agentflow.exec.checkpoints.redis.durability import Durability
 from agentflow.exec.checkpoints.rules import check_call, check_move_args, check_no_stored_rows, check_save
@@ -55,11 +55,18 @@ class RedisWrites:
         self._durability = durability
 
     async def save(
-        self, run_id: str, step: int, cp: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove | None = None
+        self,
+        run_id: str,
+        step: int,
+        cp: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove | None = None,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
         """Append `calls`, then save `cp` as `step`, in one script: one round trip, all or nothing.
 
-        With `move`, the run's lease moves in the same script (`LeaseMoving`).
+        With `move`, the run's lease moves in the same script (`LeaseMoving`), and `events`
+        are added to the run's stream there once the save is stored.
         """
         row = _encode([cp.run_id, step, cp.flow, cp.status, cp.segment, cp.saved_at, cp.kid, cp.sig], cp.payload)
         args: list[str | int | bytes] = [step, cp.flow, cp.status, cp.segment, repr(cp.saved_at), row, self._ttl]
@@ -71,6 +78,8 @@ class RedisWrites:
             args += [record.segment, record.seq, record.kind, encoded]
         if move is not None:
             args += _move_args(move)
+            if events:
+                args += [EVENTS_KEPT, *(_encode_event(run_id, e) for e in events)]
         async with self._clients.use() as bound:
             keys = self._run_keys(run_id)
             cluster = bound.cluster
@@ -79,7 +88,7 @@ class RedisWrites:
             if not cluster:
                 keys += self._index.keys(cp.flow)
             if move is not None:
-                keys += self._run_keys(run_id, ("lease",))
+                keys += self._run_keys(run_id, ("events", "lease") if events else ("lease",))
             durable = self._durability.needs(step=step, segment=cp.segment)
             reply = await self._script(bound, "save", keys, args, run_id, f"step {step}" if durable else None)
             if reply[0] != "ok":

@@ -358,11 +358,18 @@ class RedisCheckpointStore:
         await self._writes.record(run_id, record, move)
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
-        """`save_after_calls`, moving the run's lease in the same script (see `LeaseMoving`)."""
+        """`save_after_calls`, moving the run's lease and appending `events` in the same script (see `LeaseMoving`)."""
         check_row(run_id, step, checkpoint)
-        await self._writes.save(run_id, step, checkpoint, calls, move)
+        check_events(run_id, events)
+        await self._writes.save(run_id, step, checkpoint, calls, move, events)
 
     async def head(self, run_id: str) -> tuple[SealedCheckpoint, dict[int, int]]:
         """Return the latest checkpoint and how many call records each segment holds, in one round trip.

@@ -26,6 +26,7 @@ transactions and the connections lent to the fast path are `sqlalchemy.engines`.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -64,6 +65,8 @@ from agentflow.exec.checkpoints.sqlalchemy.engines import Connector, LoopEngine,
 
 #: Allowed table prefixes (40 characters at most keeps index names under PostgreSQL's 63).
 _PREFIX: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+
+_log = logging.getLogger("agentflow.exec.checkpoints.sqlalchemy")
 
 
 def _v1_create_tables(conn: sa.Connection, t: Tables) -> None:
@@ -250,11 +253,35 @@ class SQLAlchemyCheckpointStore:
         await self._fast.write(run_id, None, None, (record,), move)
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
-        """`save_after_calls`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
+        """`save_after_calls`, moving the run's lease in the same transaction (see `LeaseMoving`).
+
+        `events` are appended right after the save is stored (a second round trip: the
+        save's function takes no events). An append that fails then is logged, not raised:
+        the save is stored, and the events are observation (they are lost, never retried).
+        """
         check_row(run_id, step, checkpoint)
+        check_events(run_id, events)
         await self._fast.write(run_id, step, checkpoint, calls, move)
+        if events:
+            try:
+                await self._events.append(run_id, events)
+            except Exception as exc:
+                _log.warning(
+                    "run %r: step %d saved, but its %d event entries could not be stored: %s",
+                    run_id,
+                    step,
+                    len(events),
+                    exc,
+                    extra={"run_id": run_id, "step": step},
+                )
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint row of the run (read from ``checkpoints``, whatever ``runs`` says)."""

@@ -284,16 +284,25 @@ class SQLiteCheckpointStore:
         await self._do(partial(in_immediate, job=job))
 
     async def save_after_calls_moving(
-        self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall], move: LeaseMove
+        self,
+        run_id: str,
+        step: int,
+        checkpoint: SealedCheckpoint,
+        calls: Sequence[SealedCall],
+        move: LeaseMove,
+        events: Sequence[SealedEvent] = (),
     ) -> None:
-        """`save_after_calls`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
+        """`save_after_calls`, moving the run's lease and appending `events` in the same transaction (`LeaseMoving`)."""
         check_row(run_id, step, checkpoint)
+        check_events(run_id, events)
 
         def job(conn: sqlite3.Connection) -> None:
             _sqlite_leases.move(run_id, move, self.path, conn)
             for record in calls:
                 insert_call(run_id, record, self.path, conn)
             insert_checkpoint(checkpoint, self.path, conn)
+            if events:
+                _sqlite_events.append(run_id, events, conn)
 
         await self._do(partial(in_immediate, job=job))
 

@@ -18,7 +18,11 @@
 -- ARGV[9] n: how many call records to append before the checkpoint (0 for a plain save);
 --         then four values per record: segment, seq, kind, row
 -- With a lease move (lease_move.lua): the run's lease key after every other KEY, and the move's
--- four values after the records' (ARGV[10 + 4n] to ARGV[13 + 4n]).
+-- four values after the records' (ARGV[10 + 4n] to ARGV[13 + 4n]). A move may carry events:
+-- then the run's stream (P:run:{R}:events) is the KEY before the lease key, and ARGV[14 + 4n]
+-- is how many entries to keep (MAXLEN ~), followed by the encoded event rows, in order; they
+-- are added (as append_events.lua adds them) once the save is stored, never when it is refused,
+-- and the stream expires with the run's other keys.
 --
 -- The rule (the same as agentflow/exec/checkpoints/_rules.py check_save): step 0 only for
 -- a run the store does not have; otherwise the run must be of the same flow, must not have
@@ -56,7 +60,11 @@ if ARGV[move] then
     return refusal
   end
 end
-local indexed = #KEYS - (lease_key and 1 or 0) == 7
+local events_key = nil
+if lease_key and ARGV[move + 4] then
+  events_key = KEYS[#KEYS - 1]
+end
+local indexed = #KEYS - (lease_key and 1 or 0) - (events_key and 1 or 0) == 7
 if n > 0 then
   if not last[1] then
     return {'call-missing', '1'}
@@ -130,11 +138,18 @@ if indexed then
   end
 end
 
-for i = 1, 4 do
+local expiring = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}
+if events_key then
+  for i = move + 5, #ARGV do
+    redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[move + 4], '*', 'e', ARGV[i])
+  end
+  expiring[5] = events_key
+end
+for _, key in ipairs(expiring) do
   if ARGV[3] == 'paused' or ARGV[7] == '0' then
-    redis.call('PERSIST', KEYS[i])
+    redis.call('PERSIST', key)
   else
-    redis.call('EXPIRE', KEYS[i], ARGV[7])
+    redis.call('EXPIRE', key, ARGV[7])
   end
 end
 return {'ok'}
