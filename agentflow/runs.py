@@ -8,6 +8,8 @@ client, the CLI, the viewer, the simulation's operator) asks `Runs` for the run'
 - `Runs.of(column)` picks by the column: a flow run gets `FlowOps` (a `FlowRunner` bound to
   every version of the flow the app has), a tool loop gets the loop's `LoopRunner`, built
   beside the flow runner (one store, key ring, hold, event hub and tracer for both).
+  All of them are `exec.driven.DrivenRunner`s: the operations every kind shares are
+  written once there, over the kind's protocol, and `RunOps` names that shape.
 - `Runs.open(run_id)` reads the run's newest row, checks it, and then picks by its column:
   a forged column is never trusted.
 
@@ -20,204 +22,40 @@ cancels or decides never builds it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel
 
 from agentflow._app import FlowApp
 from agentflow._errors import FlowError
-from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow.exec.driven import DrivenRunner
 from agentflow.exec.run.checks import checked_latest
-from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome
-from agentflow.flow import FlowRunner, FlowVersions
+from agentflow.flow import FlowRunner, FlowVersions, RunResult
 
 __all__ = ["FlowOps", "RunOps", "Runs"]
 
 
-class RunOps(Protocol):
-    """What can be done to a stored run of one flow or one tool loop (a loop's superstep is one stage)."""
+class FlowOps(DrivenRunner[Any, RunResult[Any]]):
+    """The operations on the runs of one flow: a `FlowRunner` bound to every version of it the app has.
 
-    def refuses(self, action: str) -> str | None:
-        """Why runs of this kind cannot take `action` (an operation's name); None when they can."""
-        ...
+    What every kind of run shares (advance, recover, resume, wake, decide_in_doubt, retry,
+    read) is `DrivenRunner`'s, over the flow's protocol; what only a flow run has goes
+    through the runner: a cancel that takes the child runs the run waits for along, fork
+    and migrate.
+    """
 
-    async def advance(
-        self,
-        run_id: str,
-        *,
-        expected_step: int | None = None,
-        rerun_in_doubt: bool = False,
-        handoff: bool = False,
-        park: bool = False,
-        spend: str | None = None,
-    ) -> RunOutcome:
-        """Claim the run and run exactly one superstep of it."""
-        ...
-
-    async def recover(
-        self, run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None, operator: str | None = None
-    ) -> RunOutcome:
-        """Continue the run from its latest checkpoint (its worker died)."""
-        ...
-
-    async def resume(
-        self,
-        run_id: str,
-        *,
-        approve: bool | Mapping[str, bool] = True,
-        note: str | None = None,
-        ctx: RunContext | None = None,
-        max_supersteps: int | None = None,
-        operator: str | None = None,
-    ) -> RunOutcome:
-        """Decide the paused run's pending approvals and carry it on."""
-        ...
-
-    async def wake(
-        self,
-        run_id: str,
-        *,
-        expected_step: int | None = None,
-        ctx: RunContext | None = None,
-        now: float | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunOutcome:
-        """Wake the run whose timer is due, and carry it on."""
-        ...
-
-    async def decide_in_doubt(
-        self,
-        run_id: str,
-        *,
-        calls: Mapping[str, InDoubtDecision] | None = None,
-        operator: str | None = None,
-        ctx: RunContext | None = None,
-    ) -> int:
-        """Store an operator's word on the run's calls in doubt; return the decision's step."""
-        ...
-
-    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> RunOutcome:
-        """Cancel the run (a live holder gets a signed request instead)."""
-        ...
-
-    async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> RunOutcome:
-        """Run a failed run again from the superstep that failed."""
-        ...
-
-    async def fork(
-        self,
-        run_id: str,
-        *,
-        at_step: int,
-        new_run_id: str | None = None,
-        patch: Mapping[str, Any] | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunOutcome:
-        """Start a new run from checkpoint `at_step`, its state patched."""
-        ...
-
-    async def migrate(
-        self,
-        run_id: str,
-        *,
-        to_version: str | None = None,
-        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
-        at: str | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunOutcome:
-        """Move an unfinished run onto another version of its flow."""
-        ...
-
-
-class FlowOps:
-    """`RunOps` for the runs of one flow: a `FlowRunner` bound to every version of it the app has."""
+    noun = "flow run"
 
     def __init__(self, runner: FlowRunner, flows: FlowVersions[Any]) -> None:
         self.runner, self.flows = runner, flows
+        self.checkpoints = runner.checkpoints
+        self.protocol = runner.protocol(flows)
 
-    def refuses(self, action: str) -> str | None:
-        """A flow run can take every operation."""
-        return None
-
-    async def advance(
-        self,
-        run_id: str,
-        *,
-        expected_step: int | None = None,
-        rerun_in_doubt: bool = False,
-        handoff: bool = False,
-        park: bool = False,
-        spend: str | None = None,
-    ) -> RunOutcome:
-        """See `FlowRunner.advance`."""
-        return await self.runner.advance(
-            self.flows,
-            run_id,
-            expected_step=expected_step,
-            rerun_in_doubt=rerun_in_doubt,
-            handoff=handoff,
-            park=park,
-            spend=spend,
-        )
-
-    async def recover(
-        self, run_id: str, *, rerun_in_doubt: bool = False, ctx: RunContext | None = None, operator: str | None = None
-    ) -> RunOutcome:
-        """See `FlowRunner.recover`."""
-        return await self.runner.recover(self.flows, run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
-
-    async def resume(
-        self,
-        run_id: str,
-        *,
-        approve: bool | Mapping[str, bool] = True,
-        note: str | None = None,
-        ctx: RunContext | None = None,
-        max_supersteps: int | None = None,
-        operator: str | None = None,
-    ) -> RunOutcome:
-        """See `FlowRunner.resume`."""
-        return await self.runner.resume(
-            self.flows, run_id, approve=approve, note=note, ctx=ctx, max_supersteps=max_supersteps, operator=operator
-        )
-
-    async def wake(
-        self,
-        run_id: str,
-        *,
-        expected_step: int | None = None,
-        ctx: RunContext | None = None,
-        now: float | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunOutcome:
-        """See `FlowRunner.wake`."""
-        return await self.runner.wake(
-            self.flows, run_id, expected_step=expected_step, ctx=ctx, now=now, max_supersteps=max_supersteps
-        )
-
-    async def decide_in_doubt(
-        self,
-        run_id: str,
-        *,
-        calls: Mapping[str, InDoubtDecision] | None = None,
-        operator: str | None = None,
-        ctx: RunContext | None = None,
-    ) -> int:
-        """See `FlowRunner.decide_in_doubt`."""
-        return await self.runner.decide_in_doubt(self.flows, run_id, calls=calls, operator=operator, ctx=ctx)
-
-    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> RunOutcome:
+    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> RunResult[Any]:
         """See `FlowRunner.cancel`."""
         return await self.runner.cancel(self.flows, run_id, reason=reason, operator=operator)
-
-    async def retry(self, run_id: str, *, operator: str | None = None, max_supersteps: int | None = None) -> RunOutcome:
-        """See `FlowRunner.retry`."""
-        return await self.runner.retry(self.flows, run_id, operator=operator, max_supersteps=max_supersteps)
 
     async def fork(
         self,
@@ -228,7 +66,7 @@ class FlowOps:
         patch: Mapping[str, Any] | None = None,
         operator: str | None = None,
         max_supersteps: int | None = None,
-    ) -> RunOutcome:
+    ) -> RunResult[Any]:
         """See `FlowRunner.fork`."""
         return await self.runner.fork(
             self.flows,
@@ -249,7 +87,7 @@ class FlowOps:
         at: str | None = None,
         operator: str | None = None,
         max_supersteps: int | None = None,
-    ) -> RunOutcome:
+    ) -> RunResult[Any]:
         """See `FlowRunner.migrate`."""
         return await self.runner.migrate(
             self.flows,
@@ -260,6 +98,10 @@ class FlowOps:
             operator=operator,
             max_supersteps=max_supersteps,
         )
+
+
+#: What can be done to a stored run of any kind (a flow's `FlowOps`, a loop's `LoopRunner`, an agent's runner).
+RunOps = DrivenRunner[Any, RunOutcome]
 
 
 class Runs:

@@ -26,7 +26,7 @@ from agentflow.exec.run.protocol import RunProtocol
 __all__ = ["DrivenRunner"]
 
 C = TypeVar("C", bound=RunCursor)
-R = TypeVar("R", bound=RunOutcome)
+R = TypeVar("R", bound=RunOutcome, covariant=True)
 
 
 class DrivenRunner(Generic[C, R]):
