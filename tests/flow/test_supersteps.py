@@ -377,6 +377,54 @@ async def test_a_node_does_not_see_a_siblings_changes_within_a_superstep():
     assert result.state.items == []
 
 
+class Flat(BaseModel):
+    """A state of immutable fields only: each node's copy of it is a shallow one."""
+
+    value: int = 0
+    name: str = ""
+    ratio: float | None = None
+
+
+async def test_a_node_assigning_to_a_state_of_immutable_fields_changes_only_its_own_copy():
+    # Given sibling nodes over a state whose fields are all immutable values: "writer" assigns
+    # to every field of its state and returns one update; "reader" looks only after that
+    writer_done = asyncio.Event()
+    seen: list[tuple[int, str, float | None]] = []
+
+    async def writer(state: Flat) -> dict[str, Any]:
+        state.value, state.name, state.ratio = 99, "changed in place", 0.5
+        writer_done.set()
+        return {"value": 1}
+
+    async def reader(state: Flat) -> None:
+        await asyncio.wait_for(writer_done.wait(), WAIT)
+        seen.append((state.value, state.name, state.ratio))
+
+    def after(state: Flat) -> None:
+        seen.append((state.value, state.name, state.ratio))
+
+    flow = (
+        Flow("flat", state=Flat)
+        .node("start", lambda state: None)
+        .node("writer", writer)
+        .node("reader", reader)
+        .node("after", after)
+        .edge("start", "writer")
+        .edge("start", "reader")
+        .edge("writer", "after")
+        .edge("reader", "after")
+        .end("after")
+    )
+    start = Flat(name="given")
+
+    result = await runner_for().run(flow, start)
+
+    # Then neither the sibling, nor the next superstep, nor the caller's state saw the assignments
+    assert seen == [(0, "given", None), (1, "given", None)]
+    assert result.state == Flat(value=1, name="given")
+    assert start == Flat(name="given")
+
+
 async def test_a_node_returning_something_other_than_a_dict_is_a_flow_error():
     def bad(state: Order) -> str:
         return "done"
