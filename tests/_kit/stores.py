@@ -38,6 +38,7 @@ import pytest
 from _kit.specs import child_env, open_spec
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.exec.checkpoints.records import stored_fields
+from agentflow.exec.checkpoints.redis._events import _pack, _unpack
 
 #: Every set-up, by pytest id.
 ALL_SETUPS = ("memory", "sqlite", "fakeredis", "redis", "sql-sqlite", "sql-postgres")
@@ -338,9 +339,24 @@ class RedisRows(Rows):
         await self._do(lambda c: c.hset(calls, f"{at.segment}:{at.seq}", self._call_row(new)))
 
     async def drop_event(self, run_id: str, cursor: str) -> None:
-        """Delete one event of the run's stream (one XDEL)."""
-        stream = f"{self.prefix}:run:{{{run_id}}}:events"
-        assert await self._do(lambda c: c.xdel(stream, cursor)) == 1
+        """Delete one entry of the run's stream (one XDEL), or from its packed events (packed again without it)."""
+        stream, packed = (f"{self.prefix}:run:{{{run_id}}}:{part}" for part in ("events", "packed"))
+        if await self._do(lambda c: c.xdel(stream, cursor)) == 1:
+            return
+        rows = _unpack(run_id, await self._do(lambda c: c.get(packed)))
+        kept = [(i, row) for i, row in rows if i != cursor]
+        assert len(kept) == len(rows) - 1, f"run {run_id!r} has no event entry {cursor}"
+        await self._do(lambda c: c.set(packed, _pack(kept), keepttl=True))
+
+    async def packed_events(self, run_id: str) -> tuple[int, bytes | None]:
+        """How many entries the run's stream holds, and its packed events' value (None: not packed)."""
+        stream, packed = (f"{self.prefix}:run:{{{run_id}}}:{part}" for part in ("events", "packed"))
+        return await self._do(lambda c: c.xlen(stream)), await self._do(lambda c: c.get(packed))
+
+    async def put_packed_events(self, run_id: str, value: bytes) -> None:
+        """Set the run's packed events to `value` (one SET), as someone who can write to the server could."""
+        packed = f"{self.prefix}:run:{{{run_id}}}:packed"
+        await self._do(lambda c: c.set(packed, value))
 
     async def rewind_count(self, run_id: str, segment: int, count: int) -> None:
         """Set the segment's record counter to `count` (one HSET: no record is deleted)."""

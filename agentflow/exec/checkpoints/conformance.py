@@ -66,6 +66,9 @@ from agentflow.exec.checkpoints._conformance.calls import (
     check_started_refused_after_end as check_started_refused_after_end,
 )
 from agentflow.exec.checkpoints._conformance.events import (
+    check_compacted_stream_reads_as_before as check_compacted_stream_reads_as_before,
+)
+from agentflow.exec.checkpoints._conformance.events import (
     check_event_positions_are_append_only as check_event_positions_are_append_only,
 )
 from agentflow.exec.checkpoints._conformance.events import check_events_are_bounded as check_events_are_bounded
@@ -261,6 +264,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_events_are_bounded,
     check_events_go_with_the_run,
     check_forged_event_is_refused,
+    check_compacted_stream_reads_as_before,
 )
 
 

@@ -64,7 +64,8 @@ Event streams (`EventStore`: ``append_events`` and ``read_events``) are optional
 store that has them keeps every event of a run, in order, readable from any process with
 a cursor (`agentflow.exec.run.events`); a store without them (a wrapper that forwards only
 `CheckpointStore`) simply records no stream. A run's events go with the run: ``delete`` and
-``prune`` remove them.
+``prune`` remove them. A store with `EventCompacting` also packs a finished run's stream
+into fewer bytes, cursors and entries unchanged (the Redis store: one compressed entry).
 
 Lease moves (`LeaseMoving`: ``record_call_moving`` and ``save_after_calls_moving``) are
 optional as well: a store that has them gives a run's lease up (or hands it on) in the
@@ -513,6 +514,22 @@ class EventStore(Protocol):
 
         Raises:
             ValueError: `after` is not a cursor this store gave.
+        """
+        ...
+
+
+@runtime_checkable
+class EventCompacting(Protocol):
+    """Packing a finished run's stream into fewer bytes, every entry and cursor kept (optional)."""
+
+    async def compact_events(self, run_id: str) -> bool:
+        """Store the run's stream in a compact form, if nothing is appended meanwhile; whether it did.
+
+        Afterwards `read_events` gives exactly what it gave before, after any cursor it gave:
+        the same entries, with the same cursors. The recorder that stored a run's last event
+        (``run.finished``, ``run.cancelled``) asks for it once; an append that comes after
+        (a retried run's) goes on after the compact form, and a later compaction takes both.
+        A failure leaves the stream as it was.
         """
         ...
 

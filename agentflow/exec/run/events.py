@@ -20,6 +20,9 @@
   outcome is unknown (the store failed mid-write), the events are dropped and their
   numbers spent, with a warning: stored, they must not be stored twice; missing, a reader
   shows a gap before the holder's next event.
+- Once the recorder has stored the run's last event (``run.finished``, ``run.cancelled``), it
+  asks a store that can (`EventCompacting`: Redis) to pack the stream into fewer bytes,
+  every entry and cursor kept; a failure there is logged, and the stream stays as it was.
 - One append is one stored entry: the events it carries, sealed together
   (`Sealer.seal_event`: the MAC covers the run id and the payload,
   ``{"pos": [writer, n], "events": [[name, at, data], ...]}``), and checked before its
@@ -58,7 +61,7 @@ from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
-from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore, has_part
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventCompacting, EventStore, has_part
 from agentflow.exec.checkpoints.records import SealedEvent, StoredEvent
 from agentflow.exec.run.lease import Tenure
 from agentflow.exec.seal import Sealer
@@ -151,6 +154,7 @@ class _Recorder:
         self._timer: asyncio.TimerHandle | None = None  # starts the next append once FLUSH_AFTER_S passed
         self._riding: list[Event] | None = None  # the events a save carries while it is in flight (`ride`)
         self._carried: Event | None = None  # the save's own event, stored by it: not buffered when delivered
+        self.ended = False  # a run.finished or run.cancelled was stored (or may have been): the stream is whole
 
     def __call__(self, event: Event) -> None:
         if event.run_id != self._run_id:
@@ -187,6 +191,7 @@ class _Recorder:
     def rode(self, stored: bool | None) -> None:
         """What became of the save that carried the events (`Rider`); appends go on after it."""
         riding, self._riding = self._riding or [], None
+        self.ended = self.ended or (stored is not False and _ends(riding))
         if stored is True:
             self._written += len(riding)
             self._carried = riding[-1]
@@ -218,6 +223,7 @@ class _Recorder:
                 sealed = self._seal(batch)
                 self._written += len(batch)
                 await self._store.append_events(self._run_id, [sealed])
+                self.ended = self.ended or _ends(batch)
             except Exception:
                 log.exception("could not store %d events of run %s", len(batch), self._run_id)
 
@@ -230,6 +236,19 @@ class _Recorder:
             await self._task
         if self._buffer:
             await self._flush()
+
+    async def compact(self) -> None:
+        """Have the store pack the run's stream, once the run's last event is stored (`EventCompacting`)."""
+        if not self.ended or not has_part(self._store, EventCompacting):
+            return
+        try:
+            await cast(EventCompacting, self._store).compact_events(self._run_id)
+        except Exception:
+            log.exception("could not compact the event stream of run %s (it stays as it was)", self._run_id)
+
+
+def _ends(batch: list[Event]) -> bool:
+    return any(event.name in _LAST for event in batch)
 
 
 @contextlib.asynccontextmanager
@@ -262,6 +281,7 @@ async def recording(
         finally:
             unsubscribe()
             await recorder.drain()
+            await recorder.compact()
 
 
 #: Separates the parts of a cursor inside an entry (``P~E~k``); no store's cursor holds it.

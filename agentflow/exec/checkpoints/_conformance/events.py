@@ -10,7 +10,7 @@ from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import retention
 from agentflow.exec.checkpoints._conformance.base import SEALER, _expect, _expect_raises, _ids, _save_steps
 from agentflow.exec.checkpoints._conformance.retention import CUT_OFF, OWNER, _run
-from agentflow.exec.checkpoints.protocol import CheckpointStore, EventStore
+from agentflow.exec.checkpoints.protocol import CheckpointStore, EventCompacting, EventStore
 from agentflow.exec.checkpoints.records import ENDED, EVENTS_KEPT, SealedEvent
 
 
@@ -109,3 +109,38 @@ async def check_forged_event_is_refused(store: CheckpointStore) -> None:
         except CheckpointStoreCorrupt:
             continue
         raise AssertionError("a changed or moved event opened as data")
+
+
+async def check_compacted_stream_reads_as_before(store: CheckpointStore) -> None:
+    """`compact_events` keeps every entry, its bytes and its cursor; appends after it go on after them.
+
+    What a reader holds from before (a cursor) reads on from the same place; a second
+    compaction takes the packed entries and the later ones together. A store without the
+    optional `EventCompacting` part passes trivially.
+    """
+    if not isinstance(store, EventStore) or not isinstance(store, EventCompacting):
+        return
+    run_id, other = _ids()[0], _ids()[0]
+    _expect(not await store.compact_events(run_id), "a run with no events has nothing to compact")
+    for start, count in ((0, 2), (2, 1), (3, 2)):
+        await store.append_events(run_id, _events(run_id, start, count))
+    await store.append_events(other, _events(other, 100, 1))
+    before = list(await store.read_events(run_id))
+    _expect(await store.compact_events(run_id), "a stream of three entries was not compacted")
+    after = list(await store.read_events(run_id))
+    _expect(after == before, "compaction changed an entry, its bytes or its cursor")
+    for i, stored in enumerate(before):
+        later = [e.cursor for e in await store.read_events(run_id, stored.cursor)]
+        _expect(later == [e.cursor for e in before[i + 1 :]], f"after cursor {i} the compacted stream reads otherwise")
+    _expect(len(await store.read_events(run_id, None, 2)) == 2, "read_events returns at most `limit` entries")
+    _expect(await _numbers(store, other) == [100], "compaction touched another run's stream")
+    await store.append_events(run_id, _events(run_id, 5, 2))
+    grown = list(await store.read_events(run_id))
+    _expect(grown[: len(before)] == before and len(grown) == len(before) + 2, "an append after compaction")
+    _expect(
+        [e.cursor for e in await store.read_events(run_id, before[-1].cursor)] == [e.cursor for e in grown[-2:]],
+        "reading after the last compacted cursor gives the entries appended since",
+    )
+    _expect(await store.compact_events(run_id), "a stream appended to after its compaction was not compacted again")
+    _expect(list(await store.read_events(run_id)) == grown, "the second compaction changed what reads")
+    _expect(await _numbers(store, run_id) == list(range(7)), "the events read after two compactions")

@@ -7,20 +7,101 @@ given by the server in append order, is the cursor; the stream trimmed with ``MA
 to about `EVENTS_KEPT`; its expiry set like the run's other keys. A read is one
 ``XRANGE`` from just after the cursor. Each entry is a row as `redis._rows` encodes them
 (``[1, run_id, kid, sig]`` LF payload), checked when it is read.
+
+Packing (`RedisEvents.compact`, the store's ``compact_events``): once a run has ended, its
+stream's rows are packed into the run's ``packed`` key (a string: each row with its own id,
+framed and compressed, `_pack`) and the stream is emptied (``_lua/compact_events.lua``; an
+emptied stream keeps the last id it gave, so later appends come after every packed row).
+A read takes both at one instant (``_lua/read_events.lua``), unpacks (`_unpack`) and hands
+back the rows after the cursor with the ids they had: every cursor given before reads on
+from the same place, and each row is checked by its own signature as before (the packing
+adds no signature, and needs none). What it saves: a stream's entries cost about 0.8 KiB
+each in Redis (a stream's first node alone takes 4 KiB), rows packed together repeat
+their keys cheaply; a finished 10-superstep run's events go from 9.6 KiB to 2.2 KiB. A
+stream longer than `COMPACT_UP_TO` entries is not packed.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final, cast
 
+from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints.records import EVENTS_KEPT, SealedEvent, StoredEvent
 from agentflow.exec.checkpoints.redis._rows import _decode_event, _encode_event, _text
 from agentflow.exec.checkpoints.redis.clients import LoopClients
 
 #: A stream id, the only cursor this store gives.
 _STREAM_ID: Final = re.compile(r"\d+-\d+")
+#: The longest stream (in entries) that is compacted.
+COMPACT_UP_TO: Final = 1_000
+#: The most a compact entry may inflate to (bytes): more is not an entry this store wrote.
+_UNPACKED_MAX: Final = 64 * 1024 * 1024
+#: What a compact entry's inflated bytes start with (the format's version).
+_PACKED: Final = b"af-events-1\n"
+
+
+def _order(cursor: str) -> tuple[int, int]:
+    """A stream id as the pair Redis orders ids by."""
+    ms, _, seq = cursor.partition("-")
+    return int(ms), int(seq)
+
+
+def _pack(entries: Sequence[tuple[str, bytes]]) -> bytes:
+    """Rows and their ids as one compact entry's value: ``<id> <length>`` LF row, for each, compressed."""
+    return zlib.compress(_PACKED + b"".join(b"%s %d\n%s" % (i.encode(), len(row), row) for i, row in entries), 6)
+
+
+def _unpack(run_id: str, packed: object) -> list[tuple[str, bytes]]:
+    """The rows and ids of a run's packed value, each id after the one before.
+
+    Raises:
+        CheckpointStoreCorrupt: it is not a packed value this store wrote.
+    """
+    try:
+        if not isinstance(packed, bytes):
+            raise TypeError(f"it is a {type(packed).__name__}, not bytes")
+        inflater = zlib.decompressobj()
+        data = inflater.decompress(packed, _UNPACKED_MAX)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise ValueError("it does not inflate to a whole value within 64 MiB")
+        if not data.startswith(_PACKED):
+            raise ValueError("it is not version 1 of packed events")
+        rows: list[tuple[str, bytes]] = []
+        at, previous = len(_PACKED), (-1, -1)
+        while at < len(data):
+            head, newline, _ = data[at : at + 64].partition(b"\n")
+            entry, _, length = head.decode("ascii").partition(" ")
+            if not newline or not _STREAM_ID.fullmatch(entry) or not length.isdigit():
+                raise ValueError(f"its row at byte {at} has no '<id> <length>' line")
+            start = at + len(head) + 1
+            at = start + int(length)
+            if at > len(data) or _order(entry) <= previous:
+                raise ValueError(f"its row {entry} is cut short or out of order")
+            previous = _order(entry)
+            rows.append((entry, data[start:at]))
+    except (TypeError, ValueError, UnicodeDecodeError, zlib.error) as exc:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: its packed events cannot be read: {exc}") from exc
+    return rows
+
+
+def _rows_of(run_id: str, packed: object, entries: Any) -> list[tuple[str, object]]:
+    """The packed rows, then the stream's entries, with their ids (the rows not yet checked).
+
+    Raises:
+        CheckpointStoreCorrupt: the packed value cannot be read, or an entry of the stream is
+            not after every packed row (the two would not read as one stream).
+    """
+    rows: list[tuple[str, object]] = list(_unpack(run_id, packed)) if packed else []
+    for entry_id, fields in entries or ():  # as a script replies: [id, [field, value, ...]]
+        cursor = _text(entry_id)
+        if rows and _order(cursor) <= _order(rows[-1][0]):
+            raise CheckpointStoreCorrupt(f"run {run_id!r}: event {cursor} of its stream is not after its packed events")
+        values = dict(zip(fields[::2], fields[1::2], strict=False)) if isinstance(fields, list) else {}
+        rows.append((cursor, values.get(b"e")))
+    return rows
 
 
 class RedisEvents:
@@ -49,12 +130,32 @@ class RedisEvents:
             raise ValueError(f"{after!r} is not an event cursor of this store")
         if limit <= 0:
             return []
-        key = self._keys(run_id, ("events",))[0]
+        keys = self._keys(run_id, ("events", "packed"))
         async with self._clients.use() as bound:
-            entries = await bound.client.xrange(key, "-" if after is None else f"({after}", "+", count=limit)
-        found = []
-        for entry_id, fields in entries or ():
-            cursor = _text(entry_id)
-            raw = (fields or {}).get(b"e")
-            found.append(StoredEvent(cursor, _decode_event(run_id, raw, f"event {cursor}")))
-        return found
+            packed, entries = await bound.scripts["read_events"](
+                keys=keys, args=["-" if after is None else f"({after}", limit]
+            )
+        rows = _rows_of(run_id, packed, entries)
+        if after is not None:  # the packed rows are read whole
+            rows = [(cursor, raw) for cursor, raw in rows if _order(cursor) > _order(after)]
+        return [StoredEvent(cursor, _decode_event(run_id, raw, f"event {cursor}")) for cursor, raw in rows[:limit]]
+
+    async def compact(self, run_id: str) -> bool:
+        """Pack the run's stream into its packed key, unless either changed meanwhile (see the module notes).
+
+        Raises:
+            CheckpointStoreCorrupt: a row is not one this store wrote (nothing is changed).
+        """
+        keys = self._keys(run_id, ("events", "packed"))
+        async with self._clients.use() as bound:
+            packed, entries = await bound.scripts["read_events"](keys=keys, args=["-", COMPACT_UP_TO + 1])
+            if not entries or len(entries) > COMPACT_UP_TO:
+                return False
+            rows: list[tuple[str, bytes]] = []
+            for cursor, raw in _rows_of(run_id, packed, entries):  # only rows this store could have written
+                _decode_event(run_id, raw, f"event {cursor}")
+                rows.append((cursor, cast(bytes, raw)))
+            first, last = _text(entries[0][0]), _text(entries[-1][0])
+            args: list[int | str | bytes] = [len(entries), first, last, len(packed or b""), _pack(rows)]
+            done = await bound.scripts["compact_events"](keys=keys, args=args)
+        return bool(done)

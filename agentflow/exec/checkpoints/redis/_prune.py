@@ -46,7 +46,7 @@ _PAGE: Final = MAX_PIPELINE
 #: Scripts in flight at once on a Cluster (each on its own connection).
 _CLUSTER_CALLS: Final = 32
 #: The run's keys the prune script takes, in its KEYS order.
-_PARTS: Final = ("cp", "latest", "calls", "next", "lease", "events")
+_PARTS: Final = ("cp", "latest", "calls", "next", "lease", "events", "packed")
 #: The run's keys the trim script takes, in its KEYS order.
 _TRIM_PARTS: Final = ("cp", "latest", "lease")
 

@@ -103,7 +103,19 @@ from agentflow.exec.checkpoints.rules import check_events, check_marker_args, ch
 #: The run keys, in the order the scripts take them as KEYS.
 _RUN_PARTS = ("cp", "latest", "calls", "next")
 #: The Lua scripts, by name (``_lua/<name>.lua``).
-_SCRIPTS = ("save", "record_call", "relist", "prune", "unfinished", "lease", "prune_run", "trim_run", "append_events")
+_SCRIPTS = (
+    "save",
+    "record_call",
+    "relist",
+    "prune",
+    "unfinished",
+    "lease",
+    "prune_run",
+    "trim_run",
+    "append_events",
+    "compact_events",
+    "read_events",
+)
 _LUA = {n: (resources.files(__package__) / "_lua" / f"{n}.lua").read_text() for n in _SCRIPTS}
 #: What the retention scripts share (`newest_is`), put before each of them: Redis runs one script at a time.
 for _name in ("prune_run", "trim_run"):
@@ -341,7 +353,9 @@ class RedisCheckpointStore:
         keys = self._run_keys(run_id)
         async with self._clients.use() as bound:
             flow = await bound.client.hget(keys[1], "flow")
-            await bound.client.delete(*keys, *self._run_keys(run_id, ("lease", "events")))  # one slot: one DEL
+            await bound.client.delete(
+                *keys, *self._run_keys(run_id, ("lease", "events", "packed"))
+            )  # one slot: one DEL
             pipe = bound.client.pipeline(transaction=False)
             pipe.zrem(f"{self._prefix}:runs", run_id)
             if flow is not None:
@@ -480,6 +494,10 @@ class RedisCheckpointStore:
     async def read_events(self, run_id: str, after: str | None = None, limit: int = 1000) -> Sequence[StoredEvent]:
         """The run's events after cursor `after` (a stream id), oldest first (see `EventStore.read_events`)."""
         return await self._events.read(run_id, after, limit)
+
+    async def compact_events(self, run_id: str) -> bool:
+        """Put the run's stream back as one compressed entry, cursors kept (see `EventCompacting`)."""
+        return await self._events.compact(run_id)
 
     async def aclose(self) -> None:
         """Close this event loop's client; the store connects again when used afterwards.

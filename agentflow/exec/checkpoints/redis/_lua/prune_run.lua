@@ -1,18 +1,19 @@
 -- prune_run.lua: delete one finished run whole, if it still qualifies (retention).
 --
--- Key layout (P = store prefix, R = run id; "{R}" is the hash tag, so the run's six keys
+-- Key layout (P = store prefix, R = run id; "{R}" is the hash tag, so the run's seven keys
 -- live in one Redis Cluster slot):
 --   KEYS[1]  P:run:{R}:cp       list    checkpoint rows
 --   KEYS[2]  P:run:{R}:latest   hash    step, flow, status, segment, saved_at of the newest row
 --   KEYS[3]  P:run:{R}:calls    hash    call-record rows
 --   KEYS[4]  P:run:{R}:next     hash    record count per segment
 --   KEYS[5]  P:run:{R}:lease    hash    the run's lease (the key exists only while it is live)
---   KEYS[6]  P:run:{R}:events   stream  the run's events (`_redis_events`)
+--   KEYS[6]  P:run:{R}:events   stream  the run's events (`redis._events`)
+--   KEYS[7]  P:run:{R}:packed   string  its events before, packed once the run ended
 -- On a standalone server (not Cluster) the indexes come too, so the run leaves them in the
 -- same atomic step:
---   KEYS[7]  P:runs             zset    run id -> saved_at
---   KEYS[8]  P:runs:<flow>      zset    run id -> saved_at
---   KEYS[9]  P:unfinished:<flow> zset   unfinished runs
+--   KEYS[8]  P:runs             zset    run id -> saved_at
+--   KEYS[9]  P:runs:<flow>      zset    run id -> saved_at
+--   KEYS[10] P:unfinished:<flow> zset   unfinished runs
 --
 -- ARGV[1] the cut-off (seconds since the epoch): the newest save must be older
 -- ARGV[2] run id (the index member)
@@ -70,10 +71,10 @@ end
 -- a trimmed run's blanked rows (trim_run.lua) are not rows any more: not counted
 local blanks = #redis.call('LPOS', KEYS[1], '', 'COUNT', 0)
 local rows = redis.call('LLEN', KEYS[1]) - blanks + redis.call('HLEN', KEYS[3])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
-if #KEYS == 9 then
-  redis.call('ZREM', KEYS[7], ARGV[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+if #KEYS == 10 then
   redis.call('ZREM', KEYS[8], ARGV[2])
   redis.call('ZREM', KEYS[9], ARGV[2])
+  redis.call('ZREM', KEYS[10], ARGV[2])
 end
 return {'pruned', tostring(rows), last[2]}
