@@ -18,7 +18,11 @@ from the same place, and each row is checked by its own signature as before (the
 adds no signature, and needs none). What it saves: a stream's entries cost about 0.8 KiB
 each in Redis (a stream's first node alone takes 4 KiB), rows packed together repeat
 their keys cheaply; a finished 10-superstep run's events go from 9.6 KiB to 2.2 KiB. A
-stream longer than `COMPACT_UP_TO` entries is not packed.
+stream longer than `COMPACT_UP_TO` entries is not packed. The packed key takes the
+stream's expiry when it is packed; a run that goes on after it ended (a retry) refreshes
+its other keys' expiry as it saves, and its packed key's again when it ends and is packed
+once more (until then, the packed events may expire first: read as a stream trimmed at its
+start).
 """
 
 from __future__ import annotations
