@@ -10,7 +10,9 @@ count, and sampled runs read back through `read_run` with every check passing.
 
 Then, timed: `prunable` listing every prunable run (what ``agentflow runs prune`` counts
 before it asks), and `prune_finished` deleting all of them in batches of 500 (the CLI's
-and the beat's batch). Afterwards the store must hold no run at all.
+and the beat's batch), each run judged by its signed newest checkpoint (``check``: what a
+store shared with other processes requires, since its listing is unsigned). Afterwards the
+store must hold no run at all.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ async def _measure(
         if report.problems or report.status != "done":
             raise RuntimeError(f"{run_id}: {report.problems}")
     started = time.perf_counter()
-    pruned = await prune_finished(store, policy, now=now)
+    pruned = await prune_finished(store, policy, now=now, check=sealer.checkpoint_problem)
     prune_s = time.perf_counter() - started
     left = await store.stored_runs()
     if len(pruned.run_ids) != count or left:
