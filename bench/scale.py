@@ -40,7 +40,7 @@ SAMPLE_S = 3.0
 #: Runs whose keys' MEMORY USAGE is read at the end.
 _MEMORY_SAMPLE = 50
 #: A finished run's keys in the store (`RedisCheckpointStore`'s layout).
-_PARTS = ("cp", "latest", "calls", "next", "events")
+_PARTS = ("cp", "latest", "calls", "next", "events", "packed")
 
 
 def _rss_mib(pid: int) -> float:
