@@ -21,7 +21,9 @@ Each call is one transaction of plain statements:
   what the upsert left: this token's marker, or the live one of another token, unchanged.
   Of racing puts on a free key the first insert wins; the others meet its live row.
 - peek: one SELECT of the live rows among the keys (a chunk of keys per SELECT, so a peek
-  of one key is one SELECT).
+  of one key is one SELECT), made by the store's fast path (`peek_rows`: inline on SQLite,
+  one asyncpg statement on PostgreSQL) when it has one: a worker peeks at a run's cancel
+  request every superstep.
 - take: a DELETE of the key's row where it is this token's and live, whose count says
   whether it was, then a DELETE of it lapsed.
 
@@ -31,7 +33,7 @@ by hand can hold anything): a mismatch is `CheckpointStoreCorrupt` naming the ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -48,8 +50,17 @@ _CHUNK: Final = 500
 class SQLMarkers:
     """The statements on one store's markers table, each call run in a transaction of its own."""
 
-    def __init__(self, t: sa.Table, *, sqlite: bool, tx: Transaction, shown: str) -> None:
+    def __init__(
+        self,
+        t: sa.Table,
+        *,
+        sqlite: bool,
+        tx: Transaction,
+        shown: str,
+        peek_rows: Callable[[Sequence[str]], Awaitable[Sequence[Sequence[Any]]]] | None = None,
+    ) -> None:
         self._sqlite = sqlite
+        self._peek_rows = peek_rows
         self._tx = tx
         self._shown = shown
         now = clock(sqlite)
@@ -92,6 +103,9 @@ class SQLMarkers:
         if not unique:
             return {}
         found: dict[str, Marker] = {}
+        if self._peek_rows is not None:
+            found.update((marker.key, marker) for marker in map(self._marker, await self._peek_rows(unique)))
+            return {key: found[key] for key in unique if key in found}
         async with self._tx() as conn:
             for start in range(0, len(unique), _CHUNK):
                 params = with_now({"ids": unique[start : start + _CHUNK]}, sqlite=self._sqlite)

@@ -230,6 +230,10 @@ class PgFastPath:
         )
         self._release = f"SELECT {p}release_lease($1, $2)"
         self._leases = f"SELECT {_LEASE} FROM {p}leases WHERE run_id = ANY($1::text[]) AND expires_at > {_NOW}"
+        self._markers = (
+            f'SELECT "key", value, token, expires_at FROM {p}markers '
+            f'WHERE "key" = ANY($1::text[]) AND expires_at > {_NOW}'
+        )
         self._latest = f"SELECT * FROM {p}checkpoints WHERE run_id = $1 ORDER BY step DESC LIMIT 1"
         # one snapshot: the counts can show no fewer records than the checkpoint saw
         self._head = (
@@ -318,6 +322,12 @@ class PgFastPath:
         """The live lease rows among `run_ids`."""
         async with self._db.driver(await self._ready()) as conn:
             rows: Sequence[Mapping[str, Any]] = await conn.fetch(self._leases, list(run_ids))
+        return rows
+
+    async def peek_markers(self, keys: Sequence[str]) -> Sequence[Sequence[Any]]:
+        """The live marker rows (key, value, token, expires_at) among `keys`: one statement, one round trip."""
+        async with self._db.driver(await self._ready()) as conn:
+            rows: Sequence[Sequence[Any]] = await conn.fetch(self._markers, list(keys))
         return rows
 
     async def latest(self, run_id: str) -> Mapping[str, Any] | None:

@@ -4,7 +4,8 @@ aiosqlite runs every call of a connection on a thread of its own and the event l
 for each: measured before, a superstep made 4.3 SQLAlchemy transactions of 14 statements
 and 55 thread round trips (cursor, execute, fetch, close, commit, and the pool's reset),
 each a wake-up of two threads. Now each operation (a save, a call record, records then a
-save, a lease take, renewal or release, the live leases, ``latest``, ``head``) is one
+save, a lease take, renewal or release, the live leases, ``latest``, ``head``, a peek at
+markers: the cancel check each superstep makes) is one
 function of the ``sqlite3`` connection under a pooled one (`Connector.lite`), which runs
 its statements and ends its transaction itself:
 
@@ -140,6 +141,9 @@ class LiteFastPath:
         self._release_live = f"DELETE FROM {p}leases WHERE run_id = ? AND token = ? AND expires_at > ?"
         self._release_any = f"DELETE FROM {p}leases WHERE run_id = ? AND token = ?"
         self._live = f"SELECT {', '.join(_LEASE)} FROM {p}leases WHERE expires_at > ? AND run_id IN "
+        self._live_markers = (
+            f'SELECT "key", value, token, expires_at FROM {p}markers WHERE expires_at > ? AND "key" IN '
+        )
 
     async def _do(self, job: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `job` on a lent connection, inline if it need not wait, else on aiosqlite's thread."""
@@ -308,6 +312,19 @@ class LiteFastPath:
             return found
 
         return [dict(zip(_LEASE, row, strict=True)) for row in await self._do(read)] if unique else []
+
+    async def peek_markers(self, keys: Sequence[str]) -> Sequence[Sequence[Any]]:
+        """The live marker rows (key, value, token, expires_at) among `keys` (each key once): one read, inline."""
+        unique, now = list(dict.fromkeys(keys)), time.time()
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            found = []
+            for start in range(0, len(unique), _CHUNK):
+                chunk = unique[start : start + _CHUNK]
+                found += conn.execute(f"{self._live_markers}({', '.join('?' * len(chunk))})", (now, *chunk)).fetchall()
+            return found
+
+        return await self._do(read) if unique else []
 
     @staticmethod
     def unflushed(job: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:

@@ -157,9 +157,11 @@ class SQLAlchemyCheckpointStore:
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
-        self._markers = SQLMarkers(self._t.markers, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
         #: The hot operations (`sqlalchemy._sqlite` and `sqlalchemy._pg` answer the same calls).
         self._fast = (LiteFastPath if self._sqlite else PgFastPath)(self._db, self._ready, table_prefix)
+        self._markers = SQLMarkers(
+            self._t.markers, sqlite=self._sqlite, tx=self._tx, shown=self._shown, peek_rows=self._fast.peek_markers
+        )
         self._schema_ready = False
 
     def __repr__(self) -> str:
