@@ -4,9 +4,10 @@ The stream ``P:run:{R}:events`` sits in the run's hash slot beside its other key
 Cluster keeps it with them and ``delete`` and ``prune_run.lua`` remove it in the same DEL.
 An append is one script (``_lua/append_events.lua``): each event an ``XADD`` whose id,
 given by the server in append order, is the cursor; the stream trimmed with ``MAXLEN ~``
-to about `EVENTS_KEPT`; its expiry set like the run's other keys. A read is one
-``XRANGE`` from just after the cursor. Each entry is a row as `redis._rows` encodes them
-(``[1, run_id, kid, sig]`` LF payload), checked when it is read.
+to about `EVENTS_KEPT`; its expiry set like the run's other keys. A read is one script
+(``_lua/read_events.lua``: the packed rows, below, and an ``XRANGE`` from just after the
+cursor). Each entry is a row as `redis._rows` encodes them (``[1, run_id, kid, sig]`` LF
+payload), checked when it is read.
 
 Packing (`RedisEvents.compact`, the store's ``compact_events``): once a run has ended, its
 stream's rows are packed into the run's ``packed`` key (a string: each row with its own id,
@@ -17,7 +18,7 @@ back the rows after the cursor with the ids they had: every cursor given before 
 from the same place, and each row is checked by its own signature as before (the packing
 adds no signature, and needs none). What it saves: a stream's entries cost about 0.8 KiB
 each in Redis (a stream's first node alone takes 4 KiB), rows packed together repeat
-their keys cheaply; a finished 10-superstep run's events go from 9.6 KiB to 2.2 KiB. A
+their keys cheaply; a finished 10-superstep run's events go from 9.6 KiB to 2.3 KiB. A
 stream longer than `COMPACT_UP_TO` entries is not packed. The packed key takes the
 stream's expiry when it is packed; a run that goes on after it ended (a retry) refreshes
 its other keys' expiry as it saves, and its packed key's again when it ends and is packed
@@ -39,11 +40,11 @@ from agentflow.exec.checkpoints.redis.clients import LoopClients
 
 #: A stream id, the only cursor this store gives.
 _STREAM_ID: Final = re.compile(r"\d+-\d+")
-#: The longest stream (in entries) that is compacted.
+#: The longest stream (in entries) that is packed.
 COMPACT_UP_TO: Final = 1_000
-#: The most a compact entry may inflate to (bytes): more is not an entry this store wrote.
+#: The most a packed value may inflate to (bytes): more is not a value this store wrote.
 _UNPACKED_MAX: Final = 64 * 1024 * 1024
-#: What a compact entry's inflated bytes start with (the format's version).
+#: What a packed value's inflated bytes start with (the format's version).
 _PACKED: Final = b"af-events-1\n"
 
 
@@ -54,7 +55,7 @@ def _order(cursor: str) -> tuple[int, int]:
 
 
 def _pack(entries: Sequence[tuple[str, bytes]]) -> bytes:
-    """Rows and their ids as one compact entry's value: ``<id> <length>`` LF row, for each, compressed."""
+    """Rows and their ids as one packed value: ``<id> <length>`` LF row, for each, compressed."""
     return zlib.compress(_PACKED + b"".join(b"%s %d\n%s" % (i.encode(), len(row), row) for i, row in entries), 6)
 
 
