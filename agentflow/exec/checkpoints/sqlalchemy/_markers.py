@@ -20,10 +20,10 @@ Each call is one transaction of plain statements:
   with whether it updates it or not; SQLite holds its write lock), so the read-back sees
   what the upsert left: this token's marker, or the live one of another token, unchanged.
   Of racing puts on a free key the first insert wins; the others meet its live row.
-- peek: one SELECT of the live rows among the keys (a chunk of keys per SELECT, so a peek
-  of one key is one SELECT), made by the store's fast path (`peek_rows`: inline on SQLite,
-  one asyncpg statement on PostgreSQL) when it has one: a worker peeks at a run's cancel
-  request every superstep.
+- peek: one SELECT of the live rows among the keys, made by the store's fast path
+  (`peek_rows`: inline on SQLite, a chunk of keys per SELECT; one asyncpg statement on
+  PostgreSQL), as the leases' reads are: a worker peeks at a run's cancel request every
+  superstep.
 - take: a DELETE of the key's row where it is this token's and live, whose count says
   whether it was, then a DELETE of it lapsed.
 
@@ -34,7 +34,7 @@ by hand can hold anything): a mismatch is `CheckpointStoreCorrupt` naming the ke
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -42,9 +42,6 @@ from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints.records import Marker
 from agentflow.exec.checkpoints.sqlalchemy._leases import Transaction, clock, upsert, with_now
 from agentflow.exec.checkpoints.sqlalchemy._rows import as_kind
-
-#: How many keys one SELECT of a peek asks for (both databases allow far more parameters).
-_CHUNK: Final = 500
 
 
 class SQLMarkers:
@@ -57,7 +54,7 @@ class SQLMarkers:
         sqlite: bool,
         tx: Transaction,
         shown: str,
-        peek_rows: Callable[[Sequence[str]], Awaitable[Sequence[Sequence[Any]]]] | None = None,
+        peek_rows: Callable[[Sequence[str]], Awaitable[Sequence[Sequence[Any]]]],
     ) -> None:
         self._sqlite = sqlite
         self._peek_rows = peek_rows
@@ -69,7 +66,6 @@ class SQLMarkers:
         row = sa.select(t.c.key, t.c.value, t.c.token, t.c.expires_at)
         self._put = upsert(t, key="key", value="value", sqlite=sqlite)
         self._read = row.where(t.c.key == key)
-        self._live = row.where(t.c.key.in_(sa.bindparam("ids", expanding=True)), t.c.expires_at > now)
         self._take_live = sa.delete(t).where(t.c.key == key, t.c.token == held, t.c.expires_at > now)
         self._take_any = sa.delete(t).where(t.c.key == key, t.c.token == held)
 
@@ -102,16 +98,7 @@ class SQLMarkers:
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
-        found: dict[str, Marker] = {}
-        if self._peek_rows is not None:
-            found.update((marker.key, marker) for marker in map(self._marker, await self._peek_rows(unique)))
-            return {key: found[key] for key in unique if key in found}
-        async with self._tx() as conn:
-            for start in range(0, len(unique), _CHUNK):
-                params = with_now({"ids": unique[start : start + _CHUNK]}, sqlite=self._sqlite)
-                found.update(
-                    (marker.key, marker) for marker in map(self._marker, await conn.execute(self._live, params))
-                )
+        found = {marker.key: marker for marker in map(self._marker, await self._peek_rows(unique))}
         return {key: found[key] for key in unique if key in found}
 
     async def take(self, key: str, token: str) -> bool:
