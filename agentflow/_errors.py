@@ -7,6 +7,7 @@ AgentflowError
 │   ├── CheckpointConflict
 │   │   ├── Stale
 │   │   ├── RunHeld                (.owner, .expires_at: a live worker holds the run)
+│   │   ├── LeaseLost              (a worker's lease lapsed before a tool of it ran: the tool did not run)
 │   │   └── ControlRefused         (a message no signed decision backs)
 │   ├── CheckpointStoreCorrupt
 │   ├── CheckpointTooLarge         (also a ValueError)
@@ -77,6 +78,16 @@ class RunHeld(CheckpointConflict):
             f"run {self.run_id!r} is held by {self.owner} until {when} ({left:.0f} s from now): it is live, "
             "so nothing may act on it; if that worker died, try again once its lease has lapsed"
         )
+
+
+class LeaseLost(CheckpointConflict):
+    """Raised when a worker's lease on its run lapsed before a tool it logged ``started`` could run.
+
+    The worker was stalled (frozen, paused, starved) past its lease between the ``started``
+    record and the tool, and could not renew the lease (it lapsed, or another worker took the
+    run over). The tool did not run, and this worker writes nothing more: its call stays in
+    doubt for whoever holds the run now, who may safely decide that it did not happen.
+    """
 
 
 class ControlRefused(CheckpointConflict):

@@ -9,7 +9,9 @@ Names in use (data in parentheses):
   pydantic-ai agent built with ``stream=True``)
 - ``tool.started`` (tool, call_id, attempt), ``tool.finished`` (tool, call_id, ms),
   ``tool.failed`` (tool, call_id, error, ms), ``tool.retrying`` (tool, call_id, attempt, delay_s),
-  ``tool.replayed`` (tool, call_id), ``tool.rerun`` (tool, call_id): a call in doubt runs again
+  ``tool.replayed`` (tool, call_id), ``tool.rerun`` (tool, call_id): a call in doubt runs again;
+  ``tool.withheld`` (tool, call_id, owner): its worker could not confirm its lease right before the
+  tool would run (it lapsed or was taken over), so the tool did not run and the call stays in doubt
 - ``checkpoint.saved`` (kind, step, status, flow, or loop and stage, unreplayed, claim, segment,
   seconds): ``claim`` is the claim's cause (None for a checkpoint that ends a step), ``seconds``
   the time from this process's last save of the run (or its taking the run up) to this save
@@ -76,6 +78,7 @@ RUN_EVENT_NAMES: Final = (
     "tool.retrying",
     "tool.replayed",
     "tool.rerun",
+    "tool.withheld",
     "call.waiting",
     "call.admitted",
     "limit.closed",

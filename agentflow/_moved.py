@@ -14,9 +14,11 @@ from typing import Any, Final
 
 from agentflow import errors
 
-#: Each moved name and the module that has it now: every error but `LimitsUnavailable`, which the
-#: root never exported (`agentflow.errors.__all__` is the one list of them).
-MOVED: Final[dict[str, str]] = {name: "agentflow.errors" for name in errors.__all__ if name != "LimitsUnavailable"}
+#: Errors the root never exported: `LimitsUnavailable`, and those added after the errors moved.
+_NEVER_AT_THE_ROOT: Final = frozenset({"LimitsUnavailable", "LeaseLost"})
+#: Each moved name and the module that has it now: every other error (`agentflow.errors.__all__` is
+#: the one list of them).
+MOVED: Final[dict[str, str]] = {name: "agentflow.errors" for name in errors.__all__ if name not in _NEVER_AT_THE_ROOT}
 
 
 def moved_attribute(name: str) -> Any:

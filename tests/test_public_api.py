@@ -112,7 +112,7 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.errors": [
         "AgentflowError", "ApprovalDenied", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
-        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "FlowError", "IdentityMismatch",
+        "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "FlowError", "IdentityMismatch", "LeaseLost",
         "LimitsUnavailable", "ModelError", "RateLimited", "RecoveryNeedsDecision", "RunFailed", "RunHeld", "Stale",
         "StoreNotDurable", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed",
     ],

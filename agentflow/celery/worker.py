@@ -6,7 +6,9 @@
   ends, so the caller can look again then). Unless it was handed over cleanly the run is
   claimed with a new segment. A run whose calls in doubt need a decision is parked with
   a signed claim. The caller enqueues the next superstep. A duplicate or late message
-  finds the run at another step (`Stale`) or held, and does nothing.
+  finds the run at another step (`Stale`) or held, and does nothing. A worker that could
+  not confirm its lease before a tool (`LeaseLost`: it stalled past it) ran nothing more,
+  and its outcome asks for a recheck at once: the run may be nobody's now.
 - Control messages grant nothing: a superstep sent to spend a resume or an operator's
   decision (causes ``resume`` and ``rerun``) runs only if the run's latest checkpoint is
   a signed claim of that kind. Anything else (a forged message, a decision signed with
@@ -33,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +46,7 @@ from agentflow._errors import (
     CheckpointNotFound,
     CheckpointStoreCorrupt,
     ControlRefused,
+    LeaseLost,
     RecoveryNeedsDecision,
     RunHeld,
     Stale,
@@ -295,6 +299,8 @@ class Worker:
             return Outcome(run_id, flow_name, "skipped", why=str(exc))
         except ControlRefused as exc:
             return self.refuse(flow_name, run_id, step, cause, str(exc))
+        except LeaseLost as exc:  # its tool did not run, and the run may be nobody's now: a recheck looks at once
+            return Outcome(run_id, flow_name, "conflict", why=str(exc), held_until=time.time())
         except CheckpointConflict as exc:
             return Outcome(run_id, flow_name, "conflict", why=str(exc))
         except CheckpointStoreCorrupt as exc:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow._errors import ApprovalDenied, ToolTimeout
+from agentflow._errors import ApprovalDenied, LeaseLost, ToolTimeout
 from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec._registry import Registry, Tool
@@ -104,6 +104,7 @@ class Executor:
         span: CallSpan = NO_SPAN,
         ctx: RunContext | None = None,
         held: Slots | None = None,
+        before: Callable[[], Awaitable[None]] | None = None,
     ) -> Any:
         """Run one call: validate, ask the approval port if needed, then attempt it.
 
@@ -118,6 +119,8 @@ class Executor:
             ctx: who the run acts for (its limits' tenant keys may depend on it).
             held: the slots of the tool's limits, already taken for this call (`Gate.take`):
                 the first attempt runs on them and gives them back; later attempts take their own.
+            before: awaited right before each attempt runs, once it holds its slots (the call
+                log confirms its worker's lease there); what it raises ends the call, untried.
 
         Raises:
             UnknownTool, ToolArgumentsInvalid: before anything runs.
@@ -150,10 +153,10 @@ class Executor:
                     kwargs,
                     ctx,
                     who,
-                    functools.partial(self._started, spec, kwargs, info, who, began),
+                    functools.partial(self._started, spec, kwargs, info, who, began, before),
                     held=first,
                 )
-            except ApprovalDenied:
+            except (ApprovalDenied, LeaseLost):
                 raise
             except Exception as exc:
                 ms = round((time.perf_counter() - began[0]) * 1000, 3)
@@ -174,9 +177,17 @@ class Executor:
             return result
 
     async def _started(
-        self, spec: Tool, kwargs: dict[str, Any], info: CallInfo, who: dict[str, Any], began: list[float]
+        self,
+        spec: Tool,
+        kwargs: dict[str, Any],
+        info: CallInfo,
+        who: dict[str, Any],
+        began: list[float],
+        before: Callable[[], Awaitable[None]] | None,
     ) -> Any:
-        """One attempt, once its limits let it start: reported as started, timed from now."""
+        """One attempt, once its limits let it start (and `before` let it): reported as started, timed from now."""
+        if before is not None:
+            await before()
         self.events.emit("tool.started", who["run_id"], tool=spec.name, call_id=who["call_id"], attempt=info.attempt)
         began[0] = time.perf_counter()
         return await self._attempt(spec, kwargs, info)

@@ -254,8 +254,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             if status is RunStatus.DONE:
                 self.events.emit("run.finished", lp.run_id, loop=self.name, status=status.value)
             return self.result(lp, status, replayed, rerun) if status is RunStatus.DONE else None
-        log = CallLog(self.executor, lp.run_id, lp.turn, lp.ctx, lp.journal, seeds, lp.decisions)
-        log.watch, log.span = lp.watch, lp.span.ref
+        log = lp.call_log(self.executor, lp.turn, seeds)
         results = await self._run_tools(lp, log)
         await self._stage_ended(lp)
         replayed += log.replayed

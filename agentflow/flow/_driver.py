@@ -26,7 +26,6 @@ from agentflow._errors import CheckpointConflict, CheckpointError, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus, version_of
 from agentflow.exec import Executor
-from agentflow.exec.calls.log import CallLog
 from agentflow.exec.calls.read import CallState
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
 from agentflow.exec.run.cancel import CancelRequested
@@ -259,8 +258,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         rerun: list[str],
     ) -> RunResult[Any] | None:
         """Run one superstep and save its checkpoint; the result if the run ended or paused, else None."""
-        log = CallLog(self.executor, cur.run_id, cur.superstep, cur.ctx, cur.journal, seeds, cur.decisions)
-        log.watch, log.span = cur.watch, cur.span.ref
+        log = cur.call_log(self.executor, cur.superstep, seeds)
         lone = cur.frontier[0] if len(cur.frontier) == 1 else None
         if lone is not None and isinstance(cur.flow.nodes[lone].action, Call):
             log.closes_with(lone, 1)  # a lone `Call` node returns as soon as its one call does: only the merge follows

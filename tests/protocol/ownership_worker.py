@@ -12,8 +12,10 @@ Modes:
       invocation of TOOL blocks until the ``--gate`` file exists, after printing
       ``{"event": "blocked", ...}``: charge_card and hold_seats block before their effect
       (their `make_tickets` pause), slow_lookup after it (its `Tickets.gate`); either way
-      the call's ``started`` record is stored. Each ``--hold`` run (stored already) is held
-      the same way, as a worker holds a run it moves, until the gate opens
+      the call's ``started`` record is stored. TOOL ``port`` blocks in the runner's approval
+      port instead (the port is asked after ``started``), then approves (WIRE's wire_money).
+      Each ``--hold`` run (stored already) is held the same way, as a worker holds a run it
+      moves, until the gate opens
       (``{"event": "held", ...}``). Ends with ``{"event": "end", "jobs": {RUN_ID: outcome}}``.
   race --run-id ID --me N --parties N --meet DIR --go FILE
       Connects, prints ``{"event": "ready", ...}``, waits for the go file, then recovers the
@@ -38,17 +40,19 @@ from typing import Any
 
 from _kit.faults import FaultyStore, file_rendezvous
 from _kit.specs import open_spec
-from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Tickets, make_tickets
+from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Order, Tickets, make_tickets, order_args
 
-from agentflow import Executor, Flow, FlowApp, FlowRunner
+from agentflow import Call, Executor, Flow, FlowApp, FlowRunner
 from agentflow.errors import CheckpointConflict
-from agentflow.exec import current_call
+from agentflow.exec import ApprovalRequest, current_call
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.run.lease import Ownership, holding, process_owner
 
+#: wire (wire_money: not idempotent, and it always needs approval), alone.
+WIRE = Flow("wire", state=Order).node("wire", Call("wire_money", args=order_args, into="wired")).end("wire")
 #: The flows a job may run, by name.
-FLOWS = {flow.name: flow for flow in (TICKETS, LOOKUP, BATCH, REFUNDS)}
+FLOWS = {flow.name: flow for flow in (TICKETS, LOOKUP, BATCH, REFUNDS, WIRE)}
 #: The variable naming the ledger file of `app`'s tools.
 LEDGER_ENV = "AGENTFLOW_OWNERSHIP_LEDGER"
 #: What the CLI and the viewer act with: the ticket tools and flows.
@@ -99,6 +103,11 @@ class Blocker:
         say("blocked", run_id=self.run_id, tool=self.tool, owner=self.owner, ran=ran(self.tickets))
         await until_exists(self.gate)
 
+    async def port(self, request: ApprovalRequest) -> bool:
+        """The approval port of a ``port`` job: block until the gate opens, then approve."""
+        await self.block()
+        return True
+
 
 async def run_job(opts: argparse.Namespace, owner: str, job: str) -> dict[str, Any]:
     """Run one flow until it ends or is refused; block inside the named tool until the gate opens."""
@@ -108,7 +117,8 @@ async def run_job(opts: argparse.Namespace, owner: str, job: str) -> dict[str, A
     blocker.tickets = tickets
     store = FaultyStore(open_spec(opts.spec))
     who = {"identity": opts.identity} if opts.identity else {"owner": owner}
-    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY, lease_s=opts.lease_s, **who)
+    executor = Executor(tickets.registry, approver=blocker.port if tool == "port" else None)
+    runner = FlowRunner(executor, checkpoints=store, checkpoint_key=KEY, lease_s=opts.lease_s, **who)
     blocker.owner = runner.ownership.owner
     watch = asyncio.create_task(blocker.watch(*tickets.gate(tool))) if tool == "slow_lookup" else None
     try:

@@ -11,6 +11,9 @@
   it a superstep on; woken (SIGCONT), the worker's next ``started`` record is refused (a node
   with a call after the frozen one) or its save conflicts (the frozen call was its
   superstep's only one), no effect of it follows, and the run then finishes here, checking.
+  A worker frozen between a call's ``started`` and its tool (its approval port deciding) is
+  taken over the same way; woken, it confirms its lease before the tool, finds it gone, and
+  runs nothing (`LeaseLost`), though the run had rerun the call meanwhile.
 - Takers racing for a lapsed lease: a worker process killed (SIGKILL) inside a call leaves
   its lease to lapse; three racer processes then take it at the same instant through the
   store's own lease, and exactly one of them recovers the run.
@@ -431,6 +434,47 @@ async def test_a_frozen_worker_is_taken_over_and_fenced(shared_spec, tmp_path, s
         assert ledger.counts("lookup-1") == {"slow_lookup": 2, "charge_card": 1, "email_tickets": 1}
         for run_id in jobs:
             await consistent(raw, run_id)
+
+
+async def test_a_worker_frozen_between_started_and_its_tool_runs_no_tool_once_taken_over(shared_spec, tmp_path, spawn):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    # Given a worker process whose approval port is deciding on wire_money (not idempotent): the call's
+    # started is stored, the tool has not run, and the worker's lease (1 s) is renewed meanwhile
+    worker = spawn(*worker_args("run", shared_spec, tmp_path, "--job", "wire:wire-1:port"))
+    blocked = await worker.next("blocked")
+    async with opened(shared_spec) as raw:
+        # When it is frozen (SIGSTOP) right after a renewal, and its lease lapses
+        lease = (await raw.leases(["wire-1"]))["wire-1"]
+        assert lease.owner == blocked["owner"]
+        await renewed(raw, "wire-1", lease)
+        worker.freeze()
+        await lapsed(raw, ["wire-1"])
+        # And this process takes the run over: the wire in doubt asks for a decision; the operator
+        # checks the bank (no wire went out) and says rerun; it wires once (this process approves)
+        runner = FlowRunner(
+            Executor(make_tickets(ledger).registry, approver=lambda request: True),
+            checkpoints=raw, checkpoint_key=KEY, owner=TESTER,
+        )  # fmt: skip
+        with pytest.raises(RecoveryNeedsDecision):
+            await runner.recover(ownership_worker.WIRE, "wire-1")
+        await runner.decide_in_doubt(ownership_worker.WIRE, "wire-1", operator="ops")
+        assert (await runner.recover(ownership_worker.WIRE, "wire-1")).status == "done"
+        assert ledger.counts("wire-1") == {"wire_money": 1}
+
+        # When the worker wakes up (SIGCONT) and its port approves
+        (tmp_path / "gate").touch()
+        worker.wake()
+        end = (await worker.next("end"))["jobs"]["wire-1"]
+
+        # Then it confirmed its lease before the tool, found it gone, and ran nothing: the wire went out once
+        assert (end["outcome"], end["error"]) == ("refused", "LeaseLost"), end
+        assert "the tool did not run" in end["message"] and "wire_money" in end["message"]
+        assert end["ran"] == []
+        assert ledger.counts("wire-1") == {"wire_money": 1}
+        # And it wrote nothing after it woke (its writes: step 0 and the started before the freeze); the
+        # run stands as this process finished it, and checks
+        assert end["writes"] == ["save:0:running", "record:started:wire"], end
+        await consistent(raw, "wire-1")
 
 
 # -- 3. takers racing for a lapsed lease -------------------------------------------------------

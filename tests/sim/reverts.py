@@ -6,14 +6,15 @@ records that a rewound counter lets a write overwrite, and a head that trusts th
 (race 2); `done_overruled` lets a later record overrule a call's own ``done``;
 `parked_for_good` makes the sweep leave every parked run alone; `read_counted_by_segment` lets
 a claim judge its read of the log by the earlier segments' counts alone (race 3: a late
-``started`` hidden by a counter set back at once). Each patches the code in
-this process only, for the ``with`` block.
+``started`` hidden by a counter set back at once); `lease_unconfirmed` lets a tool run without its
+worker confirming its lease (a worker stalled past its lease after ``started``). Each patches the
+code in this process only, for the ``with`` block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from unittest import mock
 
@@ -23,6 +24,8 @@ from agentflow.exec.checkpoints.redis import _rows as _redis_rows
 from agentflow.exec.checkpoints.redis import store as redis_store
 from agentflow.exec.run import steps as run_steps
 from agentflow.exec.run.checks import check_read_whole
+from agentflow.exec.run.lease import Tenure
+from agentflow.sim._world import World
 
 
 @contextmanager
@@ -80,3 +83,35 @@ def read_counted_by_segment() -> Iterator[None]:
 
     with mock.patch.object(run_steps, "check_read_whole", by_segment):
         yield
+
+
+@contextmanager
+def lease_unconfirmed() -> Iterator[None]:
+    """The stalled-worker fix reverted: a tool runs without its worker confirming its lease first."""
+
+    async def sure(self: Any) -> bool:
+        return True
+
+    with mock.patch.object(Tenure, "confirm", sure):
+        yield
+
+
+Revert = Callable[[], AbstractContextManager[None]]
+
+
+def with_lease_unconfirmed(revert: Revert) -> Revert:
+    """`revert`, and `lease_unconfirmed` too: for a race whose double effect the lease check also stops.
+
+    A worker stalled past its lease after a late ``started`` now withholds its tool, which
+    closes the double effect of races 1 and 3 and of the late ``done`` a second way. The
+    simulation finds each of them with both fixes out, and each entry's plain test proves its
+    own fix alone. The invariant that a tool starts only on a worker holding its run is off
+    too: without the lease check it breaks first, in nearly every episode with a stall.
+    """
+
+    @contextmanager
+    def both() -> Iterator[None]:
+        with revert(), lease_unconfirmed(), mock.patch.object(World, "starts", lambda self, tool: None):
+            yield
+
+    return both

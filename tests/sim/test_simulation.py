@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
-from reverts import claim_read_trusted
 from test_regression_seeds import FOUND
 
 from agentflow.exec.checkpoints import CheckpointStore
@@ -101,9 +100,9 @@ def test_a_store_of_your_own_runs_the_simulation_and_a_broken_one_is_caught() ->
 
 def test_a_failure_shrinks_to_the_faults_it_needs_and_still_fails() -> None:
     # Given the episode that finds race 1 with its fix reverted (the seed kept with the others: test_regression_seeds)
-    _, setup, seed, *_ = next(found for found in FOUND if found[0] == "claim-race")
+    _, setup, seed, _, revert, *_ = next(found for found in FOUND if found[0] == "claim-race")
     config = Config(steps=1)
-    with claim_read_trusted():
+    with revert():
         found = run_simulation(SETUPS[setup](), 0, config, only_episode=seed).failure
         assert found is not None
         told = shrink(SETUPS[setup], found, config)

@@ -17,6 +17,9 @@ Invariants:
   A cancel request that came during the wait is honoured before ``started`` (the call
   does not start). A call that asks a synchronous approval port holds its slots while
   the port decides (the port is asked after ``started``).
+- A tool attempt runs only once its worker confirmed its lease on the run, right before it
+  (`Tenure.confirm`): a worker that stalled past its lease after ``started`` (frozen, a long
+  approval, a retry's backoff) runs nothing and raises `LeaseLost`; the call stays in doubt.
 - Call identity is ``superstep/node/ordinal/argument digest``: the same on every worker.
 - A started call with no end record, or an ``unrecordable`` one, is in doubt.
 
@@ -25,12 +28,13 @@ Reading the log back (checking, folding, deciding what may rerun) is `calls.read
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentflow._errors import ApprovalDenied, ToolError
+from agentflow._errors import ApprovalDenied, LeaseLost, ToolError
 from agentflow._identity import RunContext
 from agentflow.exec._executor import ApprovalRequest, Executor
 from agentflow.exec._registry import Tool
@@ -39,6 +43,7 @@ from agentflow.exec.calls.read import FINAL, CallState
 from agentflow.exec.context import CallInfo, current_delivery
 from agentflow.exec.limits.gate import Slots
 from agentflow.exec.run.cancel import CancelWatch
+from agentflow.exec.run.lease import Tenure
 from agentflow.exec.seal import canonical, digest
 from agentflow.exec.tracing import CallSpan
 
@@ -165,6 +170,8 @@ class CallLog:
     """Looked at before a call starts: a cancel request stops the run there (`CancelRequested`)."""
     span: str | None = None
     """The superstep's span id, written into each ``started`` record (None: untraced)."""
+    lease: Tenure | None = None
+    """The worker's lease on the run, confirmed right before each attempt of a tool runs (None: none held)."""
 
     def closes_with(self, node: str, calls: int) -> None:
         """Say that the step is `calls` calls of `node`, one after another, with nothing after the last.
@@ -266,10 +273,15 @@ class CallLog:
         closes: bool,
     ) -> Any:
         info = CallInfo(self.run_id, request.call_id, tool.name, 1)
+        confirm = functools.partial(self._confirm, tool, request) if self.lease is not None else None
         try:
             result = await self.executor.run(
-                tool, kwargs, call=info, validated=True, approved=True, span=span, ctx=self.ctx, held=slots
-            )
+                tool, kwargs, call=info, validated=True, approved=True, span=span, ctx=self.ctx, held=slots,
+                before=confirm,
+            )  # fmt: skip
+        except LeaseLost:
+            span.outcome("in doubt")  # it did not run (this attempt), and this worker may write nothing more
+            raise
         except Exception as exc:
             if self.watch is not None:
                 self.watch.moved()
@@ -297,6 +309,28 @@ class CallLog:
             else:
                 await self.journal.write_encoded("done", payload)
         return result
+
+    async def _confirm(self, tool: Tool, request: ApprovalRequest) -> None:
+        """Let an attempt of the tool run only while this worker surely holds the run (`Tenure.confirm`).
+
+        Between ``started`` and the tool a worker may stall past its lease (a frozen process, a
+        long approval, a retry's backoff) and be taken over; the new holder may have decided the
+        call did not happen and run it again. So a worker that cannot confirm its lease does not
+        run the tool: the call stays in doubt for whoever holds the run now.
+
+        Raises:
+            LeaseLost: the lease lapsed or was taken over (the tool did not run).
+        """
+        assert self.lease is not None
+        if await self.lease.confirm():
+            return
+        owner = self.lease.lease.owner
+        self.executor.events.emit("tool.withheld", self.run_id, tool=tool.name, call_id=request.call_id, owner=owner)
+        raise LeaseLost(
+            f"run {self.run_id!r}: the lease of {owner} lapsed before tool {tool.name!r} could run (call "
+            f"{request.call_id}), and it could not be renewed: the tool did not run; the call stays in doubt "
+            "for whoever holds the run now (it did not happen here)"
+        )
 
     def _replay(self, tool: Tool, seed: CallState) -> Any:
         self.replayed.append(seed.call_id)

@@ -8,13 +8,15 @@ writes lives on the base, so the protocol never needs to know which kind it hold
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from agentflow._identity import RunContext
 from agentflow._run_types import RunStatus
-from agentflow.exec._executor import ApprovalRequest
-from agentflow.exec.calls.log import Decision, Journal
+from agentflow.exec._executor import ApprovalRequest, Executor
+from agentflow.exec.calls.log import CallLog, Decision, Journal
+from agentflow.exec.calls.read import CallState
 from agentflow.exec.run.cancel import CancelWatch
 from agentflow.exec.run.lease import Tenure
 from agentflow.exec.tracing import NO_SPAN, StepSpan
@@ -46,8 +48,9 @@ class RunCursor:
     watch: CancelWatch | None = None
     """The look-out for a cancel request while this worker drives the run (None without a store)."""
     tenure: Tenure | None = field(default=None, repr=False)
-    """The lease this worker holds while it drives the run, when the drive's last save gives it up
-    (`run.lease.Tenure`; None: the lease, if any, is released on its own after the drive)."""
+    """The lease this worker holds while it drives the run (`run.lease.Tenure`; None: nothing is held,
+    as without a store): each tool confirms it before it runs, and on a store that moves leases with
+    its writes the drive's last save gives it up."""
     clock: float = field(default_factory=time.perf_counter, repr=False)
     """When this worker last saved the run, or took it up (`time.perf_counter`): the ``seconds``
     of its next ``checkpoint.saved`` event are counted from here."""
@@ -67,6 +70,12 @@ class RunCursor:
     ``started`` records carry (the spans of the superstep the dead worker left)."""
     span: StepSpan = field(default=NO_SPAN, repr=False)
     """The span of the superstep under way (`NO_SPAN` outside one, or untraced)."""
+
+    def call_log(self, executor: Executor, superstep: int, seeds: Mapping[str, CallState]) -> CallLog:
+        """What the calls of superstep `superstep` go through: this worker's journal, watch, span and lease."""
+        log = CallLog(executor, self.run_id, superstep, self.ctx, self.journal, seeds, self.decisions)
+        log.watch, log.span, log.lease = self.watch, self.span.ref, self.tenure
+        return log
 
     def outcome(self, replayed: list[str] | None = None, rerun: list[str] | None = None) -> dict[str, Any]:
         """The keyword fields of `RunOutcome` as this cursor stands."""

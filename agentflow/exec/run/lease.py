@@ -42,7 +42,15 @@ Invariants:
   next write is then refused (its record position or its step is taken), never applied
   twice. A head read with the take is the run as it stood when the lease was granted.
 - A renewal that finds the lease lost is logged at WARNING (and emitted as ``lease.lost``
-  to the ownership's event hub); the block goes on and is fenced at its next write, as above.
+  to the ownership's event hub); the block goes on and is fenced at its next write, as above,
+  but runs no tool more.
+- A tool runs only while its block surely holds the run (`Tenure.confirm`, awaited by the
+  call log right before each attempt): by this process's monotonic clock, less than `SURE`
+  of `lease_s` since the last take or renewal that succeeded was sent (the store starts the
+  lease's term after that); else after one renewal that succeeds in that time. So a holder
+  that stalled past its lease between a call's ``started`` and its tool, and may have been
+  taken over, does not run the tool. This assumes that the clocks of the store and of the
+  other workers run no more than a tenth of a lease ahead of this one's over a lease.
 - A save that gives the lease up is written only while the lease is free, lapsed or still
   the block's own (`LeaseMove`'s rule, in the store's write): a holder whose lease was
   taken over is refused (`RunHeld`) and writes nothing. Nothing the block writes after
@@ -55,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -91,6 +100,9 @@ HeldHead: TypeAlias = tuple["Tenure | None", Awaitable[Head], Seen]
 
 #: How long a lease lasts unless renewed, when nobody says otherwise.
 DEFAULT_LEASE_S = 30.0
+#: The share of a lease its holder counts on by its own clock (`Tenure.sure_until`); the rest allows
+#: for the clocks of the store and of other workers running a little ahead of this process's.
+SURE: Final = 0.9
 
 
 def process_owner(name: str = "runner") -> str:
@@ -190,8 +202,31 @@ class Tenure:
     """A save gave the lease up: the block releases nothing, and nothing renews it."""
     rider: Rider | None = field(default=None, repr=False)
     """Whose events the save that gives the lease up carries (None: that save carries none)."""
+    sure_until: float = field(default=-math.inf, repr=False)
+    """Until when (`time.monotonic`) the lease is surely still the block's: `SURE` of `ttl_s` after the
+    take or renewal that last succeeded was sent (the store counts the lease from a moment after that)."""
+    _renewer: _Renewer | None = field(default=None, repr=False)
     _armed: bool = field(default=False, repr=False)
     _saves_left: int | None = field(default=None, repr=False)
+
+    def held_from(self, sent: float) -> None:
+        """A take or renewal sent at `sent` (`time.monotonic`) succeeded: the lease is sure until `SURE` of it later."""
+        self.sure_until = max(self.sure_until, sent + self.ttl_s * SURE)
+
+    async def confirm(self) -> bool:
+        """Whether the lease is still the block's, by this process's clock; renewed once if that is not sure.
+
+        What a tool's call awaits right before the tool runs (`calls.log`): a worker stalled
+        past its lease after logging ``started`` (frozen, paused, starved) may have been taken
+        over, and its tool must then not run. False when a save gave the lease up, when a
+        renewal found it lost, and when it is not sure and a renewal now fails or comes back
+        too late; nothing is retried.
+        """
+        if self.given_up or self._renewer is None or self._renewer.lost:
+            return False
+        if time.monotonic() < self.sure_until:
+            return True
+        return await self._renewer.renew() and time.monotonic() < self.sure_until
 
     def arm(self, saves: int | None) -> None:
         """Give the lease up with the drive's last save: the `saves`-th, or the first that leaves the run not running.
@@ -224,6 +259,7 @@ class _Renewer:
 
     def __init__(self, store: CheckpointStore, tenure: Tenure, lease_s: float, events: Events | None) -> None:
         self._store, self._tenure, self._lease_s, self._events = store, tenure, lease_s, events
+        tenure._renewer = self
         self._lease = tenure.lease
         self._loop = asyncio.get_running_loop()
         self._stopped = False
@@ -232,29 +268,41 @@ class _Renewer:
         self.lost = False
 
     def _due(self) -> None:
-        self._task = self._loop.create_task(self._renew())
+        self._task = self._loop.create_task(self._renew_on_time())
 
-    async def _renew(self) -> None:
-        lease = self._lease
+    async def _renew_on_time(self) -> None:
         if self._tenure.given_up:  # a save gave it up: there is nothing to renew
             return
+        await self.renew()
+        if not self._stopped:
+            self._timer = self._loop.call_later(self._lease_s / 3, self._due)
+
+    async def renew(self) -> bool:
+        """Renew the lease now; whether it is still held (its tenure's `sure_until` then moved on)."""
+        lease = self._lease
+        if self._tenure.given_up:
+            return False
+        sent = time.monotonic()
         try:
             renewed = await self._store.renew_lease(lease.run_id, lease.token, self._lease_s)
         except Exception as exc:  # the work goes on: fencing still guards it if the lease lapses
             log.warning("could not renew the lease of run %s: %s", lease.run_id, exc, extra={"run_id": lease.run_id})
-        else:
-            if renewed is None and not self.lost and not self._tenure.given_up:
-                self.lost = True
-                log.warning(
-                    "run %s: %s lost its lease (it lapsed or was taken over); its next write will be refused",
-                    lease.run_id,
-                    lease.owner,
-                    extra={"run_id": lease.run_id},
-                )
-                if self._events is not None:
-                    self._events.emit("lease.lost", lease.run_id, owner=lease.owner)
-        if not self._stopped:
-            self._timer = self._loop.call_later(self._lease_s / 3, self._due)
+            return False
+        if renewed is not None:
+            self._tenure.held_from(sent)
+            return True
+        if not self.lost and not self._tenure.given_up:
+            self.lost = True
+            log.warning(
+                "run %s: %s lost its lease (it lapsed or was taken over); it runs no tool more, and its next write "
+                "will be refused if the run was taken over",
+                lease.run_id,
+                lease.owner,
+                extra={"run_id": lease.run_id},
+            )
+            if self._events is not None:
+                self._events.emit("lease.lost", lease.run_id, owner=lease.owner)
+        return False
 
     async def stop(self) -> None:
         """Renew no more; wait for a renewal under way."""
@@ -401,8 +449,9 @@ async def holding(
     Raises:
         RunHeld: another holder's lease is live (the block does not run).
     """
+    sent = time.monotonic()
     lease = await (take_unborn if unborn else take)(store, run_id, ownership)
-    async with _held(store, lease, ownership) as tenure:
+    async with _held(store, lease, ownership, sent) as tenure:
         yield tenure
 
 
@@ -415,18 +464,20 @@ async def holding_reading_head(
     Raises:
         RunHeld: another holder's lease is live (the block does not run).
     """
+    sent = time.monotonic()
     lease, head, seen = await take_reading_head(store, run_id, ownership, marker)
     try:
-        async with _held(store, lease, ownership) as tenure:
+        async with _held(store, lease, ownership, sent) as tenure:
             yield tenure, head, seen
     finally:
         await _settle(head)  # mostly awaited already by the block
 
 
 @contextlib.asynccontextmanager
-async def _held(store: CheckpointStore, lease: Lease, ownership: Ownership) -> AsyncIterator[Tenure]:
-    """Renew the taken `lease` while the block runs; give it back afterwards, unless a save gave it up."""
+async def _held(store: CheckpointStore, lease: Lease, ownership: Ownership, sent: float) -> AsyncIterator[Tenure]:
+    """Renew the `lease` taken at `sent` while the block runs; give it back afterwards, unless a save gave it up."""
     tenure = Tenure(lease, ownership.lease_s)
+    tenure.held_from(sent)
     renewer = _Renewer(store, tenure, ownership.lease_s, ownership.events)
     try:
         yield tenure

@@ -156,17 +156,18 @@ class RunProtocol(Generic[C, R]):
     ) -> R:
         """Drive the held run, on the look-out for a cancel request (`run.cancel`): it ends the run there.
 
-        `tenure`: the lease held for the drive; on a store that moves leases with its writes,
-        the drive's last save gives it up (`Tenure.arm`). `seen`: the run's cancel marker as
+        `tenure`: the lease held for the drive (a tool runs only while it is sure to be held:
+        `Tenure.confirm`); on a store that moves leases with its writes, the drive's last save
+        gives it up (`Tenure.arm`). `seen`: the run's cancel marker as
         the lease's take read it (the watch's first look).
         """
         if self.store is not None and self.sealer is not None:
             cur.watch = CancelWatch(
                 self.store, self.sealer, cur.run_id, self.events, cur.started_at, steps=limit, seen=seen
             )
+        cur.tenure = tenure  # each tool confirms it before it runs (`calls.log`)
         if tenure is not None and limit != 0 and has_part(self.store, LeaseMoving):
             tenure.arm(limit)
-            cur.tenure = tenure
         try:
             return await self.driver.drive(self.steps, cur, seeds, limit=limit, recovering=recovering)
         except CancelRequested as stop:

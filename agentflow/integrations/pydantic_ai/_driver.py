@@ -431,8 +431,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         rerun: list[str],
     ) -> tuple[RunStatus | None, _Live | None]:
         """Let pydantic-ai handle the saved response: its tool calls (logged), or the output."""
-        log = CallLog(self.executor, cur.run_id, cur.turn, cur.ctx, cur.journal, seeds, cur.decisions)
-        log.watch, log.span = cur.watch, cur.span.ref
+        log = cur.call_log(self.executor, cur.turn, seeds)
         failure: str | None = None
         output: Any = None
         ended = False
