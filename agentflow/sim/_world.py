@@ -8,10 +8,10 @@ whether a call's ``started`` was stored before its effect and whether a cancel c
 Invariants checked as the simulation goes (`World.violations`):
 - a tool's effect follows its ``started`` record, stored in a segment the run had not
   ended or cancelled before it;
-- a tool starts only on a worker that still holds its run: no claim opened a segment after
-  the one its ``started`` is in (a worker stalled past its lease after ``started`` confirms
-  its lease before the tool runs, `Tenure.confirm`; a stall inside the tool, once started,
-  is the zombie window below);
+- a tool starts only on a worker that holds its run's lease at that moment (a worker
+  stalled past its lease after ``started`` confirms its lease before the tool runs,
+  `Tenure.confirm`; a stall inside the tool, once started, is the zombie window below);
+  not checked once the store lost acknowledged writes (a failover may lose a lease);
 - a non-idempotent call's effect happens at most once, plus once per signed grant to run
   it again stored before the effect: an operator's ``rerun`` decision (read from the
   signed claim checkpoints), or a retry of the run while the call stood failed with no
@@ -77,10 +77,6 @@ class World:
     violations: list[str] = field(default_factory=list)
     #: (run, call id) -> the order number of the write that stored its newest ``started``.
     started: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: (run, call id) -> the segment its newest ``started`` was stored in.
-    started_in: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: run -> the newest segment a stored checkpoint of it opened (a claim opens one).
-    claimed: dict[str, int] = field(default_factory=dict)
     #: run -> the order number of the write that stored its first ``cancelled`` checkpoint.
     cancelled: dict[str, int] = field(default_factory=dict)
     writes: int = 0
@@ -103,11 +99,9 @@ class World:
         if record.kind == "started":
             call_id = json.loads(record.payload)["call_id"]
             self.started[(run_id, call_id)] = self.writes
-            self.started_in[(run_id, call_id)] = record.segment
 
     def wrote_checkpoint(self, run_id: str, row: SealedCheckpoint) -> None:
         self.writes += 1
-        self.claimed[run_id] = max(self.claimed.get(run_id, 0), row.segment)
         if row.status == "cancelled":
             self.cancelled.setdefault(run_id, self.writes)
 
@@ -145,21 +139,29 @@ class World:
                         f"with {allowed - 1} signed grant(s) to run it again"
                     )
 
-    def starts(self, tool: str) -> None:
-        """A tool starts now: check that its worker still held the run (no claim came after its ``started``)."""
-        info = current_call()
-        key = (info.run_id, info.call_id)
-        segment, newest = self.started_in.get(key), self.claimed.get(info.run_id, 0)
-        if segment is not None and newest > segment:
+    async def starts(self, tool: str) -> None:
+        """A tool starts now: check that its worker holds the run's lease (read here, without points).
+
+        Not checked once the store lost acknowledged writes: a failover may lose a lease's take
+        or renewal (leases are advisory; what guards a run across a failover is its durable
+        ``started`` records and claims).
+        """
+        assert self.store is not None
+        if self.lost_writes:
+            return
+        info, actor = current_call(), ACTOR.get()
+        lease = (await self.store.leases([info.run_id])).get(info.run_id)
+        if lease is None or lease.owner.rpartition(":")[0] != actor:
+            held = "nobody" if lease is None else lease.owner
             self.violations.append(
-                f"{tool} {info.call_id} of {info.run_id} started on a worker that no longer held the run "
-                f"(its started is in segment {segment}, a claim opened segment {newest})"
+                f"{tool} {info.call_id} of {info.run_id} started on {actor}, which did not hold the run "
+                f"(its lease: {held})"
             )
 
     async def tool(self, name: str) -> None:
         """The body every simulated tool shares: a point at its start, its effect, a point before it returns."""
         if self.sim is not None:
-            self.starts(name)
+            await self.starts(name)
             await self.sim.point(f"tool.{name}.start")
         await self.effect(name)
         if self.sim is not None:

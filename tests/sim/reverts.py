@@ -89,7 +89,7 @@ def read_counted_by_segment() -> Iterator[None]:
 def lease_unconfirmed() -> Iterator[None]:
     """The stalled-worker fix reverted: a tool runs without its worker confirming its lease first."""
 
-    async def sure(self: Any) -> bool:
+    async def sure(self: Any, unclaimed: Any) -> bool:
         return True
 
     with mock.patch.object(Tenure, "confirm", sure):
@@ -109,9 +109,12 @@ def with_lease_unconfirmed(revert: Revert) -> Revert:
     too: without the lease check it breaks first, in nearly every episode with a stall.
     """
 
+    async def unchecked(self: Any, tool: str) -> None:
+        return None
+
     @contextmanager
     def both() -> Iterator[None]:
-        with revert(), lease_unconfirmed(), mock.patch.object(World, "starts", lambda self, tool: None):
+        with revert(), lease_unconfirmed(), mock.patch.object(World, "starts", unchecked):
             yield
 
     return both

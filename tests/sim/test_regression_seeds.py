@@ -107,12 +107,12 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
         with_lease_unconfirmed(read_counted_by_segment), "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_late_started_hidden_by_a_rewound_counter_still_stops_a_claim",
     ),
-    # A worker stalled past its lease between a call's started and its tool, taken over meanwhile,
-    # then ran the tool: what docs/simulation.md called the zombie window before tools confirmed
-    # their lease. Found by the invariant that a tool starts only on a worker that holds its run:
-    # with the fix reverted, simulation seed 1 finds it on memory after 43,904 steps (2.3 s).
+    # A worker stalled past its lease between a call's started and its tool, then ran the tool with
+    # its run held by nobody or taken over: what docs/simulation.md called the zombie window before
+    # tools confirmed their lease. Found by the invariant that a tool starts only on a worker that
+    # holds its run's lease: with the fix reverted, simulation seed 1 finds it on memory after 248 steps.
     (
-        "stalled-past-lease", "memory", 3961311645, None, lease_unconfirmed, "no longer held the run",
+        "stalled-past-lease", "memory", 3995950708, None, lease_unconfirmed, "which did not hold the run",
         "tests/protocol/test_ownership.py::test_a_worker_frozen_between_started_and_its_tool_runs_no_tool_once_taken_over",
     ),
 ]  # fmt: skip

@@ -322,15 +322,27 @@ class CallLog:
             LeaseLost: the lease lapsed or was taken over (the tool did not run).
         """
         assert self.lease is not None
-        if await self.lease.confirm():
+        if await self.lease.confirm(self._unclaimed):
             return
         owner = self.lease.lease.owner
         self.executor.events.emit("tool.withheld", self.run_id, tool=tool.name, call_id=request.call_id, owner=owner)
         raise LeaseLost(
             f"run {self.run_id!r}: the lease of {owner} lapsed before tool {tool.name!r} could run (call "
-            f"{request.call_id}), and it could not be renewed: the tool did not run; the call stays in doubt "
-            "for whoever holds the run now (it did not happen here)"
+            f"{request.call_id}), and another worker took the run meanwhile (or the store could not be reached): "
+            "the tool did not run; the call stays in doubt for whoever holds the run now (it did not happen here)"
         )
+
+    async def _unclaimed(self) -> bool:
+        """Whether the run's latest checkpoint (checked) is still in this worker's segment: nobody claimed it since."""
+        journal = self.journal
+        if journal is None:
+            return False
+        try:
+            latest = await journal.store.latest(self.run_id)
+            journal.sealer.open_checkpoint(latest, self.run_id)
+        except Exception:  # unreadable, or failing its check: not a head to trust a tool's run on
+            return False
+        return latest.segment == journal.segment
 
     def _replay(self, tool: Tool, seed: CallState) -> Any:
         self.replayed.append(seed.call_id)

@@ -47,10 +47,13 @@ Invariants:
 - A tool runs only while its block surely holds the run (`Tenure.confirm`, awaited by the
   call log right before each attempt): by this process's monotonic clock, less than `SURE`
   of `lease_s` since the last take or renewal that succeeded was sent (the store starts the
-  lease's term after that); else after one renewal that succeeds in that time. So a holder
-  that stalled past its lease between a call's ``started`` and its tool, and may have been
-  taken over, does not run the tool. This assumes that the clocks of the store and of the
-  other workers run no more than a tenth of a lease ahead of this one's over a lease.
+  lease's term after that); else after one renewal that succeeds in that time; else, if the
+  lease lapsed and nobody else took it, once it is taken back with its token and the run's
+  head shows no claim since the block's segment. So a holder that stalled past its lease
+  between a call's ``started`` and its tool, and was taken over, does not run the tool, and
+  one that merely stalled (nobody wanted the run meanwhile) goes on. This assumes that the
+  clocks of the store and of the other workers run no more than a tenth of a lease ahead
+  of this one's over a lease.
 - A save that gives the lease up is written only while the lease is free, lapsed or still
   the block's own (`LeaseMove`'s rule, in the store's write): a holder whose lease was
   taken over is refused (`RunHeld`) and writes nothing. Nothing the block writes after
@@ -68,7 +71,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeAlias, cast
 
@@ -213,20 +216,24 @@ class Tenure:
         """A take or renewal sent at `sent` (`time.monotonic`) succeeded: the lease is sure until `SURE` of it later."""
         self.sure_until = max(self.sure_until, sent + self.ttl_s * SURE)
 
-    async def confirm(self) -> bool:
-        """Whether the lease is still the block's, by this process's clock; renewed once if that is not sure.
+    async def confirm(self, unclaimed: Callable[[], Awaitable[bool]]) -> bool:
+        """Whether the lease is surely still the block's: by this process's clock, else by the store.
 
         What a tool's call awaits right before the tool runs (`calls.log`): a worker stalled
         past its lease after logging ``started`` (frozen, paused, starved) may have been taken
-        over, and its tool must then not run. False when a save gave the lease up, when a
-        renewal found it lost, and when it is not sure and a renewal now fails or comes back
-        too late; nothing is retried.
+        over, and its tool must then not run. While the lease is sure (`sure_until`) nothing
+        goes to the store. Else one renewal confirms it. A lease that lapsed is taken back
+        with its token if nobody else holds it, and confirmed only if `unclaimed` then says
+        that nobody claimed the run meanwhile (a claim needs the lease, so none can come
+        after the take). False when a save gave the lease up, when another holder has it,
+        when the run was claimed, and when the store cannot be reached.
         """
-        if self.given_up or self._renewer is None or self._renewer.lost:
+        renewer = self._renewer
+        if self.given_up or renewer is None:
             return False
-        if time.monotonic() < self.sure_until:
-            return True
-        return await self._renewer.renew() and time.monotonic() < self.sure_until
+        if not renewer.lost and (time.monotonic() < self.sure_until or await renewer.renew()):
+            return time.monotonic() < self.sure_until
+        return await renewer.take_back() and await unclaimed() and time.monotonic() < self.sure_until
 
     def arm(self, saves: int | None) -> None:
         """Give the lease up with the drive's last save: the `saves`-th, or the first that leaves the run not running.
@@ -303,6 +310,25 @@ class _Renewer:
             if self._events is not None:
                 self._events.emit("lease.lost", lease.run_id, owner=lease.owner)
         return False
+
+    async def take_back(self) -> bool:
+        """Take the lapsed lease again with its token if nobody else holds it; whether the block holds it again."""
+        lease = self._lease
+        if self._tenure.given_up:
+            return False
+        sent = time.monotonic()
+        try:
+            taken = await self._store.take_lease(lease.run_id, lease.owner, lease.token, self._lease_s)
+        except Exception as exc:
+            log.warning(
+                "could not take back the lease of run %s: %s", lease.run_id, exc, extra={"run_id": lease.run_id}
+            )
+            return False
+        if taken.token != lease.token:
+            return False
+        self.lost = False
+        self._tenure.held_from(sent)
+        return True
 
     async def stop(self) -> None:
         """Renew no more; wait for a renewal under way."""
