@@ -43,7 +43,7 @@ Invariants:
   twice. A head read with the take is the run as it stood when the lease was granted.
 - A renewal that finds the lease lost is logged at WARNING (and emitted as ``lease.lost``
   to the ownership's event hub); the block goes on and is fenced at its next write, as above,
-  but runs no tool more.
+  and runs no tool unless `Tenure.confirm` takes the lease back (below).
 - A tool runs only while its block surely holds the run (`Tenure.confirm`, awaited by the
   call log right before each attempt): by this process's monotonic clock, less than `SURE`
   of `lease_s` since the last take or renewal that succeeded was sent (the store starts the
@@ -301,8 +301,8 @@ class _Renewer:
         if not self.lost and not self._tenure.given_up:
             self.lost = True
             log.warning(
-                "run %s: %s lost its lease (it lapsed or was taken over); it runs no tool more, and its next write "
-                "will be refused if the run was taken over",
+                "run %s: %s lost its lease (it lapsed or was taken over); it runs no tool unless it takes the lease "
+                "back with nobody having claimed the run, and its next write will be refused if the run was taken over",
                 lease.run_id,
                 lease.owner,
                 extra={"run_id": lease.run_id},
@@ -328,6 +328,8 @@ class _Renewer:
             return False
         self.lost = False
         self._tenure.held_from(sent)
+        log.info("run %s: %s took its lapsed lease back (nobody held it)", lease.run_id, lease.owner,
+                 extra={"run_id": lease.run_id})  # fmt: skip
         return True
 
     async def stop(self) -> None:
