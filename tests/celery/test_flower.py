@@ -76,31 +76,38 @@ def _tasks(flower: str, **filters: str) -> list[dict[str, Any]]:
     return tasks
 
 
+def _poll_listed(
+    flower: str, run_id: str, done: Callable[[list[dict[str, Any]]], Any], timeout_s: float, filters: dict[str, str]
+) -> Any:
+    """Read Flower's tasks of `run_id` (under `filters`) every 0.3 s until `done` of them is not None; return that.
+
+    Raises:
+        AssertionError: `done` stayed None for `timeout_s`; says what Flower listed last.
+    """
+    deadline = time.monotonic() + timeout_s
+    seen: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        seen = [t for t in _tasks(flower, **filters) if t["parsed_args"][1:2] == (run_id,)]
+        found = done(seen)
+        if found is not None:
+            return found
+        time.sleep(0.3)  # the poll's interval: Flower learns of tasks from the workers' events
+    raise AssertionError(f"Flower listed under {filters}, for {timeout_s} s, these tasks of {run_id}: {seen}")
+
+
 def _until_listed(
     flower: str, run_id: str, match: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0, **filters: str
 ) -> dict[str, Any]:
     """Wait until Flower lists (under `filters`) a task of `run_id` that `match`es; return it."""
-    deadline = time.monotonic() + timeout_s
-    seen: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        seen = [t for t in _tasks(flower, **filters) if t["parsed_args"][1:2] == (run_id,)]
-        for task in seen:
-            if match(task):
-                return task
-        time.sleep(0.3)
-    raise AssertionError(f"Flower lists no such task of {run_id} under {filters}: {seen}")
+    task: dict[str, Any] = _poll_listed(
+        flower, run_id, lambda seen: next((t for t in seen if match(t)), None), timeout_s, filters
+    )
+    return task
 
 
 def _until_none_listed(flower: str, run_id: str, timeout_s: float = 30.0, **filters: str) -> None:
     """Wait until Flower lists (under `filters`) no task of `run_id` (a task still running ends; a dead one stays)."""
-    deadline = time.monotonic() + timeout_s
-    seen: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        seen = [t for t in _tasks(flower, **filters) if t["parsed_args"][1:2] == (run_id,)]
-        if not seen:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"Flower still lists tasks of {run_id} under {filters}: {seen}")
+    _poll_listed(flower, run_id, lambda seen: True if not seen else None, timeout_s, filters)
 
 
 def _recovered_task(flower: str, run_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
