@@ -5,7 +5,9 @@ them, so they live below all of those and import nothing of agentflow.
 
 A run's kind is also written in the ``flow`` column every store keeps in clear: a flow run
 stores its flow's name, a tool loop stores ``loop:<name>``. `RunKind.of` and
-`RunKind.column` are the only places that spelling is known.
+`RunKind.column` are the only places that spelling is known. What differs between the kinds
+everywhere a run is read (whether it has a version, whether its log runs a model call ahead
+of its checkpoint) is said once, here, as the kind's properties.
 """
 
 from __future__ import annotations
@@ -43,10 +45,38 @@ class RunKind(StrEnum):
         """The ``flow`` column a run of this kind called `name` is stored under."""
         return _LOOP_PREFIX + name if self is RunKind.LOOP else name
 
+    @classmethod
+    def of_body(cls, body: Mapping[str, Any]) -> RunKind:
+        """The kind a checked checkpoint body says it is (a flow's unless it says ``loop``)."""
+        return cls.LOOP if body.get("kind") == cls.LOOP else cls.FLOW
+
     @staticmethod
     def name_of(column: str) -> str:
         """The flow's or loop's own name from a stored ``flow`` column."""
         return column.removeprefix(_LOOP_PREFIX)
+
+    @property
+    def noun(self) -> str:
+        """What a run of this kind is called in a message: ``flow`` or ``tool loop``."""
+        return "tool loop" if self is RunKind.LOOP else "flow"
+
+    @property
+    def versioned(self) -> bool:
+        """Whether a run of this kind is pinned to a version of what it runs.
+
+        A flow run keeps the flow version it started on (its messages go to that version's
+        queue); a tool loop runs on whatever the deployment's loop is.
+        """
+        return self is RunKind.FLOW
+
+    @property
+    def model_ahead(self) -> int:
+        """How many supersteps past its checkpoint a run of this kind may log a model-call marker.
+
+        A tool loop logs the marker of its next turn's model call before that turn's
+        checkpoint (1); a flow logs no markers (0).
+        """
+        return 1 if self is RunKind.LOOP else 0
 
 
 #: The version of a flow built without one, and of flow runs saved before versions existed.

@@ -38,7 +38,7 @@ def version_queue(queue: str, flow: str, version: str) -> str:
 
 def queue_for(queue: str, flow: str, version: str | None) -> str:
     """Where a message about a run of `flow` goes: its version's queue when the version is known."""
-    if version is None or RunKind.of(flow) is RunKind.LOOP:
+    if version is None or not RunKind.of(flow).versioned:
         return queue
     return version_queue(queue, flow, version)
 

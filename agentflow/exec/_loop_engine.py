@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 from agentflow._errors import (
     ApprovalDenied,
-    CheckpointConflict,
     CheckpointError,
     CheckpointStoreCorrupt,
     ModelError,
@@ -96,7 +95,6 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
     """A tool loop, as the run protocol drives it."""
 
     kind: ClassVar[RunKind] = RunKind.LOOP
-    model_ahead: ClassVar[int] = 1
 
     def __init__(self, model: Model, executor: Executor, name: str) -> None:
         self.model = model
@@ -129,12 +127,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             body = sealer.open_checkpoint(each, run_id)
             if each.step != expected:
                 raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint {expected} is missing from its history")
-            if body.get("kind") != RunKind.LOOP or each.flow != self.column:
-                raise CheckpointConflict(f"run {run_id!r} is not a tool loop named {self.name!r} (it is {each.flow!r})")
-            if body.get("engine") is not None:  # a loop another engine drives (a pydantic-ai agent's)
-                raise CheckpointConflict(
-                    f"run {run_id!r} is a {body['engine']} agent's run, not a tool loop: act on it through its agent"
-                )
+            self.owns(run_id, each, body)
             for raw in body["new"]:
                 message = Message.model_validate(raw)
                 history.append(message)

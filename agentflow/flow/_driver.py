@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentflow._errors import CheckpointConflict, CheckpointError, FlowError
+from agentflow._errors import CheckpointError, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus, version_of
 from agentflow.exec import Executor
@@ -118,10 +118,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         if row is None:
             row = await store.latest(run_id)
         body = sealer.open_checkpoint(row, run_id)
-        if body.get("kind") != RunKind.FLOW:
-            raise CheckpointConflict(f"run {run_id!r} is a {body.get('kind')!r} run, not a flow run")
-        if row.flow != self.flows.name:
-            raise CheckpointConflict(f"run {run_id!r} belongs to flow {row.flow!r}, not {self.flows.name!r}")
+        self.owns(run_id, row, body)
         if self.migration is not None:
             return row, body  # a migration reads any version: the run leaves it
         flow = self.flows.for_run(run_id, version_of(body))

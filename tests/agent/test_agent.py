@@ -279,7 +279,8 @@ async def test_a_changed_checkpoint_is_refused_before_its_messages_are_read(
 async def test_a_plain_tool_loop_of_the_same_name_refuses_an_agent_run(store_setup: StoreSetup, ledger: Ledger) -> None:
     await runner_on(store_setup, make_agent(ledger), "w1").run(PROMPT, run_id="order-1")
     loop = LoopRunner(None, Registry(), checkpoints=store_setup.open(), checkpoint_key=KEY, name="orders")
-    with pytest.raises(CheckpointConflict, match="pydantic-ai agent's run, not a tool loop"):
+    refused = "is a run of pydantic-ai agent 'orders', not a tool loop named 'orders': act on it through its agent"
+    with pytest.raises(CheckpointConflict, match=refused):
         await loop.read("order-1")
 
 

@@ -14,7 +14,9 @@ import pytest
 from _kit.poll import until
 from worker_kit import RIVAL
 
+from agentflow import RunKind
 from agentflow.celery._rechecks import RECHECK
+from agentflow.celery._routing import queue_for
 from agentflow.celery.worker import Outcome
 from agentflow.exec.run.control import control_of
 from agentflow.exec.run.lease import Ownership, take
@@ -179,3 +181,10 @@ def test_flower_hears_of_a_cut_off_superstep_only_from_reruns_or_replays_not_due
     # A rerun always means one; a superstep that replayed nothing found none
     assert rerun.cut_off("next") and rerun.cut_off("resume")
     assert not plain.cut_off("next") and not plain.cut_off("resume")
+
+
+def test_a_flow_runs_message_goes_to_its_versions_queue_and_a_tool_loops_to_the_deployments():
+    # A flow run is pinned to a version (its own queue); a tool loop is not, whatever a message says
+    assert queue_for("agentflow", "tickets", "2") == "agentflow.tickets.v2"
+    assert queue_for("agentflow", "tickets", None) == "agentflow"
+    assert queue_for("agentflow", RunKind.LOOP.column("tickets"), "2") == "agentflow"

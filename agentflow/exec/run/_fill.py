@@ -131,7 +131,7 @@ def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
 
 
 def _state(body: Body) -> Any:
-    if body.get("kind") == RunKind.LOOP:
+    if RunKind.of_body(body) is RunKind.LOOP:
         keys = ("stage", "turn", "model_calls", "max_steps")
         return {k: body.get(k) for k in keys} | {"messages": (body.get("history") or {}).get("len")}
     return body.get("state")
@@ -177,7 +177,7 @@ def fill(
     report.error = latest.get("error")
     report.records = len(records)
     report.forked_from = _lineage(bodies[0])
-    report.version = version_of(latest) if report.kind is RunKind.FLOW else None
+    report.version = version_of(latest) if report.kind.versioned else None
     report.wake = wake_of(latest) if report.status == "paused" else None
     parent = latest.get("parent")
     report.parent = str(parent["run"]) if isinstance(parent, Mapping) and "run" in parent else None

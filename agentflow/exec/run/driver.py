@@ -3,6 +3,7 @@
 `RunProtocol` (in `run.protocol`) owns the sequence every run follows (open, check, claim,
 spend a decision, save); a `RunDriver` owns only what differs between flows and loops:
 - how its checkpoint body is read and written (`read`, `cursor`, `fields`, `after_save`),
+  after `owns` refused a body that is not one of its runs,
 - where it stands (`superstep`) and which of the log's calls belong to that point (`seeds`),
 - how it runs steps (`drive`) and what it returns (`result`);
 - for a kind that can move to another definition (a flow's version), what a move records
@@ -15,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from agentflow._errors import FlowError
+from agentflow._errors import CheckpointConflict, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec.calls.read import CallState, LoggedRecord, analyze
@@ -34,13 +35,30 @@ class RunDriver(ABC, Generic[C, R]):
     """One kind of run (a flow, a tool loop), as the run protocol sees it."""
 
     kind: ClassVar[RunKind]
-    #: How far ahead of its step the kind logs a model-call marker (a tool loop: one turn).
-    model_ahead: ClassVar[int] = 0
+    #: What a checkpoint body names as the engine that writes it (None: the kind's own).
+    engine: ClassVar[str | None] = None
 
     @property
     @abstractmethod
     def column(self) -> str:
         """The ``flow`` column this driver's runs are stored under."""
+
+    def owns(self, run_id: str, row: SealedCheckpoint, body: Mapping[str, Any]) -> None:
+        """Refuse a checked checkpoint that is not one of this driver's runs.
+
+        A run is this driver's when its body says this kind and engine and its row is stored
+        under this driver's column: a flow's runs are not a loop's, nor one flow's another's.
+
+        Raises:
+            CheckpointConflict: another kind of run's checkpoint, another flow's or loop's,
+                or one another engine writes (a pydantic-ai agent's run is not a plain loop's).
+        """
+        kind, engine = body.get("kind"), body.get("engine")
+        if kind == self.kind and engine == self.engine and row.flow == self.column:
+            return
+        found, wanted = _described(kind, engine, row.flow), _described(self.kind, self.engine, self.column)
+        hint = ": act on it through its agent" if engine is not None and self.engine is None else ""
+        raise CheckpointConflict(f"run {run_id!r} is {found}, not {wanted}{hint}")
 
     @abstractmethod
     async def read(
@@ -127,3 +145,13 @@ class RunDriver(ABC, Generic[C, R]):
     @abstractmethod
     def result(self, cur: C, status: RunStatus) -> R:
         """The run as it stands, without running anything."""
+
+
+def _described(kind: Any, engine: Any, column: str) -> str:
+    """What a run is, for an error: ``a tool loop named 'refunds'``, ``a run of pydantic-ai agent 'orders'``."""
+    name = RunKind.name_of(column)
+    if engine is not None:
+        return f"a run of {engine} agent {name!r}"
+    if kind in tuple(RunKind):
+        return f"a {RunKind(kind).noun} named {name!r}"
+    return f"a run of unknown kind {kind!r} stored as {column!r}"

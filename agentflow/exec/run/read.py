@@ -129,8 +129,8 @@ async def _open_log(
                 check_held(run_id, step, body, counts)
                 continue
             at = superstep_of(body)
-            marker_lead = 1 if body.get("kind") == RunKind.LOOP else 0
-            check_records(run_id, step, body, records, at if at is not None else 0, model_ahead=marker_lead)
+            lead = RunKind.of_body(body).model_ahead
+            check_records(run_id, step, body, records, at if at is not None else 0, model_ahead=lead)
         except CheckpointStoreCorrupt as exc:
             problems.append(str(exc))
             ahead = ahead or isinstance(exc, AheadOfCheckpoint)

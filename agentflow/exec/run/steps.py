@@ -426,9 +426,8 @@ class RunSteps(Generic[C, R]):
         if resuming:  # first: records after a paused checkpoint are a rival resume's, not corruption
             check_still_paused(cur.run_id, body, counts_of(records))
         try:
-            counts = check_records(
-                cur.run_id, row.step, body, records, self.driver.superstep(cur), model_ahead=self.driver.model_ahead
-            )
+            lead = self.driver.kind.model_ahead
+            counts = check_records(cur.run_id, row.step, body, records, self.driver.superstep(cur), model_ahead=lead)
         except AheadOfCheckpoint as exc:
             raise await self._moved_on(opened, exc) from None
         return records, counts

@@ -42,7 +42,6 @@ from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 
 from agentflow._errors import (
-    CheckpointConflict,
     CheckpointError,
     CheckpointStoreCorrupt,
     ModelError,
@@ -144,7 +143,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
     """A pydantic-ai agent's run, as the run protocol drives it."""
 
     kind: ClassVar[RunKind] = RunKind.LOOP
-    model_ahead: ClassVar[int] = 1
+    engine: ClassVar[str | None] = ENGINE
 
     def __init__(
         self,
@@ -190,8 +189,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
             body = sealer.open_checkpoint(each, run_id)
             if each.step != expected:
                 raise CheckpointStoreCorrupt(f"run {run_id!r}: checkpoint {expected} is missing from its history")
-            if body.get("kind") != RunKind.LOOP or each.flow != self.column or body.get("engine") != ENGINE:
-                raise CheckpointConflict(f"run {run_id!r} is not a run of agent {self.name!r} (it is {each.flow!r})")
+            self.owns(run_id, each, body)
             first = first or body
             keep = body.get("keep")
             if not isinstance(keep, int) or not 0 <= keep <= len(saved):
@@ -244,7 +242,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
             chains.append(_chain(chains[-1] if chains else _EMPTY_CHAIN, raw))
         cur._next = (raws, chains)
         body: dict[str, Any] = {
-            "engine": ENGINE,
+            "engine": self.engine,
             "stage": cur.stage,
             "turn": cur.turn,
             "model_calls": cur.model_calls,
