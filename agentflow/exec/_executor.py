@@ -120,7 +120,9 @@ class Executor:
             held: the slots of the tool's limits, already taken for this call (`Gate.take`):
                 the first attempt runs on them and gives them back; later attempts take their own.
             before: awaited right before each attempt runs, once it holds its slots (the call
-                log confirms its worker's lease there); what it raises ends the call, untried.
+                log confirms its worker's lease there), and by the tool itself through
+                `CallInfo.confirm_held`; what it raises ends the call (untried, or cut short
+                by the tool before its effect), with no retry.
 
         Raises:
             UnknownTool, ToolArgumentsInvalid: before anything runs.
@@ -142,7 +144,7 @@ class Executor:
                 raise ApprovalDenied(f"call of {spec.name!r} was denied by the approval port")
         attempt = 1
         while True:
-            info = CallInfo(run_id or "", call_id or spec.name, spec.name, attempt)
+            info = CallInfo(run_id or "", call_id or spec.name, spec.name, attempt, held=before)
             span.attempt(attempt)
             began = [time.perf_counter()]  # reset when the attempt starts, past any wait for a slot
             who = {"run_id": run_id, "tool": spec.name, "call_id": call_id}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,11 +21,30 @@ class CallInfo:
     """The tool's name."""
     attempt: int
     """1 for the first attempt, then 2, 3, ... on retries."""
+    held: Callable[[], Awaitable[None]] | None = field(default=None, repr=False, compare=False)
+    """What `confirm_held` awaits: the call log's lease check (None: the run holds no lease)."""
 
     @property
     def idempotency_key(self) -> str:
         """A key that is the same for this call on every worker and after every recovery."""
         return "af-" + hashlib.sha256(f"{self.run_id}\n{self.call_id}".encode()).hexdigest()[:40]
+
+    async def confirm_held(self) -> None:
+        """Make sure this call's worker still holds the run, right before an effect that must happen once.
+
+        Before a tool starts, its worker confirms that it holds the run; a worker that stalls
+        *inside* the tool (a frozen process, a long model call) may be taken over meanwhile,
+        and the new holder may have the call run again on an operator's word. A tool that
+        works a long while before its effect calls this right before the effect: while the
+        lease is surely held it returns at once, with no round trip; else it asks the store.
+        Outside a run that holds a lease (no store), it returns at once.
+
+        Raises:
+            LeaseLost: the worker no longer holds the run. Do not have the effect: let the
+                error propagate, and the call stays in doubt for whoever holds the run now.
+        """
+        if self.held is not None:
+            await self.held()
 
 
 _current: ContextVar[CallInfo | None] = ContextVar("agentflow_current_call", default=None)

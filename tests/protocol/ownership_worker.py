@@ -14,6 +14,8 @@ Modes:
       (their `make_tickets` pause), slow_lookup after it (its `Tickets.gate`); either way
       the call's ``started`` record is stored. TOOL ``port`` blocks in the runner's approval
       port instead (the port is asked after ``started``), then approves (WIRE's wire_money).
+      TOOL ``charge_card+confirm`` blocks inside charge_card as above, then confirms its
+      worker's lease itself (`CallInfo.confirm_held`) before its effect.
       Each ``--hold`` run (stored already) is held the same way, as a worker holds a run it
       moves, until the gate opens
       (``{"event": "held", ...}``). Ends with ``{"event": "end", "jobs": {RUN_ID: outcome}}``.
@@ -82,15 +84,23 @@ class Blocker:
     """Blocks the first invocation of one tool of one run until the gate file exists, and says so."""
 
     def __init__(self, run_id: str, tool: str, gate: Path, owner: str) -> None:
-        self.run_id, self.tool, self.gate, self.owner = run_id, tool, gate, owner
+        self.tool, _, then = tool.partition("+")
+        self.run_id, self.gate, self.owner = run_id, gate, owner
+        self.confirms = then == "confirm"
         self.armed = True
         self.tickets: Tickets | None = None
 
     async def pause(self) -> None:
-        """The ticket tools' pause (before their effect): block the first invocation of the tool."""
+        """The ticket tools' pause (before their effect): block the first invocation of the tool.
+
+        A ``+confirm`` tool then confirms its worker's lease before its effect, as a tool that
+        works long before its effect does.
+        """
         if self.armed and current_call().tool == self.tool:
             self.armed = False
             await self.block()
+            if self.confirms:
+                await current_call().confirm_held()
 
     async def watch(self, release: asyncio.Event, entered: asyncio.Event) -> None:
         """For a tool held by `Tickets.gate` (slow_lookup, after its effect): block there, then let it go."""

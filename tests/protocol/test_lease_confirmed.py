@@ -5,8 +5,10 @@ an approval port that takes long, a retry's backoff) and be taken over. Right be
 attempt of a tool, its worker confirms the lease: by its own clock while it is sure, else by
 one renewal, else, if the lease lapsed and nobody took it, by taking it back and finding the
 run unclaimed. A worker that cannot confirm runs nothing (`LeaseLost`), and the call stays in
-doubt for whoever holds the run now. The real-process form (a worker frozen with SIGSTOP) is
-in tests/protocol/test_ownership.py; the simulation checks the rule under every schedule.
+doubt for whoever holds the run now. A tool that works long before its effect confirms the
+lease itself right before it (`CallInfo.confirm_held`). The real-process forms (a worker frozen
+with SIGSTOP before its tool, and inside one) are in tests/protocol/test_ownership.py; the
+simulation checks the rule under every schedule.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 from agentflow import Call, Executor, Flow, FlowRunner, Registry
 from agentflow._events import Event
 from agentflow.errors import LeaseLost, RecoveryNeedsDecision
+from agentflow.exec import current_call
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
 from agentflow.exec.run.lease import SURE, Ownership, holding, take
 
@@ -245,3 +248,64 @@ async def test_a_retry_after_the_run_was_taken_over_is_not_attempted():
     # Then no later attempt ran, and nothing says the call failed: it is in doubt
     assert ran == [40]
     assert [c.kind for c in await store.calls(RUN)] == ["started"]
+
+
+# -- from inside the tool (`CallInfo.confirm_held`) ------------------------------------------------
+
+
+async def quick_work() -> None:
+    """The work before the effect of a tool whose worker keeps its hold throughout."""
+
+
+def confirming_wire(ran: list[int], before_effect: Any) -> Registry:
+    """`wire`: does `before_effect` (its long work), confirms its worker's lease itself, then wires."""
+    registry = Registry()
+
+    @registry.tool
+    async def wire(amount: int) -> str:
+        await before_effect()
+        await current_call().confirm_held()
+        ran.append(amount)
+        return f"wired {amount}"
+
+    return registry
+
+
+async def test_a_tool_that_confirms_its_lease_after_a_takeover_stops_before_its_effect():
+    ran: list[int] = []
+    store = MemoryCheckpointStore()
+    rival = Rival(store)
+    # Given a wire whose long work before its effect outlasts its worker's hold: another worker takes the run
+    runner = FlowRunner(Executor(confirming_wire(ran, rival.take_over)), checkpoints=store, lease_s=0.3)
+    rival.watch(runner)
+    # When the tool confirms the lease right before its effect
+    with pytest.raises(LeaseLost, match="stopped before its effect"):
+        await runner.run(WIRES, Wire(amount=40), run_id=RUN)
+    # Then it had no effect, and the call is in doubt: started, and nothing says it failed
+    assert ran == []
+    assert [e.name for e in rival.seen] == ["lease.lost", "tool.withheld"]
+    assert [c.kind for c in await store.calls(RUN)] == ["started"]
+    # And whoever holds the run next asks for a decision about it; a rerun wires once
+    await rival.let_go()
+    later = FlowRunner(Executor(confirming_wire(ran, quick_work)), checkpoints=store)
+    with pytest.raises(RecoveryNeedsDecision, match="wire"):
+        await later.recover(WIRES, RUN)
+    await later.decide_in_doubt(WIRES, RUN, operator="ops")
+    assert (await later.recover(WIRES, RUN)).status == "done"
+    assert ran == [40]
+
+
+async def test_a_tool_that_confirms_a_lease_its_worker_surely_holds_goes_on_with_no_round_trip():
+    ran: list[int] = []
+    store = CountedRenewals()
+    runner = FlowRunner(Executor(confirming_wire(ran, quick_work)), checkpoints=store)
+    result = await runner.run(WIRES, Wire(amount=40), run_id=RUN)
+    assert result.status == "done" and ran == [40]
+    assert store.renewals == 0
+
+
+async def test_a_tool_run_outside_a_held_run_confirms_at_once():
+    # A tool called by a bare executor (no store, no lease) has nothing to confirm
+    ran: list[int] = []
+    assert await Executor(confirming_wire(ran, quick_work)).run("wire", {"amount": 40}) == "wired 40"
+    assert ran == [40]

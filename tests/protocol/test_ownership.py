@@ -192,6 +192,15 @@ async def lapsed(store: CheckpointStore, run_ids: list[str]) -> None:
     await until(check, f"the leases of {run_ids} to lapse", timeout_s=DEADLINE_S, every=0.01)
 
 
+async def frozen_past_its_lease(store: CheckpointStore, run_id: str, worker: Worker, blocked: dict[str, Any]) -> None:
+    """Freeze (SIGSTOP) the blocked `worker` right after a renewal of its lease, and wait until that lease lapsed."""
+    lease = (await store.leases([run_id]))[run_id]
+    assert lease.owner == blocked["owner"]
+    await renewed(store, run_id, lease)
+    worker.freeze()
+    await lapsed(store, [run_id])
+
+
 async def rows(store: CheckpointStore, run_id: str) -> tuple[list[SealedCheckpoint], list[SealedCall]]:
     return list(await store.history(run_id)), list(await store.calls(run_id))
 
@@ -444,11 +453,7 @@ async def test_a_worker_frozen_between_started_and_its_tool_runs_no_tool_once_ta
     blocked = await worker.next("blocked")
     async with opened(shared_spec) as raw:
         # When it is frozen (SIGSTOP) right after a renewal, and its lease lapses
-        lease = (await raw.leases(["wire-1"]))["wire-1"]
-        assert lease.owner == blocked["owner"]
-        await renewed(raw, "wire-1", lease)
-        worker.freeze()
-        await lapsed(raw, ["wire-1"])
+        await frozen_past_its_lease(raw, "wire-1", worker, blocked)
         # And this process takes the run over: the wire in doubt asks for a decision; the operator
         # checks the bank (no wire went out) and says rerun; it wires once (this process approves)
         runner = FlowRunner(
@@ -475,6 +480,43 @@ async def test_a_worker_frozen_between_started_and_its_tool_runs_no_tool_once_ta
         # run stands as this process finished it, and checks
         assert end["writes"] == ["save:0:running", "record:started:wire"], end
         await consistent(raw, "wire-1")
+
+
+async def test_a_tool_frozen_before_its_effect_has_none_once_taken_over_when_it_confirms_its_lease(
+    shared_spec, tmp_path, spawn
+):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    # Given a worker process inside charge_card (not idempotent), before its effect, a tool that confirms
+    # its worker's lease right before that effect (`CallInfo.confirm_held`); its lease is 1 s
+    worker = spawn(*worker_args("run", shared_spec, tmp_path, "--job", "tickets:order-1:charge_card+confirm"))
+    blocked = await worker.next("blocked")
+    async with opened(shared_spec) as raw:
+        # When it is frozen (SIGSTOP) right after a renewal, and its lease lapses
+        await frozen_past_its_lease(raw, "order-1", worker, blocked)
+        # And this process takes the run over: the charge in doubt asks for a decision; the operator checks
+        # the card (no charge yet) and says rerun; the run ends, and the card is charged once
+        runner = FlowRunner(Executor(make_tickets(ledger).registry), checkpoints=raw, checkpoint_key=KEY, owner=TESTER)
+        with pytest.raises(RecoveryNeedsDecision, match="charge_card"):
+            await runner.recover(TICKETS, "order-1")
+        await runner.decide_in_doubt(TICKETS, "order-1", operator="ops")
+        assert (await runner.recover(TICKETS, "order-1")).status == "done"
+        assert ledger.counts("order-1")["charge_card"] == 1
+
+        # When the worker wakes up (SIGCONT) inside the tool, which confirms its lease before the charge
+        (tmp_path / "gate").touch()
+        worker.wake()
+        end = (await worker.next("end"))["jobs"]["order-1"]
+
+        # Then the tool found the lease gone and stopped before its effect: the card was charged once
+        assert (end["outcome"], end["error"]) == ("refused", "LeaseLost"), end
+        assert "charge_card" in end["message"] and "stopped before its effect" in end["message"]
+        assert "charge_card" not in end["ran"]
+        assert ledger.counts("order-1")["charge_card"] == 1
+        # And it wrote nothing after it woke (its last write: the pay node's started, before the freeze); the
+        # run stands as this process finished it, and checks
+        before_freeze = ["save:0:running", "record:started:hold", "record:done:hold", "save:1:running"]
+        assert end["writes"] == [*before_freeze, "record:started:pay"], end
+        await consistent(raw, "order-1")
 
 
 # -- 3. takers racing for a lapsed lease -------------------------------------------------------

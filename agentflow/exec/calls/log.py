@@ -327,9 +327,10 @@ class CallLog:
         owner = self.lease.lease.owner
         self.executor.events.emit("tool.withheld", self.run_id, tool=tool.name, call_id=request.call_id, owner=owner)
         raise LeaseLost(
-            f"run {self.run_id!r}: the lease of {owner} lapsed before tool {tool.name!r} could run (call "
-            f"{request.call_id}), and another worker took the run meanwhile (or the store could not be reached): "
-            "the tool did not run; the call stays in doubt for whoever holds the run now (it did not happen here)"
+            f"run {self.run_id!r}: the lease of {owner} lapsed before tool {tool.name!r} could have its effect "
+            f"(call {request.call_id}), and another worker took the run meanwhile (or the store could not be "
+            "reached): the tool did not run, or stopped before its effect when it confirmed the lease itself; "
+            "the call stays in doubt for whoever holds the run now"
         )
 
     async def _unclaimed(self) -> bool:
