@@ -69,7 +69,7 @@ from agentflow.celery._config import celery_config, task_options
 from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._task_states import ANSWERED, ANSWERING, LOST, REFUSED, SKIPPED, settle
-from agentflow.celery.follow_ups import FollowUp, after_superstep, after_sweep
+from agentflow.celery.follow_ups import FollowUp, after_child, after_superstep, after_sweep
 from agentflow.celery.worker import Outcome, Worker
 from agentflow.exec.checkpoints import CheckpointStore
 
@@ -154,11 +154,8 @@ class AgentflowTasks:
             self.send_follow_up(up)
         if outcome.done == "elsewhere":
             self.send_on(task, flow, run_id, step, cause, outcome)
-        if outcome.parent is not None and outcome.status in ("done", "failed", "cancelled"):
-            waiting = self.bridge.run(worker.parent_waiting(outcome.parent))
-            if waiting is not None:  # a child ended: its parent goes on (the sweep would find it too, later)
-                parent_flow, parent_step, version = waiting
-                self.send_superstep(parent_flow, outcome.parent, parent_step, "wake", version=version)
+        for up in self.bridge.run(after_child(worker, outcome)):  # a child ended: its parent goes on
+            self.send_follow_up(up)
         return outcome
 
     def settle_earlier(self, task: Task, outcome: Outcome, cause: str) -> None:

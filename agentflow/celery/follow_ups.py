@@ -3,6 +3,8 @@
 - After a superstep (`after_superstep`): a run found held is looked at again once its lease
   ends (a ``recheck``, sent to arrive `recheck_margin_s` after it); a run that goes on gets
   its next superstep (``next``), on its flow version's queue.
+- After a superstep that ended a child run (`after_child`): a ``wake`` for its parent, when
+  the parent still waits for its children (else the sweep finds it, later).
 - After a sweep (`after_sweep`): a ``recover`` for every stranded run, a ``recheck`` for
   every held one (on a worker's start), a ``wake`` for every paused run whose timer is due.
 
@@ -15,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agentflow.exec.checkpoints.records import ENDED
+
 if TYPE_CHECKING:
     from agentflow.celery._stranded import Stranded
-    from agentflow.celery.worker import Outcome
+    from agentflow.celery.worker import Outcome, Worker
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,17 @@ def after_superstep(outcome: Outcome, flow: str, run_id: str, step: int) -> list
     if outcome.next_step is not None:
         sent.append(FollowUp(flow, run_id, outcome.next_step, "next", version=outcome.version))
     return sent
+
+
+async def after_child(worker: Worker, outcome: Outcome) -> list[FollowUp]:
+    """What a superstep task sends after `outcome` ended a child run: its parent's ``wake``, if the parent waits."""
+    if outcome.parent is None or outcome.status not in ENDED:
+        return []
+    waiting = await worker.parent_waiting(outcome.parent)
+    if waiting is None:
+        return []
+    flow, step, version = waiting
+    return [FollowUp(flow, outcome.parent, step, "wake", version=version)]
 
 
 def after_sweep(found: Stranded) -> list[FollowUp]:

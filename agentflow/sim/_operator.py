@@ -5,7 +5,9 @@ and the viewer show) and, as a careful person would:
 - decides the calls in doubt of a run nobody holds, after checking the world (the ledger):
   `Happened` with the result when the effect is there (now and then a careless `Rerun`),
   else `Rerun` or `DidNotHappen`; then sends the message that spends the decision;
-- approves (or now and then denies) a paused run's pending calls, and sends the resume;
+- approves (or now and then denies) a paused run's pending calls, and sends the resume; at
+  half the visits it lets them wait, so that an approval's deadline (the sweep's ``wake``)
+  races the person's answer;
 - retries a failed run (a tool loop refuses: noted), noting the failed calls without a ``done`` it runs again: a grant;
 - now and then cancels a running run (not in the drain).
 A verify problem is a broken invariant. Errors the operations answer with (the run moved
@@ -62,7 +64,8 @@ class Operator:
             return
         cancel = report.status == "running" and not ep.draining and ep.rng.random() < ep.config.cancel
         run = worker.runs.of(flow)
-        if report.status == "paused" and report.lease is None and report.pending:
+        answers = ep.draining or ep.rng.random() < 0.5  # else the approval waits (for its deadline, if it has one)
+        if report.status == "paused" and report.lease is None and report.pending and answers:
             approve = ep.rng.random() < 0.9
             result = await run.resume(run_id, approve=approve, max_supersteps=0, operator="sim-operator")
             ep.sched.note(f"operator: {'approved' if approve else 'denied'} {run_id}")
@@ -86,6 +89,8 @@ class Operator:
     def decision(self, run_id: str, call_id: str, tool: str, args: Any) -> InDoubtDecision:
         """What the operator says about a call in doubt, after checking its system (the ledger)."""
         ep = self.episode
+        if tool not in PAST:  # the tool loop's waiting tool: idempotent, and its result is a time; it runs again
+            return Rerun()
         if ep.world.happened(run_id, call_id):
             if ep.rng.random() < 0.05:
                 return Rerun()  # a careless operator: the invariant allows the rerun it signed

@@ -19,6 +19,7 @@ def describe(report: Report) -> str:
     lines = [
         f"== {report.setup}: seed {report.seed}: {stats.steps:,} steps in {report.seconds:.1f} s ({rate:,.0f} steps/s)",
         f"   {report.episodes} episodes, {report.runs} runs ({ends}), {report.effects} tool effects",
+        f"   claims: {', '.join(f'{cause} {n}' for cause, n in sorted(report.claims.items())) or 'none'}",
         f"   faults: {faults}",
     ]
     lines.append(f"   points: {len(stats.points)} kinds of point where a task parked")

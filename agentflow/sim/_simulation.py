@@ -1,8 +1,9 @@
 """One simulation: episodes of runs moved by workers, a sweep and an operator, under a seeded schedule.
 
-An episode starts a few runs (one per flow of `_world.make_app`, more when asked) on fresh
-storage, with 2 to 4 workers, the ``recover_all`` sweep and an operator, all actors on the
-real code: each worker is an `agentflow.celery.Worker` (the superstep logic of the Celery
+An episode starts a few runs (one per flow the client starts, `_world.STARTED`, and the tool
+loop; more when asked) on fresh storage, and the child runs the workers start join them
+(`find_children`). Its actors are 2 to 4 workers, the ``recover_all`` sweep and an operator,
+all on the real code: each worker is an `agentflow.celery.Worker` (the superstep logic of the Celery
 tasks, without Celery) whose messages come from the simulated `Broker`; the sweep calls
 `Worker.stranded` as the beat's ``recover_all`` does; the operator reads each run with the
 audit read model and acts through the public operations (decide calls in doubt, approve,
@@ -23,6 +24,7 @@ import json
 import random
 import traceback
 import zlib
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from agentflow._errors import (
 )
 from agentflow._run_types import RunKind
 from agentflow.celery import WorkerSettings
-from agentflow.celery.follow_ups import FollowUp, after_superstep, after_sweep
+from agentflow.celery.follow_ups import FollowUp, after_child, after_superstep, after_sweep
 from agentflow.celery.worker import Worker
 from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import CheckpointStore
@@ -48,7 +50,7 @@ from agentflow.sim._operator import KEY, Operator
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
-from agentflow.sim._world import LOOP, LOOP_STEPS, Order, World, expected_states, make_app
+from agentflow.sim._world import LOOP, LOOP_STEPS, STARTED, Order, World, expected_states, make_app
 
 
 @dataclass
@@ -135,6 +137,8 @@ class Report:
     episodes: int = 0
     runs: int = 0
     ends: dict[str, int] = field(default_factory=dict)
+    claims: Counter[str] = field(default_factory=Counter)
+    """The claims the runs took, by cause (a wake by what it woke: a timer, an approval's deadline)."""
     effects: int = 0
     seconds: float = 0.0
     failure: Failure | None = None
@@ -234,7 +238,18 @@ class Episode(Points):
     def _worker(self, name: str) -> Worker:
         worker = Worker(self.app, self._open, KEY, self.config.settings)
         worker.node = name
+        worker.send = self._send_from_thread  # a `Child` node's start, as the Celery tasks enqueue it
         return worker
+
+    def _send_from_thread(self, flow: str, run_id: str, step: int, cause: str, *, version: str | None = None) -> str:
+        """What `Worker.send` does in the simulation: the message goes to the broker, on the loop's thread.
+
+        It is called on a thread (`QueuedChildren` enqueues as a Celery task publishes) while the
+        task that called it waits and every other task is parked, so the send lands before that
+        task goes on, in the same place of every replay.
+        """
+        self.sched.loop.call_soon_threadsafe(self.send, Message(flow, run_id, step, cause))
+        return f"sim-{run_id}-{step}-{cause}"
 
     # -- actors ------------------------------------------------------------------------------
 
@@ -274,6 +289,10 @@ class Episode(Points):
                 self.in_hand.pop(name, None)
             self.sched.note(f"{name}: {msg} -> {outcome.done} {outcome.status or ''} {outcome.step}")
             self.follow_up(after_superstep(outcome, msg.flow, msg.run_id, msg.step))
+            try:
+                self.follow_up(await after_child(worker, outcome))  # a child ended: its parent's wake
+            except CheckpointError as exc:  # the store failed reading the parent: the sweep wakes it later
+                self.sched.note(f"{name}: the wake of {outcome.parent} failed: {exc}")
 
     def follow_up(self, sent: list[FollowUp]) -> None:
         """Send what the Celery task would send next (`agentflow.celery.follow_ups`: the one rule)."""
@@ -301,7 +320,7 @@ class Episode(Points):
 
     async def client_actor(self) -> None:
         worker = self._worker("client")
-        names = [*self.app.flows, RunKind.LOOP.column(LOOP)]
+        names = [*STARTED, RunKind.LOOP.column(LOOP)]
         for i in range(self.config.runs):
             flow = names[i % len(names)]
             run_id = f"r{i}-{flow.replace(':', '-')}"
@@ -317,6 +336,7 @@ class Episode(Points):
         operator = Operator(self, self._worker("operator"))
         while True:
             await asyncio.sleep(self.config.operator_every_s)
+            await self.find_children()
             for run_id, flow in sorted(self.flows.items()):
                 await operator.visit(run_id, flow)
 
@@ -413,8 +433,20 @@ class Episode(Points):
                     lines.append(f"  call {rec.segment}.{rec.seq} {rec.kind} {json.loads(rec.payload).get('call_id')}")
         return lines
 
+    async def find_children(self) -> None:
+        """Add the runs the workers started as children to the runs of the episode (read without points).
+
+        The operator looks after them as after every run (their calls in doubt too), and every
+        one of them must end like the runs the client started.
+        """
+        for run_id in await self.raw.stored_runs():
+            if run_id not in self.flows:
+                with contextlib.suppress(AgentflowError):
+                    self.flows[run_id] = (await self.raw.latest(run_id)).flow
+
     async def ended(self) -> dict[str, str]:
-        """Each run's latest status, read without points."""
+        """Each run's latest status, read without points (the children found so far among them)."""
+        await self.find_children()
         statuses = {}
         for run_id in self.flows:
             try:
@@ -422,6 +454,18 @@ class Episode(Points):
             except AgentflowError:
                 statuses[run_id] = "missing"
         return statuses
+
+    async def claims(self) -> Counter[str]:
+        """The claims the episode's runs took, by cause (a wake by what it woke: ``wake:timer``, ``wake:approval``)."""
+        counted: Counter[str] = Counter()
+        for run_id in self.flows:
+            with contextlib.suppress(AgentflowError):
+                bodies = [json.loads(row.payload) for row in await self.raw.history(run_id)]
+                for before, body in zip([{}, *bodies], bodies, strict=False):
+                    if "claim" in body:
+                        woke = (before.get("wake") or {}).get("for") if body["claim"] == "wake" else None
+                        counted[f"wake:{woke}" if woke else str(body["claim"])] += 1
+        return counted
 
     async def run(self) -> int:
         """Run the episode to its end; return its steps. Raises `EpisodeFailed` on a broken invariant."""
@@ -556,6 +600,7 @@ def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int
                     report.runs += len(ep.flows)
                     for status in loop.run_until_complete(_statuses(ep)).values():
                         report.ends[status] = report.ends.get(status, 0) + 1
+                    report.claims.update(loop.run_until_complete(ep.claims()))
                 finally:
                     loop.close()
                 episode += 1

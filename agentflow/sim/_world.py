@@ -28,9 +28,11 @@ and at the end of an episode (`_simulation.Episode.check_end`):
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,7 +41,7 @@ from agentflow._app import FlowApp, LoopSpec
 from agentflow.exec import Registry, current_call
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
 from agentflow.exec.seal import Sealer
-from agentflow.flow import Call, Flow
+from agentflow.flow import Call, Child, Flow, Wait
 from agentflow.models import Message, ToolCall
 from agentflow.sim._scheduler import ACTOR
 
@@ -188,15 +190,21 @@ class World:
 
 
 class Shopper:
-    """The tool loop's model: asks to look and to charge in one reply, then answers (from the conversation alone).
+    """The tool loop's model: asks to look and to charge in one reply, then to wait, then answers.
+
+    It decides from the conversation alone: the first reply asks for the look and the charge,
+    the one after their results asks to check back later (a waiting tool: the loop pauses
+    until then), the one after that answers.
 
     It keeps nothing between calls, so a worker that recovers the loop gets the same replies
     from its own instance: what a replayed model call needs.
     """
 
     async def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
-        if any(m.role == "tool" for m in messages):
+        if any(m.role == "tool" and m.tool_call_id == "later-1" for m in messages):
             return Message(role="assistant", content="all done")
+        if any(m.role == "tool" for m in messages):
+            return Message(role="assistant", tool_calls=(ToolCall(id="later-1", name="later", arguments={}),))
         order = messages[0].content
         calls = (
             ToolCall(id="look-1", name="look", arguments={"order": order}),
@@ -209,6 +217,12 @@ class Shopper:
 LOOP = "agent"
 #: The most model calls a simulated tool loop may make.
 LOOP_STEPS = 4
+#: How long the shop flow cools off between the charge and the mail, and the tool loop waits to check back.
+COOL_OFF_S = 45.0
+#: How long the wire flow's approval waits for the operator before its deadline denies it.
+APPROVAL_DEADLINE_S = 90.0
+#: The flows the client starts (the tool loop besides); ``notify`` runs only as the fan-out's child.
+STARTED = ("shop", "fan", "wire")
 
 
 def make_app(world: World) -> FlowApp:
@@ -235,6 +249,11 @@ def make_app(world: World) -> FlowApp:
         await world.tool("wire")
         return f"wired {order}"
 
+    @registry.tool(idempotent=True, waits=True)
+    async def later() -> datetime:
+        await world.tool("later")
+        return datetime.fromtimestamp(time.time() + COOL_OFF_S, UTC)  # the virtual clock (datetime.now is not)
+
     async def check_then_pay(state: Order, handle: Any) -> dict[str, object]:
         # Two calls in one node: a worker stalled in the idempotent one can start the other late.
         checked = await handle.call("look", order=state.order + "/again")
@@ -248,16 +267,19 @@ def make_app(world: World) -> FlowApp:
         Flow("shop", state=Order)
         .node("look", Call("look", args=of, into="looked"))
         .node("pay", check_then_pay)
+        .node("cool_off", Wait(seconds=COOL_OFF_S))
         .node("mail", Call("mail", args=of, into="mailed"))
         .edge("look", "pay")
-        .edge("pay", "mail")
+        .edge("pay", "cool_off")
+        .edge("cool_off", "mail")
         .end("mail")
     )
+    notify = Flow("notify", state=Order).node("mail", Call("mail", args=of, into="mailed")).end("mail")
     fan = (
         Flow("fan", state=Order)
         .node("look", Call("look", args=of, into="looked"))
         .node("charge", Call("charge", args=of, into="paid"))
-        .node("mail", Call("mail", args=of, into="mailed"))
+        .node("mail", Child(notify, state=of, into="mailed", result=lambda child: child.mailed))
         .edge("look", "charge")
         .edge("look", "mail")
         .end("charge")
@@ -266,12 +288,12 @@ def make_app(world: World) -> FlowApp:
     wire_flow = (
         Flow("wire", state=Order)
         .node("look", Call("look", args=of, into="looked"))
-        .node("wire", Call("wire", args=of, into="wired"))
+        .node("wire", Call("wire", args=of, into="wired", timeout_s=APPROVAL_DEADLINE_S, on_timeout="deny"))
         .edge("look", "wire")
         .end("wire")
     )
     loop = LoopSpec(model_factory=Shopper, registry=registry, max_steps=LOOP_STEPS)
-    return FlowApp(registry, [shop, fan, wire_flow], loops={LOOP: loop})
+    return FlowApp(registry, [shop, fan, wire_flow, notify], loops={LOOP: loop})
 
 
 def expected_states(app: FlowApp, orders: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -282,6 +304,10 @@ def expected_states(app: FlowApp, orders: Mapping[str, str]) -> dict[str, dict[s
         state.looked = f"looked {run_id}"
         if flow.startswith("loop:"):
             continue  # a loop's outcome is its conversation: checked by verify, not compared here
+        if flow == "notify":  # a fan-out's child (run id ``<parent>.<node>.<superstep>``): the parent's order
+            parent = run_id.split(".")[0]
+            out[run_id] = Order(order=parent, mailed=f"mailed {parent}").model_dump()
+            continue
         if flow == "shop":
             state.checked, state.paid, state.mailed = f"looked {run_id}/again", f"charged {run_id}", f"mailed {run_id}"
         elif flow == "fan":

@@ -41,6 +41,9 @@ def test_the_run_protocol_keeps_every_invariant_under_faults(setup: str) -> None
     kinds = {"crash", "stall", "store-fails-before", "store-fails-after", "message-lost", "message-doubled"}
     assert kinds <= set(report.stats.faults), describe(report)
     assert report.ends.get("done", 0) > 0 and report.effects > 0, describe(report)
+    # And runs waited on every path a run can wait on, under those faults: a timer, an approval's
+    # deadline, a child run
+    assert {"wake:timer", "wake:approval", "wake:child"} <= set(report.claims), describe(report)
 
 
 @pytest.mark.parametrize("setup", sorted(SLICE))
