@@ -3,8 +3,8 @@
 An episode starts a few runs (one per flow the client starts, `_world.STARTED`, and the tool
 loop; more when asked) on fresh storage, and the child runs the workers start join them
 (`find_children`). Its actors are 2 to 4 workers, the ``recover_all`` sweep and an operator,
-all on the real code: each worker is an `agentflow.celery.Worker` (the superstep logic of the Celery
-tasks, without Celery) whose messages come from the simulated `Broker`; the sweep calls
+all on the real code: each worker is an `agentflow.celery.Worker` (the superstep logic of
+the Celery tasks, without Celery) whose messages come from the simulated `Broker`; the sweep calls
 `Worker.stranded` as the beat's ``recover_all`` does; the operator reads each run with the
 audit read model and acts through the public operations (decide calls in doubt, approve,
 retry, cancel). Faults land while the episode runs; then a drain phase without new faults
@@ -138,7 +138,7 @@ class Report:
     runs: int = 0
     ends: dict[str, int] = field(default_factory=dict)
     claims: Counter[str] = field(default_factory=Counter)
-    """The claims the runs took, by cause (a wake by what it woke: a timer, an approval's deadline)."""
+    """The claims the runs took, by cause (a wake by what it woke: a timer, an approval's deadline, a child)."""
     effects: int = 0
     seconds: float = 0.0
     failure: Failure | None = None
@@ -456,7 +456,7 @@ class Episode(Points):
         return statuses
 
     async def claims(self) -> Counter[str]:
-        """The claims the episode's runs took, by cause (a wake by what it woke: ``wake:timer``, ``wake:approval``)."""
+        """The claims the episode's runs took, by cause (a wake by what it woke: ``wake:timer``, ``wake:child``...)."""
         counted: Counter[str] = Counter()
         for run_id in self.flows:
             with contextlib.suppress(AgentflowError):
