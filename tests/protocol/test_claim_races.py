@@ -122,7 +122,7 @@ async def test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale(store_
 
 @pytest.mark.parametrize("store_setup", setups("fakeredis", "redis"), indirect=True)
 async def test_a_late_started_hidden_by_a_rewound_counter_still_stops_a_claim(store_setup: StoreSetup) -> None:
-    # Found by the simulation (tests/sim/test_regression_seeds.py, "hidden-late-started"): race 1 and
+    # Found by the simulation (tests/sim/test_regression_seeds.py says how, and why its seed is retired): race 1 and
     # race 2 at once. A late started lands between B's read and B's claim, and someone sets A's record
     # counter back at once, so the count B makes after its claim puts the record in B's own segment.
     tickets = make_tickets()
