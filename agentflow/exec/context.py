@@ -37,7 +37,8 @@ class CallInfo:
         and the new holder may have the call run again on an operator's word. A tool that
         works a long while before its effect calls this right before the effect: while the
         lease is surely held it returns at once, with no round trip; else it asks the store.
-        Outside a run that holds a lease (no store), it returns at once.
+        Outside a run that holds a lease (no store), it returns at once. It is a coroutine,
+        for async tools: a sync tool runs on a thread of its own, where it cannot be awaited.
 
         Raises:
             LeaseLost: the worker no longer holds the run. Do not have the effect: let the
