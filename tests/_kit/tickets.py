@@ -208,6 +208,39 @@ def make_tickets(
     return t
 
 
+def redeployed(
+    registry: Registry,
+    *,
+    idempotent: Mapping[str, bool] | None = None,
+    approval: Mapping[str, bool] | None = None,
+    gone: Iterable[str] = (),
+) -> Registry:
+    """The same tool bodies as a later deploy declares them: some flags changed, some tools gone.
+
+    Args:
+        registry: the tools of the deploy before.
+        idempotent: per tool name, its `idempotent` flag in the new deploy.
+        approval: per tool name, whether it needs approval in the new deploy.
+        gone: tools the new deploy no longer has (removed, or renamed away).
+    """
+    flags, asks, dropped = dict(idempotent or {}), dict(approval or {}), set(gone)
+    new = Registry()
+    for tool in registry:
+        if tool.name in dropped:
+            continue
+        new.add(
+            tool.fn,
+            name=tool.name,
+            idempotent=flags.get(tool.name, tool.idempotent),
+            approval=asks.get(tool.name, tool.approval),
+            retry=tool.retry,
+            timeout_s=tool.timeout_s,
+            description=tool.description,
+            waits=tool.waits,
+        )
+    return new
+
+
 def _order_tools(t: Tickets, pause: Callable[[], Awaitable[None]]) -> None:
     registry = t.registry
 

@@ -18,7 +18,7 @@ import pytest
 from _kit.faults import FaultyStore
 from _kit.stores import Rows, StoreSetup
 from _kit.tickets import KEY, Ledger, Tickets, make_tickets
-from agentflow import Event, Events, Executor, FlowRunner
+from agentflow import Event, Events, Executor, FlowRunner, Registry
 from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckpoint
 
 
@@ -73,9 +73,10 @@ class Workers:
         key: bytes | list[bytes] = KEY,
         approver: Callable[..., Any] | None = None,
         store: FaultyStore | None = None,
+        registry: Registry | None = None,
     ) -> FlowRunner:
-        """A new worker: its own executor (on the shared tools) and its own store object."""
-        executor = Executor(self.tickets.registry, approver=approver, events=self.hub)
+        """A new worker: its own executor (on the shared tools, or `registry`: another deploy's) and its own store."""
+        executor = Executor(registry or self.tickets.registry, approver=approver, events=self.hub)
         return FlowRunner(executor, checkpoints=store or self.store(), checkpoint_key=key)
 
     def named(self, name: str) -> list[Event]:

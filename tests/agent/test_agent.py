@@ -120,6 +120,22 @@ async def test_a_cut_off_charge_parks_the_run_and_never_runs_again_on_its_own(
     assert ledger.counts("order-1")["charge"] == 1
 
 
+async def test_a_charge_declared_idempotent_since_it_was_cut_off_still_waits_for_a_decision(
+    store_setup: StoreSetup, ledger: Ledger
+) -> None:
+    # Given a worker of v1 (charge not idempotent) that died inside charge: the card was charged
+    await killed_in(store_setup, ledger, "charge")
+    # When v2, which declares charge idempotent, recovers the run
+    v2 = DurableAgent(make_agent(ledger), name="orders", idempotent={"lookup_order", "charge"})
+    runner = v2.runner(store_setup.open(), KEY, owner="v2", lease_s=KILLED_LEASE_S)
+    with pytest.raises(RecoveryNeedsDecision) as asked:
+        await once_lapsed(lambda: runner.recover("order-1"))
+    # Then the charge waits for a decision, as its signed record says, and ran once
+    [(tool, why)] = asked.value.calls
+    assert tool == "charge" and "not idempotent when the call started" in why
+    assert ledger.counts("order-1")["charge"] == 1
+
+
 async def test_a_rerun_decision_runs_the_cut_off_call_once_more(store_setup: StoreSetup, ledger: Ledger) -> None:
     await killed_in(store_setup, ledger, "charge")
     runner = runner_on(store_setup, make_agent(ledger), "w2")

@@ -263,13 +263,14 @@ class Deployment:
 
         await until(started, f"a call of {tool} started in {run_id}", timeout_s=timeout_s, every=0.05)
 
-    async def parked_run(self, worker: str = "w1", successor: str = "w2") -> str:
+    async def parked_run(self, worker: str = "w1", successor: str = "w2", successor_app: str | None = None) -> str:
         """A ticket run parked on charge_card in doubt: its worker was SIGKILLed right after the charge.
 
         The worker `worker` runs the run with slow tools and is killed (its whole process
-        group) once charge_card had its effect; `successor` starts (fast tools) and looks at
-        the run on its start (or, if the dead worker's lease was still live, when it ended):
-        the charge is in doubt and not idempotent, so it parks the run. Returns the run id.
+        group) once charge_card had its effect; `successor` starts (fast tools; with the
+        FlowApp at `successor_app`, another deploy's code) and looks at the run on its start
+        (or, if the dead worker's lease was still live, when it ended): the charge is in
+        doubt and not idempotent, so it parks the run. Returns the run id.
         """
         self.set_delay(0.8, 0.8)  # charge_card waits this long after its effect: the kill lands inside it
         self.start_worker(worker)
@@ -277,7 +278,10 @@ class Deployment:
         await self.until_effect("charge_card", run_id)
         self.kill_group(worker)
         self.set_delay(0.0, 0.0)
-        self.start_worker(successor)
+        if successor_app is None:
+            self.start_worker(successor)
+        else:
+            self.start_worker_of(successor, successor_app)
         view = await self.client.wait(run_id, timeout_s=30)
         assert view.status == "running" and view.waiting_for_decision, view
         assert "charge_card" in view.waiting_for_decision

@@ -16,9 +16,31 @@ from _kit.poll import until
 from celery_kit import Deployment
 from versioned_flows import to_v2
 
+from agentflow import Happened
+
 pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 
 V1, V2, BOTH = "versioned_flows:v1", "versioned_flows:v2", "versioned_flows:both"
+CHARGE_IDEMPOTENT = "versioned_flows:charge_idempotent"
+
+
+async def test_a_deploy_that_declares_a_tool_idempotent_leaves_the_old_cut_off_call_to_a_decision(
+    deployment: Deployment,
+) -> None:
+    # Given a worker of the first deploy (charge_card not idempotent) killed right after the charge, and a
+    # worker of a deploy that declares charge_card idempotent taking the run over:
+    # Then (parked_run checks it) the run is parked with the charge in doubt, charged once
+    run_id = await deployment.parked_run(successor_app=CHARGE_IDEMPOTENT)
+    v2 = deployment.client_for(CHARGE_IDEMPOTENT)
+    view = await v2.status(run_id)
+    [call] = view.in_doubt
+    assert "not idempotent when the call started" in (view.waiting_for_decision or ""), view
+    # When the operator, having found the charge at the bank, says it happened
+    await v2.decide_in_doubt(run_id, calls={call.call_id: Happened("charged 80 for parked")}, operator="zoe")
+    # Then the new deploy's worker finishes the run and the card was charged once
+    done = await v2.wait(run_id, timeout_s=60)
+    assert done.status == "done", done
+    assert deployment.effects()[("charge_card", run_id)] == 1
 
 
 async def test_a_rolling_deploy_finishes_every_run_on_its_version_or_lists_it_for_migration(

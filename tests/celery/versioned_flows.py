@@ -1,16 +1,18 @@
-"""The apps of a rolling deploy: the refunds flow in version 1, in version 2, and both.
+"""The apps of a rolling deploy: the refunds flow in version 1, in version 2, and both; a deploy that re-flags a tool.
 
 Worker processes import them as ``versioned_flows:v1`` and so on (tests/celery on
 ``PYTHONPATH``); their tools are the kit's, recording effects in the shared file ledger
 (`celery_flows.tickets`). Version 2 adds a currency to the state and drops the apology
-branch, so a run cannot cross from one to the other without a migration.
+branch, so a run cannot cross from one to the other without a migration. ``charge_idempotent``
+is the ticket flow as a later deploy declares its tools: the same tool bodies, charge_card
+now idempotent (as if it passed an idempotency key).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from _kit.tickets import REFUNDS, amount_args
+from _kit.tickets import REFUNDS, TICKETS, amount_args, redeployed
 from celery_flows import tickets
 from pydantic import BaseModel
 
@@ -37,6 +39,7 @@ REFUNDS_V2 = (
 v1 = FlowApp(tickets.registry, [REFUNDS])
 v2 = FlowApp(tickets.registry, [REFUNDS_V2])
 both = FlowApp(tickets.registry, [REFUNDS, REFUNDS_V2])
+charge_idempotent = FlowApp(redeployed(tickets.registry, idempotent={"charge_card": True}), [TICKETS])
 
 
 def to_v2(old: dict[str, Any]) -> dict[str, Any]:

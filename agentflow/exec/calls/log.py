@@ -218,16 +218,28 @@ class CallLog:
             self.unreplayed.append(call_id)
         request = ApprovalRequest(call_id, tool.name, encoded, node, self.ctx)
         rerun = seed is not None and seed.in_doubt
+        # A call that needed approval when it started needs it again to rerun, whatever the code says now.
+        approval = tool.needs_approval(kwargs, self.ctx) or (rerun and seed is not None and seed.signed_approval)
         with tracer.tool_call(self.run_id, tool, call_id, encoded) as span:
-            return await self._decide(tool, kwargs, request, span, rerun=rerun, closes=self.closing == (node, ordinal))
+            return await self._decide(
+                tool, kwargs, request, span, rerun=rerun, approval=approval, closes=self.closing == (node, ordinal)
+            )
 
     async def _decide(
-        self, tool: Tool, kwargs: dict[str, Any], request: ApprovalRequest, span: CallSpan, *, rerun: bool, closes: bool
+        self,
+        tool: Tool,
+        kwargs: dict[str, Any],
+        request: ApprovalRequest,
+        span: CallSpan,
+        *,
+        rerun: bool,
+        approval: bool,
+        closes: bool,
     ) -> Any:
         """Settle the approval, take the slots, log ``started`` and run the call (`call`, past replay and cancel)."""
         decision = self.decisions.get(request.call_id)
         asks_port = False
-        if decision is None and tool.needs_approval(kwargs, self.ctx):
+        if decision is None and approval:
             if self.executor.approver is None:
                 await self._write("pending", request, tool=tool.name, node=request.node, args=request.args)
                 self.pending.append(request)
@@ -242,17 +254,24 @@ class CallLog:
         async with self.executor.gate.holding(tool.limits, kwargs, self.ctx, who) as slots:
             if slots.waited and self.watch is not None:
                 await self.watch.check(boundary=True)  # a cancel request that came while it waited: no start
-            await self._start(tool, request)
+            await self._start(tool, request, approval)
             if asks_port and not await self.executor.ask_approver(request):
                 await self._write("denied", request, note="denied by the approval port")
                 span.outcome("denied")
                 raise denial(tool.name, "denied by the approval port")
             return await self._run(tool, kwargs, request, span, "rerun" if rerun else "ran", slots, closes)
 
-    async def _start(self, tool: Tool, request: ApprovalRequest) -> None:
-        """Log the call ``started`` (it holds its slots by now): from here on, a crash leaves it in doubt."""
+    async def _start(self, tool: Tool, request: ApprovalRequest, approval: bool) -> None:
+        """Log the call ``started`` (it holds its slots by now): from here on, a crash leaves it in doubt.
+
+        The record signs what the code of now says of the call (idempotent; needing approval),
+        so that a recovery under other code holds the call to the stricter of the two
+        (`calls.read.needs_decision`, and `call` for approval).
+        """
         started: dict[str, Any] = {"tool": tool.name, "node": request.node, "args": request.args}
         started["idempotent"] = tool.idempotent
+        if approval:
+            started["approval"] = True
         if self.journal is not None and self.journal.holder is not None:  # who to ask if it is cut off: its worker
             started["on"], started["at"] = self.journal.holder, time.time()
             if (message := current_delivery()) is not None:  # and the message it served (Flower's task)

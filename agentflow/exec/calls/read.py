@@ -102,6 +102,10 @@ class CallState:
     """Who logged its latest ``started`` (the lease holder, ``<name>@<host>:<pid>``), if it said."""
     started_at: float | None = None
     """When (seconds since the epoch), if it said."""
+    signed_idempotent: bool | None = None
+    """What its latest ``started`` record says of its tool: idempotent or not (None: it does not say)."""
+    signed_approval: bool = False
+    """Whether its latest ``started`` record says the call needed a person's approval."""
 
     @property
     def in_doubt(self) -> bool:
@@ -143,6 +147,9 @@ def fold(records: Sequence[LoggedRecord], superstep: int | None = None) -> dict[
             on, when = body.get("on"), body.get("at")
             state.started_on = on if isinstance(on, str) else None
             state.started_at = float(when) if isinstance(when, int | float) else None
+            flag = body.get("idempotent")
+            state.signed_idempotent = flag if isinstance(flag, bool) else None
+            state.signed_approval = body.get("approval") is True
         if rec.kind in ("started", "pending"):
             # A failed call started again in a later segment is a retry's new attempt.
             retried = state.kind == "failed" and rec.kind == "started" and rec.segment > state.closed_in
@@ -184,12 +191,13 @@ def calls_in_doubt(
     Args:
         run_id: the run (for messages).
         states: the calls of the step being continued.
-        registry: says which tools are idempotent.
+        registry: the tools deployed now (`needs_decision` weighs them against the signed records).
         rerun_in_doubt: True reruns every call in doubt; a collection of call ids reruns
-            those (an operator's signed decision); False only the idempotent ones.
+            those (an operator's signed decision); False only the ones `needs_decision` lets
+            rerun unasked.
 
     Raises:
-        RecoveryNeedsDecision: a call is in doubt, its tool is not idempotent, and
+        RecoveryNeedsDecision: a call is in doubt, `needs_decision` holds it back, and
             `rerun_in_doubt` does not cover it.
     """
 
@@ -199,14 +207,32 @@ def calls_in_doubt(
         return state.call_id in rerun_in_doubt
 
     doubtful = [s for s in states.values() if s.in_doubt]
-    blocked = [s for s in doubtful if not allowed(s) and not _idempotent(registry, s.tool)]
+    blocked = [(s, why) for s in doubtful if not allowed(s) and (why := needs_decision(s, registry)) is not None]
     if blocked:
-        raise RecoveryNeedsDecision(run_id, [(s.tool, _why(s)) for s in blocked], [s.call_id for s in blocked])
+        calls = [(s.tool, _why(s) + (f" ({why})" if why else "")) for s, why in blocked]
+        raise RecoveryNeedsDecision(run_id, calls, [s.call_id for s, _ in blocked])
     return [s.call_id for s in doubtful]
 
 
-def _idempotent(registry: Registry, tool: str) -> bool:
-    return tool in registry and registry.get(tool).idempotent
+def needs_decision(state: CallState, registry: Registry) -> str | None:
+    """Whether a call in doubt must wait for a person's decision before it runs again.
+
+    The one home of the rule, for flows, tool loops and agents, at recovery and at a
+    decision. The stricter of the call's signed ``started`` record and the registry
+    deployed now wins: a tool declared idempotent since the call started does not make its
+    call safe to rerun (the effect it may have had was made by the code of then), and a
+    tool that is gone (renamed or removed) leaves its call to a person.
+
+    Returns:
+        None when the call may run again unasked; otherwise what the person deciding
+        should know beyond "in doubt" (empty when its tool is simply not idempotent).
+    """
+    if state.tool not in registry:
+        return "its tool is not registered in this deployment: renamed or removed since the call started?"
+    idempotent_now = registry.get(state.tool).idempotent
+    if state.signed_idempotent is False and idempotent_now:
+        return "not idempotent when the call started, as its signed record says; declared idempotent since"
+    return None if idempotent_now else ""
 
 
 def _why(state: CallState) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
 from agentflow.exec._registry import Registry
-from agentflow.exec.calls.read import CallState
+from agentflow.exec.calls.read import CallState, needs_decision
 
 #: The fields a claim may carry besides its cause.
 CONTROL_FIELDS = ("operator", "rerun", "awaiting", "reason", "migrated", "woke")
@@ -162,9 +162,9 @@ def settle(
         The call ids granted a rerun, and the ``(kind, body)`` records to store.
 
     Raises:
-        ValueError: `choices` names a call that is not in doubt, leaves one of a
-            non-idempotent tool undecided (an idempotent one left out reruns), or supplies a
-            result that does not fit the tool's return type.
+        ValueError: `choices` names a call that is not in doubt, leaves a call undecided
+            that may not rerun unasked (`calls.read.needs_decision`), or supplies a result
+            that does not fit the tool's return type.
     """
     ids = [s.call_id for s in doubtful]
     if choices is None:
@@ -172,8 +172,8 @@ def settle(
     unknown = sorted(set(choices) - set(ids))
     if unknown:
         raise ValueError(f"run {run_id!r} has no call in doubt {unknown}; in doubt: {ids}")
-    # An idempotent tool left out reruns, as it would without any decision.
-    missing = [s.call_id for s in doubtful if s.call_id not in choices and not _idempotent(registry, s.tool)]
+    # A call left out reruns only where it would without any decision.
+    missing = [s.call_id for s in doubtful if s.call_id not in choices and needs_decision(s, registry) is not None]
     if missing:
         raise ValueError(f"run {run_id!r}: decide every call in doubt; missing {missing}")
     rerun: list[str] = []
@@ -194,10 +194,6 @@ def settle(
         else:
             raise TypeError(f"decide each call with Rerun(), Happened(result) or DidNotHappen(reason), not {choice!r}")
     return rerun, records
-
-
-def _idempotent(registry: Registry, tool: str) -> bool:
-    return tool in registry and registry.get(tool).idempotent
 
 
 def _checked_result(registry: Registry, state: CallState, value: Any) -> Any:
