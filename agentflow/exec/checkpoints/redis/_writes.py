@@ -32,6 +32,7 @@ from agentflow.exec.checkpoints.redis._index import Index
 from agentflow.exec.checkpoints.redis._rows import _encode, _encode_event, _text
 from agentflow.exec.checkpoints.redis.clients import Bound, LoopClients
 from agentflow.exec.checkpoints.redis.durability import Durability
+from agentflow.exec.checkpoints.redis.functions import FunctionCall, not_loaded
 from agentflow.exec.checkpoints.rules import check_call, check_move_args, check_no_stored_rows, check_save
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
@@ -136,14 +137,18 @@ class RedisWrites:
         script = bound.scripts[name]
         for _ in range(2):  # EVALSHA, and once more after loading a script the server does not know
             pipe = bound.client.pipeline(transaction=False)  # not redis-py's script support: it asks SCRIPT EXISTS
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            if isinstance(script, FunctionCall):
+                pipe.execute_command(*script.command(keys, args))
+            else:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             self._durability.add_wait(pipe)
             raw, ack = await pipe.execute(raise_on_error=False)
-            if not isinstance(raw, redis_errors.NoScriptError):
+            if isinstance(script, FunctionCall) or not isinstance(raw, redis_errors.NoScriptError):
                 break
             await bound.client.script_load(script.script)
         if isinstance(raw, Exception):
-            raise raw
+            missing = not_loaded(raw, script.library) if isinstance(script, FunctionCall) else None
+            raise missing or raw
         reply = [_text(part) for part in raw]
         if reply[0] == "ok":
             if isinstance(ack, Exception):

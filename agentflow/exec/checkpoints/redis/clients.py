@@ -2,9 +2,9 @@
 
 redis.asyncio clients belong to the loop that made them, so `LoopClients` makes one per
 running loop (with the store's Lua scripts registered on it, sent by SHA after the first
-time) and closes it when that loop shuts down its async generators, which
-``asyncio.run`` does before it ends: a store used from several ``asyncio.run`` calls in
-a row leaves no connection open behind each of them.
+time; with ``functions``, called by name in the library an admin loaded: `redis.functions`)
+and closes it when that loop shuts down its async generators, which ``asyncio.run`` does
+before it ends: a store used from several ``asyncio.run`` calls in a row leaves no connection open behind each of them.
 
 `LoopClients.use` bounds one store operation, connecting (and, on Cluster, learning the
 slots before any command is sent) included, with ``op_timeout_s``
@@ -33,6 +33,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
 from agentflow._errors import CheckpointError
+from agentflow.exec.checkpoints.redis.functions import FunctionCall, library_name
 
 Client: TypeAlias = "Redis | RedisCluster"
 
@@ -50,7 +51,7 @@ class Bound:
 
     loop: asyncio.AbstractEventLoop
     client: Client
-    scripts: dict[str, AsyncScript]
+    scripts: dict[str, AsyncScript | FunctionCall]
     closer: AsyncGenerator[None, None] | None = field(default=None, repr=False)
     checked: bool = False
 
@@ -69,9 +70,12 @@ class LoopClients:
         scripts: Mapping[str, str],
         op_timeout_s: float | None,
         check: Callable[[Client], Awaitable[None]] | None = None,
+        functions: bool = False,
     ) -> None:
         self._factory = factory
         self._scripts = dict(scripts)
+        #: With ``functions``, the loaded library the scripts are called in (`redis.functions`), else None.
+        self.library = library_name(self._scripts) if functions else None
         self._check = check
         self.op_timeout_s = op_timeout_s
         self.bound: dict[int, Bound] = {}
@@ -157,7 +161,10 @@ class LoopClients:
                 "RedisCheckpointStore needs a client made with decode_responses=False (payloads are "
                 "bytes); the client_factory returned one with decode_responses=True"
             )
-        scripts = {name: client.register_script(text) for name, text in self._scripts.items()}
+        scripts: dict[str, AsyncScript | FunctionCall] = {
+            name: client.register_script(text) if self.library is None else FunctionCall(client, self.library, name)
+            for name, text in self._scripts.items()
+        }
         bound = Bound(loop, client, scripts)
         bound.closer = self._close_at_shutdown(bound)
         self.bound[id(loop)] = bound

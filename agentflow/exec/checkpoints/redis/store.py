@@ -17,7 +17,8 @@ A row is one JSON header line and then the payload bytes exactly as given; the f
 its codec live in `redis._rows`.
 
 `save` and `record_call` run ``_lua/save.lua`` and ``_lua/record_call.lua`` (EVALSHA, loaded
-again on NOSCRIPT), which apply the rules of `rules` atomically and set the run's expiry:
+again on NOSCRIPT; with ``functions=True``, FCALL of the library `load_functions` loaded:
+`redis.functions`), which apply the rules of `rules` atomically and set the run's expiry:
 every key of a run expires ``ttl_s`` after its last write, except while the run is paused.
 Their arguments and replies are `redis._writes`'.
 
@@ -97,6 +98,7 @@ from agentflow.exec.checkpoints.redis._rows import _calls_of, _decode_checkpoint
 from agentflow.exec.checkpoints.redis._writes import RedisWrites
 from agentflow.exec.checkpoints.redis.clients import Client, LoopClients, address
 from agentflow.exec.checkpoints.redis.durability import Durability, check_server
+from agentflow.exec.checkpoints.redis.functions import load_library
 from agentflow.exec.checkpoints.redis.urls import client_factory
 from agentflow.exec.checkpoints.rules import check_events, check_marker_args, check_row
 
@@ -162,6 +164,7 @@ class RedisCheckpointStore:
         wait_fsync: bool = False,
         wait_timeout_s: float = 1.0,
         allow_volatile: bool = True,
+        functions: bool = False,
     ) -> None:
         """Make a store; no connection is opened until the first call.
 
@@ -183,6 +186,9 @@ class RedisCheckpointStore:
                 raises `StoreNotDurable` and what depended on it does not happen.
             allow_volatile: False refuses a server that keeps nothing on disk while no
                 replica is waited for (True: a warning once per server).
+            functions: call the scripts as functions of the library an admin loaded with
+                `load_functions` (``FCALL``), never EVAL/EVALSHA: so the workers' ACL can
+                refuse EVAL, SCRIPT and FUNCTION (`redis.functions`, docs/security.md).
 
         Raises:
             ValueError: `prefix`, `ttl_s`, `op_timeout_s` or a wait option is not acceptable.
@@ -213,7 +219,7 @@ class RedisCheckpointStore:
         async def check(client: Client) -> None:
             await check_server(client, address(client), durability)
 
-        self._clients = LoopClients(client_factory, _LUA, op_timeout_s, check)
+        self._clients = LoopClients(client_factory, _LUA, op_timeout_s, check, functions=functions)
         self._prefix = prefix
         self._ttl = str(ttl_s or 0)
         self._index = Index(prefix, self._run_keys)
@@ -235,6 +241,7 @@ class RedisCheckpointStore:
         wait_fsync: bool = False,
         wait_timeout_s: float = 1.0,
         allow_volatile: bool = True,
+        functions: bool = False,
     ) -> RedisCheckpointStore:
         """A store on the Redis server at `url` (``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://``).
 
@@ -252,7 +259,17 @@ class RedisCheckpointStore:
             wait_fsync=wait_fsync,
             wait_timeout_s=wait_timeout_s,
             allow_volatile=allow_volatile,
+            functions=functions,
         )
+
+    @staticmethod
+    async def load_functions(client: Client) -> str:
+        """Load this release's scripts as a Functions library on `client`'s server (an admin's client); return its name.
+
+        A deploy step, once per release and before the workers of ``functions=True`` start: the
+        library is persisted and replicated with the data (`redis.functions.load_library`).
+        """
+        return await load_library(client, _LUA)
 
     async def __aenter__(self) -> RedisCheckpointStore:
         return self
