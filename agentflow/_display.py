@@ -15,7 +15,6 @@ import json
 import unicodedata
 from datetime import datetime
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 #: Unicode categories written as escapes: controls (C0, DEL, C1), lone surrogates, line and
 #: paragraph separators.
@@ -78,13 +77,3 @@ def short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def redact(url: str) -> str:
-    """Return `url` with any password replaced by ``***`` (safe to print or log)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    # The host and port as written (an IPv6 address keeps its brackets, a bad port stays text).
-    user, host = parts.netloc.rpartition("@")[::2]
-    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))

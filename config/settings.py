@@ -18,7 +18,9 @@ The store URL picks the store as the ``agentflow`` command's ``--store`` does; l
 everything else about a run) live there, never in the broker.
 
 No secret shows in ``repr`` or ``str`` of the settings: the URLs (they may hold a
-password) and the keys are `SecretStr`.
+password) and the keys are `SecretStr`. A URL's password is written percent-encoded
+(``%2F`` for ``/``); one holding a raw ``/``, ``?``, ``#`` or ``@`` is refused here, with the
+URL shown redacted (`agentflow._urls.redact`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentflow._keys import MAKE_ONE, parse_keys
+from agentflow._urls import check_user_part
 from agentflow.celery import celery_config
 from agentflow.celery._config import AMQP_SCHEMES, REDIS_SCHEMES, SENTINEL_SCHEME, is_rabbitmq
 
@@ -174,6 +177,17 @@ class Settings(BaseSettings):
 
     def _url_problems(self) -> list[str]:
         problems = []
+        for name, url in (
+            ("REDIS_URL", self.redis_url),
+            ("BROKER_URL", self.broker_url),
+            ("STORE_URL", self.store_url),
+        ):
+            try:
+                check_user_part("" if url is None else url.get_secret_value(), f"AGENTFLOW_{name}")
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:  # the others would read the URLs wrong
+            return problems
         if urlsplit(self.broker()).scheme not in (*REDIS_SCHEMES, SENTINEL_SCHEME, *AMQP_SCHEMES):
             problems.append(
                 "AGENTFLOW_BROKER_URL must be a redis://, rediss://, redis+sentinel://, amqp:// or amqps:// URL"

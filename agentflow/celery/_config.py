@@ -19,7 +19,10 @@
   Results go to the result backend given, else nowhere: runs are read from the
   checkpoint store, and Flower follows tasks by their events.
 
-Common to both: JSON only, late acks, prefetch multiplier 1, task events on.
+Common to both: JSON only, late acks, prefetch multiplier 1, task events on. A password is
+written percent-encoded (``%2F`` for ``/``; kombu and Celery decode it, and the ``sentinel://``
+URLs made here encode it again, every reserved character included); a user part holding a raw
+``/``, ``?``, ``#`` or ``@`` is refused here, before kombu misreads it and quotes a piece of it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from agentflow._errors import RunFailed
+from agentflow._urls import check_user_part
 from agentflow.celery._settings import WorkerSettings
 from agentflow.exec.checkpoints.redis.urls import SENTINEL_SCHEME as SENTINEL
 from agentflow.exec.checkpoints.redis.urls import parse_sentinel
@@ -66,7 +70,13 @@ def celery_config(
 
     Returns:
         Settings for ``app.conf.update(...)``.
+
+    Raises:
+        ValueError: a URL's user name or password is not percent-encoded (the message shows it redacted).
     """
+    check_user_part(broker_url, "the broker URL")
+    if result_backend is not None:
+        check_user_part(result_backend, "the result backend URL")
     if is_rabbitmq(broker_url):
         broker = _rabbitmq(broker_url, key_prefix, result_backend)
     else:
@@ -129,7 +139,7 @@ def _redis(url: str, key_prefix: str, visibility_timeout_s: int, result_backend:
 def _kombu_sentinel(url: str) -> tuple[str, dict[str, Any]]:
     """A ``redis+sentinel://`` URL as kombu and Celery take it: ``sentinel://`` URLs and transport options."""
     found = parse_sentinel(url)
-    auth = f"{quote(found.username or '')}:{quote(found.password)}@" if found.password else ""
+    auth = f"{quote(found.username or '', safe='')}:{quote(found.password, safe='')}@" if found.password else ""
     urls = ";".join(f"sentinel://{auth}{host}:{port}/{found.db}" for host, port in found.hosts)
     options: dict[str, Any] = {"master_name": found.service}
     if found.sentinel_password:

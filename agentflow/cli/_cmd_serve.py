@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from agentflow._display import redact
+from agentflow._urls import redact
 from agentflow.cli import _errors
 from agentflow.cli._apps import import_app
 from agentflow.cli._target import open_target, store_options

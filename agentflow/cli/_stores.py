@@ -11,16 +11,19 @@ Accepted forms (the error for anything else lists them):
 
 The parameters agentflow reads (``prefix``, ``ttl_s``, the durability options,
 ``allow_volatile``, ``table_prefix``) are taken out of the URL before the rest goes to the
-driver. Passwords never appear in messages (`redact`).
+driver, which gets the others as they were written. Values are percent-decoded only (a ``+``
+stays a ``+``). A password holding ``/``, ``?``, ``#`` or ``@`` is written percent-encoded
+(``%2F``, ...); one that is not is refused before anything parses the URL. Passwords never
+appear in messages: every one shows the URL through `agentflow._urls.redact`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Final
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
-from agentflow._display import redact
+from agentflow._urls import check_user_part, decoded, redact, split_query
 from agentflow.exec.checkpoints import CheckpointStore
 
 #: What ``--store`` accepts, for error messages.
@@ -40,18 +43,18 @@ def _bad(url: str, why: str) -> StoreURLError:
 
 
 def _take(url: str, allowed: tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """Split agentflow's own query parameters off `url`; the driver's stay in the URL."""
-    parts = urlsplit(url)
+    """Split agentflow's own query parameters off `url` (decoded); the driver's stay in the URL as written."""
+    base, query = split_query(url)
     ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in allowed:
-            ours[name] = value
+    theirs: list[str] = []
+    for item in filter(None, query.split("&")):
+        name, _, value = item.partition("=")
+        if decoded(name) in allowed:
+            ours[decoded(name)] = decoded(value)
         else:
-            theirs.append((name, value))
+            theirs.append(item)
     # Rebuilt by hand: urlunsplit drops the "//" of schemes it does not know (sqlite+aiosqlite:///x.db).
-    base = url.split("?", 1)[0]
-    return (f"{base}?{urlencode(theirs)}" if theirs else base), ours
+    return (f"{base}?{'&'.join(theirs)}" if theirs else base), ours
 
 
 def sqlite_path(url: str) -> Path:
@@ -71,7 +74,7 @@ def sqlite_path(url: str) -> Path:
 
 def _check_exists(url: str, path: Path) -> None:
     if not path.is_file():
-        raise StoreURLError(f"--store {url!r}: there is no database file at {path.absolute()}")
+        raise StoreURLError(f"--store {redact(url)!r}: there is no database file at {path.absolute()}")
 
 
 def _sqlite(url: str, must_exist: bool) -> CheckpointStore:
@@ -149,7 +152,8 @@ def open_store(url: str, *, must_exist: bool = True) -> CheckpointStore:
         StoreURLError: the URL is not an accepted form, or its SQLite file is missing.
         ImportError: the backend's extra is not installed (the message names it).
     """
-    scheme = urlsplit(url).scheme if "://" in url else ""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    check_user_part(url, "--store", StoreURLError)
     try:
         if scheme == "sqlite":
             return _sqlite(url, must_exist)

@@ -18,7 +18,7 @@ from typing import Final, TypeVar
 import click
 from click.core import ParameterSource
 
-from agentflow._display import redact
+from agentflow._urls import redact
 from agentflow.cli import _errors
 from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV, KeyProblem, key_ids, read_keys
 from agentflow.cli._stores import StoreURLError, open_store

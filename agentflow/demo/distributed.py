@@ -29,7 +29,7 @@ from pathlib import Path
 import redis
 
 import agentflow
-from agentflow._display import redact
+from agentflow._urls import redact
 from agentflow.celery import FlowClient
 from agentflow.demo._celery import LEASE_S, PREFIX_ENV, build, demo_prefix, redis_url
 from agentflow.demo.story import RUN_IDS, VICTIM, effects_table, inspect_commands, mails_sent, say

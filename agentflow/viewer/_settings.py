@@ -18,6 +18,7 @@ from starlette.templating import Jinja2Templates
 from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._errors import CheckpointError, CheckpointNotFound
+from agentflow._urls import redact
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
@@ -126,7 +127,8 @@ class ViewerSettings:
 
     Checked when made: a bad token, host name or proxy address, or a `workers` path that
     names no deployment, raises `ValueError` naming the setting (never a token's value).
-    Neither `repr` nor `str` shows the key ring, the token or the workers.
+    Neither `repr` nor `str` shows the key ring, the token or the workers; the label is
+    redacted when made, so a URL given as it is shows no password on any page.
     """
 
     store: CheckpointStore
@@ -140,7 +142,7 @@ class ViewerSettings:
 
     At least 22 random characters (16 random bytes); ``secrets.token_urlsafe(32)`` makes one."""
     label: str = ""
-    """What the header names as the store (a URL without its password)."""
+    """What the header names as the store: a URL is shown without its password (`agentflow._urls.redact`)."""
     limit: int = 50
     """How many runs one page of the list shows, newest first (each read as its latest checkpoint only)."""
     refresh_s: int = 5
@@ -173,6 +175,7 @@ class ViewerSettings:
         if self.token is not None:
             check_token(self.token, "ViewerSettings.token")
         check_token_label(self.token_label, "ViewerSettings.token_label")
+        object.__setattr__(self, "label", redact(self.label))
         for name in ("allowed_hosts", "proxies"):
             if isinstance(getattr(self, name), str):
                 raise ValueError(f"ViewerSettings.{name}: give a list of strings, not one string")

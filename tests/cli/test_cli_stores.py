@@ -10,7 +10,7 @@ import runs_kit
 from click.testing import Result
 from runs_kit import one_line_error
 
-from agentflow._display import redact
+from agentflow._urls import redact
 from agentflow.cli._stores import StoreURLError, open_store, sqlite_path
 from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore, SQLiteCheckpointStore
 

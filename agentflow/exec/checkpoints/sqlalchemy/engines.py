@@ -9,7 +9,9 @@ whose loop closed without that (a loop closed by hand) is dropped on the next us
 On SQLite the connector takes transaction control from the sqlite3 module (WAL, a busy
 timeout, and ``BEGIN IMMEDIATE`` for writes, so a writer holds the write lock before it
 reads what it checks). Every driver error becomes one `CheckpointError` naming the
-database, with its password hidden.
+database, with its password hidden (`agentflow._urls.redact`, as everywhere). A password is
+percent-encoded in the URL (SQLAlchemy decodes it); one holding a raw ``/``, ``?``, ``#`` or
+``@`` is refused before SQLAlchemy parses it.
 
 The fast paths borrow the driver's own connection under a pooled one: on PostgreSQL
 `Connector.driver` lends the asyncpg connection for a single autocommit statement
@@ -38,6 +40,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agentflow._errors import CheckpointConflict, CheckpointError
+from agentflow._urls import check_user_part, redact
 
 #: The async driver for each database this store supports.
 ASYNC_DRIVERS: Final = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
@@ -48,17 +51,18 @@ _SQLITE_BEGIN: Final = "agentflow_sqlite_begin"
 
 
 def check_url(url: str) -> sa.URL:
-    """Parse `url` and refuse anything but the async drivers this store runs on."""
+    """Parse `url` and refuse anything but the async drivers this store runs on (messages show it `redact`-ed)."""
+    check_user_part(url, "SQLAlchemyCheckpointStore's URL")
     try:
         parsed = sa.make_url(url)
     except ArgumentError:
         raise ValueError("SQLAlchemyCheckpointStore needs a database URL such as postgresql+asyncpg://...") from None
-    shown = parsed.render_as_string(hide_password=True)
+    shown = redact(url)
     backend = {"postgres": "postgresql"}.get(parsed.get_backend_name(), parsed.get_backend_name())
     if backend not in ASYNC_DRIVERS:
         raise ValueError(f"SQLAlchemyCheckpointStore supports PostgreSQL and SQLite, not {shown}")
     if parsed.drivername != ASYNC_DRIVERS[backend]:
-        fixed = parsed.set(drivername=ASYNC_DRIVERS[backend]).render_as_string(hide_password=True)
+        fixed = redact(f"{ASYNC_DRIVERS[backend]}:{url.partition(':')[2]}")
         raise ValueError(f"SQLAlchemyCheckpointStore needs an async driver: write {shown} as {fixed}")
     if backend == "sqlite" and parsed.database in (None, "", ":memory:"):  # in memory: MemoryCheckpointStore
         raise ValueError(f"SQLAlchemyCheckpointStore needs a SQLite file path, not {shown}")
@@ -133,7 +137,7 @@ class Connector:
 
     def __init__(self, url: sa.URL, options: Mapping[str, Any]) -> None:
         self.url = url
-        self.shown = url.render_as_string(hide_password=True)
+        self.shown = redact(url.render_as_string(hide_password=False))
         self.sqlite = url.get_backend_name() == "sqlite"
         self._options = dict(options)
         # a SQLite file's folder, checked before each connection: aiosqlite's cleanup of a failed
