@@ -87,11 +87,14 @@ class Server:
     args: list[str]
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] | None = None
+    password: str | None = None
+    """The server's ``requirepass`` (a Sentinel's is in its configuration file); its `client` logs in with it."""
 
     def start(self) -> Server:
         self.directory.mkdir(parents=True, exist_ok=True)
         base = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
         base += ["--logfile", str(self.directory / "server.log")]
+        base += ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             [self.binary, *base, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
         )
@@ -99,7 +102,7 @@ class Server:
         return self
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2, socket_connect_timeout=1)
 
     def info(self, section: str) -> dict[str, Any]:
         with self.client() as client:
@@ -262,7 +265,7 @@ class ReplicaSet:
             f"sentinel failover-timeout {SERVICE} 5000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        return _start_sentinel(Server(self.binary, port, directory, [str(conf)]))
+        return start_sentinel(Server(self.binary, port, directory, [str(conf)]))
 
     def _sentinel_sees_replica(self, sentinel: Server) -> bool:
         with sentinel.client() as client:
@@ -280,7 +283,8 @@ def _other_sentinels(sentinel: Server) -> list[Any]:
         return list(client.execute_command("SENTINEL", "sentinels", SERVICE))
 
 
-def _start_sentinel(server: Server) -> Server:
+def start_sentinel(server: Server) -> Server:
+    """Start `server` as a Sentinel from the configuration file that is its first argument; wait for it to answer."""
     server.directory.mkdir(parents=True, exist_ok=True)
     args = [server.binary, server.args[0], "--sentinel", "--port", str(server.port), "--bind", "127.0.0.1"]
     args += ["--dir", str(server.directory), "--logfile", str(server.directory / "server.log")]

@@ -3,12 +3,16 @@
 `redis_user(url)` creates a Redis ACL user with a random password on the test server and
 yields the URL that logs in as it (deleted afterwards): the workers' and stores' URLs then
 carry a real password. `leaks(text, secrets)` names the secrets found in `text`, in every
-form a log line could show them in (as given, hex, base64, Python's repr of bytes).
+form a log line could show them in (as given, hex, base64, Python's repr of bytes,
+percent-encoded, and each piece of a text secret between the characters a URL reserves, so a
+parser that cut the password at a ``/`` and quoted the half it took is caught).
+`url_password()` makes a password holding every character a URL reserves in its user part.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import secrets
 import urllib.parse
 import uuid
@@ -33,12 +37,22 @@ def redis_user(url: str) -> Iterator[tuple[str, str]]:
         admin.close()
 
 
+#: The characters a URL's user part cannot hold raw, and ``+`` (form decoding makes it a space).
+URL_RESERVED = "/#?@:+"
+
+
+def url_password() -> str:
+    """A random password with each of `URL_RESERVED` between random pieces of 10 characters."""
+    return "".join(f"{secrets.token_hex(5)}{mark}" for mark in URL_RESERVED) + secrets.token_hex(5)
+
+
 def forms(secret: str | bytes) -> set[str]:
     """The ways a log line could show `secret`."""
     raw = secret.encode() if isinstance(secret, str) else secret
     shown = {raw.hex(), base64.b64encode(raw).decode(), repr(raw)[2:-1]}
     if isinstance(secret, str):
-        shown.add(secret)
+        shown |= {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)}
+        shown |= set(re.split("[" + re.escape(URL_RESERVED) + "]", secret))
     return {form for form in shown if len(form) >= 8}
 
 
