@@ -71,6 +71,7 @@ The functions:
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import socket
 import time
@@ -81,7 +82,15 @@ from typing import Final
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
 from agentflow.exec.checkpoints.protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints.records import ENDED, JudgedRows, Pruned, SealedCheckpoint, Trimmed, judged_row
+from agentflow.exec.checkpoints.records import (
+    ENDED,
+    JudgedRow,
+    JudgedRows,
+    Pruned,
+    SealedCheckpoint,
+    Trimmed,
+    judged_row,
+)
 from agentflow.exec.checkpoints.rules import check_prune_statuses
 
 #: Runs per batch when nobody says otherwise.
@@ -194,7 +203,7 @@ def _check_for(store: CheckpointStore, check: RowCheck | None) -> RowCheck:
 
 async def judged_rows(
     store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], check: RowCheck
-) -> tuple[dict[str, tuple[int, str]], dict[str, str]]:
+) -> tuple[dict[str, JudgedRow], dict[str, str]]:
     """Of `run_ids`, those whose newest checkpoint checks and says it ended in `statuses` before `before`.
 
     Returns:
@@ -203,7 +212,7 @@ async def judged_rows(
         newest row did not check (or could not be read), with why. A run deleted meanwhile
         is in neither.
     """
-    kept: dict[str, tuple[int, str]] = {}
+    kept: dict[str, JudgedRow] = {}
     refused: dict[str, str] = {}
     for run_id in run_ids:
         try:
@@ -217,8 +226,38 @@ async def judged_rows(
         if problem is not None:
             refused[run_id] = problem
         elif row.status in statuses and row.saved_at < before:  # fields the signature covers
-            kept[run_id] = judged_row(row)
+            kept[run_id] = judged_row(row, accounted(row))
     return kept, refused
+
+
+def accounted(row: SealedCheckpoint) -> dict[int, int] | None:
+    """The records per segment a checked checkpoint row accounts for, from its body; None: it names none.
+
+    Call it only on a row whose signature checked (its body is decoded here). The body's
+    ``log`` marker ``[segment, count]`` is the writer's own segment as it saved; its
+    ``pins`` ``[[segment, count], ...]`` are the earlier segments its segment's claim read
+    (both written by `agentflow.exec.run.steps`, checked by `agentflow.exec.run.checks`).
+    A body without a ``log`` marker (a row not written by a run: no journal) gives None,
+    and the store then compares segments only. A malformed marker gives {}: nothing is
+    accounted for, so any record keeps the run (and is reported).
+    """
+    try:
+        body = json.loads(row.payload)
+    except ValueError:
+        return None
+    mark = body.get("log") if isinstance(body, dict) else None
+    if mark is None:
+        return None
+    pins = body.get("pins", [])
+    pairs = [mark, *pins] if isinstance(pins, list) else None
+    if pairs is None or not all(
+        isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p) for p in pairs
+    ):
+        return {}
+    counts: dict[int, int] = {}
+    for segment, count in pairs:
+        counts[segment] = max(counts.get(segment, 0), count)
+    return counts
 
 
 async def judged(
@@ -357,8 +396,9 @@ async def prune_finished(
         batches += 1
         listed = await prunable(store, before, policy.statuses, policy.batch + len(refused))
         kept, bad = await judged_rows(store, [r for r in listed if r not in refused], before, policy.statuses, check)
-        refused |= bad
         done = await prune(store, list(kept), before, policy.statuses, who, kept)
+        bad |= dict(done.refused)  # runs the store left because they went on past the row judged
+        refused |= bad
         done = Pruned(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)
@@ -410,6 +450,7 @@ async def trim_finished(
         found = await trimmable(store, before, policy.statuses, policy.batch, since)
         kept, bad = await judged_rows(store, [run_id for run_id, _ in found], before, policy.statuses, check)
         done = await trim(store, list(kept), before, policy.statuses, kept)
+        bad |= dict(done.refused)  # runs the store left because they went on past the row judged
         done = Trimmed(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)
