@@ -356,6 +356,12 @@ async def trim(
     return await store.trim(run_ids, before, statuses, judged=judged)
 
 
+def _unchecked(judgement: tuple[dict[str, JudgedRow], dict[str, str]]) -> tuple[dict[str, JudgedRow], dict[str, str]]:
+    """`judged_rows`' answer, each run left worded as a batch reports it (`Pruned.refused`)."""
+    kept, bad = judgement
+    return kept, {run_id: f"its newest checkpoint does not check ({why})" for run_id, why in bad.items()}
+
+
 async def prune_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
@@ -395,7 +401,9 @@ async def prune_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         listed = await prunable(store, before, policy.statuses, policy.batch + len(refused))
-        kept, bad = await judged_rows(store, [r for r in listed if r not in refused], before, policy.statuses, check)
+        kept, bad = _unchecked(
+            await judged_rows(store, [r for r in listed if r not in refused], before, policy.statuses, check)
+        )
         done = await prune(store, list(kept), before, policy.statuses, who, kept)
         bad |= dict(done.refused)  # runs the store left because they went on past the row judged
         refused |= bad
@@ -448,7 +456,9 @@ async def trim_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         found = await trimmable(store, before, policy.statuses, policy.batch, since)
-        kept, bad = await judged_rows(store, [run_id for run_id, _ in found], before, policy.statuses, check)
+        kept, bad = _unchecked(
+            await judged_rows(store, [run_id for run_id, _ in found], before, policy.statuses, check)
+        )
         done = await trim(store, list(kept), before, policy.statuses, kept)
         bad |= dict(done.refused)  # runs the store left because they went on past the row judged
         done = Trimmed(done.run_ids, done.rows, tuple(bad.items()))

@@ -264,13 +264,13 @@ def beyond_judged(run_id: str, mark: JudgedRow, stored_segment: int, counts: Map
     segment = stored_segment if mark.segment is None else mark.segment
     ahead = sorted(s for s, n in counts.items() if n and s > segment)
     if ahead:
-        return beyond_problem(run_id, mark.step, segment, ahead[0], counts[ahead[0]], None)
+        return beyond_problem(mark.step, segment, ahead[0], counts[ahead[0]], None)
     if mark.counts is None:
         return None
     accounted = dict(mark.counts)
     for s, n in sorted(counts.items()):
         if n > accounted.get(s, 0):
-            return beyond_problem(run_id, mark.step, segment, s, n, accounted.get(s, 0))
+            return beyond_problem(mark.step, segment, s, n, accounted.get(s, 0))
     return None
 
 
@@ -301,20 +301,20 @@ def nothing_beyond(
     return problem is None
 
 
-def beyond_problem(run_id: str, step: int, segment: int, found: int, records: int, accounted: int | None) -> str:
-    """The problem a prune or trim reports of a run whose log went on past its judged row (`beyond_judged`).
+def beyond_problem(step: int, segment: int, found: int, records: int, accounted: int | None) -> str:
+    """Why a prune or trim left a run whose log went on past its judged row (`beyond_judged`), for `Pruned.refused`.
 
     `found` is the segment that holds `records` records; `accounted` what the row accounts
     for of it (None: the segment is newer than the row's `segment`).
     """
     if accounted is None:
         return (
-            f"run {run_id!r} was left: its call log holds {records} record(s) of segment {found}, opened after "
-            f"its newest checkpoint (step {step}, segment {segment}): its later checkpoints were removed or rewritten"
+            f"its call log holds {records} record(s) of segment {found}, opened after its newest checkpoint (step "
+            f"{step}, segment {segment}): the run went on, and its later checkpoints were removed or rewritten"
         )
     return (
-        f"run {run_id!r} was left: segment {found} of its call log holds {records} record(s), its newest "
-        f"checkpoint (step {step}) accounts for {accounted}: records were written after it"
+        f"segment {found} of its call log holds {records} record(s), its newest checkpoint (step {step}) accounts "
+        f"for {accounted}: records were written after it"
     )
 
 

@@ -256,9 +256,7 @@ def _beyond(
     if len(reply) == 6 and _text(reply[1]) == "beyond":
         segment, found, records, accounted = (int(v) for v in reply[2:])
         step = pinned[run_id].step if pinned is not None else -1
-        problems.append(
-            (run_id, beyond_problem(run_id, step, segment, found, records, None if accounted < 0 else accounted))
-        )
+        problems.append((run_id, beyond_problem(step, segment, found, records, None if accounted < 0 else accounted)))
 
 
 async def _run_scripts(bound: Bound, name: str, calls: Sequence[tuple[list[str], list[str]]]) -> list[Any]:
