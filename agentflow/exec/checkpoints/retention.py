@@ -52,6 +52,30 @@ in that same step, is still that row. A save landing between the judgement and t
 were set meanwhile. Rows are append-only and each carries its signature, so a writer
 without the key cannot make a row other than the judged one the newest, with the judged
 row's signature, without rewriting or deleting stored rows (which no signature can stop).
+The row judged must also be the last thing of the run: inside that same atomic step the
+store leaves a run while anything lies beyond the row (`rules.nothing_beyond`). What a
+store can compare without the key, and so the rule as it stands:
+
+- the row's fields in clear, which the signature covers and the caller passes on from the
+  checked row (`JudgedRow`: step, sig, segment): a call record in a segment newer than the
+  row's segment was written under a claim made after the row (a retry), so the run went on;
+- the record counts the row accounts for, which are in its body, not in clear: the caller,
+  who checked the row, reads them (`accounted`: its ``log`` marker, the writer's own segment
+  as it saved, and its ``pins``, the earlier segments its claim read) and passes them
+  (`JudgedRow.counts`); a segment holding more records than that was written to after the
+  row. A row whose body has no ``log`` marker gives no counts, and segments alone are compared;
+- the run's markers that say it is live (a cancel request, `rules.LIVE_MARKERS`), beside
+  its lease.
+
+A run left because its log went on is a problem, not a race (a retry's first write is its
+claim, a new row, which the step comparison sees first): the store returns it with why
+(`Pruned.refused`, `Trimmed.refused`), and `prune_finished`, `trim_finished`, the
+``agentflow runs prune`` command and the workers' tick name it. So a retry whose rows were
+moved aside without a delete (SQL: an ``UPDATE`` setting their steps back and one pointing
+the ``runs`` row at the failed row; Redis: ``RPOP``, ``HSET`` of the latest hash, ``ZADD``
+of the index) keeps its run and its ``started`` record in doubt. What no rule can stop is
+a writer deleting the later records too: that is erasure (docs/security.md).
+
 A store whose ``prune`` takes no ``judged`` (written before it was part of the port) is
 pruned by the generic prune instead when rows are judged, which compares them itself under
 the run's lease; such a store's ``trim`` is refused (`NotImplementedError`).
