@@ -86,6 +86,6 @@ async def _work(
 
 
 def _report_refused(refused: tuple[tuple[str, str], ...]) -> None:
-    """Say which listed runs were left because their newest checkpoint did not check."""
+    """Say which listed runs were left, and why (their newest checkpoint did not check, or their log went on)."""
     for run_id, why in refused:
-        log.warning("retention left run %s: its newest checkpoint does not check (%s)", run_id, why)
+        log.warning("retention left run %s: %s", run_id, why)

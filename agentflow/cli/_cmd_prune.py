@@ -88,25 +88,29 @@ async def _go_ahead(deletes: str, yes: bool) -> bool:
 
 async def _delete(
     store: CheckpointStore, rows_judged: JudgedRows, before: float, statuses: tuple[str, ...], *, trim: bool, batch: int
-) -> tuple[int, int]:
-    """Prune (or trim) the judged runs in batches behind a progress bar; how many runs went, and their rows.
+) -> tuple[int, int, list[tuple[str, str]]]:
+    """Prune (or trim) the judged runs in batches behind a progress bar; how many runs went, their rows, and problems.
 
     The store deletes a run only if its newest row is still the one judged (`JudgedRows`): a
-    run retried while the person read the question is left.
+    run retried while the person read the question is left. So is a run whose call log goes
+    on past that row (its later checkpoints moved aside): that one comes back with why.
     """
     run_ids = list(rows_judged)
     owner, done, rows = pruner("cli"), 0, 0
+    problems: list[tuple[str, str]] = []
     with click.progressbar(length=len(run_ids), label="trimming" if trim else "pruning", file=sys.stderr) as bar:
         for start in range(0, len(run_ids), batch):
             chunk = run_ids[start : start + batch]
             if trim:
                 trimmed = await trim_runs(store, chunk, before, statuses, rows_judged)
                 done, rows = done + len(trimmed.run_ids), rows + trimmed.rows
+                problems += trimmed.refused
             else:
                 pruned = await prune(store, chunk, before, statuses, owner, rows_judged)
                 done, rows = done + len(pruned.run_ids), rows + pruned.rows
+                problems += pruned.refused
             bar.update(len(chunk))
-    return done, rows
+    return done, rows, problems
 
 
 @click.command("prune")
@@ -187,12 +191,15 @@ def prune_runs(
         if not await _go_ahead(f"the older checkpoints of the {count}" if trim else f"the {count}", yes):
             echo(f"nothing was {'trimmed' if trim else 'pruned'}")
             return
-        done, rows = await _delete(store, rows_judged, before, statuses, trim=trim, batch=batch)
+        done, rows, problems = await _delete(store, rows_judged, before, statuses, trim=trim, batch=batch)
+        for run_id, why in problems:
+            echo(f"left run {run_id}: {why}")
         if trim:
             echo(f"trimmed {done} run(s) ({rows} checkpoint rows; each kept its newest checkpoint and call records)")
         else:
             echo(f"pruned {done} run(s) ({rows} checkpoint and call rows)")
-        if done < len(run_ids):
-            echo(f"{len(run_ids) - done} run(s) were left: held by a worker, or retried or resumed since listed")
+        if done + len(problems) < len(run_ids):
+            left = len(run_ids) - done - len(problems)
+            echo(f"{left} run(s) were left: held by a worker, or retried or resumed since listed")
 
     target.run(job)

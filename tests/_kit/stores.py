@@ -129,6 +129,16 @@ class Rows:
         """
         raise NotImplementedError
 
+    async def hide_after(self, run_id: str, step: int) -> None:
+        """Make checkpoint `step` look the run's newest with no DEL or DELETE: the later rows are moved aside.
+
+        The probe's writes: SQL sets the later rows' steps back by 1000 (one UPDATE) and points
+        the ``runs`` row at `step` (another); Redis pops the later rows (RPOP), sets the latest
+        hash from row `step`'s header (HSET) and the indexes' scores to its saved_at (ZADD);
+        the memory store drops them from its list. Call records are not touched.
+        """
+        raise NotImplementedError
+
     async def stored_bytes(self) -> bytes:
         """Every byte the set-up holds (files, keys or table rows), to search for what must not be stored."""
         raise NotImplementedError
@@ -174,6 +184,9 @@ class MemoryRows(Rows):
     async def set_clear(self, run_id: str, status: str, saved_at: float) -> None:
         rows = self._checkpoints(run_id)
         rows[-1] = dataclasses.replace(rows[-1], status=status, saved_at=saved_at)
+
+    async def hide_after(self, run_id: str, step: int) -> None:
+        del self._checkpoints(run_id)[step + 1 :]
 
     async def counts(self, run_id: str) -> tuple[int, int]:
         segments = self.store._calls.get(run_id, {})
@@ -262,6 +275,20 @@ class SqlRows(Rows):
         sql = f"UPDATE {self.cp} SET status=?, saved_at=? WHERE run_id=? AND step={newest}"
         await self._one(sql, status, saved_at, run_id, run_id)
         await self._one(f"UPDATE {self.runs} SET status=?, saved_at=? WHERE run_id=?", status, saved_at, run_id)
+
+    async def hide_after(self, run_id: str, step: int) -> None:
+        await self._exec(f"UPDATE {self.cp} SET step = step - 1000 WHERE run_id=? AND step > ?", run_id, step)
+        _, rows = await self._exec(
+            f"SELECT status, segment, saved_at FROM {self.cp} WHERE run_id=? AND step=?", run_id, step
+        )
+        status, segment, saved_at = rows[0]
+        if self.runs_segment:
+            sql = f"UPDATE {self.runs} SET step=?, status=?, segment=?, saved_at=? WHERE run_id=?"
+            await self._one(sql, step, status, segment, saved_at, run_id)
+        else:
+            await self._one(
+                f"UPDATE {self.runs} SET step=?, status=?, saved_at=? WHERE run_id=?", step, status, saved_at, run_id
+            )
 
     async def counts(self, run_id: str) -> tuple[int, int]:
         _, checkpoints = await self._exec(f"SELECT COUNT(*) FROM {self.cp} WHERE run_id=?", run_id)
@@ -422,6 +449,21 @@ class RedisRows(Rows):
                     await c.zadd(index, {run_id: saved_at})
             if status not in ("running", "paused"):
                 await c.zrem(f"{self.prefix}:unfinished:{flow}", run_id)
+
+        await self._do(job)
+
+    async def hide_after(self, run_id: str, step: int) -> None:
+        cp, latest, _, _ = self._keys(run_id)
+
+        async def job(c: Any) -> None:
+            for _ in range(int(await c.llen(cp)) - step - 1):
+                await c.rpop(cp)
+            head = json.loads((await c.lindex(cp, -1)).partition(b"\n")[0])
+            _, _, at, flow, status, segment, saved_at, _, _ = head
+            fields = {"step": at, "flow": flow, "status": status, "segment": segment, "saved_at": repr(saved_at)}
+            await c.hset(latest, mapping=fields)
+            for index in (f"{self.prefix}:runs", f"{self.prefix}:runs:{flow}"):
+                await c.zadd(index, {run_id: saved_at})
 
         await self._do(job)
 

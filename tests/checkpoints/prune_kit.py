@@ -8,7 +8,8 @@ its rows sealed again for that id (a body names no run id), saved as the runner 
 healthy run. `whole_or_gone` says which a run is, and fails on anything in between;
 `whole_or_trimmed` the same of a trim (its newest checkpoint and every call record left).
 
-`retry_claim` saves what a retry of a failed run saves first (its claim), and
+`retry_claim` saves what a retry of a failed run saves first (its claim), `retry_in_doubt`
+that and a call it logged as started before it died (the call in doubt), and
 `between_judgement_and_store` runs an attack once, after `prune_finished` (or
 `trim_finished`) has judged a batch by its signed rows and before the store prunes (or
 trims) it: the window the judged rows passed to the store close.
@@ -112,6 +113,14 @@ async def retry_claim(store: CheckpointStore, run_id: str) -> SealedCheckpoint:
     claim = SEALER.seal_encoded_checkpoint(run_id, step, last.flow, "running", step, time.time(), last.payload)
     await store.save(run_id, step, claim)
     return claim
+
+
+async def retry_in_doubt(store: CheckpointStore, run_id: str) -> SealedCall:
+    """A retry of the failed run that claimed it and logged a call as started, then died: the call is in doubt."""
+    claim = await retry_claim(store, run_id)
+    started = SEALER.seal_call(run_id, claim.segment, 0, "started", {"tool": "charge_card", "span": "s-retry"})
+    await store.record_call(run_id, started)
+    return started
 
 
 def between_judgement_and_store(

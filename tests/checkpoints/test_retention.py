@@ -150,6 +150,31 @@ async def test_a_run_retried_after_it_was_judged_is_not_pruned_whatever_its_fiel
     assert await store_setup.rows.counts("retried") == (5, 6)
 
 
+@pytest.mark.parametrize("store_setup", setups(), indirect=True)
+async def test_a_retry_moved_aside_without_a_delete_keeps_its_run_and_is_reported(store_setup: StoreSetup) -> None:
+    # Given a run that failed a day ago and was retried since: the retry claimed it (step 4, segment 4), logged
+    # charge_card as started and died, so the call is in doubt
+    store, rows, now = store_setup.raw, await prune_kit.template(), time.time()
+    await prune_kit.seed(store, rows, ["retried", "left"], now - DAY, "failed")
+    started = await prune_kit.retry_in_doubt(store, "retried")
+    # And someone without the key moved the retry's checkpoint aside with no DEL or DELETE (SQL: its step set back
+    # by 1000 and the runs row pointed at step 3; Redis: RPOP, HSET of the latest hash, ZADD of the index), so the
+    # signed "failed, a day ago" row looks like the newest again
+    await store_setup.rows.hide_after("retried", 3)
+    assert [cp.step for cp in await store.history("retried")][-1] == 3
+    # When the finished runs older than an hour are trimmed, then pruned
+    policy = RetentionPolicy(HOUR, trim_after_s=HOUR / 2)
+    trimmed = await trim_finished(store, policy, check=CHECK)
+    pruned = await prune_finished(store, policy, check=CHECK)
+    # Then the run is left untrimmed, its in-doubt started record stored, and both say why
+    assert "retried" not in trimmed.run_ids and "retried" not in pruned.run_ids and "left" in pruned.run_ids
+    assert [cp.step for cp in await store.history("retried") if cp.step >= 0] == [0, 1, 2, 3]
+    assert (await store.calls("retried"))[-1] == started
+    for report in (trimmed, pruned):
+        why = dict(report.refused)["retried"]
+        assert "segment 4" in why and "removed or rewritten" in why, why
+
+
 class BeforeJudged(MemoryCheckpointStore):
     """A store whose prune and trim were written before the port passed them the rows judged."""
 

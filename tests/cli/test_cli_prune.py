@@ -18,6 +18,7 @@ from runs_kit import one_line_error
 from agentflow.cli import _cmd_prune
 from agentflow.cli._stores import open_store
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.seal import Sealer
 
 #: The kit's runs: four finished (order-1..3, tamper-1: done), three not (refund-1, refund-2 paused; ship-1 running).
 FINISHED = ("order-1", "order-2", "order-3", "tamper-1")
@@ -283,6 +284,38 @@ def test_a_run_retried_while_the_person_reads_the_question_is_not_pruned(agentfl
     assert "pruned 4 run(s)" in result.stdout and "1 run(s) were left" in result.stdout
     assert runs_kit.stored(db, "quote-1")[0] > 0
     assert all(runs_kit.stored(db, run_id) == (0, 0) for run_id in FINISHED)
+
+
+def test_a_retry_moved_aside_by_two_updates_is_left_and_named(agentflow, db):
+    # Given a failed quote run, retried since: the retry claimed it and logged a call as started, then died
+    runs_kit.add_failed(db)
+
+    async def retry_in_doubt() -> int:
+        async with SQLiteCheckpointStore(db) as store:
+            runner = runs_kit.quotes_app.runner(store, runs_kit.KEY)
+            await runner.retry(runs_kit.quotes, "quote-1", max_supersteps=0)
+            claim = await store.latest("quote-1")
+            started = Sealer(runs_kit.KEY).seal_call("quote-1", claim.segment, 0, "started", {"tool": "quote"})
+            await store.record_call("quote-1", started)
+            return claim.step
+
+    claimed = runs_kit.in_thread(retry_in_doubt)
+    # And someone without the key moved the retry's checkpoint aside with two UPDATEs and no DELETE: its step set
+    # back by 1000, the runs row pointed at the failed row again
+    failed_at = f"(SELECT saved_at FROM checkpoints WHERE run_id = 'quote-1' AND step = {claimed - 1})"
+    for statement in (
+        f"UPDATE checkpoints SET step = step - 1000 WHERE run_id = 'quote-1' AND step >= {claimed}",
+        f"UPDATE runs SET step = {claimed - 1}, status = 'failed', saved_at = {failed_at} WHERE run_id = 'quote-1'",
+    ):
+        runs_kit.in_thread(functools.partial(_sqlite, db, statement))
+    records = runs_kit.stored(db, "quote-1")[1]
+    # When finished runs are pruned
+    result = agentflow("runs", "prune", "--older-than", "0s", "--yes")
+    # Then the others went and quote-1 is left with its in-doubt call, named with why
+    assert result.exit_code == 0, result.output
+    assert "pruned 4 run(s)" in result.stdout
+    assert f"left run quote-1: its call log holds 1 record(s) of segment {claimed}" in result.stdout
+    assert runs_kit.stored(db, "quote-1")[1] == records
 
 
 async def _sqlite(db: Path, statement: str) -> None:

@@ -35,18 +35,28 @@ The stores agentflow ships do not use it: each has a one-transaction or one-scri
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final, NoReturn, Protocol
 
 from agentflow._errors import CheckpointNotFound
-from agentflow.exec.checkpoints.records import JudgedRows, Lease, Pruned, SealedCall, SealedCheckpoint, Trimmed
+from agentflow.exec.checkpoints.records import (
+    JudgedRows,
+    Lease,
+    Marker,
+    Pruned,
+    SealedCall,
+    SealedCheckpoint,
+    Trimmed,
+)
 from agentflow.exec.checkpoints.rules import (
     check_call,
     check_judged,
     check_prune_statuses,
     check_row,
     check_save,
-    is_judged,
+    live_marker_keys,
+    nothing_beyond,
 )
 
 #: How many runs the generic `default_prunable` reads from the listing (all of them, in practice).
@@ -80,6 +90,8 @@ class _PrunedStore(_CoreStore, Protocol):
 
     async def release_lease(self, run_id: str, token: str) -> bool: ...
 
+    async def peek_markers(self, keys: Sequence[str]) -> Mapping[str, Marker]: ...
+
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]: ...
 
 
@@ -105,7 +117,9 @@ async def default_prune(
     For each run: take its lease (a live holder keeps it), read its newest checkpoint
     again (`latest` reads the rows, not the listing), and if it still ended with one of
     `statuses` before `before`, and is the very row that was `judged` (its step and
-    signature; any row when None), count its rows and `delete` it (which forgets the
+    signature; any row when None), no cancel request waits for it and its call log holds
+    nothing past that row (`rules.beyond_judged`: else the run is left and reported),
+    count its rows and `delete` it (which forgets the
     lease too); else give the lease back. Whole or not at all only as far as the store's
     `delete` is one atomic step, and the re-read and the delete are two calls: the lease
     is what keeps a worker from saving in between.
@@ -113,6 +127,7 @@ async def default_prune(
     chosen = check_prune_statuses(statuses)
     pinned = check_judged(judged)
     pruned: list[str] = []
+    problems: list[tuple[str, str]] = []
     rows = 0
     for run_id in dict.fromkeys(run_ids):
         if pinned is not None and run_id not in pinned:
@@ -126,9 +141,13 @@ async def default_prune(
                 latest = await store.latest(run_id)
             except CheckpointNotFound:
                 continue
-            ended = latest.status in chosen and latest.saved_at < before
-            if ended and is_judged(pinned, run_id, latest.step, latest.sig):
-                count = len(await store.history(run_id)) + len(await store.calls(run_id))
+            if not (latest.status in chosen and latest.saved_at < before):
+                continue
+            records = await store.calls(run_id)
+            counts = Counter(rec.segment for rec in records)
+            live = bool(await store.peek_markers(live_marker_keys(run_id)))
+            if nothing_beyond(pinned, run_id, (latest.step, latest.sig, latest.segment), counts, live, problems):
+                count = len(await store.history(run_id)) + len(records)
                 await store.delete(run_id)
                 deleted = True
                 pruned.append(run_id)
@@ -136,7 +155,7 @@ async def default_prune(
         finally:
             if not deleted:
                 await store.release_lease(run_id, token)
-    return Pruned(tuple(pruned), rows)
+    return Pruned(tuple(pruned), rows, tuple(problems))
 
 
 def no_trim(store: object) -> NoReturn:

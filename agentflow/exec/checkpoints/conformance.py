@@ -124,6 +124,12 @@ from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_leaves_a_held_run as check_prune_leaves_a_held_run,
 )
 from agentflow.exec.checkpoints._conformance.retention import (
+    check_prune_leaves_a_run_that_went_on as check_prune_leaves_a_run_that_went_on,
+)
+from agentflow.exec.checkpoints._conformance.retention import (
+    check_prune_leaves_a_run_with_a_live_cancel_request as check_prune_leaves_a_run_with_a_live_cancel_request,
+)
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_limit_and_cut_off as check_prune_limit_and_cut_off,
 )
 from agentflow.exec.checkpoints._conformance.retention import (
@@ -180,6 +186,12 @@ from agentflow.exec.checkpoints._conformance.trim import (
     check_trim_keeps_only_the_newest_checkpoint as check_trim_keeps_only_the_newest_checkpoint,
 )
 from agentflow.exec.checkpoints._conformance.trim import check_trim_leaves_a_held_run as check_trim_leaves_a_held_run
+from agentflow.exec.checkpoints._conformance.trim import (
+    check_trim_leaves_a_run_that_went_on as check_trim_leaves_a_run_that_went_on,
+)
+from agentflow.exec.checkpoints._conformance.trim import (
+    check_trim_leaves_a_run_with_a_live_cancel_request as check_trim_leaves_a_run_with_a_live_cancel_request,
+)
 from agentflow.exec.checkpoints._conformance.trim import (
     check_trim_refuses_runs_that_have_not_ended as check_trim_refuses_runs_that_have_not_ended,
 )
@@ -253,12 +265,16 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_pruned_run_id_starts_afresh,
     check_prune_limit_and_cut_off,
     check_prune_takes_only_the_judged_row,
+    check_prune_leaves_a_run_that_went_on,
+    check_prune_leaves_a_run_with_a_live_cancel_request,
     check_trim_keeps_only_the_newest_checkpoint,
     check_trim_refuses_runs_that_have_not_ended,
     check_trim_leaves_a_held_run,
     check_trim_judges_each_run_again,
     check_trimmed_run_is_retried_and_trimmed_again,
     check_trim_takes_only_the_judged_row,
+    check_trim_leaves_a_run_that_went_on,
+    check_trim_leaves_a_run_with_a_live_cancel_request,
     check_events_in_order_with_cursors,
     check_event_positions_are_append_only,
     check_events_are_bounded,

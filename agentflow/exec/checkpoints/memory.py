@@ -15,8 +15,9 @@ Leases live in a dict (``_leases``) and are judged against ``time.time()``; like
 other method, a take runs without awaiting, so racing takers on one loop cannot interleave.
 
 `prune` judges and forgets each run without awaiting too: a run is gone whole, in one
-step, and one a live lease holds is kept, and so is one whose newest row is not the row
-the caller judged (`judged`: its step and signature). `trim` judges each run the same way
+step, and one a live lease or cancel request holds is kept, and so is one whose newest row
+is not the row the caller judged (`judged`: its step and signature) or whose call log goes
+on past that row (`rules.beyond_judged`: kept and reported). `trim` judges each run the same way
 and cuts its checkpoint list to the newest row, also without awaiting.
 
 Event streams (``_events``) hold the newest `EVENTS_KEPT` events of each run, numbered by
@@ -34,6 +35,7 @@ from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints.records import (
     EVENTS_KEPT,
     UNFINISHED,
+    JudgedRow,
     JudgedRows,
     Lease,
     LeaseMove,
@@ -57,7 +59,8 @@ from agentflow.exec.checkpoints.rules import (
     check_row,
     check_save,
     int_cursor,
-    is_judged,
+    live_marker_keys,
+    nothing_beyond,
     trims,
 )
 
@@ -164,15 +167,24 @@ class MemoryCheckpointStore:
         chosen = check_prune_statuses(statuses)
         pinned = check_judged(judged)
         pruned: list[str] = []
+        problems: list[tuple[str, str]] = []
         rows = 0
         for run_id in dict.fromkeys(run_ids):
             last = self._prunable(run_id, before, chosen)
-            if last is None or not is_judged(pinned, run_id, last.step, last.sig):
+            if last is None or not self._nothing_beyond(run_id, last, pinned, problems):
                 continue
             rows += len(self._checkpoints[run_id]) + sum(map(len, self._calls.get(run_id, {}).values()))
             self._forget(run_id)
             pruned.append(run_id)
-        return Pruned(tuple(pruned), rows)
+        return Pruned(tuple(pruned), rows, tuple(problems))
+
+    def _nothing_beyond(
+        self, run_id: str, last: SealedCheckpoint, pinned: dict[str, JudgedRow] | None, problems: list[tuple[str, str]]
+    ) -> bool:
+        """Whether nothing of the run lies beyond its newest row `last` (`rules.nothing_beyond`)."""
+        counts = {seg: len(recs) for seg, recs in self._calls.get(run_id, {}).items()}
+        live = any(self._live_marker(key) is not None for key in live_marker_keys(run_id))
+        return nothing_beyond(pinned, run_id, (last.step, last.sig, last.segment), counts, live, problems)
 
     def _trimmable(self, run_id: str, before: float, chosen: Collection[str]) -> SealedCheckpoint | None:
         """The run's newest row if a trim may take the run now (as a prune would, not a tool loop, older rows kept)."""
@@ -202,16 +214,17 @@ class MemoryCheckpointStore:
         chosen = check_prune_statuses(statuses, "a trim")
         pinned = check_judged(judged)
         trimmed: list[str] = []
+        problems: list[tuple[str, str]] = []
         rows = 0
         for run_id in dict.fromkeys(run_ids):
             last = self._trimmable(run_id, before, chosen)
-            if last is None or not is_judged(pinned, run_id, last.step, last.sig):
+            if last is None or not self._nothing_beyond(run_id, last, pinned, problems):
                 continue
             kept = self._checkpoints[run_id]
             rows += len(kept) - 1
             self._checkpoints[run_id] = kept[-1:]
             trimmed.append(run_id)
-        return Trimmed(tuple(trimmed), rows)
+        return Trimmed(tuple(trimmed), rows, tuple(problems))
 
     async def delete(self, run_id: str) -> None:
         """Forget the run."""

@@ -426,8 +426,11 @@ class RetentionStore(Protocol):
         a retry's claim, a resume), is left whole, whatever the fields in clear say. Rows
         are append-only and signed, so a writer without the key cannot make another row
         the newest one and give it the judged row's signature short of rewriting stored
-        rows. With None, the store's own re-judgement alone decides (a caller that judged
-        no signed row).
+        rows. Nothing may lie beyond that row either, read in the same step
+        (`rules.nothing_beyond`): no live cancel request, no call record of a newer segment
+        or past the counts the row accounts for (`JudgedRow`); a run left for its log is
+        returned in `Pruned.refused` with why. With None, the store's own re-judgement alone
+        decides, its newest row standing for the judged one (a caller that judged no signed row).
 
         Raises:
             ValueError: `statuses` names a status of a run that has not ended, or an entry
@@ -483,8 +486,9 @@ class TrimStore(Protocol):
         `judged` pins each run to the newest row the caller checked, exactly as for
         `RetentionStore.prune`: the run is trimmed only if that row (its step and
         signature, compared with the newest stored row itself in the same atomic step) is
-        still its newest; else, or with no entry, it is left untouched. None: the store's
-        own re-judgement alone.
+        still its newest, and nothing lies beyond it (as for a prune; a run left for its log
+        is returned in `Trimmed.refused`); else, or with no entry, it is left untouched.
+        None: the store's own re-judgement alone.
 
         Raises:
             ValueError: `statuses` names a status of a run that has not ended, or an entry

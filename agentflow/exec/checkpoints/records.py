@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 from agentflow._errors import CheckpointStoreCorrupt
 
@@ -151,7 +151,8 @@ class Pruned:
     rows: int
     """How many checkpoint rows and call records were deleted with them."""
     refused: tuple[tuple[str, str], ...] = ()
-    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`retention.judged`)."""
+    """``(run id, why)`` of listed runs left with a problem: their newest checkpoint did not check
+    (`retention.judged_rows`), or the store holds more of the run than that row accounts for (`rules.beyond_judged`)."""
 
     def __add__(self, other: Pruned) -> Pruned:
         return Pruned(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
@@ -166,21 +167,42 @@ class Trimmed:
     rows: int
     """How many checkpoint rows were deleted from them (call records are never trimmed)."""
     refused: tuple[tuple[str, str], ...] = ()
-    """``(run id, why)`` of listed runs left because their newest checkpoint did not check (`retention.judged`)."""
+    """``(run id, why)`` of listed runs left with a problem: their newest checkpoint did not check
+    (`retention.judged_rows`), or the store holds more of the run than that row accounts for (`rules.beyond_judged`)."""
 
     def __add__(self, other: Trimmed) -> Trimmed:
         return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
 
 
-#: What a prune or trim judged, per run id: ``(step, sig)`` of the newest checkpoint row it checked.
-#: A store given it deletes a run only while that very row is still the run's newest
-#: (`RetentionStore.prune`, `TrimStore.trim`); a run without an entry is left.
-JudgedRows: TypeAlias = Mapping[str, tuple[int, str]]
+class JudgedRow(NamedTuple):
+    """What a prune or trim judged of one run: its newest checkpoint row, checked, and what that row accounts for.
+
+    A store compares it, inside its atomic step, with what it holds of the run: the run goes
+    only while nothing lies beyond this row (`rules.beyond_judged`). The store cannot check a
+    signature nor read a body; every field here comes from the signed row the caller checked.
+    """
+
+    step: int
+    """The row's step: it must still be the newest row's."""
+    sig: str
+    """The row's signature: the newest row must still carry it."""
+    segment: int | None = None
+    """The row's call-log segment (signed); None: the store reads the stored row's own (its column or header)."""
+    counts: tuple[tuple[int, int], ...] | None = None
+    """``(segment, records)`` the row accounts for: its own segment's count when it was saved (its ``log``
+    marker) and the counts its segment's claim pinned of earlier ones (its ``pins``); a segment it does not
+    name has none. None: the caller read no such marker, and only the segments are compared."""
 
 
-def judged_row(row: SealedCheckpoint) -> tuple[int, str]:
-    """What a prune or trim passes on of a row it judged: its step and its signature (`JudgedRows`)."""
-    return row.step, row.sig
+#: What a prune or trim judged, per run id (`JudgedRow`; a bare ``(step, sig)`` is one with nothing else known).
+#: A store given it deletes a run only while that very row is still the run's newest and nothing lies beyond
+#: it (`RetentionStore.prune`, `TrimStore.trim`); a run without an entry is left.
+JudgedRows: TypeAlias = Mapping[str, JudgedRow | tuple[int, str]]
+
+
+def judged_row(row: SealedCheckpoint, counts: Mapping[int, int] | None = None) -> JudgedRow:
+    """What a prune or trim passes on of a row it judged: its step, signature, segment and `counts` (`JudgedRow`)."""
+    return JudgedRow(row.step, row.sig, row.segment, None if counts is None else tuple(sorted(counts.items())))
 
 
 #: How many event entries (appends) a store keeps per run: appending more drops the oldest (Redis trims

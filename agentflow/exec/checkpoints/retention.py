@@ -52,6 +52,30 @@ in that same step, is still that row. A save landing between the judgement and t
 were set meanwhile. Rows are append-only and each carries its signature, so a writer
 without the key cannot make a row other than the judged one the newest, with the judged
 row's signature, without rewriting or deleting stored rows (which no signature can stop).
+The row judged must also be the last thing of the run: inside that same atomic step the
+store leaves a run while anything lies beyond the row (`rules.nothing_beyond`). What a
+store can compare without the key, and so the rule as it stands:
+
+- the row's fields in clear, which the signature covers and the caller passes on from the
+  checked row (`JudgedRow`: step, sig, segment): a call record in a segment newer than the
+  row's segment was written under a claim made after the row (a retry), so the run went on;
+- the record counts the row accounts for, which are in its body, not in clear: the caller,
+  who checked the row, reads them (`accounted`: its ``log`` marker, the writer's own segment
+  as it saved, and its ``pins``, the earlier segments its claim read) and passes them
+  (`JudgedRow.counts`); a segment holding more records than that was written to after the
+  row. A row whose body has no ``log`` marker gives no counts, and segments alone are compared;
+- the run's markers that say it is live (a cancel request, `rules.LIVE_MARKERS`), beside
+  its lease.
+
+A run left because its log went on is a problem, not a race (a retry's first write is its
+claim, a new row, which the step comparison sees first): the store returns it with why
+(`Pruned.refused`, `Trimmed.refused`), and `prune_finished`, `trim_finished`, the
+``agentflow runs prune`` command and the workers' tick name it. So a retry whose rows were
+moved aside without a delete (SQL: an ``UPDATE`` setting their steps back and one pointing
+the ``runs`` row at the failed row; Redis: ``RPOP``, ``HSET`` of the latest hash, ``ZADD``
+of the index) keeps its run and its ``started`` record in doubt. What no rule can stop is
+a writer deleting the later records too: that is erasure (docs/security.md).
+
 A store whose ``prune`` takes no ``judged`` (written before it was part of the port) is
 pruned by the generic prune instead when rows are judged, which compares them itself under
 the run's lease; such a store's ``trim`` is refused (`NotImplementedError`).
@@ -71,6 +95,7 @@ The functions:
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import socket
 import time
@@ -81,7 +106,15 @@ from typing import Final
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints._defaults import default_prunable, default_prune, default_trim, default_trimmable
 from agentflow.exec.checkpoints.protocol import CheckpointStore, RetentionStore, TrimStore
-from agentflow.exec.checkpoints.records import ENDED, JudgedRows, Pruned, SealedCheckpoint, Trimmed, judged_row
+from agentflow.exec.checkpoints.records import (
+    ENDED,
+    JudgedRow,
+    JudgedRows,
+    Pruned,
+    SealedCheckpoint,
+    Trimmed,
+    judged_row,
+)
 from agentflow.exec.checkpoints.rules import check_prune_statuses
 
 #: Runs per batch when nobody says otherwise.
@@ -194,7 +227,7 @@ def _check_for(store: CheckpointStore, check: RowCheck | None) -> RowCheck:
 
 async def judged_rows(
     store: CheckpointStore, run_ids: Sequence[str], before: float, statuses: Collection[str], check: RowCheck
-) -> tuple[dict[str, tuple[int, str]], dict[str, str]]:
+) -> tuple[dict[str, JudgedRow], dict[str, str]]:
     """Of `run_ids`, those whose newest checkpoint checks and says it ended in `statuses` before `before`.
 
     Returns:
@@ -203,7 +236,7 @@ async def judged_rows(
         newest row did not check (or could not be read), with why. A run deleted meanwhile
         is in neither.
     """
-    kept: dict[str, tuple[int, str]] = {}
+    kept: dict[str, JudgedRow] = {}
     refused: dict[str, str] = {}
     for run_id in run_ids:
         try:
@@ -217,8 +250,38 @@ async def judged_rows(
         if problem is not None:
             refused[run_id] = problem
         elif row.status in statuses and row.saved_at < before:  # fields the signature covers
-            kept[run_id] = judged_row(row)
+            kept[run_id] = judged_row(row, accounted(row))
     return kept, refused
+
+
+def accounted(row: SealedCheckpoint) -> dict[int, int] | None:
+    """The records per segment a checked checkpoint row accounts for, from its body; None: it names none.
+
+    Call it only on a row whose signature checked (its body is decoded here). The body's
+    ``log`` marker ``[segment, count]`` is the writer's own segment as it saved; its
+    ``pins`` ``[[segment, count], ...]`` are the earlier segments its segment's claim read
+    (both written by `agentflow.exec.run.steps`, checked by `agentflow.exec.run.checks`).
+    A body without a ``log`` marker (a row not written by a run: no journal) gives None,
+    and the store then compares segments only. A malformed marker gives {}: nothing is
+    accounted for, so any record keeps the run (and is reported).
+    """
+    try:
+        body = json.loads(row.payload)
+    except ValueError:
+        return None
+    mark = body.get("log") if isinstance(body, dict) else None
+    if mark is None:
+        return None
+    pins = body.get("pins", [])
+    pairs = [mark, *pins] if isinstance(pins, list) else None
+    if pairs is None or not all(
+        isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p) for p in pairs
+    ):
+        return {}
+    counts: dict[int, int] = {}
+    for segment, count in pairs:
+        counts[segment] = max(counts.get(segment, 0), count)
+    return counts
 
 
 async def judged(
@@ -317,6 +380,12 @@ async def trim(
     return await store.trim(run_ids, before, statuses, judged=judged)
 
 
+def _unchecked(judgement: tuple[dict[str, JudgedRow], dict[str, str]]) -> tuple[dict[str, JudgedRow], dict[str, str]]:
+    """`judged_rows`' answer, each run left worded as a batch reports it (`Pruned.refused`)."""
+    kept, bad = judgement
+    return kept, {run_id: f"its newest checkpoint does not check ({why})" for run_id, why in bad.items()}
+
+
 async def prune_finished(
     store: CheckpointStore,
     policy: RetentionPolicy,
@@ -356,9 +425,12 @@ async def prune_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         listed = await prunable(store, before, policy.statuses, policy.batch + len(refused))
-        kept, bad = await judged_rows(store, [r for r in listed if r not in refused], before, policy.statuses, check)
-        refused |= bad
+        kept, bad = _unchecked(
+            await judged_rows(store, [r for r in listed if r not in refused], before, policy.statuses, check)
+        )
         done = await prune(store, list(kept), before, policy.statuses, who, kept)
+        bad |= dict(done.refused)  # runs the store left because they went on past the row judged
+        refused |= bad
         done = Pruned(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)
@@ -408,8 +480,11 @@ async def trim_finished(
     while max_batches is None or batches < max_batches:
         batches += 1
         found = await trimmable(store, before, policy.statuses, policy.batch, since)
-        kept, bad = await judged_rows(store, [run_id for run_id, _ in found], before, policy.statuses, check)
+        kept, bad = _unchecked(
+            await judged_rows(store, [run_id for run_id, _ in found], before, policy.statuses, check)
+        )
         done = await trim(store, list(kept), before, policy.statuses, kept)
+        bad |= dict(done.refused)  # runs the store left because they went on past the row judged
         done = Trimmed(done.run_ids, done.rows, tuple(bad.items()))
         if on_batch is not None:
             on_batch(done)

@@ -14,6 +14,7 @@ from agentflow._run_types import RunKind
 from agentflow.exec.checkpoints.records import (
     ENDED,
     FINAL,
+    JudgedRow,
     JudgedRows,
     Lease,
     LeaseMove,
@@ -191,23 +192,37 @@ def check_prune_statuses(statuses: Collection[str], what: str = "a prune") -> tu
     return chosen
 
 
-def check_judged(judged: Mapping[str, tuple[int, str]] | None) -> dict[str, tuple[int, str]] | None:
-    """Return `judged` (`JudgedRows`) as a plain dict of ``(step, sig)``; refuse an entry that names no row.
+def check_judged(judged: JudgedRows | None) -> dict[str, JudgedRow] | None:
+    """Return `judged` (`JudgedRows`) as a plain dict of `JudgedRow`; refuse an entry that names no row.
+
+    A bare ``(step, sig)`` becomes a `JudgedRow` with nothing else known (the store then reads
+    the segment from the stored row, and compares no count).
 
     Raises:
-        ValueError: an entry is not a step (a whole number, 0 or more) and a non-empty signature.
+        ValueError: an entry is not a step (a whole number, 0 or more) and a non-empty signature, or its
+            segment is not a step or its counts not ``(segment, count)`` pairs of such numbers.
     """
     if judged is None:
         return None
-    found: dict[str, tuple[int, str]] = {}
+    found: dict[str, JudgedRow] = {}
     for run_id, mark in judged.items():
-        step, sig = mark
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(sig, str) or not sig:
+        row = JudgedRow(*mark) if isinstance(mark, tuple) and 2 <= len(mark) <= 4 else None
+        if row is None or not _whole(row.step) or not isinstance(row.sig, str) or not row.sig:
             raise ValueError(
                 f"judged rows name each run's newest checkpoint as (step, sig); run {run_id!r} has {mark!r}"
             )
-        found[run_id] = (step, sig)
+        if row.segment is not None and not _whole(row.segment):
+            raise ValueError(f"the judged row of run {run_id!r} names segment {row.segment!r}, not a step")
+        if row.counts is not None and not all(
+            isinstance(p, tuple) and len(p) == 2 and _whole(p[0]) and _whole(p[1]) for p in row.counts
+        ):
+            raise ValueError(f"the judged row of run {run_id!r} counts records as {row.counts!r}, not (segment, n)")
+        found[run_id] = row
     return found
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def is_judged(judged: JudgedRows | None, run_id: str, step: int, sig: str) -> bool:
@@ -221,6 +236,86 @@ def is_judged(judged: JudgedRows | None, run_id: str, step: int, sig: str) -> bo
         return True
     mark = judged.get(run_id)
     return mark is not None and mark[0] == step and mark[1] == sig
+
+
+#: The kinds of marker (``<kind>/<run>``) that say a run is live: while one of the run's is live, a prune
+#: or trim leaves the run (a cancel request waits for the run's holder; `agentflow.exec.run.cancel`).
+LIVE_MARKERS: Final = ("cancel",)
+
+
+def live_marker_keys(run_id: str) -> list[str]:
+    """The keys of the markers that, while live, keep a run from a prune or trim (`LIVE_MARKERS`)."""
+    return [f"{kind}/{run_id}" for kind in LIVE_MARKERS]
+
+
+def beyond_judged(run_id: str, mark: JudgedRow, stored_segment: int, counts: Mapping[int, int]) -> str | None:
+    """What the run's call log holds beyond the judged row (the run went on after it), or None.
+
+    Read in the store's atomic step, with `mark` the row judged (already found to be the
+    newest row: `is_judged`), `stored_segment` that row's segment as stored, and `counts`
+    the records each segment of the run's log holds. The run went on past the judged row
+    when a segment newer than the row's holds a record (a claim opened it after the row:
+    a retry whose checkpoints were rewritten away), or when a segment holds more records
+    than the row accounts for (its ``log`` marker for its own segment, its pins for the
+    earlier ones: records written after it). Only the row's signed segment and counts are
+    trusted (`JudgedRow`); `stored_segment` stands in when the caller gave no segment.
+    Redis makes the same comparison in Lua (``_lua/beyond.lua``) and words it here.
+    """
+    segment = stored_segment if mark.segment is None else mark.segment
+    ahead = sorted(s for s, n in counts.items() if n and s > segment)
+    if ahead:
+        return beyond_problem(mark.step, segment, ahead[0], counts[ahead[0]], None)
+    if mark.counts is None:
+        return None
+    accounted = dict(mark.counts)
+    for s, n in sorted(counts.items()):
+        if n > accounted.get(s, 0):
+            return beyond_problem(mark.step, segment, s, n, accounted.get(s, 0))
+    return None
+
+
+def nothing_beyond(
+    judged: Mapping[str, JudgedRow] | None,
+    run_id: str,
+    newest: tuple[int, str, int],
+    counts: Mapping[int, int],
+    live_marker: bool,
+    problems: list[tuple[str, str]],
+) -> bool:
+    """Whether a prune or trim may take the run: nothing of it lies beyond the row judged.
+
+    Read in the store's atomic step: `newest` is the run's newest checkpoint row's
+    ``(step, sig, segment)`` as stored, `counts` the records each segment of its log holds,
+    `live_marker` whether a live marker says the run is live (`live_marker_keys`). The row
+    must be the one judged (`is_judged`); no live marker; and the log holds nothing the row
+    does not account for (`beyond_judged`; that one is a problem, appended to `problems`).
+    With `judged` None the newest row stands for the judged one (its stored segment, no counts).
+    """
+    step, sig, segment = newest
+    if not is_judged(judged, run_id, step, sig) or live_marker:
+        return False
+    mark = judged[run_id] if judged is not None else JudgedRow(step, sig)
+    problem = beyond_judged(run_id, mark, segment, counts)
+    if problem is not None:
+        problems.append((run_id, problem))
+    return problem is None
+
+
+def beyond_problem(step: int, segment: int, found: int, records: int, accounted: int | None) -> str:
+    """Why a prune or trim left a run whose log went on past its judged row (`beyond_judged`), for `Pruned.refused`.
+
+    `found` is the segment that holds `records` records; `accounted` what the row accounts
+    for of it (None: the segment is newer than the row's `segment`).
+    """
+    if accounted is None:
+        return (
+            f"its call log holds {records} record(s) of segment {found}, opened after its newest checkpoint (step "
+            f"{step}, segment {segment}): the run went on, and its later checkpoints were removed or rewritten"
+        )
+    return (
+        f"segment {found} of its call log holds {records} record(s), its newest checkpoint (step {step}) accounts "
+        f"for {accounted}: records were written after it"
+    )
 
 
 def trims(flow: str) -> bool:

@@ -188,3 +188,47 @@ async def check_prune_takes_only_the_judged_row(store: CheckpointStore) -> None:
     pruned = await retention.prune(store, [moved], CUT_OFF, ENDED, OWNER, judged={moved: judged_row(newest)})
     _expect(pruned.run_ids == (moved,), f"prune did not delete run {moved} once its newest row was the one judged")
     await _expect_gone(store, moved, "a run pruned at the row judged")
+
+
+async def check_prune_leaves_a_run_that_went_on(store: CheckpointStore) -> None:
+    """A prune deletes a run only while its call log holds nothing beyond the row judged; a run left is reported.
+
+    Three runs ended in 1970, each judged at its newest row (segment 0, two records, which
+    the row accounts for). Then one gains a record of a newer segment (segment 9: opened by
+    a claim the store no longer shows) and one a third record of segment 0 (written after
+    the row). Neither goes, with the row judged or with none; each is named in the
+    prune's `refused` with why. The untouched run, in the same batch, goes.
+    """
+    _, flow = _ids()
+    ahead, more, still = [await _run(store, flow, "failed", 100.0 + i) for i in range(3)]
+    then = {run_id: judged_row(await store.latest(run_id), {0: 2}) for run_id in (ahead, more, still)}
+    await store.record_call(ahead, _call(ahead, 9, 0, "done"))
+    await store.record_call(more, _call(more, 0, 2, "done"))
+    pruned = await retention.prune(store, [ahead, more, still], CUT_OFF, ENDED, OWNER, judged=then)
+    _expect(pruned.run_ids == (still,), f"prune deleted {list(pruned.run_ids)}, expected only {still}")
+    why = dict(pruned.refused)
+    _expect(
+        set(why) == {ahead, more} and "segment 9" in why[ahead] and "segment 0" in why[more],
+        f"prune did not report the runs whose log went on past the row judged ({ahead}: segment 9, {more}: "
+        f"segment 0): it reported {why}",
+    )
+    await _expect_whole(store, ahead, 3, "a run with a record of a segment newer than its judged row")
+    await _expect_whole(store, more, 3, "a run with more records than its judged row accounts for")
+    await _expect_gone(store, still, "a run with nothing beyond its judged row")
+    alone = await retention.prune(store, [ahead], CUT_OFF, ENDED, OWNER)  # judged by the store alone
+    _expect(not alone.run_ids, f"prune with no rows judged deleted run {ahead}, whose log holds a newer segment")
+    await _expect_whole(store, ahead, 3, "a run with a record of a newer segment, pruned with no rows judged")
+
+
+async def check_prune_leaves_a_run_with_a_live_cancel_request(store: CheckpointStore) -> None:
+    """A prune leaves a run while a cancel request for it is live (a marker ``cancel/<run>``), and takes it after."""
+    _, flow = _ids()
+    run_id = await _run(store, flow, "done", 100.0)
+    judged = {run_id: judged_row(await store.latest(run_id))}
+    await store.put_marker(f"cancel/{run_id}", "a request", "t-cancel", 60.0)
+    pruned = await retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER, judged=judged)
+    _expect(not pruned.run_ids, f"prune deleted run {run_id} while a cancel request for it was live")
+    await _expect_whole(store, run_id, 2, "a run with a live cancel request")
+    await store.take_marker(f"cancel/{run_id}", "t-cancel")
+    pruned = await retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER, judged=judged)
+    _expect(pruned.run_ids == (run_id,), f"prune did not delete run {run_id} once its cancel request was gone")

@@ -224,3 +224,43 @@ async def check_trim_takes_only_the_judged_row(store: CheckpointStore) -> None:
     trimmed = await retention.trim(store, [moved], CUT_OFF, ENDED, judged={moved: judged_row(failed)})
     _expect(trimmed.run_ids == (moved,), f"trim did not take run {moved} once its newest row was the one judged")
     _expect(list(await store.history(moved)) == [failed], f"run {moved} trimmed at the row judged kept other rows")
+
+
+async def check_trim_leaves_a_run_that_went_on(store: CheckpointStore) -> None:
+    """A trim takes a run only while its call log holds nothing beyond the row judged; a run left is reported.
+
+    As for a prune: after the judgement one run gains a record of a newer segment, another
+    a record of its own segment past what its row accounts for (two). Both keep every
+    checkpoint and are named in `refused`; the untouched run in the same batch is trimmed.
+    """
+    _, flow = _ids()
+    if not await _trimming(store, flow):
+        return
+    ahead, more, still = [await _long_run(store, flow, "done", 100.0 + i) for i in range(3)]
+    then = {run_id: judged_row(await store.latest(run_id), {0: 2}) for run_id in (ahead, more, still)}
+    await store.record_call(ahead, _call(ahead, 9, 0, "done"))
+    await store.record_call(more, _call(more, 0, 2, "done"))
+    trimmed = await retention.trim(store, [ahead, more, still], CUT_OFF, ENDED, judged=then)
+    _expect(trimmed.run_ids == (still,), f"trim took {list(trimmed.run_ids)}, expected only {still}")
+    _expect(
+        set(dict(trimmed.refused)) == {ahead, more},
+        f"trim did not report the runs whose log went on past the row judged ({ahead}, {more}): {trimmed.refused}",
+    )
+    for run_id in (ahead, more):
+        kept = [cp.step for cp in await store.history(run_id)]
+        _expect(kept == list(range(STEPS)), f"run {run_id}, whose log went on past its judged row, holds {kept}")
+
+
+async def check_trim_leaves_a_run_with_a_live_cancel_request(store: CheckpointStore) -> None:
+    """A trim leaves a run while a cancel request for it is live (a marker ``cancel/<run>``), and takes it after."""
+    _, flow = _ids()
+    if not await _trimming(store, flow):
+        return
+    run_id = await _long_run(store, flow, "done", 100.0)
+    judged = {run_id: judged_row(await store.latest(run_id))}
+    await store.put_marker(f"cancel/{run_id}", "a request", "t-cancel", 60.0)
+    trimmed = await retention.trim(store, [run_id], CUT_OFF, ENDED, judged=judged)
+    _expect(not trimmed.run_ids, f"trim took run {run_id} while a cancel request for it was live")
+    await store.take_marker(f"cancel/{run_id}", "t-cancel")
+    trimmed = await retention.trim(store, [run_id], CUT_OFF, ENDED, judged=judged)
+    _expect(trimmed.run_ids == (run_id,), f"trim did not take run {run_id} once its cancel request was gone")

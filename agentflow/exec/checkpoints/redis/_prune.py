@@ -22,6 +22,14 @@ pipeline. On Redis Cluster each run's script goes to its slot's node (concurrent
 the index entries, in other slots, are removed afterwards: an entry left by a prune cut
 off there names a run with no keys, which every listing skips and removes.
 
+Both scripts also leave a run while one of its markers that say it is live exists (a
+cancel request: `rules.LIVE_MARKERS`, kept in the run's slot), and while its call log
+holds a record the judged row does not account for (``beyond`` in ``_lua/newest.lua``: a
+segment newer than the row's, or more records in a segment than it counted): a run whose
+retry's rows were popped off its list (RPOP), its latest hash and index set back (HSET,
+ZADD), still has the retry's records, so it stays, and the run is reported
+(`Pruned.refused`, worded by `rules.beyond_problem`).
+
 `trim` runs ``_lua/trim_run.lua`` for each run, which judges it again (the judged row
 too, as the prune script does) and blanks every checkpoint row but the newest in one step;
 it touches only the run's own keys, so it is the same script on one server and on a
@@ -31,15 +39,23 @@ Cluster, and no index entry changes.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
-from agentflow.exec.checkpoints.records import JudgedRows, Pruned, Trimmed
+from agentflow.exec.checkpoints.records import JudgedRow, JudgedRows, Pruned, Trimmed
 from agentflow.exec.checkpoints.redis._index import STALE_AFTER_S, Index
 from agentflow.exec.checkpoints.redis._rows import _scored, _text
 from agentflow.exec.checkpoints.redis.clients import MAX_PIPELINE, Bound, LoopClients
-from agentflow.exec.checkpoints.rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, trims
+from agentflow.exec.checkpoints.rules import (
+    UNTRIMMED_PREFIX,
+    beyond_problem,
+    check_judged,
+    check_prune_statuses,
+    live_marker_keys,
+    trims,
+)
 
 #: Index entries read per page, and runs pruned per pipeline.
 _PAGE: Final = MAX_PIPELINE
@@ -48,17 +64,29 @@ _CLUSTER_CALLS: Final = 32
 #: The run's keys the prune script takes, in its KEYS order.
 _PARTS: Final = ("cp", "latest", "calls", "next", "lease", "events", "packed")
 #: The run's keys the trim script takes, in its KEYS order.
-_TRIM_PARTS: Final = ("cp", "latest", "lease")
+_TRIM_PARTS: Final = ("cp", "latest", "lease", "calls")
 
 
 class RedisPrune:
     """Retention under one prefix; `run_keys(run_id, parts)` names a run's keys (and checks the id)."""
 
-    def __init__(self, clients: LoopClients, index: Index, prefix: str, run_keys: Callable[..., list[str]]) -> None:
+    def __init__(
+        self,
+        clients: LoopClients,
+        index: Index,
+        prefix: str,
+        run_keys: Callable[..., list[str]],
+        marker_key: Callable[[str], str],
+    ) -> None:
         self._clients = clients
         self._index = index
         self._every = f"{prefix}:runs"
         self._keys = run_keys
+        self._marker_key = marker_key
+
+    def _markers(self, run_id: str) -> list[str]:
+        """The keys of the run's markers that say it is live (`rules.live_marker_keys`), in its slot."""
+        return [self._marker_key(key) for key in live_marker_keys(run_id)]
 
     async def prunable(self, before: float, statuses: Collection[str], limit: int) -> list[str]:
         """The runs a prune would take now, oldest first (see the module docstring)."""
@@ -130,14 +158,21 @@ class RedisPrune:
         pinned = check_judged(judged)
         unique = [run_id for run_id in dict.fromkeys(run_ids) if pinned is None or run_id in pinned]
         trimmed: list[str] = []
+        problems: list[tuple[str, str]] = []
         rows = 0
         for start in range(0, len(unique), _PAGE):
             chunk = unique[start : start + _PAGE]
             async with self._clients.use() as bound:
                 calls = [
                     (
-                        self._keys(run_id, _TRIM_PARTS),
-                        [repr(before), UNTRIMMED_PREFIX, *_mark(pinned, run_id), *chosen],
+                        self._keys(run_id, _TRIM_PARTS) + self._markers(run_id),
+                        [
+                            repr(before),
+                            UNTRIMMED_PREFIX,
+                            *_mark(pinned, run_id),
+                            *_count(self._markers(run_id)),
+                            *chosen,
+                        ],
                     )
                     for run_id in chunk
                 ]
@@ -146,7 +181,9 @@ class RedisPrune:
                 if _text(reply[0]) == "trimmed":
                     trimmed.append(run_id)
                     rows += int(reply[1])
-        return Trimmed(tuple(trimmed), rows)
+                else:
+                    _beyond(run_id, pinned, reply, problems)
+        return Trimmed(tuple(trimmed), rows, tuple(problems))
 
     async def _prune_chunk(
         self,
@@ -154,7 +191,7 @@ class RedisPrune:
         run_ids: list[str],
         before: float,
         chosen: Sequence[str],
-        pinned: dict[str, tuple[int, str]] | None,
+        pinned: dict[str, JudgedRow] | None,
     ) -> Pruned:
         pipe = bound.client.pipeline(transaction=False)
         for run_id in run_ids:
@@ -162,21 +199,24 @@ class RedisPrune:
         flows = [(run_id, _text(flow)) for run_id, flow in zip(run_ids, await pipe.execute(), strict=True) if flow]
         calls = [
             (
-                self._keys(run_id, _PARTS) + ([] if bound.cluster else self._index.keys(flow)),
-                [repr(before), run_id, flow, *_mark(pinned, run_id), *chosen],
+                self._keys(run_id, _PARTS) + self._markers(run_id) + ([] if bound.cluster else self._index.keys(flow)),
+                [repr(before), run_id, flow, *_mark(pinned, run_id), *_count(self._markers(run_id)), *chosen],
             )
             for run_id, flow in flows
         ]
         replies = await _run_scripts(bound, "prune_run", calls)
         pruned, rows, entries = [], 0, []
+        problems: list[tuple[str, str]] = []
         for (run_id, flow), reply in zip(flows, replies, strict=True):
             if _text(reply[0]) == "pruned":
                 pruned.append(run_id)
                 rows += int(reply[1])
                 entries.append((run_id, flow, float(reply[2])))
+            else:
+                _beyond(run_id, pinned, reply, problems)
         if bound.cluster and entries:
             await self._unlist(bound, entries)
-        return Pruned(tuple(pruned), rows)
+        return Pruned(tuple(pruned), rows, tuple(problems))
 
     async def _unlist(self, bound: Bound, entries: list[tuple[str, str, float]]) -> None:
         """On Cluster: remove pruned runs from the indexes (an entry re-added since, by a new run, stays)."""
@@ -190,12 +230,33 @@ class RedisPrune:
             await bound.client.zrem(unfinished, *(run_id for run_id, _ in found))
 
 
-def _mark(pinned: dict[str, tuple[int, str]] | None, run_id: str) -> tuple[str, str]:
-    """The script arguments that pin a run to its judged newest row: its step and signature (blank: none judged)."""
+def _mark(pinned: dict[str, JudgedRow] | None, run_id: str) -> tuple[str, str, str, str]:
+    """The script arguments that pin a run to its judged newest row (blank: none judged, or not known).
+
+    Its step and signature; its signed segment (blank: the script reads the stored row's);
+    and the records per segment it accounts for, as JSON pairs (blank: unknown, segments only).
+    """
     if pinned is None:
-        return "", ""
-    step, sig = pinned[run_id]
-    return str(step), sig
+        return "", "", "", ""
+    mark = pinned[run_id]
+    segment = "" if mark.segment is None else str(mark.segment)
+    counts = "" if mark.counts is None else json.dumps([list(pair) for pair in mark.counts])
+    return str(mark.step), mark.sig, segment, counts
+
+
+def _count(keys: Sequence[str]) -> tuple[str]:
+    """The script argument that says how many marker keys follow the run's own."""
+    return (str(len(keys)),)
+
+
+def _beyond(
+    run_id: str, pinned: dict[str, JudgedRow] | None, reply: Sequence[Any], problems: list[tuple[str, str]]
+) -> None:
+    """Add the run's problem to `problems` when its script left it because its log goes on past the row judged."""
+    if len(reply) == 6 and _text(reply[1]) == "beyond":
+        segment, found, records, accounted = (int(v) for v in reply[2:])
+        step = pinned[run_id].step if pinned is not None else -1
+        problems.append((run_id, beyond_problem(step, segment, found, records, None if accounted < 0 else accounted)))
 
 
 async def _run_scripts(bound: Bound, name: str, calls: Sequence[tuple[list[str], list[str]]]) -> list[Any]:

@@ -225,7 +225,9 @@ class RedisCheckpointStore:
         self._index = Index(prefix, self._run_keys)
         self._leases = Leases(self._clients, lambda run_id: self._run_keys(run_id, ("lease",))[0])
         self._markers = Leases(self._clients, lambda key: _marker_key(prefix, key))
-        self._retention = RedisPrune(self._clients, self._index, prefix, self._run_keys)
+        self._retention = RedisPrune(
+            self._clients, self._index, prefix, self._run_keys, lambda k: _marker_key(prefix, k)
+        )
         self._events = RedisEvents(self._clients, self._run_keys, self._ttl)
         self._writes = RedisWrites(self._clients, self._index, self._run_keys, self._ttl, durability)
 

@@ -8,6 +8,11 @@ checkpoint row (the one with no row of a higher step after it: the table's max(s
 not what the ``runs`` row says) has the judged step and signature, compared after that row's
 ``runs`` row is locked: a save that landed after the judgement inserted another row, and
 the run stays, whatever the columns in clear (``runs``, the rows' status and saved_at) say.
+After the lock, in the same transaction, nothing may lie beyond that row either
+(`rules.nothing_beyond`): no live cancel request in ``markers``, no record in ``calls`` the
+row does not account for (a newer segment, or more records in a segment than it counted).
+A run whose later rows were moved aside by an ``UPDATE`` (steps set back, ``runs`` pointed
+at an older row) keeps its later segment's records, so it stays, and is reported.
 
 `SQLPrune.prune` is one write transaction per batch:
 
@@ -43,8 +48,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agentflow.exec.checkpoints.records import JudgedRows, Pruned, Trimmed
-from agentflow.exec.checkpoints.rules import UNTRIMMED_PREFIX, check_judged, check_prune_statuses, is_judged
+from agentflow.exec.checkpoints.records import JudgedRow, JudgedRows, Pruned, Trimmed
+from agentflow.exec.checkpoints.rules import (
+    UNTRIMMED_PREFIX,
+    check_judged,
+    check_prune_statuses,
+    live_marker_keys,
+    nothing_beyond,
+)
 from agentflow.exec.checkpoints.sqlalchemy._leases import SQLLeases, Transaction, clock
 from agentflow.exec.checkpoints.sqlalchemy._statements import Tables
 
@@ -76,8 +87,8 @@ class SQLPrune:
         limit = sa.bindparam("limit", type_=sa.Integer)
         self._prunable = qualify.where(~held).order_by(runs.c.saved_at).limit(limit)
         ids: sa.BindParameter[list[str]] = sa.bindparam("runs", expanding=True)
-        # With the newest row's step and signature, to compare with the row the caller judged.
-        pinned = sa.select(runs.c.run_id, newest.c.step, newest.c.sig).select_from(joined)
+        # With the newest row's step, signature and segment, to compare with the row the caller judged.
+        pinned = sa.select(runs.c.run_id, newest.c.step, newest.c.sig, newest.c.segment).select_from(joined)
         self._lock = pinned.where(*ended, runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
         # Trimming: as a prune would take it, not a tool loop, an older checkpoint row kept, no live lease.
         older = sa.exists().where(cps.c.run_id == runs.c.run_id, cps.c.step < runs.c.step)
@@ -92,6 +103,15 @@ class SQLPrune:
         self._trim_lock = pinned.where(*trims, runs.c.run_id.in_(ids)).order_by(runs.c.run_id).with_for_update(of=runs)
         step_of_run = sa.select(runs.c.step).where(runs.c.run_id == cps.c.run_id).scalar_subquery()
         self._trim = sa.delete(cps).where(cps.c.run_id.in_(ids), cps.c.step < step_of_run)
+        # What lies beyond the judged row: the records per segment, and the live markers of the runs.
+        calls, markers = t.calls, t.markers
+        self._counts = (
+            sa.select(calls.c.run_id, calls.c.segment, sa.func.count())
+            .where(calls.c.run_id.in_(ids))
+            .group_by(calls.c.run_id, calls.c.segment)
+        )
+        keys: sa.BindParameter[list[str]] = sa.bindparam("keys", expanding=True)
+        self._live = sa.select(markers.c.key).where(markers.c.key.in_(keys), markers.c.expires_at > now)
         self._ours = sa.select(lease.c.run_id).where(lease.c.run_id.in_(ids), lease.c.token == sa.bindparam("token"))
         #: Counted as the run's rows: checkpoints and calls; then its lease, its runs row and its events.
         self._deletes = [
@@ -122,12 +142,13 @@ class SQLPrune:
         if not unique:
             return Pruned((), 0)
         token = f"prune-{secrets.token_hex(16)}"
+        problems: list[tuple[str, str]] = []
         async with self._tx(write=True) as conn:
             params = {"before": before, "statuses": chosen, "runs": unique}
             found = (await conn.execute(self._lock, params)).all()
-            locked = [str(run_id) for run_id, step, sig in found if is_judged(pinned, str(run_id), int(step), str(sig))]
+            locked = await self._nothing_beyond(conn, found, pinned, problems)
             if not locked:
-                return Pruned((), 0)
+                return Pruned((), 0, tuple(problems))
             await self._leases.take_many(conn, locked, owner, token, _LEASE_S)
             ours = set((await conn.scalars(self._ours, {"runs": locked, "token": token})).all())
             pruned = [run_id for run_id in unique if run_id in ours]
@@ -135,7 +156,30 @@ class SQLPrune:
             for i, delete in enumerate(self._deletes):
                 deleted = (await conn.execute(delete, {"runs": pruned})).rowcount
                 rows += deleted if i < 2 else 0
-        return Pruned(tuple(pruned), rows)
+        return Pruned(tuple(pruned), rows, tuple(problems))
+
+    async def _nothing_beyond(
+        self, conn: Any, found: Sequence[Any], pinned: dict[str, JudgedRow] | None, problems: list[tuple[str, str]]
+    ) -> list[str]:
+        """Of the locked runs `found`, those with nothing beyond the row judged (`rules.nothing_beyond`).
+
+        `found` holds each run's id and its newest row's step, sig and segment; the call counts
+        and live markers are read in the caller's transaction. A run left with a problem goes
+        to `problems`.
+        """
+        newest = {str(run_id): (int(step), str(sig), int(segment)) for run_id, step, sig, segment in found}
+        if not newest:
+            return []
+        counts: dict[str, dict[int, int]] = {}
+        for run_id, segment, n in (await conn.execute(self._counts, {"runs": list(newest)})).all():
+            counts.setdefault(str(run_id), {})[int(segment)] = int(n)
+        keys = [key for run_id in newest for key in live_marker_keys(run_id)]
+        live = {str(key).partition("/")[2] for key in (await conn.scalars(self._live, self._clock(keys=keys))).all()}
+        return [
+            run_id
+            for run_id, row in newest.items()
+            if nothing_beyond(pinned, run_id, row, counts.get(run_id, {}), run_id in live, problems)
+        ]
 
     async def trimmable(
         self, before: float, statuses: Collection[str], limit: int, since: float | None
@@ -156,12 +200,13 @@ class SQLPrune:
         unique = [run_id for run_id in dict.fromkeys(run_ids) if pinned is None or run_id in pinned]
         if not unique:
             return Trimmed((), 0)
+        problems: list[tuple[str, str]] = []
         async with self._tx(write=True) as conn:
             params = self._clock(before=before, statuses=chosen, runs=unique)
             found = (await conn.execute(self._trim_lock, params)).all()
-            locked = {str(run_id) for run_id, step, sig in found if is_judged(pinned, str(run_id), int(step), str(sig))}
+            locked = set(await self._nothing_beyond(conn, found, pinned, problems))
             trimmed = [run_id for run_id in unique if run_id in locked]
             if not trimmed:
-                return Trimmed((), 0)
+                return Trimmed((), 0, tuple(problems))
             rows = (await conn.execute(self._trim, {"runs": trimmed})).rowcount
-        return Trimmed(tuple(trimmed), rows)
+        return Trimmed(tuple(trimmed), rows, tuple(problems))

@@ -389,8 +389,8 @@ class SQLiteCheckpointStore:
     ) -> Pruned:
         """Delete the runs that still qualify, whole, in one write transaction (see `RetentionStore.prune`)."""
         job = partial(_sqlite_prune.prune, list(run_ids), before, _statuses(statuses), check_judged(judged))
-        pruned, rows = await self._do(partial(in_immediate, job=job))
-        return Pruned(tuple(pruned), rows)
+        pruned, rows, problems = await self._do(partial(in_immediate, job=job))
+        return Pruned(tuple(pruned), rows, tuple(problems))
 
     async def trimmable(
         self, before: float, statuses: Collection[str], limit: int, since: float | None = None
@@ -403,8 +403,8 @@ class SQLiteCheckpointStore:
     ) -> Trimmed:
         """Keep only the newest checkpoint of the runs that qualify, in one write transaction (`TrimStore.trim`)."""
         job = partial(_sqlite_prune.trim, list(run_ids), before, _statuses(statuses, "a trim"), check_judged(judged))
-        trimmed, rows = await self._do(partial(in_immediate, job=job))
-        return Trimmed(tuple(trimmed), rows)
+        trimmed, rows, problems = await self._do(partial(in_immediate, job=job))
+        return Trimmed(tuple(trimmed), rows, tuple(problems))
 
     # -- event streams (`sqlite._events`) -----------------------------------------------
 
