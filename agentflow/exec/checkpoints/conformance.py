@@ -136,6 +136,9 @@ from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_refuses_runs_that_have_not_ended as check_prune_refuses_runs_that_have_not_ended,
 )
 from agentflow.exec.checkpoints._conformance.retention import (
+    check_prune_takes_a_run_with_a_late_earlier_record as check_prune_takes_a_run_with_a_late_earlier_record,
+)
+from agentflow.exec.checkpoints._conformance.retention import (
     check_prune_takes_only_old_finished_runs as check_prune_takes_only_old_finished_runs,
 )
 from agentflow.exec.checkpoints._conformance.retention import (
@@ -266,6 +269,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_prune_limit_and_cut_off,
     check_prune_takes_only_the_judged_row,
     check_prune_leaves_a_run_that_went_on,
+    check_prune_takes_a_run_with_a_late_earlier_record,
     check_prune_leaves_a_run_with_a_live_cancel_request,
     check_trim_keeps_only_the_newest_checkpoint,
     check_trim_refuses_runs_that_have_not_ended,

@@ -59,11 +59,12 @@ store can compare without the key, and so the rule as it stands:
 - the row's fields in clear, which the signature covers and the caller passes on from the
   checked row (`JudgedRow`: step, sig, segment): a call record in a segment newer than the
   row's segment was written under a claim made after the row (a retry), so the run went on;
-- the record counts the row accounts for, which are in its body, not in clear: the caller,
-  who checked the row, reads them (`accounted`: its ``log`` marker, the writer's own segment
-  as it saved, and its ``pins``, the earlier segments its claim read) and passes them
-  (`JudgedRow.counts`); a segment holding more records than that was written to after the
-  row. A row whose body has no ``log`` marker gives no counts, and segments alone are compared;
+- the record count of its own segment the row accounts for, which is in its body, not in
+  clear: the caller, who checked the row, reads it (`accounted`: its ``log`` marker, the
+  writer's own segment as it saved) and passes it (`JudgedRow.counts`); more records than
+  that in the row's segment were written after the row. Earlier segments are not compared: a
+  fenced worker's late ``done`` may land there, and says nothing of the run going on. A row
+  whose body has no ``log`` marker gives no counts, and segments alone are compared;
 - the run's markers that say it is live (a cancel request, `rules.LIVE_MARKERS`), beside
   its lease.
 
@@ -255,15 +256,15 @@ async def judged_rows(
 
 
 def accounted(row: SealedCheckpoint) -> dict[int, int] | None:
-    """The records per segment a checked checkpoint row accounts for, from its body; None: it names none.
+    """The records of its own segment a checked checkpoint row accounts for, from its body; None: it names none.
 
     Call it only on a row whose signature checked (its body is decoded here). The body's
-    ``log`` marker ``[segment, count]`` is the writer's own segment as it saved; its
-    ``pins`` ``[[segment, count], ...]`` are the earlier segments its segment's claim read
-    (both written by `agentflow.exec.run.steps`, checked by `agentflow.exec.run.checks`).
-    A body without a ``log`` marker (a row not written by a run: no journal) gives None,
-    and the store then compares segments only. A malformed marker gives {}: nothing is
-    accounted for, so any record keeps the run (and is reported).
+    ``log`` marker ``[segment, count]`` is the writer's own segment as it saved (written by
+    `agentflow.exec.run.steps`, checked by `agentflow.exec.run.checks`); earlier segments
+    are not compared (`rules.beyond_judged` says why). A body without a ``log`` marker (a
+    row not written by a run: no journal) gives None, and the store then compares segments
+    only. A malformed marker gives {}: nothing is accounted for, so any record of the row's
+    segment keeps the run (and is reported).
     """
     try:
         body = json.loads(row.payload)
@@ -272,16 +273,10 @@ def accounted(row: SealedCheckpoint) -> dict[int, int] | None:
     mark = body.get("log") if isinstance(body, dict) else None
     if mark is None:
         return None
-    pins = body.get("pins", [])
-    pairs = [mark, *pins] if isinstance(pins, list) else None
-    if pairs is None or not all(
-        isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p) for p in pairs
-    ):
+    if not (isinstance(mark, list) and len(mark) == 2 and all(type(v) is int and v >= 0 for v in mark)):
         return {}
-    counts: dict[int, int] = {}
-    for segment, count in pairs:
-        counts[segment] = max(counts.get(segment, 0), count)
-    return counts
+    segment, count = mark
+    return {segment: count}
 
 
 async def judged(

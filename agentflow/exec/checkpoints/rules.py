@@ -255,10 +255,14 @@ def beyond_judged(run_id: str, mark: JudgedRow, stored_segment: int, counts: Map
     newest row: `is_judged`), `stored_segment` that row's segment as stored, and `counts`
     the records each segment of the run's log holds. The run went on past the judged row
     when a segment newer than the row's holds a record (a claim opened it after the row:
-    a retry whose checkpoints were rewritten away), or when a segment holds more records
-    than the row accounts for (its ``log`` marker for its own segment, its pins for the
-    earlier ones: records written after it). Only the row's signed segment and counts are
-    trusted (`JudgedRow`); `stored_segment` stands in when the caller gave no segment.
+    a retry whose checkpoints were rewritten away), or when the row's own segment holds more
+    records than its ``log`` marker accounts for (records written after it). Earlier
+    segments are not compared with the row's pins: a worker that a claim fenced may still
+    store its cut-off call's late ``done`` there, which says nothing of the run going on
+    (after an ended row a run goes on only through a claim, and a claim opens a newer
+    segment); comparing them would keep such a run from retention for good. Only the row's
+    signed segment and counts are trusted (`JudgedRow`); `stored_segment` stands in when
+    the caller gave no segment.
     Redis makes the same comparison in Lua (``_lua/beyond.lua``) and words it here.
     """
     segment = stored_segment if mark.segment is None else mark.segment
@@ -269,7 +273,7 @@ def beyond_judged(run_id: str, mark: JudgedRow, stored_segment: int, counts: Map
         return None
     accounted = dict(mark.counts)
     for s, n in sorted(counts.items()):
-        if n > accounted.get(s, 0):
+        if s >= segment and n > accounted.get(s, 0):
             return beyond_problem(mark.step, segment, s, n, accounted.get(s, 0))
     return None
 

@@ -220,6 +220,31 @@ async def check_prune_leaves_a_run_that_went_on(store: CheckpointStore) -> None:
     await _expect_whole(store, ahead, 3, "a run with a record of a newer segment, pruned with no rows judged")
 
 
+async def check_prune_takes_a_run_with_a_late_earlier_record(store: CheckpointStore) -> None:
+    """A late record in a segment older than the judged row's does not keep an ended run from a prune.
+
+    A run's worker logged a call ``started`` in segment 0 and was cut off; a claim (segment 1)
+    took the run over and ended it. Then the cut-off worker stored its call's late ``done`` in
+    segment 0, as a fenced worker may. The run did not go on past its ended row (after an
+    ended row a run goes on only through a claim, which opens a newer segment), so it goes.
+    """
+    _, flow = _ids()
+    run_id = f"{_ids()[0]}-late"
+    await store.save(run_id, 0, _old(run_id, 0, flow, "running", 99.0))
+    await store.record_call(run_id, _call(run_id, 0, 0, "started"))
+    await store.save(run_id, 1, SEALER.seal_checkpoint(run_id, 1, flow, "running", 1, 99.5, {"step": 1}))
+    await store.save(run_id, 2, SEALER.seal_checkpoint(run_id, 2, flow, "done", 1, 100.0, {"step": 2}))
+    await store.record_call(run_id, _call(run_id, 0, 1, "done"))
+    newest = await store.latest(run_id)
+    pruned = await retention.prune(store, [run_id], CUT_OFF, ENDED, OWNER, judged={run_id: judged_row(newest, {1: 0})})
+    _expect(
+        pruned.run_ids == (run_id,),
+        f"prune left run {run_id}, whose only record past its pins is a late one of an earlier segment: "
+        f"{dict(pruned.refused)}",
+    )
+    await _expect_gone(store, run_id, "a run with a late record of an earlier segment")
+
+
 async def check_prune_leaves_a_run_with_a_live_cancel_request(store: CheckpointStore) -> None:
     """A prune leaves a run while a cancel request for it is live (a marker ``cancel/<run>``), and takes it after."""
     _, flow = _ids()

@@ -70,7 +70,7 @@ local function beyond(cp, calls, segment, accounted)
   end
   local first = nil
   for s, n in pairs(counts) do
-    if n > (known[s] or 0) and (first == nil or s < first) then
+    if s >= mine and n > (known[s] or 0) and (first == nil or s < first) then
       first = s
     end
   end
