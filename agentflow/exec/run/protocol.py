@@ -434,13 +434,17 @@ class RunProtocol(Generic[C, R]):
         rows = await store.history(cur.run_id)
         if not rows or rows[0].step != 0:
             raise taken
-        _, first = await self.driver.read(store, sealer, cur.run_id, rows[0])
+        other = CheckpointConflict(
+            f"run {cur.run_id!r} exists, started with another input, identity or lineage (or flow version): a start "
+            "retried with the same run id attaches to its run only when all of these are the same; use a new run id "
+            "for a new run"
+        )
+        try:
+            _, first = await self.driver.read(store, sealer, cur.run_id, rows[0])
+        except FlowError as exc:  # its version is not this start's (not at hand, or its graph changed)
+            raise other from exc
         if not self.steps.same_start(cur, first, lineage):
-            raise CheckpointConflict(
-                f"run {cur.run_id!r} exists, started with another input, identity or lineage: a start retried with "
-                "the same run id attaches to its run only when all of these are the same; use a new run id for a "
-                "new run"
-            ) from taken
+            raise other from taken
         if isinstance(store, DurabilityConfirming):
             await store.confirm_durable(cur.run_id)
         if limit == 0:
