@@ -169,6 +169,8 @@ class AgentflowTasks:
     def retry_for_store(self, task: Task, outcome: Outcome) -> None:
         """Send a superstep the store could not confirm as durable again, after a back-off, while tries remain.
 
+        The next try starts from the run's latest step as the store has it (a claim this try
+        saved may be there, unacknowledged), and claims the run, as a recovery does.
         Raises `celery.exceptions.Retry` (Flower shows ``RETRY`` with the store's message) after
         leaving the run's ``store-wait`` marker (`agentflow.exec.run.store_waits`), so ``runs
         show`` and the viewer say why the run waits. Returns once the tries
@@ -182,7 +184,12 @@ class AgentflowTasks:
         self.bridge.run(self.worker.wait_for_store(outcome, time.time() + countdown))
         log.warning("run %s: %s; its superstep is tried again in %.1f s", outcome.run_id, outcome.why, countdown,
                     extra={"run_id": outcome.run_id})  # fmt: skip
-        raise task.retry(exc=StoreNotDurable(outcome.why), countdown=countdown, max_retries=settings.store_retries)
+        args = list(task.request.args or ())
+        if len(args) >= 3 and outcome.step is not None and type(args[2]) is int:
+            args[2] = outcome.step  # a claim it saved may be there, unacknowledged: the next try goes on from it
+        raise task.retry(
+            args=args, exc=StoreNotDurable(outcome.why), countdown=countdown, max_retries=settings.store_retries
+        )
 
     def settle_earlier(self, task: Task, outcome: Outcome, cause: str) -> None:
         """Move earlier tasks this superstep settled in Flower: answered questions, lost workers (`_task_states`)."""

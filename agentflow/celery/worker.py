@@ -260,6 +260,8 @@ class Worker:
             return run.advance(run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
 
         outcome = await self._advance(flow_name, run_id, step, cause, advance)
+        if outcome.done == "not_durable":  # a claim not acknowledged may be stored: the next try starts from it
+            outcome.step = await self._latest_step(run_id, step)
         if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
             outcome.held_until = None  # the run moved on since: its new holder's messages look after it
         if outcome.held_until is not None and not await self.watch(run_id, outcome.held_until):
@@ -282,6 +284,13 @@ class Worker:
     async def watch(self, run_id: str, lease_ends: float) -> bool:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
         return await first_to_watch(self.markers, run_id, self.owner, lease_ends)
+
+    async def _latest_step(self, run_id: str, otherwise: int) -> int:
+        """The run's latest step as the store has it now (`otherwise` if it cannot be read)."""
+        try:
+            return (await self.store.latest(run_id)).step
+        except CheckpointError:
+            return otherwise
 
     async def _still_at(self, run_id: str, step: int) -> bool:
         """Whether the run's latest checkpoint is still `step` (a held run a recheck should look at again)."""

@@ -204,7 +204,7 @@ def _store_wait(wait: StoreWait) -> list[str]:
     then = (
         f"its worker tries again at {when(wait.retry_at)}"
         if wait.retry_at is not None
-        else "its worker's tries are spent: the next recover_all carries it on"
+        else "its worker's tries are spent: recover_all carries it on unless it waits for a decision"
     )
     return [
         f"waiting for its store's durability since {when(wait.since)} (step {wait.step}): {printable(wait.why)}",
@@ -213,6 +213,12 @@ def _store_wait(wait: StoreWait) -> list[str]:
 
 
 def _now(report: RunReport, workers: str | None = None) -> list[str]:
+    """What the run is doing now (`_doing`), after why it waits for its store's durability, if it does."""
+    waits = report.waiting_for_store
+    return [*(_store_wait(waits) if waits is not None and report.lease is None else []), *_doing(report, workers)]
+
+
+def _doing(report: RunReport, workers: str | None = None) -> list[str]:
     """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt.
 
     A run on a live worker also says which of its calls wait there for a slot of a shared limit.
@@ -226,8 +232,6 @@ def _now(report: RunReport, workers: str | None = None) -> list[str]:
             "there, not in doubt; nothing else may act on the run meanwhile",
             *_limit_waits(report),
         ]
-    if report.waiting_for_store is not None and not report.awaiting:
-        return _store_wait(report.waiting_for_store)
     if report.awaiting:
         calls = printable("; ".join(f"{tool} ({why})" for tool, why in report.awaiting))
         return [
