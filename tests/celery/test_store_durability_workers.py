@@ -57,7 +57,9 @@ async def test_a_superstep_the_store_cannot_confirm_is_retried_with_backoff_and_
             assert report.waiting_for_store is not None and report.waiting_for_store.retry_at is None
             shown = run_text(report)
             assert "waiting for its store's durability" in shown and "tries are spent" in shown
-            assert shown.index("waiting for its store's durability") < shown.index("waiting for a decision about calls in doubt")
+            assert shown.index("waiting for its store's durability") < shown.index(
+                "waiting for a decision about calls in doubt"
+            )
             assert dep.effects()[("charge_card", run_id)] == 0
             # When the replica is back, the operator, who sees no charge at the bank, has the call run again
             pair.link.heal()
