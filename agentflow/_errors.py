@@ -11,7 +11,8 @@ AgentflowError
 │   │   └── ControlRefused         (a message no signed decision backs)
 │   ├── CheckpointStoreCorrupt
 │   ├── CheckpointTooLarge         (also a ValueError)
-│   └── StoreNotDurable            (a write was not acknowledged as durable in time; what needed it did not happen)
+│   ├── StoreNotDurable            (a write was not acknowledged as durable in time; what needed it did not happen)
+│   └── StoreRefused               (the store's server keeps less than the store was told to require)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── RunFailed                      (.run_id, .error: a run ended failed; a worker's task raises it)
 ├── IdentityMismatch               (also a PermissionError)
@@ -111,10 +112,24 @@ class StoreNotDurable(CheckpointError):
 
     A store configured to wait (`RedisCheckpointStore`'s ``wait_replicas`` and ``wait_fsync``)
     raises it after the write itself took effect on the server: the write may be there, and may
-    be lost in a failover. What needed the write did not happen: a tool whose ``started`` was not
-    acknowledged did not run (its call is in doubt until someone says it did not happen), a run
-    whose claim was not acknowledged does not go on. The message names the setting and what was
-    missing.
+    be lost in a failover. What needed the write did not happen yet: a tool whose ``started`` was
+    not acknowledged did not run (should the record survive, its call is in doubt until someone
+    says what happened). A run's step 0 or claim that was not acknowledged may survive: the run
+    then exists and goes on (a worker's ``recover_all``, or `FlowRunner.recover`, carries it on
+    once the store answers), so a start is retried with the same run id, which attaches to the
+    run if it is there rather than starting a second one. The message names the setting and what
+    was missing.
+    """
+
+
+class StoreRefused(CheckpointError):
+    """Raised when the store's server keeps less than the store was told to require.
+
+    A server that keeps nothing on disk while the store was made with ``allow_volatile=False``
+    (what the workers ask for unless ``AGENTFLOW_STORE_ALLOW_VOLATILE`` is set), or one that
+    cannot keep the waits the store was given (``wait_fsync`` without ``WAITAOF``, an append-only
+    file or ``appendfsync always``). Nothing was written. A worker refuses to start on it; the
+    message says what to set on the server, or in the settings.
     """
 
 

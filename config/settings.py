@@ -86,7 +86,11 @@ class Settings(BaseSettings):
     store_wait_fsync: bool = False
     """A Redis store's ``wait_fsync``: those writes also wait for the append-only file's fsync (Redis 7.2+ / Valkey)."""
     store_wait_timeout_s: float = Field(default=1.0, gt=0, le=3600)
-    """How long those writes wait; unacknowledged, the run stops there (`StoreNotDurable`): nothing depends on them."""
+    """How long those writes wait; unacknowledged, the superstep stops there (`StoreNotDurable`) and is tried again."""
+    store_retries: int = Field(default=5, ge=0)
+    """How often a superstep stopped by `StoreNotDurable` is sent again, with a back-off, before recover_all has it."""
+    store_retry_s: float = Field(default=1.0, gt=0)
+    """The first back-off of such a retry (doubled each time)."""
     store_allow_volatile: bool = False
     """Start on a store that keeps nothing on disk (Redis without AOF or snapshots, and no replica waited for).
 

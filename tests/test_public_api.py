@@ -114,7 +114,8 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowError", "ApprovalDenied", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "FlowError", "IdentityMismatch", "LeaseLost",
         "LimitsUnavailable", "ModelError", "RateLimited", "RecoveryNeedsDecision", "RunFailed", "RunHeld", "Stale",
-        "StoreNotDurable", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool", "VersionNotDeployed",
+        "StoreNotDurable", "StoreRefused", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
+        "VersionNotDeployed",
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "LoopRunner", "Registry",

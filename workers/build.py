@@ -70,6 +70,8 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
             stale_after_s=settings.stale_after_s,
             recover_lock_s=settings.recover_lock_s,
             recheck_margin_s=settings.recheck_margin_s,
+            store_retries=settings.store_retries,
+            store_retry_s=settings.store_retry_s,
             recover_interval_s=settings.recover_interval_s,
             sweep_forgotten=settings.recover_sweep,
             retention_days=settings.retention_days,

@@ -34,6 +34,14 @@ class WorkerSettings:
     """Retries of a task whose pool process died."""
     recheck_margin_s: float = 1.0
     """A run found held is looked at again this long after its lease was due to end."""
+    store_retries: int = 5
+    """How many times a superstep the store could not confirm as durable (`StoreNotDurable`) is sent again.
+
+    Each time after a back-off (`store_retry_s`, doubled each time); once they are spent the
+    run is left to recover_all, which carries it on once the store answers.
+    """
+    store_retry_s: float = 1.0
+    """The first back-off of such a retry (then 2x, 4x, ...; at most ten times `stale_after_s`)."""
     sweep_forgotten: bool = False
     """recover_all also scans the stored rows for runs the listing index forgot, and lists them again.
 
@@ -62,6 +70,10 @@ class WorkerSettings:
     retention_batches: int = 20
     """Batches one tick prunes, and then trims, at most (500 runs each); what is left waits for the next tick."""
 
+    def store_backoff_s(self, retries: int) -> float:
+        """The back-off before try `retries` + 1 of a superstep the store could not confirm as durable."""
+        return float(min(self.store_retry_s * 2 ** min(retries, 30), max(self.store_retry_s, 10 * self.stale_after_s)))
+
     def retention(self) -> RetentionPolicy | None:
         """The retention policy of `retention_days` and `retention_trim_days`, or None when neither is set."""
         if self.retention_days is None and self.retention_trim_days is None:
@@ -71,6 +83,8 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.soft_time_limit_s >= self.time_limit_s:
             raise ValueError("soft_time_limit_s must be below time_limit_s")
+        if self.store_retries < 0 or not self.store_retry_s > 0:
+            raise ValueError("store_retries must not be negative and store_retry_s must be positive")
         if self.lease_s <= 0 or self.recheck_margin_s < 0:
             raise ValueError("lease_s must be positive and recheck_margin_s not negative")
         if self.lease_s >= self.time_limit_s:

@@ -35,7 +35,10 @@ How a superstep task ends tells what became of its run (Flower shows the state; 
 approval; ``NEEDS_DECISION`` when calls in doubt wait for an operator; ``CANCELLED`` when
 the superstep ended the run on an operator's cancel request; ``RECOVERED`` when the
 superstep recovered the run (it was not a clean handoff) and the run goes on or finished;
-``SKIPPED`` or ``REFUSED`` when it did nothing. A later task moves a ``PAUSED`` or
+``SKIPPED`` or ``REFUSED`` when it did nothing; ``RETRY`` (Celery's own, with the store's
+message) when the store could not confirm a write the superstep needed (`StoreNotDurable`):
+the task is sent again after a back-off, ``WorkerSettings.store_retries`` times, then ends
+``WAITING_FOR_STORE`` and leaves the run to recover_all. A later task moves a ``PAUSED`` or
 ``NEEDS_DECISION`` task to ``ANSWERED`` once the person answered, and a task whose worker
 died to ``LOST`` once the run was recovered (`_task_states`). The custom states are stored
 with the task's result as their meta and end the task with `celery.exceptions.Ignore`, which
@@ -50,6 +53,7 @@ may differ. `celery_config` gives the app-wide configuration to go with them (th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -59,10 +63,10 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import Ignore
-from celery.signals import task_postrun, worker_process_shutdown, worker_ready
+from celery.signals import task_postrun, worker_init, worker_process_shutdown, worker_ready
 
 from agentflow._app import FlowApp
-from agentflow._errors import RunFailed
+from agentflow._errors import RunFailed, StoreNotDurable
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._config import celery_config, task_options
@@ -85,6 +89,8 @@ RECOVERY_CAUSES = ("recover", "recheck", "rerun", "retry", "migrate")
 
 #: The final task states Flower shows for a superstep whose run did not simply go on or finish.
 PAUSED, NEEDS_DECISION, RECOVERED, CANCELLED = "PAUSED", "NEEDS_DECISION", "RECOVERED", "CANCELLED"
+#: A superstep the store could not confirm as durable, its retries spent: the run waits for recover_all.
+WAITING_FOR_STORE = "WAITING_FOR_STORE"
 
 
 @dataclass
@@ -156,7 +162,34 @@ class AgentflowTasks:
             self.send_on(task, flow, run_id, step, cause, outcome)
         for up in self.bridge.run(after_child(worker, outcome)):  # a child ended: its parent goes on
             self.send_follow_up(up)
+        if outcome.done == "ran" and (task.request.retries > 0 or cause in RECOVERY_CAUSES):
+            self.bridge.run(worker.stopped_waiting_for_store(run_id))  # it may have waited for its store
         return outcome
+
+    def retry_for_store(self, task: Task, outcome: Outcome) -> None:
+        """Send a superstep the store could not confirm as durable again, after a back-off, while tries remain.
+
+        The next try starts from the run's latest step as the store has it (a claim this try
+        saved may be there, unacknowledged), and claims the run, as a recovery does.
+        Raises `celery.exceptions.Retry` (Flower shows ``RETRY`` with the store's message) after
+        leaving the run's ``store-wait`` marker (`agentflow.exec.run.store_waits`), so ``runs
+        show`` and the viewer say why the run waits. Returns once the tries
+        (`WorkerSettings.store_retries`) are spent: the task then ends ``WAITING_FOR_STORE``.
+        """
+        settings, retries = self.worker.settings, task.request.retries
+        if retries >= settings.store_retries:
+            self.bridge.run(self.worker.wait_for_store(outcome, None))
+            return
+        countdown = settings.store_backoff_s(retries)
+        self.bridge.run(self.worker.wait_for_store(outcome, time.time() + countdown))
+        log.warning("run %s: %s; its superstep is tried again in %.1f s", outcome.run_id, outcome.why, countdown,
+                    extra={"run_id": outcome.run_id})  # fmt: skip
+        args = list(task.request.args or ())
+        if len(args) >= 3 and outcome.step is not None and type(args[2]) is int:
+            args[2] = outcome.step  # a claim it saved may be there, unacknowledged: the next try goes on from it
+        raise task.retry(
+            args=args, exc=StoreNotDurable(outcome.why), countdown=countdown, max_retries=settings.store_retries
+        )
 
     def settle_earlier(self, task: Task, outcome: Outcome, cause: str) -> None:
         """Move earlier tasks this superstep settled in Flower: answered questions, lost workers (`_task_states`)."""
@@ -198,8 +231,11 @@ class AgentflowTasks:
         finished; ``REFUSED`` when it refused its message (no signed decision backs it);
         ``SKIPPED`` when it did nothing else (a duplicate or late message, a run held or in
         conflict, a message sent on to its flow version's queue); ``SUCCESS`` for a handoff
-        that ran.
+        that ran; ``WAITING_FOR_STORE`` when the store could not confirm a write the superstep
+        needed and the task's retries are spent (the run waits for recover_all).
         """
+        if outcome.done == "not_durable":
+            return WAITING_FOR_STORE
         if outcome.done == "decision":
             return NEEDS_DECISION
         if outcome.done == "refused":
@@ -227,6 +263,8 @@ class AgentflowTasks:
         `runtime_s` (how long the task ran) goes with that event, as Celery's own
         ``task-succeeded`` carries it, so Flower's Runtime column is filled in.
         """
+        if outcome.done == "not_durable":
+            self.retry_for_store(task, outcome)  # raises Retry while tries remain
         result = outcome.as_dict()
         recovering = not self.handoff(task, cause) or outcome.cut_off(cause)
         state = self.final_state(outcome, recovering)
@@ -344,6 +382,15 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
         if getattr(sender, "app", None) is app:
             tasks.recover_all.apply_async(kwargs={"startup": True}, queue=settings.queue, expires=expires)
 
+    def refuse_unsafe_store(sender: Any = None, **_: Any) -> None:
+        # In the worker's main process, before its pool starts: a store whose server keeps less
+        # than the settings ask for (`StoreRefused`) stops the worker here, not task by task.
+        if getattr(sender, "app", None) is not app:
+            return
+        refused = asyncio.run(tasks.worker.refusal_at_start())
+        if refused is not None:
+            raise SystemExit(f"agentflow worker: refusing to start on this checkpoint store: {refused}")
+
     def close_loop(**_: Any) -> None:
         tasks.bridge.close()
 
@@ -357,6 +404,7 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
         if ours and isinstance(retval, BaseException):
             retval.__traceback__ = None
 
+    worker_init.connect(refuse_unsafe_store, weak=False)
     worker_ready.connect(recover_on_start, weak=False)
     worker_process_shutdown.connect(close_loop, weak=False)
     task_postrun.connect(drop_traceback, weak=False)

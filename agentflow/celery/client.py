@@ -83,10 +83,17 @@ class FlowClient:
     ) -> str:
         """Save the run's step 0 and enqueue its first superstep; return the run id.
 
+        A start retried with the same `run_id`, flow, state and `ctx` (its first try raised,
+        `StoreNotDurable` among the errors, or its answer was lost) attaches to the run the
+        first try stored instead of starting a second (`RunProtocol.begin`), and sends its
+        first superstep again (a worker that finds the run moved on does nothing).
+
         Raises:
             FlowError: unknown flow, or a state that does not fit.
             ValueError: `ctx` carries a principal (credentials never travel to workers).
-            CheckpointConflict: the run id is taken.
+            CheckpointConflict: the run id is taken by another run, or by one started with other input.
+            StoreNotDurable: the store could not confirm step 0 in time: the run may exist and
+                goes on if it does; retry with the same `run_id`.
         """
         if ctx is not None and ctx.principal is not None:
             raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")

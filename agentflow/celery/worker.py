@@ -43,6 +43,7 @@ from typing import Any
 from agentflow._app import FlowApp
 from agentflow._errors import (
     CheckpointConflict,
+    CheckpointError,
     CheckpointNotFound,
     CheckpointStoreCorrupt,
     ControlRefused,
@@ -50,6 +51,8 @@ from agentflow._errors import (
     RecoveryNeedsDecision,
     RunHeld,
     Stale,
+    StoreNotDurable,
+    StoreRefused,
     VersionNotDeployed,
 )
 from agentflow._events import Events
@@ -66,6 +69,7 @@ from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.context import delivering
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.markers import MarkerBusy, Markers
+from agentflow.exec.run.store_waits import clear_store_wait, note_store_wait
 from agentflow.exec.seal import Sealer
 from agentflow.exec.tracing import NO_TRACING, Tracer
 from agentflow.flow import FlowRunner
@@ -82,8 +86,10 @@ class Outcome:
     flow: str
     done: str
     """``ran``, ``skipped``, ``decision`` (calls in doubt), ``conflict``, ``refused`` (a control
-    message no signed decision backs, or a row that fails its check) or ``elsewhere`` (the
-    run's flow version is not here: the message goes on to a worker that has it)."""
+    message no signed decision backs, or a row that fails its check), ``elsewhere`` (the
+    run's flow version is not here: the message goes on to a worker that has it) or
+    ``not_durable`` (the store could not confirm a write the superstep needed: `StoreNotDurable`;
+    the superstep stopped before what needed it, and its task is sent again after a back-off)."""
     status: str | None = None
     step: int | None = None
     replayed: list[str] = field(default_factory=list)
@@ -254,6 +260,8 @@ class Worker:
             return run.advance(run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
 
         outcome = await self._advance(flow_name, run_id, step, cause, advance)
+        if outcome.done == "not_durable":  # a claim not acknowledged may be stored: the next try starts from it
+            outcome.step = await self._latest_step(run_id, step)
         if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
             outcome.held_until = None  # the run moved on since: its new holder's messages look after it
         if outcome.held_until is not None and not await self.watch(run_id, outcome.held_until):
@@ -277,6 +285,13 @@ class Worker:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
         return await first_to_watch(self.markers, run_id, self.owner, lease_ends)
 
+    async def _latest_step(self, run_id: str, otherwise: int) -> int:
+        """The run's latest step as the store has it now (`otherwise` if it cannot be read)."""
+        try:
+            return (await self.store.latest(run_id)).step
+        except CheckpointError:
+            return otherwise
+
     async def _still_at(self, run_id: str, step: int) -> bool:
         """Whether the run's latest checkpoint is still `step` (a held run a recheck should look at again)."""
         try:
@@ -299,6 +314,8 @@ class Worker:
             return Outcome(run_id, flow_name, "skipped", why=str(exc))
         except ControlRefused as exc:
             return self.refuse(flow_name, run_id, step, cause, str(exc))
+        except StoreNotDurable as exc:  # what needed the write did not happen: the task is sent again after a back-off
+            return Outcome(run_id, flow_name, "not_durable", why=str(exc), step=step)
         except LeaseLost as exc:  # its tool did not run, and the run may be nobody's now: a recheck looks at once
             return Outcome(run_id, flow_name, "conflict", why=str(exc), held_until=time.time())
         except CheckpointConflict as exc:
@@ -317,6 +334,45 @@ class Worker:
             version=getattr(result, "version", None),  # a flow run's (a tool loop has none)
             parent=getattr(result, "parent", None),
         )
+
+    async def wait_for_store(self, outcome: Outcome, retry_at: float | None) -> None:
+        """Leave the run's ``store-wait`` marker: it waits for its store's durability (`run.store_waits`).
+
+        Best effort: the store that could not confirm a write may fail this one too (a WARNING says so).
+        """
+        until = retry_at or time.time() + self.settings.stale_after_s + (self.settings.recover_interval_s or 0.0)
+        ttl_s = max(1.0, until - time.time()) + 2 * self.settings.lease_s
+        try:
+            await note_store_wait(self.markers, outcome.run_id, outcome.step or 0, outcome.why or "", retry_at, ttl_s)
+        except Exception as exc:
+            log.warning("run %s: could not note that it waits for its store: %s", outcome.run_id, exc)
+
+    async def stopped_waiting_for_store(self, run_id: str) -> None:
+        """Remove the run's ``store-wait`` marker, if any (a superstep of it ran). Best effort."""
+        try:
+            await clear_store_wait(self.markers, run_id)
+        except Exception as exc:
+            log.warning("run %s: could not remove its store-wait marker: %s", run_id, exc)
+
+    async def refusal_at_start(self) -> str | None:
+        """Why this worker must not start on its store (`StoreRefused`: it keeps less than the settings ask), or None.
+
+        A store made by the worker's own factory reads one run, as every task's first read
+        does: the store's server check runs then. A store that cannot be reached now is only
+        warned about (the tasks say so as they come); one that refuses its server is not.
+        """
+        store = self._unwrapped_factory()
+        try:
+            await store.latest("agentflow-start-check")
+        except CheckpointNotFound:
+            pass
+        except StoreRefused as exc:
+            return str(exc)
+        except CheckpointError as exc:
+            log.warning("the checkpoint store did not answer the worker's start-up check: %s", exc)
+        finally:
+            await store.aclose()
+        return None
 
     async def prune(self) -> dict[str, Any]:
         """One tick of the retention beat: prune, then trim, what `WorkerSettings.retention()` no longer keeps."""

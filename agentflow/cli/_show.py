@@ -17,7 +17,7 @@ from agentflow.cli._text import paint, table
 from agentflow.exec.calls.read import started_where
 from agentflow.exec.run.markers import Note
 from agentflow.exec.run.trim import trimmed_text
-from agentflow.exec.run.view import RunReport
+from agentflow.exec.run.view import RunReport, StoreWait
 
 
 def _heading(title: str) -> list[str]:
@@ -199,7 +199,26 @@ def _limit_waits(report: RunReport) -> list[str]:
     ]
 
 
+def _store_wait(wait: StoreWait) -> list[str]:
+    """What a run whose worker stopped on its store's durability waits for (`agentflow.exec.run.store_waits`)."""
+    then = (
+        f"its worker tries again at {when(wait.retry_at)}"
+        if wait.retry_at is not None
+        else "its worker's tries are spent: recover_all carries it on unless it waits for a decision"
+    )
+    return [
+        f"waiting for its store's durability since {when(wait.since)} (step {wait.step}): {printable(wait.why)}",
+        f"  {then}; nothing that needed the write ran",
+    ]
+
+
 def _now(report: RunReport, workers: str | None = None) -> list[str]:
+    """What the run is doing now (`_doing`), after why it waits for its store's durability, if it does."""
+    waits = report.waiting_for_store
+    return [*(_store_wait(waits) if waits is not None and report.lease is None else []), *_doing(report, workers)]
+
+
+def _doing(report: RunReport, workers: str | None = None) -> list[str]:
     """What the run is doing now: running on a live worker, waiting for a decision, or stuck on calls in doubt.
 
     A run on a live worker also says which of its calls wait there for a slot of a shared limit.

@@ -61,7 +61,8 @@ def build(url: str, prefix: str) -> tuple[Celery, AgentflowTasks]:
     tasks = register_tasks(
         app,
         tickets_app,
-        store_factory=lambda: RedisCheckpointStore(connect, prefix=prefix),
+        # The machine's Redis keeps nothing on disk: the demo's runs need not outlive it, said so.
+        store_factory=lambda: RedisCheckpointStore(connect, prefix=prefix, allow_volatile=True),
         checkpoint_key=DEMO_KEY,
         settings=dataclasses.replace(SETTINGS, queue=prefix),
     )

@@ -274,3 +274,25 @@ async def test_waits_on_redis_cluster_are_refused_saying_what_to_use(redis_clust
             await store.latest("r")
     finally:
         await cluster.aclose()
+
+
+async def test_a_start_the_replica_did_not_acknowledge_is_retried_into_one_run(pair: ReplicaSet) -> None:
+    tickets = make_tickets()
+    store = RedisCheckpointStore.from_url(pair.primary.url, wait_replicas=1, wait_timeout_s=WAIT_S)
+    runner = FlowRunner(Executor(tickets.registry), checkpoints=store, checkpoint_key=KEY)
+    # Given the replica cut off when an order starts: its step 0 is not acknowledged
+    pair.link.cut()
+    with pytest.raises(StoreNotDurable, match=r"step 0 .*the run may exist.*retry the start with the same run id"):
+        await runner.run(PAY, ORDER, run_id="order-3")
+    # And a retry while the replica is still away is not answered either (its step 0 could still be lost)
+    with pytest.raises(StoreNotDurable, match="as a start retried with its id found it"):
+        await runner.run(PAY, ORDER, run_id="order-3")
+    assert tickets.counts() == {}
+    # When the replica is back and the client retries the same start once more
+    pair.link.heal()
+    await asyncio.to_thread(lambda: _wait_in_sync(pair))
+    result = await runner.run(PAY, ORDER, run_id="order-3")
+    # Then it carried on the one run the first try stored: one hold, one charge
+    assert result.status == "done"
+    assert tickets.counts() == {"hold_seats": 1, "charge_card": 1}
+    assert [c.step for c in await store.history("order-3")][0] == 0

@@ -74,6 +74,12 @@ release, one round trip instead of two (`agentflow.exec.run.lease.Tenure`), and 
 the run's events not yet appended with it; a store without them is released on its own
 afterwards, and its events appended on their own.
 
+Confirming durability (`DurabilityConfirming`: ``confirm_durable``) is optional too: a store
+whose writes can wait for replicas or a disk (the Redis store's ``wait_replicas`` and
+``wait_fsync``) confirms on demand that what it holds of a run is acknowledged as such a
+write would be. A start retried with a run's id asks it before it attaches to the run
+(`agentflow.exec.run.protocol`); any other store's writes are as durable as they will be.
+
 A lease take that reads the head (`HeadReading`: ``take_lease_reading_head``) is optional
 too: a store that has it starts a worker's superstep with one round trip (the Redis store:
 the lease, the run's head and its cancel request in one script); any other store's head is
@@ -312,6 +318,19 @@ class CheckpointStore(MarkerStore, Protocol):
 
     async def aclose(self) -> None:
         """Release connections (the store can still be used again afterwards)."""
+        ...
+
+
+@runtime_checkable
+class DurabilityConfirming(Protocol):
+    """An optional part of the port: a store that confirms what it holds of a run is durable (see the notes)."""
+
+    async def confirm_durable(self, run_id: str) -> None:
+        """Return once everything the store holds of the run is acknowledged as its durable writes are.
+
+        Raises:
+            StoreNotDurable: not acknowledged in time (nothing is lost: ask again).
+        """
         ...
 
 

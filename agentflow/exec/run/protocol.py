@@ -48,7 +48,7 @@ from agentflow.exec._registry import Registry
 from agentflow.exec.calls.log import decide
 from agentflow.exec.calls.read import CallState, calls_in_doubt
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.checkpoints.protocol import LeaseMoving, has_part
+from agentflow.exec.checkpoints.protocol import DurabilityConfirming, LeaseMoving, has_part
 from agentflow.exec.checkpoints.rules import check_new_run_id
 from agentflow.exec.run.cancel import KIND as CANCEL
 from agentflow.exec.run.cancel import CancelRequest, CancelRequested, CancelWatch, post, withdraw
@@ -395,14 +395,62 @@ class RunProtocol(Generic[C, R]):
     async def begin(self, cur: C, limit: int | None, lineage: Mapping[str, Any] | None = None) -> R:
         """Save a new run's step 0 and drive it up to `limit` steps, holding its lease throughout.
 
+        A run id taken by the run this start would begin (a start retried after an error,
+        `StoreNotDurable` among them) attaches to that run instead (`_attach`).
+
         Raises:
-            CheckpointConflict: the run id is taken (`RunHeld`: someone holds it and stored some of it).
+            CheckpointConflict: the run id is taken by another run, or by this one started with
+                other input (`RunHeld`: someone holds it and stored some of it).
             ValueError: the run id is empty or reserved (`check_new_run_id`).
         """
         check_new_run_id(cur.run_id)
-        async with self.hold(cur.run_id, unborn=True) as tenure:
-            await self.steps.start(cur, lineage)
-            return await self._drive(cur, {}, limit=limit, recovering=False, tenure=tenure)
+        began = False
+        try:
+            async with self.hold(cur.run_id, unborn=True) as tenure:
+                await self.steps.start(cur, lineage)
+                began = True
+                return await self._drive(cur, {}, limit=limit, recovering=False, tenure=tenure)
+        except CheckpointConflict as taken:
+            if began or self.store is None:
+                raise
+            return await self._attach(cur, limit, lineage, taken)
+
+    async def _attach(self, cur: C, limit: int | None, lineage: Mapping[str, Any] | None, taken: Exception) -> R:
+        """Attach a start to the run its id names, when that run's step 0 is the one this start would save.
+
+        So a start retried (its first try failed, or its answer was lost) never begins a
+        second run: with `limit` 0 it returns the run as it stands, else it carries the run on
+        as `recover` does (up to `limit` steps), or returns it as it stands if it ended or
+        paused. A store that can confirm durability (`DurabilityConfirming`) confirms the run
+        first: a start is not answered before its step 0 would survive a failover.
+
+        Raises:
+            CheckpointConflict: the run is another flow's or kind's, was started with another
+                input, identity or lineage, or keeps no step 0 to compare with (trimmed).
+            StoreNotDurable: the run's step 0 is not acknowledged yet (retry again).
+            RunHeld: `limit` is not 0 and a live worker carries the run on.
+        """
+        store, sealer = self.steps._stores()
+        rows = await store.history(cur.run_id)
+        if not rows or rows[0].step != 0:
+            raise taken
+        other = CheckpointConflict(
+            f"run {cur.run_id!r} exists, started with another input, identity or lineage (or flow version): a start "
+            "retried with the same run id attaches to its run only when all of these are the same; use a new run id "
+            "for a new run"
+        )
+        try:
+            _, first = await self.driver.read(store, sealer, cur.run_id, rows[0])
+        except FlowError as exc:  # its version is not this start's (not at hand, or its graph changed)
+            raise other from exc
+        if not self.steps.same_start(cur, first, lineage):
+            raise other from taken
+        if isinstance(store, DurabilityConfirming):
+            await store.confirm_durable(cur.run_id)
+        if limit == 0:
+            opened = await self.steps.open(cur.run_id, cur.ctx)
+            return self.driver.result(opened.cur, RunStatus(opened.status))
+        return await self._recover(cur.run_id, rerun_in_doubt=False, ctx=cur.ctx, operator=None, limit=limit)
 
     async def recover(
         self, run_id: str, *, rerun_in_doubt: bool, ctx: RunContext | None, operator: str | None = None
@@ -418,13 +466,29 @@ class RunProtocol(Generic[C, R]):
                 return self.driver.result(opened.cur, RunStatus.PAUSED)
             if opened.status != RunStatus.RUNNING:
                 raise CheckpointConflict(f"run {run_id!r} already ended ({opened.status}); there is nothing to recover")
-            records, counts = await self.steps.read(opened)
-            opened.cur.cause, opened.cur.cut_off = "recovery", cut_off_spans(opened.body, records)
-            seeds = self.steps.seeds(opened, records, rerun_in_doubt)
-            doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
-            control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
-            await self.steps.claim(opened.cur, "recovery", counts, control)
-            return await self._drive(opened.cur, seeds, limit=None, recovering=True, tenure=tenure)
+            return await self._recover_opened(opened, rerun_in_doubt, operator, None, tenure)
+
+    async def _recover(
+        self, run_id: str, *, rerun_in_doubt: bool, ctx: RunContext | None, operator: str | None, limit: int | None
+    ) -> R:
+        """`recover` up to `limit` steps, a run that is not running returned as it stands (what `_attach` does)."""
+        async with self.hold(run_id) as tenure:
+            opened = await self.steps.open(run_id, ctx)
+            if opened.status != RunStatus.RUNNING:
+                return self.driver.result(opened.cur, RunStatus(opened.status))
+            return await self._recover_opened(opened, rerun_in_doubt, operator, limit, tenure)
+
+    async def _recover_opened(
+        self, opened: Opened[C], rerun_in_doubt: bool, operator: str | None, limit: int | None, tenure: Tenure | None
+    ) -> R:
+        """Claim the opened running run (recording a rerun decision) and drive it up to `limit` steps."""
+        records, counts = await self.steps.read(opened)
+        opened.cur.cause, opened.cur.cut_off = "recovery", cut_off_spans(opened.body, records)
+        seeds = self.steps.seeds(opened, records, rerun_in_doubt)
+        doubtful = [s.call_id for s in seeds.values() if s.in_doubt]
+        control = {**self.operator(operator), "rerun": doubtful} if rerun_in_doubt and doubtful else None
+        await self.steps.claim(opened.cur, "recovery", counts, control)
+        return await self._drive(opened.cur, seeds, limit=limit, recovering=True, tenure=tenure)
 
     async def resume(
         self,

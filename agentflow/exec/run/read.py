@@ -14,7 +14,8 @@ checkpoint, who decided each claim); whether a worker holds the run now comes fr
 store's lease, read before and after the rows (a run held at either read is shown as
 held: a call it logs as started is running there, not in doubt). Of a held run, the calls
 waiting for a shared limit come from its event stream (`run.waits`): such a call has no
-record in the log yet.
+record in the log yet. Of a running run, a wait for the store's durability comes from the
+marker its worker left when the store could not confirm a write (`run.store_waits`).
 
 A run that retention trimmed (`agentflow.exec.run.trim`) has a history that starts at
 the ended checkpoint the trim kept: its rows are checked from there, and the report says
@@ -41,6 +42,7 @@ from agentflow.exec.run._fill import Body, fill, superstep_of
 from agentflow.exec.run.checks import AheadOfCheckpoint, check_held, check_records, counts_of
 from agentflow.exec.run.control import parked
 from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.store_waits import read_store_wait
 from agentflow.exec.run.sweep import forgotten
 from agentflow.exec.run.trim import kept_from
 from agentflow.exec.run.view import RunHead
@@ -163,6 +165,8 @@ async def read_run(store: CheckpointStore, sealer: Sealer, run_id: str) -> v.Run
     _held(report, before, await store.leases([run_id]))
     if report.lease is not None and report.status == "running" and not report.corrupt:
         report.waiting_for_limit = await read_limit_waits(store, sealer, run_id)
+    if report.status == "running" and not report.corrupt:
+        report.waiting_for_store = await read_store_wait(store, sealer, run_id, report.step)
     return report
 
 

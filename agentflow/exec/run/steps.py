@@ -276,6 +276,18 @@ class RunSteps(Generic[C, R]):
         }
         return Event("checkpoint.saved", cur.run_id, data)
 
+    def same_start(self, cur: C, first: Mapping[str, Any], lineage: Mapping[str, Any] | None = None) -> bool:
+        """Whether the checked step 0 body `first` is the one `cur` would start (with `lineage`).
+
+        Compared: the kind, the driver's fields (a flow's version, graph, state and frontier;
+        a loop's messages and limits), the identity and the lineage; not when, by whom, or
+        under which trace the run was started.
+        """
+        ours = {"kind": self.driver.kind.value, **self.driver.fields(cur), "identity": cur.identity}
+        ours["forked_from"] = dict(lineage) if lineage is not None else None
+        theirs = {key: first.get(key) for key in ours}
+        return canonical(ours) == canonical(theirs)
+
     async def start(self, cur: C, lineage: Mapping[str, Any] | None = None) -> None:
         """Save a new run's step 0 in segment 0 (`lineage`: the source of a forked run), then emit ``run.started``.
 

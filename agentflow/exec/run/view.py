@@ -201,6 +201,20 @@ class LimitWait:
     """When the wait began (seconds since the epoch, the waiting worker's clock)."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoreWait:
+    """A run whose worker stopped because its store could not confirm a write as durable (`run.store_waits`)."""
+
+    step: int
+    """The step the superstep that stopped started from."""
+    why: str
+    """The store's message (`StoreNotDurable`): what was not acknowledged, and the setting."""
+    since: float
+    """When the worker stopped (seconds since the epoch, its clock)."""
+    retry_at: float | None
+    """When its task is tried again (None: its tries are spent, the next recover_all carries it on)."""
+
+
 @dataclass(slots=True)
 class RunReport:
     """Everything shown about one run."""
@@ -254,6 +268,8 @@ class RunReport:
     waiting_for_limit: list[LimitWait] = field(default_factory=list)
     """The calls of a run a live worker holds that wait for a slot of a shared limit, oldest wait first
     (read from the run's event stream, if the store keeps one; empty for a run nobody holds)."""
+    waiting_for_store: StoreWait | None = None
+    """Why the run waits for its store to confirm writes as durable, when its last superstep stopped on that."""
     kept_from: int = 0
     """The step its stored history starts at: 0, or the step of the ended checkpoint a retention trim kept
     (the checkpoints before it were deleted; its call records all stay). See `agentflow.exec.run.trim`."""

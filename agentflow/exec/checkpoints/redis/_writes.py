@@ -15,18 +15,22 @@ A write the run's promise stands on (`Durability.needs`: a record marked ``durab
 checkpoint that opens a segment) is sent in one pipeline with the store's ``WAIT`` or
 ``WAITAOF``, and `Durability.check_ack` reads the acknowledgement after the script's reply:
 a refused write raises its refusal, an accepted one that was not acknowledged in time
-raises `StoreNotDurable`.
+raises `StoreNotDurable`. `confirm` waits the same way for what a run already holds (a
+start retried with the run's id attaches to it only once its step 0 is acknowledged): a
+wait measures the writes of its own connection, so it rides a write of its own, a marker
+``durable/<run>`` that lapses within a millisecond, put by the store's lease script.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable, Sequence
 
 from redis import exceptions as redis_errors
 
-from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt, RunHeld
+from agentflow._errors import CheckpointConflict, CheckpointError, CheckpointStoreCorrupt, RunHeld, StoreNotDurable
 from agentflow.exec.checkpoints.records import EVENTS_KEPT, LeaseMove, SealedCall, SealedCheckpoint, SealedEvent
 from agentflow.exec.checkpoints.redis._index import Index
 from agentflow.exec.checkpoints.redis._rows import _encode, _encode_event, _text
@@ -128,10 +132,41 @@ class RedisWrites:
             check_call(run_id, record, (int(reply[1]), reply[2], int(reply[3])), int(reply[4]))
             raise CheckpointConflict(f"run {run_id!r}: the store refused call record {record.segment}.{record.seq}")
 
+    async def confirm(self, run_id: str, marker_key: str) -> None:
+        """Return once everything the server holds of the run now is acknowledged as a durable write is.
+
+        `marker_key` is where the marker ``durable/<run_id>`` is kept: the write the wait rides on.
+
+        Raises:
+            StoreNotDurable: not acknowledged within ``wait_timeout_s`` (nothing is lost: ask again).
+        """
+        if not self._durability.waits:
+            return
+        what = "the run (as a start retried with its id found it)"
+        async with self._clients.use() as bound:
+            for _ in range(3):  # another confirm's marker in the same millisecond: the take wrote nothing
+                token = secrets.token_hex(8)
+                args: list[str | int | bytes] = ["take", token, 1, "durable"]
+                reply = await self._script(bound, "lease", [marker_key], args, run_id, what, written=token)
+                if reply[2] == token:
+                    return
+        raise StoreNotDurable(f"run {run_id!r}: the store could not confirm it ({what}): ask again")
+
     async def _script(
-        self, bound: Bound, name: str, keys: list[str], args: list[str | int | bytes], run_id: str, durable: str | None
+        self,
+        bound: Bound,
+        name: str,
+        keys: list[str],
+        args: list[str | int | bytes],
+        run_id: str,
+        durable: str | None,
+        written: str | None = None,
     ) -> list[str]:
-        """Run script `name`; when `durable` names the write, wait for it in the same pipeline and check the ack."""
+        """Run script `name`; when `durable` names the write, wait for it in the same pipeline and check the ack.
+
+        The ack is checked when the script wrote: it answered ``ok``, or (`written`, a lease
+        take) it answered with that token.
+        """
         if durable is None:
             return [_text(part) for part in await bound.scripts[name](keys=keys, args=args)]
         script = bound.scripts[name]
@@ -150,7 +185,7 @@ class RedisWrites:
             missing = not_loaded(raw, script.library) if isinstance(script, FunctionCall) else None
             raise missing or raw
         reply = [_text(part) for part in raw]
-        if reply[0] == "ok":
+        if reply[0] == "ok" or (written is not None and reply[2:3] == [written]):
             if isinstance(ack, Exception):
                 raise CheckpointError(f"run {run_id!r}: {durable} is on the Redis primary, but its wait failed: {ack}")
             self._durability.check_ack(ack, run_id, durable)

@@ -28,9 +28,12 @@ ask for unless ``AGENTFLOW_STORE_ALLOW_VOLATILE`` says it is a cache on purpose)
 
 Invariant: a write that `needs` durability and was not acknowledged as configured
 raises `StoreNotDurable` after it took effect on the primary. The caller treats it as a
-store error: what depended on it does not happen (the tool does not run, the run does
-not go on), and the write itself may or may not survive, which the protocol already
-copes with (a ``started`` with no end is a call in doubt).
+store error: what depended on it does not happen yet (the tool does not run, the step
+after the claim is not run), and the write itself may or may not survive, which the
+protocol already copes with: a ``started`` with no end is a call in doubt, and a step 0 or
+a claim that survives is a run like any other, recovered once the store answers (a start
+retried with the same run id attaches to it: `RunProtocol.begin`). `RedisWrites.confirm`
+waits the same way for what a run already holds, when a retried start attaches to it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 
-from agentflow._errors import CheckpointError, StoreNotDurable
+from agentflow._errors import StoreNotDurable, StoreRefused
 
 _log = logging.getLogger("agentflow.exec.checkpoints.redis")
 
@@ -95,6 +98,9 @@ class Durability:
     def check_ack(self, reply: Any, run_id: str, what: str) -> None:
         """Raise `StoreNotDurable` unless `reply` (of the queued wait) acknowledges what was asked.
 
+        `what` names the write (``the started record 0.3``, ``step 0``, ``step 7`` for a claim,
+        or what `RedisWrites.confirm` confirmed); the message says what becomes of it.
+
         Raises:
             StoreNotDurable: too few replicas, or no local fsync, within ``wait_timeout_s``.
         """
@@ -106,31 +112,37 @@ class Durability:
             how = "fsynced it" if self.fsync else "acknowledged it"
             missing.append(f"only {replicas} of the {self.replicas} replicas asked for {how} (wait_replicas)")
         if missing:
-            then = (
-                "its tool did not run (should the record survive, the call is in doubt until someone says it did "
-                "not happen)"
-                if what.startswith("the started record")
-                else "the run does not go on from it"
-            )
             raise StoreNotDurable(
                 f"run {run_id!r}: {what} is on the Redis primary, but {' and '.join(missing)} within "
-                f"wait_timeout_s ({self.timeout_s} s), so a failover could lose it: {then}. Check the replicas' "
-                "links and lag (or the disk), or raise wait_timeout_s"
+                f"wait_timeout_s ({self.timeout_s} s), so a failover could lose it: {_then(what)}. Check the "
+                "replicas' links and lag (or the disk), or raise wait_timeout_s"
             )
+
+
+def _then(what: str) -> str:
+    """What becomes of a run whose write `what` was not acknowledged (the truth, for its caller to act on)."""
+    if what.startswith("the started record"):
+        return "its tool did not run (should the record survive, the call is in doubt until someone says what happened)"
+    if what == "step 0" or what.startswith("the run"):
+        return (
+            "the run may exist, and if it survives it goes on (recover_all or recover carries it on once the store "
+            "answers); retry the start with the same run id, which attaches to the run rather than starting a second"
+        )
+    return "the run stopped there; if the claim survives, the run goes on from it, else from before it, once recovered"
 
 
 async def check_server(client: Any, where: str, durability: Durability) -> None:
     """Read the server once for a new client; refuse what cannot work, warn about what keeps nothing.
 
     Raises:
-        CheckpointError: a wait on Redis Cluster; ``wait_fsync`` on a server without
+        StoreRefused: a wait on Redis Cluster; ``wait_fsync`` on a server without
             ``WAITAOF``, an append-only file or ``appendfsync always``; or
             (``allow_volatile=False``) a server that keeps nothing on disk while the store
             waits for no replica.
     """
     if isinstance(client, RedisCluster):
         if durability.waits:
-            raise CheckpointError(
+            raise StoreRefused(
                 "RedisCheckpointStore: wait_replicas and wait_fsync are not supported on Redis Cluster (each shard's "
                 "primary would have to be waited on apart); use one primary with replicas and Sentinel, or no waits"
             )
@@ -146,19 +158,19 @@ async def check_server(client: Any, where: str, durability: Durability) -> None:
     version = _version(str(server.get("redis_version", "0")))
     aof = str(persistence.get("aof_enabled", "0")) == "1"
     if durability.fsync and version < _WAITAOF_SINCE:
-        raise CheckpointError(
+        raise StoreRefused(
             f"RedisCheckpointStore(wait_fsync=True): Redis at {where} is version {server.get('redis_version')}, "
             "which has no WAITAOF (Redis 7.2 or Valkey 7.2 and later have it): upgrade the server, or use "
             "wait_replicas alone"
         )
     if durability.fsync and not aof:
-        raise CheckpointError(
+        raise StoreRefused(
             f"RedisCheckpointStore(wait_fsync=True): Redis at {where} has no append-only file (appendonly no), "
             "so nothing can be fsynced: set 'appendonly yes' on the server (CONFIG SET appendonly yes, and in "
             "its configuration file), or drop wait_fsync"
         )
     if durability.fsync and _config(appendfsync) != "always":
-        raise CheckpointError(
+        raise StoreRefused(
             f"RedisCheckpointStore(wait_fsync=True): Redis at {where} has appendfsync {_config(appendfsync)}, and "
             "WAITAOF cannot be trusted there: with 'no' it is never answered, and with 'everysec' a server can count "
             "a write as fsynced when the last fsync was under a second ago, before it is on disk (Valkey 8.1; "
@@ -173,7 +185,7 @@ async def check_server(client: Any, where: str, durability: Durability) -> None:
         "replica: a restart of that server loses every run, and with it every call's started record"
     )
     if not durability.allow_volatile:
-        raise CheckpointError(
+        raise StoreRefused(
             f"{why}. Turn persistence on (appendonly yes, appendfsync everysec or always), or set wait_replicas; "
             "if it is a cache on purpose, say so with AGENTFLOW_STORE_ALLOW_VOLATILE=1 (or allow_volatile=True)"
         )

@@ -525,6 +525,10 @@ class RedisCheckpointStore:
         """
         await self._clients.aclose()
 
+    async def confirm_durable(self, run_id: str) -> None:
+        """`DurabilityConfirming`: wait, as a step 0 waits, until what the server holds of the run is acknowledged."""
+        await self._writes.confirm(run_id, _marker_key(self._prefix, f"durable/{run_id}"))
+
     async def put_marker(self, key: str, value: str, token: str, ttl_s: float) -> Marker:
         """Set the marker unless another token's is live: the lease script on the marker's own key."""
         check_marker_args(key, value, token, ttl_s)

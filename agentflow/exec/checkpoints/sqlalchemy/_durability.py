@@ -18,7 +18,7 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentflow._errors import CheckpointError
+from agentflow._errors import StoreRefused
 
 _log = logging.getLogger("agentflow.exec.checkpoints.sqlalchemy")
 
@@ -27,7 +27,7 @@ async def check_commit(conn: AsyncConnection, shown: str, *, allow_volatile: boo
     """Refuse (or warn about) ``synchronous_commit = off`` on PostgreSQL (see the module notes).
 
     Raises:
-        CheckpointError: the setting is off and `allow_volatile` is False.
+        StoreRefused: the setting is off and `allow_volatile` is False.
     """
     setting = str((await conn.execute(sa.text("SHOW synchronous_commit"))).scalar_one())
     if setting != "off":
@@ -37,7 +37,7 @@ async def check_commit(conn: AsyncConnection, shown: str, *, allow_volatile: boo
         "of the server loses the last ones, and with a call's started record the call would run again"
     )
     if not allow_volatile:
-        raise CheckpointError(
+        raise StoreRefused(
             f"{why}. Set synchronous_commit = on (for the database, the role, or in the URL's options), or say it "
             "is on purpose with AGENTFLOW_STORE_ALLOW_VOLATILE=1 (allow_volatile=True)"
         )
