@@ -24,6 +24,7 @@ from viewer_kit import client_for, make_app, served
 import agentflow
 from agentflow._events import RUN_EVENT_NAMES
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.event_chain import seal_entry
 from agentflow.exec.run.events import RunEvent, read_events
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
@@ -90,12 +91,14 @@ def test_a_forged_event_is_sent_as_a_problem_never_its_data(local, db):
     last = stored(db, "order-1")[-1].cursor
     body = {"name": "tool.finished", "at": time.time(), "data": {"tool": FORGED_SECRET}}
     done = {"flow": "tickets", "status": "done"}
-    genuine = {"name": "run.finished", "at": time.time(), "data": done, "pos": ["w", 0]}  # a writer's first event
+    genuine = [["run.finished", time.time(), done]]  # a later writer's first entry, a chain of its own
 
     async def append() -> None:
         async with SQLiteCheckpointStore(db) as store:
             forged = Sealer(b"k" * 32).seal_event("order-1", body)
-            await store.append_events("order-1", [forged, Sealer(runs_kit.KEY).seal_event("order-1", genuine)])
+            await store.append_events(
+                "order-1", [forged, seal_entry(Sealer(runs_kit.KEY), "order-1", "w", 0, None, genuine)]
+            )
 
     runs_kit.in_thread(append)
     reply = local.get("/runs/order-1/events", headers={"Last-Event-ID": last})
