@@ -64,7 +64,11 @@ def verify(store_url: str | None, key_env: str, workers_path: str | None, run_id
         held = await marks(
             Markers(target.store, target.sealer), [rep.run_id for rep in reports if rep.corrupt], QUARANTINED
         )
-        streams = {rep.run_id: await stream_problems(target.store, target.sealer, rep.run_id) for rep in reports}
+        streams = {  # a run whose rows fail is reported for them (its stream is read once they check)
+            rep.run_id: await stream_problems(target.store, target.sealer, rep.run_id)
+            for rep in reports
+            if not rep.corrupt
+        }
         return reports, [quarantine_text(rid, mark) for rid, mark in held.items()], streams
 
     reports, quarantined, streams = target.run(read)

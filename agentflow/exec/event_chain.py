@@ -205,7 +205,8 @@ class Positions:
             )
         head = head_of(anchor)
         trimmed = head is not None and self.first_height is not None and head[0] < self.first_height
-        if head is not None and head[1] not in self._links and not trimmed:
+        read = head is not None and (head[1] in self._links or head[1] in self._unchecked)  # unchecked: said so
+        if head is not None and not read and not trimmed:
             problems.append(
                 f"entry height {head[0]} of run {run_id!r}, stored by checkpoint {step}'s time, is missing: "
                 "the stream was cut after it or entries were removed"

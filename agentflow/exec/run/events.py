@@ -63,7 +63,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any, Final, TypeVar, cast
 
-from agentflow._errors import CheckpointNotFound
+from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
 from agentflow.exec.checkpoints.protocol import CheckpointStore, EventCompacting, EventStore, has_part
 from agentflow.exec.checkpoints.records import SealedEvent
@@ -368,17 +368,18 @@ async def stream_end(store: CheckpointStore, sealer: Sealer, run_id: str, positi
     The checkpoint is read first, so every entry its anchor names is stored by the time the
     stream is read to its end. Each problem is a `RunEvent` with no name at the last cursor.
 
-    Raises:
-        CheckpointStoreCorrupt: the newest checkpoint fails its check.
+    A newest checkpoint that fails its check is one problem: the end is then not checked.
     """
     stream = stream_of(store)
     if stream is None:
         return []
     try:
         row = await store.latest(run_id)
+        body = sealer.open_checkpoint(row, run_id)
     except CheckpointNotFound:
         return []
-    body = sealer.open_checkpoint(row, run_id)
+    except CheckpointStoreCorrupt as exc:  # `agentflow verify` names the row; the stream's end goes unchecked
+        return [RunEvent(positions.cursor, "", problem=f"the stream's end is not checked: {exc}")]
     found: list[RunEvent] = []
     while True:
         batch = await read_events(store, sealer, run_id, positions.cursor or None, _PRIME_PAGE, positions)
@@ -394,7 +395,7 @@ async def stream_end(store: CheckpointStore, sealer: Sealer, run_id: str, positi
 
 
 async def stream_problems(store: CheckpointStore, sealer: Sealer, run_id: str) -> list[str]:
-    """Every problem of the run's stream, read whole (what ``agentflow verify`` reports)."""
+    """Every problem of the run's stream, read whole (what ``agentflow verify`` reports of a run whose rows check)."""
     return [event.problem for event in await stream_end(store, sealer, run_id, Positions()) if event.problem]
 
 

@@ -19,7 +19,7 @@ from agentflow.exec.checkpoints._conformance.base import SEALER, _checkpoint, _e
 from agentflow.exec.checkpoints.protocol import CheckpointStore, EventCompacting, EventStore
 from agentflow.exec.checkpoints.records import SealedEvent
 from agentflow.exec.event_chain import RunEvent, link_of, seal_entry
-from agentflow.exec.run.events import Positions, read_events, stream_end
+from agentflow.exec.run.events import Positions, prime, read_events, stream_end
 
 #: The writers of the run and what each entry of theirs carries; b's second entry holds the charge.
 _WRITERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -44,9 +44,10 @@ def _chain(run_id: str) -> tuple[list[SealedEvent], dict[str, Any]]:
     return entries, {"writer": "c", "head": [len(entries) - 2, link_of(anchored)]}
 
 
-async def _read(store: CheckpointStore, run_id: str) -> list[RunEvent]:
-    positions = Positions()
-    events = await read_events(store, SEALER, run_id, positions=positions)
+async def _read(store: CheckpointStore, run_id: str, after: str | None = None) -> list[RunEvent]:
+    """The run's events after `after` as a reader that starts there reads them (``events --after``, a reconnect)."""
+    positions = await prime(store, SEALER, run_id, after, Positions())
+    events = await read_events(store, SEALER, run_id, after, positions=positions)
     return events + await stream_end(store, SEALER, run_id, positions)
 
 
@@ -60,8 +61,11 @@ async def _stored(store: CheckpointStore, tamper: Tamper) -> str:
     return run_id
 
 
-async def _check(store: CheckpointStore, tamper: Tamper, what: str) -> None:
-    """`tamper`'s stream is reported (a problem read) and no copy reads as real, packed or not."""
+async def _check(store: CheckpointStore, tamper: Tamper, what: str, *, late: bool = False) -> None:
+    """`tamper`'s stream is reported (a problem read) and no copy reads as real, packed or not.
+
+    `late`: read after the stream's last genuine entry, as a reader that reconnects reads.
+    """
     if not isinstance(store, EventStore):
         return
     packing = (False, True) if isinstance(store, EventCompacting) else (False,)
@@ -70,7 +74,8 @@ async def _check(store: CheckpointStore, tamper: Tamper, what: str) -> None:
         if packed:
             assert isinstance(store, EventCompacting)
             _expect(await store.compact_events(run_id), f"{what}: the stream was not packed")
-        events = await _read(store, run_id)
+        stored = list(await store.read_events(run_id))
+        events = await _read(store, run_id, stored[-2].cursor if late else None)
         form = "packed" if packed else "as appended"
         _expect(any(e.problem for e in events), f"{what} ({form}) read back clean")
         charges = [e for e in events if e.name == "tool.finished"]
@@ -110,13 +115,17 @@ async def check_event_chain_reads_clean(store: CheckpointStore) -> None:
 
 
 async def check_event_chain_reports_a_duplicate(store: CheckpointStore) -> None:
-    """A byte copy of the entry holding ``tool.finished charge_card``, appended at the end, is a replay."""
-    await _check(store, _copy_of(3), "a duplicated entry")
+    """A byte copy of the entry holding ``tool.finished charge_card``, appended at the end, is a replay.
+
+    Read by a reader that starts after the last genuine entry (``agentflow events --after``, a
+    viewer's reconnect): the copy's original lies before its cursor.
+    """
+    await _check(store, _copy_of(3), "a duplicated entry", late=True)
 
 
 async def check_event_chain_reports_a_removed_entry(store: CheckpointStore) -> None:
-    """One entry removed between two kept ones of its writer is a gap before the next."""
-    await _check(store, _without(3), "an entry removed")
+    """One entry removed, the last of its writer (the next writer's first follows it), is a gap before the next."""
+    await _check(store, _without(4), "an entry removed")
 
 
 async def check_event_chain_reports_a_writers_removed_entries(store: CheckpointStore) -> None:
@@ -130,8 +139,8 @@ async def check_event_chain_reports_a_removed_last_entry(store: CheckpointStore)
 
 
 async def check_event_chain_reports_a_reorder(store: CheckpointStore) -> None:
-    """Two entries of one writer swapped: the later one read first is out of order."""
-    await _check(store, _swapped(3, 4), "two entries reordered")
+    """A writer's last entry and the next writer's first swapped: the first read is not after what it follows."""
+    await _check(store, _swapped(4, 5), "two entries reordered")
 
 
 async def check_event_chain_reports_a_truncation(store: CheckpointStore) -> None:
