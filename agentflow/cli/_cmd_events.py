@@ -10,8 +10,12 @@ stored, not the empty ones). What the reader did not take as an event is written
 - ``PROBLEM``: a stored event that does not check (forged, signed with another key, moved
   from another run, a copy of one read before, out of order, unreadable), with the reason
   and nothing of its data;
-- ``GAP``: events of a writer missing before the one that follows (which checks, and is
-  printed after it).
+- ``GAP``: events missing before the one that follows (which checks, and is printed after it).
+
+The reader checks the run's event chain (`agentflow.exec.event_chain`): with ``--after`` it
+first reads the stream up to the cursor, so a copy of an earlier entry appended later is a
+``PROBLEM``; what only the stream's end tells (entries cut after the head the newest
+checkpoint names, an ended run without its last events) comes last, as ``PROBLEM`` lines.
 
 Either makes the exit code 1, once every event was printed. The run itself must be stored
 and check, as for ``runs show`` (the read model): nothing of a run with a failing row is
@@ -36,7 +40,7 @@ from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import other_keys_text
 from agentflow.cli._target import Target
 from agentflow.cli._text import echo, paint
-from agentflow.exec.run.events import Positions, RunEvent, follow_events, read_events
+from agentflow.exec.run.events import Positions, RunEvent, follow_events, prime, read_events, stream_end
 from agentflow.exec.run.read import read_run, signed_with_other_keys
 
 #: Fields that say how an event was stored or timed, not what happened: not printed.
@@ -135,14 +139,17 @@ async def _print_events(target: Target, run_id: str, after: str | None, follow: 
             async for event in follow_events(target.store, target.sealer, run_id, after):
                 printed.show(event)
             return
-        positions = Positions()  # across pages: a copy of an event on an earlier page is seen as one
+        # Across pages, and from the stream's start up to --after: a copy of an earlier event is seen as one
+        positions = await prime(target.store, target.sealer, run_id, after, Positions())
         while True:
             batch = await read_events(target.store, target.sealer, run_id, after, PAGE, positions)
             for event in batch:
                 printed.show(event)
             if len(batch) < PAGE:
-                return
+                break
             after = batch[-1].cursor
+        for event in await stream_end(target.store, target.sealer, run_id, positions):
+            printed.show(event)
     except ValueError as exc:  # the store never gave that cursor
         raise _errors.CliError(
             f"--after {after!r}: {exc}; give a cursor from the first column of agentflow events"

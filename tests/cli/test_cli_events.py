@@ -309,3 +309,16 @@ def test_events_read_on_from_a_cursor_and_follow_on_every_store(agentflow, store
     followed = agentflow("events", "r-9", "--follow", "--after", cursors(every.stdout)[-1], "--store", store_url)
     assert followed.exit_code == 0, followed.output
     assert names(followed.stdout)[0] == "checkpoint.saved" and names(followed.stdout)[-1] == "run.finished"
+
+
+def test_a_copy_appended_after_the_cursor_is_a_problem_line_read_with_after(agentflow, db):
+    # Given refund-1's stream, and a byte copy of the entry holding its node.started appended after its last entry
+    every = cursors(agentflow("events", "refund-1").stdout)
+    copy = "INSERT INTO events (run_id, payload, kid, sig) SELECT run_id, payload, kid, sig FROM events WHERE id = ?"
+    change_entry(db, every[2], copy)
+    # When the events after the last genuine one are listed (the original lies before that cursor)
+    result = agentflow("events", "refund-1", "--after", every[-1])
+    # Then each event of the copy is a PROBLEM line naming it a replay, none is shown as real, and the exit code is 1
+    assert result.exit_code == 1
+    assert names(result.stdout) == ["PROBLEM"] * len(CARRIED)
+    assert all("is a copy of an event already read" in line for line in result.stdout.splitlines())

@@ -82,3 +82,18 @@ def test_verify_all_reports_a_run_the_listing_index_forgot(agentflow, db):
         result.stdout
     )
     assert "2 of 7 run(s) have rows that fail their check" in one_line_error(result)
+
+
+def test_verify_reports_a_copy_in_a_run_s_event_stream(agentflow, db):
+    # Given a byte copy of refund-1's first event entry appended to its stream (its rows untouched)
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute(
+            "INSERT INTO events (run_id, payload, kid, sig) SELECT run_id, payload, kid, sig FROM events "
+            "WHERE run_id = 'refund-1' ORDER BY id LIMIT 1"
+        )
+    # When the run is verified
+    result = agentflow("verify", "refund-1")
+    # Then the stream's problem is an EVENTS line, the exit code 1, and the run is not called corrupt
+    assert result.exit_code == 1
+    assert "EVENTS refund-1:" in result.stdout and "a copy of an event already read" in result.stdout
+    assert "CORRUPT" not in result.stdout and "event stream of 1 run(s) does not check" in one_line_error(result)

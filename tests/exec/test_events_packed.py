@@ -8,6 +8,8 @@ write to the server puts in the packed value is refused or reported, never read 
 
 from __future__ import annotations
 
+import os
+import time
 import zlib
 from importlib import resources
 from typing import Any
@@ -20,7 +22,7 @@ from _kit.tickets import FANOUT, KEY, ORDER, TICKETS, make_tickets
 from agentflow import Events, Executor, FlowRunner
 from agentflow.errors import CheckpointStoreCorrupt
 from agentflow.exec.checkpoints import RedisCheckpointStore
-from agentflow.exec.checkpoints.redis._events import _pack, _unpack
+from agentflow.exec.checkpoints.redis._events import PACKED_MAX, UNPACKED_MAX, _pack, _unpack
 from agentflow.exec.run import events as run_events
 from agentflow.exec.run.events import follow_events, read_events
 from agentflow.exec.seal import Sealer
@@ -117,7 +119,7 @@ async def test_packing_a_stream_that_changed_since_it_was_read_changes_nothing(s
     [
         (b"not compressed", "while decompressing"),
         (zlib.compress(b"some other format\n"), "not version 1 of packed events"),
-        (zlib.compress(bytes(65 * 1024 * 1024)), "within 64 MiB"),
+        (zlib.compress(bytes(UNPACKED_MAX + 1)), f"within {UNPACKED_MAX} bytes"),
         (_pack([("5-0", b"x"), ("4-0", b"y")]), "out of order"),
     ],
     ids=["not-zlib", "other-format", "inflates-past-the-bound", "ids-out-of-order"],
@@ -131,6 +133,28 @@ async def test_a_packed_value_this_store_did_not_write_is_refused_with_what_is_w
     # When its events are read, Then the read says which run's packed events are wrong, and why
     with pytest.raises(CheckpointStoreCorrupt, match=f"run 'order-1': its packed events cannot be read.*{why}"):
         await store.read_events("order-1")
+
+
+@pytest.mark.parametrize("store_setup", REDIS, indirect=True)
+async def test_an_8_mib_forged_packed_value_is_refused_by_its_length_before_it_is_decoded(
+    store_setup: StoreSetup,
+) -> None:
+    # Given a finished run whose packed value someone replaced with 8 MiB of well-framed rows (random bytes each,
+    # so it stays 8 MiB compressed): before the bound, a read inflated and framed it, seconds of CPU each time
+    store = await _finished(store_setup)
+    rows, size = [], 0
+    while size < 8 * 1024 * 1024:
+        rows += [(f"{len(rows) + i + 1}-0", os.urandom(4096)) for i in range(256)]
+        size += 256 * 4096
+    forged = _pack(rows)
+    assert len(forged) >= 8 * 1024 * 1024
+    await store_setup.rows.put_packed_events("order-1", forged)  # type: ignore[attr-defined]
+    # When its events are read
+    started = time.process_time()
+    with pytest.raises(CheckpointStoreCorrupt, match=f"is {len(forged)} bytes long, over the {PACKED_MAX}"):
+        await store.read_events("order-1")
+    # Then the read is refused by the value's length alone, at once (the script sends its length, not the value)
+    assert time.process_time() - started < 0.2
 
 
 @pytest.mark.parametrize("store_setup", REDIS, indirect=True)

@@ -12,7 +12,9 @@ import asyncio
 import json
 import logging
 import re
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from viewer_kit import client_for, make_app, served
 import agentflow
 from agentflow._events import RUN_EVENT_NAMES
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.event_chain import seal_entry
 from agentflow.exec.run.events import RunEvent, read_events
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
@@ -90,12 +93,14 @@ def test_a_forged_event_is_sent_as_a_problem_never_its_data(local, db):
     last = stored(db, "order-1")[-1].cursor
     body = {"name": "tool.finished", "at": time.time(), "data": {"tool": FORGED_SECRET}}
     done = {"flow": "tickets", "status": "done"}
-    genuine = {"name": "run.finished", "at": time.time(), "data": done, "pos": ["w", 0]}  # a writer's first event
+    genuine = [["run.finished", time.time(), done]]  # a later writer's first entry, a chain of its own
 
     async def append() -> None:
         async with SQLiteCheckpointStore(db) as store:
             forged = Sealer(b"k" * 32).seal_event("order-1", body)
-            await store.append_events("order-1", [forged, Sealer(runs_kit.KEY).seal_event("order-1", genuine)])
+            await store.append_events(
+                "order-1", [forged, seal_entry(Sealer(runs_kit.KEY), "order-1", "w", 0, None, genuine)]
+            )
 
     runs_kit.in_thread(append)
     reply = local.get("/runs/order-1/events", headers={"Last-Event-ID": last})
@@ -193,3 +198,20 @@ async def test_the_server_ends_open_streams_when_it_shuts_down(db):
 async def _report(db: Path, run_id: str) -> Any:
     async with SQLiteCheckpointStore(db) as store:
         return await read_run(store, Sealer(runs_kit.KEY), run_id)
+
+
+def test_a_copy_appended_after_last_event_id_is_sent_as_a_problem_on_reconnect(local, db):
+    # Given order-1's finished stream, and a byte copy of the entry holding its charge_card's tool.finished
+    # appended after its last entry (XADD or INSERT: no key needed)
+    every = stored(db, "order-1")
+    charged = next(e for e in every if e.name == "tool.finished" and e.data.get("tool") == "charge_card")
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute(
+            "INSERT INTO events (run_id, payload, kid, sig) SELECT run_id, payload, kid, sig FROM events WHERE id = ?",
+            (int(charged.cursor.split("~")[1] if "~" in charged.cursor else charged.cursor),),
+        )
+    # When a browser reconnects after the last genuine event
+    sent = frames(local.get("/runs/order-1/events", headers={"Last-Event-ID": every[-1].cursor}).text)
+    # Then the copy goes out as problems, a replay, never as a second tool.finished, and the stream ends
+    assert sent[-1]["event"] == "end" and {f["event"] for f in sent[:-1]} == {"problem"}
+    assert all("a copy of an event already read" in json.loads(f["data"])["problem"] for f in sent[:-1])

@@ -27,7 +27,8 @@ token, lapsing, racing takers), `_conformance.lease_moves` (leases moved with a 
 save, `LeaseMoving`, and the events a save carries), `_conformance.markers` (markers: one token per key,
 lapsing, apart from leases) and `_conformance.retention` (prunes: only old finished
 runs, each whole, none under a live lease, judged again as they go, none whose newest row
-is not the one judged) and `_conformance.trim` (trims: old finished flow runs keep only
+is not the one judged) and `_conformance.event_chain` (an event stream tampered with reads as tampered, packed or not),
+`_conformance.trim` (trims: old finished flow runs keep only
 their newest checkpoint, their call log and listing, under the same judgement), their
 helpers and `SEALER` in `_conformance.base`; all are re-exported here.
 """
@@ -64,6 +65,30 @@ from agentflow.exec.checkpoints._conformance.calls import (
 from agentflow.exec.checkpoints._conformance.calls import check_started_is_fenced as check_started_is_fenced
 from agentflow.exec.checkpoints._conformance.calls import (
     check_started_refused_after_end as check_started_refused_after_end,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reads_clean as check_event_chain_reads_clean,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_a_duplicate as check_event_chain_reports_a_duplicate,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_a_removed_entry as check_event_chain_reports_a_removed_entry,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_a_removed_last_entry as check_event_chain_reports_a_removed_last_entry,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_a_reorder as check_event_chain_reports_a_reorder,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_a_truncation as check_event_chain_reports_a_truncation,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_a_writers_removed_entries as check_event_chain_reports_a_writers_removed_entries,
+)
+from agentflow.exec.checkpoints._conformance.event_chain import (
+    check_event_chain_reports_removed_first_entries as check_event_chain_reports_removed_first_entries,
 )
 from agentflow.exec.checkpoints._conformance.events import (
     check_compacted_stream_reads_as_before as check_compacted_stream_reads_as_before,
@@ -285,6 +310,14 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_events_go_with_the_run,
     check_forged_event_is_refused,
     check_compacted_stream_reads_as_before,
+    check_event_chain_reads_clean,
+    check_event_chain_reports_a_duplicate,
+    check_event_chain_reports_a_removed_entry,
+    check_event_chain_reports_a_writers_removed_entries,
+    check_event_chain_reports_a_removed_last_entry,
+    check_event_chain_reports_a_reorder,
+    check_event_chain_reports_a_truncation,
+    check_event_chain_reports_removed_first_entries,
 )
 
 

@@ -63,6 +63,9 @@ class RunCursor:
     wake: dict[str, Any] | None = None
     """A paused run's timer, signed into its checkpoint: ``{"at": seconds since the epoch, "for": "timer"
     or "approval"}`` (`run.timers`); None when nothing but a person wakes it."""
+    events: dict[str, Any] | None = None
+    """The head of the run's event chain its checkpoint names (`agentflow.exec.event_chain.ANCHOR`),
+    carried into the next checkpoint by a process that records no events (None: none)."""
     cause: str = "start"
     """Why the next superstep runs (`agentflow.exec.tracing.CAUSES`); the protocol sets it."""
     cut_off: tuple[str, ...] | None = None

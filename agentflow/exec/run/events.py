@@ -31,14 +31,19 @@
   one id and one stream entry between them: a finished run's stream is about a third of what
   one entry per event took. (An entry of one event, ``{"name", "at", "data", "pos"}``, as
   earlier releases wrote, still reads.)
-- Each event has a position, signed in its entry: ``pos = [writer, n]``, the recorder that
-  wrote it (a random id per held run) and the number of the entry's first event among that
-  writer's events, from 0 (the next events of the entry follow on). `Positions` follows
-  them as a reader goes: a copy of an event already read (a byte-for-byte replay appended
-  again), an event older than one read before it, and a writer's numbers that skip (entries
-  removed between two kept ones) each come back with a ``problem``, never as data. (What a
-  stream's trim removed from its start is not a gap: a writer first seen at n > 0 is taken
-  from there.) An event with no position is one too: nothing tells its copy from itself.
+- Each entry is a link of the run's chain (`agentflow.exec.event_chain`, which says what a
+  reader can and cannot detect): signed with its position ``pos = [writer, n]`` (the
+  recorder that wrote it, a random id per held run, and the number of its first event among
+  that writer's events) and ``chain = [height, prev]``, the link of the entry it follows:
+  the writer's previous entry, or, for its first, the head the run's checkpoint names
+  (`follow`, told by the protocol when it opens the run: no extra round trip). Each save
+  signs the head this writer has stored into the checkpoint (`anchor`); the save that
+  gives the lease up names the entry it carries. A copy, an entry out of order, and
+  entries removed before a kept one each come back with a ``problem``, never as data;
+  `stream_end` says what only the whole stream and the newest checkpoint tell (the stream
+  cut after the head a checkpoint names, an ended run without its last events). A reader
+  that starts after a cursor first reads the stream up to it (`prime`), so a copy of an
+  entry before the cursor is one too.
 - A `RunEvent`'s cursor is the store's cursor of its entry for the entry's last event; for an
   event before it, ``P~E~k``: read on after store cursor ``P`` (empty: from the start) and
   skip the first ``k`` events of entry ``E`` (all of them are read when the first entry found
@@ -55,16 +60,29 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any, Final, TypeVar, cast
 
 from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._events import Event, Events
 from agentflow.exec.checkpoints.protocol import CheckpointStore, EventCompacting, EventStore, has_part
-from agentflow.exec.checkpoints.records import SealedEvent, StoredEvent
-from agentflow.exec.run.lease import Tenure
+from agentflow.exec.checkpoints.records import SealedEvent
+from agentflow.exec.event_chain import (
+    INSIDE,
+    LAST,
+    Head,
+    Positions,
+    RunEvent,
+    anchor_of,
+    head_of,
+    link_of,
+    open_entry,
+    seal_entry,
+)
+from agentflow.exec.run.lease import Rider, Tenure
 from agentflow.exec.seal import Sealer
+
+__all__ = ["Positions", "RunEvent", "follow_events", "prime", "read_events", "recording", "stream_end", "stream_of"]
 
 log = logging.getLogger("agentflow.events")
 
@@ -76,53 +94,9 @@ SETTLE_S: Final = 1.0
 #: How long an emitted event may wait in the buffer for others to share its append (seconds).
 FLUSH_AFTER_S: Final = 0.05
 #: Event names after which a run has no more events.
-_LAST: Final = frozenset({"run.finished", "run.cancelled"})
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """One event of a run's stream, checked, with its cursor."""
-
-    cursor: str
-    """Where it sits in the stream: pass it as ``after`` to read on from the next one."""
-    name: str
-    """Dotted event name (``checkpoint.saved``); empty when the event did not check."""
-    at: float = 0.0
-    """Wall-clock time it was emitted."""
-    data: dict[str, Any] = field(default_factory=dict)
-    """Its fields (see `agentflow._events`); empty when the event did not check."""
-    problem: str | None = None
-    """Why the stored event was not shown (forged, moved, copied, out of order, unreadable; `name` is then
-    empty), or, with its name and data, that events of its writer before it are missing."""
-
-
-class Positions:
-    """What a reader has seen of each writer's numbered events (see the module notes)."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, int] = {}
-        self._seen: set[tuple[str, int]] = set()
-
-    def check(self, cursor: str, run_id: str, pos: Any) -> tuple[str | None, bool]:
-        """Check an event at `pos` read now: (the problem or None, whether the event itself is real).
-
-        A copy, an older event or one with no position is not shown; an event after a gap is
-        (it checks), with the gap as its problem.
-        """
-        if not (isinstance(pos, list) and len(pos) == 2 and isinstance(pos[0], str) and type(pos[1]) is int):
-            return f"event {cursor} of run {run_id!r} has no position: nothing tells a copy of it from it", False
-        writer, n = pos
-        last = self._last.get(writer)
-        if last is not None and n <= last:
-            copy = (writer, n) in self._seen
-            what = "a copy of an event already read" if copy else "older than an event read before it"
-            return f"event {cursor} of run {run_id!r} is {what} (writer {writer}, event {n}): a replay", False
-        self._last[writer] = n
-        self._seen.add((writer, n))
-        if last is not None and n > last + 1:
-            gap = f"events {last + 1} to {n - 1} of writer {writer} of run {run_id!r} are missing before {cursor}"
-            return gap, True
-        return None, True
+_LAST: Final = LAST
+#: How many entries one read takes while a reader reads up to its cursor (`prime`).
+_PRIME_PAGE: Final = 1000
 
 
 def stream_of(store: object) -> EventStore | None:
@@ -147,6 +121,10 @@ class _Recorder:
         self._store, self._sealer, self._run_id = store, sealer, run_id
         self._writer = secrets.token_hex(6)  # this holder's events: numbered from 0 (`Positions`)
         self._written = 0
+        self._head: Head | None = None  # the entry the next one follows: the last sealed, or the one followed
+        self._stored: Head | None = None  # the last entry known stored (or the one followed): what a save anchors
+        self._sealed = False  # an entry was sealed: the followed head is spent
+        self._before_ride: Head | None = None  # the head before the riding entry (back to it if it is refused)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._buffer: list[Event] = []
@@ -176,6 +154,16 @@ class _Recorder:
         if self._buffer and self._timer is None and idle and self._riding is None:
             self._timer = self._loop.call_later(FLUSH_AFTER_S, self._due)
 
+    def follow(self, anchor: Any) -> None:
+        """The run's checkpoint names `anchor` as its chain's head: this writer's first entry follows it (`Rider`)."""
+        if not self._sealed:
+            self._head = self._stored = head_of(anchor)
+
+    def anchor(self) -> dict[str, Any]:
+        """The chain's head the save under way signs (`Rider`): the entry it carries, else the last one stored."""
+        head = self._head if self._riding is not None else self._stored
+        return {"writer": self._writer} | ({"head": list(head)} if head is not None else {})
+
     async def ride(self, last: Event) -> SealedEvent:
         """The buffered events and `last`, sealed as the next entry, for the save that gives the lease up (`Rider`)."""
         if self._timer is not None:
@@ -184,7 +172,9 @@ class _Recorder:
         while self._task is not None and not self._task.done():  # an append under way is stored first
             await self._task
         batch = [*self._buffer, last]
+        before, sealed_before = self._head, self._sealed
         sealed = self._seal(batch)  # raises with nothing changed
+        self._before_ride, self._sealed = before, sealed_before or self._sealed
         self._riding, self._buffer = batch, []
         return sealed
 
@@ -195,8 +185,10 @@ class _Recorder:
         if stored is True:
             self._written += len(riding)
             self._carried = riding[-1]
+            self._stored = self._head
         elif stored is False:
             self._buffer = riding[:-1] + self._buffer
+            self._head = self._before_ride  # its events are sealed again, as the next entry
         else:
             self._written += len(riding)
             log.warning(
@@ -208,8 +200,12 @@ class _Recorder:
         self._start_timer()
 
     def _seal(self, batch: list[Event]) -> SealedEvent:
-        body = {"pos": [self._writer, self._written], "events": [_item(event) for event in batch]}
-        return self._sealer.seal_event(self._run_id, body)
+        """The next entry of the chain; the head moves on to it (raises with nothing changed)."""
+        items = [_item(event) for event in batch]
+        sealed = seal_entry(self._sealer, self._run_id, self._writer, self._written, self._head, items)
+        self._head = (0 if self._head is None else self._head[0] + 1, link_of(sealed))
+        self._sealed = True
+        return sealed
 
     def _due(self) -> None:
         self._timer = None
@@ -222,7 +218,9 @@ class _Recorder:
             try:
                 sealed = self._seal(batch)
                 self._written += len(batch)
-                await self._store.append_events(self._run_id, [sealed])
+                head = self._head
+                await self._store.append_events(self._run_id, [sealed])  # lost: the next entry shows the gap
+                self._stored = head
                 self.ended = self.ended or _ends(batch)
             except Exception:
                 log.exception("could not store %d events of run %s", len(batch), self._run_id)
@@ -259,11 +257,13 @@ async def recording(
     run_id: str,
     held: contextlib.AbstractAsyncContextManager[_T],
     tenure_of: Callable[[_T], Tenure | None] | None = None,
+    recorders: MutableMapping[str, Rider] | None = None,
 ) -> AsyncIterator[_T]:
     """Hold `held` and record the run's events meanwhile; the last append is awaited before it is let go.
 
     `tenure_of`: the lease `held` holds, found in what it yields; the recorder rides with the
-    save that gives it up (`Tenure.rider`).
+    save that gives it up (`Tenure.rider`). `recorders`: where the protocol finds the run's
+    recorder while the block holds it (to tell it the chain's head, and ask what to anchor).
     """
     stream = stream_of(store)
     if stream is None or sealer is None or not events.record:
@@ -276,54 +276,16 @@ async def recording(
         if tenure is not None:
             tenure.rider = recorder
         unsubscribe = events.subscribe(recorder)
+        if recorders is not None:
+            recorders[run_id] = recorder
         try:
             yield value
         finally:
             unsubscribe()
+            if recorders is not None and recorders.get(run_id) is recorder:
+                del recorders[run_id]
             await recorder.drain()
             await recorder.compact()
-
-
-#: Separates the parts of a cursor inside an entry (``P~E~k``); no store's cursor holds it.
-_INSIDE: Final = "~"
-
-
-def _items(body: dict[str, Any]) -> tuple[Any, list[Any]] | None:
-    """An entry's position and its ``[name, at, data]`` items, or None when it is not an entry."""
-    if "events" in body:
-        items = body["events"]
-        return (body.get("pos"), items) if isinstance(items, list) and items else None
-    return body.get("pos"), [
-        [body.get("name"), body.get("at"), body.get("data")]
-    ]  # one event, as earlier releases wrote
-
-
-def _opened(sealer: Sealer, run_id: str, before: str, stored: StoredEvent, positions: Positions) -> list[RunEvent]:
-    """The events of one stored entry, checked; `before` is the store cursor read after to find it."""
-    entry = stored.cursor
-    try:
-        found = _items(sealer.open_event(stored.event, run_id))
-    except CheckpointStoreCorrupt as exc:
-        return [RunEvent(entry, "", problem=str(exc))]
-    if found is None:
-        return [RunEvent(entry, "", problem=f"event {entry} of run {run_id!r} is not an event body")]
-    pos, items = found
-    opened = []
-    for i, item in enumerate(items):
-        cursor = entry if i == len(items) - 1 else _INSIDE.join((before, entry, str(i + 1)))
-        if not (isinstance(item, list) and len(item) == 3):
-            opened.append(RunEvent(cursor, "", problem=f"event {cursor} of run {run_id!r} is not an event body"))
-            continue
-        name, at, data = item
-        if not isinstance(name, str) or not isinstance(at, int | float) or not isinstance(data, dict):
-            opened.append(RunEvent(cursor, "", problem=f"event {cursor} of run {run_id!r} is not an event body"))
-            continue
-        here = [pos[0], pos[1] + i] if isinstance(pos, list) and len(pos) == 2 and type(pos[1]) is int else pos
-        problem, real = positions.check(cursor, run_id, here)
-        opened.append(
-            RunEvent(cursor, name, float(at), data, problem) if real else RunEvent(cursor, "", problem=problem)
-        )
-    return opened
 
 
 def _split(after: str | None) -> tuple[str | None, str | None, int]:
@@ -332,12 +294,39 @@ def _split(after: str | None) -> tuple[str | None, str | None, int]:
     Raises:
         ValueError: `after` is an inside cursor that is not ``P~E~k`` with k a whole number from 1.
     """
-    if after is None or not isinstance(after, str) or _INSIDE not in after:
+    if after is None or not isinstance(after, str) or INSIDE not in after:
         return after, None, 0
-    parts = after.split(_INSIDE)
+    parts = after.split(INSIDE)
     if len(parts) != 3 or not parts[1] or not parts[2].isdigit() or int(parts[2]) < 1:
         raise ValueError(f"{after!r} is not an event cursor: expected a store cursor or P~E~k")
     return parts[0] or None, parts[1], int(parts[2])
+
+
+async def prime(
+    store: CheckpointStore, sealer: Sealer, run_id: str, after: str | None, positions: Positions
+) -> Positions:
+    """`positions` having read the stream from its start up to cursor `after`, for a reader that starts there.
+
+    So a copy of an entry before `after`, appended after it, is seen as one. When `after` is
+    not found (trimmed away meanwhile), a fresh `Positions` that knows the stream was not
+    read from its start.
+    """
+    stream = stream_of(store)
+    before, _, _ = _split(after)
+    if stream is None or before is None:
+        return positions
+    cursor: str | None = None
+    while True:
+        page = await stream.read_events(run_id, cursor, _PRIME_PAGE)
+        for stored in page:
+            open_entry(sealer, run_id, cursor or "", stored, positions)
+            cursor = stored.cursor
+            if cursor == before:
+                return positions
+        if len(page) < _PRIME_PAGE:
+            fresh = Positions()
+            fresh.whole = False
+            return fresh
 
 
 async def read_events(
@@ -352,7 +341,8 @@ async def read_events(
 
     `limit` counts stored entries (appends), each of one or more events.
     `positions` is what the caller has read of the stream before (`follow_events` keeps one
-    across its reads); None: a fresh one, so a copy of an event before `after` goes unseen.
+    across its reads, after `prime`); None: the stream is read up to `after` first (`prime`),
+    so a copy of an event before `after` is seen as one.
     A store without event streams has none: the list is empty.
 
     Raises:
@@ -361,14 +351,52 @@ async def read_events(
     stream = stream_of(store)
     if stream is None:
         return []
-    seen = positions if positions is not None else Positions()
     before, inside, skip = _split(after)
+    entries = await stream.read_events(run_id, before, limit)  # a cursor the store never gave raises here
+    seen = positions if positions is not None else await prime(store, sealer, run_id, after, Positions())
     found: list[RunEvent] = []
-    for n, stored in enumerate(await stream.read_events(run_id, before, limit)):
-        opened = _opened(sealer, run_id, before or "", stored, seen)
+    for n, stored in enumerate(entries):
+        opened = open_entry(sealer, run_id, before or "", stored, seen)
         found += opened[skip:] if n == 0 and stored.cursor == inside else opened
         before = stored.cursor
     return found
+
+
+async def stream_end(store: CheckpointStore, sealer: Sealer, run_id: str, positions: Positions) -> list[RunEvent]:
+    """The events stored after those `positions` read, then what the newest checkpoint tells of the stream's end.
+
+    The checkpoint is read first, so every entry its anchor names is stored by the time the
+    stream is read to its end. Each problem is a `RunEvent` with no name at the last cursor.
+
+    A newest checkpoint that fails its check is one problem: the end is then not checked.
+    """
+    stream = stream_of(store)
+    if stream is None:
+        return []
+    try:
+        row = await store.latest(run_id)
+        body = sealer.open_checkpoint(row, run_id)
+    except CheckpointNotFound:
+        return []
+    except CheckpointStoreCorrupt as exc:  # `agentflow verify` names the row; the stream's end goes unchecked
+        return [RunEvent(positions.cursor, "", problem=f"the stream's end is not checked: {exc}")]
+    found: list[RunEvent] = []
+    while True:
+        batch = await read_events(store, sealer, run_id, positions.cursor or None, _PRIME_PAGE, positions)
+        found += batch
+        if not batch:
+            break
+    if positions.whole:
+        found += [
+            RunEvent(positions.cursor, "", problem=p)
+            for p in positions.end(run_id, anchor_of(body), row.step, row.ended)
+        ]
+    return found
+
+
+async def stream_problems(store: CheckpointStore, sealer: Sealer, run_id: str) -> list[str]:
+    """Every problem of the run's stream, read whole (what ``agentflow verify`` reports of a run whose rows check)."""
+    return [event.problem for event in await stream_end(store, sealer, run_id, Positions()) if event.problem]
 
 
 async def _ended(store: CheckpointStore, run_id: str) -> bool:
@@ -392,16 +420,19 @@ async def follow_events(
     It stops after a ``run.finished`` or ``run.cancelled`` event, or once the run's newest
     checkpoint has ended and no event came for `settle_s` seconds (a tool loop's end, or
     a run whose last events were trimmed). A paused run is followed until it goes on.
+    Before it stops, what the stream's end tells (`stream_end`) comes as problems.
     """
     loop = asyncio.get_running_loop()
     quiet_since: float | None = None
-    positions = Positions()
+    positions = await prime(store, sealer, run_id, after, Positions())
     while True:
         batch = await read_events(store, sealer, run_id, after, positions=positions)
         for event in batch:
             after = event.cursor
             yield event
             if event.name in _LAST:
+                for late in await stream_end(store, sealer, run_id, positions):
+                    yield late
                 return
         if batch:
             quiet_since = None
@@ -410,5 +441,7 @@ async def follow_events(
             now = loop.time()
             quiet_since = now if quiet_since is None else quiet_since
             if now - quiet_since >= settle_s:
+                for late in await stream_end(store, sealer, run_id, positions):
+                    yield late
                 return
         await asyncio.sleep(poll_s)

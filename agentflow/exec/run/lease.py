@@ -192,6 +192,14 @@ class Rider(Protocol):
         """The save's outcome: stored (True), refused with nothing written (False), or unknown (None)."""
         ...
 
+    def follow(self, anchor: Any) -> None:
+        """The run's checkpoint names `anchor` as its event chain's head (`agentflow.exec.event_chain`)."""
+        ...
+
+    def anchor(self) -> dict[str, Any]:
+        """The chain's head a save signs into its checkpoint now (the entry it carries, while it rides)."""
+        ...
+
 
 @dataclass(eq=False)
 class Tenure:

@@ -121,7 +121,7 @@ class RunProtocol(Generic[C, R]):
             held: contextlib.AbstractAsyncContextManager[Tenure | None] = contextlib.nullcontext(None)
         else:
             held = holding(self.store, run_id, self.ownership, unborn=unborn)
-        return recording(self.store, self.sealer, self.events, run_id, held, _itself)  # the run's event stream
+        return recording(self.store, self.sealer, self.events, run_id, held, _itself, self.steps.recorders)
 
     def hold_reading_head(self, run_id: str) -> contextlib.AbstractAsyncContextManager[HeldHead]:
         """`hold`, and the run's head (and its cancel marker) read with the lease's take (`holding_reading_head`).
@@ -136,7 +136,7 @@ class RunProtocol(Generic[C, R]):
             held: contextlib.AbstractAsyncContextManager[HeldHead] = _unowned(store, run_id)
         else:
             held = holding_reading_head(store, run_id, self.ownership, key_of(CANCEL, run_id))
-        return recording(self.store, self.sealer, self.events, run_id, held, _first)  # the run's event stream
+        return recording(self.store, self.sealer, self.events, run_id, held, _first, self.steps.recorders)
 
     def operator(self, name: str | None) -> dict[str, Any]:
         """The ``operator`` field of a control record: `name`, else this process's owner name."""

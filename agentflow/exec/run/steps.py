@@ -39,7 +39,8 @@ from agentflow.exec.calls.journal import Journal
 from agentflow.exec.calls.log import envelope, read_decisions, read_pending, too_large
 from agentflow.exec.calls.read import CallState, LoggedRecord, calls_in_doubt, read_log
 from agentflow.exec.checkpoints import CheckpointStore, SealedCheckpoint
-from agentflow.exec.checkpoints.records import LeaseMove
+from agentflow.exec.checkpoints.records import LeaseMove, SealedEvent
+from agentflow.exec.event_chain import ANCHOR, anchor_of
 from agentflow.exec.run.checks import (
     AheadOfCheckpoint,
     check_read_whole,
@@ -77,20 +78,23 @@ def started_of(body: Mapping[str, Any]) -> float | None:
 log = logging.getLogger("agentflow.events")
 
 
+async def _ride(rider: Rider, run_id: str, step: int, saved: Event) -> SealedEvent | None:
+    """The entry of the run's events not yet stored, `saved` last, for a save to carry (None: it goes alone)."""
+    try:
+        return await rider.ride(saved)
+    except Exception:  # observing a run never breaks it: the save goes alone, the events stay buffered
+        log.exception("run %s: its events could not go with step %d's save", run_id, step)
+        return None
+
+
 async def _save_riding(
-    journal: Journal, rider: Rider, step: int, row: SealedCheckpoint, move: LeaseMove, saved: Event
+    journal: Journal, rider: Rider, step: int, row: SealedCheckpoint, move: LeaseMove, riding: SealedEvent
 ) -> None:
-    """`Journal.save` giving the lease up with the run's events not yet stored, `saved` last, in the same write.
+    """`Journal.save` giving the lease up with the entry `riding` (the run's events not yet stored) in the same write.
 
     The rider learns what became of them (`Rider.rode`): stored, refused with nothing
     written, or unknown (the store failed: the events may be stored, so never again).
     """
-    try:
-        riding = await rider.ride(saved)
-    except Exception:  # observing a run never breaks it: the save goes alone, the events stay buffered
-        log.exception("run %s: its events could not go with step %d's save", row.run_id, step)
-        await journal.save(step, row, move)
-        return
     try:
         await journal.save(step, row, move, (riding,))
     except (CheckpointConflict, CheckpointNotFound):
@@ -139,6 +143,9 @@ class RunSteps(Generic[C, R]):
         self.events = events
         self.max_bytes = max_bytes
         self.tracer = tracer
+        #: The recorder of each run this protocol holds and records (`run.events.recording`): told the
+        #: head of the run's event chain when the run is opened, asked what each save anchors.
+        self.recorders: dict[str, Rider] = {}
 
     # -- writing ----------------------------------------------------------------------
 
@@ -185,6 +192,8 @@ class RunSteps(Generic[C, R]):
             body["started"] = cur.started_at
         if cur.wake is not None:
             body["wake"] = dict(cur.wake)
+        if cur.events is not None:
+            body[ANCHOR] = cur.events
         return body
 
     async def save(
@@ -229,6 +238,7 @@ class RunSteps(Generic[C, R]):
         assert cur.journal is not None
         for kind, record in records:
             await cur.journal.hold_encoded(kind, canonical(record))
+        self._anchor(cur)
         body = self.body(cur, recovered, claim, control, lineage)
         try:
             payload = canonical(body)
@@ -240,16 +250,17 @@ class RunSteps(Generic[C, R]):
             if segment is None:  # the step's held `done`: its call finished, whatever becomes of the checkpoint
                 await cur.journal.flush()
             raise CheckpointTooLarge(too_large(cur.run_id, step, body, len(payload), self.max_bytes))
+        move = cur.tenure.closing(str(status) == RunStatus.RUNNING) if cur.tenure is not None else None
+        saved = self._saved(cur, step, status, unreplayed, claim)  # built before the write: it may carry it
+        rider = cur.tenure.rider if cur.tenure is not None and move is not None and saved is not None else None
+        riding, payload = await self._ride(cur, rider, step, saved, body, payload)
         row = self.sealer.seal_encoded_checkpoint(
             cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload
         )
-        move = cur.tenure.closing(str(status) == RunStatus.RUNNING) if cur.tenure is not None else None
-        saved = self._saved(cur, step, status, unreplayed, claim)  # built before the write: it may carry it
-        rider = cur.tenure.rider if cur.tenure is not None else None
-        if move is None or rider is None or saved is None:  # with a held ``done``, the lease given up with the last
+        if riding is None or rider is None or move is None:  # with a held ``done``, the lease given up with the last
             await cur.journal.save(step, row, move)
         else:  # ... and the run's events not yet stored, this save's own last
-            await _save_riding(cur.journal, rider, step, row, move, saved)
+            await _save_riding(cur.journal, rider, step, row, move, riding)
         if move is not None and cur.tenure is not None:
             cur.tenure.given_up = True
         cur.step = step
@@ -258,6 +269,30 @@ class RunSteps(Generic[C, R]):
         if saved is not None:
             self.events.deliver(saved)
         cur.clock = time.perf_counter()
+
+    def _anchor(self, cur: C) -> None:
+        """The head of the run's event chain the next checkpoint names (`agentflow.exec.event_chain`)."""
+        recorder = self.recorders.get(cur.run_id)
+        if recorder is not None:  # the head this process stored of the run's event chain
+            cur.events = recorder.anchor()
+        elif cur.events is not None:  # carried on, with no writer: this process records nothing
+            cur.events = {k: v for k, v in cur.events.items() if k != "writer"}
+
+    async def _ride(
+        self, cur: C, rider: Rider | None, step: int, saved: Event | None, body: dict[str, Any], payload: bytes
+    ) -> tuple[SealedEvent | None, bytes]:
+        """The entry the save that gives the lease up carries, and its body encoded again to name it as the head.
+
+        One more encoding, of the last save of a held block only (None and `payload` as it was
+        when there is no `rider`, or the events cannot go with the save).
+        """
+        if rider is None or saved is None:
+            return None, payload
+        riding = await _ride(rider, cur.run_id, step, saved)
+        if riding is None:
+            return None, payload
+        cur.events = body[ANCHOR] = rider.anchor()
+        return riding, canonical(body)
 
     def _saved(self, cur: C, step: int, status: str, unreplayed: Sequence[str], claim: str | None) -> Event | None:
         """The ``checkpoint.saved`` of the save about to be written, or None when nobody wants it."""
@@ -297,6 +332,7 @@ class RunSteps(Generic[C, R]):
             CheckpointConflict: the run id is taken.
         """
         cur.started_at = time.time()
+        cur.events = None  # a new run's chain starts afresh (a fork's source has its own)
         with self.tracer.start(cur, self.driver.column):
             await self.save(cur, RunStatus.RUNNING, segment=0, lineage=lineage)
         # Under the run's lease and after step 0 is stored: the event goes into the run's stream too.
@@ -403,10 +439,14 @@ class RunSteps(Generic[C, R]):
             cur.trace = trace if isinstance(trace, str) else None
             cur.started_at = started_of(body)
             cur.wake = wake_of(body) if row.status == RunStatus.PAUSED else None
+            cur.events = anchor_of(body)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointStoreCorrupt(
                 f"checkpoint {row.step} of run {run_id!r} is signed but does not fit a {self.driver.kind} run: {exc!r}"
             ) from None
+        recorder = self.recorders.get(run_id) if identity else None
+        if recorder is not None:  # this process records the run: its first entry follows the chain's head
+            recorder.follow(cur.events)
         return Opened(cur, row, body)
 
     async def _moved_on(self, opened: Opened[C], exc: AheadOfCheckpoint) -> Exception:

@@ -16,7 +16,13 @@ emptied stream keeps the last id it gave, so later appends come after every pack
 A read takes both at one instant (``_lua/read_events.lua``), unpacks (`_unpack`) and hands
 back the rows after the cursor with the ids they had: every cursor given before reads on
 from the same place, and each row is checked by its own signature as before (the packing
-adds no signature, and needs none). What it saves: a stream's entries cost about 0.8 KiB
+adds no signature, and needs none).
+
+A packed value is bounded before it is decoded: read_events.lua sends the length of one
+over `PACKED_MAX` bytes instead of it, the inflating stops at `UNPACKED_MAX` bytes and the
+rows at `PACKED_ROWS_MAX`, and any of these is `CheckpointStoreCorrupt` (a forged 8 MiB
+value costs a read of its length, not seconds of CPU); a stream that would pack into more
+is left as it is. What it saves: a stream's entries cost about 0.8 KiB
 each in Redis (a stream's first node alone takes 4 KiB), rows packed together repeat
 their keys cheaply; a finished 10-superstep run's events go from 9.6 KiB to 2.3 KiB. A
 stream longer than `COMPACT_UP_TO` entries is not packed. The packed key takes the
@@ -42,8 +48,12 @@ from agentflow.exec.checkpoints.redis.clients import LoopClients
 _STREAM_ID: Final = re.compile(r"\d+-\d+")
 #: The longest stream (in entries) that is packed.
 COMPACT_UP_TO: Final = 1_000
-#: The most a packed value may inflate to (bytes): more is not a value this store wrote.
-_UNPACKED_MAX: Final = 64 * 1024 * 1024
+#: The longest packed value read (bytes, compressed): a longer one is not sent, nor inflated.
+PACKED_MAX: Final = 2 * 1024 * 1024
+#: The most a packed value may inflate to (bytes): decompression stops there.
+UNPACKED_MAX: Final = 8 * 1024 * 1024
+#: The most rows a packed value holds (a stream is packed whole again after a retry).
+PACKED_ROWS_MAX: Final = 2 * COMPACT_UP_TO
 #: What a packed value's inflated bytes start with (the format's version).
 _PACKED: Final = b"af-events-1\n"
 
@@ -59,6 +69,11 @@ def _pack(entries: Sequence[tuple[str, bytes]]) -> bytes:
     return zlib.compress(_PACKED + b"".join(b"%s %d\n%s" % (i.encode(), len(row), row) for i, row in entries), 6)
 
 
+def _inflated(rows: Sequence[tuple[str, bytes]]) -> int:
+    """How long the packed value of `rows` is once inflated (bytes), as `_pack` frames them."""
+    return len(_PACKED) + sum(len(i) + len(str(len(row))) + 2 + len(row) for i, row in rows)
+
+
 def _unpack(run_id: str, packed: object) -> list[tuple[str, bytes]]:
     """The rows and ids of a run's packed value, each id after the one before.
 
@@ -66,12 +81,16 @@ def _unpack(run_id: str, packed: object) -> list[tuple[str, bytes]]:
         CheckpointStoreCorrupt: it is not a packed value this store wrote.
     """
     try:
+        if type(packed) is int:  # read_events.lua sent its length instead: too long to be ours
+            raise ValueError(f"it is {packed} bytes long, over the {PACKED_MAX} this store writes; delete the key")
         if not isinstance(packed, bytes):
             raise TypeError(f"it is a {type(packed).__name__}, not bytes")
+        if len(packed) > PACKED_MAX:
+            raise ValueError(f"it is {len(packed)} bytes long, over the {PACKED_MAX} this store writes")
         inflater = zlib.decompressobj()
-        data = inflater.decompress(packed, _UNPACKED_MAX)
+        data = inflater.decompress(packed, UNPACKED_MAX)  # stops at UNPACKED_MAX bytes, whatever the input
         if inflater.unconsumed_tail or not inflater.eof:
-            raise ValueError("it does not inflate to a whole value within 64 MiB")
+            raise ValueError(f"it does not inflate to a whole value within {UNPACKED_MAX} bytes")
         if not data.startswith(_PACKED):
             raise ValueError("it is not version 1 of packed events")
         rows: list[tuple[str, bytes]] = []
@@ -85,6 +104,8 @@ def _unpack(run_id: str, packed: object) -> list[tuple[str, bytes]]:
             at = start + int(length)
             if at > len(data) or _order(entry) <= previous:
                 raise ValueError(f"its row {entry} is cut short or out of order")
+            if len(rows) == PACKED_ROWS_MAX:
+                raise ValueError(f"it holds more than {PACKED_ROWS_MAX} rows")
             previous = _order(entry)
             rows.append((entry, data[start:at]))
     except (TypeError, ValueError, UnicodeDecodeError, zlib.error) as exc:
@@ -138,7 +159,7 @@ class RedisEvents:
         keys = self._keys(run_id, ("events", "packed"))
         async with self._clients.use() as bound:
             packed, entries = await bound.scripts["read_events"](
-                keys=keys, args=["-" if after is None else f"({after}", limit]
+                keys=keys, args=["-" if after is None else f"({after}", limit, PACKED_MAX]
             )
         rows = _rows_of(run_id, packed, entries)
         if after is not None:  # the packed rows are read whole
@@ -153,14 +174,17 @@ class RedisEvents:
         """
         keys = self._keys(run_id, ("events", "packed"))
         async with self._clients.use() as bound:
-            packed, entries = await bound.scripts["read_events"](keys=keys, args=["-", COMPACT_UP_TO + 1])
+            packed, entries = await bound.scripts["read_events"](keys=keys, args=["-", COMPACT_UP_TO + 1, PACKED_MAX])
             if not entries or len(entries) > COMPACT_UP_TO:
                 return False
             rows: list[tuple[str, bytes]] = []
             for cursor, raw in _rows_of(run_id, packed, entries):  # only rows this store could have written
                 _decode_event(run_id, raw, f"event {cursor}")
                 rows.append((cursor, cast(bytes, raw)))
+            value = _pack(rows)
+            if len(rows) > PACKED_ROWS_MAX or len(value) > PACKED_MAX or _inflated(rows) > UNPACKED_MAX:
+                return False  # more than a reader takes: the stream stays as it is
             first, last = _text(entries[0][0]), _text(entries[-1][0])
-            args: list[int | str | bytes] = [len(entries), first, last, len(packed or b""), _pack(rows)]
+            args: list[int | str | bytes] = [len(entries), first, last, len(packed or b""), value]
             done = await bound.scripts["compact_events"](keys=keys, args=args)
         return bool(done)

@@ -6,10 +6,20 @@
 --
 -- ARGV[1] the XRANGE start: "-", or "(<cursor>" for the entries after a cursor
 -- ARGV[2] the most entries to return
+-- ARGV[3] the longest packed value the reader takes (bytes)
 --
 -- The packed value comes whole (a few KiB for a finished run); the reader keeps its rows
--- after the cursor. Every packed row's id is before every entry the stream holds.
+-- after the cursor. Every packed row's id is before every entry the stream holds. A packed
+-- value longer than ARGV[3] is not one the store wrote: its length comes instead of it (an
+-- integer), so nothing of it is sent or inflated.
 --
--- Returns: {the packed value or false, the XRANGE reply}
+-- Returns: {the packed value, its length when it is too long, or false; the XRANGE reply}
 
-return {redis.call('GET', KEYS[2]), redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])}
+local size = redis.call('STRLEN', KEYS[2])
+local packed = false
+if size > tonumber(ARGV[3]) then
+  packed = size
+elseif size > 0 then
+  packed = redis.call('GET', KEYS[2])
+end
+return {packed, redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])}
