@@ -16,6 +16,7 @@ from agentflow.cli._keys import key_ids
 from agentflow.cli._reading import open_reading, reading_options
 from agentflow.cli._show import check_summary, quarantine_text
 from agentflow.cli._text import echo, paint
+from agentflow.exec.run.erasure import report_erasures
 from agentflow.exec.run.events import stream_problems
 from agentflow.exec.run.markers import Markers
 from agentflow.exec.run.quarantine import QUARANTINED, marks
@@ -47,7 +48,7 @@ def _refuse_streams(streams: dict[str, list[str]]) -> None:
     "--all", "every", is_flag=True, help="Check every run in the store, and the listing index against the stored rows."
 )
 def verify(store_url: str | None, key_env: str, workers_path: str | None, run_id: str | None, every: bool) -> None:
-    """Check each checkpoint and call record: signature, numbering, segments, record counts.
+    """Check each checkpoint and call record: signature, numbering, segments, record counts, what was erased.
 
     Exits 1 naming every run and row that fails (and whether recover_all quarantined the
     run), 0 with a count when all check.
@@ -61,6 +62,7 @@ def verify(store_url: str | None, key_env: str, workers_path: str | None, run_id
             reports = [await read_run(target.store, target.sealer, run_id)]
         else:
             reports = await read_all(target.store, target.sealer)
+        await report_erasures(target.store, target.sealer, reports)
         held = await marks(
             Markers(target.store, target.sealer), [rep.run_id for rep in reports if rep.corrupt], QUARANTINED
         )

@@ -222,6 +222,15 @@ class SqlRows(Rows):
         changed, _ = await self._exec(sql, *params)
         assert changed == 1, (sql, params, changed)
 
+    async def execute(self, sql: str, *params: Any) -> int:
+        """Run one statement on the tables with the writer's grants (``{cp}``, ``{calls}``, ``{runs}``: their names).
+
+        Returns:
+            How many rows it changed.
+        """
+        changed, _ = await self._exec(sql.format(cp=self.cp, calls=self.calls, runs=self.runs), *params)
+        return changed
+
     async def put_call(self, at: SealedCall, new: SealedCall) -> None:
         await self._one(
             f"UPDATE {self.calls} SET run_id=?, segment=?, seq=?, kind=?, payload=?, kid=?, sig=? "
@@ -384,6 +393,11 @@ class RedisRows(Rows):
         """Set the run's packed events to `value` (one SET), as someone who can write to the server could."""
         packed = f"{self.prefix}:run:{{{run_id}}}:packed"
         await self._do(lambda c: c.set(packed, value))
+
+    async def send(self, run_id: str, part: str, command: str, *args: Any) -> Any:
+        """Send one command on one of the run's keys (``cp``, ``latest``, ``calls``, ``next``), as a writer could."""
+        key = dict(zip(("cp", "latest", "calls", "next"), self._keys(run_id), strict=True))[part]
+        return await self._do(lambda c: c.execute_command(command, key, *args))
 
     async def rewind_count(self, run_id: str, segment: int, count: int) -> None:
         """Set the segment's record counter to `count` (one HSET: no record is deleted)."""

@@ -85,6 +85,12 @@ too: a store that has it starts a worker's superstep with one round trip (the Re
 the lease, the run's head and its cancel request in one script); any other store's head is
 read beside its take.
 
+Reading a run's bookkeeping (`BookkeepingReading`: ``bookkeeping``) is optional too: a store
+that keeps anything of a run in clear beside its rows (the SQL ``runs`` row, Redis' ``latest``
+hash and per-segment record counters) reads it in one instant, so ``agentflow verify`` can
+hold it against the rows and say what a write behind the store's back erased or rewound
+(`agentflow.exec.run.erasure`). The memory store keeps nothing such, and has no such part.
+
 `has_part(store, Part)` says whether a store has an optional part, cheaply enough to ask
 on every run.
 """
@@ -96,6 +102,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from agentflow.exec.checkpoints.records import (
+    Bookkeeping,
     JudgedRows,
     Lease,
     LeaseMove,
@@ -553,6 +560,21 @@ class EventCompacting(Protocol):
         (``run.finished``, ``run.cancelled``) asks for it once; an append that comes after
         (a retried run's) goes on after the compact form, and a later compaction takes both.
         A failure leaves the stream as it was.
+        """
+        ...
+
+
+@runtime_checkable
+class BookkeepingReading(Protocol):
+    """Reading what a store keeps of a run in clear beside its rows, in one instant (optional; audits only)."""
+
+    async def bookkeeping(self, run_id: str) -> Bookkeeping:
+        """The run's newest row header, its listing entry and its record counters, as they stand together.
+
+        Decodes no payload and trusts nothing: the caller compares (`agentflow.exec.run.erasure`).
+
+        Raises:
+            CheckpointStoreCorrupt: the newest row's header cannot be read.
         """
         ...
 

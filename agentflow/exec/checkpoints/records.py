@@ -8,7 +8,7 @@ store is detected exactly like changing the payload.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
@@ -172,6 +172,52 @@ class Trimmed:
 
     def __add__(self, other: Trimmed) -> Trimmed:
         return Trimmed(self.run_ids + other.run_ids, self.rows + other.rows, self.refused + other.refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Bookkeeping:
+    """What a store keeps of one run beside its signed rows, in clear, read in one instant (`BookkeepingReading`).
+
+    None of it is signed: whoever can write to the store can set any of it. Every store
+    agentflow ships keeps it equal to what the rows say, so a difference is a write made
+    behind the store's back (`agentflow.exec.run.erasure` reports it).
+    """
+
+    newest: tuple[int, str, str] | None
+    """The newest stored checkpoint row's step, flow and status, from its header (None: no row)."""
+    listed: tuple[int, str, str] | None
+    """The step, flow and status the run's listing entry names (Redis ``latest`` hash, the SQL ``runs`` row).
+
+    None: no entry (what ``verify --all`` reports as a run the listing index forgot)."""
+    counted: Mapping[int, tuple[int, int]] | None
+    """Per segment: what its record counter says and how many records are stored.
+
+    None: the store keeps no counter apart from its records (it counts rows)."""
+
+
+def listing_bookkeeping(row: Sequence[Any] | None, what: str) -> Bookkeeping:
+    """The bookkeeping of a store that counts rows (SQL): its newest checkpoint row and its listing row, as read.
+
+    Args:
+        row: ``(step, flow, status)`` of the newest checkpoint row, then of the ``runs`` row
+            (NULLs when there is none), read in one statement; None when no checkpoint row is stored.
+        what: names the store and the run in an error.
+
+    Raises:
+        CheckpointStoreCorrupt: a value is not of its column's type.
+    """
+    if row is None:
+        return Bookkeeping(None, None, None)
+    values = tuple(row)
+    kinds = (int, str, str)
+    if len(values) != 6 or not all(isinstance(v, k) for v, k in zip(values[:3], kinds, strict=True)):
+        raise CheckpointStoreCorrupt(f"{what}: the newest checkpoint row's step, flow or status cannot be read")
+    entry = values[3:]
+    if entry[0] is None:
+        return Bookkeeping((values[0], values[1], values[2]), None, None)
+    if not all(isinstance(v, k) for v, k in zip(entry, kinds, strict=True)):
+        raise CheckpointStoreCorrupt(f"{what}: the runs row's step, flow or status cannot be read")
+    return Bookkeeping((values[0], values[1], values[2]), (entry[0], entry[1], entry[2]), None)
 
 
 class JudgedRow(NamedTuple):

@@ -11,7 +11,8 @@ so the first LF ends the header. Reading a row checks the version, the number an
 the header fields (`_CHECKPOINT_HEAD`, `_CALL_HEAD`) and that the row belongs to the run
 asked for; anything else is `CheckpointStoreCorrupt`. This module also decodes the plain
 values Redis replies with (`_text`, `_scored`), a run's call-record hash (`_calls_of`) and
-its head (`_head_of`: the newest row and the per-segment counts, never fewer than the records).
+its head (`_head_of`: the newest row and the per-segment counts, never fewer than the records) and
+what it keeps of a run in clear beside the rows (`_bookkeeping_of`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentflow._errors import CheckpointStoreCorrupt
-from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint, SealedEvent
+from agentflow.exec.checkpoints.records import Bookkeeping, SealedCall, SealedCheckpoint, SealedEvent
 
 #: Version written first in every row header.
 _FORMAT = 1
@@ -119,3 +120,32 @@ def _calls_of(run_id: str, fields: Mapping[Any, Any]) -> list[SealedCall]:
             raise CheckpointStoreCorrupt(f"run {run_id!r}: call record {field!r} holds {record.segment}.{record.seq}")
         found.append(record)
     return sorted(found, key=lambda r: (r.segment, r.seq))
+
+
+def _bookkeeping_of(
+    run_id: str, raw: object, listed: list[Any], counters: Mapping[Any, Any], fields: list[Any]
+) -> Bookkeeping:
+    """A run's bookkeeping from its newest row, its ``latest`` hash fields, its ``next`` hash and its record fields.
+
+    Raises:
+        CheckpointStoreCorrupt: the row's header, a counter or a record's field is not one this store writes.
+    """
+    newest = None
+    if raw is not None:
+        row = _decode_checkpoint(run_id, raw, "the latest checkpoint")
+        newest = (row.step, row.flow, row.status)
+    entry = None
+    try:
+        if listed[0] is not None:
+            entry = (int(listed[0]), _text(listed[1]), _text(listed[2]))
+        counts = {int(segment): int(count) for segment, count in counters.items()}
+        stored: dict[int, int] = {}
+        for field in fields:
+            segment = int(_text(field).partition(":")[0])
+            stored[segment] = stored.get(segment, 0) + 1
+    except ValueError:
+        raise CheckpointStoreCorrupt(
+            f"run {run_id!r}: its latest hash, counters or record fields are not numbers"
+        ) from None
+    counted = {s: (counts.get(s, 0), stored.get(s, 0)) for s in sorted(counts.keys() | stored.keys())}
+    return Bookkeeping(newest, entry, counted)

@@ -79,6 +79,7 @@ from importlib import resources
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints.records import (
+    Bookkeeping,
     JudgedRows,
     Lease,
     LeaseMove,
@@ -94,7 +95,7 @@ from agentflow.exec.checkpoints.redis._events import RedisEvents
 from agentflow.exec.checkpoints.redis._index import Index
 from agentflow.exec.checkpoints.redis._leases import Leases
 from agentflow.exec.checkpoints.redis._prune import RedisPrune
-from agentflow.exec.checkpoints.redis._rows import _calls_of, _decode_checkpoint, _head_of, _text
+from agentflow.exec.checkpoints.redis._rows import _bookkeeping_of, _calls_of, _decode_checkpoint, _head_of, _text
 from agentflow.exec.checkpoints.redis._writes import RedisWrites
 from agentflow.exec.checkpoints.redis.clients import Client, LoopClients, address
 from agentflow.exec.checkpoints.redis.durability import Durability, check_server
@@ -424,6 +425,22 @@ class RedisCheckpointStore:
         if raw is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         return _head_of(run_id, raw, fields, int(stored))
+
+    async def bookkeeping(self, run_id: str) -> Bookkeeping:
+        """The run's newest row header, its ``latest`` hash and its per-segment counters, in one MULTI/EXEC.
+
+        Raises:
+            CheckpointStoreCorrupt: the newest row's header, a counter or a record's field cannot be read.
+        """
+        cp, latest, calls, counters = self._run_keys(run_id)
+        async with self._clients.use() as bound:
+            async with bound.client.pipeline(transaction=True) as pipe:
+                pipe.lindex(cp, -1)
+                pipe.hmget(latest, ["step", "flow", "status"])
+                pipe.hgetall(counters)
+                pipe.hkeys(calls)
+                raw, listed, counts, fields = await pipe.execute()
+        return _bookkeeping_of(run_id, raw, listed, counts, fields)
 
     async def take_lease_reading_head(
         self, run_id: str, owner: str, token: str, ttl_s: float, marker: str | None = None

@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow.exec.checkpoints.records import (
+    Bookkeeping,
     JudgedRows,
     Lease,
     LeaseMove,
@@ -50,6 +51,7 @@ from agentflow.exec.checkpoints.records import (
     StoredEvent,
     Trimmed,
     listed,
+    listing_bookkeeping,
 )
 from agentflow.exec.checkpoints.rules import check_events, check_marker_args, check_row, int_cursor
 from agentflow.exec.checkpoints.sqlalchemy import _rows as rows_of
@@ -375,6 +377,24 @@ class SQLAlchemyCheckpointStore:
         if found is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self)), counts
+
+    async def bookkeeping(self, run_id: str) -> Bookkeeping:
+        """The run's newest checkpoint row's step, flow and status beside its ``runs`` row's, in one statement.
+
+        One statement is one snapshot on PostgreSQL too. The store counts a segment's records
+        from its rows: there is no counter to set back.
+        """
+        cps, runs = self._t.checkpoints, self._t.runs
+        query = (
+            sa.select(cps.c.step, cps.c.flow, cps.c.status, runs.c.step, runs.c.flow, runs.c.status)
+            .select_from(cps.outerjoin(runs, runs.c.run_id == cps.c.run_id))
+            .where(cps.c.run_id == run_id)
+            .order_by(cps.c.step.desc())
+            .limit(1)
+        )
+        async with self._tx() as conn:
+            row = (await conn.execute(query)).first()
+        return listing_bookkeeping(row, f"{self._shown}: run {run_id!r}")
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""

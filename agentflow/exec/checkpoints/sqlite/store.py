@@ -53,6 +53,7 @@ from typing import Any, Literal, TypeVar
 from agentflow._errors import CheckpointNotFound
 from agentflow.exec.checkpoints.records import (
     UNFINISHED,
+    Bookkeeping,
     JudgedRows,
     Lease,
     LeaseMove,
@@ -64,6 +65,7 @@ from agentflow.exec.checkpoints.records import (
     StoredEvent,
     Trimmed,
     listed,
+    listing_bookkeeping,
 )
 from agentflow.exec.checkpoints.rules import (
     check_events,
@@ -329,6 +331,18 @@ class SQLiteCheckpointStore:
         what = f"call rows of run {run_id!r} in {self.path}"
         counted = dict(checked(c, ("segment", "count"), (int, int), what) for c in counts)
         return checkpoint_of(latest[0], self.path), counted
+
+    async def bookkeeping(self, run_id: str) -> Bookkeeping:
+        """The run's newest checkpoint row's step, flow and status beside its ``runs`` row's, in one statement.
+
+        SQLite counts a segment's records from its rows: there is no counter to set back.
+        """
+        rows = await self._fetch(
+            "SELECT c.step, c.flow, c.status, r.step, r.flow, r.status FROM checkpoints AS c "
+            "LEFT JOIN runs AS r ON r.run_id = c.run_id WHERE c.run_id = ? ORDER BY c.step DESC LIMIT 1",
+            (run_id,),
+        )
+        return listing_bookkeeping(rows[0] if rows else None, f"run {run_id!r} in {self.path}")
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
         """Return the run's call records by segment, then sequence number."""
