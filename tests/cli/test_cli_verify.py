@@ -6,8 +6,12 @@ import secrets
 import sqlite3
 from contextlib import closing
 
+import pytest
+import redis
 import runs_kit
 from runs_kit import one_line_error
+
+from agentflow.cli._stores import open_store
 
 
 def test_verify_all_finds_the_tampered_row_and_exits_1(agentflow):
@@ -97,3 +101,59 @@ def test_verify_reports_a_copy_in_a_run_s_event_stream(agentflow, db):
     assert result.exit_code == 1
     assert "EVENTS refund-1:" in result.stdout and "a copy of an event already read" in result.stdout
     assert "CORRUPT" not in result.stdout and "event stream of 1 run(s) does not check" in one_line_error(result)
+
+
+def test_verify_names_a_checkpoint_row_deleted_behind_the_listing(agentflow, db):
+    # Given order-2's newest checkpoint row deleted with sqlite3, its runs row left as it was
+    with closing(sqlite3.connect(db)) as conn, conn:
+        (step,) = conn.execute("SELECT MAX(step) FROM checkpoints WHERE run_id = 'order-2'").fetchone()
+        conn.execute("DELETE FROM checkpoints WHERE run_id = 'order-2' AND step = ?", (step,))
+    # When the run is verified
+    result = agentflow("verify", "order-2")
+    # Then the removal is named (the rows left check on their own), and the exit code says so
+    assert result.exit_code == 1
+    assert (
+        f"CORRUPT order-2: checkpoint rows of run 'order-2' were removed: the store's listing entry of run "
+        f"'order-2' names checkpoint {step} (done), but the newest stored row is step {step - 1}"
+    ) in result.stdout
+    assert "1 of 1 run(s) have rows that fail their check" in one_line_error(result)
+
+
+async def _ship(url: str, run_id: str) -> None:
+    store = open_store(url, must_exist=False)
+    try:
+        await runs_kit.app.runner(store, runs_kit.KEY).run(runs_kit.shipping, {"address": "Porto"}, run_id=run_id)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.redis
+def test_verify_names_what_redis_writes_erased(agentflow, redis_url, unique_prefix):
+    prefix = unique_prefix()
+    url = f"{redis_url}?prefix={prefix}"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        # Given two finished shipping runs on the real server
+        for run_id in ("s-1", "s-2"):
+            runs_kit.in_thread(lambda run_id=run_id: _ship(url, run_id))
+        # When s-1's newest checkpoint row is trimmed off (LTRIM) and its record counter set back (HSET),
+        # and s-2's oldest row is trimmed off
+        key = f"{prefix}:run:{{s-1}}"
+        steps = client.llen(f"{key}:cp")
+        client.ltrim(f"{key}:cp", 0, -2)
+        client.hset(f"{key}:next", "0", 1)
+        client.ltrim(f"{prefix}:run:{{s-2}}:cp", 1, -1)
+        # Then verify names each write, run by run, with no traceback, and exits 1
+        result = agentflow("verify", "--all", "--store", url)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert (
+            f"CORRUPT s-1: checkpoint rows of run 's-1' were removed: the store's listing entry of run 's-1' "
+            f"names checkpoint {steps - 1} (done), but the newest stored row is step {steps - 2} (running)"
+        ) in result.stdout
+        assert "CORRUPT s-1: call log of run 's-1': segment 0's record counter was set back to 1" in result.stdout
+        assert "CORRUPT s-2: run 's-2': checkpoint row 0 holds step 1" in result.stdout
+        assert "2 of 2 run(s) have rows that fail their check" in one_line_error(result)
+    finally:
+        for found in client.scan_iter(match=f"{prefix}*"):
+            client.delete(found)
+        client.close()

@@ -12,10 +12,10 @@ checkpoints, records past the newest checkpoint). This module adds, for ``agentf
   in one instant (`BookkeepingReading`): a listing entry (Redis ``latest`` hash, SQL ``runs``
   row) naming a step past the newest stored row (rows removed) or before it (set back); a
   Redis per-segment record counter below the records stored (set back) or above them
-  (records erased since, the tail after the newest checkpoint included).
-- `call_findings`: calls a signed checkpoint names (the results a recovery replayed, the
-  calls in doubt it reran, an operator's decision to rerun) with no record left in the
-  segments before that checkpoint's claim: which calls the missing records were.
+  (records erased since, the tail after the newest checkpoint included, or the counter raised).
+- `_named_calls`: calls a signed checkpoint names (the results a recovery replayed, the
+  calls in doubt it reran) with no record left in the segments before that checkpoint's
+  claim: which calls the missing records were.
 
 What stays invisible: the records of the newest segment written after the newest
 checkpoint, erased together with a counter set back to match (or on a store that counts
@@ -37,7 +37,6 @@ from agentflow._errors import CheckpointError, CheckpointNotFound, CheckpointSto
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.protocol import BookkeepingReading
 from agentflow.exec.checkpoints.records import Bookkeeping
-from agentflow.exec.run.control import control_of
 from agentflow.exec.run.view import RunReport
 from agentflow.exec.seal import Sealer
 
@@ -83,7 +82,7 @@ def bookkeeping_findings(run_id: str, book: Bookkeeping) -> list[str]:
         elif counter > stored:
             out.append(
                 f"call log of run {run_id!r}: {counter - stored} record(s) of segment {segment} were erased "
-                f"(its record counter says {counter}, {stored} are stored: a Redis HDEL)"
+                f"(its record counter says {counter}, {stored} are stored: a Redis HDEL, or the counter was raised)"
             )
     return out
 
@@ -140,6 +139,4 @@ def _named(body: Mapping[str, Any]) -> list[tuple[str, str]]:
         for key, what in (("replayed", "replayed its result"), ("rerun", "reran it as a call in doubt")):
             ids = recovered.get(key, [])
             named += [(str(cid), what) for cid in ids] if isinstance(ids, list) else []
-    if "claim" in body:
-        named += [(cid, "holds an operator's decision to rerun it") for cid in control_of(body).rerun]
     return named
