@@ -36,6 +36,7 @@ from agentflow.exec.checkpoints import RecoveryNeedsDecision
 from agentflow.exec.checkpoints.redis import RedisCheckpointStore
 from agentflow.exec.checkpoints.redis.functions import library_name
 from agentflow.exec.checkpoints.redis.store import _LUA
+from agentflow.exec.run.erasure import report_erasures
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 
@@ -138,6 +139,7 @@ async def test_the_reader_checks_every_row_and_writes_nothing(server, worker_sto
     reader = RedisCheckpointStore.from_url(server.url("agentflow-reader"), ttl_s=None)
     try:
         report = await read_run(reader, Sealer(KEY), "order-1")
+        await report_erasures(reader, Sealer(KEY), [report])  # what verify reads besides (counters, latest hash)
     finally:
         await reader.aclose()
     assert not report.corrupt and report.records > 0
