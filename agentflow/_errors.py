@@ -13,6 +13,7 @@ AgentflowError
 │   ├── CheckpointTooLarge         (also a ValueError)
 │   ├── StoreNotDurable            (a write was not acknowledged as durable in time; what needed it did not happen)
 │   └── StoreRefused               (the store's server keeps less than the store was told to require)
+├── UnstorableValue                (also a ValueError: text that is not Unicode, NaN, a huge integer, deep nesting)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── RunFailed                      (.run_id, .error: a run ended failed; a worker's task raises it)
 ├── IdentityMismatch               (also a PermissionError)
@@ -105,6 +106,15 @@ class CheckpointStoreCorrupt(CheckpointError):
 
 class CheckpointTooLarge(CheckpointError, ValueError):
     """Raised when a checkpoint would be larger than the run's limit; nothing is stored."""
+
+
+class UnstorableValue(AgentflowError, ValueError):
+    """Raised when a value holds what JSON-only storage cannot keep; the message says where and what to change.
+
+    Text that is not Unicode (a lone surrogate, as a byte that is not UTF-8 becomes in a
+    command's arguments), NaN or an infinity, an integer longer than Python writes as text
+    (`sys.get_int_max_str_digits`, 4,300 digits), or nesting deeper than JSON is read or written.
+    """
 
 
 class StoreNotDurable(CheckpointError):

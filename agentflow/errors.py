@@ -29,6 +29,7 @@ from agentflow._errors import (
     ToolError,
     ToolTimeout,
     UnknownTool,
+    UnstorableValue,
     VersionNotDeployed,
 )
 from agentflow.exec.limits import LimitsUnavailable, RateLimited
@@ -58,5 +59,6 @@ __all__ = [
     "ToolError",
     "ToolTimeout",
     "UnknownTool",
+    "UnstorableValue",
     "VersionNotDeployed",
 ]

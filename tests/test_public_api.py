@@ -115,6 +115,7 @@ PUBLIC: dict[str, list[str]] = {
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "FlowError", "IdentityMismatch", "LeaseLost",
         "LimitsUnavailable", "ModelError", "RateLimited", "RecoveryNeedsDecision", "RunFailed", "RunHeld", "Stale",
         "StoreNotDurable", "StoreRefused", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
+        "UnstorableValue",
         "VersionNotDeployed",
     ],
     "agentflow.exec": [

@@ -15,6 +15,11 @@ again only after its visibility timeout (an hour), while the marker says a reche
 its way. A start comes after a worker died more often than not, so it does not trust the
 marker: one message per held run per start, and the run moves again just after its lease
 ends even when the recheck sent before went down with its worker.
+
+The lease's end comes from the store, where anyone who can write it can put a lease that
+ends in twenty years: the marker lasts until that end, but never longer than one lease of
+this worker's own (`WorkerSettings.lease_s`), so a worker signs no marker that keeps the
+next recheck away for longer than a real lease could.
 """
 
 from __future__ import annotations
@@ -28,7 +33,19 @@ from agentflow.exec.run.markers import Markers
 RECHECK: Final = "recheck"
 
 
-async def first_to_watch(markers: Markers, run_id: str, owner: str, lease_ends: float) -> bool:
-    """Whether this caller is the one to send the recheck of `run_id` (the marker was free, and is now its)."""
-    ttl = max(0.5, lease_ends - time.time())
+#: The shortest a recheck marker lasts (seconds): a lease that ends now still keeps duplicates out that long.
+SHORTEST_S: Final = 0.5
+
+
+def longest_s(lease_s: float) -> float:
+    """The longest a recheck marker of a worker whose leases last `lease_s` may last (seconds)."""
+    return max(SHORTEST_S, lease_s)
+
+
+async def first_to_watch(markers: Markers, run_id: str, owner: str, lease_ends: float, lease_s: float) -> bool:
+    """Whether this caller is the one to send the recheck of `run_id` (the marker was free, and is now its).
+
+    The marker lasts until `lease_ends`, at most `lease_s` from now (the lease of this worker's own).
+    """
+    ttl = max(SHORTEST_S, min(lease_ends - time.time(), lease_s))
     return (await markers.put(RECHECK, run_id, {"owner": owner}, ttl))[0]

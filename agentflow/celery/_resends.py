@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._stranded import Stranded
 from agentflow.exec.run.markers import Markers, Note
 
@@ -43,6 +44,16 @@ from agentflow.exec.run.markers import Markers, Note
 CAP_FACTOR: Final = 8
 #: The markers' kind (``recovering/<run_id>``).
 RECOVERING: Final = "recovering"
+
+
+def base_of(settings: WorkerSettings) -> float:
+    """The back-off's first wait: the beat period, or ``stale_after_s`` if longer."""
+    return max(settings.stale_after_s, settings.recover_interval_s or 0.0)
+
+
+def longest_s(base_s: float) -> float:
+    """The longest a recovery marker lasts with the first wait `base_s`: twice the capped wait."""
+    return 2 * base_s * CAP_FACTOR
 
 
 @dataclass(frozen=True)

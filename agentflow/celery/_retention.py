@@ -21,16 +21,17 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from agentflow.celery._markers import LOCK, worker_markers
 from agentflow.celery._settings import WorkerSettings
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.retention import RetentionPolicy, RowCheck, prune_finished, trim_finished
-from agentflow.exec.run.markers import MarkerBusy, Markers
+from agentflow.exec.run.markers import MarkerBusy
 from agentflow.exec.seal import Sealer
 
 log = logging.getLogger("agentflow.celery")
 
 #: The marker that lets one prune tick at a time do the work: ``lock/prune``.
-PRUNE_LOCK: Final = ("lock", "prune")
+PRUNE_LOCK: Final = (LOCK, "prune")
 
 
 async def prune_tick(
@@ -42,7 +43,7 @@ async def prune_tick(
         return {"skipped": "no retention is set (retention_days, retention_trim_days)"}
     store = store_factory()
     try:
-        async with Markers(store, sealer).holding(*PRUNE_LOCK, owner, settings.recover_lock_s):
+        async with worker_markers(store, sealer, settings).holding(*PRUNE_LOCK, owner, settings.recover_lock_s):
             result = await _work(store, policy, settings, owner, sealer.checkpoint_problem)
     except MarkerBusy as busy:
         return {"skipped": f"another worker is pruning ({busy.holder.body.get('owner')})"}

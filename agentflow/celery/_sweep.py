@@ -135,8 +135,9 @@ class _Sorter:
                 # may have died with its delayed message unacked (held for an hour), and a start is
                 # rare enough that its one message per held run costs nothing. It still sets the
                 # marker when free, so the duplicates of this lease send no more.
-                await worker.watch(run_id, lease.expires_at)
-                found.recheck.append((name, run_id, row.step, lease.expires_at))
+                ends = worker.lease_ends(lease.expires_at)
+                await worker.watch(run_id, ends)
+                found.recheck.append((name, run_id, row.step, ends))
             return
         app = worker.flow_app
         if body is not None and name in app.versions and not app.has_version(name, version_of(body)):

@@ -58,8 +58,9 @@ from agentflow._errors import (
 from agentflow._events import Events
 from agentflow._run_types import version_of
 from agentflow.celery._children import QueuedChildren, Send
+from agentflow.celery._markers import LOCK, worker_markers
 from agentflow.celery._rechecks import first_to_watch
-from agentflow.celery._resends import Resends
+from agentflow.celery._resends import Resends, base_of
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._stranded import Stranded
@@ -123,7 +124,7 @@ class Outcome:
 
 
 #: The marker that lets one of many concurrent recover_alls do the work: ``lock/recover_all``.
-RECOVER_ALL_LOCK = ("lock", "recover_all")
+RECOVER_ALL_LOCK = (LOCK, "recover_all")
 
 #: What each control cause must find signed in the run's latest checkpoint.
 SPENDS = {"resume": "resume", "rerun": "decision", "retry": "retry", "migrate": "migrate"}
@@ -215,7 +216,7 @@ class Worker:
     @property
     def markers(self) -> Markers:
         """The store's markers, signed and checked under the workers' key ring."""
-        return Markers(self.store, self.sealer, self.events)
+        return worker_markers(self.store, self.sealer, self.settings, self.events)
 
     @property
     def sealer(self) -> Sealer:
@@ -281,9 +282,18 @@ class Worker:
         calls = {*outcome.replayed, *outcome.rerun, *outcome.in_doubt}
         return await lost_tasks(self.store, self.sealer, outcome.run_id, calls, own)
 
+    def lease_ends(self, expires_at: float) -> float:
+        """When a lease read from the store ends, as far as this worker waits for it.
+
+        `expires_at`, but no later than one lease of this worker's own from now: a lease is
+        never taken or renewed for longer, so one that says it ends later was not written by a
+        worker (someone wrote it to the store), and no recheck waits for it longer than that.
+        """
+        return min(expires_at, time.time() + self.settings.lease_s)
+
     async def watch(self, run_id: str, lease_ends: float) -> bool:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
-        return await first_to_watch(self.markers, run_id, self.owner, lease_ends)
+        return await first_to_watch(self.markers, run_id, self.owner, lease_ends, self.settings.lease_s)
 
     async def _latest_step(self, run_id: str, otherwise: int) -> int:
         """The run's latest step as the store has it now (`otherwise` if it cannot be read)."""
@@ -305,7 +315,7 @@ class Worker:
         try:
             result = await advance()
         except RunHeld as exc:
-            return Outcome(run_id, flow_name, "skipped", why=str(exc), held_until=exc.expires_at)
+            return Outcome(run_id, flow_name, "skipped", why=str(exc), held_until=self.lease_ends(exc.expires_at))
         except VersionNotDeployed as exc:  # nothing was touched: a worker with that version carries it on
             return Outcome(run_id, flow_name, "elsewhere", why=str(exc), version=exc.version)
         except RecoveryNeedsDecision as exc:
@@ -381,8 +391,7 @@ class Worker:
     @property
     def resends(self) -> Resends:
         """The recovery markers: a run sent a recovery that has not moved since waits out a back-off."""
-        base_s = max(self.settings.stale_after_s, self.settings.recover_interval_s or 0.0)
-        return Resends(self.markers, base_s, self.owner)
+        return Resends(self.markers, base_of(self.settings), self.owner)
 
     async def mark_recoveries(self, found: Stranded) -> None:
         """Mark each run of `found.recover` as sent a recovery (after the messages went out)."""

@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agentflow._display import printable
+from agentflow._errors import UnstorableValue
 from agentflow.cli import _errors
 from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._text import echo, paint
 from agentflow.exec.run.control import DidNotHappen, Happened, InDoubtDecision, Rerun
+from agentflow.exec.seal import loads_storable
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers
@@ -46,9 +48,11 @@ def parse_word(text: str) -> tuple[str, InDoubtDecision]:
         return call_id, Rerun()
     if kind == "happened":
         try:
-            return call_id, Happened(json.loads(rest))
+            return call_id, Happened(loads_storable(rest, f"the result of call {call_id}"))
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"{text!r}: the result after happened: must be JSON ({exc})") from None
+        except UnstorableValue as exc:
+            raise click.BadParameter(str(exc)) from None
     if kind == "not":
         return call_id, DidNotHappen(rest)
     raise click.BadParameter(f"{text!r}: say rerun, happened:JSON or not:REASON after the =")
@@ -182,9 +186,11 @@ def _patch(patch: str | None) -> dict[str, Any] | None:
     if patch is None:
         return None
     try:
-        fields = json.loads(patch)
+        fields = loads_storable(patch, "--patch")
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"--patch must be a JSON object ({exc})") from None
+    except UnstorableValue as exc:
+        raise click.BadParameter(str(exc)) from None
     if not isinstance(fields, dict):
         raise click.BadParameter("--patch must be a JSON object of state fields")
     return fields

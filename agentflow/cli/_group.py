@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from agentflow._display import printable
 from agentflow.cli._cmd_act import resume
 from agentflow.cli._cmd_events import events
 from agentflow.cli._cmd_migrate import migrate
@@ -15,7 +16,33 @@ from agentflow.cli._cmd_serve import demo, viewer
 from agentflow.cli._cmd_verify import verify
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _Commands(click.Group):
+    """The command group; it refuses, before any command reads them, arguments that are not text.
+
+    An argument holding a byte that is not UTF-8 reaches Python as a lone surrogate
+    (``surrogateescape``), which no store, signature or JSON takes: it is refused here, with
+    the argument named, as a usage error (exit code 2).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse an argument that is not text; then parse as a group does.
+
+        Raises:
+            click.UsageError: an argument holds a byte that is not UTF-8.
+        """
+        for index, arg in enumerate(args, start=1):
+            try:
+                arg.encode()
+            except UnicodeEncodeError as exc:
+                raise click.UsageError(
+                    f"argument {index} ({printable(arg)}) holds a byte that is not UTF-8 text "
+                    f"at character {exc.start}: pass valid UTF-8 text",
+                    ctx,
+                ) from None
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="agentflow", prog_name="agentflow")
 def cli() -> None:
     """Inspect, check, follow, recover, resume, decide, retry, cancel, fork, migrate and prune durable agentflow runs.

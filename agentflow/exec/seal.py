@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
 import math
+import sys
 from collections.abc import Sequence
 from json.encoder import encode_basestring as _json_str
 from typing import Any
 
-from agentflow._errors import CheckpointStoreCorrupt
+from agentflow._errors import CheckpointStoreCorrupt, UnstorableValue
 from agentflow.exec.checkpoints.records import SealedCall, SealedCheckpoint, SealedEvent
 
 #: The shortest key accepted, in bytes (HMAC-SHA256's block of output).
@@ -39,6 +41,16 @@ _EVENT_DOMAIN = "agentflow/event/1"
 
 #: One encoder for every canonical encoding (building one per call costs as much as encoding).
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+#: How deeply JSON given from outside (an operator's result or patch) may nest (`loads_storable`).
+MAX_DEPTH = 200
+#: The integer digits `loads_storable` takes where Python sets no limit of its own.
+_NO_DIGIT_LIMIT = 1_000_000
+#: How deeply `unstorable` looks into a value: past that, the value nests deeper than JSON is written
+#: (the encoder's recursion ends well before) or refers to itself.
+_WALK_DEPTH = 10_000
+_FIX = (
+    "JSON-only storage cannot keep it; store valid text, finite numbers, shorter integers (or as text), flatter values"
+)
 
 
 def canonical(value: Any) -> bytes:
@@ -46,16 +58,21 @@ def canonical(value: Any) -> bytes:
 
     Raises:
         TypeError: the value holds something JSON cannot carry.
-        ValueError: the value holds NaN or infinity, text that is not valid Unicode (a lone
-            surrogate), or a circular reference; the message names where (``state.text``).
+        UnstorableValue: the value holds NaN or infinity, text that is not valid Unicode (a
+            lone surrogate), an integer too long to write, nesting too deep, or a circular
+            reference; the message names where (``state.text``).
     """
     try:
         return _ENCODER.encode(value).encode()
+    except RecursionError:
+        where: str | None = None
     except (UnicodeEncodeError, ValueError) as exc:
         where = unstorable(value)
-        if where is None:
+        if where is None and "Circular reference" not in str(exc):
             raise
-        raise ValueError(f"{where}: JSON-only storage cannot keep it; store valid text and finite numbers") from exc
+    raise UnstorableValue(
+        f"{where}: {_FIX}" if where else "the value nests too deeply to write as JSON, or refers to itself"
+    ) from None
 
 
 def check_storable(value: Any, path: str) -> None:
@@ -66,32 +83,144 @@ def check_storable(value: Any, path: str) -> None:
     was. `canonical` catches the rest (text that is not Unicode, floats the dump kept).
 
     Raises:
-        ValueError: `value` holds NaN or an infinity (the message names where, under `path`).
+        UnstorableValue: `value` holds NaN or an infinity (the message names where, under `path`).
     """
     where = unstorable(value, path, text=False)
     if where is not None:
-        raise ValueError(f"{where}: JSON-only storage cannot keep it; store finite numbers")
+        raise UnstorableValue(f"{where}: JSON-only storage cannot keep it; store finite numbers")
 
 
-def unstorable(value: Any, path: str = "", *, text: bool = True) -> str | None:
-    """Say where in `value` lies the first thing JSON cannot keep: a non-finite float, or (`text`) a lone surrogate.
+def loads_storable(text: str, what: str) -> Any:
+    """Decode JSON given from outside (an operator's result, a state patch) into what `canonical` stores.
 
-    Walks dicts, lists, tuples and the fields of pydantic models and dataclasses.
+    Args:
+        text: the JSON document.
+        what: names it in errors (``--patch``, ``the result of call c1``).
+
+    Raises:
+        json.JSONDecodeError: `text` is not JSON.
+        UnstorableValue: it is JSON that cannot be stored: text that is not Unicode, NaN or
+            an infinity, an integer of more digits than Python writes, nesting deeper than
+            `MAX_DEPTH`; the message says where and what to change.
     """
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{path or 'the value'} is {value!r}, which JSON has no number for"
-    if isinstance(value, str):
-        return _bad_text(value, path) if text else None
-    for key, item in _items_of(value):
-        if text and isinstance(key, str) and (bad := _bad_text(key, f"{path}[key]")):
-            return bad
-        at = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
-        if found := unstorable(item, at, text=text):
-            return found
+    bad = _bad_text(text, what)
+    if bad is not None:
+        raise UnstorableValue(f"{bad}: pass valid UTF-8 text")
+    try:
+        value = strict_json(text, sys.get_int_max_str_digits() or _NO_DIGIT_LIMIT)
+    except RecursionError:
+        raise UnstorableValue(f"{what} nests deeper than {MAX_DEPTH} levels: pass a flatter value") from None
+    except NumberRefused as exc:
+        raise UnstorableValue(f"{what}: {exc}") from None
+    where = unstorable(value, what, max_depth=MAX_DEPTH)
+    if where is not None:
+        raise UnstorableValue(f"{where}: {_FIX}")
+    return value
+
+
+class NumberRefused(ValueError):
+    """Raised from inside `strict_json` for a number it does not take (the message says which)."""
+
+
+def strict_json(text: str, max_int_digits: int) -> Any:
+    """`json.loads`, refusing NaN, infinities, floats too large and integers longer than `max_int_digits` digits.
+
+    Raises:
+        json.JSONDecodeError: `text` is not JSON.
+        NumberRefused: it holds a number refused here.
+        RecursionError: it nests too deeply for the decoder.
+    """
+    return json.loads(
+        text, parse_constant=_no_constant, parse_float=_finite, parse_int=functools.partial(_short_int, max_int_digits)
+    )
+
+
+def _no_constant(name: str) -> Any:
+    raise NumberRefused(f"{name}, which JSON does not allow: write a finite number")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise NumberRefused(f"a number too large for a float ({text[:20]}...): write it as a string")
+    return number
+
+
+def _short_int(limit: int, text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > limit:
+        raise NumberRefused(f"an integer of {digits} digits (at most {limit} are accepted): write it as a string")
+    return int(text)
+
+
+def unstorable(value: Any, path: str = "", *, text: bool = True, max_depth: int = _WALK_DEPTH) -> str | None:
+    """Say where in `value` lies the first thing JSON cannot keep.
+
+    That is a non-finite float, an integer too long to write, (`text`) a lone surrogate,
+    or nesting deeper than `max_depth` (a value that refers to itself nests without end).
+    Walks dicts, lists, tuples and the fields of pydantic models and dataclasses, without
+    recursion; a path is spelled out only for what it reports (``state.items[2]``).
+    """
+    stack: list[tuple[Any, _Trail, int]] = [(value, None, 0)]
+    while stack:
+        item, trail, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{_spelled(path, trail)} is {item!r}, which JSON has no number for"
+        if isinstance(item, int) and not isinstance(item, bool) and _too_long(item):
+            return f"{_spelled(path, trail)} is an integer of more than {sys.get_int_max_str_digits()} digits"
+        if isinstance(item, str):
+            bad = _bad_text(item, _spelled(path, trail)) if text and not _encodable(item) else None
+            if bad is not None:
+                return bad
+            continue
+        items = list(_items_of(item))
+        if items and depth >= max_depth:
+            return f"{path or 'the value'} nests deeper than {max_depth} levels (or refers to itself)"
+        for key, child in reversed(items):
+            if text and isinstance(key, str) and not _encodable(key):
+                return _bad_text(key, f"a key of {_spelled(path, trail)}")
+            stack.append((child, (key, trail), depth + 1))
     return None
 
 
+_Trail = tuple[Any, "_Trail"] | None
+"""Where a walk is: the key or index taken last, and the trail to its container (None: the top)."""
+
+
+def _spelled(path: str, trail: _Trail) -> str:
+    """The path of `trail` under `path`, as a reader writes it (``state.items[2]``; ``the value`` for the top)."""
+    keys: list[Any] = []
+    while trail is not None:
+        key, trail = trail
+        keys.append(key)
+    at = path
+    for key in reversed(keys):
+        at = f"{at}[{key}]" if isinstance(key, int) else (f"{at}.{key}" if at else str(key))
+    return at or "the value"
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _too_long(number: int) -> bool:
+    """Whether `number` has more digits than Python writes as text (`sys.get_int_max_str_digits`)."""
+    limit = sys.get_int_max_str_digits()
+    if limit <= 0 or number.bit_length() <= 3 * limit:  # below 8**limit: fewer digits than the limit
+        return False
+    try:
+        str(number)
+    except ValueError:
+        return True
+    return False
+
+
 def _bad_text(value: str, path: str) -> str | None:
+    """Say where `value` (at `path`) holds a lone surrogate, or None if it is valid text."""
     try:
         value.encode()
     except UnicodeEncodeError as exc:
@@ -110,6 +239,19 @@ def _items_of(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
     return ()
+
+
+def _header_bytes(header: str) -> bytes:
+    """A header's bytes (UTF-8).
+
+    Raises:
+        UnstorableValue: a field of it (a run id, a flow, a kind) holds a lone surrogate.
+    """
+    try:
+        return header.encode()
+    except UnicodeEncodeError:
+        bad = _bad_text(header, "a run id, flow name or kind")
+        raise UnstorableValue(f"{bad}: it is not text; use ids of valid UTF-8 text") from None
 
 
 def digest(value: Any) -> str:
@@ -183,10 +325,10 @@ class Sealer:
     def _checkpoint_header(run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float) -> bytes:
         # The canonical encoding of [domain, run_id, step, flow, status, segment, repr(saved_at)],
         # spelled out: a tenth of the encoder's time, byte for byte the same (tested).
-        return (
+        return _header_bytes(
             f'["{_CHECKPOINT_DOMAIN}",{_json_str(run_id)},{int(step)},{_json_str(flow)},'
             f"{_json_str(status)},{int(segment)},{_json_str(repr(saved_at))}]"
-        ).encode()
+        )
 
     def seal_checkpoint(
         self, run_id: str, step: int, flow: str, status: str, segment: int, saved_at: float, body: dict[str, Any]
@@ -229,7 +371,7 @@ class Sealer:
     @staticmethod
     def _call_header(run_id: str, segment: int, seq: int, kind: str) -> bytes:
         # The canonical encoding of [domain, run_id, segment, seq, kind], spelled out (as above).
-        return f'["{_CALL_DOMAIN}",{_json_str(run_id)},{int(segment)},{int(seq)},{_json_str(kind)}]'.encode()
+        return _header_bytes(f'["{_CALL_DOMAIN}",{_json_str(run_id)},{int(segment)},{int(seq)},{_json_str(kind)}]')
 
     def seal_call(self, run_id: str, segment: int, seq: int, kind: str, body: dict[str, Any]) -> SealedCall:
         """Encode and sign a call record body.
@@ -269,7 +411,7 @@ class Sealer:
 
     @staticmethod
     def _request_header(run_id: str, kind: str) -> bytes:
-        return f'["{_REQUEST_DOMAIN}",{_json_str(run_id)},{_json_str(kind)}]'.encode()
+        return _header_bytes(f'["{_REQUEST_DOMAIN}",{_json_str(run_id)},{_json_str(kind)}]')
 
     def seal_request(self, run_id: str, kind: str, body: dict[str, Any]) -> str:
         """Sign an operator's request about a run, kept outside its rows (a cancel request).
@@ -303,7 +445,7 @@ class Sealer:
 
     @staticmethod
     def _event_header(run_id: str) -> bytes:
-        return f'["{_EVENT_DOMAIN}",{_json_str(run_id)}]'.encode()
+        return _header_bytes(f'["{_EVENT_DOMAIN}",{_json_str(run_id)}]')
 
     def seal_event(self, run_id: str, body: dict[str, Any]) -> SealedEvent:
         """Encode and sign one event of a run's stream (``{"name", "at", "data"}``).
@@ -329,7 +471,7 @@ class Sealer:
 
     def principal_proof(self, run_id: str, principal: str) -> str:
         """Return what is stored instead of a principal: an HMAC bound to the run."""
-        msg = _PRINCIPAL_DOMAIN + run_id.encode() + b"\n" + principal.encode()
+        msg = _PRINCIPAL_DOMAIN + _header_bytes(f"{run_id}\n{principal}")
         return f"{self._kid}:{hmac.new(self._signing_key, msg, hashlib.sha256).hexdigest()}"
 
     def principal_matches(self, run_id: str, proof: str, principal: str) -> bool:
@@ -338,7 +480,7 @@ class Sealer:
         key = self._keys.get(kid)
         if key is None:
             return False
-        msg = _PRINCIPAL_DOMAIN + run_id.encode() + b"\n" + principal.encode()
+        msg = _PRINCIPAL_DOMAIN + _header_bytes(f"{run_id}\n{principal}")
         return hmac.compare_digest(hmac.new(key, msg, hashlib.sha256).hexdigest(), mac)
 
 

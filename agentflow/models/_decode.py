@@ -9,10 +9,11 @@ text (which may echo a key) in its ``__context__``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
+
+from agentflow.exec.seal import NumberRefused, strict_json
 
 #: Default of ``max_tool_calls``: tool calls one reply may ask for.
 DEFAULT_MAX_TOOL_CALLS = 64
@@ -112,12 +113,10 @@ def loads(data: bytes | str, what: str, quote: Quote) -> Any:
     if problem is None:
         assert isinstance(data, str)
         try:
-            value = json.loads(
-                data.removeprefix("\ufeff"), parse_constant=_constant, parse_float=_float, parse_int=_int
-            )
+            value = strict_json(data.removeprefix("\ufeff"), MAX_INT_DIGITS)
         except RecursionError:
             problem = f"{what}: JSON nested too deeply to decode"
-        except _Refused as exc:
+        except NumberRefused as exc:
             problem = f"{what}: {exc}"
         except ValueError as exc:  # JSONDecodeError, whose text is ours; its .doc is the server's
             problem = f"{what}: not valid JSON ({getattr(exc, 'msg', 'undecodable')}): {quote(data)}"
@@ -125,27 +124,6 @@ def loads(data: bytes | str, what: str, quote: Quote) -> Any:
             check_plain(value, what)
             return value
     raise Malformed(problem)
-
-
-class _Refused(ValueError):
-    pass
-
-
-def _constant(name: str) -> Any:
-    raise _Refused(f"{name}, which JSON does not allow")
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Refused(f"a number too large for a float ({text[:20]}...)")
-    return value
-
-
-def _int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Refused(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS} are accepted)")
-    return int(text)
 
 
 def check_plain(value: Any, what: str) -> None:

@@ -36,8 +36,10 @@ from agentflow._errors import (
     IdentityMismatch,
     RecoveryNeedsDecision,
     RunHeld,
+    UnstorableValue,
 )
 from agentflow.exec.run.view import RunReport
+from agentflow.exec.seal import loads_storable
 from agentflow.operate import Operator
 from agentflow.viewer._guards import STALE, csrf_matches, read_form, who_refusal
 from agentflow.viewer._rules import CANCEL, DECIDE, FORK, HELD_TITLE, RESUME, RETRY, Rule, held_text
@@ -122,11 +124,13 @@ def _word(form: dict[str, str], index: int, call_id: str) -> InDoubtDecision:
         return Rerun()
     if word == "happened":
         try:
-            return Happened(json.loads(form.get(f"result.{index}", "")))
+            return Happened(loads_storable(form.get(f"result.{index}", ""), f"The result of call {call_id}"))
         except json.JSONDecodeError as exc:
             raise BadForm(
                 f"Call {call_id}: the result it returned must be JSON (text in double quotes): {exc}."
             ) from None
+        except UnstorableValue as exc:
+            raise BadForm(f"{exc}.") from None
     if word == "not":
         return DidNotHappen(_text(form, f"reason.{index}", f"The reason for call {call_id}"))
     raise BadForm(f"Call {call_id}: say whether it is to run again, happened, or did not happen.")
@@ -160,9 +164,11 @@ def _fork_args(report: RunReport, form: dict[str, str]) -> tuple[int, dict[str, 
     if not text:
         return at_step, None
     try:
-        patch = json.loads(text)
+        patch = loads_storable(text, "The patch")
     except json.JSONDecodeError as exc:
         raise BadForm(f"The patch must be a JSON object of state fields ({exc}).") from None
+    except UnstorableValue as exc:
+        raise BadForm(f"{exc}.") from None
     if not isinstance(patch, dict):
         raise BadForm('The patch must be a JSON object of state fields, such as {"note": "again"}.')
     return at_step, patch

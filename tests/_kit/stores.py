@@ -37,7 +37,7 @@ import pytest
 
 from _kit.specs import child_env, open_spec
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore, SealedCall, SealedCheckpoint
-from agentflow.exec.checkpoints.records import stored_fields
+from agentflow.exec.checkpoints.records import Marker, stored_fields
 from agentflow.exec.checkpoints.redis._events import _pack, _unpack
 
 #: Every set-up, by pytest id.
@@ -147,6 +147,10 @@ class Rows:
         """How many checkpoints and call records of the run are stored (read raw: no check can refuse)."""
         raise NotImplementedError
 
+    async def put_marker(self, key: str, value: str, token: str, expires_at: float) -> None:
+        """Write marker `key` (``<kind>/<subject>``) as stored, to lapse at `expires_at`, over whatever stands."""
+        raise NotImplementedError
+
 
 class MemoryRows(Rows):
     """The memory store's dicts (its private attributes: tests only)."""
@@ -157,6 +161,9 @@ class MemoryRows(Rows):
     def _segment(self, at: SealedCall) -> list[SealedCall]:
         segment: list[SealedCall] = self.store._calls[at.run_id][at.segment]
         return segment
+
+    async def put_marker(self, key: str, value: str, token: str, expires_at: float) -> None:
+        self.store._markers[key] = Marker(key, value, token, expires_at)
 
     def _checkpoints(self, run_id: str) -> list[SealedCheckpoint]:
         rows: list[SealedCheckpoint] = self.store._checkpoints[run_id]
@@ -211,6 +218,7 @@ class SqlRows(Rows):
     ) -> None:
         self._run = run_sql  # async (sql with ? placeholders, params) -> (rowcount, rows)
         self.cp, self.calls, self.runs = f"{prefix}checkpoints", f"{prefix}calls", f"{prefix}runs"
+        self.markers = f"{prefix}markers"
         self.runs_segment = runs_segment
         self.files = files
 
@@ -240,6 +248,11 @@ class SqlRows(Rows):
             at.segment,
             at.seq,
         )
+
+    async def put_marker(self, key: str, value: str, token: str, expires_at: float) -> None:
+        await self._exec(f"DELETE FROM {self.markers} WHERE key=?", key)
+        sql = f"INSERT INTO {self.markers} (key, value, token, expires_at) VALUES (?, ?, ?, ?)"
+        await self._one(sql, key, value, token, expires_at)
 
     async def drop_call(self, at: SealedCall) -> None:
         sql = f"DELETE FROM {self.calls} WHERE run_id=? AND segment=? AND seq=?"
@@ -398,6 +411,16 @@ class RedisRows(Rows):
         """Send one command on one of the run's keys (``cp``, ``latest``, ``calls``, ``next``), as a writer could."""
         key = dict(zip(("cp", "latest", "calls", "next"), self._keys(run_id), strict=True))[part]
         return await self._do(lambda c: c.execute_command(command, key, *args))
+
+    async def put_marker(self, key: str, value: str, token: str, expires_at: float) -> None:
+        kind, _, subject = key.partition("/")
+        where, ms = f"{self.prefix}:marker:{{{subject}}}:{kind}", int(expires_at * 1000)
+
+        async def job(c: Any) -> None:
+            await c.hset(where, mapping={"owner": value, "token": token, "expires_at": ms})
+            await c.pexpireat(where, ms - 1)
+
+        await self._do(job)
 
     async def rewind_count(self, run_id: str, segment: int, count: int) -> None:
         """Set the segment's record counter to `count` (one HSET: no record is deleted)."""

@@ -21,7 +21,7 @@ from _kit.tickets import Crash, Ledger, raise_crash
 from agentkit import KEY
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior
-from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import ModelResponse, RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
@@ -443,3 +443,51 @@ async def test_a_tools_retry_limit_holds_over_the_stages_and_a_crash_as_in_pydan
     recovered = await once_lapsed(lambda: runner.recover("f-2"))
     assert recovered.status == RunStatus.FAILED and "exceeded max retries count of 2" in (recovered.error or "")
     assert len(cut) == 4  # the try cut off by the crash, made again (idempotent), is not counted twice
+
+
+def _forging(shape: dict[str, Any], crashed: list[bool]) -> Agent[None, str]:
+    """An agent whose ``echo`` returns `shape`; ``boom`` (same round, after it) dies the first time."""
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        parts = [p for m in messages for p in m.parts]
+        if not any(isinstance(p, ToolReturnPart | RetryPromptPart) for p in parts):
+            return ModelResponse(parts=[ToolCallPart("echo", {}), ToolCallPart("boom", {})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(model), retries=0)
+
+    @agent.tool_plain
+    def echo() -> dict[str, Any]:
+        return shape
+
+    @agent.tool_plain
+    def boom() -> str:
+        if not crashed:
+            crashed.append(True)
+            raise Crash("killed after echo's done was logged")
+        return "ok"
+
+    return agent
+
+
+@pytest.mark.parametrize(
+    "shape", [{"agentflow.model_retry": "try again"}, {"agentflow.result": "unwrapped?"}], ids=["retry", "plain"]
+)
+async def test_a_tool_result_shaped_like_the_retry_envelope_is_its_plain_result(
+    store_setup: StoreSetup, shape: dict[str, Any]
+) -> None:
+    # Given a tool whose own result has the shape of the log's envelopes (what a tool that passes on
+    # a JSON document from elsewhere may return), in a run killed after its done record was logged
+    crashed: list[bool] = []
+    dead = DurableAgent(_forging(shape, crashed), name="forge", idempotent={"echo", "boom"})
+    with pytest.raises(Crash):
+        await dead.runner(store_setup.open(), KEY, owner="dead", lease_s=KILLED_LEASE_S).run("go", run_id="g-1")
+    # When another worker recovers it (echo replays from the log)
+    alive = DurableAgent(_forging(shape, crashed), name="forge", idempotent={"echo", "boom"})
+    runner = alive.runner(store_setup.open(), KEY, owner="alive", lease_s=KILLED_LEASE_S)
+    result = await once_lapsed(lambda: runner.recover("g-1"))
+    # Then pydantic-ai got the tool's result as it was returned, not a retry, and the run ends
+    assert result.status == RunStatus.DONE and result.output == "done" and result.replayed
+    parts = [p for m in result.messages for p in m.parts]
+    assert not [p for p in parts if isinstance(p, RetryPromptPart) or getattr(p, "outcome", None) == "retried"]
+    assert [p.content for p in parts if isinstance(p, ToolReturnPart) and p.tool_name == "echo"] == [shape]

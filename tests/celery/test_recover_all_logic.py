@@ -85,7 +85,7 @@ async def test_a_start_sends_its_own_recheck_though_a_worker_that_died_set_the_m
     # Given a run a live worker holds, and the recheck marker of a worker that sent a recheck and then
     # died with its delayed message unacknowledged (the broker keeps it from everyone for an hour)
     lease = await take(s.store, "r1", RIVAL)
-    assert await first_to_watch(s.worker.markers, "r1", "dead@host:1", lease.expires_at)
+    assert await first_to_watch(s.worker.markers, "r1", "dead@host:1", lease.expires_at, RIVAL.lease_s)
     # When a worker starts, Then its recover_all sends a recheck for when the lease ends all the same
     found = await s.worker.stranded(startup=True)
     assert found is not None and found.recheck == [("mail", "r1", step, lease.expires_at)]
@@ -189,7 +189,7 @@ async def test_an_unknown_flow_run_someone_holds_is_not_reported(s):
 async def test_stranded_gives_way_to_another_recover_all(s):
     await s.start("mail", "r1")
     # Given another worker's recover_all under way (it holds the recover_all lock)
-    await s.worker.markers.put(*RECOVER_ALL_LOCK, {"owner": RIVAL.owner}, 60.0)
+    await s.worker.markers.put(*RECOVER_ALL_LOCK, {"owner": RIVAL.owner}, s.worker.settings.recover_lock_s)
     # When this worker's recover_all runs, Then it does nothing
     assert await s.worker.stranded() is None
 
@@ -387,3 +387,41 @@ async def _never_released(key: str, token: str) -> bool:
 
 async def _quick_sweep(worker: Worker, startup: bool) -> Any:
     return "swept"
+
+
+async def test_a_captured_sweep_lock_written_back_for_ten_years_does_not_keep_a_starts_sweep_out(s, monkeypatch):
+    await s.start("mail", "r1")
+    # Given the recover_all lock a store writer captured while a worker held it, written back after
+    # that worker let go, for the store to keep for ten years
+    async with s.worker.markers.holding(*RECOVER_ALL_LOCK, RIVAL.owner, s.worker.settings.recover_lock_s):
+        (captured,) = (await s.store.peek_markers([key_of(*RECOVER_ALL_LOCK)])).values()
+    ten_years = 10 * 365 * 24 * 3600.0
+    await s.store.put_marker(captured.key, captured.value, "forged-token", ten_years)
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(s.tasks.recover_all, "apply_async", lambda **options: sent.append(options))
+    # When a starting worker's recover_all runs, Then it sweeps now: the marker is reported and removed
+    result = await asyncio.to_thread(s.tasks.run_recover_all, True)
+    assert "skipped" not in result and result["enqueued"] == ["r1"]
+    assert sent == []
+    assert [e.data["kind"] for e in s.events if e.name == "control.refused"] == ["lock"]
+
+
+async def test_a_fake_lease_of_twenty_years_makes_no_recheck_wait_longer_than_a_lease(s):
+    step = await s.start("mail", "r1")
+    # Given a lease written into the store to hold the run for twenty years
+    twenty_years = 20 * 365 * 24 * 3600.0
+    await s.store.take_lease("r1", "mallory@nowhere:1", "forged-token", twenty_years)
+    lease_s = s.worker.settings.lease_s
+    # When a message finds the run held, Then its recheck is due within one of the worker's own leases,
+    # and the recheck marker it signs lasts no longer
+    before = time.time()
+    out = await s.worker.superstep("mail", "r1", step, handoff=False, cause="recover")
+    assert out.done == "skipped" and out.held_until is not None
+    assert out.held_until <= time.time() + lease_s
+    (note,) = (await s.worker.markers.peek("recheck", ["r1"])).values()
+    assert before < note.body["until"] <= time.time() + lease_s
+    # And a start's sweep rechecks it within a lease too
+    found = await s.worker.stranded(startup=True)
+    assert found is not None
+    ((_, _, _, ends),) = found.recheck
+    assert ends <= time.time() + lease_s

@@ -64,7 +64,7 @@ async def test_one_prune_tick_at_a_time() -> None:
     # Given a tick of another worker in progress (it holds the prune lock)
     store = MemoryCheckpointStore()
     await _runs(store, 3, "done", time.time() - 2 * DAY)
-    await Markers(store, Sealer(KEY)).put(*PRUNE_LOCK, {"owner": "beat-tick@w2:7"}, 60.0)
+    await Markers(store, Sealer(KEY)).put(*PRUNE_LOCK, {"owner": "beat-tick@w2:7"}, WorkerSettings().recover_lock_s)
     tasks = register_tasks(
         Celery("retention-logic"),
         FlowApp(Registry(), []),

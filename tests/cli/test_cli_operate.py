@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import runs_kit
 from runs_kit import one_line_error
 
@@ -124,3 +125,43 @@ def test_fork_run_exits_1_when_the_new_run_fails(agentflow, db):
     # Then the command says where the run landed, and exits 1 with its error, as retry does
     assert "run q-2 forked from quote-1 at step 0: failed" in result.stdout, result.output
     assert result.exit_code == 1 and "run 'q-2' failed: " in result.stderr and "quote service is down" in result.stderr
+
+
+#: JSON no store keeps, and the words each is refused with (Python's own int-string limit is 4,300 digits).
+UNSTORABLE_JSON = [
+    pytest.param("1" * 5000, "an integer of 5000 digits", id="5000-digits"),
+    pytest.param("[" * 100_000, "nests deeper than 200 levels", id="deep-unclosed"),
+    pytest.param("[" * 300 + "]" * 300, "nests deeper than 200 levels", id="deep"),
+    pytest.param('"\\ud800"', "holds a lone surrogate", id="lone-surrogate"),
+    pytest.param("NaN", "NaN, which JSON does not allow", id="nan"),
+]
+
+
+@pytest.mark.parametrize(("text", "said"), UNSTORABLE_JSON)
+def test_decide_and_fork_refuse_json_no_store_keeps_saying_what_to_fix(agentflow, db, text, said):
+    # Given ship-1, with a call in doubt, and refund-1, paused
+    call_id = ship_call_id(db)
+    before = runs_kit.stored(db, "ship-1")
+    # When an operator gives a result, or a patch, that no store keeps
+    decided = agentflow("decide", "ship-1", "--app", APP, "--call", f"{call_id}=happened:{text}")
+    forked = agentflow("fork", "refund-1", "--app", APP, "--at", "0", "--patch", f'{{"amount": {text}}}')
+    # Then each command ends as for any bad argument: exit code 2, one message naming the fix, no traceback
+    for result in (decided, forked):
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert said in result.output
+    # And nothing was stored
+    assert runs_kit.stored(db, "ship-1") == before
+
+
+def test_an_argument_that_is_not_text_is_refused_before_any_command_reads_it(agentflow, db):
+    # Given arguments holding a byte that is not UTF-8 (Python reads it as a lone surrogate)
+    for args in (
+        ("runs", "show", "ship-\udcff"),
+        ("cancel", "refund-1", "--app", APP, "--reason", "sold \udcff out"),
+        ("decide", "ship-1", "--app", APP, "--call", "c\udcff=rerun"),
+    ):
+        result = agentflow(*args)
+        # Then the command refuses it as a usage error, naming the argument, and runs nothing
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "holds a byte that is not UTF-8 text" in result.output and "\\udcff" in result.output
+    assert runs_kit.REFUNDS == [] and "paused" in agentflow("runs", "show", "refund-1").stdout

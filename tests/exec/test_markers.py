@@ -7,10 +7,11 @@ import logging
 import time
 
 import pytest
+from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY
 
 from agentflow._events import Event, Events
-from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
 from agentflow.exec.run.markers import MarkerBusy, Markers, key_of, marker_value
 from agentflow.exec.seal import Sealer
 
@@ -77,3 +78,74 @@ async def test_a_marker_held_is_renewed_keeps_others_out_and_goes_with_its_holde
         assert held.body["owner"] == "w1"
     # And once the holder lets go, it is gone
     assert await _markers(store).peek("lock", ["prune"]) == {}
+
+
+# -- how long a marker lasts: never past its signed until, never past its kind's longest ------------
+
+#: The set-ups whose markers a store writer can rewrite: every engine, on the real servers too.
+MARKER_SETUPS = setups("memory", "sqlite", "fakeredis", "redis", "sql-postgres")
+#: A sweep lock lasts 10 s, as `WorkerSettings.recover_lock_s` sets it by default.
+LOCK_S = 10.0
+TEN_YEARS_S = 10 * 365 * 24 * 3600.0
+
+
+def _bounded(store: CheckpointStore, events: Events | None = None) -> Markers:
+    return Markers(store, Sealer(KEY), events, longest={"lock": LOCK_S})
+
+
+async def _captured_lock(store: CheckpointStore) -> str:
+    """The value of a sweep lock a worker held and let go of (what a store writer saw while it stood)."""
+    async with _bounded(store).holding("lock", "recover_all", "w1", LOCK_S):
+        (stood,) = (await store.peek_markers([key_of("lock", "recover_all")])).values()
+    return stood.value
+
+
+@pytest.mark.parametrize("store_setup", MARKER_SETUPS, indirect=True)
+async def test_a_captured_marker_written_back_with_a_far_expiry_is_no_marker(
+    store_setup: StoreSetup, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a sweep lock a store writer captured while it stood, written back to lapse in ten years
+    store = store_setup.open()
+    value = await _captured_lock(store)
+    await store_setup.rows.put_marker(key_of("lock", "recover_all"), value, "forged-token", time.time() + TEN_YEARS_S)
+    # When a worker's sweep takes the lock, Then the marker does not count: it is reported and
+    # removed, and the sweep holds the lock (it is not pushed ten years out)
+    with caplog.at_level(logging.WARNING, "agentflow.markers"):
+        mine, note = await _bounded(store).put("lock", "recover_all", {"owner": "w2"}, LOCK_S)
+    assert mine and note.body["owner"] == "w2"
+    assert "is kept by the store" in caplog.text and "longer than a lock marker is ever set for" in caplog.text
+
+
+@pytest.mark.parametrize("store_setup", MARKER_SETUPS, indirect=True)
+async def test_a_marker_lapses_at_its_signed_until_whatever_expiry_the_store_keeps(store_setup: StoreSetup) -> None:
+    # Given a sweep lock signed for 10 s, written back to lapse later than that, though within the lock's longest
+    store = store_setup.open()
+    assert await store.peek_markers([key_of("lock", "recover_all")]) == {}  # and the store's tables made
+    signed, value = marker_value(Sealer(KEY), "lock", "recover_all", {"owner": "w1"}, LOCK_S)
+    await store_setup.rows.put_marker(key_of("lock", "recover_all"), value, "forged-token", time.time() + LOCK_S + 20)
+    # When a worker finds it standing, Then it waits for it until its signed until, not the store's expiry
+    mine, note = await _bounded(store).put("lock", "recover_all", {"owner": "w2"}, LOCK_S)
+    assert not mine and note.body["owner"] == "w1"
+    assert note.expires_at == signed["until"]
+
+
+@pytest.mark.parametrize("store_setup", MARKER_SETUPS, indirect=True)
+async def test_a_marker_signed_for_longer_than_its_kind_lasts_is_no_marker(store_setup: StoreSetup) -> None:
+    # Given a recheck marker signed under the workers' key for twenty years (what a worker fooled by
+    # a fake lease would have signed), kept by the store as long
+    store = store_setup.open()
+    assert await store.peek_markers([key_of("recheck", "r1")]) == {}  # and the store's tables made
+    twenty_years = 2 * TEN_YEARS_S
+    _, value = marker_value(Sealer(KEY), "recheck", "r1", {"owner": "w1"}, twenty_years)
+    await store_setup.rows.put_marker(key_of("recheck", "r1"), value, "forged-token", time.time() + twenty_years)
+    # When a worker whose leases last 30 s reads it, Then it does not count, and it is removed
+    markers = Markers(store, Sealer(KEY), longest={"recheck": 30.0})
+    assert await markers.peek("recheck", ["r1"]) == {}
+    assert await store.peek_markers([key_of("recheck", "r1")]) == {}
+
+
+async def test_a_put_longer_than_its_kind_lasts_is_refused() -> None:
+    store = MemoryCheckpointStore()
+    with pytest.raises(ValueError, match="a lock marker lasts 10.0 s at most"):
+        await _bounded(store).put("lock", "recover_all", {"owner": "w1"}, LOCK_S + 1)
+    assert await store.peek_markers([key_of("lock", "recover_all")]) == {}

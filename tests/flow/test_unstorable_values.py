@@ -17,8 +17,9 @@ from _kit.tickets import KEY
 from pydantic import BaseModel
 
 from agentflow import Call, Executor, Flow, FlowRunner, Registry
-from agentflow.errors import FlowError
+from agentflow.errors import AgentflowError, FlowError, UnstorableValue
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
+from agentflow.exec.seal import canonical
 
 registry = Registry()
 
@@ -88,3 +89,48 @@ async def test_a_run_id_in_the_markers_namespace_is_refused_at_start(runner: Flo
     with pytest.raises(ValueError, match="agentflow keeps for its own markers"):
         await runner.run(ECHO, Reading(), run_id=run_id)
     assert runner.checkpoints is not None and list(await runner.checkpoints.list_runs()) == []
+
+
+def _deep(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _itself() -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    value["me"] = value
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ({"n": 10**5000}, r"n is an integer of more than 4300 digits"),
+        ({"t": ["ok", "x\ud800"]}, r"t\[1\] holds a lone surrogate"),
+        ({"k\udc00": 1}, r"a key of the value holds a lone surrogate"),
+        ({"x": math.nan}, r"x is nan, which JSON has no number for"),
+        (_deep(5000), r"nests too deeply to write as JSON, or refers to itself"),
+        (_itself(), r"nests deeper than 10000 levels \(or refers to itself\)"),
+    ],
+    ids=["5000-digits", "surrogate", "surrogate-key", "nan", "deep", "itself"],
+)
+def test_what_the_canonical_encoding_cannot_keep_is_an_agentflow_error_naming_where(value: Any, said: str) -> None:
+    with pytest.raises(UnstorableValue, match=said) as refused:
+        canonical(value)
+    assert isinstance(refused.value, AgentflowError) and isinstance(refused.value, ValueError)
+
+
+ARG = Flow("arg", state=Reading).node("e", Call("echo", args=lambda r: {"text": r.what + "\udcff"}, into="text"))
+ARG = ARG.end("e")
+
+
+async def test_a_run_id_or_a_tool_argument_with_a_lone_surrogate_is_an_agentflow_error(runner: FlowRunner) -> None:
+    # A run id: refused at start, before any store reads it
+    with pytest.raises(UnstorableValue, match=r"run id 'r\\udcff' holds a lone surrogate at 1"):
+        await runner.run(ECHO, Reading(), run_id="r\udcff")
+    assert runner.checkpoints is not None and list(await runner.checkpoints.list_runs()) == []
+    # A tool's arguments: the call is never logged started, and the run fails saying why
+    result = await runner.run(ARG, Reading(what="a"), run_id="r5")
+    assert result.status == "failed" and "UnstorableValue: text holds a lone surrogate" in (result.error or "")

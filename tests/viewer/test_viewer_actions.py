@@ -252,3 +252,25 @@ def test_a_read_only_viewer_shows_no_action_and_refuses_every_post(db):
         for run_id, action in (("refund-1", "cancel"), ("quote-1", "retry"), ("ship-1", "decide"), ("ship-1", "fork")):
             answer = client.post(f"/runs/{run_id}/{action}", data={"csrf": "0" * 64})
             assert answer.status_code == 409 and "start the viewer with --app module:attr" in answer.text, action
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("1" * 5000, "an integer of 5000 digits"),
+        ("[" * 3000, "nests deeper than 200 levels"),
+        ('"\\ud800"', "holds a lone surrogate"),
+        ("Infinity", "Infinity, which JSON does not allow"),
+    ],
+    ids=["5000-digits", "deep", "lone-surrogate", "infinity"],
+)
+def test_a_result_or_patch_no_store_keeps_is_a_400_saying_what_to_fix(ops, db, text, said):
+    # Given ship-1, stuck on a call in doubt
+    before, runs = stored(db, "ship-1"), run_ids(db)
+    # When an operator decides it happened with such a result, or forks it with such a patch
+    decided = decide(ops, db, "ship-1", "happened", **{"result.0": text})
+    forked = act(ops, "ship-1", "fork", at_step="1", patch=f'{{"address": {text}}}')
+    # Then each is a 400 that says what to fix, and nothing is stored
+    for answer in (decided, forked):
+        assert answer.status_code == 400 and said in answer.text
+    assert stored(db, "ship-1") == before and run_ids(db) == runs

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
-from agentflow._errors import CheckpointConflict, CheckpointNotFound, RunHeld
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, RunHeld, UnstorableValue
 from agentflow._run_types import RunKind
 from agentflow.exec.checkpoints.records import (
     ENDED,
@@ -37,9 +37,16 @@ def check_new_run_id(run_id: str) -> None:
 
     Raises:
         ValueError: the id is not a non-empty string, or starts with `MARKER_PREFIX`.
+        UnstorableValue: the id holds a lone surrogate (a byte that was not UTF-8), which no store keeps.
     """
     if not isinstance(run_id, str) or not run_id:
         raise ValueError(f"run_id must be a non-empty string; got {run_id!r}")
+    try:
+        run_id.encode()
+    except UnicodeEncodeError as exc:
+        raise UnstorableValue(
+            f"run id {run_id!r} holds a lone surrogate at {exc.start}, which no store keeps: use an id of valid text"
+        ) from None
     if run_id.startswith(MARKER_PREFIX):
         raise ValueError(
             f"run id {run_id!r} starts with {MARKER_PREFIX!r}, which agentflow keeps for its own markers "

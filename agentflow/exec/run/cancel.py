@@ -59,6 +59,8 @@ log = logging.getLogger("agentflow.cancel")
 KIND: Final = "cancel"
 #: How long a request waits for its run's holder (then its marker lapses).
 REQUEST_TTL_S: Final = 24 * 3600.0
+#: The longest each kind of marker here lasts (`Markers`' ``longest``).
+LONGEST: Final = {KIND: REQUEST_TTL_S}
 #: How young (seconds) a read may be to stand for the one after a drive's last step (`CancelWatch.step_ended`).
 FRESH_S: Final = 0.05
 
@@ -115,13 +117,13 @@ async def post(store: CheckpointStore, sealer: Sealer, request: CancelRequest) -
         CheckpointStoreCorrupt: markers that do not count keep appearing (someone writes
             them as fast as they are removed).
     """
-    mine, note = await Markers(store, sealer).put(KIND, request.run_id, request.body(), REQUEST_TTL_S)
+    mine, note = await Markers(store, sealer, longest=LONGEST).put(KIND, request.run_id, request.body(), REQUEST_TTL_S)
     return request if mine else read_request(note, request.run_id)
 
 
 async def withdraw(store: CheckpointStore, sealer: Sealer, run_id: str) -> None:
     """Remove the run's cancel request, if any (the run ended, so it is spent or moot)."""
-    await Markers(store, sealer).take_all(KIND, [run_id])
+    await Markers(store, sealer, longest=LONGEST).take_all(KIND, [run_id])
 
 
 class CancelWatch:
@@ -145,7 +147,7 @@ class CancelWatch:
         reading the store. Nothing starts between that take and the first look, so it stands
         for a read made then, as a read left out after a quick last step does.
         """
-        self._markers = Markers(store, sealer, events)
+        self._markers = Markers(store, sealer, events, LONGEST)
         self.run_id = run_id
         self._started_at = started_at
         self._fresh = False

@@ -22,6 +22,13 @@ The rules, kept here and nowhere else:
   with a key the reader lacks does not check; nor can they make one last: a marker whose
   signed ``until`` passed more than `SKEW_S` ago (an old one written back, or its expiry
   pushed out) is as good as lapsed.
+- A marker lasts no longer than its signed ``until``, whatever the store says: a note's
+  `Note.expires_at` is the earlier of the two, so a marker captured while it stood and
+  written back with a far expiry keeps nobody out past the moment it was signed for.
+- A marker lasts no longer than the longest its kind is ever set for (`Markers`' ``longest``,
+  `ANY_KIND_S` for a kind not named there): one whose signed ``until`` or store expiry lies
+  further out than that (plus `SKEW_S`) does not count, and a put refuses to set one
+  (`ValueError`: the product never writes one).
 - A marker that does not count is no marker: it is reported (a WARNING and a
   ``control.refused`` event) and removed by its own token when it is read, and a put
   replaces it. A marker never keeps a real one out for longer than it takes to read it.
@@ -53,6 +60,9 @@ log = logging.getLogger("agentflow.markers")
 SKEW_S: Final = 30.0
 #: How many times a put replaces a marker that does not count before it gives up.
 _PUTS: Final = 3
+#: The longest a marker of a kind without a bound of its own may last (seconds): the longest
+#: any kind is set for (a Celery task's ``asked`` note, 90 days).
+ANY_KIND_S: Final = 90 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class Note:
     """What the marker says (its ``at`` and ``until`` among it)."""
     token: str
     expires_at: float
-    """When the store lets it lapse."""
+    """When it lapses: the store's expiry, or its signed ``until`` when that comes first."""
 
     @property
     def at(self) -> float:
@@ -102,11 +112,27 @@ def marker_value(
 class Markers:
     """The markers of one store, signed and checked with one sealer (see the module docstring)."""
 
-    def __init__(self, store: CheckpointStore, sealer: Sealer, events: Events | None = None) -> None:
-        """`events`: where a marker that does not count is reported (``control.refused``), beside the WARNING."""
+    def __init__(
+        self,
+        store: CheckpointStore,
+        sealer: Sealer,
+        events: Events | None = None,
+        longest: Mapping[str, float] | None = None,
+    ) -> None:
+        """`events`: where a marker that does not count is reported (``control.refused``), beside the WARNING.
+
+        `longest`: by kind, the longest a marker of that kind is ever set for (seconds), as the
+        caller's settings set them (`ANY_KIND_S` for a kind not named). Workers sharing a store
+        share these settings: a marker from one set longer than another's bound does not count there.
+        """
         self._store = store
         self._sealer = sealer
         self._events = events
+        self._longest = dict(longest or {})
+
+    def longest(self, kind: str) -> float:
+        """The longest a marker of `kind` may last (seconds)."""
+        return self._longest.get(kind, ANY_KIND_S)
 
     def _open(self, kind: str, subject: str, marker: Marker) -> Note:
         """The note `marker` carries.
@@ -118,9 +144,17 @@ class Markers:
         at, until = body.get("at"), body.get("until")
         if not isinstance(at, int | float) or not isinstance(until, int | float):
             raise CheckpointStoreCorrupt(f"the {kind} marker of {subject!r} is signed but has no at and until")
-        if until + SKEW_S < time.time():
+        now = time.time()
+        if until + SKEW_S < now:
             raise CheckpointStoreCorrupt(f"the {kind} marker of {subject!r} was meant to lapse at {until}")
-        return Note(kind, subject, body, marker.token, marker.expires_at)
+        furthest = now + self.longest(kind) + SKEW_S
+        for what, when in (("is signed to last", until), ("is kept by the store", marker.expires_at)):
+            if when > furthest:
+                raise CheckpointStoreCorrupt(
+                    f"the {kind} marker of {subject!r} {what} {when - now:.0f} s more, longer than a {kind} "
+                    f"marker is ever set for ({self.longest(kind):.0f} s)"
+                )
+        return Note(kind, subject, body, marker.token, min(marker.expires_at, float(until)))
 
     async def _refuse(self, kind: str, subject: str, marker: Marker, why: str) -> None:
         log.warning("removing a %s marker that does not count: %s", kind, why, extra={"run_id": subject})
@@ -142,14 +176,17 @@ class Markers:
         Raises:
             CheckpointStoreCorrupt: markers that do not count keep appearing as fast as
                 they are removed (someone writes to the store's markers).
+            ValueError: `ttl_s` is longer than a marker of `kind` may last (`longest`).
         """
+        if ttl_s > self.longest(kind):
+            raise ValueError(f"a {kind} marker lasts {self.longest(kind)} s at most, not {ttl_s}")
         signed, value = marker_value(self._sealer, kind, subject, body, ttl_s)
         mine = token or secrets.token_hex(16)
         key = key_of(kind, subject)
         for _ in range(_PUTS):
             stands = await self._store.put_marker(key, value, mine, ttl_s)
             if stands.token == mine:
-                return True, Note(kind, subject, signed, mine, stands.expires_at)
+                return True, Note(kind, subject, signed, mine, min(stands.expires_at, signed["until"]))
             try:
                 return False, self._open(kind, subject, stands)
             except CheckpointStoreCorrupt as exc:

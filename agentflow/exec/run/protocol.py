@@ -401,7 +401,7 @@ class RunProtocol(Generic[C, R]):
         Raises:
             CheckpointConflict: the run id is taken by another run, or by this one started with
                 other input (`RunHeld`: someone holds it and stored some of it).
-            ValueError: the run id is empty or reserved (`check_new_run_id`).
+            ValueError: the run id is empty or reserved or not text (`check_new_run_id`).
         """
         check_new_run_id(cur.run_id)
         began = False

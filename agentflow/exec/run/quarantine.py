@@ -43,6 +43,8 @@ QUARANTINED: Final = "quarantined"
 UNKNOWN_FLOW: Final = "unknown-flow"
 #: How long a marker lasts (then a run still stuck is reported again).
 MARK_TTL_S: Final = 7 * 24 * 3600.0
+#: The longest each kind of marker here lasts (`Markers`' ``longest``).
+LONGEST: Final = {QUARANTINED: MARK_TTL_S, UNKNOWN_FLOW: MARK_TTL_S}
 #: How many of the store's newest runs `stranded_elsewhere` looks through.
 SCAN: Final = 1000
 
@@ -108,7 +110,7 @@ class Reporter:
     """``(flow, run_id)`` of each run of an unknown flow reported now."""
 
     def __post_init__(self) -> None:
-        self.markers = Markers(self.store, self.sealer, self.events)
+        self.markers = Markers(self.store, self.sealer, self.events, LONGEST)
 
     async def failed(self, row: SealedCheckpoint, why: str) -> None:
         """Quarantine a run whose latest checkpoint `row` failed its check, unless it is already."""

@@ -12,6 +12,11 @@ A stage that starts pydantic-ai afresh from the saved history (on a worker, afte
 would count a tool's retries from 0: the toolset counts them from the history instead
 (`retries_used`, by pydantic-ai's rule) and ends the run as pydantic-ai would once a tool
 that raised `ModelRetry` has used its ``max_retries``.
+
+A `ModelRetry` a tool raised is logged as its result, in an envelope (``{RETRY_KEY: message}``).
+A tool's own result cannot pass for one: a result of that shape, or of the shape of the
+envelope that keeps such results (``{PLAIN_KEY: ...}``), is logged inside the latter, so live
+and replayed alike it comes back to pydantic-ai as the tool returned it (`stored`, `returned`).
 """
 
 from __future__ import annotations
@@ -28,15 +33,49 @@ from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, RetryPromptPart, ToolReturnPart
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
+from pydantic_core import to_jsonable_python
 
 from agentflow._errors import ApprovalDenied
 from agentflow.exec import Registry, Tool
 from agentflow.exec.calls.log import CallLog
 
-__all__ = ["RETRY_KEY", "AgentTools", "CallLogToolset", "Durability", "Stage", "retries_used"]
+__all__ = ["PLAIN_KEY", "RETRY_KEY", "AgentTools", "CallLogToolset", "Durability", "Stage", "retries_used"]
 
 #: How a `ModelRetry` a tool raised is stored as its result.
 RETRY_KEY: Final = "agentflow.model_retry"
+#: How a tool's own result that has the shape of an envelope (this one's, or `RETRY_KEY`'s) is stored.
+PLAIN_KEY: Final = "agentflow.result"
+_ENVELOPES: Final = frozenset({RETRY_KEY, PLAIN_KEY})
+
+
+def _envelope(value: Any) -> str | None:
+    """The envelope key `value` is shaped as, in its JSON form (what a replay reads back), or None."""
+    if not isinstance(value, dict):
+        try:
+            value = to_jsonable_python(value)
+        except Exception:  # the log cannot store it either: it says so when it tries
+            return None
+    if isinstance(value, dict) and len(value) == 1:
+        (key,) = value
+        return key if key in _ENVELOPES else None
+    return None
+
+
+def stored(result: Any) -> Any:
+    """A tool's own result as the call log keeps it: as it is, unless shaped as an envelope (then in `PLAIN_KEY`'s)."""
+    return {PLAIN_KEY: result} if _envelope(result) is not None else result
+
+
+def returned(value: Any) -> Any:
+    """What a logged result (live or replayed) gives pydantic-ai: the tool's own result, or its `ModelRetry` raised.
+
+    Raises:
+        ModelRetry: the tool raised it (the value is ``{RETRY_KEY: message}``).
+    """
+    kind = _envelope(value)
+    if kind == RETRY_KEY:
+        raise ModelRetry(str(value[RETRY_KEY]))
+    return value[PLAIN_KEY] if kind == PLAIN_KEY else value
 
 
 @dataclass
@@ -60,9 +99,10 @@ def _through(name: str) -> Any:
         if pending is None or pending.name != name:
             raise RuntimeError(f"tool {name!r} of a durable agent runs only inside the agent's run")
         try:
-            return await pending.toolset.call_tool(name, args, pending.ctx, pending.tool)
+            result = await pending.toolset.call_tool(name, args, pending.ctx, pending.tool)
         except ModelRetry as exc:
             return {RETRY_KEY: exc.message}
+        return stored(result)
 
     call.__name__ = name
     return call
@@ -149,11 +189,9 @@ class CallLogToolset(WrapperToolset[Any]):
                 raise
             finally:
                 _PENDING.reset(token)
-        if isinstance(value, dict) and set(value) == {RETRY_KEY}:
-            if used >= tool.max_retries:  # what pydantic-ai raises, counted over the whole run
-                raise UnexpectedModelBehavior(f"Tool {name!r} exceeded max retries count of {tool.max_retries}")
-            raise ModelRetry(str(value[RETRY_KEY]))
-        return value
+        if _envelope(value) == RETRY_KEY and used >= tool.max_retries:  # what pydantic-ai raises, counted over the run
+            raise UnexpectedModelBehavior(f"Tool {name!r} exceeded max retries count of {tool.max_retries}")
+        return returned(value)
 
 
 def retries_used(messages: list[ModelMessage], name: str) -> int:
