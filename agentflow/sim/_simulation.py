@@ -565,8 +565,13 @@ class EpisodeFailed(Exception):
         self.rows: list[str] = []
 
 
-def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int | None = None) -> Report:
+def run_simulation(
+    setup: SetUp, seed: int, config: Config, *, only_episode: int | None = None, until: float | None = None
+) -> Report:
     """Run episodes on `setup` until `config.steps` are spent (or the one episode of seed `only_episode`).
+
+    `until` (a ``time.perf_counter()`` instant) stops it after the episode under way then: a
+    wall-clock limit for hunts on a shared machine (`agentflow.sim.mutants`).
 
     Each episode runs on a new event loop and a new virtual clock, so it depends on its
     seed alone: the seed a failure names replays it exactly.
@@ -579,7 +584,7 @@ def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int
     try:
         with virtual_time(clocks):
             episode = 0
-            while report.stats.steps < config.steps:
+            while report.stats.steps < config.steps and (until is None or wall.perf_counter() < until):
                 this = only_episode if only_episode is not None else episode_seed(seed, episode)
                 clocks.current = VirtualClock()
                 loop = SimLoop(clocks.current)
