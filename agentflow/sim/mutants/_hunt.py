@@ -22,6 +22,8 @@ from agentflow.sim.mutants._kit import Mutant
 
 #: What caught a bug, by a phrase of the invariant's message (first match).
 CAUGHT_BY = (
+    ("the store took", "store rules"),
+    ("claimed the run from", "unclaimed"),
     ("times with", "effect twice"),
     ("did not hold the run", "lease held"),
     ("no started record", "started first"),
@@ -105,8 +107,8 @@ def table(found: Sequence[Hunt], seeds: Sequence[int]) -> str:
     for (mutant, setup), by_seed in rows.items():
         cells = []
         for seed in seeds:
-            one = by_seed.get(seed)
-            cells.append("" if one is None else f"{one.steps:,}" if one.found else "—")
+            hunted = by_seed.get(seed)
+            cells.append("" if hunted is None else f"{hunted.steps:,}" if hunted.found else "—")
         caught = sorted({h.caught_by for h in by_seed.values() if h.caught_by is not None})
         lines.append(f"| {mutant} | {setup} | " + " | ".join(cells) + f" | {', '.join(caught) or '—'} |")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ Invariants of the kit:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -27,13 +28,12 @@ from unittest import mock
 from agentflow.exec.calls import log as calls_log
 from agentflow.exec.checkpoints import memory as memory_store
 from agentflow.exec.checkpoints import rules
-from agentflow.exec.checkpoints.records import ENDED
+from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.checkpoints.redis import store as redis_store
 from agentflow.exec.checkpoints.sqlite import _leases as sqlite_leases
 from agentflow.exec.checkpoints.sqlite import _rows as sqlite_rows
 from agentflow.exec.run import protocol as run_protocol
 from agentflow.exec.run import steps as run_steps
-from agentflow.exec.run.cancel import CancelWatch
 from agentflow.exec.run.checks import marker_of
 from agentflow.exec.run.lease import Tenure
 
@@ -140,12 +140,6 @@ def _fenced_started_accepted(run_id: str, record: Any, latest: Any, next_seq: in
     rules.check_call(run_id, record, latest, next_seq)
 
 
-def _ended_started_accepted(run_id: str, record: Any, latest: Any, next_seq: int) -> None:
-    if latest is not None and record.kind == "started" and latest[1] in ENDED:
-        latest = (latest[0], "running", latest[2])
-    rules.check_call(run_id, record, latest, next_seq)
-
-
 def _taken_position_accepted(run_id: str, record: Any, latest: Any, next_seq: int) -> None:
     rules.check_call(run_id, record, latest, record.seq if record.seq < next_seq else next_seq)
 
@@ -156,16 +150,21 @@ def _stale_step_accepted(run_id: str, step: int, flow: str, latest: Any) -> None
     rules.check_save(run_id, step, flow, latest)
 
 
-def _live_lease_ignored(run_id: str, move: Any, held: Any) -> None:
-    rules.check_lease_move(run_id, move, None)
-
-
 async def _take_breaking(self: Any, run_id: str, owner: str, token: str, ttl_s: float) -> Any:
     self._leases.pop(run_id, None)  # whoever held it live: the take writes over it
     return await _MEMORY_TAKE(self, run_id, owner, token, ttl_s)
 
 
 _MEMORY_TAKE = memory_store.MemoryCheckpointStore.take_lease
+
+
+async def _renew_stealing(self: Any, run_id: str, token: str, ttl_s: float) -> Any:
+    held = self._live(run_id)
+    if held is None:
+        return None
+    self._leases[run_id] = Lease(run_id, held.owner, token, time.time() + ttl_s)  # whoever's token it held
+    return self._leases[run_id]
+
 
 FENCED_STARTED = Mutant(
     "fenced-started",
@@ -177,27 +176,6 @@ FENCED_STARTED = Mutant(
             ("record_call", "(ended or last[3] ~= ARGV[1])", "ended"),
             ("save", "(ended or segment_of_latest ~= segment)", "ended"),
         ),
-    },
-)
-
-ENDED_STARTED = Mutant(
-    "ended-started",
-    "the store accepts a `started` record after the run ended (done, failed or cancelled)",
-    per_store={
-        "memory": _in_python_stores("check_call", _ended_started_accepted),
-        "sqlite": _in_python_stores("check_call", _ended_started_accepted),
-        "fakeredis": _lua(
-            (
-                "record_call",
-                "local ended = last[2] == 'done' or last[2] == 'failed' or last[2] == 'cancelled'",
-                "local ended = false",
-            ),
-            (
-                "save",
-                "local ended = last[3] == 'done' or last[3] == 'failed' or last[3] == 'cancelled'",
-                "local ended = false",
-            ),
-        ),  # fmt: skip
     },
 )
 
@@ -259,15 +237,23 @@ LEASE_BROKEN = Mutant(
     },
 )
 
-LEASE_MOVE_BLIND = Mutant(
-    "lease-move-blind",
-    "a write that moves the lease is stored while another token holds it live",
+RENEW_STEALS = Mutant(
+    "renew-steals",
+    "a lease renewal takes over another token's live lease",
     per_store={
-        "memory": _in_python_stores("check_lease_move", _live_lease_ignored),
-        "sqlite": _in_python_stores("check_lease_move", _live_lease_ignored),
+        "memory": _patches((memory_store.MemoryCheckpointStore, "renew_lease", _renew_stealing)),
+        "sqlite": lambda: _sql(
+            sqlite_leases,
+            "_RENEW",
+            "SET expires_at = :now + :ttl WHERE run_id = :run_id AND token = :token",
+            "SET expires_at = :now + :ttl, token = :token WHERE run_id = :run_id",
+        )(),
         "fakeredis": _lua(
-            ("record_call", "if live and held[2] ~= bearer then", "if false then"),
-            ("save", "if live and held[2] ~= bearer then", "if false then"),
+            (
+                "lease",
+                "  if not live or held[2] ~= token then\n    return {'lost'}",
+                "  if not live then\n    return {'lost'}",
+            )
         ),
     },
 )
@@ -277,10 +263,6 @@ LEASE_MOVE_BLIND = Mutant(
 
 
 async def _trusting_read(self: Any, cur: Any, counts: Any, claim_step: int, opened: int = 0) -> None:
-    return None
-
-
-async def _no_cancel_look(self: Any, *, boundary: bool = False) -> None:
     return None
 
 
@@ -327,12 +309,6 @@ DONE_NOT_FINAL = Mutant(
     everywhere=_patches((calls_log, "FINAL", frozenset({"failed", "denied"}))),
 )
 
-CANCEL_UNCHECKED = Mutant(
-    "cancel-unchecked",
-    "no look for a cancel request before a call starts",
-    everywhere=_patches((CancelWatch, "check", _no_cancel_look)),
-)
-
 LEASE_UNCONFIRMED = Mutant(
     "lease-unconfirmed",
     "a tool runs without its worker confirming its lease right before it (`Tenure.confirm`)",
@@ -366,14 +342,12 @@ DOUBT_IGNORED = Mutant(
 #: Every mutant of the kit, stores' first.
 MUTANTS: tuple[Mutant, ...] = (
     FENCED_STARTED,
-    ENDED_STARTED,
     TAKEN_POSITION,
     STALE_STEP,
     LEASE_BROKEN,
-    LEASE_MOVE_BLIND,
+    RENEW_STEALS,
     CLAIM_TRUSTS_READ,
     DONE_NOT_FINAL,
-    CANCEL_UNCHECKED,
     LEASE_UNCONFIRMED,
     TAKE_BACK_CLAIMED,
     HANDOFF_PAST_UNREAD,
