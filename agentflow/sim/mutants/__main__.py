@@ -19,12 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="simulation seeds 1..N")
     parser.add_argument("--steps", type=int, default=300_000, help="the step budget of each hunt")
     parser.add_argument("--seconds", type=float, default=600.0, help="the wall-clock limit of each hunt")
+    parser.add_argument(
+        "--plain", action="store_true", help="the simulation before its reach was raised (to measure before and after)"
+    )
     args = parser.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the library logs every lost lease and refused write
     chosen = [m for m in MUTANTS if args.mutant is None or m.name in args.mutant]
     seeds = list(range(1, args.seeds + 1))
     done = []
-    for one in hunts(chosen, seeds, args.steps, args.seconds, setups=args.setup):
+    for one in hunts(chosen, seeds, args.steps, args.seconds, setups=args.setup, plain=args.plain):
         print(one, flush=True)
         done.append(one)
     print(table(done, seeds), flush=True)

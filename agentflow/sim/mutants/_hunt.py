@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from unittest import mock
 
 from agentflow.sim._setups import SETUPS
 from agentflow.sim._simulation import Config, run_simulation
+from agentflow.sim._world import World
 from agentflow.sim.mutants._kit import Mutant
 
 #: What caught a bug, by a phrase of the invariant's message (first match).
@@ -67,13 +70,19 @@ def caught_by(invariant: str) -> str:
     return next((name for phrase, name in CAUGHT_BY if phrase in invariant), "other")
 
 
-def hunt(mutant: Mutant, setup: str, seed: int, steps: int, seconds: float | None = None) -> Hunt:
-    """Plant `mutant` on `setup`, run the simulation from `seed` until it is found, `steps` ran or `seconds` passed."""
+def hunt(
+    mutant: Mutant, setup: str, seed: int, steps: int, seconds: float | None = None, *, plain: bool = False
+) -> Hunt:
+    """Plant `mutant` on `setup`, run the simulation from `seed` until it is found, `steps` ran or `seconds` passed.
+
+    `plain`: the simulation as it was before its reach was raised, for the measure of before and
+    after (no per-episode draws, `Config.reach` None, and no check of the history of writes).
+    """
     began = time.perf_counter()
-    with mutant.plant(setup):
-        report = run_simulation(
-            SETUPS[setup](), seed, Config(steps=steps), until=None if seconds is None else began + seconds
-        )
+    config = Config(steps=steps, reach=None) if plain else Config(steps=steps)
+    unjudged = mock.patch.object(World, "_judge", lambda self, broken: None) if plain else nullcontext()
+    with mutant.plant(setup), unjudged:
+        report = run_simulation(SETUPS[setup](), seed, config, until=None if seconds is None else began + seconds)
     took = time.perf_counter() - began
     failure = report.failure
     if failure is None:
@@ -87,6 +96,8 @@ def hunts(
     steps: int,
     seconds: float | None = None,
     setups: Sequence[str] | None = None,
+    *,
+    plain: bool = False,
 ) -> Iterable[Hunt]:
     """Every mutant on each of its set-ups (those among `setups`, if given), from each seed, one after another."""
     for mutant in mutants:
@@ -94,7 +105,7 @@ def hunts(
             if setups and setup not in setups:
                 continue
             for seed in seeds:
-                yield hunt(mutant, setup, seed, steps, seconds)
+                yield hunt(mutant, setup, seed, steps, seconds, plain=plain)
 
 
 def table(found: Sequence[Hunt], seeds: Sequence[int]) -> str:
