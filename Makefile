@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck docs pytest services bench sim failover soak all clean
+.PHONY: demo test lint typecheck docs pytest services bench sim sim-mutants failover soak all clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,17 @@ STEPS ?= 1000000
 sim: $(STAMP)
 	$(PY) -m agentflow.sim --steps $(STEPS) $(if $(SETUP),--setup $(SETUP)) $(if $(SEED),--episode $(SEED)) \
 		$(if $(SUPPRESS),--suppress $(SUPPRESS)) $(if $(LOST_WRITES),--lost-writes $(LOST_WRITES))
+
+# The mutation kit (docs/simulation.md, Reach): each planted bug hunted from SEEDS seeds, MUTANT_STEPS
+# steps at most per hunt (and MUTANT_SECONDS of wall clock), one hunt at a time; prints the steps to
+# detection per mutant and seed, and fails when a mutant was not found from every seed. MUTANT=name
+# hunts one (repeatable through the module: python -m agentflow.sim.mutants --help).
+SEEDS ?= 5
+MUTANT_STEPS ?= 300000
+MUTANT_SECONDS ?= 600
+sim-mutants: $(STAMP)
+	$(PY) -m agentflow.sim.mutants --seeds $(SEEDS) --steps $(MUTANT_STEPS) --seconds $(MUTANT_SECONDS) \
+		$(if $(MUTANT),--mutant $(MUTANT)) $(if $(SETUP),--setup $(SETUP))
 
 # bench/ is type-checked here, where its extra (LangGraph, matplotlib) is installed.
 bench: $(STAMP)

@@ -47,6 +47,7 @@ from agentflow.models import Message as ChatMessage
 from agentflow.sim._broker import Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
 from agentflow.sim._operator import KEY, Operator
+from agentflow.sim._reach import Profile, Reach, between_read_and_write, draw
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
@@ -94,6 +95,8 @@ class Config:
     """Chance that the operator cancels one running run at a visit."""
     suppress: frozenset[int] = frozenset()
     """Faults (by their number in the episode, from 1) drawn but not applied: how a failure is shrunk."""
+    reach: Reach | None = field(default_factory=Reach)
+    """How each episode draws its fault rates, favoured points and length (`_reach`); None: as configured."""
 
 
 @dataclass
@@ -160,10 +163,17 @@ class Episode(Points):
         self.seed = seed
         self.rng = random.Random(seed)
         self.config = config
-        self.faults = config.faults
+        # -- reach (`_reach`): this episode's fault rates, favoured points and length, drawn first
+        self.profile: Profile | None = None
+        if config.reach is not None:
+            self.profile = draw(config.reach, config.faults, config.episode_steps, self.rng)
+        self.faults = config.faults if self.profile is None else self.profile.faults
+        self.episode_steps = config.episode_steps if self.profile is None else self.profile.steps
+        self._stall_leases = (1.1, 2.5) if self.profile is None else self.profile.stall
+        # -- end of reach
         self.clock = clock
         self.sched = Scheduler(self.rng, clock, loop)
-        self.broker = Broker(random.Random(self.rng.random()), config.faults.messages)
+        self.broker = Broker(random.Random(self.rng.random()), self.faults.messages)
         self.world = World(sim=self)
         self.app = make_app(self.world)
         self.storage = storage
@@ -354,11 +364,15 @@ class Episode(Points):
             return False
         actor = self.rng.choice(victims)
         point = next(p.point for p in self.sched.parked if p.actor == actor)
+        return self._strike(actor, point, crash=roll < self.faults.crash)
+
+    def _strike(self, actor: str, point: str, *, crash: bool) -> bool:
+        """Crash or stall `actor` at `point` (unless the shrinker suppresses it); whether it fired."""
         again, until = (
             self.rng.random() < 0.5,
-            self.clock.now + self.config.settings.lease_s * self.rng.uniform(1.1, 2.5),
+            self.clock.now + self.config.settings.lease_s * self.rng.uniform(*self._stall_leases),
         )
-        if roll < self.faults.crash:
+        if crash:
             if not self.fires("crash", point, actor):
                 return False
             self.sched.crash(actor)
@@ -405,6 +419,8 @@ class Episode(Points):
         runnable = sched.runnable()
         if runnable and self.rng.random() > 0.03:
             chosen = self.rng.choice(runnable)
+            if self._favoured(chosen.actor, chosen.point):  # reach: a fault where a stale read is acted on
+                return True
             sched.note(f"{chosen.actor}: {chosen.point}")
             sched.resume(chosen)
             return True
@@ -414,6 +430,15 @@ class Episode(Points):
         sched.advance_to(when)
         sched.note(f"clock -> {when:.3f}")
         return True
+
+    def _favoured(self, actor: str, point: str) -> bool:
+        """A worker about to go on from a point between a read and its write: fault it there (`Profile.hot`)."""
+        profile = self.profile
+        if profile is None or self.draining or not profile.hot or not actor.startswith("worker"):
+            return False
+        if not between_read_and_write(point) or self.rng.random() >= profile.hot:
+            return False
+        return self._strike(actor, point, crash=self.rng.random() < profile.hot_crash)
 
     async def rows(self) -> list[str]:
         """The ledger and each run's rows (checkpoints and call records, as the world decodes them)."""
@@ -495,7 +520,7 @@ class Episode(Points):
             self._check_actors()
             if self.world.violations:
                 raise EpisodeFailed(self.world.violations[0], await self.ended())
-            if self.steps >= self.config.episode_steps and not self.draining:
+            if self.steps >= self.episode_steps and not self.draining:
                 self.draining = True
                 self.sched.note("drain: no new faults; the operator and the sweep finish the runs")
                 self.sched.stalled.clear()
@@ -505,7 +530,7 @@ class Episode(Points):
                     return
             await self.maybe_tamper()
             self.maybe_fail_over()
-            if self.steps >= self.config.episode_steps + self.config.drain_steps or not self.step():
+            if self.steps >= self.episode_steps + self.config.drain_steps or not self.step():
                 statuses = await self.ended()
                 raise EpisodeFailed(f"runs did not end (stuck or lost): {statuses}", statuses)
             self.steps += 1
@@ -565,8 +590,13 @@ class EpisodeFailed(Exception):
         self.rows: list[str] = []
 
 
-def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int | None = None) -> Report:
+def run_simulation(
+    setup: SetUp, seed: int, config: Config, *, only_episode: int | None = None, until: float | None = None
+) -> Report:
     """Run episodes on `setup` until `config.steps` are spent (or the one episode of seed `only_episode`).
+
+    `until` (a ``time.perf_counter()`` instant) stops it after the episode under way then: a
+    wall-clock limit for hunts on a shared machine (`agentflow.sim.mutants`).
 
     Each episode runs on a new event loop and a new virtual clock, so it depends on its
     seed alone: the seed a failure names replays it exactly.
@@ -579,7 +609,7 @@ def run_simulation(setup: SetUp, seed: int, config: Config, *, only_episode: int
     try:
         with virtual_time(clocks):
             episode = 0
-            while report.stats.steps < config.steps:
+            while report.stats.steps < config.steps and (until is None or wall.perf_counter() < until):
                 this = only_episode if only_episode is not None else episode_seed(seed, episode)
                 clocks.current = VirtualClock()
                 loop = SimLoop(clocks.current)

@@ -43,6 +43,7 @@ from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckp
 from agentflow.exec.seal import Sealer
 from agentflow.flow import Call, Child, Flow, Wait
 from agentflow.models import Message, ToolCall
+from agentflow.sim._history import History
 from agentflow.sim._scheduler import ACTOR
 
 #: The tools that must never run twice on their own.
@@ -93,19 +94,29 @@ class World:
     store: CheckpointStore | None = None
     """The episode's store, unwrapped: the world reads it without points."""
     sealer: Sealer | None = None
+    history: History = field(default_factory=History)
+    """The accepted writes, checked against the stores' rules as they take effect (`_history`)."""
 
     # -- what the store tells the world --------------------------------------------------
 
     def wrote_call(self, run_id: str, record: SealedCall) -> None:
         self.writes += 1
+        call_id = None
         if record.kind == "started":
             call_id = json.loads(record.payload)["call_id"]
             self.started[(run_id, call_id)] = self.writes
+        self._judge(self.history.call(run_id, record, call_id))
 
     def wrote_checkpoint(self, run_id: str, row: SealedCheckpoint) -> None:
         self.writes += 1
         if row.status == "cancelled":
             self.cancelled.setdefault(run_id, self.writes)
+        self._judge(self.history.checkpoint(run_id, row))
+
+    def _judge(self, broken: str | None) -> None:
+        """A write broke a store's rule (`_history`): an invariant broke, unless the store lost writes."""
+        if broken is not None and not self.lost_writes:
+            self.violations.append(broken)
 
     def verify_reports(self, run_id: str, problems: Sequence[str]) -> None:
         """`verify` found problems in a run: a broken invariant, unless the store lost writes (then it reports them)."""
@@ -142,7 +153,7 @@ class World:
                     )
 
     async def starts(self, tool: str) -> None:
-        """A tool starts now: check that its worker holds the run's lease (read here, without points).
+        """A tool starts now: check that its worker holds the run's lease (read here, without points), unclaimed since.
 
         Not checked once the store lost acknowledged writes: a failover may lose a lease's take
         or renewal (leases are advisory; what guards a run across a failover is its durable
@@ -158,6 +169,13 @@ class World:
             self.violations.append(
                 f"{tool} {info.call_id} of {info.run_id} started on {actor}, which did not hold the run "
                 f"(its lease: {held})"
+            )
+        # And nobody claimed the run since the call's `started` (a claim needs the lease: none can come between).
+        newest, began = self.history.newest.get(info.run_id), self.history.started_in.get((info.run_id, info.call_id))
+        if newest is not None and began is not None and newest[2] != began:
+            self.violations.append(
+                f"{tool} {info.call_id} of {info.run_id} started on {actor} after segment {newest[2]} claimed "
+                f"the run from segment {began}, where its started is: it did not hold the run"
             )
 
     async def tool(self, name: str) -> None:
