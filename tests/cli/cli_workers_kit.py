@@ -41,6 +41,13 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 #: What the workers run: the Celery tests' app, and ``late_mail`` (tests/cli/cli_workers_flows.py).
 APP = "cli_workers_flows:app"
+
+
+def gate(ledger_path: Path | str, show: str) -> Path:
+    """The file whose existence lets ``report_when_told`` for `show` finish (beside the deployment's ledger)."""
+    return Path(ledger_path).parent / f"gate-{show}"
+
+
 #: What ``--workers`` names: the runnable deployment's tasks, built from the environment's settings.
 WORKERS = "workers.celery_app:tasks"
 

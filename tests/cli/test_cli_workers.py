@@ -26,6 +26,7 @@ from cli_workers_kit import (
     deployment,
     effects,
     failed,
+    gate,
     in_doubt,
     stranded,
 )
@@ -193,19 +194,22 @@ async def test_retry_decide_and_fork_run_their_tools_on_a_worker(dep: Deployment
 async def test_cancel_through_the_workers_ends_an_idle_run_at_once_and_a_live_one_through_its_worker(
     dep: Deployment,
 ) -> None:
-    # Given a run nobody moves, and one whose worker is writing a report (a second) before it mails
+    # Given a run nobody moves, and one whose worker is writing a report (until the test says) before it mails
     async with client_of(dep) as client:
         idle = await stranded(client, "tickets", f"{dep.prefix}-idle", show="Lakmé")
-        # (long enough for a command to start: a loaded machine takes seconds to launch one)
-        busy = await client.start("late_mail", {"show": "busy", "seconds": 6.0})
+        busy = await client.start("late_mail", {"show": "busy"})
         store = client.runner.checkpoints
         assert store is not None
         await until(lambda: store.leases([busy]), f"a worker holding {busy}")
-    # When the operator cancels both through the workers
-    now, asked = await asyncio.gather(
-        asyncio.to_thread(agentflow, dep, "cancel", idle, "--reason", "sold out", "--workers", WORKERS),
-        asyncio.to_thread(agentflow, dep, "cancel", busy, "--reason", "too slow", "--workers", WORKERS),
-    )
+        # When the operator cancels both through the workers (the report finishes once the request is stored)
+        commands = asyncio.gather(
+            asyncio.to_thread(agentflow, dep, "cancel", idle, "--reason", "sold out", "--workers", WORKERS),
+            asyncio.to_thread(agentflow, dep, "cancel", busy, "--reason", "too slow", "--workers", WORKERS),
+        )
+        # (a command takes seconds to start on a loaded machine)
+        await until(lambda: store.peek_markers([f"cancel/{busy}"]), f"a cancel request for {busy}", timeout_s=60)
+        gate(dep.ledger, "busy").touch()
+        now, asked = await commands
     # Then the idle one is cancelled at once, and nothing of it ran
     assert now.code == 0, now.output
     assert now.stdout.strip() == f"run {idle}: cancelled (sold out)"
@@ -214,7 +218,7 @@ async def test_cancel_through_the_workers_ends_an_idle_run_at_once_and_a_live_on
     assert asked.code == 0, asked.output
     assert f"run {busy}: cancelled (too slow) by the worker that held it: now cancelled at step " in asked.stdout
     assert "(by w1@" in asked.stdout
-    assert_ran_on_the_workers(dep, asked, busy, ["slow_report"])
+    assert_ran_on_the_workers(dep, asked, busy, ["report_when_told"])
 
 
 async def test_decide_through_the_workers_exits_1_when_the_run_then_fails(dep: Deployment) -> None:
