@@ -235,17 +235,21 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
         if lp.stage in ("start", "tools"):
             if lp.model_calls >= lp.max_steps:
                 lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
-                await proto.save(lp, RunStatus.FAILED)
-                self.events.emit("run.finished", lp.run_id, loop=self.name, status="failed", error=lp.error)
+                finished = proto.ending_event(
+                    lp.run_id, "run.finished", loop=self.name, status="failed", error=lp.error
+                )
+                await proto.save(lp, RunStatus.FAILED, ending=finished)
                 return self.result(lp, RunStatus.FAILED, replayed, rerun)
             reply = await self._ask_model(lp)
             await self._stage_ended(lp)
             lp.history.append(reply)
             lp.stage = "model"
             status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
-            await proto.save(lp, status)
-            if status is RunStatus.DONE:
-                self.events.emit("run.finished", lp.run_id, loop=self.name, status=status.value)
+            done = status is RunStatus.DONE
+            finished = (
+                proto.ending_event(lp.run_id, "run.finished", loop=self.name, status=status.value) if done else None
+            )
+            await proto.save(lp, status, ending=finished)
             return self.result(lp, status, replayed, rerun) if status is RunStatus.DONE else None
         log = lp.call_log(self.executor, lp.turn, seeds)
         results = await self._run_tools(lp, log)

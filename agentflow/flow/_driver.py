@@ -289,12 +289,16 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         status = RunStatus.RUNNING if cur.frontier else RunStatus.DONE
         if status is RunStatus.RUNNING and out.wake_at is not None and out.wake_at > time.time():
             cur.wake, status = {"at": out.wake_at, "for": "timer"}, RunStatus.PAUSED  # a `Wait`: nothing is held
-        await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered)
+        finished = (
+            proto.ending_event(cur.run_id, "run.finished", flow=cur.flow.name, status=status.value)
+            if status is RunStatus.DONE
+            else None
+        )
+        await proto.save(cur, status, unreplayed=log.unreplayed, recovered=recovered, ending=finished)
         if status is RunStatus.PAUSED:
             self.events.emit("run.waiting", cur.run_id, until=out.wake_at)
             return self.result(cur, status, replayed, rerun)
         if status is RunStatus.DONE:
-            self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
             return self.result(cur, status, replayed, rerun)
         return None
 
@@ -308,6 +312,6 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
     ) -> RunResult[Any]:
         cur.error = f"{type(exc).__name__}: {exc}"
         cur.pending = []
-        await proto.save(cur, RunStatus.FAILED)
-        self.events.emit("run.finished", cur.run_id, flow=cur.flow.name, status="failed", error=cur.error)
+        finished = proto.ending_event(cur.run_id, "run.finished", flow=cur.flow.name, status="failed", error=cur.error)
+        await proto.save(cur, RunStatus.FAILED, ending=finished)
         return self.result(cur, RunStatus.FAILED, replayed, rerun)

@@ -105,11 +105,14 @@ def stream_of(store: object) -> EventStore | None:
 
 
 def _item(event: Event) -> list[Any]:
-    """The event as its entry carries it: ``[name, at, data]``."""
+    """The event as an entry that would not encode carries it: ``[name, at, data]``, a bad field as text.
+
+    Only then is each event checked: an entry whose fields JSON can all carry is encoded once (`_Recorder._seal`).
+    """
     item = [event.name, event.at, event.data]
     try:
         json.dumps(item, allow_nan=False)
-    except (TypeError, ValueError):  # a field JSON cannot carry is shown as text
+    except (TypeError, ValueError):
         item = json.loads(json.dumps(item, default=str).replace("NaN", "null"))
     return item
 
@@ -131,14 +134,15 @@ class _Recorder:
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None  # starts the next append once FLUSH_AFTER_S passed
         self._riding: list[Event] | None = None  # the events a save carries while it is in flight (`ride`)
-        self._carried: Event | None = None  # the save's own event, stored by it: not buffered when delivered
+        self._own = 0  # how many of them are the save's own (delivered once it is stored, dropped if refused)
+        self._carried: list[Event] = []  # the save's own events, stored by it: not buffered when delivered
         self.ended = False  # a run.finished or run.cancelled was stored (or may have been): the stream is whole
 
     def __call__(self, event: Event) -> None:
         if event.run_id != self._run_id:
             return
-        if event is self._carried:
-            self._carried = None
+        if self._carried and any(event is carried for carried in self._carried):
+            self._carried = [carried for carried in self._carried if carried is not event]
             return
         if threading.get_ident() == self._thread:
             self._add(event)
@@ -164,18 +168,18 @@ class _Recorder:
         head = self._head if self._riding is not None else self._stored
         return {"writer": self._writer} | ({"head": list(head)} if head is not None else {})
 
-    async def ride(self, last: Event) -> SealedEvent:
+    async def ride(self, *last: Event) -> SealedEvent:
         """The buffered events and `last`, sealed as the next entry, for the save that gives the lease up (`Rider`)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         while self._task is not None and not self._task.done():  # an append under way is stored first
             await self._task
-        batch = [*self._buffer, last]
+        batch = [*self._buffer, *last]
         before, sealed_before = self._head, self._sealed
         sealed = self._seal(batch)  # raises with nothing changed
         self._before_ride, self._sealed = before, sealed_before or self._sealed
-        self._riding, self._buffer = batch, []
+        self._riding, self._buffer, self._own = batch, [], len(last)
         return sealed
 
     def rode(self, stored: bool | None) -> None:
@@ -184,10 +188,10 @@ class _Recorder:
         self.ended = self.ended or (stored is not False and _ends(riding))
         if stored is True:
             self._written += len(riding)
-            self._carried = riding[-1]
+            self._carried = riding[len(riding) - self._own :]
             self._stored = self._head
         elif stored is False:
-            self._buffer = riding[:-1] + self._buffer
+            self._buffer = riding[: len(riding) - self._own] + self._buffer
             self._head = self._before_ride  # its events are sealed again, as the next entry
         else:
             self._written += len(riding)
@@ -201,8 +205,12 @@ class _Recorder:
 
     def _seal(self, batch: list[Event]) -> SealedEvent:
         """The next entry of the chain; the head moves on to it (raises with nothing changed)."""
-        items = [_item(event) for event in batch]
-        sealed = seal_entry(self._sealer, self._run_id, self._writer, self._written, self._head, items)
+        try:
+            items = [[event.name, event.at, event.data] for event in batch]
+            sealed = seal_entry(self._sealer, self._run_id, self._writer, self._written, self._head, items)
+        except (TypeError, ValueError):  # a field JSON cannot carry: each event is checked, and shown as text
+            items = [_item(event) for event in batch]
+            sealed = seal_entry(self._sealer, self._run_id, self._writer, self._written, self._head, items)
         self._head = (0 if self._head is None else self._head[0] + 1, link_of(sealed))
         self._sealed = True
         return sealed

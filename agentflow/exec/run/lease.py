@@ -184,7 +184,7 @@ class Rider(Protocol):
     appended on its own in between.
     """
 
-    async def ride(self, last: Event) -> SealedEvent:
+    async def ride(self, *last: Event) -> SealedEvent:
         """The events not yet appended, and `last` after them, sealed as one entry for the save to carry."""
         ...
 
@@ -249,6 +249,12 @@ class Tenure:
         `saves` None: only a save that ends, pauses or fails the run is the last.
         """
         self._armed, self._saves_left = not self.given_up, saves
+
+    def closes(self, running: bool) -> bool:
+        """Whether the next save gives the lease up (`closing`, asked without counting the save)."""
+        if not self._armed:
+            return False
+        return not running or (self._saves_left is not None and self._saves_left == 1)
 
     def closing(self, running: bool) -> LeaseMove | None:
         """The lease move a save makes: give up the lease if it is the armed drive's last, else None.

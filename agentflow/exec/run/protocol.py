@@ -235,8 +235,13 @@ class RunProtocol(Generic[C, R]):
         cur.pending, cur.decisions = [], {}
         cur.error = f"cancelled by {who.get('operator') or 'an operator'}: {reason}"
         control = {**who, "reason": reason}
-        await self.steps.save(cur, RunStatus.CANCELLED, segment=cur.step + 1, claim="cancel", control=control)
-        self.events.emit("run.cancelled", run_id, kind=self.driver.kind.value, step=cur.step, reason=reason, **who)
+        step = cur.step
+        cancelled = self.steps.ending_event(
+            run_id, "run.cancelled", kind=self.driver.kind.value, step=step + 1, reason=reason, **who
+        )
+        await self.steps.save(
+            cur, RunStatus.CANCELLED, segment=step + 1, claim="cancel", control=control, ending=cancelled
+        )
         return self.driver.result(cur, RunStatus.CANCELLED)
 
     async def retry(

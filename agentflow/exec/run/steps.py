@@ -78,10 +78,10 @@ def started_of(body: Mapping[str, Any]) -> float | None:
 log = logging.getLogger("agentflow.events")
 
 
-async def _ride(rider: Rider, run_id: str, step: int, saved: Event) -> SealedEvent | None:
-    """The entry of the run's events not yet stored, `saved` last, for a save to carry (None: it goes alone)."""
+async def _ride(rider: Rider, run_id: str, step: int, carried: Sequence[Event]) -> SealedEvent | None:
+    """The entry of the run's events not yet stored, `carried` last, for a save to carry (None: it goes alone)."""
     try:
-        return await rider.ride(saved)
+        return await rider.ride(*carried)
     except Exception:  # observing a run never breaks it: the save goes alone, the events stay buffered
         log.exception("run %s: its events could not go with step %d's save", run_id, step)
         return None
@@ -208,6 +208,7 @@ class RunSteps(Generic[C, R]):
         control: Mapping[str, Any] | None = None,
         records: Sequence[tuple[str, dict[str, Any]]] = (),
         lineage: Mapping[str, Any] | None = None,
+        ending: Event | None = None,
     ) -> None:
         """Save the run's next checkpoint (a compare-and-set on the step).
 
@@ -222,6 +223,10 @@ class RunSteps(Generic[C, R]):
             records: ``(kind, body)`` records that open a new `segment`, stored with the
                 checkpoint in one atomic write (an operator's word on calls in doubt).
             lineage: a forked run's source (signed into its step 0).
+            ending: the event that tells the run ended with this save (``run.finished``,
+                ``run.cancelled``: `ending_event`), delivered once it is stored, right after
+                its ``checkpoint.saved``; the save that gives the lease up carries both into
+                the run's stream in its own write, so no crash parts the end from the save.
 
         Raises:
             CheckpointConflict: another worker saved this step first, or the run ended.
@@ -229,6 +234,8 @@ class RunSteps(Generic[C, R]):
         """
         if self.store is None or self.sealer is None:
             cur.step = None
+            if ending is not None:
+                self.events.deliver(ending)
             return
         step = 0 if cur.step is None else cur.step + 1
         if str(status) != RunStatus.PAUSED:
@@ -238,37 +245,46 @@ class RunSteps(Generic[C, R]):
         assert cur.journal is not None
         for kind, record in records:
             await cur.journal.hold_encoded(kind, canonical(record))
-        self._anchor(cur)
+        saved = self._saved(cur, step, status, unreplayed, claim)  # built before the write: it may carry it
+        carried = [event for event in (saved, ending) if event is not None]
+        running = str(status) == RunStatus.RUNNING
+        tenure = cur.tenure
+        rider = tenure.rider if tenure is not None and carried and tenure.closes(running) else None
+        riding = await _ride(rider, cur.run_id, step, carried) if rider is not None else None
+        self._anchor(cur)  # while it rides, the entry it carries
         body = self.body(cur, recovered, claim, control, lineage)
         try:
             payload = canonical(body)
         except ValueError as exc:  # NaN, infinity or a lone surrogate in the state (`canonical` says where)
-            if segment is None:  # as below: the step's held `done` is stored, whatever becomes of the checkpoint
-                await cur.journal.flush()
+            await self._not_saved(cur, rider if riding is not None else None, segment)
             raise ValueError(f"run {cur.run_id!r}: checkpoint {step} cannot be stored: {exc}") from exc
         if len(payload) > self.max_bytes:
-            if segment is None:  # the step's held `done`: its call finished, whatever becomes of the checkpoint
-                await cur.journal.flush()
+            await self._not_saved(cur, rider if riding is not None else None, segment)
             raise CheckpointTooLarge(too_large(cur.run_id, step, body, len(payload), self.max_bytes))
-        move = cur.tenure.closing(str(status) == RunStatus.RUNNING) if cur.tenure is not None else None
-        saved = self._saved(cur, step, status, unreplayed, claim)  # built before the write: it may carry it
-        rider = cur.tenure.rider if cur.tenure is not None and move is not None and saved is not None else None
-        riding, payload = await self._ride(cur, rider, step, saved, body, payload)
+        move = tenure.closing(running) if tenure is not None else None
         row = self.sealer.seal_encoded_checkpoint(
             cur.run_id, step, self.driver.column, str(status), cur.journal.segment, time.time(), payload
         )
         if riding is None or rider is None or move is None:  # with a held ``done``, the lease given up with the last
             await cur.journal.save(step, row, move)
-        else:  # ... and the run's events not yet stored, this save's own last
+        else:  # ... and the run's events not yet stored, this save's own (and its ending event) last
             await _save_riding(cur.journal, rider, step, row, move, riding)
         if move is not None and cur.tenure is not None:
             cur.tenure.given_up = True
         cur.step = step
         cur.span.saved(step, str(status))
         self.driver.after_save(cur, body)
-        if saved is not None:
-            self.events.deliver(saved)
+        for event in carried:
+            self.events.deliver(event)
         cur.clock = time.perf_counter()
+
+    @staticmethod
+    async def _not_saved(cur: C, rider: Rider | None, segment: int | None) -> None:
+        """A checkpoint that cannot be stored: its events go back to the rider, the step's held ``done`` is stored."""
+        if rider is not None:
+            rider.rode(False)
+        if segment is None and cur.journal is not None:  # its call finished, whatever becomes of the checkpoint
+            await cur.journal.flush()
 
     def _anchor(self, cur: C) -> None:
         """The head of the run's event chain the next checkpoint names (`agentflow.exec.event_chain`)."""
@@ -278,21 +294,9 @@ class RunSteps(Generic[C, R]):
         elif cur.events is not None:  # carried on, with no writer: this process records nothing
             cur.events = {k: v for k, v in cur.events.items() if k != "writer"}
 
-    async def _ride(
-        self, cur: C, rider: Rider | None, step: int, saved: Event | None, body: dict[str, Any], payload: bytes
-    ) -> tuple[SealedEvent | None, bytes]:
-        """The entry the save that gives the lease up carries, and its body encoded again to name it as the head.
-
-        One more encoding, of the last save of a held block only (None and `payload` as it was
-        when there is no `rider`, or the events cannot go with the save).
-        """
-        if rider is None or saved is None:
-            return None, payload
-        riding = await _ride(rider, cur.run_id, step, saved)
-        if riding is None:
-            return None, payload
-        cur.events = body[ANCHOR] = rider.anchor()
-        return riding, canonical(body)
+    def ending_event(self, run_id: str, name: str, **data: Any) -> Event | None:
+        """The event that tells the run ended (`save`'s `ending`), or None when nobody wants it."""
+        return Event(name, run_id, data) if self.events.wants(name) else None
 
     def _saved(self, cur: C, step: int, status: str, unreplayed: Sequence[str], claim: str | None) -> Event | None:
         """The ``checkpoint.saved`` of the save about to be written, or None when nobody wants it."""

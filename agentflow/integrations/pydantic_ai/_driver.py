@@ -469,8 +469,8 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         cur.decisions, cur.pending = {}, []
         if ended:
             cur.output = output
-            await proto.save(cur, RunStatus.DONE, recovered=recovered)
-            self.events.emit("run.finished", cur.run_id, loop=self.name, status=RunStatus.DONE.value)
+            finished = proto.ending_event(cur.run_id, "run.finished", loop=self.name, status=RunStatus.DONE.value)
+            await proto.save(cur, RunStatus.DONE, recovered=recovered, ending=finished)
             return RunStatus.DONE, None
         cur.stage = "tools"
         await proto.save(cur, RunStatus.RUNNING, recovered=recovered)
@@ -484,6 +484,8 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         recovered: dict[str, Any] | None = None,
     ) -> RunStatus:
         cur.error = why
-        await proto.save(cur, RunStatus.FAILED, recovered=recovered)
-        self.events.emit("run.finished", cur.run_id, loop=self.name, status=RunStatus.FAILED.value, error=why)
+        finished = proto.ending_event(
+            cur.run_id, "run.finished", loop=self.name, status=RunStatus.FAILED.value, error=why
+        )
+        await proto.save(cur, RunStatus.FAILED, recovered=recovered, ending=finished)
         return RunStatus.FAILED
