@@ -236,7 +236,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             if lp.model_calls >= lp.max_steps:
                 lp.error = f"max_steps ({lp.max_steps}) reached: the model was called {lp.model_calls} times"
                 finished = proto.ending_event(
-                    lp.run_id, "run.finished", loop=self.name, status="failed", error=lp.error
+                    "run.finished", lp.run_id, loop=self.name, status="failed", error=lp.error
                 )
                 await proto.save(lp, RunStatus.FAILED, ending=finished)
                 return self.result(lp, RunStatus.FAILED, replayed, rerun)
@@ -247,7 +247,7 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             status = RunStatus.RUNNING if reply.tool_calls else RunStatus.DONE
             done = status is RunStatus.DONE
             finished = (
-                proto.ending_event(lp.run_id, "run.finished", loop=self.name, status=status.value) if done else None
+                proto.ending_event("run.finished", lp.run_id, loop=self.name, status=status.value) if done else None
             )
             await proto.save(lp, status, ending=finished)
             return self.result(lp, status, replayed, rerun) if status is RunStatus.DONE else None

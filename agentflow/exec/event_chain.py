@@ -33,6 +33,18 @@ removal of the entries stored after the newest checkpoint's head (the tail after
 anchored point) while the run has not ended, and of entries after a head nobody continued
 from (a writer that lost its lease and appended on); entries written before chains existed
 carry none and are checked by position only.
+
+A run's end and a crash: the save that ends a run carries its ``run.finished`` (or
+``run.cancelled``) after its own ``checkpoint.saved`` (`agentflow.exec.run.steps`), so where
+that save gives the lease up with the run's events in one write (the memory, SQLite and
+Redis stores) no crash parts the end from the save: its anchor names the entry holding
+both, and an ended run whose stream lacks that entry lost it (the head is missing). A
+writer can still stop between an ending save and its events where the save does not carry
+them: a cancel saved by a process that holds no lease to give up, an entry that could not
+be sealed, and the SQLAlchemy store, whose save appends its events in a second round trip
+(there the anchored entry itself is then missing, which reads as a cut). Nothing signed
+tells that crash from a removal of the same entries (no row names what came after the head
+a save signed), so `Positions.end` says it may be either, and names no removal twice.
 """
 
 from __future__ import annotations
@@ -209,13 +221,16 @@ class Positions:
         if head is not None and not read and not trimmed:
             problems.append(
                 f"entry height {head[0]} of run {run_id!r}, stored by checkpoint {step}'s time, is missing: "
-                "the stream was cut after it or entries were removed"
+                "the stream was cut after it or entries were removed (or, on a store that appends a save's "
+                "events after it, its writer stopped between the two)"
             )
         writer = anchor.get("writer") if anchor is not None else None
-        if ended and isinstance(writer, str) and writer not in self._ended:
+        if ended and isinstance(writer, str) and writer not in self._ended and (head is None or read or trimmed):
+            # what that save signed is all here: it did not carry the run's end (see the module notes)
             problems.append(
                 f"run {run_id!r} ended at checkpoint {step} but its stream has no run.finished or run.cancelled "
-                f"of writer {writer}: its last entries were removed (or their writer stopped before storing them)"
+                f"of writer {writer}: that writer stopped between the save and storing its last events (a "
+                "crash there), or those entries were removed; the signed rows read the same either way"
             )
         return problems
 

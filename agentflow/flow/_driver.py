@@ -290,7 +290,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         if status is RunStatus.RUNNING and out.wake_at is not None and out.wake_at > time.time():
             cur.wake, status = {"at": out.wake_at, "for": "timer"}, RunStatus.PAUSED  # a `Wait`: nothing is held
         finished = (
-            proto.ending_event(cur.run_id, "run.finished", flow=cur.flow.name, status=status.value)
+            proto.ending_event("run.finished", cur.run_id, flow=cur.flow.name, status=status.value)
             if status is RunStatus.DONE
             else None
         )
@@ -312,6 +312,6 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
     ) -> RunResult[Any]:
         cur.error = f"{type(exc).__name__}: {exc}"
         cur.pending = []
-        finished = proto.ending_event(cur.run_id, "run.finished", flow=cur.flow.name, status="failed", error=cur.error)
+        finished = proto.ending_event("run.finished", cur.run_id, flow=cur.flow.name, status="failed", error=cur.error)
         await proto.save(cur, RunStatus.FAILED, ending=finished)
         return self.result(cur, RunStatus.FAILED, replayed, rerun)

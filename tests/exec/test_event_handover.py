@@ -15,7 +15,7 @@ from _kit.tickets import KEY, ORDER, TICKETS, Crash, make_tickets
 
 from agentflow import Events, Executor, FlowRunner
 from agentflow.exec.run import events as run_events
-from agentflow.exec.run.events import stream_problems
+from agentflow.exec.run.events import Positions, stream_problems
 from agentflow.exec.seal import Sealer
 
 
@@ -68,3 +68,20 @@ async def test_a_run_s_end_goes_with_its_last_save_so_a_death_right_after_it_lea
     assert await stream_problems(store_setup.raw, Sealer(KEY), "end-1") == []
     last = (await writers(store_setup.raw, Sealer(KEY), "end-1"))[-1]
     assert last.entries[-1].names[-2:] == ["checkpoint.saved", "run.finished"]
+
+
+def test_an_ended_run_without_its_end_is_worded_as_a_stop_or_a_removal_and_never_twice():
+    # Given a stream of one writer w whose ending checkpoint names its entry "b" as the head,
+    # and no run.finished of w after it (a save that did not carry the run's end)
+    read = Positions()
+    read.entry("1", "r", "a", ["w", 0], [0, ""])
+    read.entry("2", "r", "b", ["w", 1], [1, "a"])
+    anchor = {"writer": "w", "head": [1, "b"]}
+    # Then the reader says it may be a writer that stopped there, or a removal: the rows read the same
+    (problem,) = read.end("r", anchor, 4, ended=True)
+    assert "stopped between the save and storing its last events" in problem and "or those entries" in problem
+    # And when the head that checkpoint names is itself missing, that is the one problem named
+    cut = Positions()
+    cut.entry("1", "r", "a", ["w", 0], [0, ""])
+    (problem,) = cut.end("r", anchor, 4, ended=True)
+    assert "entry height 1 of run 'r'" in problem and "is missing" in problem

@@ -151,7 +151,7 @@ def test_the_page_listens_for_every_event_name_agentflow_records():
     emitted = {
         name
         for path in sources
-        for name in re.findall(r"""(?:emit|Event)\(\s*["']([a-z_]+\.[a-z_]+)["']""", path.read_text())
+        for name in re.findall(r"""(?:emit|Event|ending_event)\(\s*["']([a-z_]+\.[a-z_]+)["']""", path.read_text())
         if name != "runs.swept"  # no run id: never in a run's stream
     }
     assert emitted == set(RUN_EVENT_NAMES), emitted ^ set(RUN_EVENT_NAMES)

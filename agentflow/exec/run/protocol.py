@@ -237,7 +237,7 @@ class RunProtocol(Generic[C, R]):
         control = {**who, "reason": reason}
         step = cur.step
         cancelled = self.steps.ending_event(
-            run_id, "run.cancelled", kind=self.driver.kind.value, step=step + 1, reason=reason, **who
+            "run.cancelled", run_id, kind=self.driver.kind.value, step=step + 1, reason=reason, **who
         )
         await self.steps.save(
             cur, RunStatus.CANCELLED, segment=step + 1, claim="cancel", control=control, ending=cancelled

@@ -294,7 +294,7 @@ class RunSteps(Generic[C, R]):
         elif cur.events is not None:  # carried on, with no writer: this process records nothing
             cur.events = {k: v for k, v in cur.events.items() if k != "writer"}
 
-    def ending_event(self, run_id: str, name: str, **data: Any) -> Event | None:
+    def ending_event(self, name: str, run_id: str, **data: Any) -> Event | None:
         """The event that tells the run ended (`save`'s `ending`), or None when nobody wants it."""
         return Event(name, run_id, data) if self.events.wants(name) else None
 

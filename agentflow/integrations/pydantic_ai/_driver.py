@@ -469,7 +469,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         cur.decisions, cur.pending = {}, []
         if ended:
             cur.output = output
-            finished = proto.ending_event(cur.run_id, "run.finished", loop=self.name, status=RunStatus.DONE.value)
+            finished = proto.ending_event("run.finished", cur.run_id, loop=self.name, status=RunStatus.DONE.value)
             await proto.save(cur, RunStatus.DONE, recovered=recovered, ending=finished)
             return RunStatus.DONE, None
         cur.stage = "tools"
@@ -485,7 +485,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
     ) -> RunStatus:
         cur.error = why
         finished = proto.ending_event(
-            cur.run_id, "run.finished", loop=self.name, status=RunStatus.FAILED.value, error=why
+            "run.finished", cur.run_id, loop=self.name, status=RunStatus.FAILED.value, error=why
         )
         await proto.save(cur, RunStatus.FAILED, recovered=recovered, ending=finished)
         return RunStatus.FAILED
