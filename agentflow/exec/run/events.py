@@ -15,9 +15,10 @@
   moves leases with its writes: `agentflow.exec.run.lease.Tenure`) carries the buffered
   events, and its own ``checkpoint.saved`` (and, when it ends the run, its ``run.finished``
   or ``run.cancelled``: `RunSteps.save`'s `ending`), as one entry in the same write: the
-  recorder is the tenure's `Rider`, and no crash parts a run's end from the save that ended it. No append runs while that write is in flight, so the entries keep
-  their order. Refused with nothing written, the save gives its events back to the buffer
-  (the save's own events, of a save that did not happen, are dropped); of a save whose
+  recorder is the tenure's `Rider`, and no crash parts a run's end from the save that ended it.
+  No append runs while that write is in flight, so the entries keep their order. Refused
+  with nothing written, the save gives its events back to the buffer (the save's own events,
+  of a save that did not happen, are dropped); of a save whose
   outcome is unknown (the store failed mid-write), the events are dropped and their
   numbers spent, with a warning: stored, they must not be stored twice; missing, a reader
   shows a gap before the holder's next event.
