@@ -9,6 +9,9 @@ with a far one makes a sweep or a recheck wait for years. The kinds and their lo
 - ``lock`` (recover_all's and the prune tick's): `WorkerSettings.recover_lock_s`;
 - ``recheck``: `WorkerSettings.lease_s` (a recheck waits for one lease at most, `_rechecks`);
 - ``recovering``: twice the back-off's cap (`_resends.longest_s`);
+- ``store-wait``: the longest wait of a superstep the store could not confirm, its back-off's
+  (`WorkerSettings.store_retries`, `store_retry_s`) or recover_all's, and two leases
+  (`_store_waits.longest_s`);
 - ``asked``, ``cancel``, ``quarantined``, ``unknown-flow``: fixed, their modules' lifetimes.
 
 Every worker sharing a store shares these settings: a marker from a worker set up with a
@@ -23,10 +26,12 @@ from agentflow.celery._rechecks import longest_s as recheck_longest_s
 from agentflow.celery._resends import RECOVERING, base_of
 from agentflow.celery._resends import longest_s as recovering_longest_s
 from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._store_waits import longest_s as store_wait_longest_s
 from agentflow.celery._task_states import ASKED, ASKED_TTL_S
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.run import cancel, quarantine
 from agentflow.exec.run.markers import Markers
+from agentflow.exec.run.store_waits import KIND as STORE_WAIT
 from agentflow.exec.seal import Sealer
 
 #: The kind of the sweep's and the prune tick's locks (``lock/recover_all``, ``lock/prune``).
@@ -42,6 +47,7 @@ def longest(settings: WorkerSettings) -> dict[str, float]:
         LOCK: settings.recover_lock_s,
         RECHECK: recheck_longest_s(settings.lease_s),
         RECOVERING: recovering_longest_s(base_of(settings)),
+        STORE_WAIT: store_wait_longest_s(settings),
     }
 
 

@@ -405,9 +405,14 @@ class FlowClient:
     ) -> str:
         """Save a tool loop's step 0 (its messages) and enqueue its first stage; return the run id.
 
+        A start retried with the same `run_id`, messages and `ctx` attaches to the loop the
+        first try stored and sends its first stage again, as `start` does for a flow run.
+
         Raises:
             FlowError: no loop has that name.
             ValueError: `ctx` carries a principal.
+            CheckpointConflict: the run id is taken by another run, or by a loop started with other input.
+            StoreNotDurable: the store could not confirm step 0 in time: retry with the same `run_id`.
         """
         if ctx is not None and ctx.principal is not None:
             raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")
@@ -441,11 +446,15 @@ class FlowClient:
 
         The agent is a loop the app registers (``FlowApp(loops={"support": DurableAgent(...)})``,
         `agentflow.integrations.pydantic_ai`). Follow it with `settle` or `events`, read it
-        with `agent_result`.
+        with `agent_result`. A start retried with the same `run_id`, prompt, `deps_data` and
+        `ctx` attaches to the run the first try stored and sends its first stage again, as
+        `start` does for a flow run.
 
         Raises:
             FlowError: no loop has that name, or it is a tool loop (see `start_loop`).
             ValueError: no prompt, `deps_data` is not JSON, or `ctx` carries a principal.
+            CheckpointConflict: the run id is taken by another run, or by one started with other input.
+            StoreNotDurable: the store could not confirm step 0 in time: retry with the same `run_id`.
         """
         if ctx is not None and ctx.principal is not None:
             raise ValueError("distributed runs cannot carry a principal: workers get ids only, never credentials")

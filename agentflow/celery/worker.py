@@ -63,6 +63,7 @@ from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import Resends, base_of
 from agentflow.celery._retention import prune_tick
 from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._store_waits import ttl_s as store_wait_ttl_s
 from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
 from agentflow.celery._task_states import answered, asked, lost_tasks
@@ -350,8 +351,7 @@ class Worker:
 
         Best effort: the store that could not confirm a write may fail this one too (a WARNING says so).
         """
-        until = retry_at or time.time() + self.settings.stale_after_s + (self.settings.recover_interval_s or 0.0)
-        ttl_s = max(1.0, until - time.time()) + 2 * self.settings.lease_s
+        ttl_s = store_wait_ttl_s(self.settings, None if retry_at is None else retry_at - time.time())
         try:
             await note_store_wait(self.markers, outcome.run_id, outcome.step or 0, outcome.why or "", retry_at, ttl_s)
         except Exception as exc:

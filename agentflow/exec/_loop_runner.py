@@ -193,6 +193,10 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
         With a store, the history is checkpointed after each model reply and after the
         tool results. Given the `run_id` of a loop paused for an approval, it resumes that
         loop: `approve` decides the pending calls (None returns it as it stands, paused).
+        A run retried with the same `run_id`, `messages`, `max_steps` and `ctx` (its first try
+        raised, `StoreNotDurable` among the errors, or its answer was lost) attaches to the
+        loop the first try stored (`RunProtocol.begin`): it carries it on as `recover` does,
+        or returns it as it stands if it ended or paused.
 
         Args:
             messages: the conversation to start from (not needed to resume).
@@ -203,12 +207,17 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
             note: a note stored with the decision.
 
         Raises:
-            CheckpointConflict: the run id belongs to a loop that is running or ended.
+            CheckpointConflict: the run id belongs to another run, or to a loop started with other
+                messages, limits or identity; or, without `messages`, to a loop that is running
+                or ended (`RunHeld`: a live worker carries it on).
             ModelError: the model's reply could not be used (the run stays recoverable).
+            StoreNotDurable: the store could not confirm step 0 in time: the loop may exist and
+                goes on if it does; retry with the same `run_id`.
         """
         if max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, not {max_steps}")
-        if run_id is not None and self.checkpoints is not None and await self._exists(run_id):
+        resuming = messages is None or approve is not None  # else a start, perhaps retried: `begin` attaches
+        if run_id is not None and self.checkpoints is not None and resuming and await self._exists(run_id):
             if approve is None:
                 return await self._paused(run_id, ctx)
             return await self.resume(run_id, approve=approve, note=note, ctx=ctx)
@@ -236,16 +245,18 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
     ) -> LoopResult:
         """Save a new loop's step 0 (its messages) without running it; a worker advances it.
 
+        A start retried with the same `run_id`, `messages`, `max_steps` and `ctx` returns the
+        loop its first try stored, as it stands (`RunProtocol.begin`).
+
         Raises:
             ValueError: the runner has no store, or no messages were given.
-            CheckpointConflict: the run id is taken.
+            CheckpointConflict: the run id is taken by another run, or by a loop started with
+                other messages, limits or identity.
+            StoreNotDurable: the store could not confirm step 0 in time (see `run`).
         """
         if self.checkpoints is None:
             raise ValueError("start needs a LoopRunner with a checkpoint store")
-        lp = self._cursor(run_id, messages, max_steps, ctx)
-        async with self.protocol.hold(lp.run_id):
-            await self.protocol.steps.start(lp)
-        return self.protocol.driver.result(lp, RunStatus.RUNNING)
+        return await self.protocol.begin(self._cursor(run_id, messages, max_steps, ctx), 0)
 
 
 class _NoModel:

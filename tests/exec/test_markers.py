@@ -11,8 +11,13 @@ from _kit.stores import StoreSetup, setups
 from _kit.tickets import KEY
 
 from agentflow._events import Event, Events
+from agentflow.celery._markers import worker_markers
+from agentflow.celery._settings import WorkerSettings
+from agentflow.celery._store_waits import ttl_s as store_wait_ttl_s
 from agentflow.exec.checkpoints import CheckpointStore, MemoryCheckpointStore
 from agentflow.exec.run.markers import MarkerBusy, Markers, key_of, marker_value
+from agentflow.exec.run.store_waits import KIND as STORE_WAIT
+from agentflow.exec.run.store_waits import note_store_wait, read_store_wait
 from agentflow.exec.seal import Sealer
 
 OTHER_KEY = b"another-key-the-workers-lack-0123456789"
@@ -149,3 +154,29 @@ async def test_a_put_longer_than_its_kind_lasts_is_refused() -> None:
     with pytest.raises(ValueError, match="a lock marker lasts 10.0 s at most"):
         await _bounded(store).put("lock", "recover_all", {"owner": "w1"}, LOCK_S + 1)
     assert await store.peek_markers([key_of("lock", "recover_all")]) == {}
+
+
+#: A worker's store-wait back-off: 10 s, doubled each try, capped at ten times stale_after_s (100 s), five tries.
+STORE_WAITS = WorkerSettings(store_retries=5, store_retry_s=10.0, stale_after_s=10.0, recover_interval_s=60.0)
+
+
+@pytest.mark.parametrize("store_setup", MARKER_SETUPS, indirect=True)
+async def test_a_store_wait_marker_lasts_no_longer_than_the_workers_back_off_allows(store_setup: StoreSetup) -> None:
+    store = store_setup.open()
+    markers = worker_markers(store, Sealer(KEY), STORE_WAITS)
+    # Given the longest a worker with these settings waits before a superstep's next try (its last
+    # back-off: 100 s, longer than recover_all's 70 s), and two leases more
+    longest = 100.0 + 2 * STORE_WAITS.lease_s
+    assert markers.longest(STORE_WAIT) == longest
+    # Then the marker it leaves for any of its tries, or for recover_all, is within that
+    assert max(store_wait_ttl_s(STORE_WAITS, STORE_WAITS.store_backoff_s(r)) for r in range(5)) == longest
+    assert store_wait_ttl_s(STORE_WAITS, None) < longest
+    await note_store_wait(markers, "r1", 3, "not acknowledged", time.time() + 100.0, longest)
+    assert (await read_store_wait(store, Sealer(KEY), "r1", 3)) is not None
+    # When a store-wait marker signed under the workers' key for a day is written back, kept as long
+    day = 24 * 3600.0
+    _, value = marker_value(Sealer(KEY), STORE_WAIT, "r2", {"step": 3, "why": "?", "retry_at": None}, day)
+    await store_setup.rows.put_marker(key_of(STORE_WAIT, "r2"), value, "forged-token", time.time() + day)
+    # Then it does not count for the worker, and is removed
+    assert await markers.peek(STORE_WAIT, ["r2"]) == {}
+    assert await store.peek_markers([key_of(STORE_WAIT, "r2")]) == {}

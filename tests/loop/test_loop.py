@@ -409,13 +409,23 @@ async def test_started_non_idempotent_tool_without_a_result_needs_a_decision(sto
     assert result.status == "done" and LEDGER.counts() == {"book": 2}
 
 
-async def test_run_tool_loop_with_the_id_of_a_running_loop_is_a_conflict_pointing_to_recover(store):
+async def test_run_tool_loop_retried_for_a_loop_whose_worker_died_carries_it_on_as_recover_does(store):
+    # Given a loop whose worker died inside its first model call (its latest checkpoint says running)
+    with pytest.raises(Crash):
+        await run(ScriptedModel([crash_model]), store)
+    # When run_tool_loop is called again with its run id and messages (its caller retries the start)
+    result = await run(ScriptedModel([answer("hi")]), store)
+    # Then the loop goes on from its checkpoint to its end, the cut-off model call counted
+    assert result.status == "done" and result.text == "hi" and result.model_calls == 2
+
+
+async def test_run_tool_loop_given_only_the_id_of_a_running_loop_is_a_conflict_pointing_to_recover(store):
     # Given a loop whose worker died (its latest checkpoint says running)
     with pytest.raises(Crash):
         await run(ScriptedModel([crash_model]), store)
-    # When run_tool_loop is called again with its run id
+    # When run_tool_loop is called again with its run id and no messages
     with pytest.raises(CheckpointConflict) as caught:
-        await run(ScriptedModel([answer("hi")]), store)
+        await run(ScriptedModel([answer("hi")]), store, messages=None)
     # Then it is refused and points to recover_tool_loop
     assert "recover_tool_loop" in str(caught.value)
 

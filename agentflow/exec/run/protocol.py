@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Any, Generic
+from typing import Any, Final, Generic
 
 from agentflow._errors import CheckpointConflict, ControlRefused, FlowError, RecoveryNeedsDecision, RunHeld, Stale
 from agentflow._events import Events
@@ -64,6 +64,9 @@ from agentflow.exec.seal import Sealer
 from agentflow.exec.tracing import NO_TRACING, Tracer
 
 __all__ = ["BODY_VERSION", "CLAIM_CAUSES", "MAX_CHECKPOINT_BYTES", "Head", "Opened", "RunProtocol"]
+
+#: What a start that cannot attach to the run its id names is told to do (`RunProtocol._attach`).
+_NEW_RUN_ID: Final = "use a new run id for a new run"
 
 
 def _itself(tenure: Tenure | None) -> Tenure | None:
@@ -439,17 +442,17 @@ class RunProtocol(Generic[C, R]):
         rows = await store.history(cur.run_id)
         if not rows or rows[0].step != 0:
             raise taken
-        other = CheckpointConflict(
-            f"run {cur.run_id!r} exists, started with another input, identity or lineage (or flow version): a start "
-            "retried with the same run id attaches to its run only when all of these are the same; use a new run id "
-            "for a new run"
-        )
+        first = sealer.open_checkpoint(rows[0], cur.run_id)  # step 0 itself: a loop's read gives its latest
         try:
-            _, first = await self.driver.read(store, sealer, cur.run_id, rows[0])
-        except FlowError as exc:  # its version is not this start's (not at hand, or its graph changed)
-            raise other from exc
+            self.driver.owns(cur.run_id, rows[0], first)
+        except CheckpointConflict as other_kind:
+            raise CheckpointConflict(f"{other_kind}: {_NEW_RUN_ID}") from taken
         if not self.steps.same_start(cur, first, lineage):
-            raise other from taken
+            raise CheckpointConflict(
+                f"run {cur.run_id!r} exists, started with another input, identity or lineage (or flow version): a "
+                f"start retried with the same run id attaches to its run only when all of these are the same; "
+                f"{_NEW_RUN_ID}"
+            ) from taken
         if isinstance(store, DurabilityConfirming):
             await store.confirm_durable(cur.run_id)
         if limit == 0:

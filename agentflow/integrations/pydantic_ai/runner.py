@@ -97,7 +97,10 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
         With a store, a checkpoint ends every model request and every round of tools; a tool
         call is logged before and after it runs. Given the `run_id` of a run paused for an
         approval, it resumes that run: `approve` decides the pending calls (None returns it
-        as it stands).
+        as it stands). A run retried with the same `run_id`, `prompt`, `deps_data` and `ctx`
+        (its first try raised, `StoreNotDurable` among the errors, or its answer was lost)
+        attaches to the run the first try stored (`RunProtocol.begin`): it carries it on as
+        `recover` does, or returns it as it stands if it ended or paused.
 
         Args:
             prompt: the user prompt (not needed to resume).
@@ -108,11 +111,16 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
             note: a note stored with the decision.
 
         Raises:
-            CheckpointConflict: the run id belongs to a run that is running or ended.
+            CheckpointConflict: the run id belongs to another run, or to one started with another
+                prompt, `deps_data` or identity; or, without a `prompt`, to a run that is running
+                or ended (`RunHeld`: a live worker carries it on).
             ModelError: the model request failed (the run stays recoverable).
             ValueError: no prompt, or `deps_data` is not JSON.
+            StoreNotDurable: the store could not confirm step 0 in time: the run may exist and
+                goes on if it does; retry with the same `run_id`.
         """
-        if run_id is not None and self.checkpoints is not None and await self._exists(run_id):
+        resuming = prompt is None or approve is not None  # else a start, perhaps retried: `begin` attaches
+        if run_id is not None and self.checkpoints is not None and resuming and await self._exists(run_id):
             if approve is None:
                 opened = await self.protocol.steps.open(run_id, ctx)
                 if opened.status != RunStatus.PAUSED:
@@ -133,13 +141,15 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
     ) -> AgentResult:
         """Save a new run's step 0 (its prompt) without running it; a worker advances it.
 
+        A start retried with the same `run_id`, `prompt`, `deps_data` and `ctx` returns the run
+        its first try stored, as it stands (`RunProtocol.begin`).
+
         Raises:
             ValueError: the runner has no store, no prompt, or `deps_data` is not JSON.
-            CheckpointConflict: the run id is taken.
+            CheckpointConflict: the run id is taken by another run, or by one started with
+                another prompt, `deps_data` or identity.
+            StoreNotDurable: the store could not confirm step 0 in time (see `run`).
         """
         if self.checkpoints is None:
             raise ValueError("start needs an AgentRunner with a checkpoint store")
-        cur = self._cursor(prompt, run_id, deps_data, ctx)
-        async with self.protocol.hold(cur.run_id):
-            await self.protocol.steps.start(cur)
-        return self.protocol.driver.result(cur, RunStatus.RUNNING)
+        return await self.protocol.begin(self._cursor(prompt, run_id, deps_data, ctx), 0)
