@@ -1,9 +1,10 @@
-"""What a simulation prints: steps, speed, runs and their ends, faults by kind, and which points they hit."""
+"""What a simulation prints: steps, speed, runs and their ends, faults by kind, which points they hit, which deploys."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from agentflow.sim._deploys import CHANGES, KINDS
 from agentflow.sim._simulation import Report
 
 
@@ -31,6 +32,9 @@ def describe(report: Report) -> str:
         missed = sorted(store_ops - hit.get(kind, set()))
         count = len(hit.get(kind, ()))
         lines.append(f"   {kind} hit {count} of {len(store_ops)} operations; never: {', '.join(missed) or 'none'}")
+    made = {point for kind, point in stats.covered if kind in KINDS}
+    unmade = ", ".join(c for c in CHANGES if c not in made) or "none"
+    lines.append(f"   deploys made {len(made)} of the {len(CHANGES)} changes a deploy can make; never: {unmade}")
     lines.append("   invariants: " + ("held" if report.failure is None else "BROKEN"))
     if report.failure is not None:
         lines.append(str(report.failure))

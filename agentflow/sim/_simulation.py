@@ -46,6 +46,7 @@ from agentflow.exec.seal import Sealer
 from agentflow.models import Message as ChatMessage
 from agentflow.sim._broker import Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
+from agentflow.sim._deploys import Code, maybe_deploy
 from agentflow.sim._operator import KEY, Operator
 from agentflow.sim._reach import Profile, Reach, between_read_and_write, draw
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
@@ -72,6 +73,8 @@ class Faults:
     replicated: float = 0.1
     """Per step, with `lost_writes`: the replica catches up with every write acknowledged so far."""
     messages: MessageFaults = field(default_factory=lambda: MessageFaults(lost=0.03, doubled=0.05, late=0.05))
+    deploy: float = 0.0005
+    """Per step: the code is redeployed (`_deploys`: a tool's flags, a tool's name, a new flow version)."""
 
 
 @dataclass
@@ -93,6 +96,10 @@ class Config:
     operator_every_s: float = 20.0
     cancel: float = 0.02
     """Chance that the operator cancels one running run at a visit."""
+    fork: float = 0.01
+    """Chance that the operator forks a flow run at a visit (`_operator.FORKS` at most an episode)."""
+    migrate: float = 0.1
+    """Chance that the operator moves a run of an older flow version onto the newest at a visit."""
     suppress: frozenset[int] = frozenset()
     """Faults (by their number in the episode, from 1) drawn but not applied: how a failure is shrunk."""
     reach: Reach | None = field(default_factory=Reach)
@@ -174,8 +181,12 @@ class Episode(Points):
         self.clock = clock
         self.sched = Scheduler(self.rng, clock, loop)
         self.broker = Broker(random.Random(self.rng.random()), self.faults.messages)
+        self.deploy_rng = random.Random(f"deploys/{seed}")
+        """Deploys, forks and migrations draw here: an episode without them keeps the schedule it had."""
         self.world = World(sim=self)
-        self.app = make_app(self.world)
+        self.code = Code()
+        self.app = make_app(self.world, self.code)
+        """The app deployed now (a worker keeps the one it started with: `_deploys`)."""
         self.storage = storage
         self.opener = storage.open
         self.opened: list[CheckpointStore] = []
@@ -298,6 +309,8 @@ class Episode(Points):
             finally:
                 self.in_hand.pop(name, None)
             self.sched.note(f"{name}: {msg} -> {outcome.done} {outcome.status or ''} {outcome.step}")
+            if outcome.done == "elsewhere":  # a run of a version this worker's code lacks: sent on (`_routing`)
+                self.send(msg, 1.0)
             self.follow_up(after_superstep(outcome, msg.flow, msg.run_id, msg.step))
             try:
                 self.follow_up(await after_child(worker, outcome))  # a child ended: its parent's wake
@@ -326,6 +339,8 @@ class Episode(Points):
         interval = self.config.settings.recover_interval_s or 60.0
         while True:
             await asyncio.sleep(interval)
+            if worker.flow_app is not self.app:  # the beat's worker was redeployed
+                worker = self._worker("sweep")
             await self.recover_all(worker, startup=False)
 
     async def client_actor(self) -> None:
@@ -346,6 +361,8 @@ class Episode(Points):
         operator = Operator(self, self._worker("operator"))
         while True:
             await asyncio.sleep(self.config.operator_every_s)
+            if operator.worker.flow_app is not self.app:  # the console runs the code deployed now
+                operator.worker = self._worker("operator")
             await self.find_children()
             for run_id, flow in sorted(self.flows.items()):
                 await operator.visit(run_id, flow)
@@ -375,17 +392,24 @@ class Episode(Points):
         if crash:
             if not self.fires("crash", point, actor):
                 return False
-            self.sched.crash(actor)
-            held = self.in_hand.pop(actor, None)
-            if held is not None and again:
-                self.broker.redeliver(held, self.clock.now)
-            self.workers += 1
-            self.spawn(f"worker{self.workers}", self.worker_actor)  # the pool starts a new process
+            self.kill(actor, again)
         else:
             if not self.fires("stall", point, actor):
                 return False
             self.sched.stall(actor, until)
         return True
+
+    def kill(self, actor: str, again: bool) -> None:
+        """A worker dies where it is parked (its message comes back `again`, or never); the pool starts a new one.
+
+        The new worker runs the code deployed now (`_deploys`).
+        """
+        self.sched.crash(actor)
+        held = self.in_hand.pop(actor, None)
+        if held is not None and again:
+            self.broker.redeliver(held, self.clock.now)
+        self.workers += 1
+        self.spawn(f"worker{self.workers}", self.worker_actor)  # the pool starts a new process
 
     async def maybe_tamper(self) -> None:
         """Now and then someone writes to the storage behind the store's back (where the set-up can)."""
@@ -487,6 +511,7 @@ class Episode(Points):
             with contextlib.suppress(AgentflowError):
                 bodies = [json.loads(row.payload) for row in await self.raw.history(run_id)]
                 for before, body in zip([{}, *bodies], bodies, strict=False):
+                    counted.update(["fork"] if "forked_from" in body else [])
                     if "claim" in body:
                         woke = (before.get("wake") or {}).get("for") if body["claim"] == "wake" else None
                         counted[f"wake:{woke}" if woke else str(body["claim"])] += 1
@@ -530,6 +555,7 @@ class Episode(Points):
                     return
             await self.maybe_tamper()
             self.maybe_fail_over()
+            maybe_deploy(self)
             if self.steps >= self.episode_steps + self.config.drain_steps or not self.step():
                 statuses = await self.ended()
                 raise EpisodeFailed(f"runs did not end (stuck or lost): {statuses}", statuses)
@@ -551,7 +577,7 @@ class Episode(Points):
 
     async def check_end(self) -> None:
         """The end-of-episode invariants: every run ended, done ones as without faults, verify clean."""
-        expected = expected_states(self.app, self.flows)
+        expected = expected_states(self.flows, self.world.forks)
         for run_id in self.flows:
             report = await read_run(self.raw, Sealer(KEY), run_id)
             if report.problems:

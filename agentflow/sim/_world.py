@@ -31,7 +31,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,11 +43,12 @@ from agentflow.exec.checkpoints import CheckpointStore, SealedCall, SealedCheckp
 from agentflow.exec.seal import Sealer
 from agentflow.flow import Call, Child, Flow, Wait
 from agentflow.models import Message, ToolCall
+from agentflow.sim._deploys import RENAMED, Code, Declared
 from agentflow.sim._history import History
 from agentflow.sim._scheduler import ACTOR
 
-#: The tools that must never run twice on their own.
-NON_IDEMPOTENT = frozenset({"charge", "mail", "wire"})
+#: What a tool's result says it did (an operator who declares that a call happened says the same).
+PAST = {"look": "looked", "charge": "charged", "mail": "mailed", "wire": "wired", RENAMED: "charged"}
 
 
 class Order(BaseModel):
@@ -70,6 +71,10 @@ class Effect:
     tool: str
     actor: str
     at: float
+    declared: Declared
+    """What the tool was declared as when this attempt of the call started (its worker's code)."""
+    key: str
+    """The call's idempotency key: its identity as the tool's system sees it."""
 
 
 @dataclass
@@ -89,6 +94,18 @@ class World:
     reported: set[str] = field(default_factory=set)
     #: (run, call id) -> retries the operator signed while that call stood failed.
     retries: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: idempotency key -> the run whose call had an effect under it first (a fork's calls have keys of their own).
+    identities: dict[str, str] = field(default_factory=dict)
+    #: fork -> the run it was forked from (its state's order names the first run of the line).
+    forks: dict[str, str] = field(default_factory=dict)
+    #: The runs the operator is forking right now: nothing of theirs may be written by it meanwhile.
+    forking: set[str] = field(default_factory=set)
+    #: run -> call id -> the kind of its last record stored (``done`` stays: a call's own done is its last word).
+    calls: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: (run, call id) of every call a stored checkpoint approved.
+    approvals: set[tuple[str, str]] = field(default_factory=set)
+    migrations: int = 0
+    """The migrate claims stored (each checked)."""
     sim: Any = None
     """The running simulation (None: the tools run without points, as for the expected outcomes)."""
     store: CheckpointStore | None = None
@@ -101,22 +118,49 @@ class World:
 
     def wrote_call(self, run_id: str, record: SealedCall) -> None:
         self.writes += 1
-        call_id = None
+        self._forked_from(run_id)
+        call_id = json.loads(record.payload).get("call_id")
         if record.kind == "started":
-            call_id = json.loads(record.payload)["call_id"]
             self.started[(run_id, call_id)] = self.writes
-        self._judge(self.history.call(run_id, record, call_id))
+        if call_id is not None and self.calls.setdefault(run_id, {}).get(call_id) != "done":
+            self.calls[run_id][call_id] = record.kind  # a call's own done is its last word
+        self._judge(self.history.call(run_id, record, call_id if record.kind == "started" else None))
 
     def wrote_checkpoint(self, run_id: str, row: SealedCheckpoint) -> None:
         self.writes += 1
+        self._forked_from(run_id)
         if row.status == "cancelled":
             self.cancelled.setdefault(run_id, self.writes)
         self._judge(self.history.checkpoint(run_id, row))
+        body = json.loads(row.payload)
+        for call_id, decision in (body.get("decisions") or {}).items():
+            if decision.get("approve"):
+                self.approvals.add((run_id, call_id))
+        if body.get("claim") == "migrate":
+            self.migrated(run_id, body)
 
     def _judge(self, broken: str | None) -> None:
         """A write broke a store's rule (`_history`): an invariant broke, unless the store lost writes."""
         if broken is not None and not self.lost_writes:
             self.violations.append(broken)
+
+    def migrated(self, run_id: str, body: dict[str, Any]) -> None:
+        """A migrate claim was stored: the step the run goes on with had no call finished or in doubt before it."""
+        prefix = f"{body.get('superstep')}/"
+        acted = sorted(
+            c for c, kind in self.calls.get(run_id, {}).items() if c.startswith(prefix) and kind in ("started", "done")
+        )
+        self.migrations += 1
+        if acted:
+            self.violations.append(
+                f"{run_id} was migrated to {body.get('migrated')} with calls finished or in doubt in the step "
+                f"it goes on with: {acted}"
+            )
+
+    def _forked_from(self, run_id: str) -> None:
+        """The operator's fork writes nothing of the run it forks (the new run is a run of its own)."""
+        if run_id in self.forking and ACTOR.get() == "operator":
+            self.violations.append(f"forking {run_id} wrote to {run_id} itself")
 
     def verify_reports(self, run_id: str, problems: Sequence[str]) -> None:
         """`verify` found problems in a run: a broken invariant, unless the store lost writes (then it reports them)."""
@@ -127,14 +171,20 @@ class World:
 
     # -- what the tools tell the world ---------------------------------------------------
 
-    async def effect(self, tool: str) -> None:
-        """A tool has its effect now: record it and check the invariants that concern it."""
+    async def effect(self, tool: str, declared: Declared) -> None:
+        """A tool has its effect now: record it and check the invariants that concern it.
+
+        `declared` is what the tool was declared as when this attempt started (its worker's
+        code): an effect that follows one declared not idempotent needs a signed grant, however
+        the tool is declared now or was declared for this attempt.
+        """
         info = current_call()
         now = self.sim.clock.now if self.sim is not None else 0.0
-        self.effects.append(Effect(info.run_id, info.call_id, tool, ACTOR.get(), now))
+        key = (info.run_id, info.call_id)
+        before = [e for e in self.effects if (e.run_id, e.call_id) == key]
+        self.effects.append(Effect(info.run_id, info.call_id, tool, ACTOR.get(), now, declared, info.idempotency_key))
         if self.sim is None:
             return
-        key = (info.run_id, info.call_id)
         started = self.started.get(key)
         if started is None:
             self.violations.append(
@@ -142,15 +192,26 @@ class World:
             )
         elif info.run_id in self.cancelled and started > self.cancelled[info.run_id]:
             self.violations.append(f"{tool} {info.call_id} of {info.run_id} started after the run was cancelled")
-        if tool in NON_IDEMPOTENT:
-            times = sum(1 for e in self.effects if (e.run_id, e.call_id) == key)
-            if times > 1:
-                allowed = 1 + await self.reruns_granted(info.run_id, info.call_id) + self.retries[key]
-                if times > allowed:
-                    self.violations.append(
-                        f"{tool} {info.call_id} of {info.run_id} had its effect {times} times "
-                        f"with {allowed - 1} signed grant(s) to run it again"
-                    )
+        owner = self.identities.setdefault(info.idempotency_key, info.run_id)
+        if owner != info.run_id:
+            self.violations.append(
+                f"{tool} {info.call_id} of {info.run_id} had its effect under the identity of a call of {owner}"
+            )
+        if declared.approval and key not in self.approvals:
+            self.violations.append(
+                f"{tool} {info.call_id} of {info.run_id} needed an approval when it started and had its effect "
+                "with none signed"
+            )
+        following = sum(1 for e in before if not e.declared.idempotent)
+        if following:
+            granted = await self.reruns_granted(info.run_id, info.call_id) + self.retries[key]
+            if following > granted:
+                flags = ", ".join("idempotent" if e.declared.idempotent else "not idempotent" for e in before)
+                self.violations.append(
+                    f"{tool} {info.call_id} of {info.run_id} had its effect {len(before) + 1} times "
+                    f"with {granted} signed grant(s) to run it again (declared at each earlier start: {flags}; "
+                    f"at this one: {'idempotent' if declared.idempotent else 'not idempotent'})"
+                )
 
     async def starts(self, tool: str) -> None:
         """A tool starts now: check that its worker holds the run's lease (read here, without points), unclaimed since.
@@ -178,12 +239,12 @@ class World:
                 f"the run from segment {began}, where its started is: it did not hold the run"
             )
 
-    async def tool(self, name: str) -> None:
+    async def tool(self, name: str, declared: Declared) -> None:
         """The body every simulated tool shares: a point at its start, its effect, a point before it returns."""
         if self.sim is not None:
             await self.starts(name)
             await self.sim.point(f"tool.{name}.start")
-        await self.effect(name)
+        await self.effect(name, declared)
         if self.sim is not None:
             await self.sim.point(f"tool.{name}.return")
 
@@ -224,9 +285,11 @@ class Shopper:
         if any(m.role == "tool" for m in messages):
             return Message(role="assistant", tool_calls=(ToolCall(id="later-1", name="later", arguments={}),))
         order = messages[0].content
+        offered = {tool["name"] for tool in tools}  # a deploy may have renamed or removed a tool
+        charge = RENAMED if RENAMED in offered else "charge"
         calls = (
-            ToolCall(id="look-1", name="look", arguments={"order": order}),
-            ToolCall(id="charge-1", name="charge", arguments={"order": order}),
+            *([ToolCall(id="look-1", name="look", arguments={"order": order})] if "look" in offered else []),
+            ToolCall(id="charge-1", name=charge, arguments={"order": order}),
         )
         return Message(role="assistant", tool_calls=calls)
 
@@ -239,38 +302,60 @@ LOOP_STEPS = 4
 COOL_OFF_S = 45.0
 #: How long the wire flow's approval waits for the operator before its deadline denies it.
 APPROVAL_DEADLINE_S = 90.0
+#: Whether a deploy's approval flips reach the tool loop's tools. Not yet: a round whose first call
+#: waits for an approval while a later call of the round is in doubt can be neither resumed
+#: (``RecoveryNeedsDecision``) nor decided (the run is paused); the deploys found it (memory,
+#: episode seed 4095276720, with this on): docs/simulation.md.
+LOOP_APPROVALS = False
 #: The flows the client starts (the tool loop besides); ``notify`` runs only as the fan-out's child.
 STARTED = ("shop", "fan", "wire")
 
 
-def make_app(world: World) -> FlowApp:
-    """The flows and the tool loop of the simulation, over tools that report to `world`."""
-    registry = Registry()
+def make_app(world: World, code: Code | None = None) -> FlowApp:
+    """The flows and the tool loop of the simulation as deployed by `code`, over tools that report to `world`.
 
-    @registry.tool(idempotent=True)
-    async def look(order: str) -> str:
-        await world.tool("look")
-        return f"looked {order}"
+    Each tool reports what it was declared as in this deploy (`Declared`) with its effect:
+    the declaration in force when its call started (its worker's code).
+    """
+    code = code if code is not None else Code()
+    flags = code.flags
+    registry, loop_tools = Registry(), Registry()
 
-    @registry.tool
-    async def charge(order: str) -> str:
-        await world.tool("charge")
-        return f"charged {order}"
+    def tool(name: str, body: Any, *, into: tuple[Registry, ...], waits: bool = False) -> None:
+        for where in into:
+            declared = flags[name]
+            if where is loop_tools and not LOOP_APPROVALS:  # a tool loop's tools need no approval
+                declared = replace(declared, approval=False)
+            where.tool(
+                body(declared),
+                name=code.loop_charge if where is loop_tools and name == "charge" else name,
+                idempotent=declared.idempotent,
+                approval=declared.approval,
+                waits=waits,
+            )
 
-    @registry.tool
-    async def mail(order: str) -> str:
-        await world.tool("mail")
-        return f"mailed {order}"
+    def reporting(name: str) -> Any:
+        def made(declared: Declared) -> Any:
+            async def act(order: str) -> str:
+                await world.tool(name, declared)
+                return f"{PAST[name]} {order}"
 
-    @registry.tool(approval=True)
-    async def wire(order: str) -> str:
-        await world.tool("wire")
-        return f"wired {order}"
+            return act
 
-    @registry.tool(idempotent=True, waits=True)
-    async def later() -> datetime:
-        await world.tool("later")
-        return datetime.fromtimestamp(time.time() + COOL_OFF_S, UTC)  # the virtual clock (datetime.now is not)
+        return made
+
+    def later(declared: Declared) -> Any:
+        async def act() -> datetime:
+            await world.tool("later", declared)
+            return datetime.fromtimestamp(time.time() + COOL_OFF_S, UTC)  # the virtual clock (datetime.now is not)
+
+        return act
+
+    tool("look", reporting("look"), into=(registry, loop_tools) if code.loop_look else (registry,))
+    tool("charge", reporting("charge"), into=(registry, loop_tools))
+    tool("mail", reporting("mail"), into=(registry,))
+    tool("wire", reporting("wire"), into=(registry,))
+    tool("later", later, into=(loop_tools,), waits=True)
 
     async def check_then_pay(state: Order, handle: Any) -> dict[str, object]:
         # Two calls in one node: a worker stalled in the idempotent one can start the other late.
@@ -281,57 +366,75 @@ def make_app(world: World) -> FlowApp:
     def of(state: Order) -> dict[str, object]:
         return {"order": state.order}
 
-    shop = (
-        Flow("shop", state=Order)
-        .node("look", Call("look", args=of, into="looked"))
-        .node("pay", check_then_pay)
-        .node("cool_off", Wait(seconds=COOL_OFF_S))
-        .node("mail", Call("mail", args=of, into="mailed"))
-        .edge("look", "pay")
-        .edge("pay", "cool_off")
-        .edge("cool_off", "mail")
-        .end("mail")
-    )
     notify = Flow("notify", state=Order).node("mail", Call("mail", args=of, into="mailed")).end("mail")
-    fan = (
-        Flow("fan", state=Order)
-        .node("look", Call("look", args=of, into="looked"))
-        .node("charge", Call("charge", args=of, into="paid"))
-        .node("mail", Child(notify, state=of, into="mailed", result=lambda child: child.mailed))
-        .edge("look", "charge")
-        .edge("look", "mail")
-        .end("charge")
-        .end("mail")
-    )
-    wire_flow = (
-        Flow("wire", state=Order)
-        .node("look", Call("look", args=of, into="looked"))
-        .node("wire", Call("wire", args=of, into="wired", timeout_s=APPROVAL_DEADLINE_S, on_timeout="deny"))
-        .edge("look", "wire")
-        .end("wire")
-    )
-    loop = LoopSpec(model_factory=Shopper, registry=registry, max_steps=LOOP_STEPS)
-    return FlowApp(registry, [shop, fan, wire_flow, notify], loops={LOOP: loop})
+    flows: list[Flow[Any]] = []
+    for number in range(1, code.versions + 1):
+        version = str(number)
+        cool_off = COOL_OFF_S if number == 1 else COOL_OFF_S * 2 / 3  # a later version cools off for less
+        shop = (
+            Flow("shop", state=Order, version=version)
+            .node("look", Call("look", args=of, into="looked"))
+            .node("pay", check_then_pay)
+            .node("cool_off", Wait(seconds=cool_off))
+            .node("mail", Call("mail", args=of, into="mailed"))
+            .edge("look", "pay")
+            .edge("pay", "cool_off")
+            .edge("cool_off", "mail")
+            .end("mail")
+        )
+        fan = (
+            Flow("fan", state=Order, version=version)
+            .node("look", Call("look", args=of, into="looked"))
+            .node("charge", Call("charge", args=of, into="paid"))
+            .node("mail", Child(notify, state=of, into="mailed", result=lambda child: child.mailed))
+            .edge("look", "charge")
+            .edge("look", "mail")
+            .end("charge")
+            .end("mail")
+        )
+        deadline = Call("wire", args=of, into="wired", timeout_s=APPROVAL_DEADLINE_S, on_timeout="deny")
+        wire_flow = (
+            Flow("wire", state=Order, version=version)
+            .node("look", Call("look", args=of, into="looked"))
+            .node("wire", deadline)
+            .edge("look", "wire")
+            .end("wire")
+        )
+        flows += [shop, fan, wire_flow]
+    flows.append(notify)  # last, as the simulation always had it (a sweep reads the flows in order)
+    loop = LoopSpec(model_factory=Shopper, registry=loop_tools, max_steps=LOOP_STEPS)
+    return FlowApp(registry, flows, loops={LOOP: loop})
 
 
-def expected_states(app: FlowApp, orders: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """The state each flow ends ``done`` with when nothing goes wrong, by flow name (for `orders`: run -> flow)."""
+def expected_states(orders: Mapping[str, str], forks: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The state each run of `orders` (run -> flow) ends ``done`` with when nothing goes wrong.
+
+    A fork (`forks`: fork -> the run it was forked from) carries its source's order, so it ends
+    as the first run of its line would; a fan-out's child (run id ``<parent>.<node>.<superstep>``)
+    mails its parent's order.
+    """
+
+    def order_of(run_id: str) -> str:
+        while run_id in forks:
+            run_id = forks[run_id]
+        return run_id
+
     out: dict[str, dict[str, Any]] = {}
     for run_id, flow in orders.items():
-        state = Order(order=run_id)
-        state.looked = f"looked {run_id}"
         if flow.startswith("loop:"):
             continue  # a loop's outcome is its conversation: checked by verify, not compared here
-        if flow == "notify":  # a fan-out's child (run id ``<parent>.<node>.<superstep>``): the parent's order
-            parent = run_id.split(".")[0]
+        if flow == "notify":
+            parent = order_of(run_id.split(".")[0])
             out[run_id] = Order(order=parent, mailed=f"mailed {parent}").model_dump()
             continue
+        order = order_of(run_id)
+        state = Order(order=order, looked=f"looked {order}")
         if flow == "shop":
-            state.checked, state.paid, state.mailed = f"looked {run_id}/again", f"charged {run_id}", f"mailed {run_id}"
+            state.checked, state.paid, state.mailed = f"looked {order}/again", f"charged {order}", f"mailed {order}"
         elif flow == "fan":
-            state.paid, state.mailed = f"charged {run_id}", f"mailed {run_id}"
+            state.paid, state.mailed = f"charged {order}", f"mailed {order}"
         else:
-            state.wired = f"wired {run_id}"
+            state.wired = f"wired {order}"
         out[run_id] = state.model_dump()
     return out
 

@@ -18,17 +18,15 @@ import logging
 import sys
 import time
 
-from test_regression_seeds import FOUND, replay  # the script's folder is first on sys.path
+from test_regression_seeds import FOUND, config_of, replay  # the script's folder is first on sys.path
 
-from agentflow.sim import SETUPS, Config, run_simulation
+from agentflow.sim import SETUPS, run_simulation
 
 
 def find(name: str, steps_per_seed: int, seeds: int, first: int = 1) -> int | None:
     """The first episode seed that finds entry `name`'s bug with its fix reverted and holds with it in."""
     _, setup, _, faults, revert, breaks, _ = next(entry for entry in FOUND if entry[0] == name)
-    config = Config(steps=steps_per_seed, reach=None)
-    if faults is not None:
-        config = Config(steps=steps_per_seed, faults=faults, reach=None)
+    config = config_of(faults, steps_per_seed)
     for seed in range(first, first + seeds):
         began = time.perf_counter()
         with revert():

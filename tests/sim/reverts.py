@@ -7,7 +7,9 @@ records that a rewound counter lets a write overwrite, and a head that trusts th
 `parked_for_good` makes the sweep leave every parked run alone; `read_counted_by_segment` lets
 a claim judge its read of the log by the earlier segments' counts alone (race 3: a late
 ``started`` hidden by a counter set back at once); `lease_unconfirmed` lets a tool run without its
-worker confirming its lease (a worker stalled past its lease after ``started``). Each patches the
+worker confirming its lease (a worker stalled past its lease after ``started``); `signed_flags_ignored`
+lets recovery ask only the registry deployed now whether a call in doubt may rerun (a tool
+declared idempotent by a deploy since its call started reruns it). Each patches the
 code in this process only, for the ``with`` block.
 """
 
@@ -22,6 +24,7 @@ from agentflow.celery import _sweep
 from agentflow.exec.calls import read as calls_read
 from agentflow.exec.checkpoints.redis import _rows as _redis_rows
 from agentflow.exec.checkpoints.redis import store as redis_store
+from agentflow.exec.run import control as run_control
 from agentflow.exec.run import steps as run_steps
 from agentflow.exec.run.checks import check_read_whole
 from agentflow.exec.run.lease import Tenure
@@ -93,6 +96,20 @@ def lease_unconfirmed() -> Iterator[None]:
         return True
 
     with mock.patch.object(Tenure, "confirm", sure):
+        yield
+
+
+@contextmanager
+def signed_flags_ignored() -> Iterator[None]:
+    """The signed-record fix reverted: a call in doubt reruns unasked whenever its tool is idempotent now."""
+
+    def deployed_only(state: Any, registry: Any) -> str | None:
+        return None if state.tool in registry and registry.get(state.tool).idempotent else ""
+
+    with (
+        mock.patch.object(calls_read, "needs_decision", deployed_only),
+        mock.patch.object(run_control, "needs_decision", deployed_only),
+    ):
         yield
 
 

@@ -6,6 +6,10 @@ the points (a store operation more in a superstep, a new actor) replays a differ
 So each bug also has a plain test, and each fix can be put back (`reverts`): the seed must
 fail without its fix, which proves the simulation finds the bug by itself and tells when a
 seed went stale (find a new one by running the simulation with the fix reverted).
+
+The seeds found before deploys were simulated replay with deploys, forks and migrations off
+(`BEFORE_DEPLOYS`): those draw from a generator of their own, so an episode without them keeps
+the schedule it had.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from reverts import (
     lease_unconfirmed,
     parked_for_good,
     records_overwritable,
+    signed_flags_ignored,
     with_lease_unconfirmed,
 )
 
@@ -35,9 +40,24 @@ def quiet() -> Iterator[None]:
 
 
 def replay(setup: str, seed: int, faults: Faults | None = None) -> Report:
-    # `reach=None`: a seed pins a schedule of the plain simulation (the episodes as configured, nothing drawn)
-    config = Config(steps=1, reach=None) if faults is None else Config(steps=1, faults=faults, reach=None)
-    return run_simulation(SETUPS[setup](), 0, config, only_episode=seed)
+    return run_simulation(SETUPS[setup](), 0, config_of(faults, 1), only_episode=seed)
+
+
+def config_of(faults: Faults | None, steps: int) -> Config:
+    """The configuration an entry's seed replays with: its faults (None: the defaults, deploys on).
+
+    `reach=None`: a seed pins a schedule of the plain simulation (the episodes as configured,
+    nothing drawn).
+    """
+    if faults is None:
+        return Config(steps=steps, reach=None)
+    if faults.deploy == 0.0:  # found before deploys: no fork or migration either (the schedules found then)
+        return Config(steps=steps, faults=faults, reach=None, fork=0.0, migrate=0.0)
+    return Config(steps=steps, faults=faults, reach=None)
+
+
+#: The faults of the seeds found before deploys were simulated: the defaults, without deploys.
+BEFORE_DEPLOYS = Faults(deploy=0.0)
 
 
 #: (name, set-up, episode seed, the faults' rates (None: the defaults), the fix put back, what breaks, the plain test)
@@ -51,7 +71,8 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # effect too, the seed is replayed with that check reverted as well (the same schedule as before).
     # Found again when the simulated runs waited on timers, deadlines and children: seed 1, 62.0 s.
     (
-        "claim-race", "memory", 3676398543, None, with_lease_unconfirmed(claim_read_trusted), "had its effect 2 times",
+        "claim-race", "memory", 3676398543, BEFORE_DEPLOYS, with_lease_unconfirmed(claim_read_trusted),
+        "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale",
     ),
     # Race 2, a rewound record counter: with the fix reverted and the faults that make it likely
@@ -66,7 +87,7 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # schedule is caught at the overwriting write itself, before the double effect it leads to.
     (
         "rewound-counter", "fakeredis", 1414010679,
-        Faults(crash=0.03, tamper=0.2, messages=MessageFaults(lost=0.0, doubled=0.3, late=0.05)),
+        Faults(crash=0.03, tamper=0.2, messages=MessageFaults(lost=0.0, doubled=0.3, late=0.05), deploy=0.0),
         records_overwritable, "at a position that holds a record",
         "tests/protocol/test_claim_races.py::test_a_rewound_record_counter_never_lets_a_handoff_overwrite_a_record",
     ),
@@ -81,7 +102,7 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # too, the seed is replayed with that check reverted as well (the same schedule as before).
     # Found again when the simulated runs waited on timers, deadlines and children: seed 1, 13.8 s.
     (
-        "late-done", "memory", 229125324, Faults(stall=0.01), with_lease_unconfirmed(done_overruled),
+        "late-done", "memory", 229125324, Faults(stall=0.01, deploy=0.0), with_lease_unconfirmed(done_overruled),
         "had its effect 2 times",
         "tests/protocol/test_claim_races.py::test_a_late_done_outweighs_a_did_not_happen_decided_before_it",
     ),
@@ -94,7 +115,7 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # simulation seed 1, 35.9 s; and when tools confirmed their lease: simulation seed 1, 42.0 s; and
     # when the simulated runs waited on timers, deadlines and children: simulation seed 1, 17.1 s.
     (
-        "parked-for-nobody", "memory", 1700388771, None, parked_for_good, "runs did not end",
+        "parked-for-nobody", "memory", 1700388771, BEFORE_DEPLOYS, parked_for_good, "runs did not end",
         "tests/celery/test_recover_all_logic.py::test_stranded_recovers_a_parked_run_whose_call_ended_after_all",
     ),
     # A worker stalled past its lease between a call's started and its tool, then ran the tool with
@@ -103,8 +124,16 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # holds its run's lease: with the fix reverted, simulation seed 1 finds it on memory after 248 steps;
     # and after 445 when the simulated runs waited on timers, deadlines and children.
     (
-        "stalled-past-lease", "memory", 2569694946, None, lease_unconfirmed, "which did not hold the run",
+        "stalled-past-lease", "memory", 2569694946, BEFORE_DEPLOYS, lease_unconfirmed, "which did not hold the run",
         "tests/protocol/test_ownership.py::test_a_worker_frozen_between_started_and_its_tool_runs_no_tool_once_taken_over",
+    ),
+    # A deploy that declares a tool idempotent while a call of it, started not idempotent, is in
+    # doubt: recovery asked only the registry deployed now, and reran the call (a second mail).
+    # Found by the first simulation with deploys: with the fix reverted, `make sim` seed 1 finds it
+    # on memory after 1,530 steps, on SQLite after 92,187 and on fakeredis after 37,454.
+    (
+        "flipped-to-idempotent", "memory", 592390049, None, signed_flags_ignored, "had its effect 2 times",
+        "tests/protocol/test_signed_record_decides.py::test_a_tool_declared_idempotent_since_its_call_started_does_not_rerun_it",
     ),
 ]  # fmt: skip
 

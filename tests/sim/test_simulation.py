@@ -17,6 +17,7 @@ from test_regression_seeds import FOUND
 from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.sim import SETUPS, Config, Faults, custom, describe, run_simulation
+from agentflow.sim._deploys import KINDS
 from agentflow.sim._shrink import shrink
 
 #: Steps of the slice per set-up (memory runs about 25,000 a second here, SQLite 7,000, fakeredis 5,000).
@@ -44,6 +45,10 @@ def test_the_run_protocol_keeps_every_invariant_under_faults(setup: str) -> None
     # And runs waited on every path a run can wait on, under those faults: a timer, an approval's
     # deadline, a child run
     assert {"wake:timer", "wake:approval", "wake:child"} <= set(report.claims), describe(report)
+    # And the code was redeployed mid-episode in every way (`_deploys.KINDS`), and the operator
+    # forked runs and migrated runs to a newer flow version, under the same invariants
+    assert set(KINDS) <= set(report.stats.faults), describe(report)
+    assert report.claims["fork"] > 0 and report.claims["migrate"] > 0, describe(report)
 
 
 @pytest.mark.parametrize("setup", sorted(SLICE))
