@@ -17,7 +17,15 @@ Invariants checked as the simulation goes (`World.violations`):
   signed claim checkpoints), or a retry of the run while the call stood failed with no
   ``done`` of its own in the log (an operator's "did not happen" fails a call; retrying
   the run runs it again; a stalled worker can still have the effect after that word, which
-  only the tool's system can stop: docs/simulation.md, the zombie window).
+  only the tool's system can stop: docs/simulation.md, the zombie window); "non-idempotent"
+  is what the tool was declared as when the call started, in its worker's code (`Effect.declared`):
+  each effect after one declared so needs a grant, however the tool is declared since;
+- a call whose tool needed an approval when it started has its effect only after a stored
+  checkpoint approved it;
+- a fork's calls are new calls: none has its effect under the idempotency key of another
+  run's call, and the operator's fork writes nothing of the run it forks;
+- a ``migrate`` claim is stored only at a step boundary: no call of the step the run goes on
+  with had a ``started`` or ``done`` stored before it (docs/versioning.md).
 and at the end of an episode (`_simulation.Episode.check_end`):
 - every run ended (done, failed or cancelled): the operator finished every run that waited
   for a person, through the public API, and nothing is stuck or lost;
