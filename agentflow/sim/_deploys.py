@@ -106,6 +106,24 @@ CHANGES = (
 )
 
 
+def first_code(rng: random.Random | None) -> Code:
+    """The code an episode starts on: the default, or (half the episodes with deploys) one deployed earlier.
+
+    An earlier deploy may have flipped any tool's flags (each flag one time in four), so that
+    a flip within the episode goes either way: a tool declared idempotent in the past becomes
+    not idempotent, and the reverse. `rng` None (deploys off): the default, nothing drawn.
+    """
+    code = Code()
+    if rng is None or rng.random() < 0.5:
+        return code
+    flags = dict(code.flags)
+    for tool in FLIPPED:
+        idempotent, approval = rng.random() < 0.25, rng.random() < 0.25
+        old = flags[tool]
+        flags[tool] = Declared(old.idempotent != idempotent, old.approval != approval)
+    return replace(code, flags=flags)
+
+
 def maybe_deploy(ep: Episode) -> None:
     """Now and then (not in the drain) the code is redeployed: a rolling deploy replaces one worker.
 

@@ -46,7 +46,7 @@ from agentflow.exec.seal import Sealer
 from agentflow.models import Message as ChatMessage
 from agentflow.sim._broker import Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
-from agentflow.sim._deploys import Code, maybe_deploy
+from agentflow.sim._deploys import first_code, maybe_deploy
 from agentflow.sim._operator import KEY, Operator
 from agentflow.sim._reach import Profile, Reach, between_read_and_write, draw
 from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
@@ -184,7 +184,7 @@ class Episode(Points):
         self.deploy_rng = random.Random(f"deploys/{seed}")
         """Deploys, forks and migrations draw here: an episode without them keeps the schedule it had."""
         self.world = World(sim=self)
-        self.code = Code()
+        self.code = first_code(self.deploy_rng if self.faults.deploy else None)
         self.app = make_app(self.world, self.code)
         """The app deployed now (a worker keeps the one it started with: `_deploys`)."""
         self.storage = storage
