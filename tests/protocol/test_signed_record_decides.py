@@ -15,8 +15,8 @@ from _kit.faults import body
 from _kit.tickets import KEY, ORDER, TICKETS, WIRES, Crash, Refund, make_tickets, redeployed
 from _kit.workers import Workers
 
-from agentflow import Happened
-from agentflow.exec import recover_tool_loop, run_tool_loop
+from agentflow import DidNotHappen, Happened
+from agentflow.exec import decide_in_doubt_tool_loop, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -109,7 +109,14 @@ async def test_a_tool_gone_since_its_call_started_leaves_the_call_to_a_decision(
     # Then the call waits for a person, and the message says the tool is not in this deployment
     [(tool, why)] = asked.value.calls
     assert tool == "email_tickets" and "not registered in this deployment" in why
-    assert tickets.ledger.counts()["email_tickets"] == 1
+    # And a result cannot be supplied for it (nothing here can check it), while "did not happen" is taken
+    [call_id] = asked.value.call_ids
+    with pytest.raises(ValueError, match="not registered here"):
+        await decide_in_doubt_tool_loop("c-1", registry=v2, calls={call_id: Happened("mailed Tosca")}, **common)
+    decision = {call_id: DidNotHappen("the mail tool was retired")}
+    await decide_in_doubt_tool_loop("c-1", registry=v2, calls=decision, operator="ada", **common)
+    result = await recover_tool_loop(ScriptedModel([Message.assistant("Sorry, no mail.")]), v2, "c-1", **common)
+    assert result.status == "done" and tickets.ledger.counts()["email_tickets"] == 1
 
 
 async def test_a_tool_loops_call_keeps_the_rule_its_record_signed(store_setup):

@@ -200,7 +200,8 @@ def _checked_result(registry: Registry, state: CallState, value: Any) -> Any:
     """The JSON form of a supplied result, once it fits the tool's return type."""
     if state.tool not in registry:
         raise ValueError(
-            f"call {state.call_id}: tool {state.tool!r} is not registered here, so its result cannot be checked"
+            f"call {state.call_id}: tool {state.tool!r} is not registered here, so its result cannot be checked: "
+            "decide it where the tool is deployed, or say it did not happen (DidNotHappen: it never runs again)"
         )
     tool = registry.get(state.tool)
     try:
