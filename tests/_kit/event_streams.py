@@ -4,7 +4,8 @@
 them by writer (the recorder of one held block), in stream order; `heads` is the chain head
 each checkpoint of the run names (`agentflow.exec.event_chain.ANCHOR`). `assert_handed_on`
 checks what a handover must leave: every writer after the first starts where the checkpoint
-it took the run up from says the chain stood (a new root when it names no head: a writer
+it took the run up from says the chain stood (one killed before it saved any checkpoint
+follows an entry of another writer) (a new root when it names no head: a writer
 that stored nothing before that save, as one block's ``run`` buffers its events to its end),
 and both readers (``agentflow verify``'s `stream_problems`, ``agentflow events``'s
 `read_events` with `stream_end`) find nothing wrong.
@@ -71,9 +72,11 @@ async def assert_handed_on(store: CheckpointStore, sealer: Sealer, run_id: str) 
     for later in by[1:]:
         # the checkpoint this writer took the run up from: the newest one saved before its own first save
         own = [i for i, (writer, _) in enumerate(named) if writer == later.writer]
-        assert own, f"writer {later.writer} of run {run_id!r} signed no checkpoint"
-        handed = named[own[0] - 1][1]
         first = later.entries[0]
+        if not own:  # a writer killed before its first save (its entries went on their own): it followed one
+            assert first.prev == "" or any(e.link == first.prev for w in by if w is not later for e in w.entries)
+            continue
+        handed = named[own[0] - 1][1]
         if handed is None:  # nothing of the chain was stored by that checkpoint's time: a new root
             assert (first.height, first.prev) == (0, "")
             continue

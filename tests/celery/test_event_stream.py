@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from _kit.event_streams import assert_handed_on
 from _kit.poll import until
 from celery_kit import HERE, ROOT, Deployment
 
+from agentflow import Happened
 from agentflow.exec.run.events import read_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.celery]
@@ -64,3 +66,20 @@ async def test_a_follower_killed_mid_run_resumes_from_its_last_cursor_with_no_ev
     stored = await read_events(deployment.client.runner.checkpoints, deployment.client.sealer, run_id)
     assert before + after == [f"{e.cursor} {e.name}" for e in stored]
     assert after[-1].endswith("run.finished")
+
+
+async def test_a_run_handed_on_by_a_killed_worker_reads_back_clean_from_every_writer(deployment):
+    # Given a run whose worker (w1) was SIGKILLed right after charging the card, parked by w2
+    run_id = await deployment.parked_run()
+    [call] = (await deployment.client.status(run_id)).in_doubt
+    # When an operator says the charge happened, and w2 finishes the run
+    await deployment.client.decide_in_doubt(run_id, calls={call.call_id: Happened("charged 80 for parked")})
+    assert (await deployment.client.wait(run_id, timeout_s=60)).status == "done"
+    # Then the run's stream reads back clean through what verify and `agentflow events` read, each later
+    # writer's first entry following the head the checkpoint it took the run up from names
+    store = deployment.client.runner.checkpoints
+    assert store is not None
+    by = await assert_handed_on(store, deployment.client.runner.sealer, run_id)
+    assert len(by) >= 2, [w.writer for w in by]
+    savers = {(cp.by or "").split("@")[0] for cp in (await deployment.report(run_id)).checkpoints}
+    assert {"w1", "w2"} <= savers, savers
