@@ -29,17 +29,19 @@ async def crashed_tickets(workers: Workers, run_id: str) -> None:
         await first.run(TICKETS, ORDER, run_id=run_id)
 
 
-@pytest.mark.parametrize("flow_name", ["same-flow", "other-flow"])
-async def test_starting_a_run_with_a_taken_run_id_is_a_conflict(workers, flow_name):
+@pytest.mark.parametrize("other", ["input", "flow"])
+async def test_starting_another_run_with_a_taken_run_id_is_a_conflict(workers, other):
     # Given a run that is under way (its worker died after step 1)
     await crashed_tickets(workers, "order-1")
-    flow = TICKETS if flow_name == "same-flow" else switched_flow(workers.tickets)
+    flow = TICKETS if other == "input" else switched_flow(workers.tickets)
+    order = ORDER.model_copy(update={"seats": ORDER.seats + 1}) if other == "input" else ORDER
     before, steps = workers.ran(), len(await workers.history("order-1"))
 
-    # When another worker starts a run with the same id (step 0 only for a new run)
+    # When another worker starts another run (other input, or another flow) under the same id
+    # (a start retried with the same flow and input attaches instead: tests/protocol/test_retried_start.py)
     # Then CheckpointConflict before any tool runs, and the stored run is untouched
     with pytest.raises(CheckpointConflict):
-        await workers.runner().run(flow, ORDER, run_id="order-1")
+        await workers.runner().run(flow, order, run_id="order-1")
     assert workers.ran() == before
     assert len(await workers.history("order-1")) == steps
 
