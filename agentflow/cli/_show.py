@@ -250,7 +250,8 @@ def _doing(report: RunReport, workers: str | None = None) -> list[str]:
     if decided is not None:
         who = printable(decided.operator or "someone")
         calls = printable(", ".join(decided.rerun)) or "nothing"
-        return [f"decided by {who} at {when(decided.since)}: rerun {calls}; the next worker to take the run spends it"]
+        spends = "its resume spends it" if report.status == "paused" else "the next worker to take the run spends it"
+        return [f"decided by {who} at {when(decided.since)}: rerun {calls}; {spends}"]
     if report.in_doubt:
         tools = printable(", ".join(call.tool for call in report.in_doubt))
         lines = [f"in doubt: {tools}; check at their system, then: {_rerun_command(report, workers)}"]

@@ -2,7 +2,8 @@
 
 At each visit the operator reads a run with the audit read model (what ``agentflow verify``
 and the viewer show) and, as a careful person would:
-- decides the calls in doubt of a run nobody holds, after checking the world (the ledger):
+- decides the calls in doubt of a run nobody holds (running, or paused with its step's calls in
+  doubt), after checking the world (the ledger):
   `Happened` with the result when the effect is there (now and then a careless `Rerun`),
   else `Rerun` or `DidNotHappen`; then sends the message that spends the decision;
 - approves (or now and then denies) a paused run's pending calls, and sends the resume; at
@@ -30,6 +31,7 @@ from agentflow._run_types import RunKind
 from agentflow.celery.worker import Worker
 from agentflow.exec.run.control import DidNotHappen, Happened, InDoubtDecision, Rerun
 from agentflow.exec.run.read import read_run
+from agentflow.exec.run.view import RunReport
 from agentflow.sim._broker import Message
 from agentflow.sim._world import PAST
 
@@ -63,17 +65,7 @@ class Operator:
         if report.problems:
             ep.world.verify_reports(run_id, report.problems)
             return
-        if report.status == "running" and report.lease is None and report.in_doubt:
-            calls: dict[str, InDoubtDecision] = {}
-            registry = (
-                worker.flow_app.loops[report.name].registry if report.kind is RunKind.LOOP else worker.flow_app.registry
-            )
-            for call in report.in_doubt:
-                gone = call.tool not in registry
-                calls[call.call_id] = self.decision(run_id, call.call_id, call.tool, call.args, gone=gone)
-            step = await worker.runs.of(flow).decide_in_doubt(run_id, operator="sim-operator", calls=calls)
-            ep.sched.note(f"operator: decided {run_id}: {sorted((c, type(d).__name__) for c, d in calls.items())}")
-            ep.send(Message(flow, run_id, step, "rerun"))
+        if await self._decide(report, run_id, flow):
             return
         cancel = report.status == "running" and not ep.draining and ep.rng.random() < ep.config.cancel
         run = worker.runs.of(flow)
@@ -103,6 +95,26 @@ class Operator:
         elif not ep.draining and report.status in ("running", "paused") and report.lease is None:
             if drawn(ep, ep.config.migrate):
                 await self.migrate(run_id, flow)
+
+    async def _decide(self, report: RunReport, run_id: str, flow: str) -> bool:
+        """Decide the calls in doubt of a run nobody holds, if it has any to decide; whether it did."""
+        ep, worker = self.episode, self.worker
+        # A paused run's step may hold calls in doubt too: decided alike, it stays paused until its resume.
+        undecided = report.status == "running" or report.decision is None
+        if not (undecided and report.lease is None and report.in_doubt):
+            return False
+        calls: dict[str, InDoubtDecision] = {}
+        registry = (
+            worker.flow_app.loops[report.name].registry if report.kind is RunKind.LOOP else worker.flow_app.registry
+        )
+        for call in report.in_doubt:
+            gone = call.tool not in registry
+            calls[call.call_id] = self.decision(run_id, call.call_id, call.tool, call.args, gone=gone)
+        step = await worker.runs.of(flow).decide_in_doubt(run_id, operator="sim-operator", calls=calls)
+        ep.sched.note(f"operator: decided {run_id}: {sorted((c, type(d).__name__) for c, d in calls.items())}")
+        if report.status == "running":  # a paused run's decision waits for its resume
+            ep.send(Message(flow, run_id, step, "rerun"))
+        return True
 
     async def fork(self, run_id: str, flow: str, steps: list[int]) -> None:
         """Fork `run_id` from one of its checkpoints (at most `FORKS` an episode); a worker runs the new run."""

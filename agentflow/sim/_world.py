@@ -310,11 +310,10 @@ LOOP_STEPS = 4
 COOL_OFF_S = 45.0
 #: How long the wire flow's approval waits for the operator before its deadline denies it.
 APPROVAL_DEADLINE_S = 90.0
-#: Whether a deploy's approval flips reach the tool loop's tools. Not yet: a round whose first call
-#: waits for an approval while a later call of the round is in doubt can be neither resumed
-#: (``RecoveryNeedsDecision``) nor decided (the run is paused); the deploys found it (memory,
-#: episode seed 4095276720, with this on): docs/simulation.md.
-LOOP_APPROVALS = False
+#: Whether a deploy's approval flips reach the tool loop's tools. Off until a paused run's calls in
+#: doubt could be decided (a round paused on an approval while a call of it granted a rerun had
+#: not run again: docs/simulation.md); on since.
+LOOP_APPROVALS = True
 #: The flows the client starts (the tool loop besides); ``notify`` runs only as the fan-out's child.
 STARTED = ("shop", "fan", "wire")
 

@@ -9,7 +9,9 @@ a claim judge its read of the log by the earlier segments' counts alone (race 3:
 ``started`` hidden by a counter set back at once); `lease_unconfirmed` lets a tool run without its
 worker confirming its lease (a worker stalled past its lease after ``started``); `signed_flags_ignored`
 lets recovery ask only the registry deployed now whether a call in doubt may rerun (a tool
-declared idempotent by a deploy since its call started reruns it). Each patches the
+declared idempotent by a deploy since its call started reruns it); `paused_undecidable` makes
+`decide_in_doubt` refuse a paused run again (a paused step's call in doubt then waits for ever).
+Each patches the
 code in this process only, for the ``with`` block.
 """
 
@@ -20,11 +22,13 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from unittest import mock
 
+from agentflow._errors import CheckpointConflict
 from agentflow.celery import _sweep
 from agentflow.exec.calls import read as calls_read
 from agentflow.exec.checkpoints.redis import _rows as _redis_rows
 from agentflow.exec.checkpoints.redis import store as redis_store
 from agentflow.exec.run import control as run_control
+from agentflow.exec.run import protocol as run_protocol
 from agentflow.exec.run import steps as run_steps
 from agentflow.exec.run.checks import check_read_whole
 from agentflow.exec.run.lease import Tenure
@@ -135,3 +139,22 @@ def with_lease_unconfirmed(revert: Revert) -> Revert:
             yield
 
     return both
+
+
+@contextmanager
+def paused_undecidable() -> Iterator[None]:
+    """The paused run's decision reverted: `decide_in_doubt` refuses a paused run, as it did before.
+
+    A round paused on an approval while a call of it that a decision let rerun had not run
+    again (its tool was renamed by a deploy) then waits for ever: its resume needs a decision
+    on that call, and no decision is taken.
+    """
+    original = run_protocol.RunProtocol.decide_in_doubt
+
+    async def refusing(self: Any, run_id: str, **kwargs: Any) -> int:
+        if self.store is not None and (await self.store.latest(run_id)).status == "paused":
+            raise CheckpointConflict(f"run {run_id!r} is paused: it has no call in doubt to decide")
+        return await original(self, run_id, **kwargs)
+
+    with mock.patch.object(run_protocol.RunProtocol, "decide_in_doubt", refusing):
+        yield

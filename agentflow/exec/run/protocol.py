@@ -360,7 +360,8 @@ class RunProtocol(Generic[C, R]):
             decided = self.driver.woken(cur, wake)
             cur.cause = "wake"
             record = {"at": due(wake), "for": wake["for"], **decided}
-            await self.steps.claim(cur, "wake", counts, {**self.operator(None), "woke": record})
+            control = {**self.operator(None), "woke": record, **self.steps.carried(opened, seeds)}
+            await self.steps.claim(cur, "wake", counts, control)
             late = round(clock - due(wake), 3)
             self.events.emit("run.woken", run_id, kind=self.driver.kind.value, step=cur.step, late_s=late, **record)
             return await self._drive(cur, seeds, limit=limit, recovering=False, tenure=tenure)
@@ -380,23 +381,29 @@ class RunProtocol(Generic[C, R]):
         that `Happened` or `DidNotHappen` (`run.control.settle`). A worker spends it with
         `advance` (or a process with `recover`). Returns the claim's step.
 
+        A paused run whose step holds calls in doubt (a call the step was to run again did not
+        start before another call of the step paused for approval) is decided the same way:
+        the claim keeps it paused, its approvals (and their deadline) still waiting, and the
+        `resume` (or `wake`) that follows carries the ``rerun`` grant on until it is spent.
+
         Raises:
-            CheckpointConflict: the run is not running, or has no call in doubt.
+            CheckpointConflict: the run is neither running nor paused, or has no call in doubt.
             ValueError: `calls` does not decide exactly the calls in doubt, or a result
                 does not fit its tool's return type.
         """
         async with self.hold(run_id):
             opened = await self.steps.open(run_id, ctx)
-            if opened.status != RunStatus.RUNNING:
+            status = RunStatus(opened.status)
+            if status not in (RunStatus.RUNNING, RunStatus.PAUSED):
                 raise CheckpointConflict(f"run {run_id!r} is {opened.status}: it has no call in doubt to decide")
-            records, counts = await self.steps.read(opened)
+            records, counts = await self.steps.read(opened, resuming=status is RunStatus.PAUSED)
             seeds = self.steps.seeds(opened, records, rerun_in_doubt=True)
             doubtful = [s for s in seeds.values() if s.in_doubt]
             if not doubtful:
                 raise CheckpointConflict(f"run {run_id!r} has no call in doubt: there is nothing to decide")
             who = self.operator(operator)
             rerun, supplied = settle(run_id, doubtful, calls, self.steps.registry, who.get("operator"))
-            await self.steps.claim(opened.cur, "decision", counts, {**who, "rerun": rerun}, supplied)
+            await self.steps.claim(opened.cur, "decision", counts, {**who, "rerun": rerun}, supplied, status=status)
             assert opened.cur.step is not None
             return opened.cur.step
 
@@ -529,7 +536,9 @@ class RunProtocol(Generic[C, R]):
             records, counts = await self.steps.read(opened, resuming=True)
             seeds = self.steps.seeds(opened, records, rerun_in_doubt=False)
             cur.decisions, cur.pending = chosen, []
-            await self.steps.claim(cur, "resume", counts, self.operator(operator))
+            await self.steps.claim(
+                cur, "resume", counts, {**self.operator(operator), **self.steps.carried(opened, seeds)}
+            )
             # A paused run did not crash: continuing it is not a recovery.
             return await self._drive(cur, seeds, limit=limit, recovering=False, tenure=tenure)
 

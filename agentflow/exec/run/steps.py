@@ -52,7 +52,7 @@ from agentflow.exec.run.checks import (
     pins_for,
     pins_of,
 )
-from agentflow.exec.run.control import granted, without_failed
+from agentflow.exec.run.control import control_of, granted, without_failed
 from agentflow.exec.run.driver import C, R, RunDriver
 from agentflow.exec.run.lease import Ownership, Rider
 from agentflow.exec.run.timers import wake_of
@@ -355,6 +355,8 @@ class RunSteps(Generic[C, R]):
         counts: Mapping[int, int],
         control: Mapping[str, Any] | None = None,
         records: Sequence[tuple[str, dict[str, Any]]] = (),
+        *,
+        status: RunStatus = RunStatus.RUNNING,
     ) -> None:
         """Claim the run: save the next step in a new segment that pins the earlier segments' counts.
 
@@ -364,6 +366,8 @@ class RunSteps(Generic[C, R]):
             counts: the record count per segment, from the checked log.
             control: what the claim decides (`CONTROL_FIELDS`), signed with it.
             records: records the claim's segment opens with, stored atomically with it.
+            status: the claim's status: ``running``, or ``paused`` for a decision on a paused
+                run (its pending calls and timer are kept).
 
         Raises:
             CheckpointConflict: another worker saved that step first.
@@ -371,7 +375,7 @@ class RunSteps(Generic[C, R]):
         assert cause in CLAIM_CAUSES and cur.step is not None
         claim_step = cur.step + 1
         cur.pins = pins_for(counts, claim_step)
-        await self.save(cur, RunStatus.RUNNING, segment=claim_step, claim=cause, control=control, records=records)
+        await self.save(cur, status, segment=claim_step, claim=cause, control=control, records=records)
         await self._read_still_whole(cur, counts, claim_step, len(records))
 
     async def _read_still_whole(self, cur: C, counts: Mapping[int, int], claim_step: int, opened: int = 0) -> None:
@@ -405,6 +409,20 @@ class RunSteps(Generic[C, R]):
             "run.recovered", cur.run_id, kind=self.driver.kind.value, step=cur.step, replayed=replayed, rerun=rerun
         )
         return {"replayed": replayed, "rerun": rerun}
+
+    @staticmethod
+    def carried(opened: Opened[C], seeds: Mapping[str, CallState]) -> dict[str, Any]:
+        """The ``rerun`` grant of the opened claim that is not spent yet, for the next claim to carry on.
+
+        A decision on a paused run (`RunProtocol.decide_in_doubt`) is spent by the step the
+        run goes on with, after a `resume` or a `wake` claims it: that claim carries the
+        grant (the calls still in doubt that no record since the decision touched), so the
+        worker that spends the claim may rerun them as the decision said. Empty when there is
+        nothing to carry.
+        """
+        ids = granted(opened.body, opened.row.segment, seeds)
+        rerun = [cid for cid in control_of(opened.body).rerun if cid in ids and seeds[cid].in_doubt]
+        return {"rerun": rerun} if rerun else {}
 
     # -- reading ----------------------------------------------------------------------
 

@@ -297,17 +297,23 @@ class RunReport:
         """Calls in doubt in the superstep an unfinished run is at; none while a live worker holds the run.
 
         A call logged as started with no result is in doubt only when its worker is gone:
-        while the run's lease is live, the call is running on that worker.
+        while the run's lease is live, the call is running on that worker. A paused run's
+        step may hold one too (it paused on an approval before the call could run again):
+        it is decided like a running run's, and the run stays paused.
         """
-        if self.corrupt or self.status != RunStatus.RUNNING or not self.checkpoints or self.lease is not None:
+        unfinished = self.status in (RunStatus.RUNNING, RunStatus.PAUSED)
+        if self.corrupt or not unfinished or not self.checkpoints or self.lease is not None:
             return []
         current = self.checkpoints[-1].superstep
         return [c for c in self.calls if c.state == IN_DOUBT and c.superstep == current]
 
     @property
     def decision(self) -> SegmentView | None:
-        """The latest segment if its claim is an operator's decision not spent yet (the run waits for a worker)."""
-        if self.corrupt or self.status != RunStatus.RUNNING or not self.segments:
+        """The latest segment if its claim is an operator's decision not spent yet.
+
+        A running run waits for a worker to spend it; a paused one for its resume (or its timer).
+        """
+        if self.corrupt or self.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or not self.segments:
             return None
         last = self.segments[-1]
         return last if last.how == "decision" and last.first_step == self.step else None
