@@ -24,6 +24,7 @@ from reverts import (
     done_overruled,
     lease_unconfirmed,
     parked_for_good,
+    paused_undecidable,
     records_overwritable,
     signed_flags_ignored,
     with_lease_unconfirmed,
@@ -136,6 +137,16 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     (
         "flipped-to-idempotent", "memory", 3913325165, None, signed_flags_ignored, "had its effect 2 times",
         "tests/protocol/test_signed_record_decides.py::test_a_tool_declared_idempotent_since_its_call_started_does_not_rerun_it",
+    ),
+    # A tool loop's round paused on an approval (a deploy made `look` need one) while its charge,
+    # granted a rerun, had not run again (the worker that spent the decision had `charge` renamed):
+    # the paused run could be neither resumed nor decided, and waited for ever. Found by the deploys
+    # (memory, episode seed 4095276720) before the approval flips reached the loop's tools; with
+    # them on and the fix reverted, the plain simulation, seed 1, finds it on memory after 36,000
+    # steps (episode 4).
+    (
+        "paused-in-doubt", "memory", 3913325165, None, paused_undecidable, "runs did not end",
+        "tests/protocol/test_paused_in_doubt.py::test_a_paused_runs_call_in_doubt_is_decided_and_the_run_stays_paused_for_its_approval",
     ),
 ]  # fmt: skip
 
