@@ -86,6 +86,10 @@ class Broker:
         """A message whose worker died comes back, marked redelivered (after the visibility timeout)."""
         self.queue.append(replace(msg, redelivered=True, due=now + self.rng.uniform(30.0, 300.0), id=next(self._ids)))
 
+    def echo(self, msg: Message, due: float) -> None:
+        """A twin of `msg` its publisher sent (unflagged: it looks like a first delivery), due at `due`."""
+        self.queue.append(replace(msg, redelivered=False, due=due, id=next(self._ids)))
+
     def deliverable(self, now: float) -> bool:
         """Whether some message is due."""
         return any(m.due <= now for m in self.queue)

@@ -11,6 +11,20 @@ Moving parts:
   - *favoured points* (buggify): a worker about to go on from a point between a read and
     the write that read justifies (`between_read_and_write`) is stalled or crashed right
     there with the episode's `Profile.hot` chance, far above the background rate;
+  - *a crash at a tool* (`Profile.tool_crash`): a worker at a tool's start (its ``started``
+    stored) or return (its effect had, its ``done`` not yet written) is crashed there, the
+    call left in doubt for recovery, with a chance drawn per episode;
+  - *a stall cut short before a write* (`Profile.cut`): when a worker's write of a run's rows
+    (a checkpoint, a call record) is about to take effect, a worker stalled before a write of
+    its own (say a ``started`` it read the log for before its lease lapsed) wakes first and
+    writes: its stall lasted exactly until then, so the late write lands between another
+    worker's read and the write that read justifies (a claim, a record at the position it
+    counted);
+  - *an echo of a crashed worker's message* (`Profile.echo`): a superstep message whose
+    worker crashed inside the step comes back once more unflagged (its publisher's retry,
+    late: the doubled fault's twin), due right after the dead worker's lease lapsed (or a
+    worker stalled for longer than a lease: its twin, while it stands still), so a
+    clean handoff meets the records the dead worker wrote past its checkpoint;
   - *shorter episodes*: the steps an episode runs with faults are drawn per episode, so
     that more episodes (more starts, handoffs and first recoveries) fit in a budget.
 
@@ -42,6 +56,9 @@ WRITES = frozenset(
         "release_lease",
         "relist",
         "delete",
+        "take_lease",
+        "take_lease_reading_head",
+        "renew_lease",
     }
 )
 
@@ -58,7 +75,13 @@ def between_read_and_write(point: str) -> bool:
         return True
     if not point.startswith("store."):
         return False
-    return point.endswith(".returned") or point.split(".")[1] in WRITES
+    return point.endswith(".returned") or before_write(point)
+
+
+def before_write(point: str) -> bool:
+    """Whether `point` is the point before a store write takes effect."""
+    parts = point.split(".")  # store.<operation>[.<record kind>][.returned]
+    return parts[0] == "store" and len(parts) > 1 and parts[1] in WRITES and parts[-1] != "returned"
 
 
 @dataclass(frozen=True)
@@ -73,10 +96,19 @@ class Reach:
     """The chance, drawn per episode from this range, that a worker is stalled or crashed at a favoured point."""
     hot_crash: float = 0.25
     """Of the faults at favoured points, the share that are crashes (the rest are stalls)."""
-    stall: tuple[float, float] = (0.2, 2.5)
-    """A stall lasts this many leases, drawn per stall: a short one reorders workers without losing a lease."""
+    stall: tuple[float, float] = (0.2, 4.0)
+    """A stall lasts this many leases, drawn per stall: a short one reorders workers without losing a lease, a long
+    one outlasts the sweep's recovery of the run (a claim), unless `Profile.cut` ends it right before a write."""
     length: tuple[float, float] = (0.25, 1.0)
     """An episode runs with faults for this fraction of `Config.episode_steps`, drawn per episode."""
+    tool_crash: tuple[float, float] = (0.0, 0.3)
+    """The chance, drawn per episode from this range, that a worker at a tool's start or return is crashed there."""
+    cut: tuple[float, float] = (0.3, 1.0)
+    """The chance, drawn per episode, that a stalled worker before a write wakes right before another worker's write."""
+    echo: tuple[float, float] = (0.0, 1.0)
+    """The chance, drawn per episode, that a crashed worker's message comes back unflagged (`Profile.echo`)."""
+    echo_after: tuple[float, float] = (1.0, 1.6)
+    """The echo is due this many leases after the crash: once the dead worker's lease lapsed."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +121,16 @@ class Profile:
     stall: tuple[float, float] = (1.1, 2.5)
     steps: int = 0
     off: tuple[str, ...] = field(default=())
+    tool_crash: float = 0.0
+    cut: float = 0.0
+    echo: float = 0.0
+    echo_after: tuple[float, float] = (1.0, 1.6)
 
     def __str__(self) -> str:
-        return f"{self.steps} steps with faults, favoured points {self.hot:.3f}, off: {', '.join(self.off) or 'none'}"
+        return (
+            f"{self.steps} steps with faults, favoured points {self.hot:.3f}, crash at a tool {self.tool_crash:.3f}, "
+            f"stalls cut before a write {self.cut:.3f}, echoes {self.echo:.3f}, off: {', '.join(self.off) or 'none'}"
+        )
 
 
 #: The fault kinds a profile may scale or turn off, by their field in `Faults` (and `MessageFaults`).
@@ -117,5 +156,8 @@ def draw(reach: Reach, faults: Faults, episode_steps: int, rng: random.Random) -
     )
     hot = rng.uniform(*reach.hot)
     steps = int(episode_steps * rng.uniform(*reach.length))
+    tool_crash, cut, echo = rng.uniform(*reach.tool_crash), rng.uniform(*reach.cut), rng.uniform(*reach.echo)
     faults = replace(faults, messages=messages, **rates)
-    return Profile(faults, hot, reach.hot_crash, reach.stall, max(steps, 1), tuple(off))
+    return Profile(
+        faults, hot, reach.hot_crash, reach.stall, max(steps, 1), tuple(off), tool_crash, cut, echo, reach.echo_after
+    )

@@ -46,6 +46,8 @@ class Parked:
     ready: Callable[[], bool] | None = None
     """None: always ready; else resumable only while this says so (a receive waits for a message)."""
     seq: int = 0
+    run_id: str | None = None
+    """The run whose rows the write at this point writes (None: not such a write)."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,13 @@ class Scheduler:
 
     # -- what actors call -----------------------------------------------------------------
 
-    async def point(self, name: str, ready: Callable[[], bool] | None = None) -> None:
+    async def point(self, name: str, ready: Callable[[], bool] | None = None, run_id: str | None = None) -> None:
         """Park the current task at `name` until the scheduler picks it (forever, if its actor crashed)."""
         if self.open_gates:
             return
         self._seq += 1
         self.stats.points.add(name)
-        parked = Parked(ACTOR.get(), name, self.loop.create_future(), ready, self._seq)
+        parked = Parked(ACTOR.get(), name, self.loop.create_future(), ready, self._seq, run_id)
         (self.graveyard if parked.actor in self.dead else self.parked).append(parked)
         await parked.future
 
@@ -148,6 +150,10 @@ class Scheduler:
     def stall(self, actor: str, until: float) -> None:
         """The actor freezes until the clock passes `until` (virtual seconds since the start)."""
         self.stalled[actor] = until
+
+    def wake(self, actor: str) -> None:
+        """The actor's stall ends now (it lasted exactly until here)."""
+        self.stalled.pop(actor, None)
 
     def _wake_stalled(self) -> None:
         for actor, until in list(self.stalled.items()):

@@ -44,12 +44,12 @@ from agentflow.exec.checkpoints.records import ENDED, SealedCall, SealedCheckpoi
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 from agentflow.models import Message as ChatMessage
-from agentflow.sim._broker import Broker, Message, MessageFaults
+from agentflow.sim._broker import HANDOFF_CAUSES, Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
 from agentflow.sim._deploys import first_code, maybe_deploy
 from agentflow.sim._operator import KEY, Operator
 from agentflow.sim._reach import Profile, Reach, between_read_and_write, draw
-from agentflow.sim._scheduler import ACTOR, Choice, Scheduler, Stats
+from agentflow.sim._scheduler import ACTOR, Choice, Parked, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
 from agentflow.sim._world import LOOP, LOOP_STEPS, STARTED, Order, World, expected_states, make_app
@@ -204,8 +204,8 @@ class Episode(Points):
 
     # -- what `SimStore` and the tools ask -------------------------------------------------
 
-    async def point(self, name: str) -> None:
-        await self.sched.point(name)
+    async def point(self, name: str, run_id: str | None = None) -> None:
+        await self.sched.point(name, run_id=run_id)
 
     def store_fault(self, op: str) -> StoreFault | None:
         if self.draining or ACTOR.get() in ("operator", "client"):
@@ -397,6 +397,9 @@ class Episode(Points):
             if not self.fires("stall", point, actor):
                 return False
             self.sched.stall(actor, until)
+            held = self.in_hand.get(actor)
+            if held is not None and until - self.clock.now > self.config.settings.lease_s:
+                self._echo(held)  # its lease lapses while it stands still: a twin of its message may come
         return True
 
     def kill(self, actor: str, again: bool) -> None:
@@ -408,8 +411,21 @@ class Episode(Points):
         held = self.in_hand.pop(actor, None)
         if held is not None and again:
             self.broker.redeliver(held, self.clock.now)
+        if held is not None:
+            self._echo(held)
         self.workers += 1
         self.spawn(f"worker{self.workers}", self.worker_actor)  # the pool starts a new process
+
+    def _echo(self, held: Message) -> None:
+        """Reach: a crashed or long-stalled worker's message comes back unflagged, its lease lapsed (`Profile.echo`)."""
+        profile = self.profile
+        if profile is None or not profile.echo or held.cause not in HANDOFF_CAUSES:
+            return
+        roll, after = self.rng.random(), self.rng.uniform(*profile.echo_after)
+        if roll < profile.echo and self.fires("message-doubled", f"crash.{held.cause}"):
+            due = self.clock.now + self.config.settings.lease_s * after
+            self.broker.echo(held, due)
+            self.sched.note(f"broker: echo of {held} due at {due:.3f}")
 
     async def maybe_tamper(self) -> None:
         """Now and then someone writes to the storage behind the store's back (where the set-up can)."""
@@ -445,6 +461,7 @@ class Episode(Points):
             chosen = self.rng.choice(runnable)
             if self._favoured(chosen.actor, chosen.point):  # reach: a fault where a stale read is acted on
                 return True
+            chosen = self._cut_short(chosen)  # reach: a stalled worker's write lands first
             sched.note(f"{chosen.actor}: {chosen.point}")
             sched.resume(chosen)
             return True
@@ -460,9 +477,30 @@ class Episode(Points):
         profile = self.profile
         if profile is None or self.draining or not profile.hot or not actor.startswith("worker"):
             return False
+        if point.startswith("tool.") and profile.tool_crash and self.rng.random() < profile.tool_crash:
+            return self._strike(actor, point, crash=True)  # a call left in doubt: started, maybe had its effect
         if not between_read_and_write(point) or self.rng.random() >= profile.hot:
             return False
         return self._strike(actor, point, crash=self.rng.random() < profile.hot_crash)
+
+    def _cut_short(self, chosen: Parked) -> Parked:
+        """`chosen` is about to write a run's rows: a worker stalled before a write of that run's may go first.
+
+        Its stall lasted exactly until here (`Profile.cut`): the late write lands between
+        `chosen`'s read of the run and the write that read justifies.
+        """
+        profile, sched = self.profile, self.sched
+        if profile is None or self.draining or not profile.cut or chosen.run_id is None:
+            return chosen
+        if not chosen.actor.startswith("worker") or self.rng.random() >= profile.cut:
+            return chosen
+        stalled = [p for p in sched.parked if p.actor in sched.stalled and p.run_id == chosen.run_id]
+        if not stalled:
+            return chosen
+        woken = self.rng.choice(stalled)
+        sched.wake(woken.actor)
+        sched.note(f"{woken.actor}: its stall ends right before {chosen.actor}'s {chosen.point}")
+        return woken
 
     async def rows(self) -> list[str]:
         """The ledger and each run's rows (checkpoints and call records, as the world decodes them)."""

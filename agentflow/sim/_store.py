@@ -37,8 +37,8 @@ StoreFault = str  # "before" | "after"
 class Points:
     """What `SimStore` asks of the simulation at each operation."""
 
-    async def point(self, name: str) -> None:  # pragma: no cover - the simulation implements it
-        """Park at `name` until the scheduler picks this task."""
+    async def point(self, name: str, run_id: str | None = None) -> None:  # pragma: no cover - the simulation's
+        """Park at `name` until the scheduler picks this task (`run_id`: the run whose rows a write there writes)."""
         raise NotImplementedError
 
     def store_fault(self, op: str) -> StoreFault | None:  # pragma: no cover
@@ -61,8 +61,10 @@ class SimStore:
     def local_key(self) -> bytes | None:
         return self.inner.local_key
 
-    async def _op(self, op: str, call: Callable[[], Awaitable[_T]], wrote: Callable[[], None] | None = None) -> _T:
-        await self._points.point(f"store.{op}")
+    async def _op(
+        self, op: str, call: Callable[[], Awaitable[_T]], wrote: Callable[[], None] | None = None, run_id: str = ""
+    ) -> _T:
+        await self._points.point(f"store.{op}", run_id or None)
         fault = self._points.store_fault(op)
         if fault == "before":
             raise CheckpointError(f"simulated store failure before {op} took effect")
@@ -79,6 +81,7 @@ class SimStore:
             "save",
             lambda: self.inner.save(run_id, step, checkpoint),
             lambda: self._points.wrote(run_id, checkpoint, ()),
+            run_id=run_id,
         )
 
     async def save_after_calls(
@@ -88,6 +91,7 @@ class SimStore:
             "save_after_calls",
             lambda: self.inner.save_after_calls(run_id, step, checkpoint, calls),
             lambda: self._points.wrote(run_id, checkpoint, calls),
+            run_id=run_id,
         )
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
@@ -110,6 +114,7 @@ class SimStore:
             f"record_call.{record.kind}",
             lambda: self.inner.record_call(run_id, record),
             lambda: self._points.wrote(run_id, None, (record,)),
+            run_id=run_id,
         )
 
     async def calls(self, run_id: str) -> Sequence[SealedCall]:
@@ -183,6 +188,7 @@ class _MovesLeases(SimStore):
             f"record_call.{record.kind}",
             lambda: self.inner.record_call_moving(run_id, record, move),
             lambda: self._points.wrote(run_id, None, (record,)),
+            run_id=run_id,
         )
 
     async def save_after_calls_moving(
@@ -198,6 +204,7 @@ class _MovesLeases(SimStore):
             "save_moving",
             lambda: self.inner.save_after_calls_moving(run_id, step, checkpoint, calls, move, events),
             lambda: self._points.wrote(run_id, checkpoint, calls),
+            run_id=run_id,
         )
 
 

@@ -26,6 +26,9 @@ Invariants checked as the simulation goes (`World.violations`):
   run's call, and the operator's fork writes nothing of the run it forks;
 - a ``migrate`` claim is stored only at a step boundary: no call of the step the run goes on
   with had a ``started`` or ``done`` stored before it (docs/versioning.md).
+- a call whose ``started`` signed it not idempotent is started again only on such a signed
+  grant, stored before (`_grants`): checked at each ``started``, whether or not the effect
+  then happens (a crash or a withheld tool after ``started`` hides a rerun from the ledger);
 and at the end of an episode (`_simulation.Episode.check_end`):
 - every run ended (done, failed or cancelled): the operator finished every run that waited
   for a person, through the public API, and nothing is stuck or lost;
@@ -52,6 +55,7 @@ from agentflow.exec.seal import Sealer
 from agentflow.flow import Call, Child, Flow, Wait
 from agentflow.models import Message, ToolCall
 from agentflow.sim._deploys import RENAMED, Code, Declared
+from agentflow.sim._grants import Grants
 from agentflow.sim._history import History
 from agentflow.sim._scheduler import ACTOR
 
@@ -121,18 +125,22 @@ class World:
     sealer: Sealer | None = None
     history: History = field(default_factory=History)
     """The accepted writes, checked against the stores' rules as they take effect (`_history`)."""
+    grants: Grants = field(default_factory=Grants)
+    """The signed grants to rerun a call, spent by each ``started`` of a call started before (`_grants`)."""
 
     # -- what the store tells the world --------------------------------------------------
 
     def wrote_call(self, run_id: str, record: SealedCall) -> None:
         self.writes += 1
         self._forked_from(run_id)
-        call_id = json.loads(record.payload).get("call_id")
+        body = json.loads(record.payload)
+        call_id = body.get("call_id")
         if record.kind == "started":
             self.started[(run_id, call_id)] = self.writes
         if call_id is not None and self.calls.setdefault(run_id, {}).get(call_id) != "done":
             self.calls[run_id][call_id] = record.kind  # a call's own done is its last word
         self._judge(self.history.call(run_id, record, call_id if record.kind == "started" else None))
+        self._judge(self.grants.call(run_id, record.kind, body))
 
     def wrote_checkpoint(self, run_id: str, row: SealedCheckpoint) -> None:
         self.writes += 1
@@ -146,6 +154,7 @@ class World:
                 self.approvals.add((run_id, call_id))
         if body.get("claim") == "migrate":
             self.migrated(run_id, body)
+        self.grants.checkpoint(run_id, body)
 
     def _judge(self, broken: str | None) -> None:
         """A write broke a store's rule (`_history`): an invariant broke, unless the store lost writes."""

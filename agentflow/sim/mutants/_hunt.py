@@ -26,6 +26,7 @@ from agentflow.sim.mutants._kit import Mutant
 #: What caught a bug, by a phrase of the invariant's message (first match).
 CAUGHT_BY = (
     ("the store took", "store rules"),
+    ("with no signed grant", "granted rerun"),
     ("claimed the run from", "unclaimed"),
     ("times with", "effect twice"),
     ("did not hold the run", "lease held"),
