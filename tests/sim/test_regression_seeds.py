@@ -61,6 +61,9 @@ def config_of(faults: Faults | None, steps: int) -> Config:
 BEFORE_DEPLOYS = Faults(deploy=0.0)
 
 
+#: What the world says of a call started again with no signed grant (`agentflow.sim._grants`).
+RERUN = "started again with no signed grant"
+
 #: (name, set-up, episode seed, the faults' rates (None: the defaults), the fix put back, what breaks, the plain test)
 FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextManager[None]], str, str]] = [
     # Race 1, a claim racing a late started: with the fix reverted, `make sim` seed 1 finds it on
@@ -73,9 +76,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # Found again when the simulated runs waited on timers, deadlines and children: seed 1, 62.0 s.
     # Found again when later merges (a superstep sent again, markers bounded, verify's reads) moved the
     # store operations of a superstep: simulation seed 1, 258.5 s on a loaded machine.
+    # Since the world checks each started against the signed grants (agentflow/sim/_grants.py), the
+    # same schedule is caught at the rerun's started, before the double effect it leads to.
     (
-        "claim-race", "memory", 887974100, BEFORE_DEPLOYS, with_lease_unconfirmed(claim_read_trusted),
-        "had its effect 2 times",
+        "claim-race", "memory", 887974100, BEFORE_DEPLOYS, with_lease_unconfirmed(claim_read_trusted), RERUN,
         "tests/protocol/test_claim_races.py::test_a_claim_refuses_to_act_on_a_read_a_late_started_made_stale",
     ),
     # Race 2, a rewound record counter: with the fix reverted and the faults that make it likely
@@ -105,9 +109,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # too, the seed is replayed with that check reverted as well (the same schedule as before).
     # Found again when the simulated runs waited on timers, deadlines and children: seed 1, 13.8 s.
     # Found again when later merges moved the store operations of a superstep: seed 1, 1.6 s.
+    # Since the world checks each started against the signed grants, caught at the rerun's started.
     (
         "late-done", "memory", 122616641, Faults(stall=0.01, deploy=0.0), with_lease_unconfirmed(done_overruled),
-        "had its effect 2 times",
+        RERUN,
         "tests/protocol/test_claim_races.py::test_a_late_done_outweighs_a_did_not_happen_decided_before_it",
     ),
     # A run parked on a call whose stalled worker then logged the call's done: the sweep left it
