@@ -10,7 +10,8 @@ Moving parts:
     fires alongside it there);
   - *favoured points* (buggify): a worker about to go on from a point between a read and
     the write that read justifies (`between_read_and_write`) is stalled or crashed right
-    there with the episode's `Profile.hot` chance, far above the background rate;
+    there with the episode's `Profile.hot` chance, far above the background rate; a stall
+    right before a write lasts past the worker's lease (`Profile.long`), so its write is late;
   - *a crash at a tool* (`Profile.tool_crash`): a worker at a tool's start (its ``started``
     stored) or return (its effect had, its ``done`` not yet written) is crashed there, the
     call left in doubt for recovery, with a chance drawn per episode;
@@ -101,6 +102,9 @@ class Reach:
     one outlasts the sweep's recovery of the run (a claim), unless `Profile.cut` ends it right before a write."""
     length: tuple[float, float] = (0.25, 1.0)
     """An episode runs with faults for this fraction of `Config.episode_steps`, drawn per episode."""
+    long: tuple[float, float] = (2.0, 6.0)
+    """A stall at a favoured point right before a write lasts this many leases: the write comes after the lease lapsed
+    (and, as often as not, after another worker claimed the run or wrote where this one counted)."""
     tool_crash: tuple[float, float] = (0.0, 0.3)
     """The chance, drawn per episode from this range, that a worker at a tool's start or return is crashed there."""
     cut: tuple[float, float] = (0.3, 1.0)
@@ -125,6 +129,7 @@ class Profile:
     cut: float = 0.0
     echo: float = 0.0
     echo_after: tuple[float, float] = (1.0, 1.6)
+    long: tuple[float, float] = (2.0, 6.0)
 
     def __str__(self) -> str:
         return (
@@ -159,5 +164,6 @@ def draw(reach: Reach, faults: Faults, episode_steps: int, rng: random.Random) -
     tool_crash, cut, echo = rng.uniform(*reach.tool_crash), rng.uniform(*reach.cut), rng.uniform(*reach.echo)
     faults = replace(faults, messages=messages, **rates)
     return Profile(
-        faults, hot, reach.hot_crash, reach.stall, max(steps, 1), tuple(off), tool_crash, cut, echo, reach.echo_after
-    )
+        faults, hot, reach.hot_crash, reach.stall, max(steps, 1), tuple(off), tool_crash, cut, echo, reach.echo_after,
+        reach.long,
+    )  # fmt: skip

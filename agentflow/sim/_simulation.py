@@ -48,7 +48,7 @@ from agentflow.sim._broker import HANDOFF_CAUSES, Broker, Message, MessageFaults
 from agentflow.sim._clock import Clocks, SimLoop, VirtualClock, virtual_time
 from agentflow.sim._deploys import first_code, maybe_deploy
 from agentflow.sim._operator import KEY, Operator
-from agentflow.sim._reach import Profile, Reach, between_read_and_write, draw
+from agentflow.sim._reach import Profile, Reach, before_write, between_read_and_write, draw
 from agentflow.sim._scheduler import ACTOR, Choice, Parked, Scheduler, Stats
 from agentflow.sim._setups import SetUp, Storage
 from agentflow.sim._store import Points, StoreFault, sim_store
@@ -383,11 +383,11 @@ class Episode(Points):
         point = next(p.point for p in self.sched.parked if p.actor == actor)
         return self._strike(actor, point, crash=roll < self.faults.crash)
 
-    def _strike(self, actor: str, point: str, *, crash: bool) -> bool:
-        """Crash or stall `actor` at `point` (unless the shrinker suppresses it); whether it fired."""
+    def _strike(self, actor: str, point: str, *, crash: bool, leases: tuple[float, float] | None = None) -> bool:
+        """Crash or stall `actor` at `point` (for `leases`, else the episode's stalls); whether it fired."""
         again, until = (
             self.rng.random() < 0.5,
-            self.clock.now + self.config.settings.lease_s * self.rng.uniform(*self._stall_leases),
+            self.clock.now + self.config.settings.lease_s * self.rng.uniform(*(leases or self._stall_leases)),
         )
         if crash:
             if not self.fires("crash", point, actor):
@@ -475,13 +475,15 @@ class Episode(Points):
     def _favoured(self, actor: str, point: str) -> bool:
         """A worker about to go on from a point between a read and its write: fault it there (`Profile.hot`)."""
         profile = self.profile
-        if profile is None or self.draining or not profile.hot or not actor.startswith("worker"):
+        if profile is None or self.draining or not actor.startswith("worker"):
             return False
         if point.startswith("tool.") and profile.tool_crash and self.rng.random() < profile.tool_crash:
             return self._strike(actor, point, crash=True)  # a call left in doubt: started, maybe had its effect
-        if not between_read_and_write(point) or self.rng.random() >= profile.hot:
+        if not profile.hot or not between_read_and_write(point) or self.rng.random() >= profile.hot:
             return False
-        return self._strike(actor, point, crash=self.rng.random() < profile.hot_crash)
+        # A stall right before a write outlasts the worker's lease: its write comes late (`Profile.long`)
+        leases = profile.long if before_write(point) else None
+        return self._strike(actor, point, crash=self.rng.random() < profile.hot_crash, leases=leases)
 
     def _cut_short(self, chosen: Parked) -> Parked:
         """`chosen` is about to write a run's rows: a worker stalled before a write of that run's may go first.
