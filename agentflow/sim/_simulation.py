@@ -224,6 +224,9 @@ class Episode(Points):
         if checkpoint is not None:
             self.world.wrote_checkpoint(run_id, checkpoint)
 
+    def took(self, run_id: str) -> None:
+        self.world.took(run_id)
+
     def fires(self, kind: str, point: str, actor: str | None = None) -> bool:
         """A fault was drawn: count it, and apply it unless the shrinker suppresses it."""
         self._faults_drawn += 1

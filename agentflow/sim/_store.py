@@ -48,6 +48,9 @@ class Points:
     def wrote(self, run_id: str, checkpoint: SealedCheckpoint | None, calls: Sequence[SealedCall]) -> None:
         """A write took effect in the store (called at once, before anything else runs)."""
 
+    def took(self, run_id: str) -> None:
+        """The current actor took the run's lease (called at once, as `wrote` is)."""
+
 
 class SimStore:
     """A `CheckpointStore` whose every operation is surrounded by points and may fail (see the module docstring)."""
@@ -130,7 +133,9 @@ class SimStore:
         return await self._op("relist", lambda: self.inner.relist(run_id))
 
     async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
-        return await self._op("take_lease", lambda: self.inner.take_lease(run_id, owner, token, ttl_s))
+        return await self._op(
+            "take_lease", lambda: self.inner.take_lease(run_id, owner, token, ttl_s), lambda: self._points.took(run_id)
+        )
 
     async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         return await self._op("renew_lease", lambda: self.inner.renew_lease(run_id, token, ttl_s))
@@ -173,7 +178,9 @@ class SimHeadStore(SimEventStore):
         self, run_id: str, owner: str, token: str, ttl_s: float, marker: str | None = None
     ) -> tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None, Marker | None]:
         result: tuple[Lease, tuple[SealedCheckpoint, Mapping[int, int]] | None, Marker | None] = await self._op(
-            "take_lease_reading_head", lambda: self.inner.take_lease_reading_head(run_id, owner, token, ttl_s, marker)
+            "take_lease_reading_head",
+            lambda: self.inner.take_lease_reading_head(run_id, owner, token, ttl_s, marker),
+            lambda: self._points.took(run_id),
         )
         return result
 

@@ -97,6 +97,10 @@ class World:
     violations: list[str] = field(default_factory=list)
     #: (run, call id) -> the order number of the write that stored its newest ``started``.
     started: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: run -> the order number of the write that stored its newest claim.
+    claimed: dict[str, int] = field(default_factory=dict)
+    #: (run, actor) -> the order number of the newest write when that actor last took the run's lease.
+    taken: dict[tuple[str, str], int] = field(default_factory=dict)
     #: run -> the order number of the write that stored its first ``cancelled`` checkpoint.
     cancelled: dict[str, int] = field(default_factory=dict)
     writes: int = 0
@@ -155,6 +159,12 @@ class World:
         if body.get("claim") == "migrate":
             self.migrated(run_id, body)
         self.grants.checkpoint(run_id, body)
+        if "claim" in body:
+            self.claimed[run_id] = self.writes
+
+    def took(self, run_id: str) -> None:
+        """The current actor took the run's lease: after every write so far."""
+        self.taken[(run_id, ACTOR.get())] = self.writes
 
     def _judge(self, broken: str | None) -> None:
         """A write broke a store's rule (`_history`): an invariant broke, unless the store lost writes."""
@@ -248,12 +258,21 @@ class World:
                 f"{tool} {info.call_id} of {info.run_id} started on {actor}, which did not hold the run "
                 f"(its lease: {held})"
             )
-        # And nobody claimed the run since the call's `started` (a claim needs the lease: none can come between).
-        newest, began = self.history.newest.get(info.run_id), self.history.started_in.get((info.run_id, info.call_id))
-        if newest is not None and began is not None and newest[2] != began:
+        # And the worker did not take the lease back over a claim that came since the call's `started`. (A
+        # claimer that stalled past its own lease may still land its claim after this worker took the
+        # lease back and checked the head: the claim then counts the log again and parks on this call,
+        # which the grants and the ledger judge; that claim is no sign this worker did not hold the run.)
+        started, claimed = self.started.get((info.run_id, info.call_id)), self.claimed.get(info.run_id)
+        taken = self.taken.get((info.run_id, actor), 0)
+        if started is not None and claimed is not None and started < claimed <= taken:
+            newest, began = (
+                self.history.newest.get(info.run_id),
+                self.history.started_in.get((info.run_id, info.call_id)),
+            )
             self.violations.append(
-                f"{tool} {info.call_id} of {info.run_id} started on {actor} after segment {newest[2]} claimed "
-                f"the run from segment {began}, where its started is: it did not hold the run"
+                f"{tool} {info.call_id} of {info.run_id} started on {actor} after segment "
+                f"{newest[2] if newest else '?'} claimed the run from segment {began}, where its started is, "
+                "and it took the lease back over that claim: it did not hold the run"
             )
 
     async def tool(self, name: str, declared: Declared) -> None:

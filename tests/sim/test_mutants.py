@@ -25,6 +25,13 @@ QUICK = [
     ("fenced-started", "memory", 1, 30_000),
     ("renew-steals", "memory", 2, 30_000),
     ("lease-take-breaks", "memory", 2, 30_000),
+    # the ones the raised reach finds (docs/simulation.md, Reach): a rerun judged at its started, a
+    # stall cut short before another worker's write, an echo of a dead worker's message
+    ("record-overwrites", "memory", 2, 20_000),
+    ("take-back-claimed", "memory", 3, 20_000),
+    ("handoff-past-unread", "memory", 5, 20_000),
+    ("doubt-ignored", "memory", 3, 20_000),
+    ("claim-trusts-read", "memory", 1, 60_000),
 ]
 
 

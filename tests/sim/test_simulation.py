@@ -21,7 +21,7 @@ from agentflow.sim._deploys import KINDS
 from agentflow.sim._shrink import shrink
 
 #: Steps of the slice per set-up (memory runs about 25,000 a second here, SQLite 7,000, fakeredis 5,000).
-SLICE = {"memory": 150_000, "sqlite": 50_000, "fakeredis": 40_000}
+SLICE = {"memory": 250_000, "sqlite": 50_000, "fakeredis": 40_000}
 #: The seed of the slices (SIM_SEED=... explores others; `make sim SEED=...` replays an episode).
 SEED = int(os.environ.get("SIM_SEED", "20261202"))
 
