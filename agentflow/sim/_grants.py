@@ -8,8 +8,10 @@ happened never runs again on its own). So each ``started`` the store accepts is 
 it is written: it is the moment a call may happen, whatever happens after.
 
 Moving parts (`Grants`, fed every accepted write, in order, by the world):
-- a call is *guarded* once one of its stored ``started`` records signed ``"idempotent":
-  false`` (the signed record, not the tools deployed now: what the call was when it began);
+- a call is *guarded* while its newest stored ``started`` signed ``"idempotent": false``
+  (the signed record, not the tools deployed now: what the call was when that start began;
+  a start under a deploy that declares the tool idempotent lets the next one go free, as
+  the ledger's rule counts an effect by the flags its start had);
 - each further ``started`` of a guarded call spends a *grant*, stored before it: a claim's
   signed ``rerun`` decision naming the call, or a ``retry`` claim while the call's newest
   record was ``failed`` with no ``done`` of its own stored (an operator's "did not happen",
@@ -48,9 +50,12 @@ class Grants:
             self.done.add(key)
         if kind != "started":
             return None
-        if key not in self.guarded:
-            if body.get("idempotent") is False:
-                self.guarded.add(key)
+        guarded = key in self.guarded  # its previous start signed it not idempotent
+        if body.get("idempotent") is False:
+            self.guarded.add(key)
+        else:
+            self.guarded.discard(key)  # started again under a deploy that declares it idempotent: reruns freely
+        if not guarded:
             return None
         if self.left[key] <= 0:
             return (

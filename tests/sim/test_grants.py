@@ -55,3 +55,15 @@ def test_an_idempotent_call_reruns_freely() -> None:
     grants = Grants()
     for _ in range(3):
         assert grants.call(RUN, "started", started("1/look/1/y", idempotent=True)) is None
+
+
+def test_a_start_under_a_deploy_that_declares_the_tool_idempotent_lets_the_next_start_go_free() -> None:
+    # Given a call started not idempotent, rerun on a decision by a worker whose deploy declares it idempotent
+    grants = Grants()
+    grants.call(RUN, "started", started())
+    grants.checkpoint(RUN, {"claim": "decision", "rerun": ["1/pay/1/x"]})
+    assert grants.call(RUN, "started", started(idempotent=True)) is None
+    # Then its next start needs no grant (the ledger counts an effect by the flags its start had)
+    assert grants.call(RUN, "started", started()) is None
+    # And the one after that, following a start signed not idempotent, does again
+    assert grants.call(RUN, "started", started()) is not None

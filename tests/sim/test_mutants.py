@@ -29,7 +29,7 @@ QUICK = [
     # stall cut short before another worker's write, an echo of a dead worker's message
     ("record-overwrites", "memory", 2, 20_000),
     ("take-back-claimed", "memory", 3, 20_000),
-    ("handoff-past-unread", "memory", 5, 20_000),
+    ("handoff-past-unread", "memory", 3, 20_000),
     ("doubt-ignored", "memory", 3, 20_000),
     ("claim-trusts-read", "memory", 1, 60_000),
 ]
