@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import redis
 
@@ -90,7 +90,7 @@ class Server:
     password: str | None = None
     """The server's ``requirepass`` (a Sentinel's is in its configuration file); its `client` logs in with it."""
 
-    def start(self) -> Server:
+    def start(self) -> Self:
         self.directory.mkdir(parents=True, exist_ok=True)
         base = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
         base += ["--logfile", str(self.directory / "server.log")]

@@ -50,7 +50,7 @@ def acl_file() -> str:
     (block,) = re.findall(r"```acl\n(.*?)```", (ROOT / "docs" / "security.md").read_text(), re.S)
     for placeholder, password in PASSWORDS.items():
         block = block.replace(placeholder, password)
-    return block
+    return str(block)
 
 
 def binaries() -> list[str]:
@@ -242,7 +242,7 @@ def test_a_script_runs_with_its_callers_acl(server):
         with pytest.raises(
             redis.exceptions.ResponseError, match="can't run this command|no permissions to run the 'hset'"
         ):
-            probe.execute_command(*command)
+            probe.execute_command(*command)  # type: ignore[no-untyped-call]
     assert admin.exists("k") == 0
     admin.execute_command("ACL", "DELUSER", "probe")
     admin.execute_command("FUNCTION", "DELETE", "probe")

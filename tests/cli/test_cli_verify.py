@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 import sqlite3
 from contextlib import closing
@@ -135,7 +136,7 @@ def test_verify_names_what_redis_writes_erased(agentflow, redis_url, unique_pref
     try:
         # Given two finished shipping runs on the real server
         for run_id in ("s-1", "s-2"):
-            runs_kit.in_thread(lambda run_id=run_id: _ship(url, run_id))
+            runs_kit.in_thread(functools.partial(_ship, url, run_id))
         # When s-1's newest checkpoint row is trimmed off (LTRIM) and its record counter set back (HSET),
         # and s-2's oldest row is trimmed off
         key = f"{prefix}:run:{{s-1}}"

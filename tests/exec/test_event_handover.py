@@ -8,10 +8,12 @@ the link and reads the stream back as ``agentflow verify`` and ``agentflow event
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from _kit.event_streams import assert_handed_on, writers
-from _kit.stores import setups
-from _kit.tickets import KEY, ORDER, TICKETS, Crash, make_tickets
+from _kit.stores import StoreSetup, setups
+from _kit.tickets import KEY, ORDER, TICKETS, Crash, Tickets, make_tickets
 
 from agentflow import Events, Executor, FlowRunner
 from agentflow.exec.run import events as run_events
@@ -19,7 +21,7 @@ from agentflow.exec.run.events import Positions, stream_problems
 from agentflow.exec.seal import Sealer
 
 
-def recording_worker(setup, tickets) -> FlowRunner:
+def recording_worker(setup: StoreSetup, tickets: Tickets) -> FlowRunner:
     """A worker of its own (store object, executor, hub) that records the run's events, as the Celery workers do."""
     executor = Executor(tickets.registry, events=Events(record=True))
     return FlowRunner(executor, checkpoints=setup.open(), checkpoint_key=KEY)
@@ -53,7 +55,7 @@ async def test_a_run_taken_over_after_a_crash_reads_back_clean_from_both_writers
 async def test_a_run_s_end_goes_with_its_last_save_so_a_death_right_after_it_leaves_no_gap(store_setup, monkeypatch):
     # Given workers that die right after their block's last save: nothing they still buffer is
     # ever appended (the recorder's last append never runs, as in a process killed there)
-    async def killed(self) -> None:
+    async def killed(self: Any) -> None:
         self._buffer.clear()
 
     monkeypatch.setattr(run_events._Recorder, "drain", killed)

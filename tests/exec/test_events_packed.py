@@ -142,7 +142,8 @@ async def test_an_8_mib_forged_packed_value_is_refused_by_its_length_before_it_i
     # Given a finished run whose packed value someone replaced with 8 MiB of well-framed rows (random bytes each,
     # so it stays 8 MiB compressed): before the bound, a read inflated and framed it, seconds of CPU each time
     store = await _finished(store_setup)
-    rows, size = [], 0
+    rows: list[tuple[str, bytes]] = []
+    size = 0
     while size < 8 * 1024 * 1024:
         rows += [(f"{len(rows) + i + 1}-0", os.urandom(4096)) for i in range(256)]
         size += 256 * 4096

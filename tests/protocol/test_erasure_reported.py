@@ -161,7 +161,8 @@ async def test_a_listing_entry_apart_from_the_newest_row_is_reported(store_setup
     # When the newest checkpoint row is removed with the listing entry left (Redis RPOP; SQL DELETE),
     # or the entry is set back or rewritten (Redis HSET of the latest hash; SQL UPDATE of the runs row)
     if isinstance(store_setup.rows, RedisRows):
-        await store_setup.rows.send(run_id, *command)
+        part, verb, *rest = command
+        await store_setup.rows.send(run_id, str(part), str(verb), *rest)
     else:
         assert await sql_rows(store_setup).execute(sql, run_id) == 1
     # Then the rows left check (a crash after step 2 looks the same), and verify names what was done

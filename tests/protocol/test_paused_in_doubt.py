@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _kit.tickets import KEY, ORDER, Crash, Order, make_tickets, order_args, redeployed
+from _kit.stores import StoreSetup
+from _kit.tickets import KEY, ORDER, Crash, Order, Tickets, make_tickets, order_args, redeployed
 from _kit.workers import Workers
 
 from agentflow import Call, Flow, Happened, Rerun
@@ -64,10 +65,10 @@ FANOUT = (
 )
 
 
-async def paused_with_charge_in_doubt(store_setup, run_id: str):
+async def paused_with_charge_in_doubt(store_setup: StoreSetup, run_id: str) -> tuple[Tickets, str, dict[str, Any]]:
     """The found sequence, up to the paused checkpoint whose step holds the charge in doubt."""
     tickets = make_tickets()
-    common = {"checkpoints": store_setup.raw, "checkpoint_key": KEY}
+    common: dict[str, Any] = {"checkpoints": store_setup.raw, "checkpoint_key": KEY}
     # The round pends wire_money (it needs approval) and its worker dies inside charge_card
     tickets.crash_in.add("charge_card")
     with pytest.raises(Crash):
@@ -122,7 +123,7 @@ async def test_a_rerun_decided_on_a_paused_run_is_carried_to_the_worker_that_spe
     assert tickets.ledger.counts()["wire_money"] == 1 and tickets.ledger.counts()["charge_card"] == 2
 
 
-async def test_a_paused_flow_runs_call_in_doubt_is_decided_alike(workers: Workers):
+async def test_a_paused_flow_runs_call_in_doubt_is_decided_alike(workers: Workers) -> None:
     # Given a flow whose superstep pays (charge_card) beside a wire waiting for approval; its worker
     # died inside charge_card, a rerun was decided, and the worker that spent it had no charge_card
     workers.tickets.crash_in.add("charge_card")
