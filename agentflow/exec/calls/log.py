@@ -219,10 +219,10 @@ class CallLog:
         request = ApprovalRequest(call_id, tool.name, encoded, node, self.ctx)
         rerun = seed is not None and seed.in_doubt
         # A call that needed approval when it started needs it again to rerun, whatever the code says now.
-        approval = tool.needs_approval(kwargs, self.ctx) or (rerun and seed is not None and seed.signed_approval)
+        signed = rerun and seed is not None and seed.signed_approval
         with tracer.tool_call(self.run_id, tool, call_id, encoded) as span:
             return await self._decide(
-                tool, kwargs, request, span, rerun=rerun, approval=approval, closes=self.closing == (node, ordinal)
+                tool, kwargs, request, span, rerun=rerun, signed=signed, closes=self.closing == (node, ordinal)
             )
 
     async def _decide(
@@ -233,11 +233,16 @@ class CallLog:
         span: CallSpan,
         *,
         rerun: bool,
-        approval: bool,
+        signed: bool,
         closes: bool,
     ) -> Any:
-        """Settle the approval, take the slots, log ``started`` and run the call (`call`, past replay and cancel)."""
+        """Settle the approval, take the slots, log ``started`` and run the call (`call`, past replay and cancel).
+
+        `signed`: the call's last ``started`` said it needed approval (it needs it again now).
+        """
         decision = self.decisions.get(request.call_id)
+        # A decision is given only to a call that asked for one; the policy is asked only without one.
+        approval = decision is not None or signed or tool.needs_approval(kwargs, self.ctx)
         asks_port = False
         if decision is None and approval:
             if self.executor.approver is None:
