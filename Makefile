@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck docs pytest services bench sim sim-mutants failover soak all clean
+.PHONY: demo test lint typecheck docs pytest services bench sim sim-mutants failover soak all clean durations
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,8 @@ demo: $(STAMP)
 
 # lint-imports checks the layers: the contracts in pyproject.toml's [tool.importlinter] (no cache dir left behind).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check agentflow workers config tests bench
-	$(VENV)/bin/ruff format --check agentflow workers config tests bench
+	$(VENV)/bin/ruff check agentflow workers config tests bench scripts
+	$(VENV)/bin/ruff format --check agentflow workers config tests bench scripts
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 
 # tests/ is checked as pytest imports it (prepend mode: each test folder is on sys.path, so
@@ -51,6 +51,11 @@ pytest: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test: lint typecheck docs pytest
+
+# Where `make test`'s time goes: runs its stages timed (caches removed first, as in a fresh clone)
+# and rewrites tests/DURATIONS.md (the stages, test time per folder, the slowest tests).
+durations: $(STAMP) services
+	$(PY) scripts/durations.py
 
 all: test
 
