@@ -131,7 +131,7 @@ def test_a_recovering_worker_killed_again_is_recovered_by_a_third(tmp_path: Path
 
 
 #: SIGKILLs of the random test (`make soak` sets AGENT_KILLS for the long form).
-RANDOM_KILLS = int(os.environ.get("AGENT_KILLS", "24"))
+RANDOM_KILLS = int(os.environ.get("AGENT_KILLS", "12"))
 
 
 def test_random_kills_never_run_a_finished_or_cut_off_charge_again(tmp_path: Path) -> None:

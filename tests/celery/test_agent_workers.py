@@ -70,7 +70,7 @@ async def test_a_tool_loop_is_not_started_as_an_agent_nor_an_agent_as_a_tool_loo
 
 
 #: Random SIGKILLs of the worker running an agent run (`make soak` sets AGENT_WORKER_KILLS for the long form).
-WORKER_KILLS = int(os.environ.get("AGENT_WORKER_KILLS", "3"))
+WORKER_KILLS = int(os.environ.get("AGENT_WORKER_KILLS", "2"))
 
 
 @pytest.mark.timeout(60 + 30 * WORKER_KILLS)

@@ -2,9 +2,9 @@
 
 It runs on two configurations: one Redis as broker and store (the default), and the
 scale-out one, RabbitMQ as the broker and PostgreSQL as the store (`rabbit_kit`).
-Bounded for ``make test`` at its shortest meaningful length: 25 s of chaos (a kill every
-1.75 s on average: about 14) over 60 runs on Redis, a third of each on RabbitMQ +
-PostgreSQL. ``make soak`` runs the long form (600 s and 500 runs on each), or set them::
+Bounded for ``make test`` at its shortest meaningful length: 12 s of chaos (a kill every
+1.75 s on average: about 7, main processes and pool children) over 32 runs (8 of them agent
+runs) on Redis, half of each on RabbitMQ + PostgreSQL. ``make soak`` runs the long form (600 s and 500 runs on each), or set them::
 
     AGENTFLOW_CHAOS_SECONDS=600 AGENTFLOW_CHAOS_RUNS=500 .venv/bin/pytest tests/celery/test_chaos.py -s
 
@@ -40,10 +40,10 @@ from agentflow.celery import RunView
 from agentflow.errors import RunHeld
 from agentflow.integrations.pydantic_ai import AgentResult
 
-SECONDS = float(os.environ.get("AGENTFLOW_CHAOS_SECONDS", "25"))
-RUNS = int(os.environ.get("AGENTFLOW_CHAOS_RUNS", "60"))
+SECONDS = float(os.environ.get("AGENTFLOW_CHAOS_SECONDS", "12"))
+RUNS = int(os.environ.get("AGENTFLOW_CHAOS_RUNS", "32"))
 #: The share of SECONDS and RUNS the soak on RabbitMQ + PostgreSQL takes unless they are set.
-SCALE_OUT_SHARE = 1.0 if "AGENTFLOW_CHAOS_SECONDS" in os.environ else 1 / 3
+SCALE_OUT_SHARE = 1.0 if "AGENTFLOW_CHAOS_SECONDS" in os.environ else 1 / 2
 WORKERS = 3
 #: Time for the runs to settle once the chaos stopped (lapsed leases, beat, reruns).
 SETTLE_S = 180.0

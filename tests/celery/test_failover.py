@@ -13,7 +13,8 @@ checkpoint store on a server that is then lost with acknowledged writes (failove
   acknowledged vanish, charges are made again); with ``wait_fsync=True``, which asks for
   ``appendfsync always``, nothing acknowledged is lost.
 
-Each test runs AGENTFLOW_FAILOVER_ROUNDS rounds (2 by default; ``make failover`` and ``make soak`` run 20)
+Each test runs AGENTFLOW_FAILOVER_ROUNDS rounds (1 by default, the shortest that shows each set-up's
+outcome; ``make failover`` and ``make soak`` run 20)
 and prints its tally, which the closing notes and docs/stores/redis.md quote.
 """
 
@@ -31,7 +32,7 @@ from failover_kit import RESULTS, Tally, crash_round, sentinel_round
 
 from agentflow._errors import CheckpointError
 
-ROUNDS = int(os.environ.get("AGENTFLOW_FAILOVER_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("AGENTFLOW_FAILOVER_ROUNDS", "1"))
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(90 + 45 * ROUNDS)]
 

@@ -20,8 +20,11 @@ from agentflow.sim import SETUPS, Config, Faults, custom, describe, run_simulati
 from agentflow.sim._deploys import KINDS
 from agentflow.sim._shrink import shrink
 
-#: Steps of the slice per set-up (memory runs about 25,000 a second here, SQLite 7,000, fakeredis 5,000).
-SLICE = {"memory": 250_000, "sqlite": 50_000, "fakeredis": 40_000}
+#: Steps of the slice per set-up (memory runs about 13,000 a second here, SQLite 2,000, fakeredis 3,000): the
+#: shortest on this seed in which every fault, wait, deploy, fork and migration of the first test happens.
+SLICE = {"memory": 120_000, "sqlite": 35_000, "fakeredis": 20_000}
+#: Steps of the lease-giving save's slice: long enough for a few hundred such saves at raised failure rates.
+SAVE_SLICE = {"memory": 80_000, "sqlite": 16_000, "fakeredis": 13_000}
 #: The seed of the slices (SIM_SEED=... explores others; `make sim SEED=...` replays an episode).
 SEED = int(os.environ.get("SIM_SEED", "20261202"))
 
@@ -62,7 +65,7 @@ def test_the_save_that_gives_a_lease_up_is_simulated_under_every_fault_of_a_stor
     # default rates, whether one of them fails after it took effect is a coin toss)
     faults = Faults(store_before=0.02, store_after=0.02, deploy=0.0)  # no deploys: the store writes alone
     # (the rates as given in every episode: swarm testing would turn some of them off in some episodes)
-    report = run_simulation(SETUPS[setup](), SEED, Config(steps=SLICE[setup] // 3, faults=faults, reach=None))
+    report = run_simulation(SETUPS[setup](), SEED, Config(steps=SAVE_SLICE[setup], faults=faults, reach=None))
     assert report.failure is None, describe(report)
     # Then workers saved their last step giving the lease up with it, and that write failed before
     # and after it took effect, and a worker crashed and stalled right after it
@@ -148,8 +151,8 @@ def test_lost_acknowledged_writes_let_a_call_run_again_on_a_store_that_does_not_
 
 def test_lost_acknowledged_writes_break_nothing_when_the_store_waits_for_its_replica() -> None:
     # Given the same failovers, on a store that waits for its replica on the writes the promise
-    # stands on, by the rule RedisCheckpointStore(wait_replicas=1) uses
-    config = Config(steps=100_000, faults=Faults(lost_writes=0.002))
+    # stands on, by the rule RedisCheckpointStore(wait_replicas=1) uses (half the steps: about 90 failovers)
+    config = Config(steps=50_000, faults=Faults(lost_writes=0.002))
     report = run_simulation(SETUPS["memory-waiting"](), 1, config)
     # Then every invariant holds: no call ran twice, no run was lost, every run ended
     assert report.stats.faults["lost-writes"] > 50
