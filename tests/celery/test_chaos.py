@@ -4,7 +4,8 @@ It runs on two configurations: one Redis as broker and store (the default), and 
 scale-out one, RabbitMQ as the broker and PostgreSQL as the store (`rabbit_kit`).
 Bounded for ``make test`` at its shortest meaningful length: 12 s of chaos (a kill every
 1.75 s on average: about 7, main processes and pool children) over 32 runs (8 of them agent
-runs) on Redis, half of each on RabbitMQ + PostgreSQL. ``make soak`` runs the long form (600 s and 500 runs on each), or set them::
+runs) on Redis, half of each on RabbitMQ + PostgreSQL. ``make soak`` runs the long form (600 s
+and 500 runs on each), or set them::
 
     AGENTFLOW_CHAOS_SECONDS=600 AGENTFLOW_CHAOS_RUNS=500 .venv/bin/pytest tests/celery/test_chaos.py -s
 
