@@ -40,8 +40,9 @@ from agentflow import Events, Happened, Rerun
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
 from agentflow.integrations.pydantic_ai import AgentResult
 
-#: What the warm server imports before it forks this script's processes (`_kit.forkserver`).
-PRELOAD = BACKENDS
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`): the
+#: store backends, and what pydantic-ai imports in its first run.
+PRELOAD = (*BACKENDS, "anyio._backends._asyncio", "genai_prices.data")
 KEY = b"agent-crash-kit-key-0123456789abcdef"
 
 
