@@ -2,7 +2,8 @@
 
 A kit script (tests/crash, tests/loop, tests/agent) runs or recovers one run, may SIGKILL itself
 at a boundary, and prints its outcome as JSON on its last line of stdout; a killed process prints
-nothing.
+nothing. Each such process is forked from a warm server that has done the script's imports
+(`_kit.forkserver`).
 """
 
 from __future__ import annotations
@@ -10,23 +11,23 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _kit.specs import child_env
+from _kit import forkserver
 
 
 def run_kit(script: Path, *args: str, timeout_s: float = 60.0) -> dict[str, Any] | None:
     """Run `script` with `args` (tests/ on ``PYTHONPATH``, in its folder); its JSON outcome, None if it was killed.
 
+    The process is forked from the script's warm server (`_kit.forkserver`), as ``python script args`` would run.
+
     Raises:
         AssertionError: the process failed otherwise (its stderr is in the message).
+        subprocess.TimeoutExpired: it ran longer than `timeout_s` (it was killed).
     """
-    cmd = [sys.executable, str(script), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=script.parent, env=child_env())
+    proc = forkserver.run(script, list(args), timeout_s=timeout_s)
     if proc.returncode == -signal.SIGKILL:
         return None
     assert proc.returncode == 0, proc.stderr

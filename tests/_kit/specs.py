@@ -12,6 +12,15 @@ from pathlib import Path
 
 from agentflow.exec.checkpoints import CheckpointStore
 
+#: The modules `open_spec` imports as it opens a store; a kit script's warm server imports them
+#: ahead (``PRELOAD``, `_kit.forkserver`), so its children do not.
+BACKENDS = (
+    "agentflow.exec.checkpoints.sqlite",
+    "redis.asyncio",
+    "agentflow.exec.checkpoints.redis",
+    "agentflow.exec.checkpoints.sqlalchemy",
+)
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 

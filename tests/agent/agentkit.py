@@ -14,8 +14,9 @@ Boundaries (``--crash POINT[:WHAT]``), each a SIGKILL of the worker's own proces
   after_tools:N         just after this process saved its Nth tool-results checkpoint
 
 Run as ``python agentkit.py --db PATH --ledger PATH --run-id ID --action ACTION`` with tests/ on
-``PYTHONPATH`` (`_kit.stores.child_env`); the last line of stdout is a JSON outcome (nothing is
-printed when the process was killed). Actions: ``run``, ``recover``, ``recover_rerun`` (every call in
+``PYTHONPATH`` (`_kit.specs.child_env`); the last line of stdout is a JSON outcome (nothing is
+printed when the process was killed). The tests fork it from a warm server instead
+(`_kit.forkserver`), which calls `main`. Actions: ``run``, ``recover``, ``recover_rerun`` (every call in
 doubt reruns), ``operator`` (recover; where a cut-off charge needs a decision, an operator looks at the
 ledger as at the card's statement: `Happened` with the tool's result if it ran, else `Rerun`).
 """
@@ -32,13 +33,16 @@ from typing import Any
 from _kit.agents import PROMPT, Receipt, charge_result, durable, make_agent
 from _kit.faults import FaultyStore
 from _kit.leases import KILLED_LEASE_S, once_lapsed
-from _kit.specs import open_spec
+from _kit.specs import BACKENDS, open_spec
 from _kit.tickets import Ledger, sigkill
 
 from agentflow import Events, Happened, Rerun
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
 from agentflow.integrations.pydantic_ai import AgentResult
 
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`): the
+#: store backends, and what pydantic-ai imports in its first run.
+PRELOAD = (*BACKENDS, "anyio._backends._asyncio", "genai_prices.data")
 KEY = b"agent-crash-kit-key-0123456789abcdef"
 
 

@@ -15,7 +15,8 @@ Every store writes a lone Call node's ``done`` together with its checkpoint
 the ``done`` and before the save; after it is after both.
 
 Run as ``python crashkit.py --store SPEC --ledger PATH --run-id ID --action ACTION`` with tests/
-on ``PYTHONPATH`` (`_kit.specs.child_env`); the last line of stdout is a JSON outcome.
+on ``PYTHONPATH`` (`_kit.specs.child_env`); the last line of stdout is a JSON outcome. The tests
+fork it from a warm server instead (`_kit.forkserver`), which calls `main`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from typing import Any
 
 from _kit.faults import FaultyStore
 from _kit.leases import KILLED_LEASE_S, once_lapsed
-from _kit.specs import open_spec
+from _kit.specs import BACKENDS, open_spec
 from _kit.tickets import KEY, ORDER, TICKETS, Ledger, make_tickets, sigkill
 
 from agentflow import Executor, FlowRunner
 from agentflow.exec.checkpoints import RecoveryNeedsDecision
 
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`).
+PRELOAD = BACKENDS
 POINTS = ("before_started", "after_started", "in_tool", "before_done", "after_done", "in_save", "between")
 
 

@@ -24,7 +24,8 @@ Boundaries (``--crash POINT[:WHAT]``); the kill is SIGKILL to the worker's own p
 
 Run as ``python loopkit.py --db PATH --ledger PATH --run-id ID --action ACTION`` with tests/ on
 ``PYTHONPATH`` (`_kit.specs.child_env`); the last line of stdout is a JSON outcome (nothing is
-printed when the process was killed). The ledger is `_kit.tickets.Ledger`; the store wrapper
+printed when the process was killed). The tests fork it from a warm server instead
+(`_kit.forkserver`), which calls `main`. The ledger is `_kit.tickets.Ledger`; the store wrapper
 `_kit.faults.FaultyStore`.
 """
 
@@ -40,7 +41,7 @@ from typing import Any
 
 from _kit.faults import FaultyStore
 from _kit.leases import KILLED_LEASE_S, once_lapsed
-from _kit.specs import open_spec
+from _kit.specs import BACKENDS, open_spec
 from _kit.tickets import Ledger, sigkill
 
 from agentflow import Events, Registry
@@ -48,6 +49,8 @@ from agentflow.exec import ApprovalRequest, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import RecoveryNeedsDecision, SQLiteCheckpointStore
 from agentflow.models import Message, ScriptedModel, ToolCall
 
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`).
+PRELOAD = BACKENDS
 KEY = b"loop-crash-kit-key-0123456789abcdef"
 #: The model may be called this often over the whole run (the conversation needs 3 calls).
 MAX_STEPS = 4
