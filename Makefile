@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck docs pytest services bench sim sim-mutants failover soak all clean durations
+.PHONY: demo test check lint typecheck docs pytest services bench sim sim-mutants failover soak all clean durations
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,27 +15,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m agentflow.demo
 
-# lint-imports checks the layers: the contracts in pyproject.toml's [tool.importlinter] (no cache dir left behind).
+# The layers (pyproject.toml's [tool.importlinter] contracts) are checked by tests/test_layers.py, which
+# runs lint-imports on the tree and breaks each contract on purpose in a copy: in `make check` and `make test`.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agentflow workers config tests bench scripts
 	$(VENV)/bin/ruff format --check agentflow workers config tests bench scripts
-	$(VENV)/bin/lint-imports --no-logo --no-cache
 
-# tests/ is checked as pytest imports it (prepend mode: each test folder is on sys.path, so
-# conftest, runs_kit or test_cli_runs are top-level modules and _kit is tests/_kit), with
-# pyproject's configuration except that test functions may stay unannotated (their bodies are
-# checked all the same). Every folder's conftest.py is the module `conftest`, so the subfolders'
-# ones get a run each (mypy refuses a duplicate module name). --no-namespace-packages: tests/celery
-# is not the package celery. Its own cache: other flags would make the two runs recheck agentflow.
-MYPY_TESTS := MYPYPATH=tests $(VENV)/bin/mypy --cache-dir .mypy_cache/tests --no-namespace-packages \
-    --allow-untyped-defs --check-untyped-defs
-
+# One mypy run over agentflow, workers, config and tests: pyproject.toml's [tool.mypy] names the files
+# and how strict each module is (the tests may leave functions unannotated). A folder's conftest.py is
+# the module `conftest` to mypy, which one run takes once: those that only register fixtures from a
+# module beside them are left out, and tests/celery/conftest.py, the one with code of its own, gets a
+# second run (on the first one's cache, a few seconds).
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy agentflow workers config
-	$(MYPY_TESTS) --exclude '^tests/[^/]+/conftest\.py$$' tests
-	@status=0; for conftest in tests/*/conftest.py; do \
-		echo "mypy $$conftest"; $(MYPY_TESTS) $$conftest || status=1; \
-	done; exit $$status
+	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy tests/celery/conftest.py
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(SITE_DIR),site)
@@ -51,6 +44,13 @@ pytest: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test: lint typecheck docs pytest
+
+# The inner loop: lint, the type check and the tests that need no server (no Redis, PostgreSQL,
+# RabbitMQ, Celery worker or browser): those marked redis, postgres, celery, browser or slow are left
+# out, and tests/celery, whose tests go by their folder, not a mark. `make test` runs them all.
+CHECK_TESTS ?= -m "not (redis or postgres or celery or browser or slow)" --ignore=tests/celery
+check: lint typecheck
+	$(PY) -m pytest -n 2 $(CHECK_TESTS) $(PYTEST_ARGS)
 
 # Where `make test`'s time goes: runs its stages timed (caches removed first, as in a fresh clone)
 # and rewrites tests/DURATIONS.md (the stages, test time per folder, the slowest tests).

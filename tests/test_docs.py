@@ -131,7 +131,12 @@ def run_block(
     return proc.returncode, stdout, stderr
 
 
-@pytest.mark.parametrize(("page", "line", "code", "expected"), blocks(), ids=lambda v: str(v)[:30])
+@pytest.mark.parametrize(
+    ("page", "line", "code", "expected"),
+    # A block that needs a worker runs it on Redis.
+    [pytest.param(*block, marks=pytest.mark.redis if NEEDS_WORKERS.search(block[2]) else ()) for block in blocks()],
+    ids=lambda v: str(v)[:30],
+)
 def test_docs_example_runs_as_written(request, tmp_path, page, line, code, expected):
     if NEEDS_WORKERS.search(code):
         with one_worker(request.getfixturevalue("redis_url"), tmp_path) as (env, worker):
@@ -152,6 +157,7 @@ def client_block() -> str:
     return found[0]
 
 
+@pytest.mark.redis
 def test_the_cli_reads_a_compose_deployments_runs_as_distributed_md_says(request, tmp_path):
     # Issue 15: nothing said how to point the CLI at compose's Redis. The commands the docs
     # give run in a container, whose environment holds the deployment's settings: here, the

@@ -1,8 +1,8 @@
 """The layering contracts of pyproject.toml hold, and each one fails when its rule is broken.
 
-`lint-imports` (import-linter) checks them in ``make lint``; these tests run it too, so
-``make test`` catches a forbidden import even where only pytest runs. Each contract is also
-broken on purpose in a copy of the packages, to show that it is not vacuous.
+These tests are where the layers are checked (``make check`` and ``make test`` run them; ``make
+lint`` does not run `lint-imports` again): they run it on the tree, and break each contract on
+purpose in a copy of the packages, to show that it is not vacuous.
 """
 
 from __future__ import annotations

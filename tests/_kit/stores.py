@@ -2,7 +2,7 @@
 
 Set-ups (their pytest ids): ``memory``, ``sqlite``, ``fakeredis``, ``redis`` (the real server,
 marked ``redis``), ``sql-sqlite`` (SQLAlchemy on aiosqlite) and ``sql-postgres`` (SQLAlchemy on
-the real PostgreSQL, marked ``postgres``). Isolation is the one tests/checkpoints/conftest.py
+the real PostgreSQL, marked ``postgres``). Isolation is the one tests/checkpoints/store_setups.py
 uses: a new file under ``tmp_path``, a new Redis key prefix, a new table prefix in PostgreSQL
 (never ``FLUSHALL``, never a shared table).
 

@@ -1,4 +1,4 @@
-"""The store set-up a contract test gets: `StoreFactory`, made by tests/checkpoints/conftest.py.
+"""The store set-up a contract test gets: `StoreFactory`, made by store_setups.py (the `store_factory` fixture).
 
 Imported as ``store_kit`` (tests/checkpoints is on ``sys.path`` under pytest's prepend import mode),
 so a test can annotate the ``store_factory`` fixture.

@@ -1,7 +1,7 @@
 """A store full of real runs, shared by the CLI and viewer tests.
 
 Imported as ``runs_kit`` (tests/cli is on ``sys.path`` under pytest's prepend import mode;
-tests/viewer/conftest.py loads it by path). ``--app runs_kit:app`` names its FlowApp.
+tests/viewer/viewer_kit.py loads it by path). ``--app runs_kit:app`` names its FlowApp.
 
 `build(folder)` writes ``folder/runs.db``, signed with the demo's key:
 - order-1, order-2, order-3: the demo's ticket runs (`agentflow.demo.story.main`); order-2 was

@@ -20,7 +20,7 @@ from agentflow.cli._target import Target, open_target
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 NO_FLAG: dict[str, str | None] = {"AGENTFLOW_ALLOW_DEMO_KEY": None}
-#: The ``agentflow`` fixture (tests/cli/conftest.py): runs the command in-process.
+#: The ``agentflow`` fixture (tests/cli/cli_fixtures.py): runs the command in-process.
 Run = Callable[..., Result]
 
 

@@ -175,6 +175,7 @@ async def test_a_row_changed_inside_the_packed_value_reads_as_a_problem_never_as
     assert not [e for e in events if e.data.get("tool") == "refund_card"]
 
 
+@pytest.mark.redis
 async def test_a_real_redis_keeps_a_finished_runs_events_in_a_fraction_of_what_the_stream_took(
     redis_url: str, unique_prefix: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

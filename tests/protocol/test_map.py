@@ -122,7 +122,9 @@ async def test_one_failing_element_fails_the_node_unless_it_collects_errors(work
     assert set(result.state.failed) == {"1", "3"} and "ConnectionError" in result.state.failed["1"]
 
 
-@pytest.mark.parametrize("store_setup", ["memory", "sqlite", "redis"], indirect=True)
+@pytest.mark.parametrize(
+    "store_setup", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)], indirect=True
+)
 async def test_what_a_map_stores_per_element_does_not_grow_with_the_list(workers):
     add_tools(workers)
     flow = pages_flow("fetch", max_concurrency=10)

@@ -28,7 +28,7 @@ from agentflow.exec.run.cancel import CancelRequest, post
 from agentflow.exec.run.events import read_events
 from agentflow.exec.seal import Sealer
 
-pytestmark = pytest.mark.usefixtures("redis_url")
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("redis_url")]
 
 
 def recording(url: str, log: list[str]) -> Callable[[], Any]:
