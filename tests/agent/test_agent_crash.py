@@ -20,6 +20,9 @@ from _kit.processes import run_kit
 from _kit.stores import setups
 from _kit.tickets import Ledger
 
+#: Worker processes SIGKILLed and recovered: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 
 

@@ -15,6 +15,7 @@ from unittest import mock
 
 import click
 import hostile_kit as hk
+import pytest
 from click.testing import Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,6 +41,7 @@ def check(result: Result, *, code: int) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # a property over many CLI runs
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(run_id=texts.filter(bool), state=texts, result=texts, error=texts, args=texts)
 def test_any_stored_string_is_shown_escaped_with_a_documented_exit_code(

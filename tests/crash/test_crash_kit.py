@@ -17,6 +17,9 @@ from _kit.stores import setups
 from _kit.tickets import NON_IDEMPOTENT, TOOLS, Ledger
 from crashkit import POINTS
 
+#: Worker processes SIGKILLed and recovered: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 
 

@@ -235,6 +235,7 @@ print(json.dumps(asyncio.run(race(*sys.argv[1:]))), flush=True)
 """
 
 
+@pytest.mark.slow  # two worker processes
 @pytest.mark.parametrize("store_setup", setups(*SHARED_SETUPS), indirect=True)
 async def test_two_processes_recovering_one_run_exactly_one_wins(store_setup: StoreSetup, tmp_path: Path) -> None:
     # Given a run that crashed in this process, in storage other processes can open

@@ -18,6 +18,9 @@ from _kit.stores import setups
 from _kit.tickets import Ledger
 from loopkit import EXPECTED_HISTORY, MAX_STEPS, NON_IDEMPOTENT, TOOLS
 
+#: Worker processes SIGKILLed and recovered: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 
 

@@ -132,6 +132,7 @@ def usable(reply: Message) -> None:
 PROPERTY = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow  # a property over many replies
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @PROPERTY
 @given(data=st.data())
@@ -142,6 +143,7 @@ def test_any_near_miss_of_the_apis_shape_is_a_message_or_a_model_error(
     served.ask(kind, json.dumps(body))  # allow_nan: NaN and Infinity go out as servers send them
 
 
+@pytest.mark.slow  # a property over many replies
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @PROPERTY
 @given(body=values.map(json.dumps) | st.binary(max_size=64) | texts)

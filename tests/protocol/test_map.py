@@ -122,6 +122,7 @@ async def test_one_failing_element_fails_the_node_unless_it_collects_errors(work
     assert set(result.state.failed) == {"1", "3"} and "ConnectionError" in result.state.failed["1"]
 
 
+@pytest.mark.slow  # long maps
 @pytest.mark.parametrize(
     "store_setup", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)], indirect=True
 )

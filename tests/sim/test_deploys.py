@@ -55,6 +55,7 @@ def migrations_unchecked() -> Iterator[None]:
         yield
 
 
+@pytest.mark.slow  # a hunt over many episodes
 def test_a_fork_whose_calls_kept_the_source_runs_identities_is_caught() -> None:
     # Given forks by the operator, whose calls (planted bug) have the idempotency keys of the run forked
     config = Config(steps=60_000, fork=0.2)

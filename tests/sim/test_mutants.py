@@ -17,6 +17,9 @@ from agentflow.exec.checkpoints.sqlite import _rows as sqlite_rows
 from agentflow.sim.mutants import MUTANTS, STORES, hunt
 from agentflow.sim.mutants._kit import Unplantable, _lua
 
+#: Hunts for planted bugs: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 #: (mutant, set-up, seed, steps): the quick hunts; each finds its mutant in a few thousand steps today.
 QUICK = [
     ("done-not-final", "memory", 1, 20_000),

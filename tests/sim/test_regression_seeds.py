@@ -32,6 +32,9 @@ from reverts import (
 
 from agentflow.sim import SETUPS, Config, Faults, MessageFaults, Report, describe, run_simulation
 
+#: Replays of long episodes: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def quiet() -> Iterator[None]:

@@ -20,6 +20,9 @@ from agentflow.sim import SETUPS, Config, Faults, custom, describe, run_simulati
 from agentflow.sim._deploys import KINDS
 from agentflow.sim._shrink import shrink
 
+#: Slices of the simulation: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 #: Steps of the slice per set-up (memory runs about 13,000 a second here, SQLite 2,000, fakeredis 3,000): the
 #: shortest on this seed in which every fault, wait, deploy, fork and migration of the first test happens.
 SLICE = {"memory": 120_000, "sqlite": 35_000, "fakeredis": 20_000}

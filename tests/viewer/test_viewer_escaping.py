@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 from importlib.resources import files
 from urllib.parse import quote
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from markupsafe import escape
@@ -140,6 +141,7 @@ def shown(value: str) -> str:
     return str(escape(visible(value)))
 
 
+@pytest.mark.slow  # a property over many pages
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(run_id=nasty, flow=nasty, text=nasty, result=nasty, user=nasty, thread=nasty)
 def test_any_stored_string_renders_escaped(run_id, flow, text, result, user, thread):
