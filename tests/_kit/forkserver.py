@@ -117,7 +117,7 @@ class ForkServer:
         request |= {"stdout": str(stdout), "stderr": str(stderr)}
         with self.lock:
             try:
-                self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+                _write_all(self.proc.stdin.fileno(), json.dumps(request).encode() + b"\n")
                 deadline = time.monotonic() + GRACE_S
                 while self.spawned is None:
                     if not self._read(deadline):
@@ -255,6 +255,13 @@ def send_signal(pid: int, sig: int) -> bool:
 def kill(pid: int) -> None:
     """SIGKILL to process `pid`, if it is still there."""
     send_signal(pid, signal.SIGKILL)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` (a request may be larger than a pipe writes at once)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _take(path: Path) -> str:
