@@ -39,7 +39,7 @@ Invariants:
   ``subprocess.run`` does.
 - The server exits at EOF on its stdin: when the test process closes it (at exit, or when a
   request was interrupted) or dies. Every child still running (or stopped) is killed and
-  reaped first. A server that died is replaced at the next request.
+  reaped first, and the output folder removed. A server that died is replaced at the next request.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ForkServer:
         self.ended: dict[int, int] = {}  # exit codes reported and not yet asked for, by pid
         self.spawned: int | None = None
         self.pending = b""
-        cmd = [sys.executable, "-m", "_kit.forkserver", str(script)]
+        cmd = [sys.executable, "-m", "_kit.forkserver", str(script), str(self.folder)]
         self.proc = subprocess.Popen(
             cmd, cwd=script.parent, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
         )
@@ -277,8 +277,12 @@ def _take(path: Path) -> str:
 # -- the server ------------------------------------------------------------------------------
 
 
-def serve(script: Path) -> None:
-    """Import `script`, then fork a child for each request on stdin, reporting each end, until EOF."""
+def serve(script: Path, folder: Path) -> None:
+    """Import `script`, then fork a child for each request on stdin, reporting each end, until EOF.
+
+    At EOF it also removes `folder`, its test process's output folder: an xdist worker leaves
+    without running its `atexit` handlers.
+    """
     sys.path.insert(0, str(script.parent))  # as ``python script.py`` puts its folder first
     main = _load(script)
     requests, replies = os.dup(0), os.dup(1)
@@ -301,6 +305,7 @@ def serve(script: Path) -> None:
             chunk = os.read(requests, 1 << 16)
             if not chunk:
                 _stop(running)  # EOF: the test process closed us or died
+                shutil.rmtree(folder, ignore_errors=True)
                 return
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
@@ -408,4 +413,4 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+    serve(Path(sys.argv[1]), Path(sys.argv[2]))
