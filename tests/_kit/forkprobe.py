@@ -2,7 +2,8 @@
 
 Actions: ``report`` (its pid, randomness, open files, cwd, argv and ``FORKPROBE``, as JSON),
 ``kill`` (SIGKILL to itself), ``fail`` (an exception), ``exit CODE``, ``block PIDFILE``
-(writes its pid, then waits forever). It imports only the standard library, so its server starts at once.
+(writes its pid, then waits forever), ``talk GATE`` (prints ``hello PID``, waits until the
+file GATE exists, prints ``bye``). It imports only the standard library, so its server starts at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 
@@ -52,6 +54,11 @@ def main(argv: list[str]) -> None:
     elif action == "block":
         Path(rest[0]).write_text(str(os.getpid()))
         threading.Event().wait()
+    elif action == "talk":
+        print(f"hello {os.getpid()}", flush=True)
+        while not Path(rest[0]).exists():
+            time.sleep(0.005)
+        print("bye", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from _kit import forkserver
+from _kit.forkpopen import Child, spawn
+from _kit.poll import until
 from _kit.processes import run_kit
 
 PROBE = Path(__file__).with_name("forkprobe.py")
@@ -20,6 +22,11 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pi
 
 def server_pid() -> int:
     return forkserver._servers[PROBE.resolve()].proc.pid
+
+
+def state(pid: int) -> str:
+    """The process's state letter in /proc (``T``: stopped); the field after the parenthesised name."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
 
 def gone(pid: int) -> bool:
@@ -94,3 +101,72 @@ def test_a_dead_server_is_replaced_and_a_closed_one_leaves_no_process() -> None:
     server = forkserver._servers.pop(PROBE.resolve())
     server.close()
     assert server.proc.returncode == 0 and gone(server.proc.pid)
+
+
+async def test_a_spawned_child_streams_its_lines_as_it_writes_them_and_two_run_at_once(tmp_path: Path) -> None:
+    # Given two children spawned from the probe's server, each waiting at the gate after its first line
+    gate = tmp_path / "gate"
+    first, second = spawn(PROBE, ["talk", str(gate)]), spawn(PROBE, ["talk", str(gate)])
+    try:
+        # Then each said hello, with its own pid, while both still run
+        assert first.stdout.readline() == f"hello {first.pid}\n"
+        assert second.stdout.readline() == f"hello {second.pid}\n"
+        assert first.poll() is None and second.poll() is None
+        assert len({first.pid, second.pid, server_pid(), os.getpid()}) == 4
+
+        # When the gate opens, Then each says its last line, its stdout ends, and it exits with 0
+        gate.touch()
+        for child in (first, second):
+            assert child.stdout.readline() == "bye\n"
+            assert child.stdout.readline() == ""
+            assert child.wait(timeout=10) == 0 and child.returncode == 0
+    finally:
+        for child in (first, second):
+            child.kill()
+            child.close()
+
+
+async def test_signals_act_on_the_running_child_itself_and_wait_times_out_while_it_runs(tmp_path: Path) -> None:
+    # Given a spawned child that blocks
+    child = spawn(PROBE, ["block", str(tmp_path / "pid")])
+    try:
+        await until(lambda: (tmp_path / "pid").exists() or None, "the child to start")
+        assert int((tmp_path / "pid").read_text()) == child.pid
+
+        # When it is waited for a short while, Then the wait times out
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.2)
+
+        # When it is stopped, Then the kernel shows it stopped, and the server does not take it for ended
+        child.send_signal(signal.SIGSTOP)
+        await until(lambda: state(child.pid) == "T" or None, "the child to stop")
+        assert child.poll() is None and state(server_pid()) != "T"
+
+        # When it is continued, Then it runs again
+        child.send_signal(signal.SIGCONT)
+        await until(lambda: state(child.pid) != "T" or None, "the child to go on")
+
+        # When it is killed, Then it died of SIGKILL, and the server goes on serving
+        child.kill()
+        assert child.wait(timeout=10) == -signal.SIGKILL and gone(child.pid)
+        assert forkserver._servers[PROBE.resolve()].alive() and run_kit(PROBE, "report") is not None
+        child.kill()  # a signal to an ended child is a no-op, as with Popen
+    finally:
+        child.kill()
+        child.close()
+
+
+def test_a_closed_server_kills_its_running_and_stopped_children_first(tmp_path: Path) -> None:
+    # Given two spawned children that block, one of them stopped
+    children: list[Child] = [spawn(PROBE, ["block", str(tmp_path / f"pid-{i}")]) for i in range(2)]
+    children[0].send_signal(signal.SIGSTOP)
+
+    # When the server is closed (as when the test process goes)
+    server = forkserver._servers.pop(PROBE.resolve())
+    server.close()
+
+    # Then both children are gone, and the server with them
+    assert all(gone(child.pid) for child in children) and gone(server.proc.pid)
+    for child in children:
+        assert child.stdout.read() == ""
+        child.stdout.close()

@@ -9,25 +9,25 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _kit.stores import child_env
+from _kit.forkpopen import spawn
+from _kit.processes import run_kit
 from _kit.tickets import Ledger
 from approvalkit import RESUME_STEP, run_ids
 
 HERE = Path(__file__).parent
+#: The worker script: each of its processes is forked from its warm server (`_kit.forkserver`).
+KIT = HERE / "approvalkit.py"
 RUNS = 50
 
 
 class Kit:
-    """Starts approvalkit.py worker processes on one database and ledger."""
+    """Starts approvalkit.py worker processes on one database and ledger (forked warm: `_kit.forkserver`)."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
@@ -38,23 +38,12 @@ class Kit:
         """How often `tool`'s effect happened, per run."""
         return Counter({run_id: n for (name, run_id), n in self.ledger.by_run().items() if name == tool})
 
-    def command(self, action: str, *args: str) -> list[str]:
-        return [sys.executable, str(HERE / "approvalkit.py"), action, "--db", str(self.db)] + [
-            "--ledger",
-            str(self.ledger.path),
-            *args,
-        ]
+    def args(self, action: str, *args: str) -> list[str]:
+        return [action, "--db", str(self.db), "--ledger", str(self.ledger.path), *args]
 
     def __call__(self, action: str, *args: str) -> dict[str, Any] | None:
         """Run one worker to its end; None if it was killed."""
-        proc = subprocess.run(
-            self.command(action, *args), capture_output=True, text=True, timeout=60, cwd=HERE, env=child_env()
-        )
-        if proc.returncode == -signal.SIGKILL:
-            return None
-        assert proc.returncode == 0, proc.stderr
-        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return report
+        return run_kit(KIT, *self.args(action, *args), timeout_s=60)
 
     def start(self, runs: int) -> None:
         out = self("start", "--runs", str(runs))
@@ -73,20 +62,14 @@ def test_two_processes_resuming_the_same_paused_runs_exactly_one_wins_each_time(
     # When two processes start together and each resumes every run, meeting at a barrier before each one
     began = time.monotonic()
     racers = {
-        who: subprocess.Popen(
-            kit.command("race", "--runs", str(RUNS), "--barrier", str(barrier), "--who", who),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=HERE,
-            env=child_env(),
-        )
+        who: spawn(KIT, kit.args("race", "--runs", str(RUNS), "--barrier", str(barrier), "--who", who))
         for who in ("A", "B")
     }
     outs = {}
-    for who, proc in racers.items():
-        stdout, stderr = proc.communicate(timeout=90)
-        assert proc.returncode == 0, stderr
+    for who, racer in racers.items():
+        stdout = racer.stdout.read()
+        assert racer.wait(timeout=90) == 0, racer.stderr_text()
+        racer.close()
         outs[who] = json.loads(stdout.strip().splitlines()[-1])["results"]
     elapsed = time.monotonic() - began
     # Then every time exactly one resume won and the other got CheckpointConflict

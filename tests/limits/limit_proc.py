@@ -14,6 +14,16 @@ from agentflow.exec.limits import Limit, RateLimited
 from agentflow.exec.limits._backends import BackendRef
 
 HOLD = Limit("api", concurrency=1, hold_s=0.6)
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`): each backend's
+#: module and its driver, as the backend imports them when it opens (about a second of a child's start else).
+PRELOAD = (
+    "agentflow.exec.limits.redis",
+    "agentflow.exec.limits.sql",
+    "sqlalchemy.dialects.sqlite.aiosqlite",
+    "aiosqlite",
+    "sqlalchemy.dialects.postgresql.asyncpg",
+    "asyncpg",
+)
 
 
 async def hold(spec: str) -> None:
@@ -38,5 +48,9 @@ async def throttle(spec: str) -> None:
     await registry.limits.backend.get().aclose()
 
 
+def main(argv: list[str]) -> None:
+    asyncio.run({"hold": hold, "throttle": throttle}[argv[0]](argv[1]))
+
+
 if __name__ == "__main__":
-    asyncio.run({"hold": hold, "throttle": throttle}[sys.argv[1]](sys.argv[2]))
+    main(sys.argv[1:])

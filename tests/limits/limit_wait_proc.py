@@ -27,6 +27,14 @@ from agentflow.exec.checkpoints import RecoveryNeedsDecision
 from agentflow.exec.limits import Limit
 
 KEY = b"limit-wait-test-key-0123456789abcdef"
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`): the SQLite
+#: store, and the SQL limits backend on SQLite with its driver (the test's two set-ups).
+PRELOAD = (
+    "agentflow.exec.checkpoints.sqlite",
+    "agentflow.exec.limits.sql",
+    "sqlalchemy.dialects.sqlite.aiosqlite",
+    "aiosqlite",
+)
 #: The limit the call waits for: one call in flight, on every process sharing the backend.
 API = Limit("api", concurrency=1)
 
@@ -56,7 +64,7 @@ def registry_for(limits: str, ledger: str) -> Registry:
     return registry
 
 
-async def main(action: str, store_spec: str, limits: str, ledger: str, run_id: str) -> dict[str, Any]:
+async def work(action: str, store_spec: str, limits: str, ledger: str, run_id: str) -> dict[str, Any]:
     registry = registry_for(limits, ledger)
     store = open_spec(store_spec)
     runner = FlowRunner(
@@ -75,5 +83,9 @@ async def main(action: str, store_spec: str, limits: str, ledger: str, run_id: s
     return {"outcome": str(result.status), "receipt": result.state.receipt, "rerun": result.rerun}
 
 
+def main(argv: list[str]) -> None:
+    print(json.dumps(asyncio.run(work(*argv[:5]))), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(*sys.argv[1:6]))), flush=True)
+    main(sys.argv[1:])

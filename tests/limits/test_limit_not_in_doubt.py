@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from _kit.forkpopen import Child, spawn
 from _kit.poll import until
-from _kit.specs import child_env, open_spec
+from _kit.specs import open_spec
 from limit_wait_proc import API, CHARGE, KEY, Order
 
 from agentflow import Event, Events, Executor, FlowRunner, Registry
@@ -31,14 +29,15 @@ from agentflow.exec.seal import Sealer
 HERE = Path(__file__).resolve().parent
 
 
-def worker(action: str, store: str, limits: str, ledger: Path, run_id: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, str(HERE / "limit_wait_proc.py"), action, store, limits, str(ledger), run_id]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(HERE))
+def worker(action: str, store: str, limits: str, ledger: Path, run_id: str) -> Child:
+    """A limit_wait_proc.py process, forked from its warm server (`_kit.forkpopen`)."""
+    return spawn(HERE / "limit_wait_proc.py", [action, store, limits, str(ledger), run_id])
 
 
-def outcome(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+def outcome(proc: Child) -> dict[str, Any]:
+    out = proc.stdout.read()
+    assert proc.wait(timeout=60) == 0, proc.stderr_text()
+    proc.close()
     said: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return said
 
@@ -63,8 +62,9 @@ async def test_a_worker_killed_while_its_call_waits_for_a_slot_leaves_nothing_in
 
             await until(waiting, "the worker's call waiting for the slot", timeout_s=30)
         finally:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=10)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            proc.close()
         assert proc.returncode == -signal.SIGKILL
 
         # Then the call has no record at all (no started: nothing in doubt), and the tool never ran

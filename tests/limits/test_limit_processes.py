@@ -3,10 +3,7 @@ comes back, a 429 is shared; and Redis judges on the server's clock."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from _kit.forkpopen import Child, spawn
 from _kit.poll import until
 from _kit.stores import _remove_postgres_tables, _remove_redis_keys
 from limit_proc import HOLD
@@ -48,20 +46,19 @@ def spec(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterato
 
 
 @contextmanager
-def second_process(what: str, spec: str) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "limit_proc.py"), what, spec], stdout=subprocess.PIPE, text=True
-    )
+def second_process(what: str, spec: str) -> Iterator[Child]:
+    """A limit_proc.py process (forked from its warm server: `_kit.forkpopen`), killed at the end if still there."""
+    proc = spawn(HERE / "limit_proc.py", [what, spec])
     try:
         yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate(timeout=10)
+        proc.wait(timeout=10)
+        proc.close()
 
 
-def wait_for_line(proc: subprocess.Popen[str], line: str) -> None:
-    assert proc.stdout is not None
+def wait_for_line(proc: Child, line: str) -> None:
     said = proc.stdout.readline().strip()
     assert said == line, f"the second process said {said!r} (exit code {proc.poll()})"
 
@@ -71,7 +68,7 @@ async def test_a_killed_processs_slot_comes_back_after_its_hold(spec: str) -> No
     with second_process("hold", spec) as proc:
         wait_for_line(proc, "held")
         taken_at = time.monotonic()
-        os.kill(proc.pid, signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     backend = BackendRef(spec).get()
     try:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from _kit.faults import FaultyStore, file_rendezvous
-from _kit.specs import open_spec
+from _kit.specs import BACKENDS, open_spec
 from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Order, Tickets, make_tickets, order_args
 
 from agentflow import Call, Executor, Flow, FlowApp, FlowRunner
@@ -51,6 +51,8 @@ from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.records import Lease
 from agentflow.exec.run.lease import Ownership, holding, process_owner
 
+#: What the warm server imports before it forks this script's processes (`_kit.forkserver`).
+PRELOAD = BACKENDS
 #: wire (wire_money: not idempotent, and it always needs approval), alone.
 WIRE = Flow("wire", state=Order).node("wire", Call("wire_money", args=order_args, into="wired")).end("wire")
 #: The flows a job may run, by name.

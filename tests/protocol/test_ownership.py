@@ -19,7 +19,8 @@
   store's own lease, and exactly one of them recovers the run.
 
 The worker processes are tests/protocol/ownership_worker.py (its docstring says what they
-print). The CLI runs in this process (click's runner, on a thread: it starts its own event
+print), each forked from its warm server (`_kit.forkpopen`): a real process, stopped and killed
+as one. The CLI runs in this process (click's runner, on a thread: it starts its own event
 loop), and the viewer through Starlette's test client, on every set-up: each takes a fraction
 of a second. Every wait polls with a deadline; every process started is killed afterwards
 (continued first if it was stopped).
@@ -30,11 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -42,9 +40,10 @@ from typing import IO, Any, TypeVar
 
 import ownership_worker
 import pytest
+from _kit import forkpopen
 from _kit.faults import FaultyStore, body, node_of
 from _kit.poll import until
-from _kit.specs import child_env, open_spec
+from _kit.specs import open_spec
 from _kit.tickets import BATCH, KEY, LOOKUP, ORDER, REFUNDS, TICKETS, Ledger, Refund, make_tickets
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
@@ -80,16 +79,7 @@ class Worker:
 
     def __init__(self, args: Sequence[str], log: Path) -> None:
         self.log = log
-        self._err = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "ownership_worker.py"), *args],
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            text=True,
-            cwd=HERE,
-            env=child_env(),
-        )
-        assert self.proc.stdout is not None
+        self.proc = forkpopen.spawn(HERE / "ownership_worker.py", list(args), stderr=log)
         self.out: IO[str] = self.proc.stdout
         self.stopped = False
         self._backlog: list[dict[str, Any]] = []
@@ -99,8 +89,7 @@ class Worker:
         return self.proc.pid
 
     def stderr(self) -> str:
-        self._err.flush()
-        return self.log.read_text()
+        return self.proc.stderr_text()
 
     async def next(self, event: str, timeout_s: float = DEADLINE_S, **match: Any) -> dict[str, Any]:
         """The next event called `event` (whose fields include `match`), read within `timeout_s`."""
@@ -125,7 +114,7 @@ class Worker:
 
     def freeze(self) -> None:
         """SIGSTOP, and wait until the kernel shows the process stopped."""
-        os.kill(self.pid, signal.SIGSTOP)
+        self.proc.send_signal(signal.SIGSTOP)
         self.stopped = True
         stat = Path(f"/proc/{self.pid}/stat")
         deadline = time.monotonic() + DEADLINE_S
@@ -135,7 +124,7 @@ class Worker:
             time.sleep(0.005)
 
     def wake(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
+        self.proc.send_signal(signal.SIGCONT)
         self.stopped = False
 
     def kill(self) -> None:
@@ -145,8 +134,7 @@ class Worker:
                 self.wake()
             self.proc.kill()
         self.proc.wait(10)
-        self.out.close()
-        self._err.close()
+        self.proc.close()
 
 
 @pytest.fixture
