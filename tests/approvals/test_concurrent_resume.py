@@ -20,6 +20,9 @@ from _kit.processes import run_kit
 from _kit.tickets import Ledger
 from approvalkit import RESUME_STEP, run_ids
 
+#: Worker processes started, frozen or killed: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 #: The worker script: each of its processes is forked from its warm server (`_kit.forkserver`).
 KIT = HERE / "approvalkit.py"

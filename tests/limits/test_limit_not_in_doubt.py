@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _kit.forkpopen import Child, spawn
 from _kit.poll import until
 from _kit.specs import open_spec
@@ -25,6 +26,9 @@ from agentflow.exec.limits import LocalLimits
 from agentflow.exec.limits._backends import BackendRef
 from agentflow.exec.run.events import read_events
 from agentflow.exec.seal import Sealer
+
+#: Worker processes started, frozen or killed: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,6 +21,9 @@ from agentflow import Event, Events, Executor, Registry
 from agentflow.exec.limits import Limit, RedisLimits
 from agentflow.exec.limits._backends import BackendRef
 
+#: Worker processes started, frozen or killed: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve().parent
 
 

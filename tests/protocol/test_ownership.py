@@ -57,6 +57,9 @@ from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 from agentflow.viewer import ViewerSettings, create_app
 
+#: Worker processes started, frozen or killed: seconds each (make check leaves them to make test).
+pytestmark = pytest.mark.slow
+
 T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
