@@ -27,9 +27,6 @@ pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(120)]
 LEASE_S = 5.0
 #: Time for a superstep's round trip through the broker, and a start-up sweep's (counted from the worker's start).
 SLACK_S = 4.0
-#: The leases of the test whose run must still be held after two workers started one after the other
-#: (a worker takes up to 5 s to start here while the other xdist processes start theirs).
-TWO_STARTS_LEASE_S = 15.0
 
 
 async def until_claimed(deployment: Deployment, run_id: str, timeout_s: float) -> int:
@@ -86,9 +83,16 @@ async def test_a_stranded_run_moves_again_within_one_lease_without_beat(deployme
 
 
 async def test_a_recheck_lost_with_the_worker_that_held_it_is_sent_again_by_the_next_start(deployment):
-    deployment.set_lease(TWO_STARTS_LEASE_S)  # still held when the third worker has started
+    # The run must still be held when the third worker has started, after two starts one after the
+    # other: the lease is sized from a start timed now (a loaded machine starts a worker in seconds)
+    began = time.monotonic()
+    deployment.start_worker("w0")
+    start_s = time.monotonic() - began
+    deployment.kill_group("w0")
+    lease_s = max(8.0, 2 * start_s + SLACK_S)
+    deployment.set_lease(lease_s)
     margin_s = deployment.tasks.worker.settings.recheck_margin_s
-    # Given a run whose worker was SIGKILLed inside its slow hold_seats (its lease has up to 15 s left)
+    # Given a run whose worker was SIGKILLed inside its slow hold_seats (its lease has up to `lease_s` left)
     run_id, killed = await killed_in_hold_seats(deployment, "twice")
     # and a new worker whose start-up recover_all sent the run's recheck (a delayed message, which that
     # worker keeps unacknowledged until it is due) and took the recheck marker, then was SIGKILLed too
@@ -99,11 +103,13 @@ async def test_a_recheck_lost_with_the_worker_that_held_it_is_sent_again_by_the_
     # w2's message out again, after its visibility timeout)
     deployment.start_worker("w3")
     # Then the third worker's start sends its own recheck, and the run is claimed just after the lease ends
-    bound = TWO_STARTS_LEASE_S + margin_s + SLACK_S
+    bound = lease_s + margin_s + SLACK_S
     await until_claimed(deployment, run_id, timeout_s=bound + 10)
     elapsed = time.monotonic() - killed
     assert elapsed < bound, f"claimed {elapsed:.1f} s after the first kill (bound {bound:.1f} s)"
-    assert f"af-{run_id}-0-recheck-" in deployment.log("w3")
+    assert f"af-{run_id}-0-recheck-" in deployment.log("w3"), (
+        f"a worker started in {start_s:.1f} s; lease {lease_s:.1f} s"
+    )
     view = await deployment.client.wait(run_id, timeout_s=30)
     assert view.status == "done", view
 
