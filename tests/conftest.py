@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import urllib.parse
 import uuid
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import redis
@@ -45,7 +45,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.line(message)
 
 
-REDIS_URL = os.environ.get("AGENTFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+def _own_database(url: str, worker: str | None) -> str:
+    """`url` on this pytest-xdist process's own Redis database: ``gw0`` on the URL's database + 1, ``gw1`` + 2, ...
+
+    Without xdist (`worker` None), the URL as given. The processes' tests then share no key,
+    pub/sub channel (kombu names its fanout channels after the database: Celery's events and
+    remote control) nor SCAN of the keyspace. What Redis keeps server-wide stays shared:
+    ACL users (the tests make them under unique names) and Redis Functions libraries (named
+    after their scripts' digest, loaded with REPLACE: the same text from every process).
+    """
+    if worker is None:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{base + 1 + int(worker.removeprefix('gw'))}"))
+
+
+REDIS_URL = _own_database(
+    os.environ.get("AGENTFLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), os.environ.get("PYTEST_XDIST_WORKER")
+)
 POSTGRES_URL = os.environ.get("AGENTFLOW_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 
 
@@ -97,30 +115,15 @@ def unique_prefix() -> Callable[[], str]:
     return lambda: f"t{uuid.uuid4().hex[:16]}"
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n``), keep the tests that start Celery workers on one process, one at a time.
-
-    Those are the tests marked ``celery`` and every test of tests/celery: they time real worker
-    processes against leases and beat intervals, and two of them side by side would share the
-    machine's two cores with each other's workers (and RabbitMQ's virtual host is one per
-    process). The other tests spread over every process.
-
-    First among the hooks: xdist's own turns the ``xdist_group`` mark into the node id's
-    ``@celery`` suffix that its scheduler groups by, and sees no mark added after it (the
-    suffix shows in the ids of failures: ``...::test_x@celery``).
-    """
-    for item in items:
-        if item.get_closest_marker("celery") is not None or _CELERY_TESTS in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("celery"))
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse ``--dist loadgroup`` where pytest-xdist cannot group (it would spread every test on its own).
 
     pytest-xdist 3.8 groups by a ``@<group>`` suffix it writes into each node id, which pytest
-    9.2's structured node ids no longer take (pytest-dev/pytest-xdist#1386): the Celery tests
-    would then run side by side on the two processes. pyproject.toml pins pytest below 9.2.
+    9.2's structured node ids no longer take (pytest-dev/pytest-xdist#1386): the tests of an
+    ``xdist_group`` would then run side by side. pyproject.toml pins pytest below 9.2. (The
+    Celery tests no longer form a group: each xdist process has its own Redis database, see
+    `_own_database`, RabbitMQ virtual host, key prefixes, queues and port band, so they spread
+    over every process like the others.)
     """
     if getattr(config.option, "dist", None) != "loadgroup" or hasattr(config, "workerinput"):
         return
@@ -136,6 +139,3 @@ def pytest_configure(config: pytest.Config) -> None:
             "--dist loadgroup (pytest-dev/pytest-xdist#1386); install the versions pyproject.toml pins "
             "(pip install -e '.[dev]'), or run in one process: make test PYTEST_XDIST="
         )
-
-
-_CELERY_TESTS = Path(__file__).parent / "celery"

@@ -9,6 +9,7 @@ own key prefix and queue. A deployment may name its broker and its store apart i
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import secrets
@@ -36,6 +37,40 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+
+
+#: Ports a server of a test's own listens on come from a band of this pytest-xdist process's own
+#: (``gw0`` the first, ``gw1`` the next, ...; one process alone the first), below the kernel's
+#: ephemeral range (32768 and up on Linux): another process of the session never hands out the
+#: same port, and no outgoing connection takes one between its probe and the server's bind.
+PORT_BAND_START = 20000
+PORT_BAND_SIZE = 2000
+_next_port: list[int] = []
+
+
+def free_port() -> int:
+    """A loopback TCP port of this process's band (`PORT_BAND_START`) that nothing listens on now.
+
+    The band is walked from a random place, one port after another: this process hands out
+    each port of it once before it comes round again.
+
+    Raises:
+        AssertionError: every port of the band is taken.
+    """
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    start = PORT_BAND_START + index * PORT_BAND_SIZE
+    if not _next_port:
+        _next_port.append(secrets.randbelow(PORT_BAND_SIZE))
+    for _ in range(PORT_BAND_SIZE):
+        port = start + _next_port[0]
+        _next_port[0] = (_next_port[0] + 1) % PORT_BAND_SIZE
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (a server of another suite on this machine, say)
+            return port
+    raise AssertionError(f"no free port in {start}..{start + PORT_BAND_SIZE - 1}")
 
 
 class Deployment:
@@ -93,6 +128,61 @@ class Deployment:
         self.log_level = "INFO"
         #: Celery apps and task handles `client_for` built (closed with the deployment).
         self.others: list[tuple[Any, Any]] = []
+        #: Whether this deployment owns its processes and keys (False: a `guest` on another's workers).
+        self.owner = True
+
+    def guest(self) -> Deployment:
+        """A deployment for one test on this one's running workers (`keep_serving`), which it leaves running.
+
+        It has a client side of its own (a Celery app, stores and a `FlowClient`, made for the
+        test's event loop) over the same prefix, queue, keys, logs and ledger: run ids tell its
+        runs apart (`effects` counts by run id). Its `close` closes that client side only.
+        """
+        from agentflow.celery import FlowClient
+        from config import Settings
+        from workers.build import build
+
+        made = copy.copy(self)
+        made.values, made.env, made.worker_env, made.others = dict(self.values), dict(self.env), {}, []
+        made.celery_app, made.tasks = build(Settings(**made.values))
+        made.client = FlowClient(made.tasks)
+        made.owner = False
+        sys.path.insert(0, str(HERE))
+        return made
+
+    def keep_serving(self, name: str, timeout: float = 30.0) -> None:
+        """Have worker `name` (of this deployment's settings) running, answering and idle, for the next test.
+
+        Started if it is not running; kept if it answers and holds no task (none under way, none
+        reserved, none it keeps for later: a run a test left behind still moving); else (it died,
+        does not answer, or is still busy after `timeout`) killed with its process group and
+        started again.
+        """
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None and self._idle(name, timeout):
+            return
+        if proc is not None:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        self.start_worker(name)
+
+    def _idle(self, name: str, timeout: float) -> bool:
+        """Whether worker `name` answers, with no task in hand, within `timeout` (asked again until then)."""
+        target = f"{name}@{socket.gethostname()}"
+        deadline = time.monotonic() + timeout
+        dropped = (OSError, *self.celery_app.connection_for_write().connection_errors)
+        while time.monotonic() < deadline:
+            try:
+                with self.celery_app.connection_for_write() as conn:  # its own, as in `wait_ready`
+                    ask = self.celery_app.control.inspect(destination=[target], timeout=1.0, limit=1, connection=conn)
+                    held = [ask.active(), ask.reserved(), ask.scheduled()]
+            except dropped:
+                continue
+            if all(answer and answer.get(target) == [] for answer in held):
+                return True
+            time.sleep(0.1)
+        return False
 
     def client_for(self, app: str) -> Any:
         """A `FlowClient` of this deployment whose process has the FlowApp at `app` (a deploy's other code)."""
@@ -189,9 +279,7 @@ class Deployment:
 
     def start_flower(self, basic_auth: str, timeout: float = 30.0) -> str:
         """Start Flower on a free loopback port with basic auth; return its base URL once it answers."""
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         name = "flower"
         self._spawn(
             name, "flower", "--address=127.0.0.1", f"--port={port}", env={"FLOWER_BASIC_AUTH": basic_auth}
@@ -324,6 +412,9 @@ class Deployment:
 
     def close(self) -> None:
         self.close_sockets()
+        if not self.owner:  # a guest: the workers and the keys are its host's
+            sys.path.remove(str(HERE))
+            return
         for proc in self.procs.values():
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -39,7 +38,7 @@ from typing import NoReturn
 import pytest
 from _kit.poll import until
 from _kit.stores import _remove_postgres_tables
-from celery_kit import Deployment
+from celery_kit import Deployment, free_port
 from kombu.connection import Connection
 
 from agentflow.exec.checkpoints.sqlalchemy._pg import drop_functions
@@ -133,23 +132,11 @@ def _server_scripts() -> tuple[str, str] | None:
     return server, ctl_script
 
 
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports on 127.0.0.1 nothing listens on now."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 class OwnRabbit:
     """A RabbitMQ node of one test (`own_rabbitmq`): its name, its AMQP URL (guest, vhost ``/``), its files."""
 
     def __init__(self, home: Path, server: str, ctl_script: str) -> None:
-        amqp_port, dist_port = _free_ports(2)
+        amqp_port, dist_port = free_port(), free_port()  # this process's band: no other takes them
         self.name = f"af-{uuid.uuid4().hex[:10]}@localhost"
         self.url = f"amqp://guest:guest@127.0.0.1:{amqp_port}//"
         self.home = home

@@ -17,17 +17,16 @@ from agentflow.errors import FlowError
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(300)]
 
 
-async def test_a_durable_agent_runs_stage_by_stage_as_tasks(deployment):
+async def test_a_durable_agent_runs_stage_by_stage_as_tasks(shared):
     # Given a worker whose app registers the order agent beside its flows
-    deployment.start_worker("w1")
     # When the agent is started through the client
-    run_id = await deployment.client.start_agent("orders", PROMPT)
-    status = await deployment.client.settle(run_id, timeout_s=60)
+    run_id = await shared.client.start_agent("orders", PROMPT)
+    status = await shared.client.settle(run_id, timeout_s=60)
     # Then every stage ran as a task and the run ended with the output an in-process run gives
-    result = await deployment.client.agent_result("orders", run_id)
+    result = await shared.client.agent_result("orders", run_id)
     assert status == "done" and result.status == "done", result.error
     assert result.output == EXPECTED
-    effects = deployment.effects()
+    effects = shared.effects()
     assert (effects[("lookup_order", run_id)], effects[("charge", run_id)]) == (1, 1)
     # And each stage was its own checkpoint: the prompt, three responses and two rounds of tools, the output
     assert result.step == 6

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from _kit.disk import CrashableServer
 from _kit.poll import until
-from _kit.replication import SERVICE, free_port, replica_set
-from celery_kit import Deployment
+from _kit.replication import SERVICE, replica_set
+from celery_kit import Deployment, free_port
 from failover_kit import RESULTS, Tally, crash_round, sentinel_round
 
 from agentflow._errors import CheckpointError

@@ -38,34 +38,32 @@ async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging
     assert any(s.operator == "zoe" for s in done.segments)
 
 
-async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(deployment: Deployment) -> None:
+async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(shared: Deployment) -> None:
     # Given a finished run
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("tickets", {"show": "Norma"})
-    assert (await deployment.client.wait(run_id, timeout_s=60)).status == "done"
-    before = deployment.effects()
+    run_id = await shared.client.start("tickets", {"show": "Norma"})
+    assert (await shared.client.wait(run_id, timeout_s=60)).status == "done"
+    before = shared.effects()
     # When the operator forks it from step 1 with another show
-    forked = await deployment.client.fork(run_id, at_step=1, patch={"show": "Carmen"}, operator="yan")
+    forked = await shared.client.fork(run_id, at_step=1, patch={"show": "Carmen"}, operator="yan")
     # Then a worker runs the new run's calls (new calls: charge and mail once more), and the old run is as it was
-    view = await deployment.client.wait(forked, timeout_s=60)
+    view = await shared.client.wait(forked, timeout_s=60)
     assert view.status == "done" and isinstance(view.state, BaseModel) and view.state.show == "Carmen"  # type: ignore[attr-defined]
-    after = deployment.effects()
+    after = shared.effects()
     assert after[("charge_card", forked)] == 1 and after[("email_tickets", forked)] == 1
     assert {k: v for k, v in after.items() if k[1] == run_id} == {k: v for k, v in before.items() if k[1] == run_id}
 
 
-async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(deployment: Deployment) -> None:
+async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(shared: Deployment) -> None:
     # Given a run paused for approval of wire_money
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("fanout", {"show": "Lulu"})
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "paused"
-    before = deployment.effects()
+    run_id = await shared.client.start("fanout", {"show": "Lulu"})
+    assert (await shared.client.wait(run_id, timeout_s=30)).status == "paused"
+    before = shared.effects()
     # When the operator cancels it
-    assert await deployment.client.cancel(run_id, reason="fraud check", operator="xia") == "cancelled"
+    assert await shared.client.cancel(run_id, reason="fraud check", operator="xia") == "cancelled"
     # Then it is final, and nothing more ran
-    view = await deployment.client.status(run_id)
+    view = await shared.client.status(run_id)
     assert view.status == "cancelled" and view.error == "cancelled by xia: fraud check"
-    assert deployment.effects() == before
+    assert shared.effects() == before
 
 
 async def test_a_run_on_a_worker_is_cancelled_before_its_next_call_and_its_call_in_flight_is_logged(

@@ -12,15 +12,14 @@ from celery_kit import ended
 pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker processes on Redis
 
 
-async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges_once(deployment):
+async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges_once(shared):
     # Given a worker and a run paused on wire_money after charge_card ran in the same superstep
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("fanout", {"show": "Nabucco"})
-    paused = await deployment.client.wait(run_id, timeout_s=30)
+    run_id = await shared.client.start("fanout", {"show": "Nabucco"})
+    paused = await shared.client.wait(run_id, timeout_s=30)
     assert paused.status == "paused" and [p.tool for p in paused.pending] == ["wire_money"]
     # and the decision stored with its claim (no worker has spent it yet)
-    runner = deployment.tasks.worker.runner
-    flow = deployment.tasks.worker.flow_app.flow("fanout")
+    runner = shared.tasks.worker.runner
+    flow = shared.tasks.worker.flow_app.flow("fanout")
     decided = await runner.resume(flow, run_id, approve=True, max_supersteps=0)
     assert decided.status == "running" and decided.step is not None
     # When segment 0's records of that superstep (charge_card's started and done, wire's pending)
@@ -29,19 +28,19 @@ async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges
     records = list(await runner.checkpoints.calls(run_id))
     cut = [r for r in records if r.segment == 0 and body(r).get("superstep") == 1]
     assert len(cut) == 3
-    rows = RedisRows(lambda: redis.asyncio.Redis.from_url(deployment.redis_url), deployment.prefix)
+    rows = RedisRows(lambda: redis.asyncio.Redis.from_url(shared.redis_url), shared.prefix)
     for rec in reversed(cut):
         await rows.drop_call(rec)
     # and the superstep that spends the decision is sent to the worker
-    task_id = deployment.tasks.send_superstep("fanout", run_id, decided.step, "resume")
-    result = AsyncResult(task_id, app=deployment.celery_app)
+    task_id = shared.tasks.send_superstep("fanout", run_id, decided.step, "resume")
+    result = AsyncResult(task_id, app=shared.celery_app)
     await ended(result)
     # Then the worker refused it as corrupt (the claim pinned segment 0's count), ran nothing,
     # and the run did not move
     assert result.state == "REFUSED", result.result
     assert result.result["done"] == "refused", result.result
     assert "segment 0" in result.result["why"], result.result
-    assert len(deployment.refusals("w1", "resume", run_id)) == 1
-    effects = deployment.effects()
+    assert len(shared.refusals("w1", "resume", run_id)) == 1
+    effects = shared.effects()
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 0)
     assert (await runner.checkpoints.latest(run_id)).step == decided.step

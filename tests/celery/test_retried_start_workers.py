@@ -38,32 +38,31 @@ def sent_tasks(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 async def test_a_loop_or_agent_start_retried_through_the_client_attaches_to_the_run_it_stored(
-    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+    shared: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent = sent_tasks(deployment, monkeypatch)
-    deployment.start_worker("w1")
-    loop_id, agent_id = f"{deployment.prefix}-loop", f"{deployment.prefix}-agent"
+    sent = sent_tasks(shared, monkeypatch)
+    loop_id, agent_id = f"{shared.prefix}-loop", f"{shared.prefix}-agent"
     # When each start is sent twice with the same run id and input (the first answer lost)
     for _ in range(2):
-        assert await deployment.client.start_loop("forecast", OSLO, run_id=loop_id) == loop_id
-        assert await deployment.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"}) == (
+        assert await shared.client.start_loop("forecast", OSLO, run_id=loop_id) == loop_id
+        assert await shared.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"}) == (
             agent_id
         )
     # Then each is one run that goes to its end, each effect once
-    loop = await deployment.client.wait_loop("forecast", loop_id, timeout_s=60)
+    loop = await shared.client.wait_loop("forecast", loop_id, timeout_s=60)
     assert loop.status == "done" and loop.text == "answer: sunny in Oslo"
-    assert await deployment.client.settle(agent_id, timeout_s=60) == "done"
-    agent = await deployment.client.agent_result("orders", agent_id)
+    assert await shared.client.settle(agent_id, timeout_s=60) == "done"
+    agent = await shared.client.agent_result("orders", agent_id)
     assert getattr(agent, "output", None) == EXPECTED
     # When the same starts come once more, after the runs ended
-    await deployment.client.start_loop("forecast", OSLO, run_id=loop_id)
-    await deployment.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"})
+    await shared.client.start_loop("forecast", OSLO, run_id=loop_id)
+    await shared.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"})
     # Then their stage messages find the runs moved on and do nothing
     for late in sent[-2:]:
-        assert (await ended(deployment.celery_app.AsyncResult(late)))["done"] == "skipped"
-    assert (await deployment.client.loop_status("forecast", loop_id)).step == loop.step
-    assert (await deployment.client.agent_result("orders", agent_id)).step == agent.step
-    effects = deployment.effects()
+        assert (await ended(shared.celery_app.AsyncResult(late)))["done"] == "skipped"
+    assert (await shared.client.loop_status("forecast", loop_id)).step == loop.step
+    assert (await shared.client.agent_result("orders", agent_id)).step == agent.step
+    effects = shared.effects()
     assert (effects[("forecast", loop_id)], effects[("lookup_order", agent_id)], effects[("charge", agent_id)]) == (
         1,
         1,

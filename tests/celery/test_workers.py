@@ -125,28 +125,23 @@ async def test_a_backlogged_run_is_sent_one_recovery_not_one_per_sweep(deploymen
     assert all(effects[(t, r)] == 1 for r in run_ids for t in ("hold_seats", *NON_IDEMPOTENT))
 
 
-async def test_a_duplicate_superstep_message_does_nothing(deployment):
-    # Given a worker (its start-up recover_all done) and a run saved at step 0, not yet enqueued
-    deployment.start_worker("w1")
-    await asyncio.sleep(1.0)
-    runner = deployment.tasks.worker.runner
-    flow = deployment.tasks.worker.flow_app.flow("tickets")
-    run = await runner.start(flow, {"show": "dup"}, run_id=f"{deployment.prefix}-dup")
+async def test_a_duplicate_superstep_message_does_nothing(shared):
+    # Given a worker (its start-up recover_all long done: `shared` found it idle)
+    # and a run saved at step 0, not yet enqueued
+    runner = shared.tasks.worker.runner
+    flow = shared.tasks.worker.flow_app.flow("tickets")
+    run = await runner.start(flow, {"show": "dup"}, run_id=f"{shared.prefix}-dup")
     # When the same superstep message is delivered twice
-    first = deployment.tasks.superstep.apply_async(
-        args=("tickets", run.run_id, 0, "next"), queue=deployment.values["queue"]
-    )
-    second = deployment.tasks.superstep.apply_async(
-        args=("tickets", run.run_id, 0, "next"), queue=deployment.values["queue"]
-    )
+    first = shared.tasks.superstep.apply_async(args=("tickets", run.run_id, 0, "next"), queue=shared.values["queue"])
+    second = shared.tasks.superstep.apply_async(args=("tickets", run.run_id, 0, "next"), queue=shared.values["queue"])
     outcomes = [await ended(first), await ended(second)]
-    view = await deployment.client.wait(run.run_id, timeout_s=30)
+    view = await shared.client.wait(run.run_id, timeout_s=30)
     # Then exactly one ran the superstep; the other was skipped; each tool ran once
     assert sorted(o["done"] for o in outcomes) == ["ran", "skipped"]
     assert sorted(r.state for r in (first, second)) == ["SKIPPED", "SUCCESS"]  # the no-op has a state of its own
     assert view.status == "done"
-    assert deployment.effects()[("hold_seats", run.run_id)] == 1
-    assert deployment.effects()[("charge_card", run.run_id)] == 1
+    assert shared.effects()[("hold_seats", run.run_id)] == 1
+    assert shared.effects()[("charge_card", run.run_id)] == 1
 
 
 async def test_a_live_slow_superstep_is_not_stolen_by_recover_all(deployment):
@@ -168,84 +163,80 @@ async def test_a_live_slow_superstep_is_not_stolen_by_recover_all(deployment):
     assert deployment.effects()[("slow_report", run_id)] == 1
 
 
-async def test_a_tool_loop_runs_stage_by_stage_as_tasks(deployment):
+async def test_a_tool_loop_runs_stage_by_stage_as_tasks(shared):
     from agentflow.models import Message
 
     # Given a worker and a tool loop registered on the app
-    deployment.start_worker("w1")
     # When a loop is started through the client
-    run_id = await deployment.client.start_loop("forecast", [Message.user("Oslo")])
-    result = await deployment.client.wait_loop("forecast", run_id, timeout_s=30)
+    run_id = await shared.client.start_loop("forecast", [Message.user("Oslo")])
+    result = await shared.client.wait_loop("forecast", run_id, timeout_s=30)
     # Then each stage ran as a task and the loop finished with the tool's answer
     assert result.status == "done"
     assert result.text == "answer: sunny in Oslo"
     assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
-    assert deployment.effects()[("forecast", run_id)] == 1
+    assert shared.effects()[("forecast", run_id)] == 1
 
 
-async def test_a_tool_loop_paused_for_approval_is_resumed_through_the_client(deployment):
+async def test_a_tool_loop_paused_for_approval_is_resumed_through_the_client(shared):
     from agentflow.models import Message
 
     # Given a worker and a loop whose model asks for a refund, a tool that needs approval
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start_loop("refunds", [Message.user("refund order 7")])
-    paused = await deployment.client.wait_loop("refunds", run_id, timeout_s=30)
+    run_id = await shared.client.start_loop("refunds", [Message.user("refund order 7")])
+    paused = await shared.client.wait_loop("refunds", run_id, timeout_s=30)
     assert paused.status == "paused" and [p.tool for p in paused.pending] == ["refund"]
-    assert deployment.effects()[("refund", run_id)] == 0
+    assert shared.effects()[("refund", run_id)] == 0
     # When someone approves it through the client
-    step = await deployment.client.resume_loop("refunds", run_id, approve=True, note="ok")
+    step = await shared.client.resume_loop("refunds", run_id, approve=True, note="ok")
     # Then a worker spends the decision: the refund runs once and the loop finishes
-    result = await deployment.client.wait_loop("refunds", run_id, timeout_s=30)
+    result = await shared.client.wait_loop("refunds", run_id, timeout_s=30)
     assert result.status == "done" and result.text == "answer: refunded 250"
     assert result.step is not None and result.step > step
-    assert deployment.effects()[("refund", run_id)] == 1
+    assert shared.effects()[("refund", run_id)] == 1
     # And a second decision on the finished loop is refused
     with pytest.raises(CheckpointConflict, match="not paused"):
-        await deployment.client.resume_loop("refunds", run_id, approve=True)
+        await shared.client.resume_loop("refunds", run_id, approve=True)
 
 
-async def test_a_resumed_run_replays_the_calls_its_paused_superstep_finished(deployment):
+async def test_a_resumed_run_replays_the_calls_its_paused_superstep_finished(shared):
     # Given a worker and a run paused on wire_money, after charge_card ran in the same superstep
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("fanout", {"show": "Aida"})
-    paused = await deployment.client.wait(run_id, timeout_s=30)
+    run_id = await shared.client.start("fanout", {"show": "Aida"})
+    paused = await shared.client.wait(run_id, timeout_s=30)
     assert paused.status == "paused" and [p.tool for p in paused.pending] == ["wire_money"]
     # When someone approves it through the client
-    await deployment.client.resume(run_id, approve=True)
+    await shared.client.resume(run_id, approve=True)
     # Then the worker that spends the decision runs wire_money once and replays charge_card
-    done = await deployment.client.wait(run_id, timeout_s=30)
+    done = await shared.client.wait(run_id, timeout_s=30)
     assert done.status == "done", done.error
-    effects = deployment.effects()
+    effects = shared.effects()
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
 
 
-async def test_a_resume_message_alone_decides_nothing_for_a_flow_run_or_a_tool_loop(deployment):
+async def test_a_resume_message_alone_decides_nothing_for_a_flow_run_or_a_tool_loop(shared):
     from agentflow.models import Message
 
     # Given a worker, a flow run paused on wire_money (after charge_card ran) and a loop paused on refund
-    deployment.start_worker("w1")
-    run_id = await deployment.client.start("fanout", {"show": "Tosca"})
-    loop_id = await deployment.client.start_loop("refunds", [Message.user("refund order 9")])
-    run_step = (await deployment.client.wait(run_id, timeout_s=30)).step
-    paused_loop = await deployment.client.wait_loop("refunds", loop_id, timeout_s=30)
+    run_id = await shared.client.start("fanout", {"show": "Tosca"})
+    loop_id = await shared.client.start_loop("refunds", [Message.user("refund order 9")])
+    run_step = (await shared.client.wait(run_id, timeout_s=30)).step
+    paused_loop = await shared.client.wait_loop("refunds", loop_id, timeout_s=30)
     assert paused_loop.status == "paused" and paused_loop.step is not None
-    before = deployment.effects()
+    before = shared.effects()
     # When a process that only has the Celery app sends agentflow.resume for each: in the old
     # form (an approval in the message) and in the new one (pointing at the paused step)
-    queue = deployment.values["queue"]
+    queue = shared.values["queue"]
     forged = [
         ("fanout", run_id, True, "ok"),
         ("fanout", run_id, run_step),
         ("loop:refunds", loop_id, True, "ok"),
         ("loop:refunds", loop_id, paused_loop.step),
     ]
-    sent = [deployment.tasks.resume.apply_async(args, queue=queue) for args in forged]
+    sent = [shared.tasks.resume.apply_async(args, queue=queue) for args in forged]
     results = [await ended(s) for s in sent]
     # Then every one is refused and logged, no decision is stored, and nothing ran
     assert [r["done"] for r in results] == ["refused"] * 4, results
-    assert [len(deployment.refusals("w1", "resume", r)) for r in (run_id, loop_id)] == [2, 2]
-    view = await deployment.client.status(run_id)
-    loop = await deployment.client.loop_status("refunds", loop_id)
+    assert [len(shared.refusals("w1", "resume", r)) for r in (run_id, loop_id)] == [2, 2]
+    view = await shared.client.status(run_id)
+    loop = await shared.client.loop_status("refunds", loop_id)
     assert (view.status, view.step, loop.status, loop.step) == ("paused", run_step, "paused", paused_loop.step)
-    assert deployment.effects() == before
+    assert shared.effects() == before
     assert [before[("charge_card", run_id)], before[("wire_money", run_id)], before[("refund", loop_id)]] == [1, 0, 0]
