@@ -23,12 +23,10 @@ lint: $(STAMP)
 
 # One mypy run over agentflow, workers, config and tests: pyproject.toml's [tool.mypy] names the files
 # and how strict each module is (the tests may leave functions unannotated). A folder's conftest.py is
-# the module `conftest` to mypy, which one run takes once: those that only register fixtures from a
-# module beside them are left out, and tests/celery/conftest.py, the one with code of its own, gets a
-# second run (on the first one's cache, a few seconds).
+# the module `conftest` to mypy, which one run takes once: tests/conftest.py is checked, and the
+# folders' ones, which only register fixtures from a module beside them (checked), are left out.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy tests/celery/conftest.py
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(or $(SITE_DIR),site)
@@ -36,9 +34,11 @@ docs: $(STAMP)
 services:
 	@scripts/services.sh
 
-# Two test processes (pytest-xdist): the tests that start Celery workers run one at a time on one of
-# them (tests/conftest.py groups them), the rest spread over both. PYTEST_XDIST= runs everything in one.
-PYTEST_XDIST ?= -n 2 --dist loadgroup
+# Two test processes (pytest-xdist), each with its own Redis database, RabbitMQ virtual host, key
+# prefixes, queues and port band (tests/conftest.py), so the Celery tests spread over both like the
+# rest; an idle process takes tests queued on the other (worksteal: the long ones do not pile up at
+# the end of one). PYTEST_XDIST= runs everything in one.
+PYTEST_XDIST ?= -n 2 --dist worksteal
 
 pytest: $(STAMP) services
 	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 """A real deployment for the Celery tests: worker processes, beat and Flower on the machine's Redis.
 
 Imported as ``celery_kit`` (tests/celery is on ``sys.path`` under pytest's prepend import mode);
-tests/celery/conftest.py makes one `Deployment` per test (the ``deployment`` fixture), with its
+tests/celery/celery_fixtures.py makes one `Deployment` per test (the ``deployment`` fixture), with its
 own key prefix and queue. A deployment may name its broker and its store apart instead
 (``broker_url``, ``store_url``: RabbitMQ and PostgreSQL in `rabbit_kit`); then it touches no Redis.
 """

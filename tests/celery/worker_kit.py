@@ -2,7 +2,7 @@
 
 `Setup` builds a FlowApp with a mail flow (a non-idempotent tool that can "die"), a tool
 loop, and the registered task bodies; what they would send is recorded instead of sent.
-The ``s`` fixture (tests/celery/conftest.py) makes one per test.
+The ``s`` fixture (tests/celery/celery_fixtures.py) makes one per test.
 """
 
 from __future__ import annotations
