@@ -609,10 +609,16 @@ class Episode(Points):
         return task is not None and task.done()
 
     def _check_actors(self) -> None:
-        """An actor that died of an exception is a bug in the code under test (or in the simulation)."""
+        """An actor that died of an exception is a bug in the code under test (or in the simulation).
+
+        One that died of a `BaseException` that is no `Exception` was stopped from outside (a
+        test's time limit, Ctrl-C): that is raised again, not reported as a broken invariant.
+        """
         for name, task in self.tasks.items():
             if name not in self.reported and task.done() and not task.cancelled() and task.exception() is not None:
                 exc = task.exception()
+                if exc is not None and not isinstance(exc, Exception):
+                    raise exc
                 where = traceback.extract_tb(exc.__traceback__)[-4:] if exc is not None else []
                 at = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(where))
                 self.world.violations.append(f"actor {name} raised {type(exc).__name__}: {exc} (at {at})")

@@ -160,3 +160,30 @@ def test_lost_acknowledged_writes_break_nothing_when_the_store_waits_for_its_rep
     # Then every invariant holds: no call ran twice, no run was lost, every run ended
     assert report.stats.faults["lost-writes"] > 50
     assert report.failure is None, describe(report)
+
+
+class Interrupted(BaseException):
+    """What a test's time limit or Ctrl-C raises inside whatever code runs (no `Exception`)."""
+
+
+class InterruptedStore(MemoryCheckpointStore):
+    """A store whose 20th save is interrupted from outside."""
+
+    saves = 0
+
+    async def save(self, run_id, step, checkpoint):
+        InterruptedStore.saves += 1
+        if InterruptedStore.saves == 20:
+            raise Interrupted
+        await super().save(run_id, step, checkpoint)
+
+
+def test_an_actor_stopped_from_outside_stops_the_simulation_and_is_no_broken_invariant() -> None:
+    # Given an episode in which an actor is interrupted from outside (as pytest-timeout does)
+    def episode(tag: str) -> Callable[[], CheckpointStore]:
+        store = InterruptedStore()
+        return lambda: store
+
+    # Then the interruption goes on up, instead of being reported as an actor that raised
+    with pytest.raises(Interrupted):
+        run_simulation(custom("interrupted-memory", episode), 3, Config(steps=5_000))
