@@ -7,7 +7,6 @@ and stopped afterwards; skipped when ``redis-server`` or ``redis-cli`` is missin
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -18,21 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-
-def _free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port > 55000 or port in ports:
-                continue
-            try:
-                b.bind(("127.0.0.1", port + 10000))  # the cluster bus port
-            except OSError:
-                continue
-            ports.append(port)
-    return ports
+from _kit.ports import free_port
 
 
 def _ask(port: int, command: str) -> Any:
@@ -61,7 +46,7 @@ def _wait(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
 def redis_cluster(tmp_path: Path) -> Iterator[list[int]]:
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.skip("redis-server and redis-cli must be on PATH for the Redis Cluster test")
-    ports = _free_ports(3)
+    ports = [free_port(also_free_at=10000) for _ in range(3)]  # a node's bus is at its port + 10000
     procs = []
     for port in ports:
         args = ["--port", str(port), "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]

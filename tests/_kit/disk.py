@@ -20,7 +20,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from _kit.replication import Server, free_port, server_binary
+from _kit.ports import free_port
+from _kit.replication import Server, server_binary
 
 #: The shim's source, compiled once per test directory with the machine's gcc.
 SHIM = Path(__file__).with_name("fsync_gate.c")

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from _kit.poll import until
+from _kit.ports import free_port
 
 #: The rules and the dashboard users copy (docs/alerts).
 ALERTS = Path(__file__).resolve().parents[2] / "docs" / "alerts"
@@ -36,13 +36,6 @@ def binary(name: str) -> str:
             pytest.fail(f"{reason}; CI must install it (.ci/run does)", pytrace=False)
         pytest.skip(reason)
     return found
-
-
-def free_port() -> int:
-    """A port nothing listens on now, on the loopback interface."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _get(url: str) -> Any:

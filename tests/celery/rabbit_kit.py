@@ -37,8 +37,9 @@ from typing import NoReturn
 
 import pytest
 from _kit.poll import until
+from _kit.ports import free_port
 from _kit.stores import _remove_postgres_tables
-from celery_kit import Deployment, free_port
+from celery_kit import Deployment
 from kombu.connection import Connection
 
 from agentflow.exec.checkpoints.sqlalchemy._pg import drop_functions

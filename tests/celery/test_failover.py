@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 from _kit.disk import CrashableServer
 from _kit.poll import until
+from _kit.ports import free_port
 from _kit.replication import SERVICE, replica_set
-from celery_kit import Deployment, free_port
+from celery_kit import Deployment
 from failover_kit import RESULTS, Tally, crash_round, sentinel_round
 
 from agentflow._errors import CheckpointError

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 from _kit.poll import until
+from _kit.ports import free_port
 from _kit.prometheus import ALERTS, Prometheus
-from celery_kit import free_port
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from _kit.poll import until
+from _kit.ports import free_port
 from _kit.replication import Server, replica_set, server_binary
-from celery_kit import Deployment, free_port
+from celery_kit import Deployment
 from test_flower import PASSWORD, USER, _tasks, _until_listed
 
 from agentflow import Rerun

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from _kit.replication import Server, free_port, server_binary
+from _kit.ports import free_port
+from _kit.replication import Server, server_binary
 from _kit.tickets import KEY, ORDER, TICKETS, Tickets, make_tickets
 
 from agentflow import Executor, FlowRunner

@@ -19,7 +19,8 @@ import pytest
 import redis
 import redis.asyncio
 from _kit.disk import CrashableServer
-from _kit.replication import ReplicaSet, Server, free_port, replica_set, server_binary
+from _kit.ports import free_port
+from _kit.replication import ReplicaSet, Server, replica_set, server_binary
 from _kit.tickets import KEY, ORDER, make_tickets
 from test_redis import cp, rec
 

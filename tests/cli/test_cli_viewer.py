@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import runs_kit
+from _kit.ports import free_port
 from runs_kit import one_line_error
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_the_viewer_command_serves_the_runs(url):

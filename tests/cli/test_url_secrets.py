@@ -24,7 +24,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from _kit.replication import SERVICE, Server, free_port, server_binary, start_sentinel
+from _kit.ports import free_port
+from _kit.replication import SERVICE, Server, server_binary, start_sentinel
 from _kit.secrets import leaks, url_password
 from celery import Celery
 from kombu.exceptions import OperationalError
