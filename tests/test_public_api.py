@@ -102,8 +102,7 @@ def test_an_unknown_checkpoints_name_is_an_attribute_error():
 #: Every package's public names, pinned: a name added to or dropped from an ``__all__`` is an
 #: API change, made here on purpose. Left out on purpose (importable from their private modules
 #: by the workers and the CLI): the Celery worker's internals (``Worker``,
-#: ``LoopBridge``, ``Outcome``), ``start_tool_loop`` and ``read_tool_loop`` (FlowClient's
-#: helpers) and the run read model (``agentflow.exec.run.read``, ``run.view``).
+#: ``LoopBridge``, ``Outcome``) and the run read model (``agentflow.exec.run.read``, ``run.view``).
 PUBLIC: dict[str, list[str]] = {
     "agentflow": [
         "Call", "Child", "DidNotHappen", "Event", "Events", "Executor", "Flow", "FlowApp", "FlowRunner",
@@ -120,10 +119,7 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.exec": [
         "ApprovalPolicy", "ApprovalRequest", "Approver", "CallInfo", "Executor", "LoopResult", "LoopRunner", "Registry",
-        "RetryPolicy", "Tool", "advance_tool_loop", "cancel_tool_loop", "current_call", "decide_in_doubt_tool_loop",
-        "decide_tool_loop",
-        "idempotency_key",
-        "recover_tool_loop", "run_tool_loop", "wake_tool_loop",
+        "RetryPolicy", "Tool", "current_call", "idempotency_key", "recover_tool_loop", "run_tool_loop",
     ],
     "agentflow.exec.limits": [
         "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",

@@ -1,8 +1,8 @@
 """Tool loops in the run protocol: the loop's cursor, its checkpoint body, and the model/tools cycle.
 
 `LoopDriver` is what a tool loop plugs into `agentflow.exec.run.protocol.RunProtocol`; the
-protocol owns the durable sequence. See `_loop_functions` for the public functions and the
-storage layout (each checkpoint stores only the messages added since the previous one).
+protocol owns the durable sequence. See `_loop_functions` for the storage layout (each
+checkpoint stores only the messages added since the previous one).
 A model call takes a slot of the registry's limit named after the model's provider (its
 ``provider`` attribute, else its adapter: ``openai``, ``anthropic``) through the executor's
 gate, as tool calls do; it waits for one while the run's lease is renewed.
@@ -52,7 +52,7 @@ def chain(prev: str, message: Message) -> str:
 
 @dataclass
 class LoopResult(RunOutcome):
-    """The outcome of `run_tool_loop` or `recover_tool_loop`."""
+    """The outcome of an operation on a tool loop (`LoopRunner`, `run_tool_loop`, `recover_tool_loop`)."""
 
     messages: list[Message]
     """The whole conversation, initial messages included."""

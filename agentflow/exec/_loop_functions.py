@@ -15,8 +15,9 @@ counts model calls across the whole run, recoveries included (a call cut off by 
 counts). Tool calls of one reply go through the same call log as flow calls: identity
 ``turn/tools/index/args digest``, replay of finished calls, in-doubt checks.
 
-`LoopRunner` (`_loop_runner`) holds every operation on a loop; each function here is one
-use of it, for a caller that has no runner at hand.
+`LoopRunner` (`_loop_runner`) holds every operation on a loop (start, advance, resume,
+wake, decide_in_doubt, cancel, read, ...). The two functions here are the ones DESIGN.md
+names, each one use of it for a caller that has no runner at hand.
 """
 
 from __future__ import annotations
@@ -30,22 +31,11 @@ from agentflow.exec._loop_engine import LoopResult
 from agentflow.exec._loop_runner import LoopRunner
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.lease import DEFAULT_LEASE_S
 from agentflow.exec.tracing import Tracer
 from agentflow.models import Message, Model
 
-__all__ = [
-    "LoopResult",
-    "LoopRunner",
-    "advance_tool_loop",
-    "cancel_tool_loop",
-    "decide_in_doubt_tool_loop",
-    "read_tool_loop",
-    "recover_tool_loop",
-    "run_tool_loop",
-    "start_tool_loop",
-]
+__all__ = ["recover_tool_loop", "run_tool_loop"]
 
 
 async def run_tool_loop(
@@ -111,35 +101,6 @@ async def run_tool_loop(
     return await runner.run(messages, run_id=run_id, max_steps=max_steps, ctx=ctx, approve=approve, note=note)
 
 
-async def decide_tool_loop(
-    registry: Registry,
-    run_id: str,
-    *,
-    approve: bool | Mapping[str, bool],
-    note: str | None = None,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    ctx: RunContext | None = None,
-    name: str = "tool_loop",
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-    operator: str | None = None,
-) -> LoopResult:
-    """Store the decision on a paused loop without running it; a worker then goes on from it.
-
-    The decision is saved as the loop's next checkpoint (compare-and-set: of two racing
-    decisions one wins). The returned result's `step` is the step to advance from.
-
-    Raises:
-        CheckpointConflict: the loop is not paused, or another decision won.
-        ValueError: `approve` is a mapping that leaves a pending call undecided.
-    """
-    runner = LoopRunner(
-        None, registry, checkpoints=checkpoints, checkpoint_key=checkpoint_key, name=name, lease_s=lease_s, owner=owner
-    )
-    return await runner.resume(run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator)
-
-
 async def recover_tool_loop(
     model: Model,
     registry: Registry,
@@ -179,202 +140,3 @@ async def recover_tool_loop(
         tracer=tracer,
     )
     return await runner.recover(run_id, rerun_in_doubt=rerun_in_doubt, ctx=ctx, operator=operator)
-
-
-async def wake_tool_loop(
-    model: Model,
-    registry: Registry,
-    run_id: str,
-    *,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    ctx: RunContext | None = None,
-    name: str = "tool_loop",
-    events: Events | None = None,
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-    now: float | None = None,
-    max_stages: int | None = None,
-) -> LoopResult:
-    """Wake a tool loop that waits until the time a waiting tool returned (``@registry.tool(waits=True)``).
-
-    Raises:
-        NotDue: its time has not come (nothing is done).
-        CheckpointConflict: the loop is not waiting, or someone else woke it first.
-    """
-    runner = LoopRunner(
-        model,
-        registry,
-        checkpoints=checkpoints,
-        checkpoint_key=checkpoint_key,
-        name=name,
-        events=events,
-        lease_s=lease_s,
-        owner=owner,
-    )
-    return await runner.wake(run_id, ctx=ctx, now=now, max_supersteps=max_stages)
-
-
-async def start_tool_loop(
-    registry: Registry,
-    messages: Sequence[Message],
-    *,
-    run_id: str | None = None,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    max_steps: int = 10,
-    ctx: RunContext | None = None,
-    name: str = "tool_loop",
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-    tracer: Tracer | None = None,
-) -> LoopResult:
-    """Save a new loop's step 0 (its messages) without running it; a worker advances it.
-
-    With `tracer`, step 0 carries the trace the loop's stages continue (see `run_tool_loop`).
-
-    Raises:
-        CheckpointConflict: the run id is taken.
-    """
-    runner = LoopRunner(
-        None,
-        registry,
-        checkpoints=checkpoints,
-        checkpoint_key=checkpoint_key,
-        name=name,
-        lease_s=lease_s,
-        owner=owner,
-        tracer=tracer,
-    )
-    return await runner.start(messages, run_id=run_id, max_steps=max_steps, ctx=ctx)
-
-
-async def advance_tool_loop(
-    model: Model,
-    registry: Registry,
-    run_id: str,
-    *,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    expected_step: int | None = None,
-    handoff: bool = False,
-    rerun_in_doubt: bool = False,
-    name: str = "tool_loop",
-    events: Events | None = None,
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-    park: bool = False,
-    spend: str | None = None,
-    tracer: Tracer | None = None,
-) -> LoopResult:
-    """Claim a loop and run exactly one stage of it: one model call, or one round of tools.
-
-    `tracer`: see `run_tool_loop`.
-
-    Raises:
-        Stale: the latest step is not `expected_step` (a late or duplicate message).
-        CheckpointConflict: the loop ended or is paused, or another worker claimed it first.
-        RecoveryNeedsDecision: a tool call is in doubt and its tool is not idempotent.
-    """
-    runner = LoopRunner(
-        model,
-        registry,
-        checkpoints=checkpoints,
-        checkpoint_key=checkpoint_key,
-        name=name,
-        events=events,
-        lease_s=lease_s,
-        owner=owner,
-        tracer=tracer,
-    )
-    return await runner.advance(
-        run_id, expected_step=expected_step, rerun_in_doubt=rerun_in_doubt, handoff=handoff, park=park, spend=spend
-    )
-
-
-async def decide_in_doubt_tool_loop(
-    run_id: str,
-    *,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    registry: Registry | None = None,
-    calls: Mapping[str, InDoubtDecision] | None = None,
-    operator: str | None = None,
-    name: str = "tool_loop",
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-) -> int:
-    """Store an operator's word on a loop's calls in doubt; return the decision's step.
-
-    See `FlowRunner.decide_in_doubt`: per call id `Rerun()`, `Happened(result)` (checked
-    against the tool's return type, so `registry` is needed) or `DidNotHappen(reason)`;
-    without `calls`, every call in doubt reruns. The decision is a signed claim naming
-    `operator`, spent once by the loop's next advance or recovery.
-
-    Raises:
-        CheckpointConflict: the loop is not running or has no call in doubt (`RunHeld`: a
-            live worker holds it).
-        ValueError: `calls` does not decide exactly the calls in doubt, or a result does not
-            fit its tool's return type (or no `registry` was given to check it).
-    """
-    runner = LoopRunner(
-        None,
-        registry or Registry(),
-        checkpoints=checkpoints,
-        checkpoint_key=checkpoint_key,
-        name=name,
-        lease_s=lease_s,
-        owner=owner,
-    )
-    return await runner.decide_in_doubt(run_id, calls=calls, operator=operator)
-
-
-async def read_tool_loop(
-    run_id: str,
-    *,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    name: str = "tool_loop",
-) -> LoopResult:
-    """Read a loop as its checkpoints show it (history checked), without touching it.
-
-    Raises:
-        CheckpointNotFound: unknown run.
-        CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
-    """
-    return await LoopRunner(None, Registry(), checkpoints=checkpoints, checkpoint_key=checkpoint_key, name=name).read(
-        run_id
-    )
-
-
-async def cancel_tool_loop(
-    run_id: str,
-    *,
-    reason: str,
-    checkpoints: CheckpointStore,
-    checkpoint_key: bytes | Sequence[bytes] | None = None,
-    operator: str | None = None,
-    name: str = "tool_loop",
-    lease_s: float = DEFAULT_LEASE_S,
-    owner: str | None = None,
-) -> LoopResult:
-    """Cancel a tool loop (see `FlowRunner.cancel`).
-
-    A loop nobody holds is cancelled at once; a loop a live worker holds gets a signed
-    request its holder honours before its next model or tool call (the result is then the
-    loop as it stands, ``running``).
-
-    Raises:
-        CheckpointConflict: the loop already ended.
-        ValueError: `reason` is empty.
-    """
-    runner = LoopRunner(
-        None,
-        Registry(),
-        checkpoints=checkpoints,
-        checkpoint_key=checkpoint_key,
-        name=name,
-        lease_s=lease_s,
-        owner=owner,
-    )
-    return await runner.cancel(run_id, reason=reason, operator=operator)

@@ -4,7 +4,7 @@ A tool loop is a run like a flow run: the same protocol (`run.protocol`) holds, 
 and saves it, and it has the same operations (run, start, advance, recover, resume, wake,
 decide_in_doubt, cancel, read). What a loop plugs in is `LoopDriver` (`_loop_engine`).
 A runner is built once from what every operation shares (model, tools, store, key, lease,
-owner, hub, tracer) and holds one protocol; the ``*_tool_loop`` functions
+owner, hub, tracer) and holds one protocol; `run_tool_loop` and `recover_tool_loop`
 (`_loop_functions`) are one-line uses of it.
 
 The model is only needed by the operations that call it (`run`, `advance`, `recover`,

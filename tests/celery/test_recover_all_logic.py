@@ -22,7 +22,7 @@ from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import RECOVERING, Resends
 from agentflow.celery.worker import RECOVER_ALL_LOCK, Worker
-from agentflow.exec._loop_functions import start_tool_loop
+from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.run.lease import take
 from agentflow.exec.run.markers import Markers, key_of, marker_value
@@ -133,9 +133,8 @@ async def test_a_tool_loop_run_that_fails_its_check_is_quarantined_too(s):
         Registry(), [], loops={"helper": LoopSpec(model_factory=lambda: ScriptedModel([]), registry=Registry())}
     )
     worker = Worker(app, lambda: s.store, KEY, WorkerSettings(stale_after_s=0.0))
-    await start_tool_loop(
-        Registry(), [Message.user("hi")], run_id="lp", checkpoints=s.store, checkpoint_key=OTHER_KEY, name="helper"
-    )
+    forger = LoopRunner(None, Registry(), checkpoints=s.store, checkpoint_key=OTHER_KEY, name="helper")
+    await forger.start([Message.user("hi")], run_id="lp")
     # When recover_all looks twice, Then the loop run is quarantined once and never enqueued
     first, second = await worker.stranded(), await worker.stranded()
     assert first is not None and (first.recover, first.quarantined) == ([], [("loop:helper", "lp")])

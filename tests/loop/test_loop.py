@@ -18,7 +18,7 @@ from _kit.tickets import Crash, Ledger
 
 from agentflow import Event, Events, Registry, RunContext
 from agentflow.errors import IdentityMismatch
-from agentflow.exec import LoopResult, advance_tool_loop, decide_tool_loop, recover_tool_loop, run_tool_loop
+from agentflow.exec import LoopResult, LoopRunner, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import (
     CheckpointConflict,
     CheckpointStore,
@@ -746,7 +746,8 @@ async def test_crash_after_the_resume_save_is_recovered_by_spending_the_stored_d
 
 
 async def decide(store: CheckpointStore, approve: Any, **kw: Any) -> LoopResult:
-    return await decide_tool_loop(REGISTRY, "chat-1", approve=approve, checkpoints=store, checkpoint_key=KEY, **kw)
+    deciding = LoopRunner(None, REGISTRY, checkpoints=store, checkpoint_key=KEY)
+    return await deciding.resume("chat-1", approve=approve, max_supersteps=0, **kw)
 
 
 async def test_a_stored_decision_is_spent_by_the_next_worker_stage(store, other):
@@ -758,11 +759,10 @@ async def test_a_stored_decision_is_spent_by_the_next_worker_stage(store, other)
     assert decided.status == "running" and LEDGER.counts() == {"refund": 1}
     # And a worker advances the loop from the step it names, one stage at a time
     model = ScriptedModel([answer("Refunded both.")])
+    worker = LoopRunner(model, REGISTRY, checkpoints=other, checkpoint_key=KEY)
     step, result = decided.step, decided
     while result.status == "running":
-        result = await advance_tool_loop(
-            model, REGISTRY, "chat-1", checkpoints=other, checkpoint_key=KEY, expected_step=step, handoff=True
-        )
+        result = await worker.advance("chat-1", expected_step=step, handoff=True)
         step = result.step
     # Then the approved refund ran once, the earlier one was not run again, and the loop finished
     assert result.status == "done" and result.text == "Refunded both."

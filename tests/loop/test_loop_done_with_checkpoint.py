@@ -21,8 +21,7 @@ from _kit.tickets import Crash, Ledger
 
 from agentflow import Registry, RunStatus
 from agentflow.errors import CheckpointTooLarge
-from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
-from agentflow.exec._loop_functions import LoopRunner, read_tool_loop
+from agentflow.exec import LoopRunner, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import CheckpointStore, RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -117,7 +116,7 @@ async def test_each_stages_done_goes_with_its_checkpoint_in_one_write(store_setu
         ("started", "model"), ("started", "weather"), ("done", "weather"),
         ("started", "model"), ("started", "book"), ("done", "book"), ("started", "model"),
     ]  # fmt: skip
-    again = await read_tool_loop("trip", checkpoints=store_setup.raw, checkpoint_key=KEY)
+    again = await LoopRunner(None, REGISTRY, checkpoints=store_setup.raw, checkpoint_key=KEY).read("trip")
     assert again.messages == result.messages and LEDGER.counts() == {"weather": 1, "book": 1}
 
 
@@ -179,11 +178,11 @@ async def test_a_cancel_seen_after_the_last_call_stores_its_done_before_the_loop
     # Given a loop whose worker is inside book, the stage's last call
     release, entered = asyncio.Event(), asyncio.Event()
     GATES["book"], ENTERED["book"] = release, entered
-    common: dict[str, Any] = {"checkpoints": store_setup.raw, "checkpoint_key": KEY}
+    operator = LoopRunner(None, REGISTRY, checkpoints=store_setup.raw, checkpoint_key=KEY)
     running = asyncio.create_task(run(ScriptedModel([ask(BOOK), Message.assistant("never used")]), store_setup.raw))
     await asyncio.wait_for(entered.wait(), 10)
     # When it is cancelled while book runs
-    asked = await cancel_tool_loop("trip", reason="trip called off", operator="erin", **common)
+    asked = await operator.cancel("trip", reason="trip called off", operator="erin")
     assert asked.status == RunStatus.RUNNING
     release.set()
     # Then book finishes, its `done` is stored on its own, and the loop ends cancelled

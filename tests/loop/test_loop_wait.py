@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agentflow import Registry, RunStatus
-from agentflow.exec import run_tool_loop, wake_tool_loop
+from agentflow.exec import LoopRunner, run_tool_loop
 from agentflow.exec.run.timers import NotDue
 from agentflow.exec.seal import Sealer
 from agentflow.models import Message, ScriptedModel, ToolCall
@@ -49,13 +49,14 @@ async def test_a_loop_waits_until_its_waiting_tool_says_and_then_goes_on_once(st
     latest = (await store.history("l-1"))[-1]
     wake = Sealer(KEY).open_checkpoint(latest, "l-1")["wake"]
     assert wake["for"] == "timer" and wake["at"] > time.time() + 7000
+    waker = LoopRunner(model, registry, checkpoints=store, checkpoint_key=KEY)
     with pytest.raises(NotDue):
-        await wake_tool_loop(model, registry, "l-1", checkpoints=store, checkpoint_key=KEY)
+        await waker.wake("l-1")
     # When the time comes, Then it goes on to its next model call, once
-    done = await wake_tool_loop(model, registry, "l-1", checkpoints=store, checkpoint_key=KEY, now=wake["at"] + 1)
+    done = await waker.wake("l-1", now=wake["at"] + 1)
     assert done.status == RunStatus.DONE and done.text == "Checked again: the parcel arrived." and model.calls == 2
     with pytest.raises(Exception, match="not waiting"):
-        await wake_tool_loop(model, registry, "l-1", checkpoints=store, checkpoint_key=KEY, now=wake["at"] + 2)
+        await waker.wake("l-1", now=wake["at"] + 2)
 
 
 def test_a_waiting_tool_returns_a_datetime():

@@ -21,7 +21,7 @@ from agentflow._errors import (
     FlowError,
     RecoveryNeedsDecision,
 )
-from agentflow.exec import cancel_tool_loop, recover_tool_loop, run_tool_loop
+from agentflow.exec import LoopRunner, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import idempotency_key
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import Lineage
@@ -90,7 +90,7 @@ async def test_a_tool_loop_is_cancelled_too(store_setup):
     )
     assert paused.status == "paused"
     # When it is cancelled, Then it is final
-    cancelled = await cancel_tool_loop("c-1", reason="not needed", operator="erin", **common)
+    cancelled = await LoopRunner(None, tickets.registry, **common).cancel("c-1", reason="not needed", operator="erin")
     assert cancelled.status == RunStatus.CANCELLED
     with pytest.raises(CheckpointConflict):
         await recover_tool_loop(ScriptedModel([]), tickets.registry, "c-1", **common)

@@ -14,7 +14,7 @@ from _kit.tickets import BATCH, KEY, KEY_B, LOOKUP, ORDER, REFUNDS, Order, Refun
 from _kit.workers import Workers
 
 from agentflow import Call, Flow, RunResult, RunStatus
-from agentflow.exec import cancel_tool_loop, run_tool_loop
+from agentflow.exec import LoopRunner, run_tool_loop
 from agentflow.exec.run.cancel import KIND, REQUEST_TTL_S, CancelRequest
 from agentflow.exec.run.markers import key_of, marker_value
 from agentflow.exec.seal import Sealer
@@ -168,7 +168,7 @@ async def test_a_tool_loop_a_worker_holds_stops_before_its_next_model_call(store
     )
     await asyncio.wait_for(entered.wait(), 10)
     # When it is cancelled
-    asked = await cancel_tool_loop("loop-1", reason="enough", operator="erin", **common)
+    asked = await LoopRunner(None, tickets.registry, **common).cancel("loop-1", reason="enough", operator="erin")
     assert asked.status == RunStatus.RUNNING
     release.set()
     # Then the lookup finishes, and the model is not asked again

@@ -1,7 +1,7 @@
 """Flows and tool loops refuse the same bad decisions with the same error: one rule, one home.
 
 Each case runs against a paused flow run and a paused tool loop, through each kind's own
-entry point (`FlowRunner.resume`; `run_tool_loop` with the run id, and `decide_tool_loop`).
+entry point (`FlowRunner.resume`; `run_tool_loop` with the run id, and `LoopRunner.resume`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from _kit.tickets import KEY, REFUNDS, Refund, make_tickets
 
 from agentflow import Executor, FlowRunner, RunContext
 from agentflow._errors import IdentityMismatch
-from agentflow.exec import run_tool_loop
-from agentflow.exec._loop_functions import decide_tool_loop
+from agentflow.exec import LoopRunner, run_tool_loop
 from agentflow.exec.checkpoints import CheckpointConflict, CheckpointStore, SQLiteCheckpointStore
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -120,17 +119,16 @@ async def test_flows_and_loops_word_a_refused_decision_the_same(tmp_path):
     assert messages["flow"] == messages["loop"]
 
 
-async def test_decide_tool_loop_stores_the_decision_under_the_same_rule(tmp_path):
+async def test_a_loop_decision_stored_without_running_follows_the_same_rule(tmp_path):
     # Given a paused loop
     store = SQLiteCheckpointStore(tmp_path / "runs.db")
     made = await paused_loop(store)
     registry = make_tickets().registry
     # When the decision is stored for a worker with an unknown call id, then with the right ones
+    deciding = LoopRunner(None, registry, checkpoints=store, checkpoint_key=KEY)
     with pytest.raises(ValueError, match="has no pending call"):
-        await decide_tool_loop(registry, RUN, approve={"x": True}, checkpoints=store, checkpoint_key=KEY, ctx=ALICE)
-    stored = await decide_tool_loop(
-        registry, RUN, approve={cid: True for cid in made.pending}, checkpoints=store, checkpoint_key=KEY, ctx=ALICE
-    )
+        await deciding.resume(RUN, approve={"x": True}, ctx=ALICE, max_supersteps=0)
+    stored = await deciding.resume(RUN, approve={cid: True for cid in made.pending}, ctx=ALICE, max_supersteps=0)
     # Then it is stored with a claim (the run is running again, at the claim's step)
     assert stored.status == "running"
     assert (await store.latest(RUN)).step == stored.step

@@ -14,7 +14,7 @@ from _kit.tickets import KEY, ORDER, TICKETS, Crash, make_tickets
 from _kit.workers import Workers, faulty
 
 from agentflow import DidNotHappen, Happened, Rerun
-from agentflow.exec import decide_in_doubt_tool_loop, recover_tool_loop, run_tool_loop
+from agentflow.exec import LoopRunner, recover_tool_loop, run_tool_loop
 from agentflow.exec.calls.read import CallState
 from agentflow.exec.checkpoints import CheckpointConflict, RecoveryNeedsDecision
 from agentflow.exec.run.control import settle
@@ -123,7 +123,7 @@ async def test_a_tool_loops_call_in_doubt_can_be_supplied_too(store_setup):
     (started,) = [body(r) for r in await store_setup.calls("chat-1") if r.kind == "started" and "tool" in body(r)]
     # When the operator says it happened, and the loop is recovered
     decision = {str(started["call_id"]): Happened("mailed Tosca")}
-    await decide_in_doubt_tool_loop("chat-1", registry=tickets.registry, calls=decision, operator="dana", **common)
+    await LoopRunner(None, tickets.registry, **common).decide_in_doubt("chat-1", calls=decision, operator="dana")
     model = ScriptedModel([Message.assistant("Your tickets are on their way.")])
     result = await recover_tool_loop(model, tickets.registry, "chat-1", **common)
     # Then the model reads the supplied result, and the mail went out once

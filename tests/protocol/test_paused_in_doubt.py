@@ -23,13 +23,7 @@ from _kit.workers import Workers
 
 from agentflow import Call, Flow, Happened, Rerun
 from agentflow.errors import UnknownTool
-from agentflow.exec import (
-    advance_tool_loop,
-    decide_in_doubt_tool_loop,
-    decide_tool_loop,
-    recover_tool_loop,
-    run_tool_loop,
-)
+from agentflow.exec import LoopRunner, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import RecoveryNeedsDecision
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
@@ -78,7 +72,7 @@ async def paused_with_charge_in_doubt(store_setup: StoreSetup, run_id: str) -> t
         await recover_tool_loop(ScriptedModel([]), tickets.registry, run_id, **common)
     [charge] = asked.value.call_ids
     # An operator decides it did not happen: run it again
-    await decide_in_doubt_tool_loop(run_id, calls={charge: Rerun()}, operator="ada", **common)
+    await LoopRunner(None, tickets.registry, **common).decide_in_doubt(run_id, calls={charge: Rerun()}, operator="ada")
     # The worker that spends the decision runs a deploy without charge_card: the charge does not run again
     v2 = redeployed(tickets.registry, gone={"charge_card"})
     paused = await recover_tool_loop(ScriptedModel([]), v2, run_id, **common)
@@ -95,9 +89,8 @@ async def test_a_paused_runs_call_in_doubt_is_decided_and_the_run_stays_paused_f
     report = await read_run(store_setup.raw, Sealer(KEY), "loop-1")
     assert [c.call_id for c in report.in_doubt] == [charge]  # what runs show and the viewer offer to decide
     # When the operator, having checked the card, says the charge happened
-    step = await decide_in_doubt_tool_loop(
-        "loop-1", calls={charge: Happened("charged Tosca")}, operator="ada", registry=tickets.registry, **common
-    )
+    operator = LoopRunner(None, tickets.registry, **common)
+    step = await operator.decide_in_doubt("loop-1", calls={charge: Happened("charged Tosca")}, operator="ada")
     # Then the run stays paused at that step, its approval still waiting
     held = await read_run(store_setup.raw, Sealer(KEY), "loop-1")
     assert held.status == "paused" and held.step == step
@@ -111,13 +104,13 @@ async def test_a_paused_runs_call_in_doubt_is_decided_and_the_run_stays_paused_f
 async def test_a_rerun_decided_on_a_paused_run_is_carried_to_the_worker_that_spends_its_resume(store_setup):
     # Given the paused loop, and an operator who finds the charge did not go through and decides a rerun
     tickets, charge, common = await paused_with_charge_in_doubt(store_setup, "loop-2")
-    await decide_in_doubt_tool_loop("loop-2", calls={charge: Rerun()}, operator="ada", **common)
+    operator = LoopRunner(None, tickets.registry, **common)
+    await operator.decide_in_doubt("loop-2", calls={charge: Rerun()}, operator="ada")
     # When the approval is stored (a worker spends it) and a worker with charge_card deployed again spends it
-    stored = await decide_tool_loop(tickets.registry, "loop-2", approve=True, operator="bob", **common)
+    stored = await operator.resume("loop-2", approve=True, operator="bob", max_supersteps=0)
     assert stored.status == "running"
-    advanced = await advance_tool_loop(
-        ScriptedModel([]), tickets.registry, "loop-2", expected_step=stored.step, spend="resume", **common
-    )
+    worker = LoopRunner(ScriptedModel([]), tickets.registry, **common)
+    advanced = await worker.advance("loop-2", expected_step=stored.step, spend="resume")
     # Then the round finishes: the wire runs and the charge runs again, as the decision said
     assert advanced.status == "running"
     assert tickets.ledger.counts()["wire_money"] == 1 and tickets.ledger.counts()["charge_card"] == 2

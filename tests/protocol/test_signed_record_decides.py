@@ -16,7 +16,7 @@ from _kit.tickets import KEY, ORDER, TICKETS, WIRES, Crash, Refund, make_tickets
 from _kit.workers import Workers
 
 from agentflow import DidNotHappen, Happened
-from agentflow.exec import decide_in_doubt_tool_loop, recover_tool_loop, run_tool_loop
+from agentflow.exec import LoopRunner, recover_tool_loop, run_tool_loop
 from agentflow.exec.checkpoints import RecoveryNeedsDecision
 from agentflow.models import Message, ScriptedModel, ToolCall
 
@@ -111,10 +111,11 @@ async def test_a_tool_gone_since_its_call_started_leaves_the_call_to_a_decision(
     assert tool == "email_tickets" and "not registered in this deployment" in why
     # And a result cannot be supplied for it (nothing here can check it), while "did not happen" is taken
     [call_id] = asked.value.call_ids
+    deciding = LoopRunner(None, v2, **common)
     with pytest.raises(ValueError, match="not registered here"):
-        await decide_in_doubt_tool_loop("c-1", registry=v2, calls={call_id: Happened("mailed Tosca")}, **common)
+        await deciding.decide_in_doubt("c-1", calls={call_id: Happened("mailed Tosca")})
     decision = {call_id: DidNotHappen("the mail tool was retired")}
-    await decide_in_doubt_tool_loop("c-1", registry=v2, calls=decision, operator="ada", **common)
+    await deciding.decide_in_doubt("c-1", calls=decision, operator="ada")
     result = await recover_tool_loop(ScriptedModel([Message.assistant("Sorry, no mail.")]), v2, "c-1", **common)
     assert result.status == "done" and tickets.ledger.counts()["email_tickets"] == 1
 
