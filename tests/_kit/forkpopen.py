@@ -6,7 +6,9 @@ back a `Child` at once: its ``pid`` (a real process, the server's child), ``send
 ``stdout``, a text stream read line by line as the child writes (a FIFO made for the child,
 open for reading before the fork: it ends when the child ends). Its stderr goes to a file:
 the one asked for, or one of the server's, read with `Child.stderr_text`. Several children
-run at once.
+run at once. `spawn_logged` hands back a `Forked` (the same, without the stream) whose stdout
+and stderr go to one log file, in an environment and folder of the caller's: a long-lived
+process such as a Celery worker (tests/celery/celery_main.py).
 
 Signals go through a pidfd: SIGKILL, SIGSTOP and SIGCONT act on the child itself, never on
 the server, and never on a process that took a reaped child's pid.
@@ -24,29 +26,14 @@ from typing import IO
 from _kit import forkserver
 
 
-class Child:
-    """One child of a fork server: a process of its own, its stdout a stream of lines."""
+class Forked:
+    """One child of a fork server, handled as a ``Popen``: its pid, signals, ``poll`` and ``wait``."""
 
-    def __init__(self, script: Path, args: list[str], stderr: Path | None = None) -> None:
-        """Fork the child; the server of `script` is started first if need be."""
-        server = forkserver.server(script)
-        self.args = [sys.executable, str(script), *args]
-        out, err = server.paths()
-        self._err, self._own_err = (stderr, False) if stderr is not None else (err, True)
-        os.mkfifo(out, 0o600)
-        try:
-            reader = os.open(out, os.O_RDONLY | os.O_NONBLOCK)  # open before the server opens it for the child
-            try:
-                self.pid = server.spawn(args, out, self._err)
-            except BaseException:
-                os.close(reader)
-                raise
-        finally:
-            out.unlink()
-        os.set_blocking(reader, True)
-        self.stdout: IO[str] = os.fdopen(reader, "r")
-        self.returncode: int | None = None
+    def __init__(self, server: forkserver.ForkServer, pid: int, args: list[str]) -> None:
         self._server = server
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
         """The exit code if the child ended (``-N``: killed by signal N), else None."""
@@ -74,6 +61,29 @@ class Child:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+
+class Child(Forked):
+    """A child whose stdout is a stream of lines (a FIFO) and whose stderr is a file."""
+
+    def __init__(self, script: Path, args: list[str], stderr: Path | None = None) -> None:
+        """Fork the child; the server of `script` is started first if need be."""
+        server = forkserver.server(script)
+        out, err = server.paths()
+        self._err, self._own_err = (stderr, False) if stderr is not None else (err, True)
+        os.mkfifo(out, 0o600)
+        try:
+            reader = os.open(out, os.O_RDONLY | os.O_NONBLOCK)  # open before the server opens it for the child
+            try:
+                pid = server.spawn(args, out, self._err)
+            except BaseException:
+                os.close(reader)
+                raise
+        finally:
+            out.unlink()
+        super().__init__(server, pid, [sys.executable, str(script), *args])
+        os.set_blocking(reader, True)
+        self.stdout: IO[str] = os.fdopen(reader, "r")
+
     def stderr_text(self) -> str:
         """What the child wrote to its stderr so far."""
         try:
@@ -91,3 +101,13 @@ class Child:
 def spawn(script: Path, args: list[str], stderr: Path | None = None) -> Child:
     """Fork a child running `script`'s ``main(args)`` from its warm server, as ``Popen`` starts ``python script``."""
     return Child(script, args, stderr)
+
+
+def spawn_logged(script: Path, args: list[str], log: Path, *, env: dict[str, str], cwd: Path) -> Forked:
+    """Fork a child running `script`'s ``main(args)`` with stdout and stderr both in `log` (``> log 2>&1``).
+
+    It runs in `cwd` with the environment `env` (nothing of the test process's but what `env` holds).
+    """
+    server = forkserver.server(script)
+    pid = server.spawn(args, log, log, env=env, cwd=cwd)
+    return Forked(server, pid, [sys.executable, str(script), *args])

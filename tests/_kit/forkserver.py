@@ -10,7 +10,8 @@ Moving parts:
 - The test process (`ForkServer`): starts the server on first use, as
   ``python -m _kit.forkserver SCRIPT`` in the script's folder with `_kit.specs.child_env`;
   writes one JSON request a line to its stdin (argv, cwd, environment, where fds 1 and 2
-  go) and reads JSON lines from its stdout: ``spawned`` (the pid, at once) for each request,
+  go: two files, or one for both) and reads JSON lines from its stdout: ``spawned`` (the
+  pid, at once) for each request,
   ``ended`` (the exit code) when a child ends. `run` forks a child and waits for it to end
   (``subprocess.run``'s form); `_kit.forkpopen.spawn` hands back a running child
   (``subprocess.Popen``'s form: signals, ``poll``, ``wait``, its stdout line by line).
@@ -104,16 +105,21 @@ class ForkServer:
             self.count += 1
             return self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
 
-    def spawn(self, args: list[str], stdout: Path, stderr: Path) -> int:
+    def spawn(
+        self, args: list[str], stdout: Path, stderr: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         """Fork one child running the script's ``main(args)`` with fds 1 and 2 on `stdout` and `stderr`; its pid.
 
         A path that is a FIFO must be open for reading already (the server opens it without waiting).
+        The same path for both gives one file, as ``2>&1`` does. The child's environment is `env`
+        (default: this process's, with tests/ importable), its working folder `cwd` (default: the
+        script's).
 
         Raises:
             AssertionError: the server died or did not answer.
         """
         assert self.proc.stdin is not None
-        request = {"argv": args, "cwd": str(self.script.parent), "env": child_env()}
+        request = {"argv": args, "cwd": str(cwd or self.script.parent), "env": env or child_env()}
         request |= {"stdout": str(stdout), "stderr": str(stderr)}
         with self.lock:
             try:
@@ -328,7 +334,8 @@ def _stop(running: dict[int, int]) -> None:
 
 def _fork(script: Path, main: Main, request: dict[str, Any]) -> int:
     """Fork a child for `request` with its two output files; the server keeps no copy of them."""
-    out, err = _open_output(request["stdout"]), _open_output(request["stderr"])
+    out = _open_output(request["stdout"])
+    err = os.dup(out) if request["stderr"] == request["stdout"] else _open_output(request["stderr"])
     try:
         pid = os.fork()
         if pid == 0:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
+from _kit.forkpopen import Forked, spawn_logged
 from _kit.poll import until
 from _kit.ports import free_port
 from _kit.tickets import Ledger
@@ -86,7 +87,7 @@ class Deployment:
         sys.path.insert(0, str(HERE))
         self.celery_app, self.tasks = build(Settings(**self.values))
         self.client = FlowClient(self.tasks)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Forked] = {}
         self.redis_url = redis_url
         self.logs = tmp_path
         #: Environment of one worker only, by name (its metrics port and directory, say).
@@ -161,7 +162,7 @@ class Deployment:
         self.others.append((celery_app, tasks))
         return FlowClient(tasks)
 
-    def start_worker_of(self, name: str, app: str) -> subprocess.Popen[bytes]:
+    def start_worker_of(self, name: str, app: str) -> Forked:
         """Start worker `name` with the FlowApp at `app` (its deploy's flows) instead of the kit's."""
         self.worker_env[name] = {**self.worker_env.get(name, {}), "AGENTFLOW_APP": app}
         return self.start_worker(name)
@@ -192,20 +193,15 @@ class Deployment:
         self.values["lease_s"] = lease_s
         self.env["AGENTFLOW_LEASE_S"] = str(lease_s)
 
-    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "workers", *args],
-                cwd=ROOT,
-                env={**self.env, **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Forked:
+        """Start ``celery -A workers <args>`` as `name`, forked warm (`celery_main`), its output in ``<name>.log``."""
+        proc = spawn_logged(
+            HERE / "celery_main.py", list(args), self.logs / f"{name}.log", env={**self.env, **(env or {})}, cwd=ROOT
+        )
         self.procs[name] = proc
         return proc
 
-    def start_worker(self, name: str, concurrency: int = 2, *, wait: bool = True) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, concurrency: int = 2, *, wait: bool = True) -> Forked:
         proc = self._spawn(
             name, "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}@%h",
             "-Q", self.values["queue"], "-E", "--without-mingle", "--without-gossip", "-l", self.log_level,
@@ -241,7 +237,7 @@ class Deployment:
                 last = exc
         raise AssertionError(f"worker {name} did not answer a ping within {timeout}s (last error: {last!r})")
 
-    def start_beat(self) -> subprocess.Popen[bytes]:
+    def start_beat(self) -> Forked:
         return self._spawn("beat", "beat", "-s", str(self.logs / "beat-schedule"), "-l", "INFO")
 
     def start_flower(self, basic_auth: str, timeout: float = 30.0) -> str:
