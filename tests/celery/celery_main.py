@@ -53,7 +53,7 @@ def main(argv: list[str]) -> None:
         # environment would have. No metric of the worker's exists yet.
         from prometheus_client import values
 
-        values.ValueClass = values.get_value_class()
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     from celery.bin.celery import main as celery
 
     sys.argv = ["celery", "-A", "workers", *argv]
