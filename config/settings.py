@@ -72,7 +72,8 @@ class Settings(BaseSettings):
     store_url: SecretStr | None = None
     """The checkpoint store, its leases included (unset: `redis_url`).
 
-    ``redis://...``, ``postgresql+asyncpg://user@host/db`` or ``sqlite+aiosqlite:///path.db``;
+    ``redis://...``, ``postgresql+asyncpg://user@host/db`` or ``sqlite+aiosqlite:///path.db``
+    (the SQL store on SQLite: portable, slower than `SQLiteCheckpointStore`);
     a SQL store's tables are named ``<key_prefix>_...`` unless the URL says ``?table_prefix=``,
     a Redis store's keys ``<key_prefix>:...`` unless it says ``?prefix=``.
     """

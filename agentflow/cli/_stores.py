@@ -7,7 +7,8 @@ Accepted forms (the error for anything else lists them):
   ``redis+sentinel://host:26379,host2:26379/<primary name>/0``): `RedisCheckpointStore`, with
   its durability options as ``wait_replicas=1``, ``wait_fsync=1``, ``wait_timeout_s=1.0``;
 - ``postgresql+asyncpg://user@host/db`` and ``sqlite+aiosqlite:///runs.db``, with an optional
-  ``?table_prefix=agentflow_``: `SQLAlchemyCheckpointStore`.
+  ``?table_prefix=agentflow_``: `SQLAlchemyCheckpointStore` (on SQLite the portable path,
+  slower than the ``sqlite:///`` store).
 
 The parameters agentflow reads (``prefix``, ``ttl_s``, the durability options,
 ``allow_volatile``, ``table_prefix``) are taken out of the URL before the rest goes to the

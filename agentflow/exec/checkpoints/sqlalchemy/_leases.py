@@ -9,13 +9,14 @@ clock_timestamp())``, evaluated inside each statement), so workers on hosts with
 clocks agree; on SQLite, every process shares the host, and ``time.time()`` is passed in
 as ``:now``. The markers (`sqlalchemy._markers`) are judged on the same clock.
 
-A worker's take, renewal and release run on each dialect's fast path (`sqlalchemy._pg`: the
-``<prefix>take_lease`` function and single statements; `sqlalchemy._sqlite`: one ``BEGIN
-IMMEDIATE`` job). What stays here is the take a prune makes of many runs inside its own
-transaction, with the dialect's upsert (`upsert`): ``INSERT ... ON CONFLICT (run_id) DO
-UPDATE SET owner, token, expires_at ... WHERE <prefix>leases.expires_at <= now OR
-<prefix>leases.token = excluded.token``, which takes a free or lapsed lease and leaves a
-live one alone. A marker's put is the same upsert on the markers table.
+A worker's take, renewal and release run on each dialect's path for hot operations
+(`sqlalchemy._pg`: the ``<prefix>take_lease`` function and single statements;
+`sqlalchemy._plain`: one ``BEGIN IMMEDIATE`` transaction with this upsert). What stays
+here is the take a prune makes of many runs inside its own transaction, with the
+dialect's upsert (`upsert`): ``INSERT ... ON CONFLICT (run_id) DO UPDATE SET owner,
+token, expires_at ... WHERE <prefix>leases.expires_at <= now OR <prefix>leases.token =
+excluded.token``, which takes a free or lapsed lease and leaves a live one alone. A
+marker's put is the same upsert on the markers table.
 """
 
 from __future__ import annotations

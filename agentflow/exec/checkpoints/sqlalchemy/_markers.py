@@ -20,10 +20,10 @@ Each call is one transaction of plain statements:
   with whether it updates it or not; SQLite holds its write lock), so the read-back sees
   what the upsert left: this token's marker, or the live one of another token, unchanged.
   Of racing puts on a free key the first insert wins; the others meet its live row.
-- peek: one SELECT of the live rows among the keys, made by the store's fast path
-  (`peek_rows`: inline on SQLite, a chunk of keys per SELECT; one asyncpg statement on
-  PostgreSQL), as the leases' reads are: a worker peeks at a run's cancel request every
-  superstep.
+- peek: one SELECT of the live rows among the keys, made by the store's path for hot
+  operations (`peek_rows`: on SQLite a chunk of keys per SELECT in one read transaction,
+  `sqlalchemy._plain`; one asyncpg statement on PostgreSQL), as the leases' reads are: a
+  worker peeks at a run's cancel request every superstep.
 - take: a DELETE of the key's row where it is this token's and live, whose count says
   whether it was, then a DELETE of it lapsed.
 

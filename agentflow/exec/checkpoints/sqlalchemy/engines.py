@@ -13,23 +13,21 @@ database, with its password hidden (`agentflow._urls.redact`, as everywhere). A 
 percent-encoded in the URL (SQLAlchemy decodes it); one holding a raw ``/``, ``?``, ``#`` or
 ``@`` is refused before SQLAlchemy parses it.
 
-The fast paths borrow the driver's own connection under a pooled one: on PostgreSQL
-`Connector.driver` lends the asyncpg connection for a single autocommit statement
-(`sqlalchemy._pg`), on SQLite `Connector.lite` lends the aiosqlite connection for one whole job
-(`sqlalchemy._sqlite`). A checkout from SQLAlchemy's pool costs about 150 µs of greenlet switching
-(and, on aiosqlite, a thread round trip to reset the connection when it goes back), so each
-loop keeps the connections it lent in a free list of its own, up to the pool's size, still
+On PostgreSQL the fast path (`sqlalchemy._pg`) borrows the driver's own connection under a
+pooled one: `Connector.driver` lends the asyncpg connection for a single autocommit statement.
+A checkout from SQLAlchemy's pool costs about 150 µs of greenlet switching, so each loop
+keeps the connections it lent in a free list of its own, up to the pool's size, still
 checked out of the pool: they bypass ``pool_recycle`` and ``pool_pre_ping``, and one that
 fails at the connection level is invalidated, never lent again. A transaction
 (`Connector.begin`) takes a kept connection first, and while any operation waits for the
 pool a connection given back goes to the pool, not the free list, so the kept ones never
-starve it. They are closed before the engine is disposed.
+starve it. They are closed before the engine is disposed. SQLite has no such path: every
+operation there is a transaction (`Connector.begin`), its connection back to the pool after it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -120,13 +118,11 @@ class LoopEngine:
     async def abandon(self, *, sqlite: bool) -> None:
         """Drop the engine of a loop that closed without shutting down its generators."""
         self.abandoned = True
-        kept, self.idle = self.idle, []  # asyncpg connections die with their loop
+        self.idle = []  # asyncpg connections die with their loop (SQLite keeps none)
         closing = self.keeper.aclose()
         with suppress(StopIteration):  # with nothing to await in `finally`, it closes in one step, loop or not
             closing.send(None)
         if sqlite:  # aiosqlite connections run on threads of their own: any loop can close them
-            for conn, _ in kept:
-                await conn.close()
             await self.engine.dispose()
         else:  # asyncpg connections died with their loop; let them go
             self.engine.sync_engine.dispose(close=False)
@@ -163,16 +159,18 @@ class Connector:
     async def begin(self, entry: LoopEngine, *, write: bool) -> AsyncIterator[AsyncConnection]:
         """Open a transaction; turn driver errors into one clear `CheckpointError`.
 
-        A connection the fast path keeps idle is used first (and goes back to the pool
-        afterwards), so those kept connections never starve a small pool.
+        A connection the PostgreSQL fast path keeps idle is used first (and goes back to the
+        pool afterwards), so those kept connections never starve a small pool. On SQLite a
+        write opens with ``BEGIN IMMEDIATE`` (the write lock before anything is read), a read
+        with ``BEGIN``.
         Duplicate keys are left to the caller (`IntegrityError` is not caught here).
         """
         if self._folder is not None and not self._folder.is_dir():
             raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: no directory {self._folder}")
         conn = (await self._checkout(entry))[0]
         try:
-            if self.sqlite:  # set either way: a kept connection carries the option of its last transaction
-                await conn.execution_options(**{_SQLITE_BEGIN: "BEGIN IMMEDIATE" if write else "BEGIN"})
+            if self.sqlite and write:  # a read opens with the listener's default, BEGIN
+                await conn.execution_options(**{_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
             async with conn.begin():
                 yield conn
         except (OSError, DBAPIError) as exc:
@@ -208,37 +206,6 @@ class Connector:
             await self._give_back(entry, conn, raw)
             raise CheckpointError(f"SQLAlchemyCheckpointStore at {self.shown} failed: {_reason(exc)}") from exc
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
-            await conn.invalidate()
-            await conn.close()
-            raise
-        else:
-            await self._give_back(entry, conn, raw)
-
-    @asynccontextmanager
-    async def lite(self, entry: LoopEngine) -> AsyncIterator[Any]:
-        """Lend a pooled connection's aiosqlite connection for one job of the SQLite fast path.
-
-        The job runs a whole transaction (or read) and ends it, whether it succeeds or not,
-        so a SQLite error leaves the connection as it was: it is kept, and the error becomes
-        one `CheckpointError`. An error of the connection itself invalidates it. So does a
-        cancellation: a job handed to aiosqlite's thread still runs there to its end, and
-        the connection must not be lent again meanwhile.
-        """
-        if not entry.idle and self._folder is not None and not self._folder.is_dir():
-            raise CheckpointError(f"SQLAlchemyCheckpointStore cannot reach {self.shown}: no directory {self._folder}")
-        conn, raw = await self._checkout(entry)
-        try:
-            if raw is None:
-                raw = (await conn.get_raw_connection()).driver_connection
-            yield raw
-        except (sqlite3.OperationalError, sqlite3.IntegrityError) as exc:  # the job rolled back
-            await self._give_back(entry, conn, raw)
-            raise CheckpointError(f"SQLAlchemyCheckpointStore at {self.shown} failed: {_reason(exc)}") from exc
-        except (sqlite3.Error, ValueError, OSError) as exc:  # the connection failed, or was closed under us
-            await conn.invalidate()
-            await conn.close()
-            raise CheckpointError(f"SQLAlchemyCheckpointStore at {self.shown} failed: {_reason(exc)}") from exc
-        except BaseException:  # cancelled: a job on aiosqlite's thread runs on
             await conn.invalidate()
             await conn.close()
             raise

@@ -6,12 +6,14 @@ Tables (names start with ``table_prefix``): ``meta`` (``schema_version``), ``che
 path (`sqlalchemy._pg`). Every SQLAlchemy statement is built once per store (`sqlalchemy._statements`)
 and run with a dict of values, so a call builds and compiles nothing.
 
-The hot operations (saves, call records, leases, ``latest`` and ``head``) take a fast path
-of their database's driver, under a pooled connection: on PostgreSQL each is one statement
-in autocommit on the asyncpg connection (`sqlalchemy._pg`); on SQLite each is one job of the
-``sqlite3`` connection, run inline (`sqlalchemy._sqlite`), a write one ``BEGIN IMMEDIATE``
-transaction. Both read the run's ``runs`` row under a lock, apply `rules` (PostgreSQL
-mirrors them in its function and raises with `rules` on what it read), then write.
+The hot operations (saves, call records, leases, ``latest``, ``head`` and the peek at
+markers) go by database: on PostgreSQL each is one statement in autocommit on the pooled
+connection's asyncpg connection (`sqlalchemy._pg`); on SQLite each is one transaction of
+plain SQLAlchemy statements (`sqlalchemy._plain`), a write one ``BEGIN IMMEDIATE``
+transaction. The SQL store on SQLite is the portable path (the same code on both
+databases); `SQLiteCheckpointStore` is SQLite's fast store. Both read the run's ``runs``
+row under a lock, apply `rules` (PostgreSQL mirrors them in its function and raises with
+`rules` on what it read), then write.
 
 `latest` (and so `head`) reads the newest ``checkpoints`` row, not through ``runs``, as
 every store does; the compare-and-set and the fencing check read the locked ``runs`` row.
@@ -21,7 +23,7 @@ run whose ``runs`` row was deleted or rolled back takes saves and records again.
 Retention (`prunable`, `prune`, `trimmable`, `trim`: one transaction per batch) is `sqlalchemy._prune`'s, event
 streams `sqlalchemy._events`', markers (`put_marker`, `peek_markers`, `take_marker`: one transaction
 each, judged on the leases' clock) `sqlalchemy._markers`'. URLs, each loop's engine, its
-transactions and the connections lent to the fast path are `sqlalchemy.engines`.
+transactions and the connections lent to the PostgreSQL path are `sqlalchemy.engines`.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ from agentflow.exec.checkpoints.sqlalchemy._events import SQLEvents
 from agentflow.exec.checkpoints.sqlalchemy._leases import SQLLeases
 from agentflow.exec.checkpoints.sqlalchemy._markers import SQLMarkers
 from agentflow.exec.checkpoints.sqlalchemy._pg import PgFastPath, functions
+from agentflow.exec.checkpoints.sqlalchemy._plain import PlainPath
 from agentflow.exec.checkpoints.sqlalchemy._prune import SQLPrune
-from agentflow.exec.checkpoints.sqlalchemy._sqlite import LiteFastPath
 from agentflow.exec.checkpoints.sqlalchemy._statements import LATEST_FIELDS, Tables, statements, tables
 from agentflow.exec.checkpoints.sqlalchemy.engines import Connector, LoopEngine, check_url
 
@@ -123,6 +125,9 @@ MIGRATIONS: Final[list[Callable[[sa.Connection, Tables], None]]] = [
 class SQLAlchemyCheckpointStore:
     """Keeps checkpoints and call logs in PostgreSQL or SQLite, shared by every process that connects.
 
+    On SQLite it is the portable choice (the same store as on PostgreSQL), and slower than
+    `SQLiteCheckpointStore`, SQLite's fast store.
+
     Args:
         url: ``postgresql+asyncpg://user@host/db`` or ``sqlite+aiosqlite:///path/to/file.db``.
         table_prefix: starts every table name; one prefix per tenant (``[a-z_][a-z0-9_]*``, up to 40).
@@ -159,10 +164,14 @@ class SQLAlchemyCheckpointStore:
         self._leases = SQLLeases(self._t.leases, sqlite=self._sqlite)
         self._prune = SQLPrune(self._t, sqlite=self._sqlite, tx=self._tx, leases=self._leases)
         self._events = SQLEvents(self._t.events, sqlite=self._sqlite, tx=self._tx, shown=self._shown)
-        #: The hot operations (`sqlalchemy._sqlite` and `sqlalchemy._pg` answer the same calls).
-        self._fast = (LiteFastPath if self._sqlite else PgFastPath)(self._db, self._ready, table_prefix)
+        #: The hot operations (`sqlalchemy._plain` and `sqlalchemy._pg` answer the same calls).
+        self._hot: PlainPath | PgFastPath = (
+            PlainPath(self._t, self._q, self._tx, self._shown)
+            if self._sqlite
+            else PgFastPath(self._db, self._ready, table_prefix)
+        )
         self._markers = SQLMarkers(
-            self._t.markers, sqlite=self._sqlite, tx=self._tx, shown=self._shown, peek_rows=self._fast.peek_markers
+            self._t.markers, sqlite=self._sqlite, tx=self._tx, shown=self._shown, peek_rows=self._hot.peek_markers
         )
         self._schema_ready = False
 
@@ -235,26 +244,26 @@ class SQLAlchemyCheckpointStore:
     async def save(self, run_id: str, step: int, checkpoint: SealedCheckpoint) -> None:
         """Store a checkpoint (compare-and-set; see `CheckpointStore.save`)."""
         check_row(run_id, step, checkpoint)
-        await self._fast.write(run_id, step, checkpoint, ())
+        await self._hot.write(run_id, step, checkpoint, ())
 
     async def save_after_calls(
         self, run_id: str, step: int, checkpoint: SealedCheckpoint, calls: Sequence[SealedCall]
     ) -> None:
         """Append `calls`, then save `checkpoint`, in one transaction: all or nothing."""
         check_row(run_id, step, checkpoint)
-        await self._fast.write(run_id, step, checkpoint, calls)
+        await self._hot.write(run_id, step, checkpoint, calls)
 
     async def record_call(self, run_id: str, record: SealedCall) -> None:
         """Append a call record (numbered and fenced; see `CheckpointStore.record_call`)."""
         if record.run_id != run_id:  # `check_call`'s first rule, before any round trip
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
-        await self._fast.write(run_id, None, None, (record,))
+        await self._hot.write(run_id, None, None, (record,))
 
     async def record_call_moving(self, run_id: str, record: SealedCall, move: LeaseMove) -> None:
         """`record_call`, moving the run's lease in the same transaction (see `LeaseMoving`)."""
         if record.run_id != run_id:
             raise ValueError(f"record_call({run_id!r}) was given a record of run {record.run_id!r}")
-        await self._fast.write(run_id, None, None, (record,), move)
+        await self._hot.write(run_id, None, None, (record,), move)
 
     async def save_after_calls_moving(
         self,
@@ -273,7 +282,7 @@ class SQLAlchemyCheckpointStore:
         """
         check_row(run_id, step, checkpoint)
         check_events(run_id, events)
-        await self._fast.write(run_id, step, checkpoint, calls, move)
+        await self._hot.write(run_id, step, checkpoint, calls, move)
         if events:
             try:
                 await self._events.append(run_id, events)
@@ -289,7 +298,7 @@ class SQLAlchemyCheckpointStore:
 
     async def latest(self, run_id: str) -> SealedCheckpoint:
         """Return the newest checkpoint row of the run (read from ``checkpoints``, whatever ``runs`` says)."""
-        found = await self._fast.latest(run_id)
+        found = await self._hot.latest(run_id)
         if found is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self))
@@ -373,7 +382,7 @@ class SQLAlchemyCheckpointStore:
         Raises:
             CheckpointNotFound: nothing is stored for the run.
         """
-        found, counts = await self._fast.head(run_id)
+        found, counts = await self._hot.head(run_id)
         if found is None:
             raise CheckpointNotFound(f"no checkpoint is stored for run {run_id!r}")
         return rows_of.sealed(SealedCheckpoint, found, run_id, repr(self)), counts
@@ -404,24 +413,24 @@ class SQLAlchemyCheckpointStore:
 
     async def take_lease(self, run_id: str, owner: str, token: str, ttl_s: float) -> Lease:
         """Take the run's lease unless another live token holds it: one upsert, then the row read back."""
-        row = await self._fast.take_lease(run_id, owner, token, ttl_s)
+        row = await self._hot.take_lease(run_id, owner, token, ttl_s)
         if row is None:
             raise CheckpointStoreCorrupt(f"{self._shown}: the lease of run {run_id!r} was taken but cannot be read")
         return rows_of.lease(row.values(), self._shown)
 
     async def renew_lease(self, run_id: str, token: str, ttl_s: float) -> Lease | None:
         """Push the lease's expiry if `token` holds it live (see `CheckpointStore.renew_lease`)."""
-        row = await self._fast.renew_lease(run_id, token, ttl_s)
+        row = await self._hot.renew_lease(run_id, token, ttl_s)
         return None if row is None else rows_of.lease(row.values(), self._shown)
 
     async def release_lease(self, run_id: str, token: str) -> bool:
         """Give the lease up if `token` holds it; whether it was live."""
-        return await self._fast.release_lease(run_id, token)
+        return await self._hot.release_lease(run_id, token)
 
     async def leases(self, run_ids: Sequence[str]) -> Mapping[str, Lease]:
         """The live leases among `run_ids`, judged on the database's clock (the host's, on SQLite)."""
         unique = list(dict.fromkeys(run_ids))
-        found = {row["run_id"]: rows_of.lease(row.values(), self._shown) for row in await self._fast.leases(unique)}
+        found = {row["run_id"]: rows_of.lease(row.values(), self._shown) for row in await self._hot.leases(unique)}
         return {run_id: found[run_id] for run_id in unique if run_id in found}
 
     async def prunable(self, before: float, statuses: Collection[str], limit: int) -> Sequence[str]:
