@@ -14,8 +14,8 @@ client, the CLI, the viewer, the simulation's operator) asks `Runs` for the run'
   a forged column is never trusted.
 
 What one kind cannot do is refused by that kind's operation with a `FlowError` that says
-why (a tool loop is not retried, forked or migrated: it has no state to patch and no
-versions). A loop's model is made on its first use (`agentflow._app.LazyModel`): an operator who only
+why (a tool loop is not retried; only a flow run is migrated: the others have no versions).
+A loop's model is made on its first use (`agentflow._app.LazyModel`): an operator who only
 cancels or decides never builds it.
 """
 
@@ -41,9 +41,9 @@ class FlowOps(DrivenRunner[Any, RunResult[Any]]):
     """The operations on the runs of one flow: a `FlowRunner` bound to every version of it the app has.
 
     What every kind of run shares (advance, recover, resume, wake, decide_in_doubt, retry,
-    read) is `DrivenRunner`'s, over the flow's protocol; what only a flow run has goes
-    through the runner: a cancel that takes the child runs the run waits for along, fork
-    and migrate.
+    fork, read) is `DrivenRunner`'s, over the flow's protocol; what only a flow run has goes
+    through the runner: a cancel that takes the child runs the run waits for along, and
+    migrate.
     """
 
     noun = "flow run"
@@ -57,26 +57,9 @@ class FlowOps(DrivenRunner[Any, RunResult[Any]]):
         """See `FlowRunner.cancel`."""
         return await self.runner.cancel(self.flows, run_id, reason=reason, operator=operator)
 
-    async def fork(
-        self,
-        run_id: str,
-        *,
-        at_step: int,
-        new_run_id: str | None = None,
-        patch: Mapping[str, Any] | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunResult[Any]:
-        """See `FlowRunner.fork`."""
-        return await self.runner.fork(
-            self.flows,
-            run_id,
-            at_step=at_step,
-            new_run_id=new_run_id,
-            patch=patch,
-            operator=operator,
-            max_supersteps=max_supersteps,
-        )
+    def fresh_run_id(self) -> str:
+        """A new unguessable run id (`FlowRunner.fresh_run_id`)."""
+        return self.runner.fresh_run_id()
 
     async def migrate(
         self,
