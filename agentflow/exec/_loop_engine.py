@@ -63,10 +63,15 @@ class LoopResult(RunOutcome):
     @property
     def text(self) -> str:
         """The content of the last assistant message ("" if there is none)."""
-        for message in reversed(self.messages):
-            if message.role == "assistant":
-                return message.content
-        return ""
+        return answer_of(self.messages)
+
+
+def answer_of(messages: Sequence[Message]) -> str:
+    """The content of the last assistant message of a conversation ("" if there is none)."""
+    for message in reversed(messages):
+        if message.role == "assistant":
+            return message.content
+    return ""
 
 
 @dataclass
@@ -181,6 +186,11 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             turn=source.turn,
             model_calls=source.model_calls,
         )
+
+    def typed(self, messages: list[Any], output: Any) -> tuple[list[Any], Any]:
+        """The stored messages as `Message`s, and the loop's output: the text of its last answer."""
+        history = [Message.model_validate(raw) for raw in messages]
+        return history, answer_of(history)
 
     def fields(self, cur: LoopCursor) -> dict[str, Any]:
         """Stage, turn, counts, and the messages added since the last checkpoint with the chain."""

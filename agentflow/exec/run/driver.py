@@ -9,7 +9,8 @@ spend a decision, save); a `RunDriver` owns only what differs between flows and 
 - for a kind that can move to another definition (a flow's version), what a move records
   (`migration_record`);
 - how a fork copies a checkpoint of one of its runs into a new run (`forked`): a flow its
-  state (patched), a loop or an agent its messages.
+  state (patched), a loop or an agent its messages;
+- what types a stored conversation and output are read as (`typed`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,16 @@ class RunDriver(ABC, Generic[C, R]):
             FlowError: `patch` does not fit (or this kind takes none).
         """
         raise FlowError(f"a {self.kind.value} run cannot be forked")
+
+    def typed(self, messages: list[Any], output: Any) -> tuple[list[Any], Any]:
+        """A run's stored conversation and output (JSON: `RunReport.messages`, `.output`) as this kind's types.
+
+        A flow run has neither (it keeps its state); a tool loop and an agent say what theirs are.
+
+        Raises:
+            ValueError: they do not fit this kind's types.
+        """
+        return messages, output
 
     def woken(self, cur: C, wake: Mapping[str, Any]) -> dict[str, Any]:
         """Apply what a due timer decides to the paused cursor; return what to record of it in the ``wake`` claim.

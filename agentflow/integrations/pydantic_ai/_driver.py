@@ -261,6 +261,10 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
             usage=copy.deepcopy(source.usage),
         )
 
+    def typed(self, messages: list[Any], output: Any) -> tuple[list[Any], Any]:
+        """The stored messages as pydantic-ai's, and the output as the agent's output type (where it rebuilds)."""
+        return ModelMessagesTypeAdapter.validate_python(messages), self._revive(output)
+
     def fields(self, cur: AgentCursor) -> dict[str, Any]:
         """Stage, counts, usage, and the messages changed since the last checkpoint with the chain."""
         raws = _dump(cur.history)
