@@ -62,6 +62,9 @@ def test_a_paused_tool_loop_is_approved_from_its_page_and_ends(loop_db: Path) ->
 
 def test_a_tool_loop_is_forked_from_its_page_like_a_flow_run(loop_db: Path) -> None:
     with client_for(make_app(loop_db, flows=app)) as client:
+        # Given the loop's page, which names its kind and name as a flow run's names its flow
+        page = client.get("/runs/chat-1").text
+        assert "<dt>Kind</dt><dd>tool loop</dd>" in page and "<dt>Name</dt><dd>support</dd>" in page
         # When Fork is posted on the paused loop's page, from the reply that asks for the refund
         answer = act(client, "chat-1", "fork", at_step="1")
     # Then a new loop starts from that reply, here: it asks for the refund's approval again, the loop untouched
