@@ -195,11 +195,9 @@ class DrivenRunner(Generic[C, R]):
 
         Raises:
             CheckpointNotFound: the run has no checkpoint at that step.
-            FlowError: runs of this kind are not forked, or the patch does not fit.
+            FlowError: the patch does not fit (a loop or an agent takes none).
             CheckpointConflict: `new_run_id` is taken.
         """
-        if "fork" in self.refused:
-            raise self._refuse(run_id, "fork")
         rid = new_run_id if new_run_id is not None else self.fresh_run_id()
         return await self.protocol.fork(
             run_id, at_step=at_step, new_run_id=rid, patch=patch, operator=operator, limit=max_supersteps
