@@ -16,6 +16,7 @@ AgentflowError
 ├── UnstorableValue                (also a ValueError: text that is not Unicode, NaN, a huge integer, deep nesting)
 ├── RecoveryNeedsDecision          (.calls: list[tuple[str, str]])
 ├── RunFailed                      (.run_id, .error: a run ended failed; a worker's task raises it)
+├── RunNotDone                     (.run_id, .status, .why: a run's result asked for before it is done)
 ├── IdentityMismatch               (also a PermissionError)
 ├── FlowError
 │   └── VersionNotDeployed         (.run_id, .flow, .version, .deployed: the run's flow version is not here)
@@ -183,6 +184,22 @@ class RunFailed(AgentflowError):
 
     def __str__(self) -> str:
         return f"run {self.run_id!r} failed: {self.error}"
+
+
+class RunNotDone(AgentflowError):
+    """Raised when a run's result is asked for before the run is done.
+
+    ``status`` is where the run stands (``running``, ``paused`` or ``cancelled``) and ``why``
+    says what it waits for (a decision on calls in doubt, an approval, a timer, ...) or how
+    it ended.
+    """
+
+    def __init__(self, run_id: str, status: str, why: str) -> None:
+        super().__init__(run_id, status, why)
+        self.run_id, self.status, self.why = run_id, status, why
+
+    def __str__(self) -> str:
+        return f"run {self.run_id!r} has no result yet: it is {self.status}, {self.why}"
 
 
 class IdentityMismatch(AgentflowError, PermissionError):

@@ -15,7 +15,7 @@ from typing import Any, Final
 from agentflow import errors
 
 #: Errors the root never exported: `LimitsUnavailable`, and those added after the errors moved.
-_NEVER_AT_THE_ROOT: Final = frozenset({"LimitsUnavailable", "LeaseLost"})
+_NEVER_AT_THE_ROOT: Final = frozenset({"LimitsUnavailable", "LeaseLost", "RunNotDone"})
 #: Each moved name and the module that has it now: every other error (`agentflow.errors.__all__` is
 #: the one list of them).
 MOVED: Final[dict[str, str]] = {name: "agentflow.errors" for name in errors.__all__ if name not in _NEVER_AT_THE_ROOT}

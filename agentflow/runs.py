@@ -12,38 +12,49 @@ client, the CLI, the viewer, the simulation's operator) asks `Runs` for the run'
   written once there, over the kind's protocol, and `RunOps` names that shape.
 - `Runs.open(run_id)` reads the run's newest row, checks it, and then picks by its column:
   a forged column is never trusted.
+- `Runs.status`, `settle` and `result` read any run the same way (`RunView`: what it is,
+  where it stands, what it waits for, what it holds and produced); the kind adds only the
+  types its conversation is read as (`RunDriver.typed`).
 
 What one kind cannot do is refused by that kind's operation with a `FlowError` that says
-why (a tool loop is not retried, forked or migrated: it has no state to patch and no
-versions). A loop's model is made on its first use (`agentflow._app.LazyModel`): an operator who only
+why (a tool loop is not retried; only a flow run is migrated: the others have no versions).
+A loop's model is made on its first use (`agentflow._app.LazyModel`): an operator who only
 cancels or decides never builds it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
 from agentflow._app import FlowApp
-from agentflow._errors import FlowError
-from agentflow._run_types import RunKind
+from agentflow._errors import FlowError, RunFailed, RunNotDone
+from agentflow._run_types import RunKind, RunStatus
+from agentflow._run_view import RunView, view_of
+from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.driven import DrivenRunner
 from agentflow.exec.run.checks import checked_latest
+from agentflow.exec.run.control import parked
 from agentflow.exec.run.cursor import RunOutcome
+from agentflow.exec.run.read import read_run
+from agentflow.exec.run.view import Waiting, WaitingCall
+from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner, FlowVersions, RunResult
 
-__all__ = ["FlowOps", "RunOps", "Runs"]
+__all__ = ["FlowOps", "RunOps", "RunView", "Runs", "Waiting", "WaitingCall"]
 
 
 class FlowOps(DrivenRunner[Any, RunResult[Any]]):
     """The operations on the runs of one flow: a `FlowRunner` bound to every version of it the app has.
 
     What every kind of run shares (advance, recover, resume, wake, decide_in_doubt, retry,
-    read) is `DrivenRunner`'s, over the flow's protocol; what only a flow run has goes
-    through the runner: a cancel that takes the child runs the run waits for along, fork
-    and migrate.
+    fork, read) is `DrivenRunner`'s, over the flow's protocol; what only a flow run has goes
+    through the runner: a cancel that takes the child runs the run waits for along, and
+    migrate.
     """
 
     noun = "flow run"
@@ -57,26 +68,9 @@ class FlowOps(DrivenRunner[Any, RunResult[Any]]):
         """See `FlowRunner.cancel`."""
         return await self.runner.cancel(self.flows, run_id, reason=reason, operator=operator)
 
-    async def fork(
-        self,
-        run_id: str,
-        *,
-        at_step: int,
-        new_run_id: str | None = None,
-        patch: Mapping[str, Any] | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunResult[Any]:
-        """See `FlowRunner.fork`."""
-        return await self.runner.fork(
-            self.flows,
-            run_id,
-            at_step=at_step,
-            new_run_id=new_run_id,
-            patch=patch,
-            operator=operator,
-            max_supersteps=max_supersteps,
-        )
+    def fresh_run_id(self) -> str:
+        """A new unguessable run id (`FlowRunner.fresh_run_id`)."""
+        return self.runner.fresh_run_id()
 
     async def migrate(
         self,
@@ -136,6 +130,12 @@ class Runs:
             self._loops[name] = spec.runner_beside(self.runner, name)
         return self._loops[name]
 
+    def _stores(self) -> tuple[CheckpointStore, Sealer]:
+        store, sealer = self.runner.checkpoints, self.runner.sealer
+        if store is None or sealer is None:
+            raise ValueError("acting on stored runs needs a runner with a checkpoint store")
+        return store, sealer
+
     async def column(self, run_id: str) -> str:
         """The run's stored column, trusted only once its newest row checks.
 
@@ -144,11 +144,69 @@ class Runs:
             CheckpointNotFound: unknown run.
             CheckpointStoreCorrupt: its newest row fails its check.
         """
-        store, sealer = self.runner.checkpoints, self.runner.sealer
-        if store is None or sealer is None:
-            raise ValueError("acting on stored runs needs a runner with a checkpoint store")
-        row, _ = await checked_latest(store, sealer, run_id)
+        row, _ = await checked_latest(*self._stores(), run_id)
         return row.flow
+
+    # -- reading a run, whatever its kind ------------------------------------------------------
+
+    async def status(self, run_id: str) -> RunView:
+        """The run as its checked rows show it (`RunView`): the same view for a flow run, a tool loop and an agent.
+
+        Raises:
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a row fails its check, or the run does not fit the flow or loop
+                the app has under its name.
+        """
+        return view_of(await read_run(*self._stores(), run_id), self)
+
+    async def settle(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
+        """Wait until the run stopped moving on its own, and return its view then (`RunView.settled`).
+
+        Settled is: ended (done, failed, cancelled), paused (an approval, a timer, child runs), or
+        parked on calls in doubt, waiting for a decision. Each poll reads and checks the run's
+        newest row only; the whole run is read once that row says it may have settled.
+
+        Raises:
+            TimeoutError: it did not settle in `timeout_s` (the message says where it stands).
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a row fails its check.
+        """
+        store, sealer = self._stores()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row, body = await checked_latest(store, sealer, run_id)
+            if row.status != RunStatus.RUNNING or parked(body):
+                view = await self.status(run_id)
+                if view.settled:
+                    return view
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id!r} is still {row.status} at step {row.step} after {timeout_s}s")
+            await asyncio.sleep(poll_s)
+
+    async def result(self, run_id: str) -> Any:
+        """What the run produced: a flow run's final state, a tool loop's last answer, an agent's output.
+
+        It does not wait: `settle` first.
+
+        Raises:
+            RunFailed: the run ended failed (`error` says why).
+            RunNotDone: the run is not done: it is running, waits for something (the message
+                says what: a decision on calls in doubt, an approval, ...), or was cancelled.
+            CheckpointNotFound, CheckpointStoreCorrupt: as `status`.
+        """
+        view = await self.status(run_id)
+        if view.status == RunStatus.DONE:
+            return view.output
+        if view.status == RunStatus.FAILED:
+            raise RunFailed(run_id, view.error or "the run ended failed (no error was recorded)")
+        if view.waiting is not None:
+            why = f"waiting for {view.waiting.why}"
+        elif view.status == RunStatus.CANCELLED:
+            why = view.error or "cancelled"
+        else:
+            where = f" on {view.running_on}" if view.running_on else ""
+            why = f"at step {view.step}{where}: settle it first"
+        raise RunNotDone(run_id, view.status, why)
 
     async def open(self, run_id: str) -> RunOps:
         """The operations on the stored run `run_id`, picked by its checked newest row.

@@ -112,7 +112,8 @@ PUBLIC: dict[str, list[str]] = {
     "agentflow.errors": [
         "AgentflowError", "ApprovalDenied", "CheckpointConflict", "CheckpointError", "CheckpointNotFound",
         "CheckpointStoreCorrupt", "CheckpointTooLarge", "ControlRefused", "FlowError", "IdentityMismatch", "LeaseLost",
-        "LimitsUnavailable", "ModelError", "RateLimited", "RecoveryNeedsDecision", "RunFailed", "RunHeld", "Stale",
+        "LimitsUnavailable", "ModelError", "RateLimited", "RecoveryNeedsDecision", "RunFailed", "RunHeld", "RunNotDone",
+        "Stale",
         "StoreNotDurable", "StoreRefused", "ToolArgumentsInvalid", "ToolError", "ToolTimeout", "UnknownTool",
         "UnstorableValue",
         "VersionNotDeployed",
@@ -331,6 +332,7 @@ SAMPLE_ARGS: dict[str, tuple[object, ...]] = {
     "VersionNotDeployed": ("order-7", "tickets", "1", ["2", "3"]),
     "NotDue": ("order-7", 1_800_000_000.0),
     "RunFailed": ("order-7", "ValueError: could not convert string to float: 'broken'"),
+    "RunNotDone": ("order-7", "running", "waiting for a decision on calls in doubt: charge_card (not idempotent)"),
 }
 
 

@@ -9,28 +9,26 @@ from __future__ import annotations
 __all__ = ["FlowClient", "RunView"]
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
 from agentflow._app import LoopSpec
-from agentflow._errors import CheckpointConflict, CheckpointStoreCorrupt, FlowError, RunHeld
+from agentflow._errors import CheckpointConflict, FlowError, RunHeld
 from agentflow._identity import RunContext
-from agentflow._run_types import DEFAULT_VERSION, RunKind
+from agentflow._run_types import RunKind
+from agentflow._run_view import RunView
 from agentflow.celery._task_states import ANSWERED, answered, settle
 from agentflow.celery._tasks import AgentflowTasks
-from agentflow.celery._view import RunView
-from agentflow.exec import ApprovalRequest, LoopResult, LoopRunner
+from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import SealedCheckpoint
 from agentflow.exec.run.checks import checked_latest
-from agentflow.exec.run.control import InDoubtDecision, control_of, parked
+from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome
 from agentflow.exec.run.events import RunEvent, follow_events
 from agentflow.exec.run.lease import held_by
 from agentflow.exec.run.markers import Markers
-from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
 from agentflow.models import Message
@@ -51,7 +49,11 @@ class _StartsFromPrompt(Protocol):
 
 
 class FlowClient:
-    """Starts and follows runs, flow runs and tool loops, that Celery workers carry out."""
+    """Starts, follows and acts on the runs Celery workers carry out: flow runs, tool loops and agent runs alike.
+
+    Only the starts differ by kind (`start`, `start_loop`, `start_agent`: a state, messages or
+    a prompt); every other verb takes a run id and works for any kind.
+    """
 
     def __init__(self, tasks: AgentflowTasks, runner: FlowRunner | None = None) -> None:
         """Build a client.
@@ -68,9 +70,9 @@ class FlowClient:
         self.tasks = tasks
         self.runner = runner
         self.flow_app = tasks.worker.flow_app
-        #: Every run's operations (flows and tool loops alike), held as the client's runner.
+        #: Every run's operations and reads (flow runs, tool loops and agents alike), held as the client's runner.
         self.runs = Runs(self.flow_app, runner)
-        #: Checks every row `status` reads, under the workers' key ring.
+        #: Checks the rows the client reads itself (events, a recovery's head), under the workers' key ring.
         self.sealer = Sealer(tasks.worker.checkpoint_key)
 
     async def start(
@@ -107,44 +109,43 @@ class FlowClient:
         await asyncio.to_thread(self.tasks.send_superstep, flow, run_id, step, cause, version=version)
 
     async def status(self, run_id: str) -> RunView:
-        """Read the run from the store through the run read model (every row of it checked).
+        """Read the run from the store (every row of it checked): the same view for any kind of run.
+
+        A flow run, a tool loop and an agent run alike say what they are (`RunView.kind`,
+        `name`), where they stand, what they wait for (`RunView.waiting`: a decision on calls in
+        doubt, an approval, a timer, child runs, the store's durability), what they hold (a
+        flow's state, a loop's or an agent's messages) and, once done, their output. See
+        `agentflow.runs.Runs.status`.
 
         Raises:
             CheckpointNotFound: unknown run.
-            CheckpointStoreCorrupt: a row fails its check, or the state does not fit the flow.
-            FlowError: the run is a tool loop (see `loop_status`), or its flow is not in the app.
+            CheckpointStoreCorrupt: a row fails its check, or the run does not fit the flow or loop
+                the client's app has under its name.
         """
-        assert self.runner.checkpoints is not None
-        report = await read_run(self.runner.checkpoints, self.sealer, run_id)
-        if report.corrupt:
-            raise CheckpointStoreCorrupt("; ".join(report.problems))
-        if report.kind is RunKind.LOOP:
-            raise FlowError(f"run {run_id!r} is a tool loop: read it with loop_status({report.name!r}, {run_id!r})")
-        version = report.version or DEFAULT_VERSION
-        flow = self.flow_app.flow_versions(report.flow).get(version)
-        try:
-            state = report.state if flow is None else flow.state.model_validate(report.state)
-            pending = [ApprovalRequest(p["call_id"], p["tool"], p["args"], p["node"]) for p in report.pending]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointStoreCorrupt(
-                f"run {run_id!r} is signed but does not fit flow {report.flow!r} version {version!r}: {exc}"
-            ) from None
-        waiting = "; ".join(f"{tool}: {why}" for tool, why in report.awaiting) or None
-        return RunView(
-            run_id,
-            report.flow,
-            report.status,
-            report.step,
-            state,
-            pending,
-            report.error,
-            waiting,
-            report.running_on,
-            report.segments,
-            version,
-            flow is None,
-            in_doubt=list(report.in_doubt),
-        )
+        return await self.runs.status(run_id)
+
+    async def settle(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
+        """Wait until the run, of any kind, settled (ended, paused, or parked waiting for a decision); its view then.
+
+        Each poll reads the run's newest row and checks it (see `agentflow.runs.Runs.settle`).
+
+        Raises:
+            TimeoutError: it did not settle in time.
+            CheckpointNotFound: unknown run.
+            CheckpointStoreCorrupt: a row fails its check.
+        """
+        return await self.runs.settle(run_id, timeout_s=timeout_s, poll_s=poll_s)
+
+    async def result(self, run_id: str) -> Any:
+        """What the run produced: a flow run's final state, a tool loop's last answer, an agent's output.
+
+        It does not wait (`settle` first); see `agentflow.runs.Runs.result`.
+
+        Raises:
+            RunFailed: the run ended failed.
+            RunNotDone: it is not done; the message says what it waits for (or that it was cancelled).
+        """
+        return await self.runs.result(run_id)
 
     async def events(self, run_id: str, after: str | None = None, *, poll_s: float = 0.2) -> AsyncIterator[RunEvent]:
         """Follow the run's event stream from any process: each event after cursor `after`, until the run ends.
@@ -160,50 +161,6 @@ class FlowClient:
         assert self.runner.checkpoints is not None
         async for event in follow_events(self.runner.checkpoints, self.sealer, run_id, after, poll_s=poll_s):
             yield event
-
-    async def _awaiting(self, run_id: str) -> str | None:
-        """What a parked run waits for a decision about (from its signed latest checkpoint), or None."""
-        assert self.runner.checkpoints is not None
-        _, body = await checked_latest(self.runner.checkpoints, self.sealer, run_id)
-        awaiting = control_of(body).awaiting if parked(body) else ()
-        return "; ".join(f"{tool}: {why}" for tool, why in awaiting) or None
-
-    async def settle(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> str:
-        """Poll the store until the run, a flow run or a tool loop, settled; return its status then.
-
-        Settled is what `wait` waits for: ended, paused, or parked waiting for a decision
-        (then the status is ``running``). Each poll reads the run's newest row and checks it.
-
-        Raises:
-            TimeoutError: it did not settle in time.
-            CheckpointNotFound: unknown run.
-            CheckpointStoreCorrupt: its newest row fails its check.
-        """
-        store = self.runner.checkpoints
-        assert store is not None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            row, body = await checked_latest(store, self.sealer, run_id)
-            if row.status != "running" or parked(body):
-                return row.status
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id!r} is still {row.status} at step {row.step} after {timeout_s}s")
-            await asyncio.sleep(poll_s)
-
-    async def wait(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
-        """Poll the store until the run is settled (ended, paused, or waiting for a decision).
-
-        Raises:
-            TimeoutError: it did not settle in time.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            view = await self.status(run_id)
-            if view.settled:
-                return view
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id!r} is still {view.status} at step {view.step} after {timeout_s}s")
-            await asyncio.sleep(poll_s)
 
     async def resume(
         self,
@@ -252,7 +209,7 @@ class FlowClient:
         return status
 
     async def retry(self, run_id: str, *, operator: str | None = None) -> int:
-        """Retry a failed flow run from the superstep that failed; a worker runs it. Returns the retry's step.
+        """Retry a failed run from the superstep (stage) that failed; a worker runs it. Returns the retry's step.
 
         The retry's claim is saved here, signed with `operator` (see `FlowRunner.retry`);
         the message that follows only points at it.
@@ -260,7 +217,7 @@ class FlowClient:
         Raises:
             CheckpointConflict: the run did not fail (`RunHeld`: a live worker holds it).
             RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
-            FlowError: the run is a tool loop (not retried through the client yet).
+            FlowError: the run is a tool loop (a loop fails only at its step budget, which a retry would reach again).
         """
         column = await self.runs.column(run_id)
         result = await self.runs.of(column).retry(run_id, operator=operator, max_supersteps=0)
@@ -306,10 +263,16 @@ class FlowClient:
         patch: Mapping[str, Any] | None = None,
         operator: str | None = None,
     ) -> str:
-        """Start a new run from checkpoint `at_step` of `run_id`, its state patched; a worker runs it.
+        """Start a new run from checkpoint `at_step` of `run_id`, with the history up to it; a worker runs it.
 
-        See `FlowRunner.fork`. Step 0 of the new run is saved here; the message carries ids only.
-        Returns the new run's id.
+        Any kind of run forks (see `DrivenRunner.fork`): a flow run from that checkpoint's state
+        (with `patch`), a tool loop or an agent run from that stage's messages. Step 0 of the new
+        run is saved here; the message carries ids only. Returns the new run's id.
+
+        Raises:
+            CheckpointNotFound: the run has no checkpoint at that step.
+            FlowError: the patch does not fit (a loop or an agent takes none).
+            CheckpointConflict: `new_run_id` is taken.
         """
         column = await self.runs.column(run_id)
         result = await self.runs.of(column).fork(
@@ -423,16 +386,6 @@ class FlowClient:
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
         return started.run_id
 
-    async def loop_status(self, name: str, run_id: str) -> LoopResult:
-        """Read a tool loop from the store (history checked).
-
-        Raises:
-            FlowError: no loop has that name.
-            CheckpointNotFound: unknown run.
-            CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
-        """
-        return await self._loop_runner(name).read(run_id)
-
     async def start_agent(
         self,
         name: str,
@@ -445,8 +398,8 @@ class FlowClient:
         """Save a durable agent's step 0 (its prompt) and enqueue its first stage; return the run id.
 
         The agent is a loop the app registers (``FlowApp(loops={"support": DurableAgent(...)})``,
-        `agentflow.integrations.pydantic_ai`). Follow it with `settle` or `events`, read it
-        with `agent_result`. A start retried with the same `run_id`, prompt, `deps_data` and
+        `agentflow.integrations.pydantic_ai`). Follow it with `settle` or `events`, and read
+        it as any run (`status`, `result`). A start retried with the same `run_id`, prompt, `deps_data` and
         `ctx` attaches to the run the first try stored and sends its first stage again, as
         `start` does for a flow run.
 
@@ -466,66 +419,11 @@ class FlowClient:
         await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), started.run_id, 0, "start")
         return started.run_id
 
-    async def agent_result(self, name: str, run_id: str) -> RunOutcome:
-        """Read a durable agent's run from the store (an `AgentResult`: messages, usage, output; history checked).
-
-        Raises:
-            FlowError: no loop has that name.
-            CheckpointNotFound: unknown run.
-            CheckpointStoreCorrupt: a checkpoint or the history chain fails its check.
-        """
-        result: RunOutcome = await self.runs.loop(name).read(run_id)
-        return result
-
     def _loop_runner(self, name: str) -> LoopRunner:
         """The `LoopRunner` of loop `name`; a loop another engine drives (an agent) is refused with what to use."""
         runner = self.runs.loop(name)
         if not isinstance(runner, LoopRunner):
             raise FlowError(
-                f"loop {name!r} is a {runner.noun}, not a tool loop started from messages: "
-                "start it with start_agent and read it with agent_result"
+                f"loop {name!r} is a {runner.noun}, not a tool loop started from messages: start it with start_agent"
             )
         return runner
-
-    async def wait_loop(self, name: str, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> LoopResult:
-        """Poll until the loop ended, paused, or waits for a decision.
-
-        Raises:
-            TimeoutError: it did not settle in time.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = await self.loop_status(name, run_id)
-            if result.status != "running" or await self._awaiting(run_id):
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"loop {run_id!r} is still running after {timeout_s}s")
-            await asyncio.sleep(poll_s)
-
-    async def resume_loop(
-        self,
-        name: str,
-        run_id: str,
-        *,
-        approve: bool | Mapping[str, bool],
-        note: str | None = None,
-        ctx: RunContext | None = None,
-        operator: str | None = None,
-    ) -> int:
-        """Store the decision on a tool loop paused for approval, then enqueue its next stage.
-
-        Returns the step the loop goes on from. The decision is a compare-and-set save: of
-        racing decisions one wins, and a worker spends it (an approved call runs once).
-
-        Raises:
-            FlowError: no loop has that name.
-            CheckpointConflict: the loop is not paused, or another decision won.
-            ValueError: `approve` maps call ids and leaves a pending call undecided.
-        """
-        decided = await self.runs.loop(name).resume(
-            run_id, approve=approve, note=note, ctx=ctx, max_supersteps=0, operator=operator
-        )
-        step = decided.step
-        assert isinstance(step, int)
-        await asyncio.to_thread(self.tasks.send_superstep, RunKind.LOOP.column(name), run_id, step, "resume")
-        return step

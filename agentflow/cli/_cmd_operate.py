@@ -199,12 +199,16 @@ def _patch(patch: str | None) -> dict[str, Any] | None:
 @click.command("fork")
 @click.argument("run_id")
 @click.option("--at", "at_step", type=int, required=True, help="The checkpoint (step) to start from.")
-@click.option("--patch", help="A JSON object of state fields to change.")
+@click.option("--patch", help="A JSON object of state fields to change (a flow run's; a loop or an agent takes none).")
 @click.option("--new-id", "new_run_id", help="The new run's id (unguessable by default).")
 @click.option("--run", "run_here", is_flag=True, help="Run the new run here (else only its step 0 is saved).")
 @acting()
 def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: str | None, run_here: bool) -> None:
-    """Start a new run from a checkpoint of RUN_ID, its state patched (the old run is not touched)."""
+    """Start a new run from a checkpoint of RUN_ID, with its history up to there (the old run is not touched).
+
+    Any run forks: a flow run from that checkpoint's state (changed by --patch), a tool loop or
+    an agent run from that stage's messages.
+    """
     fields = _patch(patch)
     forked = f"forked from {printable(run_id)} at step {at_step}"
     if how.workers is not None:

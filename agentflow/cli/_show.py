@@ -269,15 +269,19 @@ def run_text(report: RunReport, app: FlowApp | None = None, workers: str | None 
     """
     ident = report.identity
     marks = ", ".join(paint(m) for m in [*report.marks, *([NEEDS_MIGRATION] if needs_migration(report, app) else [])])
-    run_id, flow = printable(report.run_id), printable(report.flow)
+    run_id, what = printable(report.run_id), printable(f"{report.noun} {report.name}")
     version = "" if report.version is None else f"   version {printable(report.version)}"
     lines = [
-        f"run {run_id}   flow {flow}{version}   status {paint(report.status)}   step {report.step}   "
+        f"run {run_id}   {what}{version}   status {paint(report.status)}   step {report.step}   "
         f"updated {when(report.saved_at)}",
         f"marks: {marks or 'none'}",
     ]
     if app is not None and needs_migration(report, app):
         lines += _migration(report, app)
+    if report.forked_from is not None:
+        source = report.forked_from
+        by = f" by {printable(source.operator)}" if source.operator else ""
+        lines.append(f"forked from {printable(source.run_id)} at step {source.step}{by}")
     if report.parent is not None:
         lines.append(f"a child run of {printable(report.parent)}")
     if report.children:

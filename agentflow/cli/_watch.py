@@ -10,7 +10,7 @@
 - `polling_rows`: while a worker moves it (``--workers``), the run's newest checkpoint,
   read and checked every `POLL_S`: its status (``waiting for a decision`` when a worker
   parked it), its step and who saved it. Only progress comes from here: the wait beside it
-  (`FlowClient.wait`) decides when the run has settled, and the read model reports it.
+  (`FlowClient.settle`) decides when the run has settled, and the read model reports it.
 
 Neither holds the run nor writes anything.
 """

@@ -30,7 +30,7 @@ import redis
 
 import agentflow
 from agentflow._urls import redact
-from agentflow.celery import FlowClient
+from agentflow.celery import FlowClient, RunView
 from agentflow.demo._celery import LEASE_S, PREFIX_ENV, build, demo_prefix, redis_url
 from agentflow.demo.story import RUN_IDS, VICTIM, effects_table, inspect_commands, mails_sent, say
 from agentflow.demo.tickets import LEDGER_ENV, SLOW_ENV, Order
@@ -278,16 +278,17 @@ async def _crash_and_recover(cluster: Cluster, watcher: Watcher) -> None:
     await watcher.until(f"{VICTIM} to be recovered", decision)
     waiting = (await cluster.client.status(VICTIM)).waiting_for_decision
     say(f"  {VICTIM}: picked up by recovery: NEEDS A DECISION, in doubt: {waiting}")
-    say("     (RunView.waiting_for_decision; the run does nothing until someone decides)")
+    say("     (RunView.waiting: a decision on these calls; the run does nothing until someone decides)")
 
 
-async def _check_and_decide(cluster: Cluster, run_id: str, waiting: str) -> None:
+async def _check_and_decide(cluster: Cluster, view: RunView) -> None:
     """Look for the effects of the calls in doubt in the outside world; rerun them if none happened.
 
     Raises:
         RuntimeError: an effect did happen (rerunning would repeat it; a person repairs the run).
     """
-    tools = [part.split(":", 1)[0].strip() for part in waiting.split(";")]
+    run_id = view.run_id
+    tools = [call.tool for call in view.waiting.calls] if view.waiting is not None else []
     seen = {tool: mails_sent(cluster.folder / "ledger.jsonl", run_id, tool) for tool in tools}
     what = ", ".join(f"{n} " + ("mail(s) sent" if t == "email_tickets" else f"{t} effect(s)") for t, n in seen.items())
     say(f"   We check the outside world: {what} for {run_id}.", end="")
@@ -307,15 +308,14 @@ async def _decide(cluster: Cluster, watcher: Watcher) -> None:
     for survivor in [n for n in cluster.nodes.values() if n.name != "C" and n.proc.poll() is None]:
         cluster.drain(survivor)
         say(f"   (worker {survivor.name} was started with the demo's slow-mail switch: it stops taking tasks)")
-    view = await cluster.client.status(VICTIM)
-    await _check_and_decide(cluster, VICTIM, view.waiting_for_decision or "")
+    await _check_and_decide(cluster, await cluster.client.status(VICTIM))
 
     async def finished() -> bool:
         views = [await cluster.client.status(r) for r in RUN_IDS]
         for view in views:  # another run the kill cut off in a non-idempotent call (rare)
             if view.waiting_for_decision:
                 say(f"  {view.run_id}: NEEDS A DECISION, in doubt: {view.waiting_for_decision}")
-                await _check_and_decide(cluster, view.run_id, view.waiting_for_decision)
+                await _check_and_decide(cluster, view)
         return all(view.status == "done" for view in views)
 
     await watcher.until("every run to finish", finished)

@@ -23,6 +23,7 @@ from agentflow._errors import (
     ApprovalDenied,
     CheckpointError,
     CheckpointStoreCorrupt,
+    FlowError,
     ModelError,
     ToolArgumentsInvalid,
     UnknownTool,
@@ -62,10 +63,15 @@ class LoopResult(RunOutcome):
     @property
     def text(self) -> str:
         """The content of the last assistant message ("" if there is none)."""
-        for message in reversed(self.messages):
-            if message.role == "assistant":
-                return message.content
-        return ""
+        return answer_of(self.messages)
+
+
+def answer_of(messages: Sequence[Message]) -> str:
+    """The content of the last assistant message of a conversation ("" if there is none)."""
+    for message in reversed(messages):
+        if message.role == "assistant":
+            return message.content
+    return ""
 
 
 @dataclass
@@ -113,13 +119,16 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
     async def read(
         self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
     ) -> tuple[SealedCheckpoint, dict[str, Any]]:
-        """Read every checkpoint of the loop (its messages are spread over them) and check the chain.
+        """Read the loop's checkpoints up to `row` (its messages are spread over them) and check the chain.
 
-        A latest row read already is not enough here: the history is rebuilt from all rows.
+        A row read already is not enough here: the history is rebuilt from every row up to it
+        (the latest, without `row`; an earlier one for a fork).
         """
         rows = list(await store.history(run_id))
         if not rows:
             await store.latest(run_id)  # raises CheckpointNotFound with the store's message
+        if row is not None:
+            rows = [each for each in rows if each.step <= row.step]
         history: list[Message] = []
         digest = _EMPTY_CHAIN
         body: dict[str, Any] = {}
@@ -153,6 +162,35 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             chain=str(body["history"]["chain"]),
             saved_len=len(history),
         )
+
+    def forked(
+        self, source: LoopCursor, run_id: str, identity: dict[str, Any], ctx: RunContext | None, patch: Any
+    ) -> LoopCursor:
+        """A new loop from `source`: its messages, stage, turn and model calls (its step budget as spent then).
+
+        Raises:
+            FlowError: a patch was given (a loop's fork starts from the checkpoint's messages as they are).
+        """
+        if patch is not None:
+            raise FlowError(
+                f"a tool loop's fork starts from the checkpoint's messages as they are: fork {source.run_id!r} "
+                "without a patch (a patch changes a flow run's state)"
+            )
+        return LoopCursor(
+            run_id,
+            identity,
+            ctx,
+            list(source.history),
+            source.max_steps,
+            stage=source.stage,
+            turn=source.turn,
+            model_calls=source.model_calls,
+        )
+
+    def typed(self, messages: list[Any], output: Any) -> tuple[list[Any], Any]:
+        """The stored messages as `Message`s, and the loop's output: the text of its last answer."""
+        history = [Message.model_validate(raw) for raw in messages]
+        return history, answer_of(history)
 
     def fields(self, cur: LoopCursor) -> dict[str, Any]:
         """Stage, turn, counts, and the messages added since the last checkpoint with the chain."""
@@ -251,6 +289,10 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
             )
             await proto.save(lp, status, ending=finished)
             return self.result(lp, status, replayed, rerun) if status is RunStatus.DONE else None
+        if not lp.history[-1].tool_calls:  # the model answered already (a fork of a loop that ended): it ends there
+            finished = proto.ending_event("run.finished", lp.run_id, loop=self.name, status=RunStatus.DONE.value)
+            await proto.save(lp, RunStatus.DONE, ending=finished)
+            return self.result(lp, RunStatus.DONE, replayed, rerun)
         log = lp.call_log(self.executor, lp.turn, seeds)
         results = await self._run_tools(lp, log)
         await self._stage_ended(lp)

@@ -2,7 +2,7 @@
 
 A tool loop is a run like a flow run: the same protocol (`run.protocol`) holds, checks
 and saves it, and it has the same operations (run, start, advance, recover, resume, wake,
-decide_in_doubt, cancel, read). What a loop plugs in is `LoopDriver` (`_loop_engine`).
+decide_in_doubt, cancel, fork, read). What a loop plugs in is `LoopDriver` (`_loop_engine`).
 A runner is built once from what every operation shares (model, tools, store, key, lease,
 owner, hub, tracer) and holds one protocol; `run_tool_loop` and `recover_tool_loop`
 (`_loop_functions`) are one-line uses of it.
@@ -52,7 +52,6 @@ class HoldsRuns(Protocol):
 REFUSED: Final[Mapping[str, str]] = {
     "retry": "a loop fails only when it reached max_steps, which a retry would reach again; start a new loop "
     "from its history (read it with LoopRunner.read)",
-    "fork": "only flow runs can be forked; start a new loop from its history (read it with LoopRunner.read)",
     "migrate": "tool loops have no versions to migrate between",
 }
 
@@ -66,7 +65,7 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
     """Runs the tool loops called `name`; with `checkpoints`, every loop survives the death of its worker.
 
     The operations on stored loops (advance, recover, resume, wake, decide_in_doubt, cancel,
-    read) are `DrivenRunner`'s; retry, fork and migrate are refused with the reason (`REFUSED`).
+    fork, read) are `DrivenRunner`'s; retry and migrate are refused with the reason (`REFUSED`).
     """
 
     refused = REFUSED
@@ -165,6 +164,10 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
             executor.tracer,
         )
 
+    def fresh_run_id(self) -> str:
+        """A new unguessable tool-loop run id (`new_loop_id`)."""
+        return new_loop_id()
+
     def _cursor(
         self, run_id: str | None, messages: Sequence[Message] | None, max_steps: int, ctx: RunContext | None
     ) -> LoopCursor:
@@ -173,7 +176,7 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
             raise ValueError(f"max_steps must be at least 1, not {max_steps}")
         if not messages:
             raise ValueError("a new tool loop needs the messages to start from")
-        rid = run_id if run_id is not None else new_loop_id()
+        rid = run_id if run_id is not None else self.fresh_run_id()
         if not rid or not isinstance(rid, str):
             raise ValueError("run_id must be a non-empty string")
         return LoopCursor(rid, identity_body(self.sealer, rid, ctx), ctx, list(messages), max_steps)

@@ -3,13 +3,14 @@
 A tool loop and a pydantic-ai agent (`agentflow.integrations.pydantic_ai`) are both runs
 of one `RunDriver` held by one `RunProtocol`; what they add is how a new run starts (its
 messages, or a prompt). Everything else an operator or a worker does to a stored run
-(advance, recover, resume, wake, decide_in_doubt, cancel, retry, read) is the protocol's,
-and lives here once. What a kind cannot do (a tool loop is not retried; neither is forked
-or migrated) is the subclass's `refused` mapping: the one statement of each reason.
+(advance, recover, resume, wake, decide_in_doubt, cancel, retry, fork, read) is the
+protocol's, and lives here once. What a kind cannot do (a tool loop is not retried; only a
+flow is migrated) is the subclass's `refused` mapping: the one statement of each reason.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -32,7 +33,7 @@ R = TypeVar("R", bound=RunOutcome, covariant=True)
 class DrivenRunner(Generic[C, R]):
     """What every runner of one driver offers: the operations on its stored runs."""
 
-    #: What runs of this kind cannot do (``retry``, ``fork``, ``migrate``), and why.
+    #: What runs of this kind cannot do (``retry``, ``migrate``), and why.
     refused: ClassVar[Mapping[str, str]] = {}
     #: How a message names a run of this kind ("tool loop", "agent").
     noun: ClassVar[str] = "run"
@@ -154,7 +155,7 @@ class DrivenRunner(Generic[C, R]):
         return await self.protocol.decide_in_doubt(run_id, operator=operator, ctx=ctx, calls=calls)
 
     def refuses(self, action: str) -> str | None:
-        """Why runs of this kind cannot take `action` (``retry``, ``fork``, ``migrate``); None when they can."""
+        """Why runs of this kind cannot take `action` (``retry``, ``migrate``); None when they can."""
         return self.refused.get(action)
 
     def _refuse(self, run_id: str, action: str) -> FlowError:
@@ -172,22 +173,35 @@ class DrivenRunner(Generic[C, R]):
             raise self._refuse(run_id, "retry")
         return await self.protocol.retry(run_id, operator=operator, limit=max_supersteps)
 
+    def fresh_run_id(self) -> str:
+        """A new unguessable id for a run of this kind."""
+        return "run-" + secrets.token_urlsafe(16)
+
     async def fork(
         self,
         run_id: str,
         *,
         at_step: int,
         new_run_id: str | None = None,
-        patch: Mapping[str, Any] | None = None,
+        patch: Any = None,
         operator: str | None = None,
         max_supersteps: int | None = None,
     ) -> R:
-        """Refused: only flow runs are forked (a run of this kind has no state to patch).
+        """Start a new run from checkpoint `at_step` of `run_id`, with the history up to it (see `RunProtocol.fork`).
+
+        The kind copies the checkpoint into the new run: a flow run its state (with `patch`, a
+        mapping of fields or a function of the state), a tool loop or an agent run its
+        messages (it takes no patch). `max_supersteps` 0 only saves the new run's step 0.
 
         Raises:
-            FlowError: always; start a new run from this one's history instead.
+            CheckpointNotFound: the run has no checkpoint at that step.
+            FlowError: the patch does not fit (a loop or an agent takes none).
+            CheckpointConflict: `new_run_id` is taken.
         """
-        raise self._refuse(run_id, "fork")
+        rid = new_run_id if new_run_id is not None else self.fresh_run_id()
+        return await self.protocol.fork(
+            run_id, at_step=at_step, new_run_id=rid, patch=patch, operator=operator, limit=max_supersteps
+        )
 
     async def migrate(
         self,

@@ -34,6 +34,7 @@ from agentflow.exec.run.driver import RunDriver
 from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.run.steps import RunSteps
 from agentflow.exec.seal import Sealer
+from agentflow.flow._fork import patched
 from agentflow.flow._graph import Call, Flow
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
@@ -201,6 +202,20 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
         if wake.get("for") == "approval":
             return settle_deadline(cur, wake)
         return super().woken(cur, wake)
+
+    def forked(
+        self, source: Cursor, run_id: str, identity: dict[str, Any], ctx: RunContext | None, patch: Any
+    ) -> Cursor:
+        """A new run from `source`: its state with `patch` applied (`_fork.patched`), its frontier and visits.
+
+        The new run is on the flow version the source checkpoint was saved on.
+
+        Raises:
+            FlowError: the patch names a field the state does not have, or the patched state does not fit.
+        """
+        flow = source.flow
+        state = patched(flow, source.state, patch)
+        return Cursor(run_id, identity, ctx, flow, state, list(source.frontier), dict(source.visits), source.superstep)
 
     def event_fields(self, cur: Cursor) -> dict[str, Any]:
         """The flow's name."""

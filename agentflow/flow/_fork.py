@@ -1,11 +1,10 @@
-"""`fork`: a new run that starts from any checkpoint of an old one (time travel).
+"""What a fork of a flow run copies: the source checkpoint's state, patched and validated.
 
-The source checkpoint is read and checked like any other (signature, flow, graph digest);
-its state is copied, patched and validated against the flow's state model, and the new
-run starts from that checkpoint's frontier, on the flow version that checkpoint was saved
-on. Nothing of the old run's call log carries over: the new run's calls have the new
-run's id in their idempotency keys, so an external system sees them as new requests. The
-lineage (source run, step, operator) is signed into the new run's step 0.
+A fork is one verb for every kind of run (`RunProtocol.fork`): the source checkpoint is
+read and checked like any other (signature, flow, graph digest), and the kind copies it
+into the new run (`FlowDriver.forked`). A flow run's copy is its state, with `patched`
+applied and validated against the flow's state model, its frontier and visits, on the
+flow version that checkpoint was saved on.
 """
 
 from __future__ import annotations
@@ -15,12 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentflow._errors import CheckpointNotFound, FlowError
-from agentflow._identity import RunContext, identity_body
-from agentflow.exec.run.trim import no_checkpoint_text
-from agentflow.flow._driver import Cursor, FlowProtocol
+from agentflow._errors import FlowError
 from agentflow.flow._graph import Flow
-from agentflow.flow._result import RunResult
 
 S = TypeVar("S", bound=BaseModel)
 
@@ -56,40 +51,3 @@ def patched(flow: Flow[S], state: S, patch: Patch | None) -> S:
     except ValidationError as exc:
         raise FlowError(f"flow {flow.name!r}: the patched state does not fit {flow.state.__name__}: {exc}") from None
     raise FlowError(f"patch must be a mapping of fields or a function of the state, not {type(patch).__name__}")
-
-
-async def fork(
-    proto: FlowProtocol,
-    run_id: str,
-    *,
-    at_step: int,
-    new_run_id: str,
-    patch: Patch | None,
-    ctx: RunContext | None,
-    operator: str | None,
-    limit: int | None,
-) -> RunResult[Any]:
-    """See `FlowRunner.fork`."""
-    store, sealer = proto.steps._stores()
-    rows = list(await store.history(run_id))
-    row = next((r for r in rows if r.step == at_step), None)
-    if row is None:
-        raise CheckpointNotFound(no_checkpoint_text(run_id, at_step, rows))  # says so if retention trimmed it
-    row, body = await proto.driver.read(store, sealer, run_id, row)
-    source = proto.driver.cursor(row, body, None)
-    flow = source.flow  # the new run starts on the version the source checkpoint was saved on
-    state = patched(flow, source.state, patch)
-    cur = Cursor(
-        new_run_id,
-        identity_body(sealer, new_run_id, ctx),
-        ctx,
-        flow,
-        state,
-        list(source.frontier),
-        dict(source.visits),
-        source.superstep,
-    )
-    lineage = {"run": run_id, "step": at_step, **proto.operator(operator)}
-    proto.events.emit("run.forked", new_run_id, flow=flow.name, source=run_id, step=at_step)
-    result: RunResult[Any] = await proto.begin(cur, limit, lineage)
-    return result

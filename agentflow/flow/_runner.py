@@ -8,7 +8,7 @@ the run protocol (`agentflow.exec.run.protocol`); a flow plugs in `FlowDriver`.
 A runner runs runs (run, start, advance, recover, resume, wake) and carries an operator's
 actions on them (decide_in_doubt, retry, cancel, fork, migrate): each holds the run's lease
 (`RunHeld` when a live worker has it), signs what it decides with the operator's name, and
-lives once in the run protocol or, for `fork`, in `agentflow.flow._fork`. Its methods are
+lives once in the run protocol (a fork's copy of the state in `agentflow.flow._fork`). Its methods are
 thin: the file is long for their docstrings, which are the API's reference.
 """
 
@@ -29,7 +29,7 @@ from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
-from agentflow.flow import _fork, _recover, _timers
+from agentflow.flow import _recover, _timers
 from agentflow.flow._driver import Cursor, FlowDriver, FlowProtocol, Migration
 from agentflow.flow._fork import Patch
 from agentflow.flow._graph import Flow
@@ -460,15 +460,9 @@ class FlowRunner:
             CheckpointConflict: `new_run_id` is taken.
         """
         rid = new_run_id if new_run_id is not None else self.fresh_run_id()
-        result: RunResult[S] = await _fork.fork(
-            self.protocol(flow),
-            run_id,
-            at_step=at_step,
-            new_run_id=rid,
-            patch=patch,
-            ctx=ctx,
-            operator=operator,
-            limit=max_supersteps,
+        proto = self.protocol(flow)
+        result: RunResult[S] = await proto.fork(
+            run_id, at_step=at_step, new_run_id=rid, patch=patch, ctx=ctx, operator=operator, limit=max_supersteps
         )
         return result
 

@@ -15,7 +15,10 @@ Both sign the operator's name into every decision and refuse what the run protoc
 (`RunHeld`, `CheckpointConflict`, `RecoveryNeedsDecision`, `FlowError` for what a kind of
 run cannot do), with the run left as it was. An `Acted` says where the run stands afterwards
 as this process saw it: through the workers, the run is usually still ``running`` (a worker
-carries it on); wait for it with `FlowClient.wait`.
+carries it on): `Operator.settle` waits for it.
+
+Reading a run is the same through both: `status`, `settle` and `result` read the store
+(`agentflow.runs.Runs`), whatever the run's kind and wherever it moves.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 from agentflow.exec import ApprovalRequest
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome
-from agentflow.runs import Runs
+from agentflow.runs import Runs, RunView
 
 __all__ = ["Acted", "Operator"]
 
@@ -137,14 +140,29 @@ class Operator(ABC):
         operator: str | None = None,
         run: bool = True,
     ) -> Acted:
-        """Start a new run from checkpoint `at_step` of `run_id`, its state patched; the old run is not touched.
+        """Start a new run from checkpoint `at_step` of `run_id`, with the history up to it; the old run is not touched.
 
         `run`: carry the new run on (here, in this process; through the workers, always a
         worker); else only its step 0 is saved, for a worker to pick up.
 
+        Any kind of run forks: a flow run from that checkpoint's state (patched), a tool loop
+        or an agent run from that stage's messages (no patch).
+
         Raises:
-            FlowError: the run is a tool loop, or the patch does not fit the flow's state.
+            FlowError: the patch does not fit (a loop or an agent takes none).
         """
+
+    async def status(self, run_id: str) -> RunView:
+        """The run as its checked rows show it, whatever its kind (`agentflow.runs.Runs.status`)."""
+        return await self.runs.status(run_id)
+
+    async def settle(self, run_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.05) -> RunView:
+        """Wait until the run settled (ended, paused, or waiting for a decision); its view then (`Runs.settle`)."""
+        return await self.runs.settle(run_id, timeout_s=timeout_s, poll_s=poll_s)
+
+    async def result(self, run_id: str) -> Any:
+        """What the run produced: a flow's final state, a loop's answer, an agent's output (`Runs.result`)."""
+        return await self.runs.result(run_id)
 
     async def aclose(self) -> None:  # noqa: B027 - nothing to close unless an operator opened something
         """Close what this operator opened."""

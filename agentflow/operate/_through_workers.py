@@ -34,7 +34,7 @@ class ThroughWorkers(Operator):
         runner = worker.flow_app.runner(
             worker.store, worker.checkpoint_key, lease_s=worker.settings.lease_s, owner=process_owner(name)
         )
-        #: The client every action goes through (wait for a run with `client.wait`).
+        #: The client every action goes through.
         self.client: FlowClient = FlowClient(tasks, runner)
         self.runs = self.client.runs
 

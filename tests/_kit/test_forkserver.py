@@ -130,8 +130,9 @@ async def test_signals_act_on_the_running_child_itself_and_wait_times_out_while_
     # Given a spawned child that blocks
     child = spawn(PROBE, ["block", str(tmp_path / "pid")])
     try:
-        await until(lambda: (tmp_path / "pid").exists() or None, "the child to start")
-        assert int((tmp_path / "pid").read_text()) == child.pid
+        pid_file = tmp_path / "pid"  # created, then written: wait for its text, not for the file alone
+        await until(lambda: pid_file.exists() and pid_file.read_text() or None, "the child to write its pid")
+        assert int(pid_file.read_text()) == child.pid
 
         # When it is waited for a short while, Then the wait times out
         with pytest.raises(subprocess.TimeoutExpired):

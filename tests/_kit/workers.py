@@ -103,3 +103,14 @@ def faulty(runner: FlowRunner) -> FaultyStore:
 def workers(store_setup: StoreSetup) -> Workers:
     """Workers with the ticket tools over each store set-up in turn."""
     return Workers(store_setup)
+
+
+async def advance_all(runner: Any, run_id: str, step: int = 0) -> Any:
+    """Advance a loop's or an agent's run stage by stage from `step`, as the workers' messages would, until it stops.
+
+    `runner` is its `LoopRunner` or `AgentRunner`; returns the outcome of the last stage.
+    """
+    while (result := await runner.advance(run_id, expected_step=step, handoff=True)).status == "running":
+        assert result.step is not None
+        step = result.step
+    return result

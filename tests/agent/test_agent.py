@@ -259,7 +259,7 @@ async def test_an_app_acts_on_agent_runs_as_on_any_run(store_setup: StoreSetup, 
     operator = InProcess(app, store_setup.open(), [KEY], name="operator-test")
     # When the operator decides and recovers it by id alone
     ops = await operator.runs.open("order-1")
-    assert isinstance(ops, AgentRunner) and ops.refuses("fork") and not ops.refuses("retry")
+    assert isinstance(ops, AgentRunner) and ops.refuses("migrate") and not ops.refuses("retry")
     with pytest.raises(RecoveryNeedsDecision) as asked:
         await once_lapsed(lambda: operator.recover("order-1", operator="erin"))
     await operator.decide(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from _kit.agents import durable, make_agent
+from _kit.parked import ChargeModel
 from _kit.tickets import (
     FANOUT,
     SLOW,
@@ -162,6 +163,7 @@ app = FlowApp(
     loops={
         "forecast": LoopSpec(model_factory=ForecastModel, registry=loop_tools),
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
+        "charges": LoopSpec(model_factory=ChargeModel, registry=tickets.registry),  # charge_card: not idempotent
         "orders": durable(make_agent(ledger, pause=_pause)),  # a durable pydantic-ai agent
     },
 )

@@ -323,20 +323,40 @@ class Deployment:
         (or, if the dead worker's lease was still live, when it ended): the charge is in
         doubt and not idempotent, so it parks the run. Returns the run id.
         """
-        self.set_delay(0.8, 0.8)  # charge_card waits this long after its effect: the kill lands inside it
+        return await self.parked("flow", worker, successor, successor_app)
+
+    async def parked(
+        self, kind: str, worker: str = "w1", successor: str = "w2", successor_app: str | None = None
+    ) -> str:
+        """A run of `kind` (`_kit.parked.PARKED`: a flow run, a tool loop, an agent run) parked on its charge in doubt.
+
+        As `parked_run`, for any kind: the worker dies inside the charge, the next one parks the run.
+        """
+        from _kit.agents import PROMPT
+        from _kit.parked import PARKED
+
+        from agentflow.models import Message
+
+        self.set_delay(0.8, 0.8)  # the charge waits this long after its effect: the kill lands inside it
         self.start_worker(worker)
-        run_id = await self.client.start("tickets", {"show": "parked"}, run_id=f"{self.prefix}-parked")
-        await self.until_effect("charge_card", run_id)
+        run_id, tool = f"{self.prefix}-parked-{kind}", PARKED[kind].tool
+        if kind == "flow":
+            await self.client.start("tickets", {"show": "parked"}, run_id=run_id)
+        elif kind == "loop":
+            await self.client.start_loop("charges", [Message.user("parked")], run_id=run_id)
+        else:
+            await self.client.start_agent("orders", PROMPT, run_id=run_id)
+        await self.until_effect(tool, run_id)
         self.kill_group(worker)
         self.set_delay(0.0, 0.0)
         if successor_app is None:
             self.start_worker(successor)
         else:
             self.start_worker_of(successor, successor_app)
-        view = await self.client.wait(run_id, timeout_s=30)
+        view = await self.client.settle(run_id, timeout_s=30)
         assert view.status == "running" and view.waiting_for_decision, view
-        assert "charge_card" in view.waiting_for_decision
-        assert self.effects()[("charge_card", run_id)] == 1
+        assert tool in view.waiting_for_decision
+        assert self.effects()[(tool, run_id)] == 1
         return run_id
 
     def effects(self) -> Counter[tuple[str, str]]:
@@ -344,7 +364,7 @@ class Deployment:
         return Ledger(self.ledger).by_run()
 
     async def wait_all(self, run_ids: list[str], timeout_s: float = 120.0) -> dict[str, RunView]:
-        views = await asyncio.gather(*(self.client.wait(r, timeout_s=timeout_s, poll_s=0.2) for r in run_ids))
+        views = await asyncio.gather(*(self.client.settle(r, timeout_s=timeout_s, poll_s=0.2) for r in run_ids))
         return dict(zip(run_ids, views, strict=True))
 
     async def aclose_clients(self) -> None:

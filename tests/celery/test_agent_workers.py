@@ -21,11 +21,11 @@ async def test_a_durable_agent_runs_stage_by_stage_as_tasks(shared):
     # Given a worker whose app registers the order agent beside its flows
     # When the agent is started through the client
     run_id = await shared.client.start_agent("orders", PROMPT)
-    status = await shared.client.settle(run_id, timeout_s=60)
+    result = await shared.client.settle(run_id, timeout_s=60)
     # Then every stage ran as a task and the run ended with the output an in-process run gives
-    result = await shared.client.agent_result("orders", run_id)
-    assert status == "done" and result.status == "done", result.error
-    assert result.output == EXPECTED
+    assert (result.kind, result.name, result.engine) == ("agent", "orders", "pydantic-ai")
+    assert result.status == "done", result.error
+    assert result.output == await shared.client.result(run_id) == EXPECTED
     effects = shared.effects()
     assert (effects[("lookup_order", run_id)], effects[("charge", run_id)]) == (1, 1)
     # And each stage was its own checkpoint: the prompt, three responses and two rounds of tools, the output
@@ -42,20 +42,19 @@ async def test_a_worker_killed_inside_charge_parks_the_agent_until_an_operator_d
     deployment.set_delay(0.0, 0.0)
     # When another worker starts and looks at the run
     deployment.start_worker("w2")
-    assert await deployment.client.settle(run_id, timeout_s=60) == "running"
+    parked = await deployment.client.settle(run_id, timeout_s=60)
     # Then the charge is in doubt and the run waits for a person: nothing reran it
-    report = await deployment.report(run_id)
-    doubtful = [c for c in report.calls if c.tool == "charge" and c.state == "in doubt"]
-    assert [tool for tool, _ in report.awaiting] == ["charge"] and len(doubtful) == 1, report
+    assert parked.status == "running" and parked.waiting is not None and parked.waiting.what == "decision"
+    doubtful = parked.waiting.calls
+    assert [c.tool for c in doubtful] == ["charge"], parked
     assert deployment.effects()[("charge", run_id)] == 1
     # When an operator checked the card and says it happened, with its result
     await deployment.client.decide_in_doubt(
         run_id, calls={doubtful[0].call_id: Happened(charge_result("A1", 90))}, operator="erin"
     )
     # Then a worker carries the agent on to the same output, and the card was charged once
-    assert await deployment.client.settle(run_id, timeout_s=60) == "done"
-    result = await deployment.client.agent_result("orders", run_id)
-    assert result.output == EXPECTED
+    result = await deployment.client.settle(run_id, timeout_s=60)
+    assert result.status == "done" and result.output == EXPECTED
     assert deployment.effects()[("charge", run_id)] == 1
 
 
@@ -86,7 +85,7 @@ async def test_random_worker_kills_never_charge_an_agent_run_twice(deployment):
         # When a new worker takes over, and an operator decides a cut-off charge from the card's statement
         deployment.set_delay(0.0, 0.0)
         deployment.start_worker(f"r{i}")
-        while (status := await deployment.client.settle(run_id, timeout_s=60)) == "running":
+        while (settled := await deployment.client.settle(run_id, timeout_s=60)).status == "running":
             report = await deployment.report(run_id)
             charged = deployment.effects()[("charge", run_id)] > 0
             decision = Happened(charge_result("A1", 90)) if charged else Rerun()
@@ -95,9 +94,8 @@ async def test_random_worker_kills_never_charge_an_agent_run_twice(deployment):
             await deployment.client.decide_in_doubt(run_id, calls=doubtful, operator="soak")
             decided["happened" if charged else "rerun"] += 1
         # Then the run ends with the uninterrupted output, and the card was charged exactly once
-        assert status == "done", status
-        result = await deployment.client.agent_result("orders", run_id)
-        assert result.output == EXPECTED
+        assert settled.status == "done", settled
+        assert settled.output == EXPECTED
         assert deployment.effects()[("charge", run_id)] == 1
         deployment.kill_group(f"r{i}")  # idle: the next run starts on a worker of its own
     print(f"\n{WORKER_KILLS} worker kills over {WORKER_KILLS} agent runs: decisions {dict(decided)}, charges once each")

@@ -39,7 +39,6 @@ from rabbit_kit import rabbitmq_vhost, scale_out_deployment
 from agentflow import Happened, InDoubtDecision, Rerun
 from agentflow.celery import RunView
 from agentflow.errors import RunHeld
-from agentflow.integrations.pydantic_ai import AgentResult
 
 SECONDS = float(os.environ.get("AGENTFLOW_CHAOS_SECONDS", "12"))
 RUNS = int(os.environ.get("AGENTFLOW_CHAOS_RUNS", "32"))
@@ -246,25 +245,24 @@ async def _decide_honestly(deployment: Deployment, run_id: str) -> list[AgentDec
 
 async def _settle_agents(
     deployment: Deployment, run_ids: list[str], deadline: float
-) -> tuple[dict[str, AgentResult], list[AgentDecision]]:
+) -> tuple[dict[str, RunView], list[AgentDecision]]:
     """Poll every agent run until it is done, deciding its calls in doubt as an honest operator would."""
     pending = set(run_ids)
-    results: dict[str, AgentResult] = {}
+    results: dict[str, RunView] = {}
     decisions: list[AgentDecision] = []
     last: dict[str, str] = {}
     while pending and time.monotonic() < deadline:
         for run_id in sorted(pending):
             try:  # one read: settled (ended, or parked waiting for a decision) or not yet
-                status = await deployment.client.settle(run_id, timeout_s=0.0)
+                result = await deployment.client.settle(run_id, timeout_s=0.0)
             except TimeoutError as moving:
                 last[run_id] = str(moving)
                 continue
-            last[run_id] = status
-            if status == "running":  # parked on calls in doubt
+            last[run_id] = result.status
+            if result.waiting_for_decision:  # parked on calls in doubt
                 decisions.extend(await _decide_honestly(deployment, run_id) or [])
                 continue
-            result = await deployment.client.agent_result(AGENT, run_id)
-            assert isinstance(result, AgentResult), result
+            assert (result.kind, result.name) == ("agent", AGENT), result
             if result.status != "done":
                 raise AssertionError(f"agent run {run_id} ended {result.status}: {result.error}")
             results[run_id] = result

@@ -82,7 +82,7 @@ async def test_an_operators_decision_through_the_client_reruns_the_charge_once_a
     run_id = await deployment.parked_run()
     # When alice, having checked the charge at the payment system, decides through the client
     step = await deployment.client.decide_in_doubt(run_id, operator="alice")
-    view = await deployment.client.wait(run_id, timeout_s=30)
+    view = await deployment.client.settle(run_id, timeout_s=30)
     # Then a worker spends her decision: the charge reruns once and the run finishes
     assert view.status == "done", view
     effects = deployment.effects()
@@ -116,7 +116,7 @@ async def test_the_client_names_each_call_in_doubt_and_its_worker_and_shows_a_ha
     # When alice, who found the charge at the payment system, says it happened and with what result
     step = await deployment.client.decide_in_doubt(run_id, calls={call.call_id: Happened("charged 80 for parked")},
                                                    operator="alice")  # fmt: skip
-    done = await deployment.client.wait(run_id, timeout_s=30)
+    done = await deployment.client.settle(run_id, timeout_s=30)
     # Then the run finishes without charging again, and the client and `runs show` say what alice supplied
     assert done.status == "done" and deployment.effects()[("charge_card", run_id)] == 1
     (decided,) = [s for s in done.segments if s.how == "decision"]

@@ -61,7 +61,7 @@ async def test_a_follower_killed_mid_run_resumes_from_its_last_cursor_with_no_ev
     assert second.returncode == 0, err.decode()[-2000:]
     after = _lines(rest)
     # Then together they saw the whole stream, in order: nothing lost, nothing repeated
-    view = await deployment.client.wait(run_id, timeout_s=30)
+    view = await deployment.client.settle(run_id, timeout_s=30)
     assert view.status == "done"
     stored = await read_events(deployment.client.runner.checkpoints, deployment.client.sealer, run_id)
     assert before + after == [f"{e.cursor} {e.name}" for e in stored]
@@ -74,7 +74,7 @@ async def test_a_run_handed_on_by_a_killed_worker_reads_back_clean_from_every_wr
     [call] = (await deployment.client.status(run_id)).in_doubt
     # When an operator says the charge happened, and w2 finishes the run
     await deployment.client.decide_in_doubt(run_id, calls={call.call_id: Happened("charged 80 for parked")})
-    assert (await deployment.client.wait(run_id, timeout_s=60)).status == "done"
+    assert (await deployment.client.settle(run_id, timeout_s=60)).status == "done"
     # Then the run's stream reads back clean through what verify and `agentflow events` read, each later
     # writer's first entry following the head the checkpoint it took the run up from names
     store = deployment.client.runner.checkpoints

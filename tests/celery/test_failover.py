@@ -118,7 +118,7 @@ async def test_workers_follow_a_sentinel_failover_of_the_broker_and_the_store_wi
             dep.start_worker("w1")
             dep.start_beat()
             before = await dep.client.start("tickets", {"show": "before", "seats": 1})
-            assert (await dep.client.wait(before, timeout_s=60)).status == "done"
+            assert (await dep.client.settle(before, timeout_s=60)).status == "done"
             # When the primary dies with a run in flight and the Sentinels promote the replica
             during = await dep.client.start("tickets", {"show": "during", "seats": 2})
             pair.primary.kill()
@@ -127,7 +127,7 @@ async def test_workers_follow_a_sentinel_failover_of_the_broker_and_the_store_wi
             pair.add_replica()
             # Then the same worker and beat, never restarted, finish the run in flight and take new ones
             after = await _start_when_reachable(dep, {"show": "after", "seats": 3})
-            views = {run_id: await dep.client.wait(run_id, timeout_s=90) for run_id in (during, after)}
+            views = {run_id: await dep.client.settle(run_id, timeout_s=90) for run_id in (during, after)}
             assert {view.status for view in views.values()} == {"done"}, views
             assert dep.procs["w1"].poll() is None and dep.procs["beat"].poll() is None
             effects = dep.effects()

@@ -214,7 +214,7 @@ async def test_flower_result_of_a_recovered_superstep_that_does_not_end_the_run_
     deployment.kill("w1")
     deployment.set_delay(0.0, 0.0)
     deployment.start_worker("w2")
-    view = await deployment.client.wait(run_id, timeout_s=60)
+    view = await deployment.client.settle(run_id, timeout_s=60)
     assert view.status == "done"
     # Then the recovered superstep, which reran hold_seats and left the run running, says so in its result
     task = _recovered_task(flower, run_id)
@@ -380,14 +380,14 @@ async def _every_ending(deployment: Deployment) -> Endings:
     """
     parked = await deployment.parked_run("w1", "w2")
     paused = await deployment.client.start("fanout", {"show": "wire"}, run_id=f"{deployment.prefix}-paused")
-    assert (await deployment.client.wait(paused, timeout_s=30)).status == "paused"
+    assert (await deployment.client.settle(paused, timeout_s=30)).status == "paused"
     await deployment.client.decide_in_doubt(parked, operator="alice")
-    assert (await deployment.client.wait(parked, timeout_s=30)).status == "done"
+    assert (await deployment.client.settle(parked, timeout_s=30)).status == "done"
     deployment.kill_group("w2")
     deployment.break_tools()
     deployment.start_worker("w3")
     failed = await deployment.client.start("tickets", {"show": "broken"}, run_id=f"{deployment.prefix}-failed")
-    view = await deployment.client.wait(failed, timeout_s=30)
+    view = await deployment.client.settle(failed, timeout_s=30)
     assert view.status == "failed" and view.error is not None and "broken" in view.error, view
     return Endings(parked, paused, failed)
 

@@ -65,7 +65,7 @@ async def test_a_map_of_a_thousand_elements_survives_two_kills_with_each_effect_
         deployment.kill_group(worker)
         # When the next worker takes the run over, Then it surfaces the elements in doubt for a decision
         deployment.start_worker(f"{worker}-next")
-        view = await deployment.client.wait(run_id, timeout_s=60)
+        view = await deployment.client.settle(run_id, timeout_s=60)
         assert view.status == "running" and view.waiting_for_decision and "publish" in view.waiting_for_decision
         # (that worker stops before the decision: the rerun it sends is for the next iteration's worker,
         # which must be the one publishing when it is killed, however fast this machine publishes)

@@ -53,7 +53,7 @@ async def test_prometheus_counts_what_the_ledger_and_the_store_show_after_a_work
 
     # And when an operator decides to rerun the charge and w2 finishes the run
     await deployment.client.decide_in_doubt(run_id)
-    view = await deployment.client.wait(run_id, timeout_s=30)
+    view = await deployment.client.settle(run_id, timeout_s=30)
     assert view.status == "done"
     report = await deployment.report(run_id)
     recoveries = [seg for seg in report.segments if seg.how == "recovery"]

@@ -31,7 +31,7 @@ async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging
     # When the operator, having found the charge at the bank, says it happened with its result
     await deployment.client.decide_in_doubt(run_id, calls={call_id: Happened("charged 80 for parked")}, operator="zoe")
     # Then a worker finishes the run, mailing once, and the card was charged once
-    done = await deployment.client.wait(run_id, timeout_s=60)
+    done = await deployment.client.settle(run_id, timeout_s=60)
     assert done.status == "done", done
     assert deployment.effects()[("charge_card", run_id)] == 1
     assert deployment.effects()[("email_tickets", run_id)] == 1
@@ -41,12 +41,12 @@ async def test_it_happened_lets_a_parked_run_finish_on_a_worker_without_charging
 async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(shared: Deployment) -> None:
     # Given a finished run
     run_id = await shared.client.start("tickets", {"show": "Norma"})
-    assert (await shared.client.wait(run_id, timeout_s=60)).status == "done"
+    assert (await shared.client.settle(run_id, timeout_s=60)).status == "done"
     before = shared.effects()
     # When the operator forks it from step 1 with another show
     forked = await shared.client.fork(run_id, at_step=1, patch={"show": "Carmen"}, operator="yan")
     # Then a worker runs the new run's calls (new calls: charge and mail once more), and the old run is as it was
-    view = await shared.client.wait(forked, timeout_s=60)
+    view = await shared.client.settle(forked, timeout_s=60)
     assert view.status == "done" and isinstance(view.state, BaseModel) and view.state.show == "Carmen"  # type: ignore[attr-defined]
     after = shared.effects()
     assert after[("charge_card", forked)] == 1 and after[("email_tickets", forked)] == 1
@@ -56,7 +56,7 @@ async def test_a_forked_run_runs_on_a_worker_and_the_old_run_is_untouched(shared
 async def test_a_paused_run_is_cancelled_and_no_worker_runs_its_call(shared: Deployment) -> None:
     # Given a run paused for approval of wire_money
     run_id = await shared.client.start("fanout", {"show": "Lulu"})
-    assert (await shared.client.wait(run_id, timeout_s=30)).status == "paused"
+    assert (await shared.client.settle(run_id, timeout_s=30)).status == "paused"
     before = shared.effects()
     # When the operator cancels it
     assert await shared.client.cancel(run_id, reason="fraud check", operator="xia") == "cancelled"
@@ -77,7 +77,7 @@ async def test_a_run_on_a_worker_is_cancelled_before_its_next_call_and_its_call_
     # When the operator cancels it, Then the request is left for the worker that holds it
     assert await deployment.client.cancel(run_id, reason="sold out", operator="wen") == "running"
     # And the worker finishes hold_seats, logs it, and ends the run before charging the card
-    view = await deployment.client.wait(run_id, timeout_s=60)
+    view = await deployment.client.settle(run_id, timeout_s=60)
     assert view.status == "cancelled" and view.error == "cancelled by wen: sold out", view
     assert deployment.effects()[("hold_seats", run_id)] == 1
     assert ("charge_card", run_id) not in deployment.effects()
@@ -90,7 +90,7 @@ async def test_a_failed_run_is_retried_on_a_worker_once_its_tools_work_again(dep
     deployment.break_tools()
     deployment.start_worker("w1")
     run_id = await deployment.client.start("tickets", {"show": "Werther"})
-    failed = await deployment.client.wait(run_id, timeout_s=30)
+    failed = await deployment.client.settle(run_id, timeout_s=30)
     assert failed.status == "failed" and failed.error is not None and "broken" in failed.error
     # When the tools work again (a fresh worker) and an operator retries the run through the client
     deployment.kill_group("w1")
@@ -98,7 +98,7 @@ async def test_a_failed_run_is_retried_on_a_worker_once_its_tools_work_again(dep
     deployment.start_worker("w2")
     await deployment.client.retry(run_id, operator="ivy")
     # Then a worker runs it from the superstep that failed to its end
-    done = await deployment.client.wait(run_id, timeout_s=60)
+    done = await deployment.client.settle(run_id, timeout_s=60)
     assert done.status == "done", done
     effects = deployment.effects()
     assert (effects[("hold_seats", run_id)], effects[("charge_card", run_id)]) == (1, 1)
@@ -110,7 +110,7 @@ async def test_a_retry_message_without_a_signed_retry_is_refused(deployment: Dep
     deployment.break_tools()
     deployment.start_worker("w1")
     run_id = await deployment.client.start("tickets", {"show": "Otello"})
-    failed = await deployment.client.wait(run_id, timeout_s=30)
+    failed = await deployment.client.settle(run_id, timeout_s=30)
     assert failed.status == "failed"
     # When someone who can write to the broker sends a retry superstep for it
     sent = deployment.tasks.recover_superstep.apply_async(

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.celery, pytest.mark.redis]  # starts Celery worker pro
 async def test_a_worker_spending_a_stored_decision_refuses_a_cut_log_and_charges_once(shared):
     # Given a worker and a run paused on wire_money after charge_card ran in the same superstep
     run_id = await shared.client.start("fanout", {"show": "Nabucco"})
-    paused = await shared.client.wait(run_id, timeout_s=30)
+    paused = await shared.client.settle(run_id, timeout_s=30)
     assert paused.status == "paused" and [p.tool for p in paused.pending] == ["wire_money"]
     # and the decision stored with its claim (no worker has spent it yet)
     runner = shared.tasks.worker.runner

@@ -75,7 +75,7 @@ async def test_a_stranded_run_moves_again_within_one_lease_without_beat(deployme
         f"slack {SLACK_S} s); the new worker was ready after {ready:.1f} s; it moved by {how}"
     )
     # and it finishes, every tool having had its effect once (hold_seats never got to its effect before the kill)
-    view = await deployment.client.wait(run_id, timeout_s=30)
+    view = await deployment.client.settle(run_id, timeout_s=30)
     assert view.status == "done", view
     effects = deployment.effects()
     assert [effects[(t, run_id)] for t in ("hold_seats", "charge_card", "email_tickets")] == [1, 1, 1]
@@ -110,7 +110,7 @@ async def test_a_recheck_lost_with_the_worker_that_held_it_is_sent_again_by_the_
     assert f"af-{run_id}-0-recheck-" in deployment.log("w3"), (
         f"a worker started in {start_s:.1f} s; lease {lease_s:.1f} s"
     )
-    view = await deployment.client.wait(run_id, timeout_s=30)
+    view = await deployment.client.settle(run_id, timeout_s=30)
     assert view.status == "done", view
 
 
@@ -130,4 +130,4 @@ async def test_a_sweep_lock_left_by_a_worker_that_died_in_its_sweep_delays_a_sta
     await until_claimed(deployment, run_id, timeout_s=bound + 10)
     elapsed = time.monotonic() - killed
     assert elapsed < bound, f"claimed {elapsed:.1f} s after the kill (bound {bound:.1f} s)"
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
+    assert (await deployment.client.settle(run_id, timeout_s=30)).status == "done"

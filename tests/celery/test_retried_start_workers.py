@@ -49,19 +49,18 @@ async def test_a_loop_or_agent_start_retried_through_the_client_attaches_to_the_
             agent_id
         )
     # Then each is one run that goes to its end, each effect once
-    loop = await shared.client.wait_loop("forecast", loop_id, timeout_s=60)
-    assert loop.status == "done" and loop.text == "answer: sunny in Oslo"
-    assert await shared.client.settle(agent_id, timeout_s=60) == "done"
-    agent = await shared.client.agent_result("orders", agent_id)
-    assert getattr(agent, "output", None) == EXPECTED
+    loop = await shared.client.settle(loop_id, timeout_s=60)
+    assert loop.status == "done" and loop.output == "answer: sunny in Oslo"
+    agent = await shared.client.settle(agent_id, timeout_s=60)
+    assert agent.status == "done" and agent.output == EXPECTED
     # When the same starts come once more, after the runs ended
     await shared.client.start_loop("forecast", OSLO, run_id=loop_id)
     await shared.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"})
     # Then their stage messages find the runs moved on and do nothing
     for late in sent[-2:]:
         assert (await ended(shared.celery_app.AsyncResult(late)))["done"] == "skipped"
-    assert (await shared.client.loop_status("forecast", loop_id)).step == loop.step
-    assert (await shared.client.agent_result("orders", agent_id)).step == agent.step
+    assert (await shared.client.status(loop_id)).step == loop.step
+    assert (await shared.client.status(agent_id)).step == agent.step
     effects = shared.effects()
     assert (effects[("forecast", loop_id)], effects[("lookup_order", agent_id)], effects[("charge", agent_id)]) == (
         1,
@@ -86,5 +85,5 @@ async def test_a_loop_or_agent_start_with_another_input_under_a_taken_run_id_is_
         await deployment.client.start_agent("orders", PROMPT, run_id=loop_id)
     # Then nothing was sent, and each run is still at its step 0
     assert sent == []
-    assert (await deployment.client.loop_status("forecast", loop_id)).step == 0
-    assert (await deployment.client.agent_result("orders", agent_id)).step == 0
+    assert (await deployment.client.status(loop_id)).step == 0
+    assert (await deployment.client.status(agent_id)).step == 0

@@ -38,7 +38,7 @@ async def test_a_deploy_that_declares_a_tool_idempotent_leaves_the_old_cut_off_c
     # When the operator, having found the charge at the bank, says it happened
     await v2.decide_in_doubt(run_id, calls={call.call_id: Happened("charged 80 for parked")}, operator="zoe")
     # Then the new deploy's worker finishes the run and the card was charged once
-    done = await v2.wait(run_id, timeout_s=60)
+    done = await v2.settle(run_id, timeout_s=60)
     assert done.status == "done", done
     assert deployment.effects()[("charge_card", run_id)] == 1
 
@@ -85,9 +85,9 @@ async def test_a_rolling_deploy_finishes_every_run_on_its_version_or_lists_it_fo
 
     # When an operator migrates one of them to version 2 and approves it there
     await new.migrate(c, to_version="2", state=to_v2, operator="bob")
-    assert (await new.wait(c, timeout_s=30)).status == "paused"  # version 2 asks for the approval again
+    assert (await new.settle(c, timeout_s=30)).status == "paused"  # version 2 asks for the approval again
     await new.resume(c, approve=True, operator="bob")
-    done = await new.wait(c, timeout_s=30)
+    done = await new.settle(c, timeout_s=30)
     # Then it finished on version 2; the other waits, untouched, on version 1
     assert done.status == "done" and done.version == "2" and done.state.currency == "EUR"
     left = await new.status(d)
@@ -102,5 +102,5 @@ async def test_a_rolling_deploy_finishes_every_run_on_its_version_or_lists_it_fo
 
 async def _wait_all(client: Any, run_ids: list[str]) -> dict[str, Any]:
     """Each run as `client` sees it once settled."""
-    views = await asyncio.gather(*(client.wait(r, timeout_s=60, poll_s=0.2) for r in run_ids))
+    views = await asyncio.gather(*(client.settle(r, timeout_s=60, poll_s=0.2) for r in run_ids))
     return dict(zip(run_ids, views, strict=True))

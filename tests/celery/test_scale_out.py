@@ -63,14 +63,14 @@ async def test_runs_go_through_quorum_queues_and_a_countdown_waits_in_the_broker
     sent = time.time()
     task_id = await asyncio.to_thread(rabbit.tasks.send_superstep, "tickets", later, 0, "start", 3.0)
     # Then the first run is done, each tool had its effect once
-    assert (await rabbit.client.wait(run_id, timeout_s=30)).status == "done"
+    assert (await rabbit.client.settle(run_id, timeout_s=30)).status == "done"
     effects = rabbit.effects()
     assert [effects[(tool, run_id)] for tool in ("hold_seats", "charge_card", "email_tickets")] == [1, 1, 1]
     # and the worker received the delayed message only once it was due: the broker held it
     # meanwhile (delay queues with a TTL per power of two), not the worker with an ETA in memory
     got = await until(lambda: received_at(rabbit, "w1", task_id), "the delayed message arriving", timeout_s=20)
     assert got - sent >= 2.9, got - sent
-    assert (await rabbit.client.wait(later, timeout_s=30)).status == "done"
+    assert (await rabbit.client.settle(later, timeout_s=30)).status == "done"
     # and every queue the runs went through is a quorum queue: the deployment's and the flow version's
     ours = {name: kind for name, (kind, _) in queues(rabbitmq_vhost).items() if name.startswith(rabbit.values["queue"])}
     assert {rabbit.values["queue"], f"{rabbit.values['queue']}.tickets.v1"} <= set(ours), ours
@@ -97,7 +97,7 @@ async def test_a_dead_workers_message_is_redelivered_at_once(scale_out_deploymen
     assert got - killed < 5.0, got - killed  # on Redis: the visibility timeout (120 s in this kit)
     # which waits out the dead worker's lease (a recheck) and carries the run to the end: the
     # idempotent call in doubt reruns, the others run once
-    assert (await rabbit.client.wait(run_id, timeout_s=30)).status == "done"
+    assert (await rabbit.client.settle(run_id, timeout_s=30)).status == "done"
     effects = rabbit.effects()
     assert (effects[("charge_card", run_id)], effects[("email_tickets", run_id)]) == (1, 1)
 

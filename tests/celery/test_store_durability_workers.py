@@ -65,11 +65,11 @@ async def test_a_superstep_the_store_cannot_confirm_is_retried_with_backoff_and_
             # When the replica is back, the operator, who sees no charge at the bank, has the call run again
             pair.link.heal()
             await until(pair.in_sync, "the replica to catch up", timeout_s=30)
-            view = await dep.client.wait(run_id, timeout_s=40)
+            view = await dep.client.settle(run_id, timeout_s=40)
             assert view.waiting_for_decision and "charge_card" in view.waiting_for_decision
             call = next(c.call_id for c in view.in_doubt if c.tool == "charge_card")
             await dep.client.decide_in_doubt(run_id, calls={call: Rerun()})
-            done = await dep.client.wait(run_id, timeout_s=40)
+            done = await dep.client.settle(run_id, timeout_s=40)
             # Then the order ends with one charge, and nothing says it waits for its store any more
             assert done.status == "done"
             assert dep.effects()[("charge_card", run_id)] == 1

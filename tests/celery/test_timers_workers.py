@@ -155,7 +155,7 @@ async def test_a_run_waiting_while_its_worker_is_killed_wakes_once_on_time(deplo
     deployment.start_worker("w1")
     deployment.start_beat()
     run_id = await deployment.client.start("cooled", {"show": "Tosca", "seconds": 4.0}, run_id=f"{deployment.prefix}-c")
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "paused"
+    assert (await deployment.client.settle(run_id, timeout_s=30)).status == "paused"
     wake = (await deployment.report(run_id)).wake
     assert wake is not None
     wake_at = wake["at"]

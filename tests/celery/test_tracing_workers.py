@@ -55,7 +55,7 @@ async def test_a_run_across_two_workers_and_a_sigkill_is_one_trace_with_the_reco
     # doubt and parks the run, an operator decides to rerun it, and w2 finishes the run
     run_id = await deployment.parked_run("w1", "w2")
     await deployment.client.decide_in_doubt(run_id)
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
+    assert (await deployment.client.settle(run_id, timeout_s=30)).status == "done"
 
     def finished() -> list[dict[str, Any]] | None:
         w2 = exported(folders["w2"], run_id)

@@ -18,7 +18,7 @@ async def test_a_worker_at_debug_logs_neither_the_key_nor_the_redis_password(tmp
             deployment.start_worker("w1", concurrency=1)
             # When it runs a ticket run, and is sent a rerun message no decision backs
             run_id = await deployment.client.start("tickets", {"show": "logs"})
-            assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
+            assert (await deployment.client.settle(run_id, timeout_s=30)).status == "done"
             refused = deployment.tasks.superstep.apply_async(
                 args=("tickets", run_id, 3, "rerun"), queue=deployment.values["queue"]
             )

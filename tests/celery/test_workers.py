@@ -86,7 +86,7 @@ async def test_a_run_stranded_between_save_and_enqueue_is_picked_up_by_recover_a
     await asyncio.sleep(1.1)  # older than stale_after_s
     # When a worker starts (worker_ready runs recover_all)
     deployment.start_worker("w1")
-    view = await deployment.client.wait(stranded.run_id, timeout_s=30)
+    view = await deployment.client.settle(stranded.run_id, timeout_s=30)
     # Then the run finished
     assert view.status == "done"
     assert deployment.effects()[("email_tickets", stranded.run_id)] == 1
@@ -135,7 +135,7 @@ async def test_a_duplicate_superstep_message_does_nothing(shared):
     first = shared.tasks.superstep.apply_async(args=("tickets", run.run_id, 0, "next"), queue=shared.values["queue"])
     second = shared.tasks.superstep.apply_async(args=("tickets", run.run_id, 0, "next"), queue=shared.values["queue"])
     outcomes = [await ended(first), await ended(second)]
-    view = await shared.client.wait(run.run_id, timeout_s=30)
+    view = await shared.client.settle(run.run_id, timeout_s=30)
     # Then exactly one ran the superstep; the other was skipped; each tool ran once
     assert sorted(o["done"] for o in outcomes) == ["ran", "skipped"]
     assert sorted(r.state for r in (first, second)) == ["SKIPPED", "SUCCESS"]  # the no-op has a state of its own
@@ -156,7 +156,7 @@ async def test_a_live_slow_superstep_is_not_stolen_by_recover_all(deployment):
         res = deployment.tasks.recover_all.apply_async(queue=deployment.values["queue"])
         results.append(res.get(timeout=10))
         await asyncio.sleep(0.7)
-    view = await deployment.client.wait(run_id, timeout_s=30)
+    view = await deployment.client.settle(run_id, timeout_s=30)
     # Then it never enqueued the live run, and the tool ran once
     assert all(run_id not in r.get("enqueued", []) for r in results), results
     assert view.status == "done"
@@ -169,10 +169,10 @@ async def test_a_tool_loop_runs_stage_by_stage_as_tasks(shared):
     # Given a worker and a tool loop registered on the app
     # When a loop is started through the client
     run_id = await shared.client.start_loop("forecast", [Message.user("Oslo")])
-    result = await shared.client.wait_loop("forecast", run_id, timeout_s=30)
+    result = await shared.client.settle(run_id, timeout_s=30)
     # Then each stage ran as a task and the loop finished with the tool's answer
-    assert result.status == "done"
-    assert result.text == "answer: sunny in Oslo"
+    assert (result.kind, result.name, result.status) == ("loop", "forecast", "done")
+    assert result.output == await shared.client.result(run_id) == "answer: sunny in Oslo"
     assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
     assert shared.effects()[("forecast", run_id)] == 1
 
@@ -182,30 +182,31 @@ async def test_a_tool_loop_paused_for_approval_is_resumed_through_the_client(sha
 
     # Given a worker and a loop whose model asks for a refund, a tool that needs approval
     run_id = await shared.client.start_loop("refunds", [Message.user("refund order 7")])
-    paused = await shared.client.wait_loop("refunds", run_id, timeout_s=30)
+    paused = await shared.client.settle(run_id, timeout_s=30)
     assert paused.status == "paused" and [p.tool for p in paused.pending] == ["refund"]
+    assert paused.waiting is not None and paused.waiting.what == "approval"
     assert shared.effects()[("refund", run_id)] == 0
     # When someone approves it through the client
-    step = await shared.client.resume_loop("refunds", run_id, approve=True, note="ok")
+    step = await shared.client.resume(run_id, approve=True, note="ok")
     # Then a worker spends the decision: the refund runs once and the loop finishes
-    result = await shared.client.wait_loop("refunds", run_id, timeout_s=30)
-    assert result.status == "done" and result.text == "answer: refunded 250"
+    result = await shared.client.settle(run_id, timeout_s=30)
+    assert result.status == "done" and result.output == "answer: refunded 250"
     assert result.step is not None and result.step > step
     assert shared.effects()[("refund", run_id)] == 1
     # And a second decision on the finished loop is refused
     with pytest.raises(CheckpointConflict, match="not paused"):
-        await shared.client.resume_loop("refunds", run_id, approve=True)
+        await shared.client.resume(run_id, approve=True)
 
 
 async def test_a_resumed_run_replays_the_calls_its_paused_superstep_finished(shared):
     # Given a worker and a run paused on wire_money, after charge_card ran in the same superstep
     run_id = await shared.client.start("fanout", {"show": "Aida"})
-    paused = await shared.client.wait(run_id, timeout_s=30)
+    paused = await shared.client.settle(run_id, timeout_s=30)
     assert paused.status == "paused" and [p.tool for p in paused.pending] == ["wire_money"]
     # When someone approves it through the client
     await shared.client.resume(run_id, approve=True)
     # Then the worker that spends the decision runs wire_money once and replays charge_card
-    done = await shared.client.wait(run_id, timeout_s=30)
+    done = await shared.client.settle(run_id, timeout_s=30)
     assert done.status == "done", done.error
     effects = shared.effects()
     assert (effects[("charge_card", run_id)], effects[("wire_money", run_id)]) == (1, 1)
@@ -217,8 +218,8 @@ async def test_a_resume_message_alone_decides_nothing_for_a_flow_run_or_a_tool_l
     # Given a worker, a flow run paused on wire_money (after charge_card ran) and a loop paused on refund
     run_id = await shared.client.start("fanout", {"show": "Tosca"})
     loop_id = await shared.client.start_loop("refunds", [Message.user("refund order 9")])
-    run_step = (await shared.client.wait(run_id, timeout_s=30)).step
-    paused_loop = await shared.client.wait_loop("refunds", loop_id, timeout_s=30)
+    run_step = (await shared.client.settle(run_id, timeout_s=30)).step
+    paused_loop = await shared.client.settle(loop_id, timeout_s=30)
     assert paused_loop.status == "paused" and paused_loop.step is not None
     before = shared.effects()
     # When a process that only has the Celery app sends agentflow.resume for each: in the old
@@ -236,7 +237,7 @@ async def test_a_resume_message_alone_decides_nothing_for_a_flow_run_or_a_tool_l
     assert [r["done"] for r in results] == ["refused"] * 4, results
     assert [len(shared.refusals("w1", "resume", r)) for r in (run_id, loop_id)] == [2, 2]
     view = await shared.client.status(run_id)
-    loop = await shared.client.loop_status("refunds", loop_id)
+    loop = await shared.client.status(loop_id)
     assert (view.status, view.step, loop.status, loop.step) == ("paused", run_step, "paused", paused_loop.step)
     assert shared.effects() == before
     assert [before[("charge_card", run_id)], before[("wire_money", run_id)], before[("refund", loop_id)]] == [1, 0, 0]

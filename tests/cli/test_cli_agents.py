@@ -42,6 +42,7 @@ def test_an_agent_run_is_decided_and_recovered_from_the_command_line(agentflow, 
     assert "agent-1" in agentflow("runs", "list", "--flow", "loop:orders").stdout
     shown = agentflow("runs", "show", "agent-1")
     assert shown.exit_code == 0 and "charge" in shown.stdout and "in doubt" in shown.stdout
+    assert shown.stdout.startswith("run agent-1   pydantic-ai agent orders   status running")
     call_id = re.search(r"2/tools/1/[0-9a-f]{16}", shown.stdout)
     assert call_id, shown.stdout
     # When an operator says it happened, with its result, and recovers it with the app that has the agent
@@ -55,3 +56,26 @@ def test_an_agent_run_is_decided_and_recovered_from_the_command_line(agentflow, 
     ended = agentflow("runs", "list", "--flow", "loop:orders").stdout
     assert re.search(r"agent-1\s.*\bdone\b", ended), ended
     assert LEDGER.counts("agent-1")["charge"] == 1
+
+
+def test_an_agent_run_is_forked_from_the_command_line_as_any_run(agentflow, db):
+    # Given an agent run cut off inside charge, decided and carried on to its end
+    cut_off(db)
+    shown = agentflow("runs", "show", "agent-1").stdout
+    call_id = re.search(r"2/tools/1/[0-9a-f]{16}", shown)
+    assert call_id, shown
+    word = f"{call_id.group(0)}=happened:{json.dumps(charge_result('A1', 90))}"
+    assert agentflow("decide", "agent-1", "--app", "test_cli_agents:app", "--call", word, "--as", "erin").exit_code == 0
+    assert agentflow("recover", "agent-1", "--app", "test_cli_agents:app", "--as", "erin").exit_code == 0
+    # When it is forked at the stage whose response asks for the charge, and run here
+    forked = agentflow(
+        "fork", "agent-1", "--app", "test_cli_agents:app", "--at", "3", "--run", "--new-id", "agent-2", "--as", "erin"
+    )
+    # Then the new run charged again under its own id and ended; `runs show` names where it came from
+    assert forked.exit_code == 0, forked.output
+    assert "run agent-2 forked from agent-1 at step 3: done" in forked.stdout
+    assert LEDGER.counts("agent-2")["charge"] == 1
+    assert "forked from agent-1 at step 3 by erin" in agentflow("runs", "show", "agent-2").stdout
+    # And a patch, which only a flow run's state takes, is refused with the reason
+    patched = agentflow("fork", "agent-1", "--app", "test_cli_agents:app", "--at", "3", "--patch", '{"x": 1}')
+    assert patched.exit_code != 0 and "fork starts from the checkpoint's messages" in patched.output

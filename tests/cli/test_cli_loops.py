@@ -34,6 +34,7 @@ def test_a_paused_tool_loop_is_listed_shown_and_verified(agentflow, db):
     assert "chat-1" in listing and "paused" in listing
     shown = agentflow("runs", "show", "chat-1")
     assert shown.exit_code == 0, shown.output
+    assert shown.stdout.startswith("run chat-1   tool loop support   status paused")
     assert '"stage": "model"' in shown.stdout and "refund" in shown.stdout and "pending" in shown.stdout
     assert "agentflow resume chat-1 --app module:attr --approve|--deny" in shown.stdout
     assert agentflow("verify", "chat-1").exit_code == 0

@@ -118,7 +118,7 @@ async def test_recover_leaves_a_run_a_live_worker_holds_alone(dep: Deployment) -
     assert "1 run(s) are live on their workers and were left alone" in ran.stdout
     # And a worker ran the free one; the held one is as it was
     async with client_of(dep) as client:
-        assert (await client.wait(free, timeout_s=30)).status == "done"
+        assert (await client.settle(free, timeout_s=30)).status == "done"
         assert (await client.status(held)).step == 0
         with pytest.raises(RunHeld):
             await client.recover(held)
@@ -139,7 +139,7 @@ async def test_a_run_that_does_not_settle_in_time_is_reported_and_left_to_the_wo
     assert f"{run_id}  still running  at step " in ran.stdout and "the workers carry it on" in ran.stdout
     # And a worker finishes it
     async with client_of(dep) as client:
-        assert (await client.wait(run_id, timeout_s=30)).status == "done"
+        assert (await client.settle(run_id, timeout_s=30)).status == "done"
     assert_ran_on_the_workers(dep, ran, run_id, ["slow_report"])
 
 
@@ -147,7 +147,7 @@ async def test_resume_runs_the_approved_call_on_a_worker(dep: Deployment) -> Non
     # Given a run a worker paused for approval of wire_money
     async with client_of(dep) as client:
         run_id = await client.start("fanout", {"show": "Lulu"})
-        assert (await client.wait(run_id, timeout_s=30)).status == "paused"
+        assert (await client.settle(run_id, timeout_s=30)).status == "paused"
     # When the operator approves it through the workers
     ran = await asyncio.to_thread(agentflow, dep, "resume", run_id, "--approve", "--as", "ana", "--workers", WORKERS)
     # Then a worker wired the money and finished the run; the command says so once it is done
@@ -268,7 +268,7 @@ async def test_the_reading_commands_read_the_deployments_store_with_workers(dep:
     # Given a ticket run the workers finished
     async with client_of(dep) as client:
         run_id = await client.start("tickets", {"show": "Fidelio"})
-        assert (await client.wait(run_id, timeout_s=30)).status == "done"
+        assert (await client.settle(run_id, timeout_s=30)).status == "done"
     # When the operator lists, shows, verifies it and prints its events through the workers (no store, no key given)
     listed, shown, verified, events = await asyncio.gather(
         asyncio.to_thread(agentflow, dep, "runs", "list", "--workers", WORKERS),

@@ -93,7 +93,7 @@ async def test_an_operator_who_only_cancels_a_loop_never_makes_its_model(store_s
     assert (await store_setup.raw.latest("loop-1")).status == "cancelled"
 
 
-@pytest.mark.parametrize("action", ["retry", "fork", "migrate"])
+@pytest.mark.parametrize("action", ["retry", "migrate"])
 async def test_what_a_tool_loop_cannot_do_is_refused_with_the_reason_and_touches_nothing(
     store_setup: StoreSetup, action: str
 ) -> None:
@@ -103,10 +103,23 @@ async def test_what_a_tool_loop_cannot_do_is_refused_with_the_reason_and_touches
     with pytest.raises(FlowError, match="is a tool loop"):
         if action == "retry":
             await operator.retry("loop-1", operator="erin")
-        elif action == "fork":
-            await operator.fork("loop-1", at_step=0, operator="erin")
         else:
             await run.migrate("loop-1", operator="erin")
+    assert await store_setup.raw.history("loop-1") == before
+
+
+async def test_an_operator_forks_a_tool_loop_as_it_forks_a_flow_run(store_setup: StoreSetup) -> None:
+    # Given a paused loop and a paused flow run
+    operator = await paused_runs(store_setup)
+    before = await store_setup.raw.history("loop-1")
+    # When the operator forks each from its step 0, by id alone
+    loop = await operator.fork("loop-1", at_step=0, new_run_id="loop-2", operator="erin")
+    flow = await operator.fork("flow-1", at_step=0, new_run_id="flow-2", operator="erin")
+    # Then each new run went on here from its source's first checkpoint, to the same approval it waits for
+    assert (loop.status, flow.status) == ("paused", "paused")
+    assert [p.tool for p in loop.pending] == [
+        p.tool for p in (await operator.runs.loop("support").read("loop-1")).pending
+    ]
     assert await store_setup.raw.history("loop-1") == before
 
 

@@ -1,7 +1,7 @@
 """A tool loop on the run page: the viewer acts on it as on a flow run, with the app's loop of that name.
 
 The viewer's operator (`agentflow.operate`) picks the run's operations by its kind, so a paused
-loop is approved from its page like a paused flow run; what a loop cannot take (fork, retry) is
+loop is approved and forked from its page like a flow run; what a loop cannot take (retry) is
 not offered, and the page says why.
 """
 
@@ -60,14 +60,26 @@ def test_a_paused_tool_loop_is_approved_from_its_page_and_ends(loop_db: Path) ->
     assert report_of(loop_db, "chat-1").status == "done"
 
 
-def test_a_tool_loop_is_not_offered_a_fork_and_the_page_says_why(loop_db: Path) -> None:
+def test_a_tool_loop_is_forked_from_its_page_like_a_flow_run(loop_db: Path) -> None:
     with client_for(make_app(loop_db, flows=app)) as client:
+        # Given the loop's page, which names its kind and name as a flow run's names its flow
         page = client.get("/runs/chat-1").text
-        # And a hand-made post is refused with the same reason, the loop untouched
-        forked = client.post("/runs/chat-1/fork", data={"csrf": "0" * 64, "at_step": "0"})
-    assert "/runs/chat-1/fork" not in page and "only flow runs can be forked" in page
-    assert forked.status_code in (400, 403, 409)
+        assert "<dt>Kind</dt><dd>tool loop</dd>" in page and "<dt>Name</dt><dd>support</dd>" in page
+        # When Fork is posted on the paused loop's page, from the reply that asks for the refund
+        answer = act(client, "chat-1", "fork", at_step="1")
+    # Then a new loop starts from that reply, here: it asks for the refund's approval again, the loop untouched
+    assert answer.status_code == 303 and answer.headers["location"].endswith("?done=forked")
+    new_id = answer.headers["location"].removeprefix("/runs/").removesuffix("?done=forked")
+    forked = report_of(loop_db, new_id)
+    assert forked.status == "paused" and [p["tool"] for p in forked.pending] == ["refund"]
+    assert forked.forked_from is not None and (forked.forked_from.run_id, forked.forked_from.step) == ("chat-1", 1)
     assert report_of(loop_db, "chat-1").status == "paused" and runs_kit.REFUNDS == []
+
+
+def test_a_patch_on_a_tool_loops_fork_is_refused_with_the_reason(loop_db: Path) -> None:
+    with client_for(make_app(loop_db, flows=app)) as client:
+        answer = act(client, "chat-1", "fork", at_step="1", patch='{"amount": 9}')
+    assert answer.status_code in (400, 409) and "fork starts from the checkpoint&#39;s messages" in answer.text
 
 
 def test_a_viewer_whose_app_lacks_the_loop_names_what_it_has(loop_db: Path) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentflow._errors import CheckpointStoreCorrupt
 from agentflow._run_types import RunKind, version_of
 from agentflow.exec.calls.read import IN_DOUBT, LoggedRecord, fold, started_where
 from agentflow.exec.checkpoints import SealedCheckpoint
@@ -130,6 +131,28 @@ def _label(calls: list[v.CallView], recoveries: list[v.Recovery]) -> None:
             call.state = {"pending": v.PENDING, "failed": v.FAILED, "denied": v.DENIED}.get(call.kind, call.kind)
 
 
+def _messages(run_id: str, bodies: Sequence[Body]) -> list[Any]:
+    """A tool loop's or an agent's whole conversation, as stored (JSON), from its checked checkpoints.
+
+    Each checkpoint holds the messages added since the one before (``new``); an agent's also
+    says how many of the earlier ones it keeps (``keep``: pydantic-ai may rewrite the tail it
+    resumed from). The latest one's ``history`` says how long the conversation is.
+
+    Raises:
+        CheckpointStoreCorrupt: the messages do not add up to the length the latest checkpoint signs.
+    """
+    saved: list[Any] = []
+    for body in bodies:
+        keep = body.get("keep")
+        if isinstance(keep, int):
+            del saved[keep:]
+        saved.extend(body["new"])
+    signed = bodies[-1]["history"]["len"]
+    if len(saved) != signed:
+        raise CheckpointStoreCorrupt(f"run {run_id!r}: its checkpoints hold {len(saved)} messages, not {signed}")
+    return saved
+
+
 def _state(body: Body) -> Any:
     if RunKind.of_body(body) is RunKind.LOOP:
         keys = ("stage", "turn", "model_calls", "max_steps")
@@ -174,6 +197,10 @@ def fill(
     _label(report.calls, report.recoveries)
     report.pending = [dict(p) for p in latest.get("pending") or []]
     report.state = _state(latest)
+    engine = latest.get("engine")
+    report.engine = engine if isinstance(engine, str) else None
+    if report.kind is RunKind.LOOP and not report.kept_from:  # (tool loops are never trimmed)
+        report.messages, report.output = _messages(report.run_id, bodies), latest.get("output")
     report.error = latest.get("error")
     report.records = len(records)
     report.forked_from = _lineage(bodies[0])

@@ -7,7 +7,10 @@ spend a decision, save); a `RunDriver` owns only what differs between flows and 
 - where it stands (`superstep`) and which of the log's calls belong to that point (`seeds`),
 - how it runs steps (`drive`) and what it returns (`result`);
 - for a kind that can move to another definition (a flow's version), what a move records
-  (`migration_record`).
+  (`migration_record`);
+- how a fork copies a checkpoint of one of its runs into a new run (`forked`): a flow its
+  state (patched), a loop or an agent its messages;
+- what types a stored conversation and output are read as (`typed`).
 """
 
 from __future__ import annotations
@@ -103,6 +106,28 @@ class RunDriver(ABC, Generic[C, R]):
             FlowError: this driver was not made to migrate runs (the default: a kind that cannot).
         """
         raise FlowError(f"a {self.kind.value} run cannot be migrated")
+
+    def forked(self, source: C, run_id: str, identity: dict[str, Any], ctx: RunContext | None, patch: Any) -> C:
+        """A new run `run_id` that goes on from `source` (a checkpoint of another run), its state copied.
+
+        The new cursor carries what the source had done (a flow's state, frontier and visits; a
+        loop's messages and stage) and nothing of its log or decisions: its calls are new calls.
+        `patch` (None: none) changes what is copied, as the kind allows.
+
+        Raises:
+            FlowError: `patch` does not fit (or this kind takes none).
+        """
+        raise FlowError(f"a {self.kind.value} run cannot be forked")
+
+    def typed(self, messages: list[Any], output: Any) -> tuple[list[Any], Any]:
+        """A run's stored conversation and output (JSON: `RunReport.messages`, `.output`) as this kind's types.
+
+        A flow run has neither (it keeps its state); a tool loop and an agent say what theirs are.
+
+        Raises:
+            ValueError: they do not fit this kind's types.
+        """
+        return messages, output
 
     def woken(self, cur: C, wake: Mapping[str, Any]) -> dict[str, Any]:
         """Apply what a due timer decides to the paused cursor; return what to record of it in the ``wake`` claim.

@@ -8,7 +8,8 @@ Moving parts:
   run's lease (`run.lease`): `begin` (a new run), `recover`, `resume`, `advance` (one
   step, for distributed workers), `decide_in_doubt` (an operator's decision on calls in
   doubt), `retry`, `cancel`, `migrate` (onto another definition: the driver builds the
-  moved cursor), `wake` (a paused run whose signed timer is due: `run.timers`).
+  moved cursor), `wake` (a paused run whose signed timer is due: `run.timers`), `fork` (a
+  new run from a checkpoint of another: the driver copies its state).
   `decide` (in `calls.log`) is the one rule turning ``approve`` into decisions. The held
   drive (`_drive`) and the entry points from outside (an operator's, a due timer's) come
   first, the run's own progress (`begin`, `recover`, `resume`, `advance`) after them.
@@ -40,9 +41,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, Final, Generic
 
-from agentflow._errors import CheckpointConflict, ControlRefused, FlowError, RecoveryNeedsDecision, RunHeld, Stale
+from agentflow._errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    ControlRefused,
+    FlowError,
+    RecoveryNeedsDecision,
+    RunHeld,
+    Stale,
+)
 from agentflow._events import Events
-from agentflow._identity import RunContext
+from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
 from agentflow.exec._registry import Registry
 from agentflow.exec.calls.log import decide
@@ -60,6 +69,7 @@ from agentflow.exec.run.lease import UNREAD, Head, HeldHead, Ownership, Seen, Te
 from agentflow.exec.run.markers import key_of
 from agentflow.exec.run.steps import BODY_VERSION, CLAIM_CAUSES, MAX_CHECKPOINT_BYTES, Opened, RunSteps
 from agentflow.exec.run.timers import NotDue, a_child_ended, due
+from agentflow.exec.run.trim import no_checkpoint_text
 from agentflow.exec.seal import Sealer
 from agentflow.exec.tracing import NO_TRACING, Tracer
 
@@ -406,6 +416,45 @@ class RunProtocol(Generic[C, R]):
             await self.steps.claim(opened.cur, "decision", counts, {**who, "rerun": rerun}, supplied, status=status)
             assert opened.cur.step is not None
             return opened.cur.step
+
+    async def fork(
+        self,
+        run_id: str,
+        *,
+        at_step: int,
+        new_run_id: str,
+        patch: Any = None,
+        ctx: RunContext | None = None,
+        operator: str | None = None,
+        limit: int | None = None,
+    ) -> R:
+        """Start run `new_run_id` from checkpoint `at_step` of `run_id` (any status); the old run is not touched.
+
+        The checkpoint (with the history up to it) is read and checked like any other; the
+        driver copies what it holds into the new run (`RunDriver.forked`: a flow's state,
+        patched; a loop's messages), which goes on from there. Nothing of the old call log
+        carries over: the new run's calls have its id in their identities and idempotency
+        keys, so they all run. The source run and step (and `operator`) are signed into the
+        new run's step 0 as ``forked_from``.
+
+        Raises:
+            CheckpointNotFound: the run has no checkpoint at that step (or retention trimmed it).
+            CheckpointStoreCorrupt: that checkpoint, or the history up to it, fails its check.
+            FlowError: the patch does not fit, or the run's definition changed since.
+            CheckpointConflict: `new_run_id` is taken.
+        """
+        store, sealer = self.steps._stores()
+        rows = list(await store.history(run_id))
+        row = next((r for r in rows if r.step == at_step), None)
+        if row is None:
+            raise CheckpointNotFound(no_checkpoint_text(run_id, at_step, rows))  # says so if retention trimmed it
+        row, body = await self.driver.read(store, sealer, run_id, row)
+        source = self.driver.cursor(row, body, None)
+        cur = self.driver.forked(source, new_run_id, identity_body(sealer, new_run_id, ctx), ctx, patch)
+        lineage = {"run": run_id, "step": at_step, **self.operator(operator)}
+        fields = self.driver.event_fields(cur)
+        self.events.emit("run.forked", new_run_id, kind=self.driver.kind.value, **fields, source=run_id, step=at_step)
+        return await self.begin(cur, limit, lineage)
 
     async def begin(self, cur: C, limit: int | None, lineage: Mapping[str, Any] | None = None) -> R:
         """Save a new run's step 0 and drive it up to `limit` steps, holding its lease throughout.

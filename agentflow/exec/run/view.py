@@ -20,8 +20,9 @@ never kept, not even its proof: `Identity.principal` only says whether the run h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
+from agentflow._display import when
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec.checkpoints.records import Lease
 
@@ -215,6 +216,58 @@ class StoreWait:
     """When its task is tried again (None: its tries are spent, the next recover_all carries it on)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WaitingCall:
+    """A call a run waits on a person about: one in doubt (a decision), or one waiting for an approval."""
+
+    call_id: str
+    """The call's identity (what a decision or an approval names it by)."""
+    tool: str
+    """The tool it calls."""
+    args: Any
+    """Its arguments, as logged."""
+    why: str
+    """Why it waits: why a call in doubt may not run again on its own, or ``needs approval``."""
+
+
+#: Why a call waiting for an approval waits (`WaitingCall.why`).
+NEEDS_APPROVAL: Final = "needs approval"
+
+#: What a run can wait for (`Waiting.what`).
+WaitingFor = Literal["decision", "approval", "timer", "child", "durability"]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What a run that stopped moving waits for, whatever its kind (`RunReport.waiting`)."""
+
+    what: WaitingFor
+    """``decision``: calls in doubt, on which a person says what happened (`decide_in_doubt`);
+    ``approval``: calls a person allows or denies (`resume`); ``timer``: a time (nothing is held
+    meanwhile); ``child``: child runs to end; ``durability``: its store to confirm writes as durable."""
+    calls: tuple[WaitingCall, ...] = ()
+    """The calls in doubt (``decision``) or waiting for approval (``approval``)."""
+    until: float | None = None
+    """When it moves on by itself (seconds since the epoch): the timer's time, an approval's deadline,
+    the next look at child runs, the next try of a write; None: only a person moves it."""
+    runs: tuple[str, ...] = ()
+    """The child runs it waits for (``child``)."""
+
+    @property
+    def why(self) -> str:
+        """The wait in one line, for a person."""
+        calls = "; ".join(f"{c.tool} ({c.why})" for c in self.calls)
+        due = f" (until {when(self.until)})" if self.until is not None else ""
+        said = {
+            "decision": f"a decision on calls in doubt: {calls}",
+            "approval": f"an approval of {calls}{due}",
+            "timer": f"its timer{due}",
+            "child": f"its child run(s) {', '.join(self.runs)} to end",
+            "durability": f"its store to confirm a write as durable{due}",
+        }
+        return said[self.what]
+
+
 @dataclass(slots=True)
 class RunReport:
     """Everything shown about one run."""
@@ -276,11 +329,66 @@ class RunReport:
     other_keys: list[str] = field(default_factory=list)
     """The key ids its checkpoint rows name that no key of the ring holds (`SealedCheckpoint.kid`, as the
     rows carry them): the run was signed with another key. Empty for a run whose keys are all known."""
+    engine: str | None = None
+    """The agent framework that drives it (``pydantic-ai`` for a durable agent's run), as its checkpoints
+    say; None for a flow run or a plain tool loop."""
+    messages: list[Any] = field(default_factory=list)
+    """A tool loop's or an agent's whole conversation up to its latest checkpoint, as stored (JSON, in the
+    engine's own shape); empty for a flow run."""
+    output: Any = None
+    """An agent run's output as its ended checkpoint stores it (JSON), else None."""
 
     @property
     def name(self) -> str:
-        """The flow's or the tool loop's own name."""
+        """The flow's, the tool loop's or the agent's own name."""
         return RunKind.name_of(self.flow)
+
+    @property
+    def noun(self) -> str:
+        """What the run is, for a person: ``flow``, ``tool loop`` or ``<engine> agent``."""
+        return f"{self.engine} agent" if self.engine else self.kind.noun
+
+    @property
+    def waiting(self) -> Waiting | None:
+        """What the run waits for now that it stopped moving; None while it moves, or once it ended.
+
+        A run a live worker holds waits for nothing here: it is running there.
+        """
+        if self.corrupt or self.lease is not None:
+            return None
+        if self.status == RunStatus.RUNNING:
+            if self.awaiting:
+                return Waiting("decision", self._in_doubt_calls())
+            if self.waiting_for_store is not None:
+                return Waiting("durability", until=self.waiting_for_store.retry_at)
+            return None
+        if self.status != RunStatus.PAUSED:
+            return None
+        wake = self.wake or {}
+        at = wake.get("at")
+        if self.pending:
+            calls = tuple(
+                WaitingCall(str(p["call_id"]), str(p["tool"]), p.get("args"), NEEDS_APPROVAL) for p in self.pending
+            )
+            return Waiting("approval", calls, at if wake.get("for") == "approval" else None)
+        if wake.get("for") == "child":
+            return Waiting("child", until=at, runs=tuple(wake.get("runs", ())))
+        return Waiting("timer", until=at) if wake.get("for") == "timer" else None
+
+    def _in_doubt_calls(self) -> tuple[WaitingCall, ...]:
+        """The calls a parked run waits for a decision on: each call in doubt, with why its claim parked it.
+
+        The parked claim names ``(tool, why)`` pairs in the order the calls are in the log; a call
+        in doubt takes the next reason given for its tool.
+        """
+        reasons: dict[str, list[str]] = {}
+        for tool, why in self.awaiting:
+            reasons.setdefault(tool, []).append(why)
+        calls = []
+        for call in self.in_doubt:
+            given = reasons.get(call.tool) or [call.note]
+            calls.append(WaitingCall(call.call_id, call.tool, call.args, given.pop(0)))
+        return tuple(calls) or tuple(WaitingCall("", tool, None, why) for tool, why in self.awaiting)
 
     @property
     def corrupt(self) -> bool:

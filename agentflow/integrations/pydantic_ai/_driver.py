@@ -44,6 +44,7 @@ from pydantic_core import to_jsonable_python
 from agentflow._errors import (
     CheckpointError,
     CheckpointStoreCorrupt,
+    FlowError,
     ModelError,
 )
 from agentflow._identity import RunContext
@@ -177,10 +178,12 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
     async def read(
         self, store: CheckpointStore, sealer: Sealer, run_id: str, row: SealedCheckpoint | None
     ) -> tuple[SealedCheckpoint, dict[str, Any]]:
-        """Read every checkpoint of the run (its messages are spread over them) and check the chain."""
+        """Read the run's checkpoints up to `row` (the latest without it) and check the chain of its messages."""
         rows = list(await store.history(run_id))
         if not rows:
             await store.latest(run_id)  # raises CheckpointNotFound with the store's message
+        if row is not None:
+            rows = [each for each in rows if each.step <= row.step]
         saved: list[dict[str, Any]] = []
         chains: list[str] = []
         body: dict[str, Any] = {}
@@ -230,6 +233,37 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
         cur = self._loaded[1]
         cur.ctx = ctx
         return cur
+
+    def forked(
+        self, source: AgentCursor, run_id: str, identity: dict[str, Any], ctx: RunContext | None, patch: Any
+    ) -> AgentCursor:
+        """A new run from `source`: its prompt, `deps_data`, messages, stage and usage (its budget as spent then).
+
+        Raises:
+            FlowError: a patch was given (an agent run's fork starts from the checkpoint's messages as they are).
+        """
+        if patch is not None:
+            raise FlowError(
+                f"an agent run's fork starts from the checkpoint's messages as they are: fork {source.run_id!r} "
+                "without a patch (a patch changes a flow run's state)"
+            )
+        return AgentCursor(
+            run_id,
+            identity,
+            ctx,
+            source.prompt,
+            dict(source.deps_data),
+            source.max_steps,
+            history=list(source.history),
+            stage=source.stage,
+            turn=source.turn,
+            model_calls=source.model_calls,
+            usage=copy.deepcopy(source.usage),
+        )
+
+    def typed(self, messages: list[Any], output: Any) -> tuple[list[Any], Any]:
+        """The stored messages as pydantic-ai's, and the output as the agent's output type (where it rebuilds)."""
+        return ModelMessagesTypeAdapter.validate_python(messages), self._revive(output)
 
     def fields(self, cur: AgentCursor) -> dict[str, Any]:
         """Stage, counts, usage, and the messages changed since the last checkpoint with the chain."""

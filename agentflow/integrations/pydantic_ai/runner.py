@@ -21,7 +21,6 @@ __all__ = ["AgentRunner", "new_agent_run_id"]
 
 #: What an agent run cannot do, and why.
 REFUSED: Final[Mapping[str, str]] = {
-    "fork": "only flow runs can be forked; start a new agent run with this one's messages as its history",
     "migrate": "agent runs have no versions to migrate between",
 }
 
@@ -35,7 +34,7 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
     """Runs one durable agent; every run survives the death of its worker (with a checkpoint store).
 
     The operations on stored runs (advance, recover, resume, wake, decide_in_doubt, cancel,
-    retry, read) are `DrivenRunner`'s; fork and migrate are refused with the reason.
+    retry, fork, read) are `DrivenRunner`'s; migrate is refused with the reason.
     """
 
     refused = REFUSED
@@ -67,12 +66,16 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
             executor.tracer,
         )
 
+    def fresh_run_id(self) -> str:
+        """A new unguessable agent run id (`new_agent_run_id`)."""
+        return new_agent_run_id()
+
     def _cursor(
         self, prompt: str, run_id: str | None, deps_data: Mapping[str, Any] | None, ctx: RunContext | None
     ) -> AgentCursor:
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("an agent run starts from a prompt: pass a non-empty string")
-        rid = run_id if run_id is not None else new_agent_run_id()
+        rid = run_id if run_id is not None else self.fresh_run_id()
         if not rid or not isinstance(rid, str):
             raise ValueError("run_id must be a non-empty string")
         data = dict(deps_data or {})
