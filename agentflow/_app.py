@@ -17,7 +17,7 @@ from agentflow._errors import FlowError
 from agentflow._events import Events
 from agentflow.exec import Approver, Executor, LoopRunner, Registry
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.driven import DrivenRunner
+from agentflow.exec.driven import ProtocolRunner
 from agentflow.exec.run.lease import DEFAULT_LEASE_S
 from agentflow.exec.tracing import Tracer
 from agentflow.flow import Flow, FlowRunner, FlowVersions
@@ -36,7 +36,7 @@ class LoopHost(Protocol):
         """The tools the loop's model may call (what metrics and the call log know them by)."""
         ...
 
-    def runner_beside(self, runner: FlowRunner, name: str) -> DrivenRunner[Any, Any]:
+    def runner_beside(self, runner: FlowRunner, name: str) -> ProtocolRunner[Any, Any]:
         """The runner of the loops `name`, sharing `runner`'s store, key ring, hold, event hub and tracer."""
         ...
 

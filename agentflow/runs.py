@@ -1,122 +1,79 @@
-"""One run's operations whatever its kind, and the one place a run's kind is decided.
+"""`Runs`: the in-process transport of every verb, on a run of any kind named by its id.
 
-A stored run is a flow run or a tool loop: its ``flow`` column holds the flow's name, or
-``loop:<name>`` (`RunKind`). Everything that acts on a stored run (the workers and the
-client, the CLI, the viewer, the simulation's operator) asks `Runs` for the run's
-`RunOps` and calls it, without asking which kind it is:
+A stored run is a flow run, a tool loop or an agent run: its ``flow`` column holds the
+flow's name, or ``loop:<name>`` (`RunKind`). Everything that acts on a stored run by its id
+in this process (the workers, the client, the CLI, the viewer, the simulation's operator)
+goes through `Runs`, without asking which kind it is:
 
-- `Runs.of(column)` picks by the column: a flow run gets `FlowOps` (a `FlowRunner` bound to
-  every version of the flow the app has), a tool loop gets the loop's `LoopRunner`, built
-  beside the flow runner (one store, key ring, hold, event hub and tracer for both).
-  All of them are `exec.driven.DrivenRunner`s: the operations every kind shares are
-  written once there, over the kind's protocol, and `RunOps` names that shape.
-- `Runs.open(run_id)` reads the run's newest row, checks it, and then picks by its column:
-  a forged column is never trusted.
+- `Runs.open(run_id)` reads the run's newest row, checks it, and picks by its column
+  (`Runs.of`): a forged column is never trusted. A flow run gets its flow's protocol over
+  every version the app has; a loop or an agent gets its runner, built beside the flow
+  runner (one store, key ring, hold, event hub and tracer for all).
+- The verbs (`Runs.cancel(run_id, ...)` and the rest) are `exec.driven.DrivenRunner`'s,
+  written once for every kind, on the protocol `open` picked.
 - `Runs.status`, `settle` and `result` read any run the same way (`RunView`: what it is,
   where it stands, what it waits for, what it holds and produced); the kind adds only the
   types its conversation is read as (`RunDriver.typed`).
 
-What one kind cannot do is refused by that kind's operation with a `FlowError` that says
-why (a tool loop is not retried; only a flow run is migrated: the others have no versions).
-A loop's model is made on its first use (`agentflow._app.LazyModel`): an operator who only
-cancels or decides never builds it.
+What one kind cannot do is refused by the protocol with a `FlowError` that says why, from
+the kind's driver (`RunDriver.refused`: a tool loop is not retried; only a flow run is
+migrated). A loop's model is made on its first use (`agentflow._app.LazyModel`): an
+operator who only cancels or decides never builds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
 from typing import Any
-
-from pydantic import BaseModel
 
 from agentflow._app import FlowApp
 from agentflow._errors import FlowError, RunFailed, RunNotDone
 from agentflow._run_types import RunKind, RunStatus
 from agentflow._run_view import RunView, view_of
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.driven import DrivenRunner
+from agentflow.exec.driven import DrivenRunner, ProtocolRunner
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import parked
 from agentflow.exec.run.cursor import RunOutcome
+from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import Waiting, WaitingCall
 from agentflow.exec.seal import Sealer
-from agentflow.flow import FlowRunner, FlowVersions, RunResult
+from agentflow.flow import FlowRunner
 
-__all__ = ["FlowOps", "RunOps", "RunView", "Runs", "Waiting", "WaitingCall"]
+__all__ = ["RunView", "Runs", "Waiting", "WaitingCall"]
 
 
-class FlowOps(DrivenRunner[Any, RunResult[Any]]):
-    """The operations on the runs of one flow: a `FlowRunner` bound to every version of it the app has.
+class Runs(DrivenRunner[Any, RunOutcome, str]):
+    """The runs of one app over `runner`'s store, each named by its id: the in-process transport of every verb.
 
-    What every kind of run shares (advance, recover, resume, wake, decide_in_doubt, retry,
-    fork, read) is `DrivenRunner`'s, over the flow's protocol; what only a flow run has goes
-    through the runner: a cancel that takes the child runs the run waits for along, and
-    migrate.
+    The verbs (recover, resume, wake, decide_in_doubt, retry, cancel, fork, migrate, advance,
+    read) are `DrivenRunner`'s, on the protocol of the run's kind, picked from its checked
+    newest row (`open`); status, settle and result read any run the same way.
     """
-
-    noun = "flow run"
-
-    def __init__(self, runner: FlowRunner, flows: FlowVersions[Any]) -> None:
-        self.runner, self.flows = runner, flows
-        self.checkpoints = runner.checkpoints
-        self.protocol = runner.protocol(flows)
-
-    async def cancel(self, run_id: str, *, reason: str, operator: str | None = None) -> RunResult[Any]:
-        """See `FlowRunner.cancel`."""
-        return await self.runner.cancel(self.flows, run_id, reason=reason, operator=operator)
-
-    def fresh_run_id(self) -> str:
-        """A new unguessable run id (`FlowRunner.fresh_run_id`)."""
-        return self.runner.fresh_run_id()
-
-    async def migrate(
-        self,
-        run_id: str,
-        *,
-        to_version: str | None = None,
-        state: Callable[[dict[str, Any]], BaseModel | Mapping[str, Any]] | None = None,
-        at: str | None = None,
-        operator: str | None = None,
-        max_supersteps: int | None = None,
-    ) -> RunResult[Any]:
-        """See `FlowRunner.migrate`."""
-        return await self.runner.migrate(
-            self.flows,
-            run_id,
-            to_version=to_version,
-            state=state,
-            at=at,
-            operator=operator,
-            max_supersteps=max_supersteps,
-        )
-
-
-#: What can be done to a stored run of any kind (a flow's `FlowOps`, a loop's `LoopRunner`, an agent's runner).
-RunOps = DrivenRunner[Any, RunOutcome]
-
-
-class Runs:
-    """The runs of one app over `runner`'s store: each run's operations, picked by its kind in one place."""
 
     def __init__(self, app: FlowApp, runner: FlowRunner) -> None:
         """Act on `app`'s flows with `runner`, and on its tool loops beside it (same store, key ring and hold)."""
         self.app, self.runner = app, runner
-        self._loops: dict[str, DrivenRunner[Any, Any]] = {}
+        self.checkpoints = runner.checkpoints
+        self._loops: dict[str, ProtocolRunner[Any, Any]] = {}
 
-    def of(self, column: str) -> RunOps:
-        """The operations on runs stored under `column` (a flow's name, or ``loop:<name>``).
+    async def _target(self, run_id: str) -> tuple[RunProtocol[Any, RunOutcome], str]:
+        return (await self.open(run_id)).protocol, run_id
+
+    def of(self, column: str) -> ProtocolRunner[Any, RunOutcome]:
+        """The runs stored under `column` (a flow's name, or ``loop:<name>``): that kind's verbs, by run id.
 
         Raises:
             FlowError: the app has no such flow or tool loop (the message lists the ones it has).
         """
         if RunKind.of(column) is RunKind.LOOP:
             return self.loop(RunKind.name_of(column))
-        return FlowOps(self.runner, self.app.flow_versions(column))
+        flow: ProtocolRunner[Any, Any] = ProtocolRunner(self.runner.protocol(self.app.flow_versions(column)))
+        return flow
 
-    def loop(self, name: str) -> DrivenRunner[Any, Any]:
+    def loop(self, name: str) -> ProtocolRunner[Any, Any]:
         """The runner of the tool loop `name` (a `LoopRunner`, or a durable agent's), built on first use.
 
         Raises:
@@ -208,8 +165,8 @@ class Runs:
             why = f"at step {view.step}{where}: settle it first"
         raise RunNotDone(run_id, view.status, why)
 
-    async def open(self, run_id: str) -> RunOps:
-        """The operations on the stored run `run_id`, picked by its checked newest row.
+    async def open(self, run_id: str) -> ProtocolRunner[Any, RunOutcome]:
+        """The verbs on the stored run `run_id`'s kind (`of`), picked by its checked newest row.
 
         Raises:
             CheckpointNotFound, CheckpointStoreCorrupt: as `column`.

@@ -424,6 +424,7 @@ class FlowClient:
         runner = self.runs.loop(name)
         if not isinstance(runner, LoopRunner):
             raise FlowError(
-                f"loop {name!r} is a {runner.noun}, not a tool loop started from messages: start it with start_agent"
+                f"loop {name!r} is a {runner.protocol.driver.noun}, not a tool loop started from messages: "
+                "start it with start_agent"
             )
         return runner

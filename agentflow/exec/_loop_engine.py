@@ -101,6 +101,13 @@ class LoopDriver(RunDriver[LoopCursor, LoopResult]):
     """A tool loop, as the run protocol drives it."""
 
     kind: ClassVar[RunKind] = RunKind.LOOP
+    noun: ClassVar[str] = "tool loop"
+    id_prefix: ClassVar[str] = "loop-"
+    refused: ClassVar[Mapping[str, str]] = {
+        "retry": "a loop fails only when it reached max_steps, which a retry would reach again; start a new loop "
+        "from its history (read it with LoopRunner.read)",
+        "migrate": "tool loops have no versions to migrate between",
+    }
 
     def __init__(self, model: Model, executor: Executor, name: str) -> None:
         self.model = model

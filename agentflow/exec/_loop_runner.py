@@ -14,9 +14,8 @@ decisions, cancels and reads, and refuses to call a model with a clear error.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from agentflow._errors import CheckpointConflict
 from agentflow._events import Events
@@ -26,7 +25,7 @@ from agentflow.exec._executor import Approver, Executor
 from agentflow.exec._loop_engine import LoopCursor, LoopDriver, LoopProtocol, LoopResult
 from agentflow.exec._registry import Registry
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.driven import DrivenRunner
+from agentflow.exec.driven import ProtocolRunner
 from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES, RunProtocol
@@ -34,7 +33,7 @@ from agentflow.exec.seal import Sealer
 from agentflow.exec.tracing import Tracer
 from agentflow.models import Message, Model
 
-__all__ = ["HoldsRuns", "LoopRunner", "new_loop_id"]
+__all__ = ["HoldsRuns", "LoopRunner"]
 
 
 class HoldsRuns(Protocol):
@@ -48,28 +47,12 @@ class HoldsRuns(Protocol):
     max_checkpoint_bytes: int
 
 
-#: What a tool loop cannot do, and why: the one statement of it (`LoopRunner.refuses`, and each refused call).
-REFUSED: Final[Mapping[str, str]] = {
-    "retry": "a loop fails only when it reached max_steps, which a retry would reach again; start a new loop "
-    "from its history (read it with LoopRunner.read)",
-    "migrate": "tool loops have no versions to migrate between",
-}
-
-
-def new_loop_id() -> str:
-    """An unguessable tool-loop run id."""
-    return "loop-" + secrets.token_urlsafe(16)
-
-
-class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
+class LoopRunner(ProtocolRunner[LoopCursor, LoopResult]):
     """Runs the tool loops called `name`; with `checkpoints`, every loop survives the death of its worker.
 
-    The operations on stored loops (advance, recover, resume, wake, decide_in_doubt, cancel,
-    fork, read) are `DrivenRunner`'s; retry and migrate are refused with the reason (`REFUSED`).
+    The verbs on stored loops (advance, recover, resume, wake, decide_in_doubt, cancel, fork,
+    read) are `DrivenRunner`'s; retry and migrate are refused with the reason (`LoopDriver.refused`).
     """
-
-    refused = REFUSED
-    noun = "tool loop"
 
     def __init__(
         self,
@@ -163,10 +146,6 @@ class LoopRunner(DrivenRunner[LoopCursor, LoopResult]):
             ownership,
             executor.tracer,
         )
-
-    def fresh_run_id(self) -> str:
-        """A new unguessable tool-loop run id (`new_loop_id`)."""
-        return new_loop_id()
 
     def _cursor(
         self, run_id: str | None, messages: Sequence[Message] | None, max_steps: int, ctx: RunContext | None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentflow._errors import CheckpointError, FlowError
+from agentflow._errors import AgentflowError, CheckpointError, FlowError
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind, RunStatus, version_of
 from agentflow.exec import Executor
@@ -36,6 +36,7 @@ from agentflow.exec.run.steps import RunSteps
 from agentflow.exec.seal import Sealer
 from agentflow.flow._fork import patched
 from agentflow.flow._graph import Call, Flow
+from agentflow.flow._nodes import Child
 from agentflow.flow._result import RunResult
 from agentflow.flow._superstep import run_superstep
 from agentflow.flow._timers import approval_deadline, settle_deadline
@@ -85,6 +86,7 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
     """A flow, as the run protocol drives it."""
 
     kind: ClassVar[RunKind] = RunKind.FLOW
+    noun: ClassVar[str] = "flow run"
 
     def __init__(
         self,
@@ -172,6 +174,40 @@ class FlowDriver(RunDriver[Cursor, RunResult[Any]]):
             )
         visits = {str(k): int(v) for k, v in body["visits"].items() if k in flow.nodes}
         return Cursor(row.run_id, dict(body["identity"]), ctx, flow, state, frontier, visits, int(body["superstep"]))
+
+    def migrating(self, to_version: str | None, state: Any, at: str | None) -> FlowDriver:
+        """This flow's driver for a move onto version `to_version` (None: the newest at hand).
+
+        Raises:
+            FlowError: the version is not at hand, or it is invalid for the registry.
+        """
+        flows = self.flows
+        target = flows.newest if to_version is None else flows.get(to_version)
+        if target is None:
+            raise FlowError(
+                f"flow {flows.name!r} has no version {to_version!r} here (versions: {', '.join(flows.versions)})"
+            )
+        target.validate(self.executor.registry)
+        return FlowDriver(flows, self.executor, Migration(target, state, at), self.runner)
+
+    async def children(self, steps: RunSteps[Cursor, RunResult[Any]], run_id: str) -> list[tuple[FlowProtocol, str]]:
+        """The child runs a paused run waits for (its `Child` nodes' runs), each with its flow's protocol."""
+        if self.runner is None:
+            return []
+        try:
+            opened = await steps.open(run_id, None, identity=False)
+        except AgentflowError:
+            return []  # nothing readable to cascade from: the run's own cancel says what is wrong
+        wake = opened.cur.wake
+        if opened.status != RunStatus.PAUSED or wake is None or wake.get("for") != "child":
+            return []
+        found: list[tuple[FlowProtocol, str]] = []
+        for node in opened.cur.flow.nodes.values():
+            if isinstance(node.action, Child):
+                prefix = f"{run_id}.{node.name}."
+                proto = self.runner.protocol(node.action.flow)
+                found += [(proto, str(child)) for child in wake["runs"] if str(child).startswith(prefix)]
+        return found
 
     def migration_record(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The versions a migrated run moves from and to, and the node it goes on from (None: where it was)."""

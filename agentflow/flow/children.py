@@ -16,7 +16,8 @@ Moving parts:
   (``wake: {"for": "child", "runs": [...]}``); it is due once a child ended
   (`agentflow.exec.run.timers`), and the wake reruns the parent's superstep, which then
   finds the child's result. A child that failed or was cancelled fails the parent's node.
-- Cancelling a parent cancels the children it waits for (`waiting_children`), and theirs.
+- Cancelling a parent cancels the children it waits for (`FlowDriver.children`, which the
+  run protocol's cancel asks), and theirs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
-from agentflow._errors import AgentflowError, CheckpointConflict, FlowError
+from agentflow._errors import CheckpointConflict, FlowError
 from agentflow._identity import identity_body
 from agentflow._run_types import RunStatus
 from agentflow.flow._nodes import Child
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from agentflow.exec.calls.log import CallLog
     from agentflow.flow._result import RunResult
     from agentflow.flow._runner import FlowRunner
-    from agentflow.flow._versions import FlowLike
 
 
 class PauseForChild(Exception):
@@ -133,20 +133,3 @@ async def run_child(node: str, spec: Child, state: BaseModel, log: CallLog, runn
     if result.status in (RunStatus.FAILED, RunStatus.CANCELLED):
         raise ChildEnded(f"child run {run_id!r} of flow {spec.flow.name!r} ended {result.status}: {result.error}")
     raise PauseForChild(run_id)
-
-
-async def waiting_children(runner: FlowRunner, flow: FlowLike[Any], run_id: str) -> list[tuple[Child, str]]:
-    """The child runs a paused parent waits for, each with its node's `Child` (none when it waits for none)."""
-    try:
-        opened = await runner.protocol(flow).steps.open(run_id, None, identity=False)
-    except AgentflowError:
-        return []  # nothing readable to cascade from: the parent's own cancel says what is wrong
-    wake = opened.cur.wake
-    if opened.status != RunStatus.PAUSED or wake is None or wake.get("for") != "child":
-        return []
-    found: list[tuple[Child, str]] = []
-    for node in opened.cur.flow.nodes.values():
-        if isinstance(node.action, Child):
-            prefix = f"{run_id}.{node.name}."
-            found += [(node.action, child) for child in wake["runs"] if child.startswith(prefix)]
-    return found

@@ -6,8 +6,12 @@ spend a decision, save); a `RunDriver` owns only what differs between flows and 
   after `owns` refused a body that is not one of its runs,
 - where it stands (`superstep`) and which of the log's calls belong to that point (`seeds`),
 - how it runs steps (`drive`) and what it returns (`result`);
-- for a kind that can move to another definition (a flow's version), what a move records
-  (`migration_record`);
+- for a kind that can move to another definition (a flow's version), the driver that reads
+  its runs onto the new one (`migrating`) and what a move records (`migration_record`);
+- the child runs a paused run waits for (`children`: a flow's `Child` nodes), which a
+  cancel takes along;
+- what its runs cannot do and why (`refused`), how a message names them (`noun`), and a
+  new run's id (`fresh_run_id`);
 - how a fork copies a checkpoint of one of its runs into a new run (`forked`): a flow its
   state (patched), a loop or an agent its messages;
 - what types a stored conversation and output are read as (`typed`).
@@ -15,6 +19,7 @@ spend a decision, save); a `RunDriver` owns only what differs between flows and 
 
 from __future__ import annotations
 
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -28,6 +33,7 @@ from agentflow.exec.run.cursor import RunCursor, RunOutcome
 from agentflow.exec.seal import Sealer
 
 if TYPE_CHECKING:
+    from agentflow.exec.run.protocol import RunProtocol
     from agentflow.exec.run.steps import RunSteps
 
 C = TypeVar("C", bound=RunCursor)
@@ -40,6 +46,21 @@ class RunDriver(ABC, Generic[C, R]):
     kind: ClassVar[RunKind]
     #: What a checkpoint body names as the engine that writes it (None: the kind's own).
     engine: ClassVar[str | None] = None
+    #: What runs of this kind cannot do (``retry``, ``migrate``), and why: the one statement of each reason.
+    refused: ClassVar[Mapping[str, str]] = {}
+    #: How a message names a run of this kind ("flow run", "tool loop", "pydantic-ai agent").
+    noun: ClassVar[str] = "run"
+    #: How a new run id of this kind starts (``run-``, ``loop-``, ``agent-``).
+    id_prefix: ClassVar[str] = "run-"
+
+    def refusal(self, run_id: str, action: str) -> FlowError | None:
+        """The error refusing `action` (``retry``, ``migrate``) on run `run_id`, when its kind refuses it."""
+        why = self.refused.get(action)
+        return None if why is None else FlowError(f"run {run_id!r} is a {self.noun}: {why}")
+
+    def fresh_run_id(self) -> str:
+        """A new unguessable id for a run of this kind (a fork's, when none is given)."""
+        return self.id_prefix + secrets.token_urlsafe(16)
 
     @property
     @abstractmethod
@@ -98,6 +119,18 @@ class RunDriver(ABC, Generic[C, R]):
     @abstractmethod
     def superstep(self, cur: C) -> int:
         """The superstep (a tool loop's turn) the cursor stands at."""
+
+    def migrating(self, to_version: str | None, state: Any, at: str | None) -> RunDriver[C, R]:
+        """A driver that reads this kind's runs onto version `to_version` (None: the newest), for `migrate`.
+
+        Raises:
+            FlowError: this kind has no versions (the default), or the version is not at hand.
+        """
+        raise FlowError(f"a {self.kind.value} run cannot be migrated")
+
+    async def children(self, steps: RunSteps[C, R], run_id: str) -> list[tuple[RunProtocol[Any, Any], str]]:
+        """The child runs the run `run_id` waits for, each with its protocol (a kind without any: none, unread)."""
+        return []
 
     def migration_record(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """What a ``migrate`` claim records of the move from the definition `body` was saved on.

@@ -195,6 +195,8 @@ class RunProtocol(Generic[C, R]):
     async def cancel(self, run_id: str, *, reason: str, operator: str | None) -> R:
         """Cancel a run: at once if no live worker holds it, else by a signed request to its holder.
 
+        The child runs a paused run waits for (`RunDriver.children`) are cancelled with it.
+
         A run nobody holds (paused, stranded, between two supersteps) ends ``cancelled``
         here, with a signed claim naming `operator` and `reason`. A run a live worker holds
         gets a signed cancel request instead (`run.cancel`): the holder starts no call
@@ -213,6 +215,16 @@ class RunProtocol(Generic[C, R]):
         """
         if not reason.strip():
             raise ValueError("say why the run is cancelled (the reason is signed into the run)")
+        children = await self.driver.children(self.steps, run_id)
+        result = await self._cancel(run_id, reason, operator)
+        for proto, child_id in children:  # what the run waits for goes with it
+            with contextlib.suppress(CheckpointConflict):  # it ended meanwhile
+                why = f"its parent run {run_id} was cancelled: {reason}"
+                await proto.cancel(child_id, reason=why, operator=operator)
+        return result
+
+    async def _cancel(self, run_id: str, reason: str, operator: str | None) -> R:
+        """`cancel` of the run itself: at once, or a signed request to its live holder."""
         who = self.operator(operator)
         try:
             return await self._cancel_now(run_id, reason, who)
@@ -268,9 +280,13 @@ class RunProtocol(Generic[C, R]):
         worker's `advance` (cause ``retry``) spends it.
 
         Raises:
+            FlowError: runs of this kind are not retried (the message says why).
             CheckpointConflict: the run did not fail (`RunHeld`: a live worker holds it).
             RecoveryNeedsDecision: a call of that superstep is in doubt and may not rerun.
         """
+        refused = self.driver.refusal(run_id, "retry")
+        if refused is not None:
+            raise refused
         async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             if opened.status != RunStatus.FAILED:
@@ -292,13 +308,18 @@ class RunProtocol(Generic[C, R]):
         self,
         run_id: str,
         *,
+        to_version: str | None = None,
+        state: Any = None,
+        at: str | None = None,
         operator: str | None,
         ctx: RunContext | None = None,
         limit: int | None = None,
     ) -> R:
-        """Move an unfinished run onto the definition its driver was made to migrate to, with a ``migrate`` claim.
+        """Move an unfinished run onto version `to_version` (None: the newest), with a ``migrate`` claim.
 
-        The driver reads the run whatever definition it was saved on and builds the cursor
+        `state` maps the old state's JSON form to the new one (None: as it is); the run goes
+        on from node `at`, or from where it was. The driver made for the move
+        (`RunDriver.migrating`) reads the run whatever definition it was saved on and builds the cursor
         on the new one (its state mapped and checked). The move is allowed only at a step
         boundary: when no call of the step the run would go on with finished or is in
         doubt (its effect would otherwise be lost with the old step). Pending approvals,
@@ -309,8 +330,24 @@ class RunProtocol(Generic[C, R]):
 
         Raises:
             CheckpointConflict: the run ended (`RunHeld`: a live worker holds it).
-            FlowError: calls were logged in the step it would go on with, or the move does not fit.
+            FlowError: runs of this kind have no versions, the version is not at hand, calls
+                were logged in the step it would go on with, or the move does not fit.
         """
+        refused = self.driver.refusal(run_id, "migrate")
+        if refused is not None:
+            raise refused
+        moving = self.driving(self.driver.migrating(to_version, state, at))
+        return await moving._migrate(run_id, operator, ctx, limit)
+
+    def driving(self, driver: RunDriver[C, R]) -> RunProtocol[C, R]:
+        """This protocol (store, sealer, registry, hub, hold, tracer) over another driver of the same kind."""
+        steps = self.steps
+        return RunProtocol(
+            driver, self.store, self.sealer, steps.registry, self.events, steps.max_bytes, self.ownership, steps.tracer
+        )
+
+    async def _migrate(self, run_id: str, operator: str | None, ctx: RunContext | None, limit: int | None) -> R:
+        """`migrate`, once this protocol's driver is the one made for the move."""
         async with self.hold(run_id) as tenure:
             opened = await self.steps.open(run_id, ctx)
             self.driver.migration_record(opened.body)  # refuses a driver not made to migrate, before any read
@@ -422,13 +459,15 @@ class RunProtocol(Generic[C, R]):
         run_id: str,
         *,
         at_step: int,
-        new_run_id: str,
+        new_run_id: str | None = None,
         patch: Any = None,
         ctx: RunContext | None = None,
         operator: str | None = None,
         limit: int | None = None,
     ) -> R:
-        """Start run `new_run_id` from checkpoint `at_step` of `run_id` (any status); the old run is not touched.
+        """Start a new run from checkpoint `at_step` of `run_id` (any status); the old run is not touched.
+
+        The new run's id is `new_run_id`, or a fresh one of the kind's (`RunDriver.fresh_run_id`).
 
         The checkpoint (with the history up to it) is read and checked like any other; the
         driver copies what it holds into the new run (`RunDriver.forked`: a flow's state,
@@ -443,6 +482,7 @@ class RunProtocol(Generic[C, R]):
             FlowError: the patch does not fit, or the run's definition changed since.
             CheckpointConflict: `new_run_id` is taken.
         """
+        new_run_id = new_run_id if new_run_id is not None else self.driver.fresh_run_id()
         store, sealer = self.steps._stores()
         rows = list(await store.history(run_id))
         row = next((r for r in rows if r.step == at_step), None)

@@ -145,6 +145,9 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
 
     kind: ClassVar[RunKind] = RunKind.LOOP
     engine: ClassVar[str | None] = ENGINE
+    noun: ClassVar[str] = "pydantic-ai agent"
+    id_prefix: ClassVar[str] = "agent-"
+    refused: ClassVar[Mapping[str, str]] = {"migrate": "agent runs have no versions to migrate between"}
 
     def __init__(
         self,

@@ -2,43 +2,29 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from agentflow._errors import CheckpointConflict
 from agentflow._identity import RunContext, identity_body
 from agentflow._run_types import RunStatus
 from agentflow.exec import Executor
 from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.exec.driven import DrivenRunner
+from agentflow.exec.driven import ProtocolRunner
 from agentflow.exec.run.lease import Ownership
 from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.seal import Sealer, canonical
 from agentflow.integrations.pydantic_ai._driver import AgentCursor, AgentDriver, AgentResult
 
-__all__ = ["AgentRunner", "new_agent_run_id"]
-
-#: What an agent run cannot do, and why.
-REFUSED: Final[Mapping[str, str]] = {
-    "migrate": "agent runs have no versions to migrate between",
-}
+__all__ = ["AgentRunner"]
 
 
-def new_agent_run_id() -> str:
-    """An unguessable agent run id."""
-    return "agent-" + secrets.token_urlsafe(16)
-
-
-class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
+class AgentRunner(ProtocolRunner[AgentCursor, AgentResult]):
     """Runs one durable agent; every run survives the death of its worker (with a checkpoint store).
 
     The operations on stored runs (advance, recover, resume, wake, decide_in_doubt, cancel,
-    retry, fork, read) are `DrivenRunner`'s; migrate is refused with the reason.
+    retry, fork, read) are `DrivenRunner`'s; migrate is refused with the reason (`AgentDriver.refused`).
     """
-
-    refused = REFUSED
-    noun = "pydantic-ai agent"
 
     def __init__(
         self,
@@ -65,10 +51,6 @@ class AgentRunner(DrivenRunner[AgentCursor, AgentResult]):
             ownership,
             executor.tracer,
         )
-
-    def fresh_run_id(self) -> str:
-        """A new unguessable agent run id (`new_agent_run_id`)."""
-        return new_agent_run_id()
 
     def _cursor(
         self, prompt: str, run_id: str | None, deps_data: Mapping[str, Any] | None, ctx: RunContext | None
