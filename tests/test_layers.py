@@ -29,6 +29,7 @@ VIOLATIONS = {
     "exec-below-flow": ("agentflow/exec/context.py", "import agentflow.flow"),
     "seal": ("agentflow/exec/seal.py", "import agentflow._events"),
     "surfaces": ("agentflow/viewer/_pages.py", "import agentflow.cli._text"),
+    "transports": ("agentflow/cli/_cmd_operate.py", "import agentflow.exec.driven"),
     "observe": ("agentflow/celery/_stranded.py", "import agentflow.observe"),
     "otel": ("agentflow/exec/run/steps.py", "import opentelemetry.trace"),
     "integrations": ("agentflow/runs.py", "import pydantic_ai"),

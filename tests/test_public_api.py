@@ -142,7 +142,6 @@ PUBLIC: dict[str, list[str]] = {
         "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
-    "agentflow.operate": ["Acted", "InProcess", "Operator", "ThroughWorkers"],
     "agentflow.integrations.pydantic_ai": ["AgentInput", "AgentResult", "AgentRunner", "DurableAgent"],
     "agentflow.observe": [
         "Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker",

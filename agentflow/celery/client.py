@@ -27,7 +27,7 @@ from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.control import InDoubtDecision
 from agentflow.exec.run.cursor import RunOutcome
 from agentflow.exec.run.events import RunEvent, follow_events
-from agentflow.exec.run.lease import held_by
+from agentflow.exec.run.lease import held_by, process_owner
 from agentflow.exec.run.markers import Markers
 from agentflow.exec.seal import Sealer
 from agentflow.flow import FlowRunner
@@ -55,7 +55,7 @@ class FlowClient:
     a prompt); every other verb takes a run id and works for any kind.
     """
 
-    def __init__(self, tasks: AgentflowTasks, runner: FlowRunner | None = None) -> None:
+    def __init__(self, tasks: AgentflowTasks, runner: FlowRunner | None = None, *, name: str | None = None) -> None:
         """Build a client.
 
         Args:
@@ -63,7 +63,15 @@ class FlowClient:
             runner: a runner over the same store and key as the workers (it only saves
                 step 0 and decisions; it never runs a superstep). Default: the one the
                 registered tasks would use.
+            name: instead of `runner`, hold runs and sign decisions as ``<name>@<host>:<pid>``
+                (a runner of the client's own over the workers' store and key ring: what the
+                CLI and the viewer use).
         """
+        if runner is None and name is not None:
+            worker = tasks.worker
+            runner = worker.flow_app.runner(
+                worker.store, worker.checkpoint_key, lease_s=worker.settings.lease_s, owner=process_owner(name)
+            )
         runner = runner or tasks.worker.runner
         if runner.checkpoints is None:
             raise ValueError("FlowClient needs a runner with the workers' checkpoint store")
@@ -103,6 +111,12 @@ class FlowClient:
         result = await self.runner.start(flows, state, run_id=run_id, ctx=ctx)  # on the newest version
         await self._send(flow_name, result.run_id, 0, "start", result.version)
         return result.run_id
+
+    async def aclose(self) -> None:
+        """Close this event loop's connection of the workers' store."""
+        store = self.runner.checkpoints
+        if store is not None:
+            await store.aclose()
 
     async def _send(self, flow: str, run_id: str, step: int, cause: str, version: str | None = None) -> None:
         """Enqueue a superstep of the run (to its version's queue, when the version is known)."""

@@ -34,8 +34,9 @@ from agentflow.cli._target import (
     workers_option,
 )
 from agentflow.cli._watch import moving_here
+from agentflow.exec.run.lease import process_owner
 from agentflow.flow import FlowRunner
-from agentflow.operate import InProcess
+from agentflow.runs import Runs
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Workers
@@ -71,20 +72,17 @@ class Here:
 
     app: FlowApp
     target: Target
-    operator: InProcess
-    """Acts on each run, whatever its kind (`agentflow.operate`), as ``cli@<host>:<pid>``."""
+    runs: Runs
+    """Acts on each run by its id, whatever its kind (the in-process transport), as ``cli@<host>:<pid>``."""
+    events: Events
+    """The runner's event hub: what it says of each run it moves (recorded into the runs' streams too)."""
     progress: Progress
     """Where the command says, on stderr, which run it moves and how the run goes."""
 
     @property
     def runner(self) -> FlowRunner:
-        """The operator's flow runner (`recover --flow` recovers every run of one flow with it)."""
-        return self.operator.runner
-
-    @property
-    def events(self) -> Events:
-        """The runner's event hub: what it says of each run it moves (recorded into the runs' streams too)."""
-        return self.operator.events
+        """The flow runner (`recover --flow` recovers every run of one flow with it)."""
+        return self.runs.runner
 
     def moving(self) -> AbstractAsyncContextManager[None]:
         """While inside, say on stderr which run this process moves and each change of its status."""
@@ -112,8 +110,10 @@ class Acting:
         assert self.store_url is not None and self.app_path is not None
         app = import_app(self.app_path)
         target = open_target(self.store_url, self.key_env)
-        # It acts on stored runs someone may be following: their events go into the runs' streams (the default).
-        return Here(app, target, InProcess(app, target.store, target.keys, name="cli"), Progress())
+        # It acts on stored runs someone may be following: their events go into the runs' streams.
+        events = Events(record=True)
+        runner = app.runner(target.store, target.keys, owner=process_owner("cli"), events=events)
+        return Here(app, target, Runs(app, runner), events, Progress())
 
 
 def _resolve(ctx: click.Context, options: dict[str, Any], waits: bool) -> Acting:

@@ -17,15 +17,15 @@ from agentflow._display import printable
 from agentflow.cli import _errors
 from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._text import echo, paint
-from agentflow.operate import Acted
+from agentflow.exec.run.cursor import RunOutcome
 
 if TYPE_CHECKING:
     from agentflow.cli._workers import Settled, Workers
 
 
-async def _resume_here(here: Here, run_id: str, approve: bool, note: str | None, operator: str | None) -> Acted:
+async def _resume_here(here: Here, run_id: str, approve: bool, note: str | None, operator: str | None) -> RunOutcome:
     async with here.moving():
-        return await here.operator.resume(run_id, approve=approve, note=note, operator=operator)
+        return await here.runs.resume(run_id, approve=approve, note=note, operator=operator)
 
 
 def _landed(
@@ -73,4 +73,4 @@ def resume(how: Acting, run_id: str, approve: bool | None, note: str | None) -> 
     here = how.here()
     result = here.target.run(lambda: _resume_here(here, run_id, approve, note, how.operator))
     pending = [f"{p.tool} ({p.call_id})" for p in result.pending]
-    _landed(run_id, approve, result.status, result.step, pending, result.error, "")
+    _landed(run_id, approve, str(result.status), result.step, pending, result.error, "")

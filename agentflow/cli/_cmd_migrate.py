@@ -86,9 +86,8 @@ def migrate(
 
     async def act() -> tuple[str, str, int | None, str | None]:
         try:
-            run = await here.operator.runs.open(run_id)  # a tool loop refuses: it has no versions
             async with here.moving() if run_here else contextlib.nullcontext():  # without --run: the claim only
-                result = await run.migrate(
+                result = await here.runs.migrate(  # a tool loop or an agent run refuses: it has no versions
                     run_id,
                     to_version=to_version,
                     state=state,

@@ -65,7 +65,7 @@ def _where(settled: Settled) -> str:
 
 
 async def _cancel_here(here: Here, run_id: str, reason: str, operator: str | None) -> str:
-    return (await here.operator.cancel(run_id, reason=reason, operator=operator)).status
+    return str((await here.runs.cancel(run_id, reason=reason, operator=operator)).status)
 
 
 @click.command("cancel")
@@ -128,7 +128,7 @@ def decide(how: Acting, run_id: str, words: tuple[str, ...], rerun_all: bool) ->
 
 async def _decide_here(here: Here, run_id: str, calls: dict[str, InDoubtDecision] | None, operator: str | None) -> int:
     try:  # the decision waits for the next recovery (a worker, or `agentflow recover`)
-        return await here.operator.decide(run_id, calls=calls, operator=operator, carry_on=False)
+        return await here.runs.decide_in_doubt(run_id, calls=calls, operator=operator)
     except ValueError as exc:
         raise _errors.CliError(str(exc)) from None
 
@@ -173,8 +173,8 @@ def retry(how: Acting, run_id: str) -> None:
 
         async def act() -> tuple[str, int | None, str | None]:
             async with here.moving():
-                acted = await here.operator.retry(run_id, operator=how.operator)
-            return acted.status, acted.step, acted.error
+                acted = await here.runs.retry(run_id, operator=how.operator)
+            return str(acted.status), acted.step, acted.error
 
         status, step_now, error = here.target.run(act)
         where = f"now {paint(status)} at step {step_now}"
@@ -225,11 +225,17 @@ def fork(how: Acting, run_id: str, at_step: int, patch: str | None, new_run_id: 
     here = how.here()
 
     async def act() -> tuple[str, str, int | None, str | None]:
-        async with here.moving() if run_here else contextlib.nullcontext():  # without --run: step 0 only
-            acted = await here.operator.fork(
-                run_id, at_step=at_step, new_run_id=new_run_id, patch=fields, operator=how.operator, run=run_here
+        limit = None if run_here else 0  # without --run: step 0 only
+        async with here.moving() if run_here else contextlib.nullcontext():
+            acted = await here.runs.fork(
+                run_id,
+                at_step=at_step,
+                new_run_id=new_run_id,
+                patch=fields,
+                operator=how.operator,
+                max_supersteps=limit,
             )
-        return acted.run_id, acted.status, acted.step, acted.error
+        return acted.run_id, str(acted.status), acted.step, acted.error
 
     new_id, status, step, error = here.target.run(act)
     echo(f"run {printable(new_id)} {forked}: {paint(status)} at step {step}")

@@ -121,8 +121,8 @@ def _shown(run_id: str | None) -> str | None:
 
 
 async def _recover_one(here: Here, run_id: str, rerun: bool, operator: str | None) -> tuple[str, str]:
-    run = await here.operator.runs.open(run_id)  # a flow run or a tool loop: its column is trusted once checked
-    return outcome(await run.recover(run_id, rerun_in_doubt=rerun, operator=operator))
+    # A flow run, a tool loop or an agent run: its column is trusted once checked.
+    return outcome(await here.runs.recover(run_id, rerun_in_doubt=rerun, operator=operator))
 
 
 async def _recover_through(workers: Workers, run_ids: Sequence[str], rerun: bool, operator: str | None) -> Outcomes:

@@ -38,7 +38,6 @@ from agentflow.exec.seal import Sealer
 
 try:
     from agentflow.celery import AgentflowTasks, FlowClient, load_tasks
-    from agentflow.operate import ThroughWorkers
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise _errors.CliError(f"--workers needs the celery extra: pip install 'agentflow[celery]' ({exc})") from None
 
@@ -66,9 +65,8 @@ class Workers:
 
     def __init__(self, tasks: AgentflowTasks, *, wait: bool, timeout_s: float) -> None:
         """Act through `tasks` (the deployment's store and key ring); wait up to `timeout_s`, unless not `wait`."""
-        #: Every action goes through the library's operator, as ``cli@<host>:<pid>``.
-        self.operator = ThroughWorkers(tasks, name="cli")
-        self.client: FlowClient = self.operator.client
+        #: Every action goes through the client (the transport through the workers), as ``cli@<host>:<pid>``.
+        self.client = FlowClient(tasks, name="cli")
         self.wait = wait
         self.timeout_s = timeout_s
         #: Says on stderr what the command waits for, and how each run goes.

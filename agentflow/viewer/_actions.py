@@ -8,7 +8,7 @@
    (`rules.Rule`: the run's state, the app, a tool loop, a principal: a 409);
 4. the action's own fields (a 400 saying what is wrong);
 5. the CSRF token, bound to the action, the run and the step the page showed (a stale page: a 409);
-6. the deed, through `Viewer.operator` (this process, or the workers); what the runner
+6. the deed, through `Viewer.transport` (this process's runs, or the workers' client); what the runner
    refuses is answered with its message, never a 500 (a 409 for a run that moved on or is
    held, a 400 for a value it does not take); then a redirect to the run's page.
 
@@ -17,10 +17,11 @@ Every deed signs `ViewerSettings.token_label` as its operator.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -40,10 +41,13 @@ from agentflow._errors import (
 )
 from agentflow.exec.run.view import RunReport
 from agentflow.exec.seal import loads_storable
-from agentflow.operate import Operator
+from agentflow.runs import Runs
 from agentflow.viewer._guards import STALE, csrf_matches, read_form, who_refusal
 from agentflow.viewer._rules import CANCEL, DECIDE, FORK, HELD_TITLE, RESUME, RETRY, Rule, held_text
 from agentflow.viewer._settings import Viewer, root_of
+
+if TYPE_CHECKING:
+    from agentflow.celery import FlowClient
 
 T = TypeVar("T")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -73,7 +77,7 @@ class Operation(Generic[T]):
     rule: Rule
     parse: Callable[[RunReport, dict[str, str]], T]
     """The action's own fields (raises `BadForm`)."""
-    deed: Callable[[Operator, RunReport, T, str], Awaitable[Done]]
+    deed: Callable[[Runs | FlowClient, RunReport, T, str], Awaitable[Done]]
     """Carry it out, signed by the operator named last."""
 
 
@@ -90,7 +94,7 @@ def _decision(report: RunReport, form: dict[str, str]) -> tuple[bool, str | None
     return form["decision"] == "approve", _text(form, "note", "The note") or None
 
 
-async def _resume(op: Operator, report: RunReport, args: tuple[bool, str | None], who: str) -> Done:
+async def _resume(op: Runs | FlowClient, report: RunReport, args: tuple[bool, str | None], who: str) -> Done:
     approve, note = args
     await op.resume(report.run_id, approve=approve, note=note, operator=who)
     return Done(report.run_id, "approved" if approve else "denied")
@@ -103,17 +107,18 @@ def _reason(report: RunReport, form: dict[str, str]) -> str:
     return reason
 
 
-async def _cancel(op: Operator, report: RunReport, reason: str, who: str) -> Done:
+async def _cancel(op: Runs | FlowClient, report: RunReport, reason: str, who: str) -> Done:
     acted = await op.cancel(report.run_id, reason=reason, operator=who)
+    status = acted if isinstance(acted, str) else acted.status  # the workers' client says the status alone
     # A run a live worker holds is asked to stop: it stays running until its holder reads the request.
-    return Done(report.run_id, "cancelled" if acted.status == "cancelled" else "cancel-requested")
+    return Done(report.run_id, "cancelled" if status == "cancelled" else "cancel-requested")
 
 
 def _nothing(report: RunReport, form: dict[str, str]) -> None:
     return None
 
 
-async def _retry(op: Operator, report: RunReport, args: None, who: str) -> Done:
+async def _retry(op: Runs | FlowClient, report: RunReport, args: None, who: str) -> Done:
     await op.retry(report.run_id, operator=who)
     return Done(report.run_id, "retried")
 
@@ -148,8 +153,11 @@ def _calls(report: RunReport, form: dict[str, str]) -> dict[str, InDoubtDecision
     return calls
 
 
-async def _decide(op: Operator, report: RunReport, calls: dict[str, InDoubtDecision], who: str) -> Done:
-    await op.decide(report.run_id, calls=calls, operator=who)
+async def _decide(op: Runs | FlowClient, report: RunReport, calls: dict[str, InDoubtDecision], who: str) -> Done:
+    await op.decide_in_doubt(report.run_id, calls=calls, operator=who)
+    if isinstance(op, Runs):  # here, the run goes on in this process (the workers' client sent a worker)
+        with contextlib.suppress(CheckpointConflict):  # a worker took the run since: the decision is its to spend
+            await op.recover(report.run_id, operator=who)
     return Done(report.run_id, "decided")
 
 
@@ -174,10 +182,10 @@ def _fork_args(report: RunReport, form: dict[str, str]) -> tuple[int, dict[str, 
     return at_step, patch
 
 
-async def _fork(op: Operator, report: RunReport, args: tuple[int, dict[str, Any] | None], who: str) -> Done:
+async def _fork(op: Runs | FlowClient, report: RunReport, args: tuple[int, dict[str, Any] | None], who: str) -> Done:
     at_step, patch = args
     forked = await op.fork(report.run_id, at_step=at_step, patch=patch, operator=who)
-    return Done(forked.run_id, "forked")
+    return Done(forked if isinstance(forked, str) else forked.run_id, "forked")
 
 
 #: Every action, by the last segment of its path.
@@ -227,10 +235,11 @@ def endpoint(viewer: Viewer, operation: Operation[Any]) -> Endpoint:
 
 async def _carry_out(viewer: Viewer, request: Request, operation: Operation[T], report: RunReport, args: T) -> Response:
     """Step 6: the deed, its refusals answered with their message, then back to the run."""
-    assert viewer.operator is not None  # the rule refuses every action without an app
+    transport = viewer.transport
+    assert transport is not None  # the rule refuses every action without an app
     run_id = report.run_id
     try:
-        done = await operation.deed(viewer.operator, report, args, viewer.settings.token_label)
+        done = await operation.deed(transport, report, args, viewer.settings.token_label)
     except RunHeld as exc:  # taken between the read above and the deed
         return viewer.problem(request, 409, HELD_TITLE, str(exc), run_id)
     except CheckpointConflict as exc:

@@ -72,8 +72,8 @@ def create_app(settings: ViewerSettings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await settings.store.aclose()
-        if viewer.operator is not None:
-            await viewer.operator.aclose()
+        if viewer.client is not None:
+            await viewer.client.aclose()
 
     # The actions before the run page: its {run_id} would match ".../resume" too (a GET still reaches the page).
     actions = [

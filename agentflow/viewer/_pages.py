@@ -130,7 +130,7 @@ def run_page(viewer: Viewer) -> Endpoint:
         if isinstance(report, Response):
             return report
         done = request.query_params.get("done")
-        distributed = viewer.operator is not None and viewer.operator.distributed
+        distributed = viewer.client is not None
         context = {
             "run": report,
             "ops": offers(viewer, request, report),

@@ -59,11 +59,11 @@ class Rule:
         held = held_text(report) if self.held_blocks else None
         if held is not None:
             return held
-        flows, operator = viewer.flows, viewer.operator
-        if flows is None or operator is None:
+        flows, runs = viewer.flows, viewer.runs
+        if flows is None or runs is None:
             return "start the viewer with --app module:attr (or --workers module:attr) to act on runs from here"
         try:  # a flow run or a tool loop: the app's own runs of that name take the action, or say why not
-            refused = operator.runs.of(report.flow).refuses(self.name)
+            refused = runs.of(report.flow).refuses(self.name)
         except FlowError as exc:
             return f"the app given to the viewer cannot act on it: {exc}"
         if refused is not None:

@@ -18,16 +18,18 @@ from starlette.templating import Jinja2Templates
 from agentflow._app import FlowApp
 from agentflow._display import printable, short, when
 from agentflow._errors import CheckpointError, CheckpointNotFound
+from agentflow._events import Events
 from agentflow._urls import redact
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.run.lease import process_owner
 from agentflow.exec.run.read import read_run
 from agentflow.exec.run.view import RunReport
 from agentflow.exec.seal import Sealer
-from agentflow.operate import InProcess, Operator, ThroughWorkers
+from agentflow.runs import Runs
 from agentflow.viewer._hosts import TrustedHosts, check_proxies, parse_entry
 
 if TYPE_CHECKING:
-    from agentflow.celery import AgentflowTasks
+    from agentflow.celery import AgentflowTasks, FlowClient
 
 #: Sent with every page: no framing, no inline or foreign scripts, forms post only here.
 SECURITY_HEADERS: Final = {
@@ -228,12 +230,20 @@ class Viewer:
         assert not isinstance(tasks, str)  # loaded when the settings were made
         #: The app whose flows the actions use (the workers' when only `workers` is given); None: read-only.
         self.flows: FlowApp | None = settings.flows or (tasks.worker.flow_app if tasks is not None else None)
-        #: Carries the actions out: the workers when the settings name them, else this process (or nobody).
-        self.operator: Operator | None = None
+        #: Carries the actions out through the workers, when the settings name them (`transport`).
+        self.client: FlowClient | None = None
+        #: The app's runs by id, in this process: what an action is checked against, and carries it
+        #: out unless the workers do (None: read-only).
+        self.runs: Runs | None = None
         if tasks is not None:
-            self.operator = ThroughWorkers(tasks, name="viewer")
+            from agentflow.celery import FlowClient  # the settings loaded the tasks: the extra is installed
+
+            self.client = FlowClient(tasks, name="viewer")
+            self.runs = self.client.runs
         elif self.flows is not None:
-            self.operator = InProcess(self.flows, settings.store, settings.keys, name="viewer")
+            # Its actions go into the runs' event streams, for whoever follows them.
+            owner, events = process_owner("viewer"), Events(record=True)
+            self.runs = Runs(self.flows, self.flows.runner(settings.store, settings.keys, owner=owner, events=events))
         self.trusted = TrustedHosts.of(settings.allowed_hosts, settings.port)
         #: Signs the CSRF tokens of this process's forms (a restart makes open pages stale).
         self.csrf_secret = secrets.token_bytes(32)
@@ -256,6 +266,11 @@ class Viewer:
 
     def __repr__(self) -> str:
         return f"<Viewer of {self.settings!r}>"
+
+    @property
+    def transport(self) -> Runs | FlowClient | None:
+        """What carries the actions out: the workers' client, else this process's runs (None: read-only)."""
+        return self.client if self.client is not None else self.runs
 
     def page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
         """Render template `name` with the shared context and the security headers."""

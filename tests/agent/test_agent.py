@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from _kit.agents import EXPECTED, PROMPT, Receipt, charge_result, durable, make_agent
 from _kit.leases import KILLED_LEASE_S, once_lapsed
+from _kit.runs_here import runs_here
 from _kit.stores import StoreSetup
 from _kit.tickets import Crash, Ledger, raise_crash
 from agentkit import KEY
@@ -31,7 +32,6 @@ from agentflow.exec import LoopRunner
 from agentflow.exec.run.events import follow_events
 from agentflow.exec.seal import Sealer
 from agentflow.integrations.pydantic_ai import AgentInput, AgentRunner, DurableAgent
-from agentflow.operate import InProcess
 
 
 @pytest.fixture
@@ -256,16 +256,17 @@ async def test_an_app_acts_on_agent_runs_as_on_any_run(store_setup: StoreSetup, 
     # Given an app with the agent registered beside flows, and a run cut off inside charge
     await killed_in(store_setup, ledger, "charge")
     app = FlowApp(Registry(), [], loops={"orders": durable(make_agent(ledger))})
-    operator = InProcess(app, store_setup.open(), [KEY], name="operator-test")
+    operator = runs_here(app, store_setup.open(), [KEY], name="operator-test")
     # When the operator decides and recovers it by id alone
-    ops = await operator.runs.open("order-1")
+    ops = await operator.open("order-1")
     assert isinstance(ops, AgentRunner) and ops.refuses("migrate") and not ops.refuses("retry")
     with pytest.raises(RecoveryNeedsDecision) as asked:
         await once_lapsed(lambda: operator.recover("order-1", operator="erin"))
-    await operator.decide(
+    await operator.decide_in_doubt(
         "order-1", calls={asked.value.call_ids[0]: Happened(charge_result("A1", 90))}, operator="erin"
     )
-    acted = await operator.runs.loop("orders").read("order-1")
+    await operator.recover("order-1", operator="erin")
+    acted = await operator.loop("orders").read("order-1")
     # Then it ends as an uninterrupted run, charge once
     assert acted.status == "done" and ledger.counts("order-1")["charge"] == 1
 

@@ -1,8 +1,8 @@
-"""`agentflow.operate`: one operator acts on a flow run and a tool loop alike (`agentflow.runs` picks the kind).
+"""`agentflow.runs.Runs`: one in-process transport acts on a flow run and a tool loop alike (it picks the kind).
 
 Each test runs on every store set-up (`_kit.stores`). The app has one flow (``refunds``: a
 refund that needs approval) and one tool loop (``support``: asks for the same refund, then
-answers). What a person does through `InProcess` is checked against the stored rows.
+answers). What a person does through `Runs` is checked against the stored rows.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from _kit.runs_here import runs_here
 from _kit.stores import StoreSetup
 from pydantic import BaseModel
 
@@ -19,7 +20,7 @@ from agentflow import Call, Flow, FlowApp, LoopSpec, Registry, RunStatus
 from agentflow.errors import CheckpointStoreCorrupt, FlowError
 from agentflow.exec import LoopRunner
 from agentflow.models import Message, ToolCall
-from agentflow.operate import InProcess
+from agentflow.runs import Runs
 
 KEY = b"operate-test-key-0123456789abcdefghij"
 REFUNDS: list[str] = []
@@ -66,14 +67,14 @@ def _reset() -> None:
     MODELS_MADE.clear()
 
 
-async def paused_runs(store_setup: StoreSetup) -> InProcess:
+async def paused_runs(store_setup: StoreSetup) -> Runs:
     """A paused refunds run ``flow-1`` and a paused support loop ``loop-1``; the operator over the same store."""
     runner = app.runner(store_setup.raw, KEY)
     assert (await runner.run(refunds, Refund(order="F1"), run_id="flow-1")).status == RunStatus.PAUSED
     loop = LoopRunner(support_model(), registry, checkpoints=store_setup.raw, checkpoint_key=KEY, name="support")
     assert (await loop.run([Message.user("Refund A1")], run_id="loop-1")).status == RunStatus.PAUSED
     MODELS_MADE.clear()
-    return InProcess(app, store_setup.open(), [KEY], name="operator-test")
+    return runs_here(app, store_setup.open(), [KEY], name="operator-test")
 
 
 async def test_one_operator_resumes_a_flow_run_and_a_tool_loop_alike(store_setup: StoreSetup) -> None:
@@ -99,7 +100,7 @@ async def test_what_a_tool_loop_cannot_do_is_refused_with_the_reason_and_touches
 ) -> None:
     operator = await paused_runs(store_setup)
     before = await store_setup.raw.history("loop-1")
-    run = await operator.runs.open("loop-1")
+    run = await operator.open("loop-1")
     with pytest.raises(FlowError, match="is a tool loop"):
         if action == "retry":
             await operator.retry("loop-1", operator="erin")
@@ -117,9 +118,7 @@ async def test_an_operator_forks_a_tool_loop_as_it_forks_a_flow_run(store_setup:
     flow = await operator.fork("flow-1", at_step=0, new_run_id="flow-2", operator="erin")
     # Then each new run went on here from its source's first checkpoint, to the same approval it waits for
     assert (loop.status, flow.status) == ("paused", "paused")
-    assert [p.tool for p in loop.pending] == [
-        p.tool for p in (await operator.runs.loop("support").read("loop-1")).pending
-    ]
+    assert [p.tool for p in loop.pending] == [p.tool for p in (await operator.loop("support").read("loop-1")).pending]
     assert await store_setup.raw.history("loop-1") == before
 
 
@@ -136,10 +135,10 @@ async def test_a_run_whose_newest_row_fails_its_check_is_not_acted_on(store_setu
 
 async def test_a_run_of_a_loop_the_app_lacks_names_the_loops_it_has(store_setup: StoreSetup) -> None:
     operator = await paused_runs(store_setup)
-    bare = InProcess(FlowApp(registry, [refunds]), store_setup.open(), [KEY])
+    bare = runs_here(FlowApp(registry, [refunds]), store_setup.open(), [KEY])
     with pytest.raises(FlowError, match=r"unknown tool loop 'support' \(this app has: none\)"):
         await bare.cancel("loop-1", reason="no", operator="erin")
-    assert (await operator.runs.open("loop-1")) is operator.runs.loop("support")
+    assert (await operator.open("loop-1")) is operator.loop("support")
 
 
 def test_a_loop_runner_takes_an_owner_or_an_identity_not_both() -> None:

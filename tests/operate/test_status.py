@@ -1,4 +1,4 @@
-"""Reading a run whatever its kind, in process: `Operator.status`, `settle` and `result` (`agentflow.runs.Runs`).
+"""Reading a run whatever its kind, in process: `Runs.status`, `settle` and `result` (`agentflow.runs`).
 
 A flow run, a tool loop and an agent run each die inside a charge (`Crash` after the card was
 charged); a second process parks each for a decision (as a worker does: `advance(park=True)`).
@@ -15,6 +15,7 @@ import pytest
 from _kit.agents import PROMPT, durable, make_agent
 from _kit.leases import KILLED_LEASE_S, once_lapsed
 from _kit.parked import PARKED, ChargeModel, check_no_result_yet, check_parked
+from _kit.runs_here import runs_here
 from _kit.stores import StoreSetup
 from _kit.tickets import REFUNDS, TICKETS, Crash, Ledger, Order, Refund, make_tickets, raise_crash
 
@@ -24,7 +25,6 @@ from agentflow.errors import CheckpointNotFound, RecoveryNeedsDecision, RunFaile
 from agentflow.exec import LoopRunner
 from agentflow.integrations.pydantic_ai import AgentRunner
 from agentflow.models import Message
-from agentflow.operate import InProcess
 from agentflow.runs import Runs
 
 KEY = b"kind-blind-status-key-0123456789abcdef"
@@ -61,14 +61,14 @@ def ledger(tmp_path: Path) -> Ledger:
     return Ledger(tmp_path / "ledger.jsonl")
 
 
-async def parked_here(store_setup: StoreSetup, ledger: Ledger, kind: str) -> InProcess:
+async def parked_here(store_setup: StoreSetup, ledger: Ledger, kind: str) -> Runs:
     """A run ``<kind>-1`` whose process died inside its charge, parked by the next one; that one's operator."""
     dead_app = app_for(ledger, dies=True)
     dead = Runs(dead_app, dead_app.runner(store_setup.open(), KEY, lease_s=KILLED_LEASE_S, owner="dead"))
     with pytest.raises(Crash):
         await start(dead, kind, f"{kind}-1")
-    operator = InProcess(app_for(ledger, dies=False), store_setup.open(), [KEY], name="w2")
-    ops = await operator.runs.open(f"{kind}-1")
+    operator = runs_here(app_for(ledger, dies=False), store_setup.open(), [KEY], name="w2")
+    ops = await operator.open(f"{kind}-1")
     with pytest.raises(RecoveryNeedsDecision):
         await once_lapsed(lambda: ops.advance(f"{kind}-1", park=True))
     return operator
@@ -89,7 +89,8 @@ async def test_a_parked_run_of_any_kind_settles_into_the_same_view_naming_its_ca
     assert view == await operator.status(run_id)
     await check_no_result_yet(operator, run_id, parked)
     # When the operator, having checked the card, says the charge happened
-    await operator.decide(run_id, calls={call_id: Happened(parked.charged)}, operator="erin")
+    await operator.decide_in_doubt(run_id, calls={call_id: Happened(parked.charged)}, operator="erin")
+    await operator.recover(run_id, operator="erin")
     # Then the run goes on here to its end, charged once, and its result is what the kind produces
     done = await operator.settle(run_id, timeout_s=10)
     assert (done.status, done.waiting) == (RunStatus.DONE, None)
@@ -101,9 +102,9 @@ async def test_a_loop_and_an_agent_show_their_messages_and_a_flow_its_state(
     store_setup: StoreSetup, ledger: Ledger
 ) -> None:
     app = app_for(ledger, dies=False)
-    operator = InProcess(app, store_setup.open(), [KEY], name="w1")
+    operator = runs_here(app, store_setup.open(), [KEY], name="w1")
     for kind in sorted(PARKED):
-        await start(operator.runs, kind, f"{kind}-2")
+        await start(operator, kind, f"{kind}-2")
     flow, loop, agent = [await operator.status(f"{kind}-2") for kind in ("flow", "loop", "agent")]
     # The flow run's state is its flow's model; the loop's messages are Messages; the agent's pydantic-ai's
     assert isinstance(flow.state, Order) and flow.output == flow.state and flow.messages == []
@@ -117,9 +118,9 @@ async def test_a_run_read_by_an_app_without_its_loop_shows_what_is_stored(
     store_setup: StoreSetup, ledger: Ledger
 ) -> None:
     # Given a finished tool loop, read by an app that has no loop of that name
-    made = InProcess(app_for(ledger, dies=False), store_setup.open(), [KEY], name="w1")
-    await start(made.runs, "loop", "loop-3")
-    other = InProcess(FlowApp(make_tickets(ledger).registry, [TICKETS]), store_setup.open(), [KEY], name="w2")
+    made = runs_here(app_for(ledger, dies=False), store_setup.open(), [KEY], name="w1")
+    await start(made, "loop", "loop-3")
+    other = runs_here(FlowApp(make_tickets(ledger).registry, [TICKETS]), store_setup.open(), [KEY], name="w2")
     view = await other.status("loop-3")
     # Then its messages are the stored JSON, unchecked against a schema, and it still says what it is
     assert (view.kind, view.name, view.status) == ("loop", "charges", "done")
@@ -138,7 +139,7 @@ async def test_the_result_of_a_paused_a_cancelled_or_a_failed_run_is_refused_wit
     store_setup: StoreSetup, ledger: Ledger
 ) -> None:
     tickets = make_tickets(ledger)
-    operator = InProcess(FlowApp(tickets.registry, [REFUNDS, BROKEN]), store_setup.open(), [KEY], name="w1")
+    operator = runs_here(FlowApp(tickets.registry, [REFUNDS, BROKEN]), store_setup.open(), [KEY], name="w1")
     # A run that waits for a person's approval: the result names the call
     refund = await operator.runner.run(REFUNDS, {"amount": 500}, run_id="refund-1")
     assert refund.status == RunStatus.PAUSED

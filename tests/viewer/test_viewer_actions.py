@@ -24,7 +24,7 @@ from viewer_kit import client_for, make_app
 
 from agentflow.errors import RunHeld
 from agentflow.exec.run.view import SegmentView
-from agentflow.operate import InProcess
+from agentflow.runs import Runs
 
 
 def signed_by_the_viewer(segment: SegmentView, operator: str = "viewer") -> None:
@@ -79,7 +79,7 @@ def test_a_deed_the_holder_refuses_is_a_409_naming_it(ops, db, monkeypatch):
     async def refuse(self, run_id, *, reason, operator):
         raise RunHeld("refund-1", HOLDER, lease.expires_at)
 
-    monkeypatch.setattr(InProcess, "cancel", refuse)
+    monkeypatch.setattr(Runs, "cancel", refuse)
     answer = act(ops, "refund-1", "cancel", reason="stop it")
     assert answer.status_code == 409 and "The run is held by a live worker" in answer.text
     assert f"run &#39;refund-1&#39; is held by {HOLDER} until" in answer.text
