@@ -127,9 +127,10 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.exec.checkpoints": [
         "CheckpointConflict", "CheckpointError", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt",
-        "MemoryCheckpointStore", "Pruned", "RecoveryNeedsDecision", "RedisCheckpointStore", "RetentionPolicy",
-        "RetentionStore", "SQLAlchemyCheckpointStore", "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint",
-        "StoreDefaults", "TrimStore", "Trimmed", "idempotency_key", "prune_finished", "trim_finished",
+        "ForwardingStore", "MemoryCheckpointStore", "Pruned", "RecoveryNeedsDecision", "RedisCheckpointStore",
+        "RetentionPolicy", "RetentionStore", "SQLAlchemyCheckpointStore", "SQLiteCheckpointStore", "SealedCall",
+        "SealedCheckpoint", "StoreDefaults", "TrimStore", "Trimmed", "idempotency_key", "prune_finished",
+        "trim_finished",
     ],
     "agentflow.flow": [
         "Call", "Child", "Flow", "FlowError", "FlowRunner", "FlowVersions", "Map", "NodeHandle", "RunResult",
@@ -144,7 +145,7 @@ PUBLIC: dict[str, list[str]] = {
     "agentflow.operate": ["Acted", "InProcess", "Operator", "ThroughWorkers"],
     "agentflow.integrations.pydantic_ai": ["AgentInput", "AgentResult", "AgentRunner", "DurableAgent"],
     "agentflow.observe": [
-        "Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker",
+        "Metrics", "MetricsServer", "Tracing", "serve_metrics", "trace_worker",
     ],
 }  # fmt: skip
 #: Packages with no public names of their own (a command and a demo).

@@ -1,4 +1,4 @@
-"""Checkpoint stores: the port and its four backends.
+"""Checkpoint stores: the port, its four backends, and the store that forwards to one through hooks.
 
 The Redis and SQLAlchemy stores need extras; they are imported on first use and say which
 extra to install when their driver is missing.
@@ -15,6 +15,7 @@ from agentflow.exec.checkpoints._errors import (
     CheckpointStoreCorrupt,
     RecoveryNeedsDecision,
 )
+from agentflow.exec.checkpoints.forwarding import ForwardingStore
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.exec.checkpoints.protocol import CheckpointStore, RetentionStore, TrimStore
 from agentflow.exec.checkpoints.records import Pruned, SealedCall, SealedCheckpoint, Trimmed
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointStore",
     "CheckpointStoreCorrupt",
+    "ForwardingStore",
     "MemoryCheckpointStore",
     "Pruned",
     "RecoveryNeedsDecision",
