@@ -129,3 +129,35 @@ def test_the_decision_hint_asks_per_call_and_parses_as_a_command(workers: str | 
     given = {word for word in first if word.startswith("--")}
     assert given <= _options(decide), given - _options(decide)
     assert ("--workers" in given) == (workers is not None) and ("--app" in given) == (workers is None)
+
+
+#: The classes a message may point an operator or a developer at, by the name it uses.
+_API = re.compile(r"\b(FlowClient|FlowRunner|LoopRunner|AgentRunner|DurableAgent|FlowApp|Registry)\.([a-z_]+)\b")
+
+
+def _api_hints() -> list[tuple[str, str, str]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, text in _strings(path):
+            for match in _API.finditer(text):
+                hint = (f"{path.relative_to(PACKAGE.parent)}:{line}", match.group(1), match.group(2))
+                if hint not in found:
+                    found.append(hint)
+    return found
+
+
+API_HINTS = _api_hints()
+
+
+@pytest.mark.parametrize(("where", "owner", "name"), API_HINTS, ids=[f"{h[0]}-{h[1]}.{h[2]}" for h in API_HINTS])
+def test_every_method_a_message_names_exists(where: str, owner: str, name: str) -> None:
+    from agentflow import FlowApp, Registry
+    from agentflow.celery import FlowClient
+    from agentflow.exec import LoopRunner
+    from agentflow.flow import FlowRunner
+    from agentflow.integrations.pydantic_ai import AgentRunner, DurableAgent
+
+    classes = {
+        c.__name__: c for c in (FlowClient, FlowRunner, LoopRunner, AgentRunner, DurableAgent, FlowApp, Registry)
+    }
+    assert hasattr(classes[owner], name), f"{where}: a message names {owner}.{name}, which does not exist"
