@@ -3,7 +3,6 @@
 from agentflow._app import FlowApp, LoopSpec
 from agentflow._events import Event, Events
 from agentflow._identity import RunContext
-from agentflow._moved import moved_attribute as __getattr__  # noqa: F401 - the old names of moved errors
 from agentflow._run_types import RunKind, RunStatus
 from agentflow.exec import Executor, Registry
 from agentflow.exec.limits import Limit

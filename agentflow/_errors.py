@@ -21,17 +21,16 @@ AgentflowError
 ├── FlowError
 │   └── VersionNotDeployed         (.run_id, .flow, .version, .deployed: the run's flow version is not here)
 ├── ModelError
-├── LimitsUnavailable              (the shared limits' backend cannot be reached; agentflow.exec.limits)
+├── LimitsUnavailable              (the shared limits' backend cannot be reached)
 └── ToolError
     ├── UnknownTool
     ├── ToolArgumentsInvalid
     ├── ToolTimeout
     ├── ApprovalDenied
-    └── RateLimited                (a provider's 429: .retry_after_s, .limit; agentflow.exec.limits)
+    └── RateLimited                (a provider's 429: .retry_after_s, .limit)
 ```
 
-`LimitsUnavailable` and `RateLimited` are defined with the limits (`agentflow.exec.limits`),
-which import this tree; `RateLimited` is also exported from ``agentflow``.
+Users import them from `agentflow.errors`, their one public home.
 
 Every error keeps all of its state in ``args`` and that state is JSON-able, so a Celery
 result backend can carry it and ``type(e)(*e.args)`` rebuilds it.
@@ -252,3 +251,31 @@ class ToolTimeout(ToolError, TimeoutError):
 
 class ApprovalDenied(ToolError):
     """Raised inside a node when a call that needed approval was denied."""
+
+
+class RateLimited(ToolError):
+    """Raised by a tool (or a model) when its provider refused the call for now (an HTTP 429).
+
+    ``RateLimited(message, retry_after_s=1.0, limit=None)``, all in ``args``: how long the
+    provider asked to wait (its ``Retry-After``), and the limit it concerns (None: every
+    limit of the call). Every worker sharing that limit waits it out, each with its own
+    jitter; the call is then tried again.
+    """
+
+    @property
+    def retry_after_s(self) -> float:
+        """How long the provider asked to wait, in seconds (1 when it did not say)."""
+        return float(self.args[1]) if len(self.args) > 1 else 1.0
+
+    @property
+    def limit(self) -> str | None:
+        """The limit it concerns (None: every limit of the call)."""
+        return str(self.args[2]) if len(self.args) > 2 and self.args[2] is not None else None
+
+    def __str__(self) -> str:
+        said = str(self.args[0]) if self.args else "rate limited"
+        return f"{said} (retry after {self.retry_after_s} s)"
+
+
+class LimitsUnavailable(AgentflowError):
+    """Raised when the backend of the limits cannot be reached or did not answer in time."""

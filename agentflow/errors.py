@@ -1,9 +1,8 @@
 """Every error agentflow raises, in one place: ``from agentflow.errors import RunHeld``.
 
-The tree (`AgentflowError` at its root) and what each error carries are in `agentflow._errors`;
-`LimitsUnavailable` and `RateLimited` are the limits' own (`agentflow.exec.limits`). Until the
-next release each of these is still importable from ``agentflow`` itself, with a
-`DeprecationWarning` that names its new home.
+The tree (`AgentflowError` at its root) and what each error carries are in `agentflow._errors`.
+This module is each error's one public home: no other package exports an error, but for the
+four DESIGN.md imports from `agentflow.exec.checkpoints` and `FlowError` from `agentflow.flow`.
 """
 
 from agentflow._errors import (
@@ -18,7 +17,9 @@ from agentflow._errors import (
     FlowError,
     IdentityMismatch,
     LeaseLost,
+    LimitsUnavailable,
     ModelError,
+    RateLimited,
     RecoveryNeedsDecision,
     RunFailed,
     RunHeld,
@@ -33,7 +34,6 @@ from agentflow._errors import (
     UnstorableValue,
     VersionNotDeployed,
 )
-from agentflow.exec.limits import LimitsUnavailable, RateLimited
 
 __all__ = [
     "AgentflowError",

@@ -7,12 +7,12 @@ each with a runner and a store of its own (emptied between blocks):
 - ``metrics off``: a plain runner, prometheus-client installed, nobody subscribed (each
   ``emit`` returns at its first check): what every user pays;
 - ``metrics on``: `Metrics.watch` on the runner's hub;
-- ``metrics on, store timed``: and the store wrapped in `TimedStore`, as the workers run.
+- ``metrics on, store timed``: and the store timed (`Metrics.store_hook` on a `ForwardingStore`), as the workers run.
 
 - ``tracing on``: the executor's tracer is `agentflow.observe.Tracing` on an SDK
   `TracerProvider` with a `BatchSpanProcessor` (its thread hands the spans to an exporter
   that drops them: encoding and sending them is the exporter's own cost);
-- ``tracing on, store traced``: and the store wrapped in `TracedStore` (operations as events).
+- ``tracing on, store traced``: and the store traced (`Tracing.store_hook`: operations as events).
 
 ``metrics off`` is also tracing off: the plain runner's executor has the no-op tracer, and
 opentelemetry-api is imported. What tracing off costs is timed on its own as well: the calls a
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentflow import Events, Executor, FlowRunner
-from agentflow.exec.checkpoints import MemoryCheckpointStore
+from agentflow.exec.checkpoints import ForwardingStore, MemoryCheckpointStore
 from agentflow.exec.tracing import Tracer
 from agentflow.flow._driver import Cursor
 from bench import _flows, _services
@@ -104,18 +104,17 @@ def _runner(case: str, store: Any) -> FlowRunner:
     checkpoints = store
     tracer: Tracer | None = None
     if case.startswith("tracing on"):
-        from agentflow.observe import TracedStore
-
-        tracer = _tracing(SAMPLED if case.endswith("sampled") else 1.0)
+        tracing = _tracing(SAMPLED if case.endswith("sampled") else 1.0)
+        tracer = tracing
         if case.endswith("traced"):
-            checkpoints = TracedStore(store)
+            checkpoints = ForwardingStore(store, [tracing.store_hook])
     if case.startswith("metrics on"):
-        from agentflow.observe import Metrics, TimedStore
+        from agentflow.observe import Metrics
 
         metrics = Metrics()
         metrics.watch(events)
         if case.endswith("timed"):
-            checkpoints = TimedStore(store, metrics.store_seconds)
+            checkpoints = ForwardingStore(store, [metrics.store_hook])
     key = None if isinstance(store, MemoryCheckpointStore) else b"observe-bench-key-0123456789abcdef"
     executor = Executor(_flows.registry, events=events, tracer=tracer)
     return FlowRunner(executor, checkpoints=checkpoints, checkpoint_key=key)

@@ -14,8 +14,6 @@ import agentflow.exec.limits
 import agentflow.flow
 from agentflow import _errors
 from agentflow._errors import AgentflowError
-from agentflow._moved import MOVED
-from agentflow.exec.limits import LimitsUnavailable, RateLimited
 
 DESIGN_TOP_LEVEL = ["Flow", "Call", "Registry", "Executor", "FlowRunner", "RunContext"]
 DESIGN_CHECKPOINTS = [
@@ -123,11 +121,10 @@ PUBLIC: dict[str, list[str]] = {
         "RetryPolicy", "Tool", "current_call", "idempotency_key", "recover_tool_loop", "run_tool_loop",
     ],
     "agentflow.exec.limits": [
-        "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LimitsUnavailable", "LocalLimits", "RateLimited",
-        "RedisLimits", "Refusal", "SQLLimits",
+        "BackendSpec", "Limit", "LimitBackend", "LimitKey", "LocalLimits", "RedisLimits", "Refusal", "SQLLimits",
     ],
     "agentflow.exec.checkpoints": [
-        "CheckpointConflict", "CheckpointError", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt",
+        "CheckpointConflict", "CheckpointNotFound", "CheckpointStore", "CheckpointStoreCorrupt", "ForwardingStore",
         "MemoryCheckpointStore", "Pruned", "RecoveryNeedsDecision", "RedisCheckpointStore", "RetentionPolicy",
         "RetentionStore", "SQLAlchemyCheckpointStore", "SQLiteCheckpointStore", "SealedCall", "SealedCheckpoint",
         "StoreDefaults", "TrimStore", "Trimmed", "idempotency_key", "prune_finished", "trim_finished",
@@ -144,7 +141,7 @@ PUBLIC: dict[str, list[str]] = {
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
     "agentflow.integrations.pydantic_ai": ["AgentInput", "AgentResult", "AgentRunner", "DurableAgent"],
     "agentflow.observe": [
-        "Metrics", "MetricsServer", "TimedStore", "TracedStore", "Tracing", "serve_metrics", "trace_worker",
+        "Metrics", "MetricsServer", "Tracing", "serve_metrics", "trace_worker",
     ],
 }  # fmt: skip
 #: Packages with no public names of their own (a command and a demo).
@@ -191,19 +188,34 @@ def test_command_and_demo_packages_export_nothing(name: str) -> None:
 def test_agentflow_all_contains_the_design_names_and_the_errors_module_every_error():
     assert set(DESIGN_TOP_LEVEL) <= set(agentflow.__all__)
     assert agentflow.errors.AgentflowError is AgentflowError
-    assert set(ERRORS) | set(ELSEWHERE) == set(agentflow.errors.__all__)
+    assert set(ERRORS) == set(agentflow.errors.__all__)
 
 
-@pytest.mark.parametrize("name", sorted(MOVED))
-def test_an_error_that_left_the_root_is_still_there_for_a_release_with_a_warning_naming_its_home(name: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"agentflow\.{name} moved to agentflow\.errors\.{name}"):
-        moved = getattr(agentflow, name)
-    assert moved is getattr(agentflow.errors, name)
+#: The errors a package other than `agentflow.errors` exports: DESIGN.md's imports, and only those.
+DESIGN_ERRORS = {
+    "agentflow.exec.checkpoints": {
+        "CheckpointNotFound", "CheckpointConflict", "CheckpointStoreCorrupt", "RecoveryNeedsDecision",
+    },
+    "agentflow.flow": {"FlowError"},
+}  # fmt: skip
 
 
-def test_a_name_agentflow_never_had_is_an_attribute_error():
-    with pytest.raises(AttributeError, match="module 'agentflow' has no attribute 'FlowErorr'"):
-        agentflow.FlowErorr  # noqa: B018
+@pytest.mark.parametrize("name", sorted(set(PUBLIC) - {"agentflow.errors"}))
+def test_an_error_has_one_public_home_besides_the_imports_design_names(name: str) -> None:
+    # Given a package other than agentflow.errors
+    module = importlib.import_module(name)
+    # Then the errors in its __all__ are exactly those DESIGN.md imports from it, each the one of agentflow.errors
+    exported = {attr for attr in module.__all__ if inspect.isclass(obj := getattr(module, attr))
+                and issubclass(obj, BaseException)}  # fmt: skip
+    assert exported == DESIGN_ERRORS.get(name, set())
+    assert all(getattr(module, attr) is getattr(agentflow.errors, attr) for attr in exported)
+
+
+@pytest.mark.parametrize("name", ["AgentflowError", "FlowError", "RunHeld", "CheckpointConflict"])
+def test_an_error_is_not_importable_from_the_root(name: str) -> None:
+    # (the old names at the root, kept one release with a DeprecationWarning, are gone: agentflow.errors has them)
+    with pytest.raises(AttributeError, match=f"module 'agentflow' has no attribute '{name}'"):
+        getattr(agentflow, name)
 
 
 def test_run_kind_and_status_are_the_base_types_everywhere():
@@ -283,24 +295,12 @@ def test_every_error_subclasses_agentflow_error_where_the_tree_draws_it(name: st
     assert issubclass(error, ERRORS[DRAWN[name]])
 
 
-#: Errors the tree draws that are defined with their subsystem, not in `agentflow._errors`.
-ELSEWHERE: dict[str, type[BaseException]] = {"LimitsUnavailable": LimitsUnavailable, "RateLimited": RateLimited}
-
-
 def test_the_drawn_tree_names_only_real_errors():
-    assert set(DRAWN) <= set(ERRORS) | set(ELSEWHERE)
+    assert set(DRAWN) <= set(ERRORS)
 
 
-@pytest.mark.parametrize("name", sorted(ELSEWHERE))
-def test_the_errors_defined_elsewhere_are_drawn_under_their_real_parent(name: str) -> None:
-    error = ELSEWHERE[name]
-
-    assert DRAWN[name] in ERRORS
-    assert error.__base__ is ERRORS[DRAWN[name]]
-
-
-def test_rate_limited_is_the_same_from_agentflow_errors_and_from_the_limits():
-    assert agentflow.errors.RateLimited is RateLimited and agentflow.Limit is agentflow.exec.limits.Limit
+def test_the_root_limit_is_the_limits_one():
+    assert agentflow.Limit is agentflow.exec.limits.Limit
 
 
 def test_identity_mismatch_is_a_permission_error():

@@ -68,6 +68,7 @@ from agentflow.celery._stranded import Stranded
 from agentflow.celery._sweep import sweep
 from agentflow.celery._task_states import answered, asked, lost_tasks
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.checkpoints.forwarding import ForwardingStore, StoreHook
 from agentflow.exec.context import delivering
 from agentflow.exec.run.checks import checked_latest
 from agentflow.exec.run.markers import MarkerBusy, Markers
@@ -144,9 +145,10 @@ class Worker:
         self.flow_app = flow_app
         self.loops = flow_app.loops
         self.settings = settings
+        #: Makes the store, never hooked: the runner's store gets the hooks, and the prune tick opens one of its own.
         self._store_factory = store_factory
-        #: The store as made, never wrapped: the prune tick opens one of its own (`retention`).
-        self._unwrapped_factory = store_factory
+        #: What runs around each operation of this process's store (timing, tracing; `hook_store`).
+        self._store_hooks: list[StoreHook] = []
         self.checkpoint_key = checkpoint_key
         self._runner: FlowRunner | None = None
         self._runs: Runs | None = None
@@ -170,8 +172,9 @@ class Worker:
     def runner(self) -> FlowRunner:
         """This process's runner (made on first use, in the process that uses it)."""
         if self._runner is None:
+            store = self._store_factory()
             self._runner = self.flow_app.runner(
-                self._store_factory(),
+                ForwardingStore(store, self._store_hooks) if self._store_hooks else store,
                 self.checkpoint_key,
                 lease_s=self.settings.lease_s,
                 owner=self.owner,
@@ -200,12 +203,14 @@ class Worker:
             return None
         return row.flow, row.step, version_of(body)
 
-    def wrap_store(self, wrap: Callable[[CheckpointStore], CheckpointStore]) -> None:
-        """Wrap the store this process makes (timing, tracing); only before the runner exists."""
+    def hook_store(self, hook: StoreHook) -> None:
+        """Run `hook` around each operation of the store this process makes (timing, tracing); only before the runner.
+
+        However many hooks, the store is wrapped once (`ForwardingStore`), the first hook outermost.
+        """
         if self._runner is not None:
-            raise RuntimeError("the worker's store exists already: wrap it before the first task")
-        made = self._store_factory
-        self._store_factory = lambda: wrap(made())
+            raise RuntimeError("the worker's store exists already: hook it before the first task")
+        self._store_hooks.append(hook)
 
     @property
     def store(self) -> CheckpointStore:
@@ -371,7 +376,7 @@ class Worker:
         does: the store's server check runs then. A store that cannot be reached now is only
         warned about (the tasks say so as they come); one that refuses its server is not.
         """
-        store = self._unwrapped_factory()
+        store = self._store_factory()
         try:
             await store.latest("agentflow-start-check")
         except CheckpointNotFound:
@@ -386,7 +391,7 @@ class Worker:
 
     async def prune(self) -> dict[str, Any]:
         """One tick of the retention beat: prune, then trim, what `WorkerSettings.retention()` no longer keeps."""
-        return await prune_tick(self._unwrapped_factory, self.settings, self.owner, self.sealer)
+        return await prune_tick(self._store_factory, self.settings, self.owner, self.sealer)
 
     @property
     def resends(self) -> Resends:

@@ -100,6 +100,8 @@ class Acting:
     store_url: str | None = None
     key_env: str = ""
     app_path: str | None = None
+    workers_path: str | None = None
+    """``--workers`` as given (what a hint repeats), or None to act here."""
 
     def here(self) -> Here:
         """Import the app and open the store (acting here; the app first, as its errors say more).
@@ -132,6 +134,7 @@ def _resolve(ctx: click.Context, options: dict[str, Any], waits: bool) -> Acting
         from agentflow.cli._workers import load_workers  # imports agentflow.celery: only with --workers
 
         acting.workers = load_workers(workers_path, wait=wait, timeout_s=timeout_s)
+        acting.workers_path = workers_path
         return acting
     if waits and (explicit(ctx, "no_wait") or explicit(ctx, "timeout_s")):
         raise click.UsageError("--no-wait and --timeout go with --workers (here, the command acts to the end)")

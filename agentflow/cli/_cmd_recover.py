@@ -32,6 +32,7 @@ from agentflow._errors import (
     RunHeld,
     VersionNotDeployed,
 )
+from agentflow._hints import decide_hint
 from agentflow.cli import _errors
 from agentflow.cli._acting import Acting, Here, acting
 from agentflow.cli._cmd_runs import list_row
@@ -192,13 +193,15 @@ async def _named_runs(store: CheckpointStore, flows: FlowApp, run_ids: Sequence[
     return named
 
 
-def _summary(outcomes: Outcomes) -> None:
+def _summary(outcomes: Outcomes, workers: str | None) -> None:
     rows = [[run_id, what, short(detail, 100)] for run_id, (what, detail) in outcomes.items()]
     echo(table(["run", "outcome", "detail"], rows, colour=1))
-    undecided = [printable(run_id) for run_id, (what, _) in outcomes.items() if what == "needs a decision"]
-    if undecided:
-        runs = " ".join(undecided)
-        echo(f"check the calls in doubt at their system, then: agentflow recover {runs} --rerun-in-doubt ...")
+    for run_id, (what, _) in outcomes.items():
+        if what == "needs a decision":
+            hint = printable(decide_hint(run_id, workers=workers))
+            echo(
+                f"run {printable(run_id)}: check its calls in doubt at their systems (agentflow runs show), then {hint}"
+            )
     held = sum(1 for what, _ in outcomes.values() if what == "held")
     if held:
         echo(f"{held} run(s) are live on their workers and were left alone")
@@ -251,4 +254,4 @@ def recover(how: Acting, run_ids: tuple[str, ...], flow_name: str | None, yes: b
 
     outcomes = run(job)
     if outcomes:
-        _summary(outcomes)
+        _summary(outcomes, how.workers_path)

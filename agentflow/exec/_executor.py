@@ -21,12 +21,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow._errors import ApprovalDenied, LeaseLost, ToolTimeout
+from agentflow._errors import ApprovalDenied, LeaseLost, RateLimited, ToolTimeout
 from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec._registry import Registry, Tool
 from agentflow.exec.context import CallInfo, _current
-from agentflow.exec.limits import RateLimited
 from agentflow.exec.limits.gate import Gate, Slots
 from agentflow.exec.tracing import NO_SPAN, NO_TRACING, CallSpan, Tracer
 

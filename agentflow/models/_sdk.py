@@ -1,7 +1,10 @@
-"""What the adapters on the official SDKs share: clients per event loop, bounded reads, errors without keys.
+"""What the adapters on the official SDKs share: their settings, clients per event loop, bounded reads, errors.
 
-An adapter names its SDK's error classes (`SDKErrors`), builds the SDK client (`_new_client`),
-opens the streamed request (`_open`) and maps the decoded body to a `Message` (`_parse`).
+`SDKModel` checks the arguments (model, URL, key, limits, `extra_body`, a client of your
+own), makes the SDK's client, sends the request with the tools and extra fields, and maps
+every failure to a `ModelError`. An adapter describes its SDK and API as data (`SDK`: the
+client class, error classes, key headers and environment variables), builds its request's
+own fields (`_request`, `_wire_tool`) and maps the decoded body to a `Message` (`_parse`).
 The SDK does the transport: retries with backoff (honouring ``Retry-After``), timeouts,
 proxies and TLS from the environment, Azure and other providers. This class reads the body
 itself, so that its size is checked while it is read and its JSON decoded strictly; and
@@ -14,34 +17,68 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from operator import attrgetter
 from types import TracebackType
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from agentflow._errors import ModelError
-from agentflow.models._decode import Body, Malformed, check_limits, loads, read_body
-from agentflow.models._messages import Message
-from agentflow.models._secrets import Scrubber
+from agentflow.models._decode import Body, Malformed, arguments, check_limits, loads, read_body
+from agentflow.models._messages import Message, ToolCall
+from agentflow.models._secrets import Scrubber, check_key, resolve_key
 from agentflow.models.usage import note_usage
 
 
 @dataclass(frozen=True)
-class SDKErrors:
-    """The exception classes of one SDK (both official SDKs have the same tree)."""
+class SDK:
+    """What an adapter's vendor SDK and API are, as data (both official SDKs have the same shape)."""
 
-    status: type[Exception]
-    connection: type[Exception]
-    timeout: type[Exception]
+    client: Callable[..., Any]
+    """The SDK's async client class: ``client(api_key=, base_url=, timeout=, max_retries=)``."""
+    endpoint: str
+    """The client's resource that sends the request (``chat.completions``: its ``with_streaming_response.create``)."""
+    status_error: type[Exception]
+    """What the SDK raises for a reply with an error status (after its retries)."""
+    connection_error: type[Exception]
+    """What it raises when the server cannot be reached."""
+    timeout_error: type[Exception]
+    """What it raises when the server did not answer in time (a `connection_error` too)."""
+    omit: Callable[[], Any]
+    """The SDK's marker that leaves a default header out of a request."""
+    key_headers: tuple[str, ...]
+    """The headers its client sends a key in (left out when there is no key)."""
+    key_env: str
+    """The environment variable of the key (``OPENAI_API_KEY``)."""
+    url_env: str
+    """The environment variable of the API root."""
+    default_url: str
+    """The vendor's API root."""
+    reserved: frozenset[str]
+    """Request fields the adapter sets itself; `extra_body` may not replace them."""
+    client_keys: tuple[str, ...] = ("api_key",)
+    """The attributes of a client of your own that may hold a credential."""
+    usage_keys: tuple[str, str] = ("input_tokens", "output_tokens")
+    """Where a reply's ``usage`` reports its prompt and reply tokens (`note_usage`)."""
 
 
 @dataclass
 class _LoopClient:
     client: Any
     keeper: AsyncGenerator[None, None]
+
+
+def tool_fields(schema: Mapping[str, Any], parameters: str) -> dict[str, Any]:
+    """A ``Tool.schema()`` dict's name, description (when it has one) and parameters, under the key `parameters`."""
+    tool: dict[str, Any] = {"name": schema["name"]}
+    if schema.get("description"):
+        tool["description"] = schema["description"]
+    tool[parameters] = schema.get("parameters") or {"type": "object", "properties": {}}
+    return tool
 
 
 def check_base_url(base_url: str) -> str:
@@ -92,23 +129,39 @@ def client_settings(client: Any, given: Mapping[str, object]) -> tuple[str, floa
 class SDKModel:
     """Base of the adapters on an official SDK (see the module docstring)."""
 
-    errors: ClassVar[SDKErrors]
-    """The SDK's exception classes."""
-    usage_keys: ClassVar[tuple[str, str]] = ("input_tokens", "output_tokens")
-    """Where a reply's ``usage`` reports its prompt and reply tokens (`note_usage`)."""
+    sdk: ClassVar[SDK]
+    """The adapter's SDK and API."""
 
     def __init__(
         self,
         model: str,
         *,
-        base_url: str,
+        base_url: str | None,
+        api_key: str | None,
+        timeout_s: float | None,
+        max_retries: int | None,
+        extra_body: Mapping[str, Any] | None,
         client: Any,
-        secrets: Sequence[str | None],
-        timeout_s: float,
-        max_retries: int,
         max_tool_calls: int,
         max_reply_bytes: int,
     ) -> None:
+        """Check the settings (an adapter's ``__init__`` documents them); nothing is connected.
+
+        Raises:
+            ValueError: an option is out of range, the URL is not http(s), a key holds
+                whitespace or a control character, `extra_body` sets a field the adapter
+                owns, or `client` comes with settings it already has.
+            TypeError: `extra_body` is not JSON-able.
+        """
+        self.extra_body = check_extra_body(extra_body, self.sdk.reserved)
+        if client is not None:
+            secrets = self._client_keys(client)
+            given = {"base_url": base_url, "api_key": api_key, "timeout_s": timeout_s, "max_retries": max_retries}
+            base_url, timeout_s, max_retries = client_settings(client, given)
+        else:
+            secrets, base_url = self._own_settings(api_key, base_url)
+        timeout_s = 60.0 if timeout_s is None else timeout_s
+        max_retries = 3 if max_retries is None else max_retries
         if not model:
             raise ValueError(f"{type(self).__name__} needs a model name")
         if timeout_s <= 0 or max_retries < 0:
@@ -123,24 +176,40 @@ class SDKModel:
         self.max_retries = max_retries
         self.max_tool_calls = max_tool_calls
         self.max_reply_bytes = max_reply_bytes
+        self._api_key = secrets[0] if secrets else None
         self._scrub = Scrubber([*secrets, parts.password])
         self._given_client = client
         self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
         self._lock = threading.Lock()  # loops on other threads may share the model
+
+    def _own_settings(self, api_key: str | None, base_url: str | None) -> tuple[list[str], str]:
+        """The key (`api_key`, else its environment variable's; none: no key) and the API root, checked."""
+        key = resolve_key(api_key, self.sdk.key_env, type(self).__name__)
+        return [key] if key else [], check_base_url(
+            base_url or os.environ.get(self.sdk.url_env) or self.sdk.default_url
+        )
+
+    def _client_keys(self, client: Any) -> list[str]:
+        """The credentials a client of your own holds, each checked (`check_key`)."""
+        found: list[str] = []
+        for name in self.sdk.client_keys:
+            value = getattr(client, name, None)
+            if isinstance(value, str) and value:
+                check_key(value, f"the client's {name}")
+                found.append(value)
+        return found
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, base_url={self._shown_url!r})"
 
     # -- what an adapter provides --------------------------------------------------
 
-    def _new_client(self) -> Any:
-        """A new SDK client for the running event loop (only when no client was given)."""
+    def _request(self, messages: Sequence[Message]) -> dict[str, Any]:
+        """The request's fields of the API's own (the model, the messages, ...), tools and extra fields aside."""
         raise NotImplementedError
 
-    def _open(
-        self, client: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
-    ) -> AbstractAsyncContextManager[Body]:
-        """The SDK's streamed request (``with_streaming_response.create(...)``)."""
+    def _wire_tool(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``Tool.schema()`` dict as the API declares a tool."""
         raise NotImplementedError
 
     def _parse(self, data: Any) -> Message:
@@ -151,9 +220,53 @@ class SDKModel:
         """
         raise NotImplementedError
 
+    # -- the request -------------------------------------------------------------------
+
+    def _new_client(self) -> Any:
+        """A new SDK client for the running event loop (only when no client was given)."""
+        return self.sdk.client(
+            api_key=self._api_key or "no-key",  # never sent: `_open` leaves the key headers out then
+            base_url=self.base_url,
+            timeout=self.timeout_s,
+            max_retries=self.max_retries,
+        )
+
+    def _open(
+        self, client: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> AbstractAsyncContextManager[Body]:
+        """The SDK's streamed request: the API's fields, the tools, `extra_body`, and no key header without a key."""
+        options = self._request(messages)
+        if tools:
+            options["tools"] = [self._wire_tool(t) for t in tools]
+        if self.extra_body:
+            options["extra_body"] = self.extra_body
+        if self._given_client is None and self._api_key is None:
+            options["extra_headers"] = {header: self.sdk.omit() for header in self.sdk.key_headers}
+        endpoint = attrgetter(self.sdk.endpoint)(client)
+        opened: AbstractAsyncContextManager[Body] = endpoint.with_streaming_response.create(**options)
+        return opened
+
+    def _tool_call(self, call_id: str, name: str, raw_arguments: object) -> ToolCall:
+        """A tool call of a reply, its arguments decoded (`arguments`)."""
+        where = f"tool call {call_id!r} to {name!r}"
+        return ToolCall(id=call_id, name=name, arguments=arguments(raw_arguments, where, self._scrub.quote))
+
     def _server_message(self, body: object) -> str | None:
-        """The error text of a decoded error body, if it has one where the API puts it."""
-        raise NotImplementedError
+        """The error text of a decoded error body, if it has one where an API or a proxy puts it.
+
+        ``error.message`` (OpenAI, Anthropic), ``error`` (Ollama, proxies), ``message`` (vLLM), ``detail``.
+        """
+        if not isinstance(body, dict):
+            return None
+        error = body.get("error")
+        for text in (
+            error.get("message") if isinstance(error, dict) else error,
+            body.get("message"),
+            body.get("detail"),
+        ):
+            if isinstance(text, str) and text:
+                return text
+        return None
 
     # -- the call ----------------------------------------------------------------------
 
@@ -175,11 +288,11 @@ class SDKModel:
                 data = await read_body(response, self.max_reply_bytes)
         except Malformed as exc:
             failure = str(exc)
-        except self.errors.timeout as exc:
+        except self.sdk.timeout_error as exc:
             failure = f"gave no answer within {self.timeout_s:g} s{_attempts(exc)}"
-        except self.errors.connection as exc:
+        except self.sdk.connection_error as exc:
             failure = f"could not be reached{_attempts(exc)}: {self._describe(exc.__cause__ or exc)}"
-        except self.errors.status as exc:
+        except self.sdk.status_error as exc:
             failure = f"refused the request{_attempts(exc)} with {self._status(exc)}"
         except Exception as exc:  # reading the body can fail in the HTTP library, below the SDK
             failure = f"failed: {self._describe(exc)}"
@@ -187,7 +300,7 @@ class SDKModel:
             try:
                 body = loads(data, "the body", self._scrub.quote)
                 reply = self._parse(body)
-                note_usage(body, *self.usage_keys)
+                note_usage(body, *self.sdk.usage_keys)
                 return reply
             except Malformed as exc:
                 failure = f"sent a malformed reply: {self._scrub(str(exc))}"

@@ -14,23 +14,18 @@ left out, so extended thinking, which needs its blocks sent back, is not support
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from agentflow.models._decode import (
     DEFAULT_MAX_REPLY_BYTES,
     DEFAULT_MAX_TOOL_CALLS,
-    Body,
     Malformed,
-    arguments,
     check_tool_calls,
     text_or_none,
 )
 from agentflow.models._messages import Message, ToolCall
-from agentflow.models._sdk import SDKErrors, SDKModel, check_base_url, check_extra_body, client_settings
-from agentflow.models._secrets import check_key, resolve_key
+from agentflow.models._sdk import SDK, SDKModel, tool_fields
 
 try:
     import anthropic
@@ -38,9 +33,6 @@ except ImportError as exc:  # the message names the extra, however the module is
     raise ImportError(
         f"AnthropicModel needs the 'anthropic' extra: pip install 'agentflow[anthropic]' ({exc})"
     ) from exc
-
-_RESERVED = frozenset({"model", "messages", "tools", "system", "max_tokens", "stream"})
-_DEFAULT_BASE_URL = "https://api.anthropic.com"
 
 
 class AnthropicModel(SDKModel):
@@ -51,8 +43,19 @@ class AnthropicModel(SDKModel):
     Anthropic's 529 "overloaded") and connection failures; what is left raises `ModelError`.
     """
 
-    errors = SDKErrors(
-        status=anthropic.APIStatusError, connection=anthropic.APIConnectionError, timeout=anthropic.APITimeoutError
+    sdk = SDK(
+        client=anthropic.AsyncAnthropic,
+        endpoint="messages",
+        status_error=anthropic.APIStatusError,
+        connection_error=anthropic.APIConnectionError,
+        timeout_error=anthropic.APITimeoutError,
+        omit=anthropic.Omit,
+        key_headers=("Authorization", "X-Api-Key"),
+        key_env="ANTHROPIC_API_KEY",
+        url_env="ANTHROPIC_BASE_URL",
+        default_url="https://api.anthropic.com",
+        reserved=frozenset({"model", "messages", "tools", "system", "max_tokens", "stream"}),
+        client_keys=("api_key", "auth_token"),
     )
 
     def __init__(
@@ -95,53 +98,26 @@ class AnthropicModel(SDKModel):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, not {max_tokens!r}")
         self.max_tokens = max_tokens
-        self.extra_body = check_extra_body(extra_body, _RESERVED)
-        if client is not None:
-            secrets = [s for s in (client.api_key, client.auth_token) if isinstance(s, str) and s]
-            for secret in secrets:
-                check_key(secret, "the client's key")
-            key = secrets[0] if secrets else None
-            given = {"base_url": base_url, "api_key": api_key, "timeout_s": timeout_s, "max_retries": max_retries}
-            url, timeout_s, max_retries = client_settings(client, given)
-        else:
-            key = resolve_key(api_key, "ANTHROPIC_API_KEY", "AnthropicModel")
-            secrets = [key] if key else []
-            url = check_base_url(base_url or os.environ.get("ANTHROPIC_BASE_URL") or _DEFAULT_BASE_URL)
-        self._api_key = key
         super().__init__(
             model,
-            base_url=url,
+            base_url=base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            extra_body=extra_body,
             client=client,
-            secrets=secrets,
-            timeout_s=60.0 if timeout_s is None else timeout_s,
-            max_retries=3 if max_retries is None else max_retries,
             max_tool_calls=max_tool_calls,
             max_reply_bytes=max_reply_bytes,
         )
 
-    def _new_client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(
-            api_key=self._api_key or "no-key",  # never sent: `_open` omits the headers then
-            base_url=self.base_url,
-            timeout=self.timeout_s,
-            max_retries=self.max_retries,
-        )
-
-    def _open(
-        self, client: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
-    ) -> AbstractAsyncContextManager[Body]:
-        system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+    def _request(self, messages: Sequence[Message]) -> dict[str, Any]:
         options: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": _turns(messages)}
-        if system:
+        if system := "\n\n".join(m.content for m in messages if m.role == "system" and m.content):
             options["system"] = system
-        if tools:
-            options["tools"] = [_wire_tool(t) for t in tools]
-        if self.extra_body:
-            options["extra_body"] = self.extra_body
-        if self._given_client is None and self._api_key is None:
-            options["extra_headers"] = {"Authorization": anthropic.Omit(), "X-Api-Key": anthropic.Omit()}
-        opened: AbstractAsyncContextManager[Body] = client.messages.with_streaming_response.create(**options)
-        return opened
+        return options
+
+    def _wire_tool(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        return tool_fields(schema, "input_schema")
 
     def _parse(self, data: Any) -> Message:
         blocks = data.get("content") if isinstance(data, dict) else None
@@ -157,27 +133,16 @@ class AnthropicModel(SDKModel):
             if block.get("type") == "text":
                 texts.append(text_or_none(block.get("text"), f"text block {index}"))
             elif block.get("type") == "tool_use":
-                calls.append(self._tool_call(index, block))
+                calls.append(self._call(index, block))
         return Message.assistant("\n".join(t for t in texts if t), tool_calls=calls)
 
-    def _tool_call(self, index: int, block: dict[str, Any]) -> ToolCall:
+    def _call(self, index: int, block: dict[str, Any]) -> ToolCall:
         name, call_id = block.get("name"), block.get("id")
         if not isinstance(name, str) or not name:
             raise Malformed(f"tool_use block {index} has no name")
         if not isinstance(call_id, str) or not call_id:
             raise Malformed(f"tool_use block {index} to {name!r} has no id")
-        where = f"tool call {call_id!r} to {name!r}"
-        return ToolCall(id=call_id, name=name, arguments=arguments(block.get("input"), where, self._scrub.quote))
-
-    def _server_message(self, body: object) -> str | None:
-        """The error text of an Anthropic body (``error.message``), or of a proxy's (``message``, ``error``)."""
-        if not isinstance(body, dict):
-            return None
-        error = body.get("error")
-        for text in (error.get("message") if isinstance(error, dict) else error, body.get("message")):
-            if isinstance(text, str) and text:
-                return text
-        return None
+        return self._tool_call(call_id, name, block.get("input"))
 
 
 # -- mapping ------------------------------------------------------------------------
@@ -206,11 +171,3 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
     blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in message.tool_calls]
     return blocks
-
-
-def _wire_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
-    tool: dict[str, Any] = {"name": schema["name"]}
-    if schema.get("description"):
-        tool["description"] = schema["description"]
-    tool["input_schema"] = schema.get("parameters") or {"type": "object", "properties": {}}
-    return tool

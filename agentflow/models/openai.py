@@ -9,32 +9,23 @@ of ``repr``, and scrubbed from any text a server sends back.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from agentflow.models._decode import (
     DEFAULT_MAX_REPLY_BYTES,
     DEFAULT_MAX_TOOL_CALLS,
-    Body,
     Malformed,
-    arguments,
     check_tool_calls,
     text_or_none,
 )
 from agentflow.models._messages import Message, ToolCall
-from agentflow.models._sdk import SDKErrors, SDKModel, check_base_url, check_extra_body, client_settings
-from agentflow.models._secrets import check_key, resolve_key
+from agentflow.models._sdk import SDK, SDKModel, tool_fields
 
 try:
     import openai
 except ImportError as exc:  # the message names the extra, however the module is imported
     raise ImportError(f"OpenAIChatModel needs the 'openai' extra: pip install 'agentflow[openai]' ({exc})") from exc
-
-#: Request fields the adapter sets itself; `extra_body` may not replace them.
-_RESERVED = frozenset({"model", "messages", "tools", "stream"})
-_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 class OpenAIChatModel(SDKModel):
@@ -49,9 +40,19 @@ class OpenAIChatModel(SDKModel):
     Whatever still fails, is refused, or comes back unusable raises `ModelError`.
     """
 
-    usage_keys = ("prompt_tokens", "completion_tokens")
-    errors = SDKErrors(
-        status=openai.APIStatusError, connection=openai.APIConnectionError, timeout=openai.APITimeoutError
+    sdk = SDK(
+        client=openai.AsyncOpenAI,
+        endpoint="chat.completions",
+        status_error=openai.APIStatusError,
+        connection_error=openai.APIConnectionError,
+        timeout_error=openai.APITimeoutError,
+        omit=openai.Omit,
+        key_headers=("Authorization",),
+        key_env="OPENAI_API_KEY",
+        url_env="OPENAI_BASE_URL",
+        default_url="https://api.openai.com/v1",
+        reserved=frozenset({"model", "messages", "tools", "stream"}),
+        usage_keys=("prompt_tokens", "completion_tokens"),
     )
 
     def __init__(
@@ -91,48 +92,23 @@ class OpenAIChatModel(SDKModel):
                 owns, or `client` comes with settings it already has.
             TypeError: `extra_body` is not JSON-able.
         """
-        self.extra_body = check_extra_body(extra_body, _RESERVED)
-        if client is not None:
-            key = client.api_key if isinstance(client.api_key, str) and client.api_key else None
-            if key is not None:
-                check_key(key, "the client's api_key")
-            given = {"base_url": base_url, "api_key": api_key, "timeout_s": timeout_s, "max_retries": max_retries}
-            url, timeout_s, max_retries = client_settings(client, given)
-        else:
-            key = resolve_key(api_key, "OPENAI_API_KEY", "OpenAIChatModel")
-            url = check_base_url(base_url or os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE_URL)
-        self._api_key = key
         super().__init__(
             model,
-            base_url=url,
+            base_url=base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            extra_body=extra_body,
             client=client,
-            secrets=[key],
-            timeout_s=60.0 if timeout_s is None else timeout_s,
-            max_retries=3 if max_retries is None else max_retries,
             max_tool_calls=max_tool_calls,
             max_reply_bytes=max_reply_bytes,
         )
 
-    def _new_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            api_key=self._api_key or "no-key",  # never sent: `_open` omits the header then
-            base_url=self.base_url,
-            timeout=self.timeout_s,
-            max_retries=self.max_retries,
-        )
+    def _request(self, messages: Sequence[Message]) -> dict[str, Any]:
+        return {"model": self.model, "messages": [_wire_message(m) for m in messages]}
 
-    def _open(
-        self, client: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
-    ) -> AbstractAsyncContextManager[Body]:
-        options: dict[str, Any] = {"model": self.model, "messages": [_wire_message(m) for m in messages]}
-        if tools:
-            options["tools"] = [_wire_tool(t) for t in tools]
-        if self.extra_body:
-            options["extra_body"] = self.extra_body
-        if self._given_client is None and self._api_key is None:
-            options["extra_headers"] = {"Authorization": openai.Omit()}
-        opened: AbstractAsyncContextManager[Body] = client.chat.completions.with_streaming_response.create(**options)
-        return opened
+    def _wire_tool(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": tool_fields(schema, "parameters")}
 
     def _parse(self, data: Any) -> Message:
         choices = data.get("choices") if isinstance(data, dict) else None
@@ -146,10 +122,10 @@ class OpenAIChatModel(SDKModel):
         if raw_calls is not None and not isinstance(raw_calls, list):
             raise Malformed(f"tool_calls is a {type(raw_calls).__name__}, not a list")
         check_tool_calls(len(raw_calls or []), self.max_tool_calls)
-        calls = [self._tool_call(index, raw) for index, raw in enumerate(raw_calls or [])]
+        calls = [self._call(index, raw) for index, raw in enumerate(raw_calls or [])]
         return Message.assistant(content, tool_calls=calls)
 
-    def _tool_call(self, index: int, raw: object) -> ToolCall:
+    def _call(self, index: int, raw: object) -> ToolCall:
         if not isinstance(raw, dict):
             raise Malformed(f"tool call {index} is a {type(raw).__name__}, not an object")
         function = raw.get("function")
@@ -161,22 +137,7 @@ class OpenAIChatModel(SDKModel):
             call_id = f"call_{index}"  # some local servers leave ids out; the result only needs to match
         if not isinstance(call_id, str):
             raise Malformed(f"tool call {index} to {name!r} has an id that is a {type(call_id).__name__}")
-        where = f"tool call {call_id!r} to {name!r}"
-        return ToolCall(id=call_id, name=name, arguments=arguments(function.get("arguments"), where, self._scrub.quote))
-
-    def _server_message(self, body: object) -> str | None:
-        """The error text of an OpenAI (``error.message``), vLLM (``message``) or Ollama (``error``) body."""
-        if not isinstance(body, dict):
-            return None
-        error = body.get("error")
-        for text in (
-            error.get("message") if isinstance(error, dict) else error,
-            body.get("message"),
-            body.get("detail"),
-        ):
-            if isinstance(text, str) and text:
-                return text
-        return None
+        return self._tool_call(call_id, name, function.get("arguments"))
 
 
 # -- mapping ------------------------------------------------------------------------
@@ -192,11 +153,3 @@ def _wire_message(message: Message) -> dict[str, Any]:
         ]
         return {"role": "assistant", "content": message.content or None, "tool_calls": calls}
     return {"role": message.role, "content": message.content}
-
-
-def _wire_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": schema["name"]}
-    if schema.get("description"):
-        function["description"] = schema["description"]
-    function["parameters"] = schema.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "function", "function": function}

@@ -7,6 +7,7 @@ status, a cause. Never a run id or a call id (one series per run would grow with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from agentflow._app import FlowApp
 from agentflow._events import Event, Events
 from agentflow._run_types import RunKind
+from agentflow.exec.checkpoints.forwarding import StoreHook
+from agentflow.observe._store import OPS, StoreTimer
 
 #: How a run that ended may end.
 FINISHED = ("done", "failed", "cancelled")
@@ -89,7 +92,7 @@ class Metrics:
         )
         self.store_seconds = Histogram(
             "agentflow_store_seconds",
-            "One checkpoint store operation (`timed`).",
+            "One checkpoint store operation (`store_hook`).",
             ("op",),
             registry=reg,
             buckets=STORE_BUCKETS,
@@ -127,6 +130,15 @@ class Metrics:
         Only the events the metrics use are subscribed to, so the hub builds no other.
         """
         return events.subscribe(self.observe, names=self._handlers)
+
+    @functools.cached_property
+    def store_hook(self) -> StoreHook:
+        """The store hook that observes each operation's duration in `store_seconds` (label ``op``).
+
+        ``ForwardingStore(store, [metrics.store_hook])`` is the store timed.
+        """
+        children = {op: self.store_seconds.labels(op) for op in OPS}  # resolved once, not per call
+        return StoreTimer(lambda op, took: children[op].observe(took / 1e9))
 
     def _of(self, family: MetricWrapperBase, *labels: str) -> Any:
         """The child of `family` for `labels` (cached)."""

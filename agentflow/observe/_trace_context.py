@@ -1,25 +1,21 @@
-"""The trace context a run carries, and store operations as span events (`TracedStore`).
+"""The trace context a run carries, and store operations as span events (`store_op`).
 
 - `traceparent` / `run_context`: a run's trace context as its checkpoints carry it (a W3C
   ``traceparent``), or derived from its run id when it carries none (`derived_context`).
-- `TracedStore`: forwards every operation (`ForwardingStore`) and notes it with its
-  latency as an event of agentflow's current span. What an entry point does before its
-  first span opens (the lease, reading the run) waits in that entry point's `Pending`
-  list and goes into its first span (`take_pending`).
+- `store_op`: a store operation (timed by `Tracing.store_hook` on a `ForwardingStore`)
+  noted with its latency as an event of agentflow's current span. What an entry point
+  does before its first span opens (the lease, reading the run) waits in that entry
+  point's `Pending` list and goes into its first span (`take_pending`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import Span, SpanContext, TraceFlags
-
-from agentflow.exec.checkpoints import CheckpointStore
-from agentflow.observe._forward import ForwardingStore
 
 #: A W3C ``traceparent`` of version 00.
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -90,13 +86,3 @@ def take_pending() -> Pending | None:
         pending.closed = True
         pending_ops.set(None)
     return pending
-
-
-class TracedStore(ForwardingStore):
-    """Forwards every operation to `inner` and notes it as an event of agentflow's current span (``store.<op>``)."""
-
-    def __init__(self, inner: CheckpointStore) -> None:
-        super().__init__(inner)
-
-    def _done(self, op: str, duration_ns: int) -> None:
-        store_op(op, time.time_ns() - duration_ns, duration_ns)

@@ -16,7 +16,7 @@ continues one a dead worker cut off carries ``agentflow.recovered`` and a link t
 span of the cut-off superstep (whose id its ``started`` records carry).
 
 Store operations are span events (``store.<op>``, with ``agentflow.store.ms``) when the
-store is wrapped in `TracedStore`; what an entry point does before its first span opens
+store is a `ForwardingStore` with `Tracing.store_hook`; what an entry point does before its first span opens
 (the lease, reading the head and the log, the claim) becomes events of that span, which
 starts when the entry point began.
 
@@ -41,27 +41,30 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
 
 from agentflow.exec import Tool
-from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.checkpoints.forwarding import StoreHook
 from agentflow.exec.run.cancel import CancelRequested
 from agentflow.exec.run.cursor import RunCursor
 from agentflow.exec.tracing import NO_SPAN, CallSpan, ModelSpan, StepSpan
 from agentflow.models.usage import clear_usage, last_usage
+from agentflow.observe._store import StoreTimer
 from agentflow.observe._trace_context import (
     Pending,
-    TracedStore,
     current,
     pending_ops,
     run_context,
+    store_op,
     take_pending,
     traceparent,
 )
 
-__all__ = ["SCOPE", "TracedStore", "Tracing", "trace_worker"]
+__all__ = ["SCOPE", "Tracing", "trace_worker"]
 
 #: The instrumentation scope's name (``otel.scope.name`` in a backend).
 SCOPE = "agentflow"
 #: Parsed trace contexts kept (a worker sees the same few runs' over and over).
 MAX_PARENTS = 1024
+#: Store operations as events of agentflow's current span (`Tracing.store_hook`), from when each began.
+_STORE_EVENTS = StoreTimer(lambda op, took: store_op(op, time.time_ns() - took, took))
 
 
 class _Open:
@@ -274,6 +277,14 @@ class Tracing:
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=provider)
         self._parents: dict[str, tuple[Context, SpanContext]] = {}
 
+    @property
+    def store_hook(self) -> StoreHook:
+        """The store hook that notes each operation as an event of the current span: ``ForwardingStore(store, [hook])``.
+
+        An event ``store.<op>`` with ``agentflow.store.ms``; the same hook for every `Tracing`.
+        """
+        return _STORE_EVENTS
+
     def run(self, cur: RunCursor) -> tuple[Context, SpanContext]:
         """The run's trace context (`run_context`), and a context whose span it is (cached per run)."""
         key = cur.trace if cur.trace is not None else cur.run_id  # (a run id: a derived context)
@@ -348,15 +359,15 @@ class Tracing:
                 self.tracer.start_span(f"agentflow.tool {tool}", attributes=attributes).end()
 
 
-class _Wrappable(Protocol):
+class _Hookable(Protocol):
     """What `trace_worker` needs of a Celery worker (`agentflow.celery.worker.Worker`)."""
 
     tracer: Any
 
-    def wrap_store(self, wrap: Callable[[CheckpointStore], CheckpointStore]) -> None: ...
+    def hook_store(self, hook: StoreHook) -> None: ...
 
 
-def trace_worker(worker: _Wrappable, tracing: Tracing | None = None) -> Tracing:
+def trace_worker(worker: _Hookable, tracing: Tracing | None = None) -> Tracing:
     """Have a Celery worker's runs report spans: `tracing` (a new `Tracing` by default), its store traced.
 
     Call it after `register_tasks`, before the first task (``register_tasks(...).worker``);
@@ -364,5 +375,5 @@ def trace_worker(worker: _Wrappable, tracing: Tracing | None = None) -> Tracing:
     """
     chosen = tracing if tracing is not None else Tracing()
     worker.tracer = chosen
-    worker.wrap_store(TracedStore)
+    worker.hook_store(chosen.store_hook)
     return chosen

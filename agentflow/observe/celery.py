@@ -26,7 +26,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from agentflow.celery import AgentflowTasks
 from agentflow.observe._metrics import Metrics
 from agentflow.observe._serve import DEFAULT_HOST, MetricsServer, serve_metrics
-from agentflow.observe._store import TimedStore
 
 #: What the worker says when the multiprocess directory is missing.
 NEEDS_DIR = (
@@ -73,7 +72,7 @@ def serve_worker_metrics(app: Celery, tasks: AgentflowTasks, *, port: int, host:
         metrics = Metrics(register=False)
         metrics.prime(tasks.worker.flow_app)
         metrics.watch(tasks.worker.events)
-        tasks.worker.wrap_store(lambda store: TimedStore(store, metrics.store_seconds))
+        tasks.worker.hook_store(metrics.store_hook)
         try:
             served.append(serve_metrics(registry, port=port, host=host))
         except OSError as exc:

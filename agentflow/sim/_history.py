@@ -1,6 +1,6 @@
 """The history of accepted writes, checked against the stores' rules as each write takes effect.
 
-The stores report every write that took effect, in the order it did (`SimStore`); the
+The stores report every write that took effect, in the order it did (`SimPoints`); the
 world hands each one here. A store's fencing, append-only and compare-and-set rules are
 what the protocol stands on, and the protocol's other defences (a lease confirmed before a
 tool, a claim that counts the log again) often hide a store that broke one of them: no

@@ -202,7 +202,7 @@ class Episode(Points):
         self._faults_drawn = 0
         self.steps = 0
 
-    # -- what `SimStore` and the tools ask -------------------------------------------------
+    # -- what `SimPoints` and the tools ask ------------------------------------------------
 
     async def point(self, name: str, run_id: str | None = None) -> None:
         await self.sched.point(name, run_id=run_id)

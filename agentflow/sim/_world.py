@@ -2,7 +2,7 @@
 
 The ledger is the truth the invariants are checked against: every tool appends its effect
 there (run, call id, tool) at the moment it happens, wherever it runs. The store writes are
-observed in the order they took effect (`SimStore` reports each one), so the world knows
+observed in the order they took effect (`SimPoints` reports each one), so the world knows
 whether a call's ``started`` was stored before its effect and whether a cancel came first.
 
 Invariants checked as the simulation goes (`World.violations`):

@@ -26,7 +26,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from _kit.tickets import Ledger, sigkill
 from agentflow.exec import current_call
-from agentflow.integrations.pydantic_ai import DurableAgent
+from agentflow.integrations.pydantic_ai import AgentInput, DurableAgent
 
 PROMPT = "Charge order A1 90 EUR."
 TOOLS = ("lookup_order", "charge")
@@ -143,6 +143,6 @@ def make_agent(
     return agent
 
 
-def durable(agent: Agent[None, Receipt]) -> DurableAgent:
-    """The order agent made durable: lookup_order may rerun, charge may not."""
-    return DurableAgent(agent, name="orders", idempotent={"lookup_order"}, max_requests=MAX_REQUESTS)
+def durable(agent: Agent[None, Receipt], deps: Callable[[AgentInput], Any] | None = None) -> DurableAgent:
+    """The order agent made durable: lookup_order may rerun, charge may not (with `deps`, a deps factory)."""
+    return DurableAgent(agent, name="orders", idempotent={"lookup_order"}, max_requests=MAX_REQUESTS, deps=deps)

@@ -237,7 +237,11 @@ async def test_deps_are_rebuilt_on_each_worker_from_the_run_and_its_data(store_s
     def reply(messages: list[Any], info: AgentInfo) -> ModelResponse:
         return ModelResponse(parts=[TextPart("hello")])
 
-    agent = DurableAgent(Agent(FunctionModel(reply), deps_type=dict), name="greeter", deps=made.append)
+    def deps(run: AgentInput) -> dict[str, Any]:
+        made.append(run)
+        return dict(run.data)
+
+    agent = DurableAgent(Agent(FunctionModel(reply), deps_type=dict), name="greeter", deps=deps)
     runner = agent.runner(store_setup.open(), KEY)
     # When the run goes in one process, Then its stages share one pydantic-ai run, so the deps are made once
     result = await runner.run("hi", run_id="g-1", deps_data={"user": "u-7"})

@@ -25,16 +25,22 @@ from agentflow import Registry, RunContext, RunStatus
 from agentflow.errors import CheckpointConflict, StoreNotDurable
 from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import CheckpointStore, RedisCheckpointStore
-from agentflow.integrations.pydantic_ai import AgentRunner, DurableAgent
+from agentflow.integrations.pydantic_ai import AgentInput, AgentRunner, DurableAgent
 from agentflow.models import Message
 
 #: What one whole run does: three model requests, each tool once.
 ONCE = {"model": 3, "lookup_order": 1, "charge": 1}
 
 
+def shop(run: AgentInput) -> str:
+    """The order agent's deps here: the shop its run was started for (its ``deps_data``)."""
+    return str(run.data.get("shop", ""))
+
+
 def runner(store: CheckpointStore, ledger: Ledger, **agent: Any) -> AgentRunner:
     """A new runner (another process) of the order agent over `store`, its effects in `ledger`."""
-    return (DurableAgent(make_agent(ledger), **agent) if agent else durable(make_agent(ledger))).runner(store, KEY)
+    made = DurableAgent(make_agent(ledger), deps=shop, **agent) if agent else durable(make_agent(ledger), deps=shop)
+    return made.runner(store, KEY)
 
 
 async def test_an_agent_run_retried_with_the_same_run_id_carries_on_the_run_its_first_try_stored(

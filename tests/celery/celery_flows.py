@@ -36,6 +36,7 @@ from pydantic import BaseModel
 
 from agentflow import Call, Child, Flow, FlowApp, LoopSpec, Map, Registry, Wait
 from agentflow.exec import current_call, idempotency_key
+from agentflow.integrations.pydantic_ai import AgentInput
 from agentflow.models import Message, ToolCall
 
 #: Every effect of every worker process, in the file the test names.
@@ -157,6 +158,12 @@ FAMILY = (
     .end("send")
 )
 
+
+def shop_of(run: AgentInput) -> str:
+    """The deps of the ``shop-orders`` agent: the shop its run was started for (``deps_data={"shop": ...}``)."""
+    return str(run.data["shop"])
+
+
 app = FlowApp(
     tickets.registry,
     [TICKETS, SLOW, FANOUT, COOLED, DEADLINE, MAPPED, FAMILY, FAMILY_CHILD],
@@ -165,6 +172,7 @@ app = FlowApp(
         "refunds": LoopSpec(model_factory=RefundModel, registry=tickets.registry),
         "charges": LoopSpec(model_factory=ChargeModel, registry=tickets.registry),  # charge_card: not idempotent
         "orders": durable(make_agent(ledger, pause=_pause)),  # a durable pydantic-ai agent
+        "shop-orders": durable(make_agent(ledger), deps=shop_of),  # the order agent, its deps from deps_data
     },
 )
 

@@ -99,3 +99,13 @@ async def test_random_worker_kills_never_charge_an_agent_run_twice(deployment):
         assert deployment.effects()[("charge", run_id)] == 1
         deployment.kill_group(f"r{i}")  # idle: the next run starts on a worker of its own
     print(f"\n{WORKER_KILLS} worker kills over {WORKER_KILLS} agent runs: decisions {dict(decided)}, charges once each")
+
+
+async def test_a_deps_factory_that_fails_on_a_worker_fails_the_run_saying_why(shared):
+    # Given the order agent whose deps a factory builds from deps_data["shop"], started without it
+    run_id = await shared.client.start_agent("shop-orders", PROMPT, deps_data={"region": "eu"})
+    # When a worker runs its first stage, Then the run fails with the factory's mistake and what to do
+    view = await shared.client.settle(run_id, timeout_s=60)
+    assert view.status == "failed", view
+    assert "the deps factory of agent 'shop-orders' raised KeyError: 'shop'" in (view.error or "")
+    assert "deps_data keys ['region']" in (view.error or "")

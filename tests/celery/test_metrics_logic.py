@@ -6,13 +6,13 @@ import time
 
 import pytest
 from celery import Celery
-from prometheus_client import CollectorRegistry, Histogram
 from worker_kit import KEY, Setup
 
 from agentflow.celery import register_tasks
 from agentflow.exec.checkpoints import MemoryCheckpointStore
 from agentflow.exec.checkpoints.conformance import validate
-from agentflow.observe import Metrics, TimedStore
+from agentflow.exec.checkpoints.forwarding import ForwardingStore
+from agentflow.observe import Metrics
 
 
 def watched(s: Setup) -> Metrics:
@@ -83,29 +83,30 @@ async def test_a_sweep_sets_the_unfinished_runs_and_the_oldest_ones_age_by_flow(
     assert value(metrics, "agentflow_unfinished_run_oldest_seconds", flow="wires") == 0
 
 
-def test_a_worker_times_its_store_when_wrapped_before_its_first_task():
-    # Given a worker whose store is wrapped before it made one
+def test_a_worker_times_its_store_when_hooked_before_its_first_task():
+    # Given a worker whose store is hooked before it made one
     store = MemoryCheckpointStore()
     tasks = register_tasks(Celery("t"), Setup().app, store_factory=lambda: store, checkpoint_key=KEY)
-    histogram = Histogram("t_store_seconds", "t", ("op",), registry=CollectorRegistry())
-    tasks.worker.wrap_store(lambda inner: TimedStore(inner, histogram))
-    # Then the worker's store is the timed one, over the store the factory made
-    assert isinstance(tasks.worker.store, TimedStore) and tasks.worker.store.inner is store
-    # and once the store exists, wrapping it again is refused
-    with pytest.raises(RuntimeError, match="wrap it before"):
-        tasks.worker.wrap_store(lambda inner: inner)
+    metrics = Metrics()
+    tasks.worker.hook_store(metrics.store_hook)
+    # Then the worker's store is one forwarding store over the store the factory made, with the hook
+    made = tasks.worker.store
+    assert isinstance(made, ForwardingStore) and made.inner is store and made.hooks == (metrics.store_hook,)
+    # and once the store exists, hooking it again is refused
+    with pytest.raises(RuntimeError, match="hook it before"):
+        tasks.worker.hook_store(metrics.store_hook)
 
 
 async def test_the_timed_store_keeps_every_rule_of_the_store_it_wraps():
-    # Given memory stores wrapped in TimedStore
-    registry = CollectorRegistry()
-    histogram = Histogram("t_store_seconds", "t", ("op",), registry=registry)
+    # Given memory stores with the metrics' store hook
+    metrics = Metrics()
     # When the stores' conformance suite runs on them
-    report = await validate(lambda: TimedStore(MemoryCheckpointStore(), histogram))
+    report = await validate(lambda: ForwardingStore(MemoryCheckpointStore(), [metrics.store_hook]))
     # Then every rule holds through the wrapper, and the operations were timed by name
     assert {name: why for name, why in report.items() if why} == {}
-    assert (registry.get_sample_value("t_store_seconds_count", {"op": "save"}) or 0) > 0
-    assert (registry.get_sample_value("t_store_seconds_count", {"op": "take_lease"}) or 0) > 0
+    assert (value(metrics, "agentflow_store_seconds_count", op="save") or 0) > 0
+    assert (value(metrics, "agentflow_store_seconds_count", op="take_lease") or 0) > 0
+    assert value(metrics, "agentflow_store_seconds_count", op="append_events") is None  # event streams go untimed
 
 
 def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does():
@@ -113,10 +114,10 @@ def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does(
 
     from agentflow.exec.run.events import stream_of
 
-    histogram = Histogram("t_events_seconds", "t", ("op",), registry=CollectorRegistry())
+    hook = Metrics().store_hook
     # Given a timed store over a store with event streams, and one over a store without (asked in both orders)
-    with_events = TimedStore(MemoryCheckpointStore(), histogram)
-    without = TimedStore(SimpleNamespace(in_process=True), histogram)  # a store with no event streams
+    with_events = ForwardingStore(MemoryCheckpointStore(), [hook])
+    without = ForwardingStore(SimpleNamespace(in_process=True), [hook])  # no event streams
     # Then each answers for what it wraps, whatever was asked before: the answer is not kept per class
     assert [stream_of(without), stream_of(with_events), stream_of(without)] == [None, with_events, None]
     # and a store's own class answers the same every time, no store at all being none
@@ -127,14 +128,44 @@ def test_a_timed_store_keeps_event_streams_exactly_when_the_store_it_wraps_does(
 def test_a_timed_store_has_each_optional_part_exactly_when_the_store_it_wraps_does(redis_url):
     from redis.asyncio import Redis
 
-    from agentflow.exec.checkpoints.protocol import HeadReading, LeaseMoving, has_part
+    from agentflow.exec.checkpoints.protocol import (
+        BookkeepingReading,
+        DurabilityConfirming,
+        EventCompacting,
+        HeadReading,
+        LeaseMoving,
+        RetentionStore,
+        has_part,
+    )
     from agentflow.exec.checkpoints.redis import RedisCheckpointStore
 
-    histogram = Histogram("t_parts_seconds", "t", ("op",), registry=CollectorRegistry())
-    # Given timed stores over the memory store (moves leases, reads no head with a take) and over Redis (both)
-    over_memory = TimedStore(MemoryCheckpointStore(), histogram)
-    over_redis = TimedStore(RedisCheckpointStore(lambda: Redis.from_url(redis_url), prefix="t-parts"), histogram)
+    hook = Metrics().store_hook
+    # Given timed stores over the memory store (moves leases, nothing else optional) and over Redis (every part)
+    over_memory = ForwardingStore(MemoryCheckpointStore(), [hook])
+    over_redis = ForwardingStore(RedisCheckpointStore(lambda: Redis.from_url(redis_url), prefix="t-parts"), [hook])
+    parts = (HeadReading, LeaseMoving, DurabilityConfirming, EventCompacting, BookkeepingReading)
     # Then each answers for what it wraps, asked again and in either order (the answer is kept per store)
     for _ in range(2):
-        assert [has_part(over_memory, HeadReading), has_part(over_memory, LeaseMoving)] == [False, True]
-        assert [has_part(over_redis, HeadReading), has_part(over_redis, LeaseMoving)] == [True, True]
+        assert [has_part(over_memory, part) for part in parts] == [False, True, False, False, False]
+        assert [has_part(over_redis, part) for part in parts] == [True, True, True, True, True]
+    # but retention is never forwarded: a prune opens the store itself
+    assert not has_part(over_redis, RetentionStore)
+
+
+async def test_a_worker_timed_and_traced_wraps_its_store_once_with_both_hooks():
+    from agentflow.exec.checkpoints.conformance import SEALER
+    from agentflow.observe import Tracing, trace_worker
+
+    # Given a worker traced, then timed, before its first task
+    store = MemoryCheckpointStore()
+    tasks = register_tasks(Celery("t"), Setup().app, store_factory=lambda: store, checkpoint_key=KEY)
+    tracing = trace_worker(tasks.worker, Tracing())
+    metrics = Metrics()
+    tasks.worker.hook_store(metrics.store_hook)
+    # Then its store is one forwarding store over the one the factory made, tracing outermost
+    made = tasks.worker.store
+    assert isinstance(made, ForwardingStore) and made.inner is store
+    assert made.hooks == (tracing.store_hook, metrics.store_hook)
+    # and an operation through it is timed once
+    await made.save("r-1", 0, SEALER.seal_checkpoint("r-1", 0, "audit", "running", 0, 1000.0, {}))
+    assert value(metrics, "agentflow_store_seconds_count", op="save") == 1

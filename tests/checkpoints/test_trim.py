@@ -31,10 +31,10 @@ from agentflow.exec.checkpoints import (
     TrimStore,
     trim_finished,
 )
+from agentflow.exec.checkpoints.forwarding import ForwardingStore
 from agentflow.exec.checkpoints.retention import trimmable
 from agentflow.exec.run.read import read_run
 from agentflow.exec.seal import Sealer
-from agentflow.observe._forward import ForwardingStore
 
 DAY, HOUR = 86_400.0, 3_600.0
 #: Trim every finished run last saved before now.
@@ -180,18 +180,11 @@ async def test_a_history_cut_anywhere_but_at_an_end_is_still_reported_missing() 
         assert any(f"checkpoint {missing} of run {run_id!r} is missing" in p for p in report.problems), report.problems
 
 
-class Forwarding(ForwardingStore):
-    """A wrapper that forwards the `CheckpointStore` port only (as the timing and tracing ones do)."""
-
-    def _done(self, op: str, duration_ns: int) -> None:
-        return None
-
-
 async def test_a_store_without_trim_is_refused_clearly_and_keeps_every_checkpoint() -> None:
     inner = MemoryCheckpointStore()
     await prune_kit.seed(inner, await prune_kit.template(), ["r1"], time.time() - DAY)
-    store: CheckpointStore = Forwarding(inner)
-    with pytest.raises(NotImplementedError, match="Forwarding cannot trim runs: it has no trimmable and trim"):
+    store: CheckpointStore = ForwardingStore(inner)  # forwards no trim
+    with pytest.raises(NotImplementedError, match="ForwardingStore cannot trim runs: it has no trimmable and trim"):
         await trim_finished(store, NOW, check=CHECK)
     assert len(await inner.history("r1")) == 4
 

@@ -77,4 +77,5 @@ def test_a_loop_in_doubt_is_told_to_recover_with_the_same_command_as_a_flow_run(
     # When it is shown, Then the way on is the command any run takes (the app given has the loop)
     text = run_text(report)
     assert "in doubt: refund" in text
-    assert "agentflow recover chat-9 --app ... --rerun-in-doubt --as NAME" in text
+    assert "agentflow decide chat-9 --app ... --call CALL_ID=rerun|happened:JSON|not:REASON --as NAME" in text
+    assert "then agentflow recover chat-9 --app ..." in text and "--rerun-in-doubt" not in text

@@ -99,7 +99,8 @@ def test_a_parked_run_says_what_it_waits_for_and_how_to_decide(agentflow, db):
     # Then it waits for a decision about ship, with the command that decides
     assert "marks: in doubt, waiting for a decision" in out
     assert "waiting for a decision about calls in doubt: ship (call 1/ship/0/" in out
-    assert "check each at its system, then decide: agentflow recover ship-1 --app ... --rerun-in-doubt" in out
+    assert "check each at its system, then decide: agentflow decide ship-1 --app ... --call CALL_ID=" in out
+    assert "--rerun-in-doubt" not in out
     assert "parked it (calls in doubt wait for a decision) at step 2, held by worker-9@host-c:99" in out
 
 

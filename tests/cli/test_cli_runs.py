@@ -71,7 +71,8 @@ def test_show_marks_a_call_in_doubt(agentflow):
     out = agentflow("runs", "show", "ship-1").stdout
     assert "marks: in doubt" in out
     assert "in doubt  0" in out and "started on " in out and "UTC, no result" in out
-    assert "agentflow recover ship-1 --app ... --rerun-in-doubt" in out
+    assert "agentflow decide ship-1 --app ... --call CALL_ID=rerun|happened:JSON|not:REASON --as NAME" in out
+    assert "--rerun-in-doubt" not in out
 
 
 def test_show_a_paused_run_lists_its_pending_approval(agentflow):

@@ -81,7 +81,8 @@ async def test_a_call_in_doubt_waits_for_a_decision_then_reruns_on_a_worker_when
     # Then a worker parks it on the call in doubt and nothing ran again
     assert first.code == 1, first.output
     assert f"{run_id}  needs a decision  in doubt: charge_card" in first.stdout
-    assert f"then: agentflow recover {run_id} --rerun-in-doubt" in first.stdout
+    assert f"then agentflow decide {run_id} --workers {WORKERS} --call CALL_ID=" in first.stdout
+    assert "--rerun-in-doubt" not in first.stdout  # the hint asks per call: the charge may have happened
     assert effects(dep, run_id) == []
     # When the operator checked the bank and recovers it with --rerun-in-doubt
     second = await asyncio.to_thread(

@@ -10,7 +10,8 @@ import asyncio
 import sys
 
 from agentflow import Executor, Registry
-from agentflow.exec.limits import Limit, RateLimited
+from agentflow.errors import RateLimited
+from agentflow.exec.limits import Limit
 from agentflow.exec.limits._backends import BackendRef
 
 HOLD = Limit("api", concurrency=1, hold_s=0.6)

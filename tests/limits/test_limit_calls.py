@@ -12,10 +12,10 @@ from _kit.poll import until
 from pydantic import BaseModel
 
 from agentflow import Call, Event, Events, Executor, Flow, FlowRunner, RunContext
-from agentflow.errors import RunHeld
+from agentflow.errors import RateLimited, RunHeld
 from agentflow.exec import Registry, run_tool_loop
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
-from agentflow.exec.limits import Limit, LocalLimits, RateLimited
+from agentflow.exec.limits import Limit, LocalLimits
 from agentflow.exec.run.events import read_events
 from agentflow.models import Message, ScriptedModel, ToolCall
 

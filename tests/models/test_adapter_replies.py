@@ -209,3 +209,21 @@ def test_an_error_without_a_readable_body_is_described_by_its_status(kind: Kind,
         status_code, body, response = 502, None, Unread()
 
     assert kind.make(stub)._status(StatusError()) == "HTTP 502: Bad Gateway"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": {"type": "x", "message": "the vendor's own"}},  # OpenAI, Anthropic
+        {"error": "the vendor's own"},  # Ollama, a proxy
+        {"object": "error", "message": "the vendor's own"},  # vLLM
+        {"detail": "the vendor's own"},  # a proxy in front of either
+    ],
+)
+async def test_every_adapter_quotes_the_error_text_where_an_api_or_a_proxy_puts_it(
+    kind: Kind, stub: StubServer, body: dict[str, Any]
+) -> None:
+    # When a server refuses the request with an error body of any of these shapes, whatever the adapter
+    error = await refused(kind, stub, Reply(status=400, body=body), max_retries=0)
+    # Then the error quotes the text, not the body around it
+    assert "HTTP 400: the vendor's own" in str(error)

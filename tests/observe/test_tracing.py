@@ -24,12 +24,18 @@ from agentflow.errors import RecoveryNeedsDecision
 from agentflow.exec import run_tool_loop
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
 from agentflow.exec.checkpoints.conformance import validate
+from agentflow.exec.checkpoints.forwarding import ForwardingStore
 from agentflow.exec.checkpoints.protocol import EventStore, RetentionStore
 from agentflow.exec.tracing import NO_TRACING
 from agentflow.models import Message, ScriptedModel, ToolCall
 from agentflow.models.usage import note_usage
-from agentflow.observe import TracedStore, Tracing
+from agentflow.observe import Tracing
 from agentflow.observe._trace_context import derived_context, traceparent
+
+
+def traced(store: Any) -> ForwardingStore:
+    """`store`, its operations noted as events of the current span."""
+    return ForwardingStore(store, [Tracing().store_hook])
 
 
 class Process:
@@ -103,7 +109,7 @@ async def crashed(run_id: str, *, idempotent: bool) -> tuple[Process, Process, F
 async def test_a_run_is_one_trace_a_start_span_and_a_span_per_superstep_with_a_child_per_call():
     # Given a traced runner on a store (its operations traced too)
     tickets = make_tickets()
-    p = Process(tickets.registry, TracedStore(MemoryCheckpointStore()))
+    p = Process(tickets.registry, traced(MemoryCheckpointStore()))
     # When a ticket run goes from start to done
     result = await p.runner.run(TICKETS, {"show": "Hamlet"}, run_id="t-1")
     assert result.status == "done"
@@ -398,8 +404,8 @@ async def test_tracing_off_stores_no_context_and_a_run_started_untraced_gets_its
 
 
 async def test_the_traced_store_keeps_every_rule_of_the_store_it_wraps():
-    # When the stores' conformance suite runs on memory stores wrapped in TracedStore
-    report = await validate(lambda: TracedStore(MemoryCheckpointStore()))
+    # When the stores' conformance suite runs on memory stores with the tracing store hook
+    report = await validate(lambda: traced(MemoryCheckpointStore()))
     # Then every rule holds through the wrapper
     assert {name: why for name, why in report.items() if why} == {}
 
@@ -427,7 +433,7 @@ async def test_a_wrapped_store_keeps_the_event_stream_of_the_store_it_wraps_and_
     # Given a traced runner whose memory store (an EventStore, not a retention store once wrapped) is traced
     tickets = make_tickets()
     inner = MemoryCheckpointStore()
-    store = TracedStore(inner)
+    store = traced(inner)
     assert isinstance(store, EventStore) and not isinstance(store, RetentionStore)
     tracing = Process(tickets.registry, store).tracing
     runner = FlowRunner(Executor(tickets.registry, tracer=tracing, events=Events(record=True)), checkpoints=store)

@@ -25,10 +25,10 @@ from pydantic import BaseModel
 from agentflow import Call, Flow, FlowApp, Registry, RunStatus
 from agentflow.errors import CheckpointConflict
 from agentflow.exec.checkpoints import MemoryCheckpointStore, SealedCall, SealedCheckpoint
+from agentflow.exec.checkpoints.forwarding import PARTS, ForwardingStore
 from agentflow.exec.checkpoints.protocol import LeaseMoving
 from agentflow.exec.checkpoints.records import LeaseMove, SealedEvent
 from agentflow.exec.run.lease import Ownership, holding
-from agentflow.observe._forward import ForwardingStore
 
 
 class Watched(MemoryCheckpointStore):
@@ -54,18 +54,6 @@ class Watched(MemoryCheckpointStore):
     ) -> None:
         await super().save_after_calls_moving(run_id, step, checkpoint, calls, move, events)
         self.moves.append((step, move))
-
-
-class PortOnly(ForwardingStore):
-    """A wrapper that forwards the port and times nothing: it has no `LeaseMoving` part."""
-
-    def _done(self, op: str, duration_ns: int) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("record_call_moving", "save_after_calls_moving"):
-            raise AttributeError(name)
-        return super().__getattr__(name)
 
 
 class Count(BaseModel):
@@ -154,7 +142,7 @@ async def test_a_holder_whose_lease_was_taken_over_stores_nothing_of_its_step() 
 
 async def test_a_store_without_lease_moves_is_released_after_the_drive() -> None:
     inner = Watched()
-    store = PortOnly(inner)
+    store = ForwardingStore(inner, parts=[part for part in PARTS if part is not LeaseMoving])  # moves no lease
     assert not isinstance(store, LeaseMoving)
     app, _ = three_steps()
     runner = app.runner(store, KEY)

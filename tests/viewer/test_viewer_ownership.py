@@ -37,7 +37,8 @@ def test_the_same_run_without_a_holder_is_in_doubt(local):
     # Given ship-1, held by nobody: its worker died inside ship
     html = local.get("/runs/ship-1").text
     # Then its call is in doubt, with the advice to check and recover
-    assert "Calls in doubt" in html and "agentflow recover ship-1 --app ... --rerun-in-doubt" in html
+    assert "Calls in doubt" in html and "agentflow decide ship-1 --app ... --call CALL_ID=" in html
+    assert "--rerun-in-doubt" not in html
     assert "Running on" not in html
 
 

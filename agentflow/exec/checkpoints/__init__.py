@@ -1,5 +1,6 @@
-"""Checkpoint stores: the port and its four backends.
+"""Checkpoint stores: the port, its four backends, and the store that forwards to one through hooks.
 
+The four errors DESIGN.md imports from here are re-exported (their home is `agentflow.errors`).
 The Redis and SQLAlchemy stores need extras; they are imported on first use and say which
 extra to install when their driver is missing.
 """
@@ -7,14 +8,9 @@ extra to install when their driver is missing.
 import typing
 
 from agentflow import _optional
+from agentflow._errors import CheckpointConflict, CheckpointNotFound, CheckpointStoreCorrupt, RecoveryNeedsDecision
 from agentflow.exec.checkpoints._defaults import StoreDefaults
-from agentflow.exec.checkpoints._errors import (
-    CheckpointConflict,
-    CheckpointError,
-    CheckpointNotFound,
-    CheckpointStoreCorrupt,
-    RecoveryNeedsDecision,
-)
+from agentflow.exec.checkpoints.forwarding import ForwardingStore
 from agentflow.exec.checkpoints.memory import MemoryCheckpointStore
 from agentflow.exec.checkpoints.protocol import CheckpointStore, RetentionStore, TrimStore
 from agentflow.exec.checkpoints.records import Pruned, SealedCall, SealedCheckpoint, Trimmed
@@ -28,10 +24,10 @@ if typing.TYPE_CHECKING:
 
 __all__ = [
     "CheckpointConflict",
-    "CheckpointError",
     "CheckpointNotFound",
     "CheckpointStore",
     "CheckpointStoreCorrupt",
+    "ForwardingStore",
     "MemoryCheckpointStore",
     "Pruned",
     "RecoveryNeedsDecision",

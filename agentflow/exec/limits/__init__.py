@@ -6,7 +6,7 @@ from agentflow import _optional
 from agentflow.exec.limits._backends import BackendSpec
 from agentflow.exec.limits._local import LocalLimits
 from agentflow.exec.limits._protocol import LimitBackend, Refusal
-from agentflow.exec.limits._spec import Limit, LimitKey, LimitsUnavailable, RateLimited
+from agentflow.exec.limits._spec import Limit, LimitKey
 
 if typing.TYPE_CHECKING:
     from agentflow.exec.limits.redis import RedisLimits
@@ -17,9 +17,7 @@ __all__ = [
     "Limit",
     "LimitBackend",
     "LimitKey",
-    "LimitsUnavailable",
     "LocalLimits",
-    "RateLimited",
     "RedisLimits",
     "Refusal",
     "SQLLimits",

@@ -1,4 +1,4 @@
-"""What a limit is: `Limit` (concurrency, rate, tenant key, back-off), and `RateLimited`, a provider's 429.
+"""What a limit is: `Limit` (concurrency, rate, tenant key, back-off).
 
 Invariants:
 - A limit bounds calls that *start*: at most `concurrency` in flight, at most `rate` starts
@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentflow._errors import AgentflowError, ToolError
 from agentflow._identity import RunContext
 
 #: Computes a call's tenant key from its arguments (JSON form; ``{}`` for a model call) and its run's identity.
@@ -83,31 +82,3 @@ class Limit:
         if not isinstance(found, str):
             raise TypeError(f"limit {self.name!r}: its key function returned {found!r}, not a str")
         return found
-
-
-class RateLimited(ToolError):
-    """Raised by a tool (or a model) when its provider refused the call for now (an HTTP 429).
-
-    ``RateLimited(message, retry_after_s=1.0, limit=None)``, all in ``args``: how long the
-    provider asked to wait (its ``Retry-After``), and the limit it concerns (None: every
-    limit of the call). Every worker sharing that limit waits it out, each with its own
-    jitter; the call is then tried again.
-    """
-
-    @property
-    def retry_after_s(self) -> float:
-        """How long the provider asked to wait, in seconds (1 when it did not say)."""
-        return float(self.args[1]) if len(self.args) > 1 else 1.0
-
-    @property
-    def limit(self) -> str | None:
-        """The limit it concerns (None: every limit of the call)."""
-        return str(self.args[2]) if len(self.args) > 2 and self.args[2] is not None else None
-
-    def __str__(self) -> str:
-        said = str(self.args[0]) if self.args else "rate limited"
-        return f"{said} (retry after {self.retry_after_s} s)"
-
-
-class LimitsUnavailable(AgentflowError):
-    """Raised when the backend of the limits cannot be reached or did not answer in time."""

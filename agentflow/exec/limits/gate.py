@@ -42,11 +42,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from agentflow._errors import RateLimited
 from agentflow._events import Events
 from agentflow._identity import RunContext
 from agentflow.exec.limits._backends import BackendRef
 from agentflow.exec.limits._protocol import LimitBackend, Refusal
-from agentflow.exec.limits._spec import Limit, RateLimited
+from agentflow.exec.limits._spec import Limit
 
 log = logging.getLogger("agentflow.limits")
 

@@ -28,10 +28,10 @@ from urllib.parse import quote
 
 from redis.asyncio import Redis
 
-from agentflow._errors import CheckpointError
+from agentflow._errors import CheckpointError, LimitsUnavailable
 from agentflow.exec.checkpoints.redis.clients import Client, LoopClients
 from agentflow.exec.limits._protocol import Refusal, RefusalReason
-from agentflow.exec.limits._spec import Limit, LimitsUnavailable
+from agentflow.exec.limits._spec import Limit
 
 _SCRIPT: Final = (resources.files(__package__) / "_lua" / "limit.lua").read_text()
 

@@ -27,10 +27,10 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agentflow._errors import CheckpointError
+from agentflow._errors import CheckpointError, LimitsUnavailable
 from agentflow.exec.checkpoints.sqlalchemy.engines import Connector, check_url
 from agentflow.exec.limits._protocol import Refusal
-from agentflow.exec.limits._spec import Limit, LimitsUnavailable
+from agentflow.exec.limits._spec import Limit
 
 #: The schema, in order; `setup` runs each statement (all idempotent) on the first use in a process.
 MIGRATIONS: Final = [

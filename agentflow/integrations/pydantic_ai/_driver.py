@@ -58,6 +58,7 @@ from agentflow.exec.run.cursor import RunCursor, RunOutcome
 from agentflow.exec.run.driver import RunDriver
 from agentflow.exec.run.steps import RunSteps
 from agentflow.exec.seal import Sealer, canonical
+from agentflow.integrations.pydantic_ai._deps import AgentInput, build
 from agentflow.integrations.pydantic_ai._tools import AgentTools, Durability, Stage
 
 __all__ = ["ENGINE", "AgentCursor", "AgentDriver", "AgentInput", "AgentResult"]
@@ -78,15 +79,6 @@ def _chain(prev: str, raw: Mapping[str, Any]) -> str:
 def _dump(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
     dumped: list[dict[str, Any]] = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
     return dumped
-
-
-@dataclass(frozen=True)
-class AgentInput:
-    """What the `deps` factory gets to rebuild a run's dependencies on any worker."""
-
-    run_id: str
-    data: Mapping[str, Any]
-    """The JSON `deps_data` the run was started with (signed into its step 0, in clear: no secrets)."""
 
 
 @dataclass
@@ -386,7 +378,7 @@ class AgentDriver(RunDriver[AgentCursor, AgentResult]):
     def _iter(
         self, cur: AgentCursor, stage: Stage, prompt: str | None
     ) -> AbstractAsyncContextManager[AgentRun[Any, Any]]:
-        deps = self.deps(AgentInput(cur.run_id, cur.deps_data)) if self.deps is not None else None
+        deps = build(self.agent, self.name, self.deps, AgentInput(cur.run_id, cur.deps_data))
         return self.agent.iter(
             prompt,
             message_history=list(cur.history),

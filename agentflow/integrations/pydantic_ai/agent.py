@@ -17,7 +17,8 @@ from agentflow.exec.run.keys import sealer_for
 from agentflow.exec.run.lease import DEFAULT_LEASE_S, Ownership
 from agentflow.exec.run.protocol import MAX_CHECKPOINT_BYTES
 from agentflow.exec.tracing import Tracer
-from agentflow.integrations.pydantic_ai._driver import AgentDriver, AgentInput
+from agentflow.integrations.pydantic_ai._deps import AgentInput, check_factory
+from agentflow.integrations.pydantic_ai._driver import AgentDriver
 from agentflow.integrations.pydantic_ai._tools import AgentTools
 from agentflow.integrations.pydantic_ai.runner import AgentRunner
 
@@ -75,8 +76,10 @@ class DurableAgent:
                 stream (`FlowClient.events`, the viewer); the model must support streaming.
 
         Raises:
-            ValueError: no usable name, `max_requests` below 1, or a tool named in
-                `idempotent` or `approval` that the agent does not have.
+            ValueError: no usable name, `max_requests` below 1, a tool named in `idempotent`
+                or `approval` that the agent does not have, or no `deps` for an agent that
+                declares a ``deps_type``.
+            TypeError: `deps` is not a factory of one argument (the deps themselves, say).
         """
         chosen = name if name is not None else agent.name
         if not chosen or not isinstance(chosen, str) or not _NAME.fullmatch(chosen):
@@ -94,6 +97,7 @@ class DurableAgent:
             unknown = sorted((set(idempotent) | set(approval)) - known)
             if unknown:
                 raise ValueError(f"agent {chosen!r} has no tool {unknown} (its tools: {sorted(known)})")
+        check_factory(agent, chosen, deps)
         self.deps, self.usage_limits, self.max_requests, self.stream = deps, usage_limits, max_requests, stream
 
     def __repr__(self) -> str:

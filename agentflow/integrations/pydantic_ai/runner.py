@@ -14,6 +14,7 @@ from agentflow.exec.driven import ProtocolRunner
 from agentflow.exec.run.lease import Ownership
 from agentflow.exec.run.protocol import RunProtocol
 from agentflow.exec.seal import Sealer, canonical
+from agentflow.integrations.pydantic_ai._deps import check_start
 from agentflow.integrations.pydantic_ai._driver import AgentCursor, AgentDriver, AgentResult
 
 __all__ = ["AgentRunner"]
@@ -41,6 +42,7 @@ class AgentRunner(ProtocolRunner[AgentCursor, AgentResult]):
         self.checkpoints, self.sealer, self.ownership = checkpoints, sealer, ownership
         self.executor, self.events = executor, executor.events
         self.max_requests = max_requests
+        self.deps = driver.deps
         self.protocol: RunProtocol[AgentCursor, AgentResult] = RunProtocol(
             driver,
             checkpoints,
@@ -65,6 +67,7 @@ class AgentRunner(ProtocolRunner[AgentCursor, AgentResult]):
             canonical(data)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"deps_data must be JSON (it is signed into the run's step 0): {exc}") from None
+        check_start(self.name, self.deps, data)
         return AgentCursor(rid, identity_body(self.sealer, rid, ctx), ctx, prompt, data, self.max_requests)
 
     async def run(
@@ -100,7 +103,8 @@ class AgentRunner(ProtocolRunner[AgentCursor, AgentResult]):
                 prompt, `deps_data` or identity; or, without a `prompt`, to a run that is running
                 or ended (`RunHeld`: a live worker carries it on).
             ModelError: the model request failed (the run stays recoverable).
-            ValueError: no prompt, or `deps_data` is not JSON.
+            ValueError: no prompt, `deps_data` that is not JSON, or `deps_data` for an agent
+                with no deps factory (it would never be read).
             StoreNotDurable: the store could not confirm step 0 in time: the run may exist and
                 goes on if it does; retry with the same `run_id`.
         """
@@ -130,7 +134,8 @@ class AgentRunner(ProtocolRunner[AgentCursor, AgentResult]):
         its first try stored, as it stands (`RunProtocol.begin`).
 
         Raises:
-            ValueError: the runner has no store, no prompt, or `deps_data` is not JSON.
+            ValueError: the runner has no store, no prompt, `deps_data` that is not JSON, or
+                `deps_data` for an agent with no deps factory.
             CheckpointConflict: the run id is taken by another run, or by one started with
                 another prompt, `deps_data` or identity.
             StoreNotDurable: the store could not confirm step 0 in time (see `run`).
