@@ -1,6 +1,6 @@
 """A tool loop on the run page: the viewer acts on it as on a flow run, with the app's loop of that name.
 
-The viewer's operator (`agentflow.operate`) picks the run's operations by its kind, so a paused
+The viewer's transport (`agentflow.runs.Runs`) picks the run's protocol by its kind, so a paused
 loop is approved and forked from its page like a flow run; what a loop cannot take (retry) is
 not offered, and the page says why.
 """
