@@ -16,6 +16,9 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
   run, and a ``wake`` for every paused run whose signed timer is due (so a waiting run costs
   no message until then); on a worker's start, also a ``recheck`` for every held run, due
   when its lease ends.
+- ``agentflow.mark_answered`` ``(run_id)``: move the task that asked a person about a run
+  that has ended (a client cancelled it) to ``ANSWERED`` in Flower (`_task_states`: a client
+  sends no Flower event of its own); a run that has not ended is left as it is.
 - ``agentflow.prune_finished`` ``()``: prune, in bounded batches, the finished runs that
   `WorkerSettings.retention_days` no longer keeps, then trim those past ``retention_trim_days``
   (one worker at a time; beat sends it every ``retention_interval_s`` when either is set).
@@ -40,7 +43,8 @@ message) when the store could not confirm a write the superstep needed (`StoreNo
 the task is sent again after a back-off, ``WorkerSettings.store_retries`` times, then ends
 ``WAITING_FOR_STORE`` and leaves the run to recover_all. A later task moves a ``PAUSED`` or
 ``NEEDS_DECISION`` task to ``ANSWERED`` once the person answered, and a task whose worker
-died to ``LOST`` once the run was recovered (`_task_states`). The custom states are stored
+died to ``LOST`` once the run was recovered, naming that worker (`_task_states`); the
+events that do so carry the moving worker's own node name. The custom states are stored
 with the task's result as their meta and end the task with `celery.exceptions.Ignore`, which
 acknowledges the message: none of them is retried or redelivered, and neither is a
 ``FAILURE`` (the tasks acknowledge on failure and retry nothing on an exception).
@@ -72,7 +76,16 @@ from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._config import celery_config, task_options
 from agentflow.celery._routing import consume_version_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
-from agentflow.celery._task_states import ANSWERED, ANSWERING, LOST, REFUSED, SKIPPED, settle
+from agentflow.celery._task_states import (
+    ANSWERED,
+    ANSWERING,
+    LOST,
+    REFUSED,
+    SKIPPED,
+    answered_once_ended,
+    lost_on,
+    settle,
+)
 from agentflow.celery.follow_ups import FollowUp, after_child, after_superstep, after_sweep
 from agentflow.celery.worker import Outcome, Worker
 from agentflow.exec.checkpoints import CheckpointStore
@@ -104,6 +117,7 @@ class AgentflowTasks:
     recover_all: Task
     loop_stage: Task
     prune_finished: Task
+    mark_answered: Task
     worker: Worker
     bridge: LoopBridge
 
@@ -133,6 +147,16 @@ class AgentflowTasks:
         queue = queue_for(self.worker.settings.queue, flow, version)
         task.apply_async(args=(flow, run_id, step, cause), task_id=task_id, queue=queue, countdown=countdown)
         return task_id
+
+    def send_mark_answered(self, run_id: str) -> None:
+        """Have a worker move the task that asked a person about `run_id`, which ended, to ``ANSWERED`` (best effort).
+
+        A broker that fails here costs a stale line in Flower (a WARNING says so), never the run's end.
+        """
+        try:
+            self.mark_answered.apply_async(args=(run_id,), queue=self.worker.settings.queue)
+        except Exception as exc:
+            log.warning("run %s: could not ask a worker to mark its question answered in Flower: %s", run_id, exc)
 
     def send_follow_up(self, up: FollowUp) -> str:
         """Send what a task decided to send next (a recheck just after the lease it waits for ends)."""
@@ -193,12 +217,22 @@ class AgentflowTasks:
 
     def settle_earlier(self, task: Task, outcome: Outcome, cause: str) -> None:
         """Move earlier tasks this superstep settled in Flower: answered questions, lost workers (`_task_states`)."""
+        node, run_id = task.request.hostname, outcome.run_id
         if outcome.done == "ran" and cause in ANSWERING:
-            asking = self.bridge.run(self.worker.answered(outcome.run_id))
-            settle(task.app, asking, ANSWERED, {"run_id": outcome.run_id, "answered_by": task.request.id})
+            asking = self.bridge.run(self.worker.answered(run_id))
+            settle(task.app, dict.fromkeys(asking, {"run_id": run_id, "answered_by": task.request.id}), ANSWERED, node)
         if outcome.cut_off(cause) or outcome.done == "decision":
             lost = self.bridge.run(self.worker.lost_tasks(outcome, task.request.id))
-            settle(task.app, lost, LOST, {"run_id": outcome.run_id, "recovered_by": task.request.id})
+            recovered = {"run_id": run_id, "recovered_by": task.request.id}
+            settle(task.app, {t: {**recovered, **lost_on(on)} for t, on in lost.items()}, LOST, node)
+
+    def run_mark_answered(self, task: Task, run_id: str) -> dict[str, Any]:
+        """The body of the mark_answered task: settle the question of a run that ended (`_task_states`)."""
+        worker = self.worker
+        asking = self.bridge.run(answered_once_ended(worker.store, worker.sealer, worker.markers, run_id))
+        settle(task.app, dict.fromkeys(asking, {"run_id": run_id, "answered_by": "cancel"}), ANSWERED,
+               task.request.hostname)  # fmt: skip
+        return {"run_id": run_id, "answered": sorted(asking)}
 
     def send_on(self, task: Task, flow: str, run_id: str, step: int, cause: str, outcome: Outcome) -> None:
         """Send a message about a run of a flow version this worker lacks on to that version's queue, once."""
@@ -357,6 +391,10 @@ def register_tasks(
         worker.node = task.request.hostname or worker.node
         return bridge.run(worker.prune())
 
+    def mark_answered(task: Task, run_id: str) -> dict[str, Any]:
+        worker.node = task.request.hostname or worker.node
+        return tasks.run_mark_answered(task, str(run_id))
+
     handles["start_run"] = app.task(name="agentflow.start_run", **options)(superstep)
     handles["superstep"] = app.task(name="agentflow.superstep", **options)(superstep)
     handles["recover_superstep"] = app.task(name="agentflow.recover_superstep", **options)(superstep)
@@ -365,6 +403,9 @@ def register_tasks(
     handles["recover_all"] = app.task(name="agentflow.recover_all", **{**options, "acks_late": False})(recover_all)
     handles["prune_finished"] = app.task(name="agentflow.prune_finished", **{**options, "acks_late": False})(
         prune_finished
+    )
+    handles["mark_answered"] = app.task(name="agentflow.mark_answered", **{**options, "acks_late": False})(
+        mark_answered
     )
     routes = dict(app.conf.task_routes or {}) if isinstance(app.conf.task_routes, dict) else {}
     app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}

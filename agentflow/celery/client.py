@@ -19,7 +19,7 @@ from agentflow._errors import CheckpointConflict, FlowError, RunHeld
 from agentflow._identity import RunContext
 from agentflow._run_types import RunKind
 from agentflow._run_view import RunView
-from agentflow.celery._task_states import ANSWERED, answered, settle
+from agentflow.celery._task_states import ASKED
 from agentflow.celery._tasks import AgentflowTasks
 from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import SealedCheckpoint
@@ -205,8 +205,9 @@ class FlowClient:
         """Cancel a run (or tool loop); return its status as it stands after the request.
 
         A run no live worker holds is cancelled here: a signed claim (see `FlowRunner.cancel`),
-        and the result is ``cancelled``; no message is needed (the run is final, and any
-        message still queued for it finds it ended). A run a worker is moving gets a signed
+        and the result is ``cancelled``; no superstep is needed (the run is final, and any
+        message still queued for it finds it ended), only, when the run waited for a person,
+        a ``mark_answered`` message for Flower's sake. A run a worker is moving gets a signed
         cancel request instead: the result is its status now (``running``), and that worker
         ends it ``cancelled`` before its next call (`wait` for it).
 
@@ -216,10 +217,9 @@ class FlowClient:
         assert self.runner.checkpoints is not None
         run = await self.runs.open(run_id)
         status = str((await run.cancel(run_id, reason=reason, operator=operator)).status)
-        if status == "cancelled":  # the task that asked a person about the run (if one did) is answered
-            asking = await answered(Markers(self.runner.checkpoints, self.sealer), run_id)
-            result = {"run_id": run_id, "answered_by": "cancel"}
-            await asyncio.to_thread(settle, self.tasks.superstep.app, asking, ANSWERED, result)
+        if status == "cancelled" and await Markers(self.runner.checkpoints, self.sealer).peek(ASKED, [run_id]):
+            # the task that asked a person about the run is answered: a worker says so in Flower (`_task_states`)
+            await asyncio.to_thread(self.tasks.send_mark_answered, run_id)
         return status
 
     async def retry(self, run_id: str, *, operator: str | None = None) -> int:

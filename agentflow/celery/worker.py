@@ -283,8 +283,8 @@ class Worker:
         """The tasks that asked a person about the run, now answered (`_task_states.answered`)."""
         return await answered(self.markers, run_id)
 
-    async def lost_tasks(self, outcome: Outcome, own: str) -> set[str]:
-        """The tasks, other than `own`, that began the calls `outcome` replayed, reran or parked the run on."""
+    async def lost_tasks(self, outcome: Outcome, own: str) -> dict[str, str | None]:
+        """Each task (not `own`) that began a call `outcome` replayed, reran or parked on: the process it ran in."""
         calls = {*outcome.replayed, *outcome.rerun, *outcome.in_doubt}
         return await lost_tasks(self.store, self.sealer, outcome.run_id, calls, own)
 

@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import base64
 import json
 import os
 import re
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +24,18 @@ import pytest
 from celery import Celery
 from celery.exceptions import Ignore
 from celery_kit import ROOT, Deployment
+from flower_kit import (
+    PASSWORD,
+    RECOVER,
+    USER,
+    final,
+    get,
+    inside_hold_seats,
+    recovered_task,
+    tasks,
+    until_listed,
+    until_none_listed,
+)
 
 from agentflow import FlowApp, Registry
 from agentflow.celery import AgentflowTasks, register_tasks
@@ -38,93 +45,9 @@ from agentflow.exec.checkpoints import MemoryCheckpointStore
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis, pytest.mark.timeout(180)]
 
-USER, PASSWORD = "ops", "s3cret-for-this-test-only"
-#: The name of a superstep sent to recover a run (causes recover, recheck and rerun).
-RECOVER = "agentflow.recover_superstep"
-#: Loopback requests never go through a proxy from the environment.
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "test-output" / "screenshots"
 KEY = b"flower-endings-test-key-0123456789"
-
-
-def _get(url: str, auth: tuple[str, str] | None = (USER, PASSWORD)) -> tuple[int, bytes]:
-    request = urllib.request.Request(url)
-    if auth is not None:
-        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    try:
-        with DIRECT.open(request, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def _tasks(flower: str, **filters: str) -> list[dict[str, Any]]:
-    """Flower's tasks through ``/api/tasks`` (`filters`: taskname, state, ...), each with its args parsed.
-
-    ``parsed_args`` is ``(flow, run_id, step, cause)``; ``outcome`` is the result parsed (a dict), if any.
-    """
-    status, body = _get(f"{flower}/api/tasks?{urllib.parse.urlencode(filters)}")
-    assert status == 200, body
-    tasks = []
-    for task_id, task in json.loads(body).items():
-        task["uuid"] = task_id
-        task["parsed_args"] = ast.literal_eval(task["args"]) if task.get("args") else ()
-        task["outcome"] = ast.literal_eval(task["result"]) if task.get("result") else None
-        tasks.append(task)
-    return tasks
-
-
-def _poll_listed(
-    flower: str, run_id: str, done: Callable[[list[dict[str, Any]]], Any], timeout_s: float, filters: dict[str, str]
-) -> Any:
-    """Read Flower's tasks of `run_id` (under `filters`) every 0.3 s until `done` of them is not None; return that.
-
-    Raises:
-        AssertionError: `done` stayed None for `timeout_s`; says what Flower listed last.
-    """
-    deadline = time.monotonic() + timeout_s
-    seen: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        seen = [t for t in _tasks(flower, **filters) if t["parsed_args"][1:2] == (run_id,)]
-        found = done(seen)
-        if found is not None:
-            return found
-        time.sleep(0.3)  # the poll's interval: Flower learns of tasks from the workers' events
-    raise AssertionError(f"Flower listed under {filters}, for {timeout_s} s, these tasks of {run_id}: {seen}")
-
-
-def _until_listed(
-    flower: str, run_id: str, match: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0, **filters: str
-) -> dict[str, Any]:
-    """Wait until Flower lists (under `filters`) a task of `run_id` that `match`es; return it."""
-    task: dict[str, Any] = _poll_listed(
-        flower, run_id, lambda seen: next((t for t in seen if match(t)), None), timeout_s, filters
-    )
-    return task
-
-
-def _until_none_listed(flower: str, run_id: str, timeout_s: float = 30.0, **filters: str) -> None:
-    """Wait until Flower lists (under `filters`) no task of `run_id` (a task still running ends; a dead one stays)."""
-    _poll_listed(flower, run_id, lambda seen: True if not seen else None, timeout_s, filters)
-
-
-def _recovered_task(flower: str, run_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Wait until Flower lists a recovery superstep of `run_id` that ran and ended RECOVERED; return it.
-
-    It is found by its name (a cause ``recover``: recover_all found the run nobody held;
-    ``recheck``: the run was held when looked at first, and was looked at again when that lease
-    ended) and by its state, each a filter of Flower's own.
-    """
-    by_name = _until_listed(
-        # (a recovery is shown RECOVERED from its start, before it has a result: wait for the result)
-        flower, run_id, lambda t: t["state"] == "RECOVERED" and (t["outcome"] or {}).get("done") == "ran", timeout_s,
-        taskname=RECOVER,
-    )  # fmt: skip
-    assert by_name["parsed_args"][3] in ("recover", "recheck"), by_name
-    assert by_name["uuid"] in {t["uuid"] for t in _tasks(flower, state="RECOVERED")}
-    return by_name
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -147,9 +70,9 @@ async def test_flower_asks_for_basic_auth_and_listens_on_loopback_only(deploymen
     # Given Flower started with basic auth from the environment on a loopback port
     flower = deployment.start_flower(f"{USER}:{PASSWORD}")
     # When the task API is asked without credentials or with a wrong password
-    anonymous, _ = _get(f"{flower}/api/tasks", auth=None)
-    wrong, _ = _get(f"{flower}/api/tasks", auth=(USER, "wrong"))
-    right, body = _get(f"{flower}/api/tasks")
+    anonymous, _ = get(f"{flower}/api/tasks", auth=None)
+    wrong, _ = get(f"{flower}/api/tasks", auth=(USER, "wrong"))
+    right, body = get(f"{flower}/api/tasks")
     # Then only the right credentials get an answer
     assert (anonymous, wrong, right) == (401, 401, 200)
     assert json.loads(body) == {}
@@ -179,17 +102,17 @@ async def test_flower_lists_recovered_supersteps_with_what_they_reran(deployment
     views = await deployment.wait_all([stranded, slow], timeout_s=60)
     assert {v.status for v in views.values()} == {"done"}
     # Then Flower lists the recovered superstep of the slow run, and its result says what it reran
-    slow_task = _recovered_task(flower, slow)
+    slow_task = recovered_task(flower, slow)
     assert slow_task["outcome"]["status"] == "done"
     assert [cid.split("/")[1] for cid in slow_task["outcome"]["rerun"]] == ["report"]
     assert slow_task["worker"].startswith("w2@")
     assert deployment.effects()[("slow_report", slow)] == 1  # the cut-off call never got as far as its effect
     # and the stranded run's superstep, recovered from step 0 (nothing to replay)
-    stranded_task = _recovered_task(flower, stranded)
+    stranded_task = recovered_task(flower, stranded)
     assert stranded_task["parsed_args"][2] == 0
     assert stranded_task["outcome"]["status"] == "running" and "rerun" not in stranded_task["outcome"]
     # and Flower counted the task-recovered events the workers sent
-    status, metrics = _get(f"{flower}/metrics")
+    status, metrics = get(f"{flower}/metrics")
     assert status == 200
     counted = [
         float(m.group(1))
@@ -204,30 +127,25 @@ async def test_flower_lists_recovered_supersteps_with_what_they_reran(deployment
 
 async def test_flower_result_of_a_recovered_superstep_that_does_not_end_the_run_lists_its_reruns(deployment):
     # Given Flower, a worker and beat, and a ticket run whose idempotent first tool is slow
-    flower = deployment.start_flower(f"{USER}:{PASSWORD}")
-    deployment.set_delay(1.5, 1.5)
-    deployment.start_worker("w1")
-    deployment.start_beat()
-    run_id = await deployment.client.start("tickets", {"show": "cut"}, run_id=f"{deployment.prefix}-cut")
+    flower, run_id = await inside_hold_seats(deployment, "cut")
     # When its worker is SIGKILLed inside hold_seats and a new worker takes over
-    await deployment.until_started(run_id, "hold_seats")
     deployment.kill("w1")
-    deployment.set_delay(0.0, 0.0)
     deployment.start_worker("w2")
     view = await deployment.client.settle(run_id, timeout_s=60)
     assert view.status == "done"
     # Then the recovered superstep, which reran hold_seats and left the run running, says so in its result
-    task = _recovered_task(flower, run_id)
+    task = recovered_task(flower, run_id)
     assert task["outcome"]["status"] == "running"
     assert [cid.split("/")[1] for cid in task["outcome"].get("rerun", [])] == ["hold"]
     assert "replayed" not in task["outcome"]
     # and the killed worker's task is not left STARTED: the recovery marked it LOST, in Flower and the backend
-    lost = _until_listed(flower, run_id, lambda t: t["uuid"] != task["uuid"], state="LOST")
-    assert lost["outcome"] == {"run_id": run_id, "recovered_by": task["uuid"]}
+    lost = until_listed(flower, run_id, lambda t: t["uuid"] != task["uuid"], state="LOST")
+    assert lost["outcome"] == {**lost["outcome"], "run_id": run_id, "recovered_by": task["uuid"]}
+    assert lost["outcome"]["lost_on"] == f"w1@{socket.gethostname()}"  # the worker it died with (test_flower_workers)
     assert deployment.celery_app.AsyncResult(lost["uuid"]).state == "LOST"
     # (the run's last superstep may still be ending, its events being stored after the run is done: it is waited for;
     # a task its worker died in would stay STARTED for the broker's hour)
-    _until_none_listed(flower, run_id, state="STARTED")
+    until_none_listed(flower, run_id, state="STARTED")
 
 
 # --- how each run's task ends -------------------------------------------------------------
@@ -392,10 +310,6 @@ async def _every_ending(deployment: Deployment) -> Endings:
     return Endings(parked, paused, failed)
 
 
-def _final(task: dict[str, Any]) -> bool:
-    return task["state"] not in ("PENDING", "RECEIVED", "STARTED")
-
-
 async def test_flower_shows_failed_paused_decision_and_recovered_tasks_apart_from_success(deployment):
     # Given Flower, and runs that failed, paused, waited for a decision and were recovered
     flower = deployment.start_flower(f"{USER}:{PASSWORD}")
@@ -404,10 +318,10 @@ async def test_flower_shows_failed_paused_decision_and_recovered_tasks_apart_fro
     assert error is not None
 
     # Then the failed run's task is FAILURE, with a RunFailed that carries the run's error
-    failed = _until_listed(flower, runs.failed, _final, state="FAILURE")
+    failed = until_listed(flower, runs.failed, final, state="FAILURE")
     assert failed["name"] == "agentflow.start_run"
     assert failed["exception"].startswith("RunFailed(") and error in ast.literal_eval(failed["exception"][9:])
-    assert [t["state"] for t in _tasks(flower) if t["parsed_args"][1:2] == (runs.failed,)] == ["FAILURE"]
+    assert [t["state"] for t in tasks(flower) if t["parsed_args"][1:2] == (runs.failed,)] == ["FAILURE"]
     # and the result backend holds the same error, rebuilt as the agentflow error
     backend = deployment.celery_app.AsyncResult(failed["uuid"])
     assert backend.state == "FAILURE"
@@ -415,9 +329,9 @@ async def test_flower_shows_failed_paused_decision_and_recovered_tasks_apart_fro
     assert str(backend.result) == f"run {runs.failed!r} failed: {error}"
 
     # and the paused run's last task is PAUSED, its result saying so (the one before it succeeded)
-    paused = _until_listed(flower, runs.paused, _final, state="PAUSED")
+    paused = until_listed(flower, runs.paused, final, state="PAUSED")
     assert paused["name"] == "agentflow.superstep" and paused["outcome"]["status"] == "paused"
-    states = sorted(t["state"] for t in _tasks(flower) if t["parsed_args"][1:2] == (runs.paused,))
+    states = sorted(t["state"] for t in tasks(flower) if t["parsed_args"][1:2] == (runs.paused,))
     assert states == ["PAUSED", "SUCCESS"], states
     assert paused["runtime"] is not None and paused["runtime"] > 0  # Flower's Runtime column, as for SUCCESS
     assert deployment.celery_app.AsyncResult(paused["uuid"]).state == "PAUSED"
@@ -425,20 +339,20 @@ async def test_flower_shows_failed_paused_decision_and_recovered_tasks_apart_fro
 
     # and the superstep that parked the run on a call in doubt is a recovery which ended NEEDS_DECISION, and
     # is ANSWERED now that alice decided: `state:NEEDS_DECISION` lists what waits for a person now, not it
-    rerun = _until_listed(
+    rerun = until_listed(
         flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun" and t["outcome"], state="RECOVERED"
     )
-    waiting = _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] != "rerun", state="ANSWERED")
+    waiting = until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] != "rerun", state="ANSWERED")
     assert waiting["name"] == RECOVER and waiting["parsed_args"][3] in ("recover", "recheck")
     assert waiting["outcome"] == {"run_id": runs.parked, "answered_by": rerun["uuid"]}
     assert deployment.celery_app.AsyncResult(waiting["uuid"]).state == "ANSWERED"
-    assert not [t for t in _tasks(flower, state="NEEDS_DECISION") if t["parsed_args"][1:2] == (runs.parked,)]
+    assert not [t for t in tasks(flower, state="NEEDS_DECISION") if t["parsed_args"][1:2] == (runs.parked,)]
 
     # and the rerun alice decided is a recovery that ended RECOVERED, listing the call it reran
     assert rerun["name"] == RECOVER
     assert [cid.split("/")[1] for cid in rerun["outcome"]["rerun"]] == ["pay"]
     # and filtering by the name lists the recoveries only, whatever state they ended in
-    recoveries = _tasks(flower, taskname=RECOVER)
+    recoveries = tasks(flower, taskname=RECOVER)
     assert {waiting["uuid"], rerun["uuid"]} <= {t["uuid"] for t in recoveries}
     assert {t["parsed_args"][3] for t in recoveries} <= {"recover", "recheck", "rerun"}
 
@@ -503,8 +417,8 @@ async def test_flower_tasks_page_in_a_browser_shows_each_ending_and_filters_reco
     # Given Flower, and runs that failed, paused, waited for a decision and were recovered
     flower = deployment.start_flower(f"{USER}:{PASSWORD}")
     runs = await _every_ending(deployment)
-    _until_listed(flower, runs.failed, _final, state="FAILURE")
-    _until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun" and t["outcome"], state="RECOVERED")
+    until_listed(flower, runs.failed, final, state="FAILURE")
+    until_listed(flower, runs.parked, lambda t: t["parsed_args"][3] == "rerun" and t["outcome"], state="RECOVERED")
     # When a person opens the tasks page: all tasks, then filtered by state and by name
     SHOTS.mkdir(parents=True, exist_ok=True)
     queries = ["", "?state=RECOVERED", "?name=agentflow.recover_superstep", "?state=PAUSED"]

@@ -45,7 +45,7 @@ async def test_a_loop_or_agent_start_retried_through_the_client_attaches_to_the_
     # When each start is sent twice with the same run id and input (the first answer lost)
     for _ in range(2):
         assert await shared.client.start_loop("forecast", OSLO, run_id=loop_id) == loop_id
-        assert await shared.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"}) == (
+        assert await shared.client.start_agent("shop-orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"}) == (
             agent_id
         )
     # Then each is one run that goes to its end, each effect once
@@ -55,7 +55,7 @@ async def test_a_loop_or_agent_start_retried_through_the_client_attaches_to_the_
     assert agent.status == "done" and agent.output == EXPECTED
     # When the same starts come once more, after the runs ended
     await shared.client.start_loop("forecast", OSLO, run_id=loop_id)
-    await shared.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"})
+    await shared.client.start_agent("shop-orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"})
     # Then their stage messages find the runs moved on and do nothing
     for late in sent[-2:]:
         assert (await ended(shared.celery_app.AsyncResult(late)))["done"] == "skipped"
@@ -74,13 +74,13 @@ async def test_a_loop_or_agent_start_with_another_input_under_a_taken_run_id_is_
 ) -> None:
     loop_id, agent_id = f"{deployment.prefix}-loop", f"{deployment.prefix}-agent"
     await deployment.client.start_loop("forecast", OSLO, run_id=loop_id)
-    await deployment.client.start_agent("orders", PROMPT, run_id=agent_id)
+    await deployment.client.start_agent("shop-orders", PROMPT, run_id=agent_id, deps_data={"shop": "eu"})
     sent = sent_tasks(deployment, monkeypatch)
     # When starts with other input come under the same ids
     with pytest.raises(CheckpointConflict, match="started with another input.*use a new run id"):
         await deployment.client.start_loop("forecast", [Message.user("Bergen")], run_id=loop_id)
     with pytest.raises(CheckpointConflict, match="started with another input.*use a new run id"):
-        await deployment.client.start_agent("orders", PROMPT, run_id=agent_id, deps_data={"shop": "us"})
+        await deployment.client.start_agent("shop-orders", PROMPT, run_id=agent_id, deps_data={"shop": "us"})
     with pytest.raises(CheckpointConflict, match="is a tool loop named 'forecast'.*use a new run id"):
         await deployment.client.start_agent("orders", PROMPT, run_id=loop_id)
     # Then nothing was sent, and each run is still at its step 0

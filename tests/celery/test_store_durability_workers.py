@@ -22,7 +22,7 @@ from _kit.poll import until
 from _kit.ports import free_port
 from _kit.replication import Server, replica_set, server_binary
 from celery_kit import Deployment
-from test_flower import PASSWORD, USER, _tasks, _until_listed
+from flower_kit import PASSWORD, USER, tasks, until_listed
 
 from agentflow import Rerun
 from agentflow.cli._show import run_text
@@ -47,10 +47,10 @@ async def test_a_superstep_the_store_cannot_confirm_is_retried_with_backoff_and_
             # When charge_card's started is not acknowledged, the task is sent again after a back-off (Flower
             # shows the store's word on it), and the retry's claim (it parks the run: the call is in doubt) is not
             # acknowledged either
-            retried = _until_listed(flower, run_id, lambda t: "StoreNotDurable" in str(t.get("exception")))
+            retried = until_listed(flower, run_id, lambda t: "StoreNotDurable" in str(t.get("exception")))
             assert "wait_replicas" in str(retried["exception"]) and retried["retries"] >= 1
             # Then, its tries spent, the task ends WAITING_FOR_STORE, never FAILURE
-            _until_listed(flower, run_id, lambda t: True, timeout_s=30, state="WAITING_FOR_STORE")
+            until_listed(flower, run_id, lambda t: True, timeout_s=30, state="WAITING_FOR_STORE")
             assert not [t for t in _failed(flower) if t["parsed_args"][1:2] == (run_id,)]
             assert dep.log("w1").count("its superstep is tried again in") == 1
             # And runs show says the run waits for its store (before the decision its unacknowledged claim asks for)
@@ -80,7 +80,7 @@ async def test_a_superstep_the_store_cannot_confirm_is_retried_with_backoff_and_
 
 
 def _failed(flower: str) -> list[dict[str, Any]]:
-    return _tasks(flower, state="FAILURE")
+    return tasks(flower, state="FAILURE")
 
 
 async def _store_wait_marker(dep: Deployment, run_id: str) -> object:
