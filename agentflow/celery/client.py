@@ -215,8 +215,7 @@ class FlowClient:
             CheckpointConflict: the run already ended.
         """
         assert self.runner.checkpoints is not None
-        run = await self.runs.open(run_id)
-        status = str((await run.cancel(run_id, reason=reason, operator=operator)).status)
+        status = str((await self.runs.cancel(run_id, reason=reason, operator=operator)).status)
         if status == "cancelled" and await Markers(self.runner.checkpoints, self.sealer).peek(ASKED, [run_id]):
             # the task that asked a person about the run is answered: a worker says so in Flower (`_task_states`)
             await asyncio.to_thread(self.tasks.send_mark_answered, run_id)
