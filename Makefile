@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test check lint typecheck docs pytest services bench sim sim-mutants failover soak all clean durations
+.PHONY: demo example test check lint typecheck docs pytest services bench sim sim-mutants failover soak all clean durations
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,11 +15,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m agentflow.demo
 
+# A pydantic-ai agent on a fleet built from the package alone (examples/agent_fleet): two workers (one
+# with beat) and Flower from its ten-line app module, a worker SIGKILLed inside the charge tool, the run
+# parked on the charge in doubt, the operator's decision, and every order charged once. On the Redis of
+# AGENTFLOW_REDIS_URL (default: the local one `make services` checks or starts).
+example: $(STAMP) services
+	$(PY) examples/agent_fleet/run_fleet.py
+
 # The layers (pyproject.toml's [tool.importlinter] contracts) are checked by tests/test_layers.py, which
 # runs lint-imports on the tree and breaks each contract on purpose in a copy: in `make check` and `make test`.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check agentflow workers config tests bench scripts
-	$(VENV)/bin/ruff format --check agentflow workers config tests bench scripts
+	$(VENV)/bin/ruff check agentflow workers config tests bench scripts examples
+	$(VENV)/bin/ruff format --check agentflow workers config tests bench scripts examples
 
 # One mypy run over agentflow, workers, config and tests: pyproject.toml's [tool.mypy] names the files
 # and how strict each module is (the tests may leave functions unannotated). A folder's conftest.py is

@@ -4,6 +4,10 @@ Each block is a complete program, run in its own process from a temporary folder
 ```text block right after a paragraph ending "It prints:" must equal the output of the
 python block before it.
 
+A block that calls ``make_app(`` (an app module of a fleet, `agentflow.celery.make_app`) runs
+with a deployment's settings in its environment (a fresh key, the machine's Redis URL, which
+making the app does not contact), as a worker's would have them.
+
 A block that imports the repository's ``workers`` (a client of distributed mode) runs
 against a real Celery worker: the test starts one ``celery -A workers worker`` process
 running the demo's ticket flow on the machine's Redis, under a key prefix and a queue of
@@ -36,6 +40,8 @@ DOCS = ROOT / "docs"
 FENCE = re.compile(r"```(\w+)\n(.*?)```", re.S)
 #: A block that imports the workers' wiring needs a worker to talk to.
 NEEDS_WORKERS = re.compile(r"^\s*(from workers[.\s]|import workers\b)", re.M)
+#: A block that makes a fleet's app reads the deployment's settings from its environment.
+NEEDS_SETTINGS = re.compile(r"\bmake_app\(")
 #: The app the docs' client examples expect the workers to run.
 WORKERS_APP = "agentflow.demo.tickets:app"
 TIMEOUT_S = 120
@@ -142,6 +148,14 @@ def test_docs_example_runs_as_written(request, tmp_path, page, line, code, expec
         with one_worker(request.getfixturevalue("redis_url"), tmp_path) as (env, worker):
             code_, stdout, stderr = run_block(code, tmp_path, env, worker)
         where = f"\nworker log:\n{(tmp_path / 'worker.log').read_text()[-3000:]}"
+    elif NEEDS_SETTINGS.search(code):
+        env = {name: value for name, value in os.environ.items() if not name.startswith("AGENTFLOW_")}
+        env |= {
+            "AGENTFLOW_CHECKPOINT_KEYS": "hex:" + secrets.token_hex(32),
+            "AGENTFLOW_REDIS_URL": "redis://127.0.0.1/0",
+        }
+        code_, stdout, stderr = run_block(code, tmp_path, env)
+        where = ""
     else:
         code_, stdout, stderr = run_block(code, tmp_path)
         where = ""

@@ -136,7 +136,8 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "agentflow.models": ["AnthropicModel", "Message", "Model", "OpenAIChatModel", "ScriptedModel", "ToolCall"],
     "agentflow.celery": [
-        "AgentflowTasks", "FlowClient", "RunView", "WorkerSettings", "celery_config", "load_tasks", "register_tasks",
+        "AgentflowTasks", "Fleet", "FlowClient", "RunView", "Settings", "WorkerSettings", "celery_config",
+        "load_settings", "load_tasks", "make_app", "register_tasks",
     ],
     "agentflow.viewer": ["ViewerSettings", "create_app", "serve"],
     "agentflow.integrations.pydantic_ai": ["AgentInput", "AgentResult", "AgentRunner", "DurableAgent"],

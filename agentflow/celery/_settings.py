@@ -1,7 +1,7 @@
 """`WorkerSettings`: how distributed runs are paced and guarded (leases, rechecks, recover_all, time limits, retention).
 
-The settings every worker of a deployment shares; `config.Settings` fills them from
-``AGENTFLOW_*`` variables for the runnable ``workers`` app.
+The settings every worker of a deployment shares; `agentflow.celery.Settings.worker` fills them
+from ``AGENTFLOW_*`` variables for the apps `make_app` builds.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from click.core import ParameterSource
 from agentflow._urls import redact
 from agentflow.cli import _errors
 from agentflow.cli._keys import ALLOW_DEMO_KEY_ENV, DEFAULT_KEY_ENV, KeyProblem, key_ids, read_keys
-from agentflow.cli._stores import StoreURLError, open_store
 from agentflow.exec.checkpoints import CheckpointStore
+from agentflow.exec.checkpoints.urls import StoreURLError, open_store
 from agentflow.exec.seal import Sealer
 
 T = TypeVar("T")

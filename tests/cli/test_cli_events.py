@@ -27,8 +27,8 @@ from runs_kit import one_line_error
 from test_cli_stores import _drop_tables, _forget
 
 from agentflow._events import Event, Events
-from agentflow.cli._stores import open_store
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.checkpoints.urls import open_store
 from agentflow.exec.run import events as run_events
 from agentflow.exec.seal import Sealer
 

@@ -16,8 +16,8 @@ from _kit.stores import StoreSetup, run_sql, setups
 from runs_kit import one_line_error
 
 from agentflow.cli import _cmd_prune
-from agentflow.cli._stores import open_store
 from agentflow.exec.checkpoints import SQLiteCheckpointStore
+from agentflow.exec.checkpoints.urls import open_store
 from agentflow.exec.seal import Sealer
 
 #: The kit's runs: four finished (order-1..3, tamper-1: done), three not (refund-1, refund-2 paused; ship-1 running).

@@ -11,8 +11,8 @@ from click.testing import Result
 from runs_kit import one_line_error
 
 from agentflow._urls import redact
-from agentflow.cli._stores import StoreURLError, open_store, sqlite_path
 from agentflow.exec.checkpoints import SQLAlchemyCheckpointStore, SQLiteCheckpointStore
+from agentflow.exec.checkpoints.urls import StoreURLError, open_store, sqlite_path
 
 
 async def _pause_a_refund(url: str) -> None:

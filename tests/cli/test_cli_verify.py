@@ -12,7 +12,7 @@ import redis
 import runs_kit
 from runs_kit import one_line_error
 
-from agentflow.cli._stores import open_store
+from agentflow.exec.checkpoints.urls import open_store
 
 
 def test_verify_all_finds_the_tampered_row_and_exits_1(agentflow):

@@ -135,7 +135,7 @@ def test_pages_carry_security_headers_and_static_files_are_served(local):
 
 
 def test_an_unreachable_store_is_a_503_page(tmp_path):
-    from agentflow.cli._stores import open_store
+    from agentflow.exec.checkpoints.urls import open_store
     from agentflow.viewer import ViewerSettings, create_app
 
     store = open_store("redis://127.0.0.1:1/0?prefix=t")

@@ -1,4 +1,7 @@
-"""Store URLs: one place that turns ``--store URL`` into a `CheckpointStore`.
+"""Store URLs: one place that turns a store URL (``--store``, ``AGENTFLOW_STORE_URL``) into a `CheckpointStore`.
+
+The command line and the fleet's factory (`agentflow.celery.make_app`) both open
+stores through it.
 
 Accepted forms (the error for anything else lists them):
 
