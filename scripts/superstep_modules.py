@@ -27,6 +27,8 @@ KEY = b"superstep-modules-measure-key-32"
 
 
 class Order(BaseModel):
+    """The measured flow's state."""
+
     show: str
     held: str = ""
     done: bool = False
@@ -37,10 +39,12 @@ registry = Registry()
 
 @registry.tool(idempotent=True)
 async def hold_seats(show: str) -> str:
+    """The tool the first superstep calls."""
     return f"held {show}"
 
 
 def finish(state: Order) -> dict[str, Any]:
+    """The plain node of the second superstep."""
     return {"done": True}
 
 
@@ -54,6 +58,7 @@ FLOW = (
 
 
 async def measure() -> tuple[set[str], set[tuple[str, str]]]:
+    """The agentflow modules and (module, function) pairs the traced run called."""
     modules: set[str] = set()
     functions: set[tuple[str, str]] = set()
 
@@ -78,8 +83,11 @@ async def measure() -> tuple[set[str], set[tuple[str, str]]]:
 
 
 def main() -> None:
+    """Print the counts."""
     modules, functions = asyncio.run(measure())
-    print(f"one in-process run of two supersteps on SQLite: {len(modules)} agentflow modules, {len(functions)} functions")
+    print(
+        f"one in-process run of two supersteps on SQLite: {len(modules)} agentflow modules, {len(functions)} functions"
+    )
     if "-v" in sys.argv:
         for name in sorted(modules):
             print(" ", name)
