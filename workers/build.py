@@ -80,6 +80,7 @@ def build(settings: Settings) -> tuple[Celery, AgentflowTasks]:
             time_limit_s=settings.time_limit_s,
             soft_time_limit_s=settings.soft_time_limit_s,
             queue=settings.queue,
+            sweep_queue=settings.sweep_queue,
         ),
     )
     if settings.metrics_port:
