@@ -1,13 +1,15 @@
-"""A run whose only message died with a worker moves again within lease + 10 s, without beat.
+"""A run whose worker process was SIGKILLed moves again within lease + 10 s, without beat, whichever process died.
 
-Each test SIGKILLs a worker process at the moment that leaves a run with no live message:
-its main process holding a run's message that no pool process started (the broker keeps it
-from everyone for its visibility timeout: 120 s in this kit, an hour by default), or a pool
-process between the save that ended a superstep and the send of the next message. No beat
-runs: what moves the run is a worker's start-up sweep, or the message that Celery sends again
-for a task whose pool process died. Each waits for its moment by polling (the broker's hash of
-unacknowledged messages, a file the stalled process leaves), never by a guessed sleep, and
-checks that the run finished with every call's effect once.
+Each test SIGKILLs a worker process at a moment that leaves a run with no live message or a
+lease nobody renews: its main process holding a run's message that no pool process started
+(the broker keeps it from everyone for its visibility timeout: 120 s in this kit, an hour by
+default), a pool process between the save that ended a superstep and the send of the next
+message, or a pool process inside a tool. No beat runs: what moves the run is a worker's
+start-up sweep, or the message that Celery sends again for a task whose pool process died.
+Each waits for its moment by polling (the broker's hash of unacknowledged messages, a file the
+stalled process leaves, the call log), never by a guessed sleep, and checks that the run
+finished with every call's effect once. (A whole worker killed inside a tool, and a new
+worker killed with the recheck its start sent: tests/celery/test_recheck.py.)
 """
 
 from __future__ import annotations
@@ -134,5 +136,23 @@ async def test_a_run_whose_pool_process_died_between_its_save_and_its_next_messa
     # Then the task sent again finds the run moved on, at rest and held by nobody, and has it
     # recovered: it moves again within lease + 10 s of the kill, and finishes with each call once
     moved = await until_moved(deployment, run_id, step, timeout_s=lease_s + SLACK_S + 20) - killed
+    assert moved < lease_s + SLACK_S, f"moved {moved:.1f} s after the kill"
+    await finished_once(deployment, run_id)
+
+
+async def test_a_run_whose_pool_process_died_inside_a_tool_moves_again(deployment):
+    lease_s = deployment.values["lease_s"]
+    # Given a worker inside a run's slow (idempotent) hold_seats, which waits 1.5 s before its effect
+    deployment.set_delay(1.5, 1.5)
+    deployment.start_worker("w1", concurrency=1)
+    run_id = await deployment.client.start("tickets", {"show": "pool"}, run_id=f"{deployment.prefix}-pool")
+    await deployment.until_started(run_id, "hold_seats")
+    # When its pool process is SIGKILLed (the main process lives: it gives the process up after
+    # `worker_lost_wait` and sends its task again)
+    (pool,) = deployment.children("w1")
+    os.kill(pool, signal.SIGKILL)
+    killed = time.monotonic()
+    # Then the task sent again (or its recheck, once the lease ends) claims the run within lease + 10 s
+    moved = await until_moved(deployment, run_id, 0, timeout_s=lease_s + SLACK_S + 20) - killed
     assert moved < lease_s + SLACK_S, f"moved {moved:.1f} s after the kill"
     await finished_once(deployment, run_id)
