@@ -134,10 +134,25 @@ class Deployment:
         """Whether worker `node` has connected to the broker (its log says so)."""
         return "Connected to " in self.log(node)
 
-    def swept(self, node: str) -> bool:
-        """Whether worker `node` ran a recover_all to its end (its start's, as a rule)."""
-        lines = self.log(node).splitlines()
-        return any("Task agentflow.recover_all[" in line and "succeeded" in line for line in lines)
+    def idle(self, nodes: list[str]) -> bool:
+        """Whether workers `nodes` hold no task (none under way, reserved or held for later) and none is queued.
+
+        Once they are up, that means each start's sweep ran (a sweep sent again for later is
+        held by the worker that took it). A dead worker's messages stay in the broker's hash of
+        unacknowledged ones for an hour: only the live workers are asked.
+        """
+        import redis
+
+        prefix, queue = f"{self.values['key_prefix']}:celery:", self.values["queue"]
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            if sum(client.llen(prefix + name) for name in (queue, f"{queue}.sweep", f"{queue}.held.v1")):
+                return False
+        finally:
+            client.close()
+        ask = self.celery_app.control.inspect(destination=nodes, timeout=1.0)
+        answers = [ask.active(), ask.reserved(), ask.scheduled()]
+        return all(answer and all(answer.get(node) == [] for node in nodes) for answer in answers)
 
     def node_of(self, owner: str) -> str:
         """The worker whose pool process holds a lease as `owner` (``<name>:<pid>``).

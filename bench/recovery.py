@@ -150,7 +150,7 @@ async def _note_kills(dep: Deployment, rnd: Round, holders: dict[str, str], kill
 
 async def _main(dep: Deployment, rnd: Round, workers: list[str], renew_s: float) -> None:
     """Kill each main process as it holds a run's first message that its frozen pool never started."""
-    await until(lambda: all(dep.swept(n) for n in workers), 120, "the workers' start-up sweeps")
+    await until(lambda: asyncio.to_thread(dep.idle, workers), 120, "the workers idle, their start-up sweeps done")
     for node in workers:
         for pid in dep.pool_of(node):
             os.kill(pid, signal.SIGSTOP)

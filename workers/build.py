@@ -4,7 +4,10 @@ The broker is `Settings.broker` (Redis or RabbitMQ: `agentflow.celery.celery_con
 checkpoint store, leases included, is `Settings.store`, opened by the same code as the
 ``agentflow`` command's ``--store`` (`agentflow.cli._stores.open_store`). The deployment's
 key prefix and TTL fill in what the store URL leaves out: a Redis store's ``prefix`` and
-``ttl_s``, a SQL store's ``table_prefix`` (``<key_prefix>_``).
+``ttl_s``, a SQL store's ``table_prefix`` (``<key_prefix>_``). A worker of this app consumes
+the queues ``-Q`` names (the deployment's, ``AGENTFLOW_QUEUE``), and, whatever ``-Q`` says,
+the sweep queue (``AGENTFLOW_SWEEP_QUEUE``, ``<queue>.sweep`` unless set: recover_all's
+messages) and the queue of each flow version it runs (`agentflow.celery.register_tasks`).
 """
 
 from __future__ import annotations
