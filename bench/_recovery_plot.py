@@ -47,7 +47,7 @@ def plot(report: Report, out_dir: Path) -> list[Path]:
     left.set_ylabel("kill → the run moving again (s)")
     left.set_xlim(-0.5, lease_s)
     left.set_ylim(0, target + 5)
-    left.legend(fontsize=8, loc="upper left")
+    left.legend(fontsize=8, loc="center left")
     left.grid(alpha=0.3)
     right.axvline(target, color="black", linestyle="--", label=f"target {target:.0f} s")
     right.set_xlabel("kill → the run moving again (s)")
