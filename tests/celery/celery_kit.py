@@ -270,10 +270,10 @@ class Deployment:
         return [int(p) for p in out.stdout.split()]
 
     async def freeze_pool(self, name: str) -> list[int]:
-        """SIGSTOP worker `name`'s pool processes once its start-up sweep is done; their pids.
+        """SIGSTOP worker `name`'s pool processes once a sweep ran there (its start's, with no other worker up).
 
         Its main process goes on taking messages from the broker (as many as its prefetch
-        allows) and hands each to a pool process that never starts it.
+        allows) and hands each to a pool process that never starts it. Returns their pids.
         """
 
         def swept() -> bool:
