@@ -4,6 +4,10 @@ The repository's deployment is a use of the package's factory (`agentflow.celery
 with the app ``AGENTFLOW_APP`` names: the broker is `Settings.broker` (Redis or RabbitMQ),
 the checkpoint store, leases included, `Settings.store`, with the deployment's key prefix
 and TTL filling in what its URL leaves out (`agentflow.celery.app.store_url`).
+A worker of this app consumes the queues ``-Q`` names (the deployment's, ``AGENTFLOW_QUEUE``),
+and, whatever ``-Q`` says, the sweep queue (``AGENTFLOW_SWEEP_QUEUE``, ``<queue>.sweep`` unless
+set: recover_all's messages) and the queue of each flow version it runs
+(`agentflow.celery.register_tasks`).
 """
 
 from __future__ import annotations

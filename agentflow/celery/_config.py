@@ -19,7 +19,10 @@
   Results go to the result backend given, else nowhere: runs are read from the
   checkpoint store, and Flower follows tasks by their events.
 
-Common to both: JSON only, late acks, prefetch multiplier 1, task events on. A password is
+Common to both: JSON only, late acks, prefetch multiplier 1, task events on, and a pool
+process that died is given up on after 2 s (`worker_lost_wait`, Celery's default 10 s): its
+task is then sent again (`task_options`), and a result it may still have sent is harmless,
+since a second copy of a superstep finds the run held or moved on. A password is
 written percent-encoded (``%2F`` for ``/``; kombu and Celery decode it, and the ``sentinel://``
 URLs made here encode it again, every reserved character included); a user part holding a raw
 ``/``, ``?``, ``#`` or ``@`` is refused here, before kombu misreads it and quotes a piece of it.
@@ -92,6 +95,7 @@ def celery_config(
         "task_acks_on_timeout": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "worker_lost_wait": 2.0,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,
         "result_expires": 86400,

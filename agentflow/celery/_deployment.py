@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     key_prefix: str = "agentflow"
     """Prefix of every Redis key (checkpoints, leases, broker): one per tenant."""
     queue: str = "agentflow"
+    sweep_queue: str | None = None
+    """The queue of recover_all's messages, which every worker consumes besides ``-Q`` (unset: ``<queue>.sweep``)."""
     lease_s: float = 30.0
     ttl_s: int = 7 * 24 * 3600
     visibility_timeout_s: int = 3600
@@ -141,7 +143,7 @@ class Settings(BaseSettings):
     and an exporter, e.g. OTLP to a collector): see docs/observability.md.
     """
 
-    @field_validator("retention_days", "retention_trim_days", "broker_url", "store_url", mode="before")
+    @field_validator("retention_days", "retention_trim_days", "broker_url", "store_url", "sweep_queue", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         """An empty value (as ``.env.example`` has) is unset: finished runs are kept, a URL is `redis_url`."""
@@ -164,6 +166,8 @@ class Settings(BaseSettings):
         days, trim = self.retention_days, self.retention_trim_days
         if days is not None and trim is not None and not trim < days:
             problems.append("AGENTFLOW_RETENTION_TRIM_DAYS must be shorter than AGENTFLOW_RETENTION_DAYS (or unset)")
+        if self.sweep_queue == self.queue:
+            problems.append("AGENTFLOW_SWEEP_QUEUE must differ from AGENTFLOW_QUEUE (or be unset: <queue>.sweep)")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -251,6 +255,7 @@ class Settings(BaseSettings):
             time_limit_s=self.time_limit_s,
             soft_time_limit_s=self.soft_time_limit_s,
             queue=self.queue,
+            sweep_queue=self.sweep_queue,
         )
 
 

@@ -17,8 +17,15 @@ tick that ends a wait is not missed by the moment the marking took). With the de
 2, 4 and 8 ticks, then every 8 ticks. Any save moves the run to another step (it moved, or a
 recovering worker claimed it and then died), which makes it a new case, sent at once. So a
 stranded run waits longer than before only when the recovery sent for it was lost before any
-worker claimed the run (its worker died holding the message): it gets the next one after
-the rung's wait, one beat interval at first, on every sweep a worker's start makes too.
+worker claimed the run (its worker died holding the message) and no worker starts: it gets
+the next one after the rung's wait, one beat interval at first.
+
+A worker's start is the exception: its sweep sends a recovery for every stranded run, marked
+or not (and marks it, one rung up). A recovery is a message that the worker which took it
+holds unacknowledged until a pool process starts it; if that worker dies first, the broker
+hands it out again only after its visibility timeout (an hour), while the marker says a
+recovery is on its way. A start comes after a worker died more often than not, so, as with
+rechecks (`_rechecks`), it does not trust the marker: one message per stranded run per start.
 
 - The marker lives in the store, so it holds whichever worker beat's next tick lands on.
 - It lasts twice its wait, so the sweep after the wait still reads its rung and doubles it;
@@ -99,13 +106,16 @@ class Resends:
         # Half a base early: the beat tick one wait after the send is never missed by the milliseconds the marking took.
         return now >= sent.note.at + self.wait_s(sent.rung) - self.base_s / 2
 
-    async def hold_back(self, found: Stranded, now: float) -> None:
-        """Move the runs of `found.recover` that are not due to `found.held_back`; note the others' markers."""
+    async def hold_back(self, found: Stranded, now: float, startup: bool = False) -> None:
+        """Move the runs of `found.recover` that are not due to `found.held_back`; note the others' markers.
+
+        On a worker's `startup` every run is due (see the module docstring).
+        """
         marks = await self.read([run_id for _, run_id, _, _ in found.recover])
         due = []
         for entry in found.recover:
             flow, run_id, step, _ = entry
-            if self.due(marks.get(run_id), step, now):
+            if startup or self.due(marks.get(run_id), step, now):
                 due.append(entry)
                 found.marks[run_id] = marks.get(run_id)
             else:

@@ -30,6 +30,12 @@ class WorkerSettings:
     """Soft time limit of one superstep task."""
     queue: str = "agentflow"
     """Queue of the superstep tasks."""
+    sweep_queue: str | None = None
+    """Queue of recover_all's messages (beat's ticks, each worker's start); None: ``<queue>.sweep`` (`sweeps`).
+
+    A queue of their own, so a sweep never waits behind a backlog of supersteps (nor expires
+    there): every worker consumes it besides the queues ``-Q`` names (`_routing`).
+    """
     max_retries: int = 3
     """Retries of a task whose pool process died."""
     recheck_margin_s: float = 1.0
@@ -70,6 +76,11 @@ class WorkerSettings:
     retention_batches: int = 20
     """Batches one tick prunes, and then trims, at most (500 runs each); what is left waits for the next tick."""
 
+    @property
+    def sweeps(self) -> str:
+        """The queue recover_all's messages go to: `sweep_queue`, or ``<queue>.sweep``."""
+        return self.sweep_queue or f"{self.queue}.sweep"
+
     def store_backoff_s(self, retries: int) -> float:
         """The back-off before try `retries` + 1 of a superstep the store could not confirm as durable."""
         return float(min(self.store_retry_s * 2 ** min(retries, 30), max(self.store_retry_s, 10 * self.stale_after_s)))
@@ -81,6 +92,8 @@ class WorkerSettings:
         return RetentionPolicy.days(self.retention_days, trim_after_days=self.retention_trim_days)
 
     def __post_init__(self) -> None:
+        if self.sweeps == self.queue:
+            raise ValueError("sweep_queue must differ from queue: a sweep must not wait behind a backlog of supersteps")
         if self.soft_time_limit_s >= self.time_limit_s:
             raise ValueError("soft_time_limit_s must be below time_limit_s")
         if self.store_retries < 0 or not self.store_retry_s > 0:

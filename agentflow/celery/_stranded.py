@@ -30,6 +30,10 @@ class Stranded:
     tool loop's version is the default one: its messages go to the deployment's queue)."""
     recheck: list[tuple[str, str, int, float]] = field(default_factory=list)
     """``(flow, run_id, step, lease end)`` of each run someone holds (found on a worker's start)."""
+    later: list[tuple[str, str, int, str, float]] = field(default_factory=list)
+    """``(flow, run_id, step, version, when)`` of each running run nobody holds, saved less than
+    ``stale_after_s`` ago (found on a worker's start): its next message may have died with a worker
+    that had taken it, so a recovery is sent for `when`, the moment it counts as stranded."""
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     """``(flow, run_id)`` of each run whose latest checkpoint fails its check, reported this time (once)."""
     unknown: list[tuple[str, str]] = field(default_factory=list)
@@ -52,6 +56,8 @@ class Stranded:
         }
         if self.wake:
             result["woken"] = [r for _, r, _, _ in self.wake]
+        if self.later:
+            result["later"] = [r for _, r, _, _, _ in self.later]
         reported = {
             "quarantined": self.quarantined,
             "unknown_flows": self.unknown,

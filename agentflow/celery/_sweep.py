@@ -10,7 +10,13 @@ and checked, and the run goes into one of:
   enqueued: no worker here could move it, and a message per sweep would pile up in a
   queue nobody reads);
 - running, idle longer than `stale_after_s`: stranded, to be recovered (unless a recovery went
-  out for the same step less than a back-off ago: held back, `_resends`);
+  out for the same step less than a back-off ago: held back, `_resends`; never on a worker's
+  start, which trusts no marker that says a message is on its way: the worker that took that
+  message may be the one that died);
+- running, nobody holding it, saved less than `stale_after_s` ago: a handoff in flight, left
+  alone; on a worker's start, a recovery is sent for the moment it counts as stranded
+  (`Stranded.later`): its next message may be one a worker that died had taken and not
+  started, which the broker keeps from everyone for its visibility timeout;
 - failing its check: quarantined (reported once).
 The caller holds the recover_all lease.
 """
@@ -25,7 +31,7 @@ from agentflow._errors import CheckpointNotFound, CheckpointStoreCorrupt
 from agentflow._run_types import RunKind, version_of
 from agentflow.celery._stranded import Stranded, Waiting
 from agentflow.exec.calls.read import fold, read_log
-from agentflow.exec.checkpoints.records import Lease
+from agentflow.exec.checkpoints.records import Lease, SealedCheckpoint
 from agentflow.exec.run.control import parked
 from agentflow.exec.run.lease import held_by
 from agentflow.exec.run.quarantine import Reporter
@@ -66,7 +72,7 @@ async def sweep(worker: Worker, startup: bool) -> Stranded:
             await sorter.one(name, run_id, held.get(run_id))
     found, reports = sorter.found, sorter.reports
     await reports.moving([run_id for _, run_id, _, _ in found.recover])
-    await worker.resends.hold_back(found, sorter.now)
+    await worker.resends.hold_back(found, sorter.now, startup)
     await reports.unknown_flows(columns, others, sorter.now - settings.stale_after_s)
     found.quarantined, found.unknown = reports.quarantined, reports.unknown
     if found.migrate:
@@ -150,11 +156,25 @@ class _Sorter:
             return
         if row.status == "paused" and (body is None or (body.get("wake") or {}).get("for") in (None, "approval")):
             waiting.add(name, "approval", row.saved_at)  # a `Wait` or a parent waiting for its child waits for no one
-        if row.status != "running" or self.now - row.saved_at < worker.settings.stale_after_s:
-            return
+        if row.status == "running":
+            await self._running(name, row, body, problem)
+
+    async def _running(self, name: str, row: SealedCheckpoint, body: dict[str, Any] | None, problem: str) -> None:
+        """Sort a running run nobody holds: stranded, waiting for a person, in flight, or (on a start) due later.
+
+        `body` is its latest checkpoint opened (None: it fails its check, for `problem`).
+        """
+        stale_at = row.saved_at + self.worker.settings.stale_after_s
+        stale = self.now >= stale_at
+        if not stale and not self.startup:
+            return  # a handoff in flight
         if body is None:
-            await self.reports.failed(row, problem)
-        elif parked(body) and await self._still_in_doubt(run_id):
-            waiting.add(name, "in_doubt", row.saved_at)
+            if stale:  # reported once it is stale, as before
+                await self.reports.failed(row, problem)
+        elif parked(body) and await self._still_in_doubt(row.run_id):
+            if stale:
+                self.waiting.add(name, "in_doubt", row.saved_at)
+        elif not stale:  # on a worker's start: its next message may have died with a worker that had taken it
+            self.found.later.append((name, row.run_id, row.step, version_of(body), stale_at))
         else:
-            found.recover.append((name, run_id, row.step, version_of(body)))
+            self.found.recover.append((name, row.run_id, row.step, version_of(body)))

@@ -15,7 +15,8 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
 - ``agentflow.recover_all`` ``(startup=False)``: enqueue a superstep for every stranded
   run, and a ``wake`` for every paused run whose signed timer is due (so a waiting run costs
   no message until then); on a worker's start, also a ``recheck`` for every held run, due
-  when its lease ends.
+  when its lease ends, and a ``recover`` for every run at rest that nobody holds, due when
+  it counts as stranded. On the sweep queue (`WorkerSettings.sweeps`), never behind supersteps.
 - ``agentflow.mark_answered`` ``(run_id)``: move the task that asked a person about a run
   that has ended (a client cancelled it) to ``ANSWERED`` in Flower (`_task_states`: a client
   sends no Flower event of its own); a run that has not ended is left as it is.
@@ -26,11 +27,14 @@ Tasks (messages carry ids only: flow name, run id, step; never state or secrets)
 Causes a superstep message can carry: ``start``, ``next`` (the handoff between
 supersteps), ``resume``, ``rerun``, ``retry`` and ``migrate`` (spend a signed decision;
 anything else is refused), ``recover`` and ``recheck`` (look at a run whose holder may be
-gone). A flow run's messages go to its version's queue (`_routing`). A superstep that
+gone). A flow run's messages go to its version's queue (`_routing`); recover_all's go to
+the sweep queue, which every worker consumes. A superstep that
 finds the run held by someone else sends one ``recheck`` for when that lease ends; a
 recheck that finds it held again at the same step sends the next one (the holder renewed:
 it is alive, or the countdown ran ahead of the store's clock), and one that finds the run
-moved on sends none. So a run whose worker was killed moves again within one lease.
+moved on sends none, unless the run is at rest and nobody holds it: then a ``recover`` for
+when it counts as stranded (so does a message delivered again after its worker was lost:
+`Worker.superstep`). So a run whose worker was killed moves again within one lease.
 
 How a superstep task ends tells what became of its run (Flower shows the state; see
 `AgentflowTasks.end_task`): ``SUCCESS`` when the run goes on or finished; ``FAILURE`` (a
@@ -74,7 +78,7 @@ from agentflow._errors import RunFailed, StoreNotDurable
 from agentflow._run_types import RunKind
 from agentflow.celery._bridge import LoopBridge
 from agentflow.celery._config import celery_config, task_options
-from agentflow.celery._routing import consume_version_queues, queue_for
+from agentflow.celery._routing import consume_own_queues, queue_for
 from agentflow.celery._settings import WorkerSettings
 from agentflow.celery._task_states import (
     ANSWERED,
@@ -173,8 +177,10 @@ class AgentflowTasks:
         if not handoff:
             # Flower shows the task as RECOVERED while it runs; its result lists what it replayed and reran.
             task.send_event("task-recovered", run_id=run_id, step=step, cause=cause)
-        message = task.request.id
-        outcome = self.bridge.run(worker.superstep(flow, run_id, step, handoff=handoff, cause=cause, message=message))
+        message, again = task.request.id, self.delivered_again(task)
+        outcome = self.bridge.run(
+            worker.superstep(flow, run_id, step, handoff=handoff, cause=cause, message=message, again=again)
+        )
         self.settle_earlier(task, outcome, cause)
         if handoff and outcome.cut_off(cause):  # a clean-looking handoff found a cut-off superstep
             task.send_event("task-recovered", run_id=run_id, replayed=outcome.replayed, rerun=outcome.rerun)
@@ -249,10 +255,14 @@ class AgentflowTasks:
                  outcome.version, flow, target, extra=extra)  # fmt: skip
 
     @staticmethod
-    def handoff(task: Task, cause: str) -> bool:
+    def delivered_again(task: Task) -> bool:
+        """Whether the message comes again after its worker was lost: redelivered, or a retry (a pool process died)."""
+        return bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
+
+    @classmethod
+    def handoff(cls, task: Task, cause: str) -> bool:
         """Whether the message is a clean handoff: a start, a next or a resume, delivered for the first time."""
-        redelivered = bool((task.request.delivery_info or {}).get("redelivered")) or task.request.retries > 0
-        return cause in ("next", "start", "resume", "wake") and not redelivered
+        return cause in ("next", "start", "resume", "wake") and not cls.delivered_again(task)
 
     @staticmethod
     def final_state(outcome: Outcome, recovering: bool) -> str:
@@ -330,7 +340,7 @@ class AgentflowTasks:
                 # start's rechecks), so it comes again just after the lock would lapse.
                 countdown = max(0.5, until - time.time()) + self.worker.settings.recheck_margin_s
                 self.recover_all.apply_async(
-                    kwargs={"startup": True}, queue=self.worker.settings.queue, countdown=countdown
+                    kwargs={"startup": True}, queue=self.worker.settings.sweeps, countdown=countdown
                 )
                 skipped["again_in_s"] = round(countdown, 3)
             return skipped
@@ -408,20 +418,21 @@ def register_tasks(
         mark_answered
     )
     routes = dict(app.conf.task_routes or {}) if isinstance(app.conf.task_routes, dict) else {}
-    app.conf.task_routes = {**routes, "agentflow.*": {"queue": settings.queue}}
+    sweeps = {"agentflow.recover_all": {"queue": settings.sweeps}}  # an exact name wins over the pattern
+    app.conf.task_routes = {**routes, **sweeps, "agentflow.*": {"queue": settings.queue}}
     tasks = AgentflowTasks(worker=worker, bridge=bridge, **handles)
     worker.send = tasks.send_superstep
     _connect_signals(app, tasks, settings, {f"agentflow.{name}" for name in handles})
-    consume_version_queues(app, flow_app, settings.queue)
+    consume_own_queues(app, flow_app, settings.queue, settings.sweeps)
     return tasks
 
 
 def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSettings, names: set[str]) -> None:
-    expires = max(5.0, (settings.recover_interval_s or 60.0) - 5)
-
     def recover_on_start(sender: Any = None, **_: Any) -> None:
+        # No expiry: a start's sweep must run (it sends what the workers that died held); on
+        # the sweep queue it waits for a free pool process, never behind a backlog of supersteps.
         if getattr(sender, "app", None) is app:
-            tasks.recover_all.apply_async(kwargs={"startup": True}, queue=settings.queue, expires=expires)
+            tasks.recover_all.apply_async(kwargs={"startup": True}, queue=settings.sweeps)
 
     def refuse_unsafe_store(sender: Any = None, **_: Any) -> None:
         # In the worker's main process, before its pool starts: a store whose server keeps less
@@ -451,11 +462,13 @@ def _connect_signals(app: Celery, tasks: AgentflowTasks, settings: WorkerSetting
     task_postrun.connect(drop_traceback, weak=False)
 
     if settings.recover_interval_s:
+        # A tick that waited an interval is dropped: the next one replaces it.
+        expires = max(5.0, settings.recover_interval_s - 5)
         schedule = dict(app.conf.beat_schedule or {})
         schedule["agentflow-recover-all"] = {
             "task": "agentflow.recover_all",
             "schedule": settings.recover_interval_s,
-            "options": {"expires": expires, "queue": settings.queue},
+            "options": {"expires": expires, "queue": settings.sweeps},
         }
         app.conf.beat_schedule = schedule
     if settings.retention() is not None:

@@ -9,6 +9,13 @@
   finds the run at another step (`Stale`) or held, and does nothing. A worker that could
   not confirm its lease before a tool (`LeaseLost`: it stalled past it) ran nothing more,
   and its outcome asks for a recheck at once: the run may be nobody's now.
+- A message that may be all that is left of a worker that died (a ``recheck``, or one
+  delivered again after its worker was lost) and finds the run moved on, running, not
+  parked and held by nobody, asks for a ``recover`` for when the run counts as stranded
+  (`Outcome.stranded_at`): the worker that saved that step may have died before it sent the
+  next message (a pool process killed between the save and the send). The run's next
+  message, if it went out, moves it first and that recover finds it moved on: it sends
+  nothing more, so no chain of messages follows a run.
 - Control messages grant nothing: a superstep sent to spend a resume or an operator's
   decision (causes ``resume`` and ``rerun``) runs only if the run's latest checkpoint is
   a signed claim of that kind. Anything else (a forged message, a decision signed with
@@ -71,6 +78,8 @@ from agentflow.exec.checkpoints import CheckpointStore
 from agentflow.exec.checkpoints.forwarding import ForwardingStore, StoreHook
 from agentflow.exec.context import delivering
 from agentflow.exec.run.checks import checked_latest
+from agentflow.exec.run.control import parked
+from agentflow.exec.run.lease import held_by
 from agentflow.exec.run.markers import MarkerBusy, Markers
 from agentflow.exec.run.store_waits import clear_store_wait, note_store_wait
 from agentflow.exec.seal import Sealer
@@ -106,6 +115,9 @@ class Outcome:
     """The parent run that started this one as a child (its end wakes the parent)."""
     in_doubt: list[str] = field(default_factory=list)
     """The calls in doubt a ``decision`` outcome parked the run on (their ids)."""
+    stranded_at: float | None = None
+    """When the run, found moved on to `step` and at rest with nobody holding it, counts as stranded: a
+    ``recover`` is due then (set only for a message that may be all that is left of a worker that died)."""
 
     @property
     def next_step(self) -> int | None:
@@ -245,18 +257,31 @@ class Worker:
         return Outcome(run_id, flow_name, "refused", why=why)
 
     async def superstep(
-        self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str = "next", message: str | None = None
+        self,
+        flow_name: str,
+        run_id: str,
+        step: int,
+        *,
+        handoff: bool,
+        cause: str = "next",
+        message: str | None = None,
+        again: bool = False,
     ) -> Outcome:
         """Run one superstep of the run (one stage of a loop) under its lease.
 
         Calls in doubt rerun only when their tools are idempotent, or when an operator's
         signed decision covers them (`decide_in_doubt`). A message alone grants nothing.
         `message`: the id of the task served (each ``started`` record names it: `_task_states`).
+        `again`: the message is delivered again after its worker was lost (redelivered, or
+        retried when its pool process died): if it finds the run moved on, the run is looked at
+        for being left without a message, as by a recheck (`Outcome.stranded_at`).
         """
         with delivering(message):
-            return await self._superstep(flow_name, run_id, step, handoff=handoff, cause=cause)
+            return await self._superstep(flow_name, run_id, step, handoff=handoff, cause=cause, again=again)
 
-    async def _superstep(self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str) -> Outcome:
+    async def _superstep(
+        self, flow_name: str, run_id: str, step: int, *, handoff: bool, cause: str, again: bool
+    ) -> Outcome:
         spend = SPENDS.get(cause)
         run = self.runs.of(flow_name)
 
@@ -267,6 +292,10 @@ class Worker:
             return run.advance(run_id, expected_step=step, handoff=handoff, park=True, spend=spend)
 
         outcome = await self._advance(flow_name, run_id, step, cause, advance)
+        if outcome.done == "stale":  # a late or duplicate message; or the last one of a worker that died
+            outcome.done = "skipped"
+            if again or cause == "recheck":
+                await self._at_rest(outcome)
         if outcome.done == "not_durable":  # a claim not acknowledged may be stored: the next try starts from it
             outcome.step = await self._latest_step(run_id, step)
         if outcome.held_until is not None and cause == "recheck" and not await self._still_at(run_id, step):
@@ -301,6 +330,21 @@ class Worker:
         """Whether this worker sends the recheck of a held run (`_rechecks`: one per lease)."""
         return await first_to_watch(self.markers, run_id, self.owner, lease_ends, self.settings.lease_s)
 
+    async def _at_rest(self, outcome: Outcome) -> None:
+        """Note when the run of `outcome`, found moved on, counts as stranded, if it is running, not parked and unheld.
+
+        Its step and flow version go into `outcome` with it (the recover's step and queue). A
+        row that fails its check is left to the sweep, which reports it.
+        """
+        try:
+            row, body = await checked_latest(self.store, self.sealer, outcome.run_id)
+        except (CheckpointNotFound, CheckpointStoreCorrupt):
+            return
+        if row.status != "running" or parked(body) or await held_by(self.store, [outcome.run_id]):
+            return
+        outcome.step, outcome.version = row.step, version_of(body)
+        outcome.stranded_at = row.saved_at + self.settings.stale_after_s
+
     async def _latest_step(self, run_id: str, otherwise: int) -> int:
         """The run's latest step as the store has it now (`otherwise` if it cannot be read)."""
         try:
@@ -326,8 +370,8 @@ class Worker:
             return Outcome(run_id, flow_name, "elsewhere", why=str(exc), version=exc.version)
         except RecoveryNeedsDecision as exc:
             return Outcome(run_id, flow_name, "decision", why=str(exc), in_doubt=list(exc.call_ids))
-        except Stale as exc:
-            return Outcome(run_id, flow_name, "skipped", why=str(exc))
+        except Stale as exc:  # reported as skipped (`_superstep`)
+            return Outcome(run_id, flow_name, "stale", why=str(exc))
         except ControlRefused as exc:
             return self.refuse(flow_name, run_id, step, cause, str(exc))
         except StoreNotDurable as exc:  # what needed the write did not happen: the task is sent again after a back-off

@@ -5,7 +5,10 @@ owns the checks, the claim and the replay; this module only finds the runs and r
 each one's outcome, so one bad run never stops the others. With ``sweep``, runs the
 store's listing index forgot are found from their rows first (`agentflow.exec.run.sweep`).
 A run whose lease is live is reported as `RunHeld` without being touched: its worker is
-alive, so it is neither recovered nor an error to retry.
+alive, so it is neither recovered nor an error to retry. A lease held by an earlier life of
+the runner's own identity (`FlowRunner(identity=...)`: that process died and this is it,
+restarted) is no live worker's: the run is recovered, taking the lease over at once, as
+`recover` does (`agentflow.exec.run.lease.Ownership.restartable`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ async def recover_all(
                 )
     run_ids = [r for r in await runner.checkpoints.list_unfinished(flow.name) if r not in outcomes]
     for run_id, lease in (await held_by(runner.checkpoints, run_ids)).items():
-        outcomes[run_id] = RunHeld(run_id, lease.owner, lease.expires_at)  # live: left alone, not retried
+        if not runner.ownership.earlier_life(lease.owner):  # an earlier life's lease is taken over by `recover`
+            outcomes[run_id] = RunHeld(run_id, lease.owner, lease.expires_at)  # live: left alone, not retried
     limit = asyncio.Semaphore(max(1, runner.recover_concurrency))
 
     async def one(run_id: str) -> None:

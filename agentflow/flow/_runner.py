@@ -188,7 +188,8 @@ class FlowRunner(DrivenRunner[Cursor, RunResult[Any], "FlowLike[Any]", str]):
         """Recover every unfinished run of `flow`: each run id maps to its result or its error.
 
         A run a live worker holds maps to `RunHeld` (naming the holder and when its lease
-        ends) and is not touched.
+        ends) and is not touched. A run held by an earlier life of this runner's `identity`
+        is recovered at once, its lease taken over, as `recover` does.
 
         Args:
             flow: the flow whose runs to recover.

@@ -305,7 +305,9 @@ class Episode(Points):
             self.in_hand[name] = msg
             self.sched.note(f"{name}: takes {msg}")
             try:
-                outcome = await worker.superstep(msg.flow, msg.run_id, msg.step, handoff=msg.handoff, cause=msg.cause)
+                outcome = await worker.superstep(
+                    msg.flow, msg.run_id, msg.step, handoff=msg.handoff, cause=msg.cause, again=msg.redelivered
+                )
             except CheckpointError as exc:  # the store failed: the task fails, its message is acknowledged
                 self.sched.note(f"{name}: {msg} failed: {exc}")
                 continue

@@ -5,7 +5,10 @@ Effects go to the file `_kit.tickets.Ledger` named by ``AGENTFLOW_TEST_LEDGER``;
 tools wait a random time in ``AGENTFLOW_TEST_DELAY`` ("low,high" seconds) around their effect.
 With ``AGENTFLOW_TEST_SPANS`` (a folder), each pool process exports its spans there with the
 OpenTelemetry SDK, one JSON line per span in a file of its own (as docs/observability.md
-configures a worker's SDK: in ``worker_process_init``).
+configures a worker's SDK: in ``worker_process_init``). With ``AGENTFLOW_TEST_STALL_NEXT`` (a
+folder), a pool process about to send the ``next`` message of a run whose id ends in
+``-stall`` leaves a file named after the run holding its pid, and blocks there, once per run:
+the superstep is saved and its lease given up, the next message not sent (a test kills it).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,8 @@ from celery.signals import worker_process_init
 from pydantic import BaseModel
 
 from agentflow import Call, Child, Flow, FlowApp, LoopSpec, Map, Registry, Wait
+from agentflow.celery._tasks import AgentflowTasks
+from agentflow.celery.follow_ups import FollowUp
 from agentflow.exec import current_call, idempotency_key
 from agentflow.integrations.pydantic_ai import AgentInput
 from agentflow.models import Message, ToolCall
@@ -195,3 +202,20 @@ def export_spans(**_: Any) -> None:
 
 
 worker_process_init.connect(export_spans, weak=False)
+
+
+def _stalling(send: Callable[[AgentflowTasks, FollowUp], str]) -> Callable[[AgentflowTasks, FollowUp], str]:
+    """`send` (`AgentflowTasks.send_follow_up`), blocking once before a ``-stall`` run's next message (see above)."""
+
+    def stalled(self: AgentflowTasks, up: FollowUp) -> str:
+        gate = Path(os.environ["AGENTFLOW_TEST_STALL_NEXT"]) / up.run_id
+        if up.cause == "next" and up.run_id.endswith("-stall") and not gate.exists():
+            gate.write_text(str(os.getpid()))
+            time.sleep(3600)  # until the test kills this pool process
+        return send(self, up)
+
+    return stalled
+
+
+if os.environ.get("AGENTFLOW_TEST_STALL_NEXT"):
+    setattr(AgentflowTasks, "send_follow_up", _stalling(AgentflowTasks.send_follow_up))  # noqa: B010

@@ -190,8 +190,12 @@ class Deployment:
 
     def set_lease(self, lease_s: float) -> None:
         """Give the workers started from now on leases of `lease_s` (the kit's are 2 s)."""
-        self.values["lease_s"] = lease_s
-        self.env["AGENTFLOW_LEASE_S"] = str(lease_s)
+        self.configure(lease_s=lease_s)
+
+    def configure(self, **values: Any) -> None:
+        """Give the workers (and beat) started from now on these settings (`config.Settings` names)."""
+        self.values.update(values)
+        self.env.update({f"AGENTFLOW_{name.upper()}": str(value) for name, value in values.items()})
 
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Forked:
         """Start ``celery -A workers <args>`` as `name`, forked warm (`celery_main`), its output in ``<name>.log``."""
@@ -264,6 +268,33 @@ class Deployment:
     def children(self, name: str) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.procs[name].pid)], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]
+
+    async def freeze_pool(self, name: str) -> list[int]:
+        """SIGSTOP worker `name`'s pool processes once a sweep ran there (its start's, with no other worker up).
+
+        Its main process goes on taking messages from the broker (as many as its prefetch
+        allows) and hands each to a pool process that never starts it. Returns their pids.
+        """
+
+        def swept() -> bool:
+            lines = self.log(name).splitlines()
+            return any("Task agentflow.recover_all[" in line and "succeeded" in line for line in lines)
+
+        await until(swept, f"worker {name}'s start-up sweep ending", timeout_s=30.0, every=0.05)
+        pool = self.children(name)
+        for pid in pool:
+            os.kill(pid, signal.SIGSTOP)
+        return pool
+
+    async def until_taken(self, run_id: str, cause: str, timeout_s: float = 20.0) -> str:
+        """Wait until a worker's main process took a `cause` message of the run from the broker; its task id."""
+        prefix = f"af-{run_id}-"
+
+        def taken() -> str | None:
+            return next((t for t in self.unacked() if t.startswith(prefix) and f"-{cause}-" in t), None)
+
+        found: str = await until(taken, f"a {cause} message of {run_id} taken", timeout_s=timeout_s, every=0.02)
+        return found
 
     def kill(self, name: str) -> None:
         """SIGKILL the worker's main process only (its pool children are left to notice)."""

@@ -21,6 +21,7 @@ from agentflow import Call, Flow, FlowApp, LoopSpec, Registry
 from agentflow.celery import WorkerSettings, register_tasks
 from agentflow.celery._rechecks import first_to_watch
 from agentflow.celery._resends import RECOVERING, Resends
+from agentflow.celery.follow_ups import FollowUp, after_sweep
 from agentflow.celery.worker import RECOVER_ALL_LOCK, Worker
 from agentflow.exec import LoopRunner
 from agentflow.exec.checkpoints import MemoryCheckpointStore
@@ -91,6 +92,34 @@ async def test_a_start_sends_its_own_recheck_though_a_worker_that_died_set_the_m
     assert found is not None and found.recheck == [("mail", "r1", step, lease.expires_at)]
     # But a duplicate message that finds the run held sends none: the marker stands for this lease
     assert not await s.worker.watch("r1", lease.expires_at)
+
+
+async def test_a_start_sends_a_recovery_due_when_a_run_at_rest_counts_as_stranded(s):
+    worker = Worker(s.app, lambda: s.store, KEY, WorkerSettings(stale_after_s=60.0))
+    # Given a run saved a moment ago that nobody holds: a handoff in flight, or a run whose next
+    # message died with a worker's main process that had taken it
+    step = await s.start("mail", "r1")
+    saved_at = (await s.store.latest("r1")).saved_at
+    # When beat's recover_all looks, Then it leaves the run alone (not stranded yet)
+    found = await worker.stranded()
+    assert found is not None and (found.recover, found.later) == ([], [])
+    # But when a worker starts, it sends the run a recovery due when it counts as stranded
+    found = await worker.stranded(startup=True)
+    assert found is not None and found.recover == []
+    assert found.later == [("mail", "r1", step, "1", saved_at + 60.0)]
+    assert after_sweep(found) == [FollowUp("mail", "r1", step, "recover", "1", due=saved_at + 60.0)]
+
+
+async def test_a_start_sends_a_recovery_though_one_went_out_for_the_same_step(s):
+    # Given a stranded run a sweep sent a recovery, and held back at the next sweep
+    step = await s.start("mail", "r1")
+    results = [await asyncio.to_thread(s.tasks.run_recover_all, False) for _ in range(2)]
+    assert [r["enqueued"] for r in results] == [["r1"], []] and results[1]["held_back"] == {"r1": "mail"}
+    # When a worker starts (the worker that took that recovery may be the one that died)
+    started = await asyncio.to_thread(s.tasks.run_recover_all, True)
+    # Then its sweep sends the run another recovery all the same
+    assert started == {"enqueued": ["r1"], "rechecks": []}
+    assert [m for m in s.sent if m[3] == "recover"] == [("mail", "r1", step, "recover", None)] * 2
 
 
 async def test_stranded_quarantines_a_run_whose_latest_row_fails_its_check_and_reports_it_once(s, caplog):

@@ -12,12 +12,15 @@ import time
 
 import pytest
 from _kit.poll import until
-from worker_kit import RIVAL
+from _kit.tickets import ORDER, TICKETS, make_tickets
+from worker_kit import KEY, RIVAL
 
-from agentflow import RunKind
+from agentflow import FlowApp, RunKind
+from agentflow.celery import WorkerSettings
 from agentflow.celery._rechecks import RECHECK
 from agentflow.celery._routing import queue_for
-from agentflow.celery.worker import Outcome
+from agentflow.celery.follow_ups import FollowUp, after_superstep
+from agentflow.celery.worker import Outcome, Worker
 from agentflow.exec.run.control import control_of
 from agentflow.exec.run.lease import Ownership, take
 
@@ -142,6 +145,35 @@ async def test_a_recheck_that_finds_the_run_moved_on_sends_nothing_more(s):
     out = await s.task("mail", "r1", step, "recheck")
     # Then it does nothing and sends nothing: the run's own messages look after its new step
     assert out.done == "skipped" and s.sent == []
+
+
+async def test_a_message_sent_again_that_finds_the_run_moved_on_and_at_rest_asks_for_a_recovery(s):
+    # Given a ticket run whose first superstep was saved (its lease given up with the save) and
+    # whose next message was never sent: its pool process was killed in between
+    app = FlowApp(make_tickets().registry, [TICKETS])
+    worker = Worker(app, lambda: s.store, KEY, WorkerSettings(stale_after_s=60.0))
+    await worker.runner.start(TICKETS, ORDER, run_id="r1")
+    first = await worker.superstep("tickets", "r1", 0, handoff=True)
+    assert (first.done, first.status, first.step) == ("ran", "running", 1)
+    saved_at = (await s.store.latest("r1")).saved_at
+    # When Celery sends the first superstep's task again (the pool process died)
+    again = await worker.superstep("tickets", "r1", 0, handoff=False, again=True)
+    # Then it finds the run moved on, held by nobody, and asks for a recovery of step 1 when it counts as stranded
+    assert again.done == "skipped" and again.stranded_at == saved_at + 60.0
+    recover = FollowUp("tickets", "r1", 1, "recover", "1", due=saved_at + 60.0)
+    assert after_superstep(again, "tickets", "r1", 0) == [recover]
+    # And so does a recheck that finds it so
+    recheck = await worker.superstep("tickets", "r1", 0, handoff=False, cause="recheck")
+    assert [up.cause for up in after_superstep(recheck, "tickets", "r1", 0)] == ["recover"]
+    # But a message delivered for the first time asks for nothing (a duplicate), nor does the recovery
+    # itself when it finds the run moved on (no chain of messages follows a run)
+    for cause, handoff in (("next", True), ("recover", False)):
+        out = await worker.superstep("tickets", "r1", 0, handoff=handoff, cause=cause)
+        assert (out.done, after_superstep(out, "tickets", "r1", 0)) == ("skipped", [])
+    # nor a message sent again that finds the run held by a live worker (it sends that lease's recheck)
+    await take(s.store, "r1", RIVAL)
+    held = await worker.superstep("tickets", "r1", 0, handoff=False, again=True)
+    assert [up.cause for up in after_superstep(held, "tickets", "r1", 0)] == ["recheck"]
 
 
 async def test_a_workers_start_up_recovers_free_runs_and_rechecks_held_ones_when_their_lease_ends(s):

@@ -125,6 +125,28 @@ async def test_a_backlogged_run_is_sent_one_recovery_not_one_per_sweep(deploymen
     assert all(effects[(t, r)] == 1 for r in run_ids for t in ("hold_seats", *NON_IDEMPOTENT))
 
 
+async def test_a_start_sweep_is_not_queued_behind_a_backlog_of_supersteps(deployment):
+    from agentflow.models import Message
+
+    # Given twelve tool loops started with no worker up: their first stages wait on the deployment's queue
+    loops = [await deployment.client.start_loop("forecast", [Message.user(f"city-{i}")]) for i in range(12)]
+    # When a worker with one pool process starts (its start sends recover_all, to the sweep queue)
+    deployment.start_worker("w1", concurrency=1)
+
+    def received() -> list[str]:
+        return [line for line in deployment.log("w1").splitlines() if "] received" in line]
+
+    await until(lambda: any("agentflow.recover_all[" in line for line in received()), "the start's sweep", timeout_s=30)
+    # Then the worker took its sweep before the backlog: a few stages at most came first (a worker
+    # takes from its queues in turn), not the twelve queued ahead of it on one queue
+    before = next(i for i, line in enumerate(received()) if "agentflow.recover_all[" in line)
+    assert before <= 3, received()[: before + 1]
+    # and every loop finishes, each tool call once
+    for run_id in loops:
+        assert (await deployment.client.wait_loop("forecast", run_id, timeout_s=60)).status == "done"
+        assert deployment.effects()[("forecast", run_id)] == 1
+
+
 async def test_a_duplicate_superstep_message_does_nothing(shared):
     # Given a worker (its start-up recover_all long done: `shared` found it idle)
     # and a run saved at step 0, not yet enqueued

@@ -588,6 +588,35 @@ async def test_a_restarted_process_takes_over_the_runs_of_its_earlier_life_at_on
         assert await raw.leases(["order-1"]) == {}
 
 
+async def test_recover_all_of_a_restarted_process_takes_over_the_runs_of_its_earlier_life_at_once(
+    shared_spec, tmp_path, spawn
+):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    async with opened(shared_spec) as raw:
+        # Given a process named billing-api inside hold_seats (idempotent) of order-3, with 60 s leases
+        args = ("--job", "tickets:order-3:hold_seats", "--identity", "billing-api", "--lease-s", "60")
+        worker = spawn(*worker_args("run", shared_spec, tmp_path, *args))
+        owner = (await worker.next("blocked", run_id="order-3"))["owner"]
+        # When it is SIGKILLed (its lease stays for a minute: nobody released it)
+        worker.kill()
+        assert (await raw.leases(["order-3"]))["order-3"].owner == owner
+
+        def runner(identity: str) -> FlowRunner:
+            tools = make_tickets(ledger).registry
+            return FlowRunner(Executor(tools), checkpoints=raw, checkpoint_key=KEY, identity=identity)
+
+        # Then recover_all of a process of another name leaves the run to its holder, as before
+        (held,) = (await runner("billing-api-2").recover_all(TICKETS)).values()
+        assert isinstance(held, RunHeld) and held.owner == owner
+        # But recover_all of billing-api, started again, takes it over at once, as its recover would,
+        # and finishes it: the call in doubt is idempotent and reruns, the others run once
+        (result,) = (await runner("billing-api").recover_all(TICKETS)).values()
+        assert not isinstance(result, BaseException), result
+        assert result.status == "done"
+        assert ledger.counts("order-3") == {"hold_seats": 1, "charge_card": 1, "email_tickets": 1}
+        await consistent(raw, "order-3")
+
+
 async def test_a_run_whose_starter_died_before_its_step_0_starts_again_under_the_same_id(shared_spec, tmp_path, spawn):
     ledger = Ledger(tmp_path / "ledger.jsonl")
     async with opened(shared_spec) as raw:

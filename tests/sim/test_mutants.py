@@ -32,9 +32,10 @@ QUICK = [
     # stall cut short before another worker's write, an echo of a dead worker's message
     ("record-overwrites", "memory", 2, 20_000),
     ("take-back-claimed", "memory", 3, 20_000),
-    ("handoff-past-unread", "memory", 3, 20_000),
+    ("handoff-past-unread", "memory", 2, 20_000),  # seed 2 since a redelivered message looks for a run at rest
     ("doubt-ignored", "memory", 3, 20_000),
-    ("claim-trusts-read", "memory", 1, 60_000),
+    # seed 7 since a worker's start sent recoveries for runs at rest (issue 51): seeds 1 to 6 found none in 60,000 steps
+    ("claim-trusts-read", "memory", 7, 60_000),
 ]
 
 

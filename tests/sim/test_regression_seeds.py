@@ -113,8 +113,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # Found again when the simulated runs waited on timers, deadlines and children: seed 1, 13.8 s.
     # Found again when later merges moved the store operations of a superstep: seed 1, 1.6 s.
     # Since the world checks each started against the signed grants, caught at the rerun's started.
+    # Found again when a worker's start sent recoveries for runs at rest and a message delivered again
+    # looked for a run left without one (issue 51): simulation seed 1, 1,227 steps (10.4 s).
     (
-        "late-done", "memory", 122616641, Faults(stall=0.01, deploy=0.0), with_lease_unconfirmed(done_overruled),
+        "late-done", "memory", 1700742496, Faults(stall=0.01, deploy=0.0), with_lease_unconfirmed(done_overruled),
         RERUN,
         "tests/protocol/test_claim_races.py::test_a_late_done_outweighs_a_did_not_happen_decided_before_it",
     ),
@@ -128,8 +130,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # when the simulated runs waited on timers, deadlines and children: simulation seed 1, 17.1 s.
     # Found again when later merges moved the store operations of a superstep: simulation seed 1 found
     # nothing in 1,000,000 steps (348 s on a loaded machine), seed 2 found it after 36,000 steps (30.1 s).
+    # Found again when a worker's start sent recoveries for runs at rest (issue 51): simulation seed 1,
+    # 36,000 steps (18.3 s).
     (
-        "parked-for-nobody", "memory", 1273018387, BEFORE_DEPLOYS, parked_for_good, "runs did not end",
+        "parked-for-nobody", "memory", 1380239201, BEFORE_DEPLOYS, parked_for_good, "runs did not end",
         "tests/celery/test_recover_all_logic.py::test_stranded_recovers_a_parked_run_whose_call_ended_after_all",
     ),
     # A worker stalled past its lease between a call's started and its tool, then ran the tool with
@@ -150,9 +154,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # simulation (this seed's), seed 1, after 6,943 steps (a tool loop's charge). Since the world
     # checks each started against the signed grants, caught at the rerun's started. Found again when
     # paused runs' calls in doubt became decidable and the loop's approvals went on (its seed went
-    # stale on main then): plain simulation seed 1, after 1,195 steps.
+    # stale on main then): plain simulation seed 1, after 1,195 steps. Found again when a worker's
+    # start sent recoveries for runs at rest (issue 51): simulation seed 1, after 350 steps.
     (
-        "flipped-to-idempotent", "memory", 2517033409, None, signed_flags_ignored, RERUN,
+        "flipped-to-idempotent", "memory", 2289046681, None, signed_flags_ignored, RERUN,
         "tests/protocol/test_signed_record_decides.py::test_a_tool_declared_idempotent_since_its_call_started_does_not_rerun_it",
     ),
     # A tool loop's round paused on an approval (a deploy made `look` need one) while its charge,
@@ -160,9 +165,10 @@ FOUND: list[tuple[str, str, int, Faults | None, Callable[[], AbstractContextMana
     # the paused run could be neither resumed nor decided, and waited for ever. Found by the deploys
     # (memory, episode seed 4095276720) before the approval flips reached the loop's tools; with
     # them on and the fix reverted, the plain simulation, seed 1, finds it on memory after 36,000
-    # steps (episode 4).
+    # steps (episode 4). Found again when a worker's start sent recoveries for runs at rest (issue 51):
+    # seeds 1 and 2 found nothing in 400,000 steps each, seed 3 after 36,000 steps (47.7 s).
     (
-        "paused-in-doubt", "memory", 3913325165, None, paused_undecidable, "runs did not end",
+        "paused-in-doubt", "memory", 1677953598, None, paused_undecidable, "runs did not end",
         "tests/protocol/test_paused_in_doubt.py::test_a_paused_runs_call_in_doubt_is_decided_and_the_run_stays_paused_for_its_approval",
     ),
 ]  # fmt: skip
