@@ -45,7 +45,7 @@ async def until_moved(deployment: Deployment, run_id: str, past: int, timeout_s:
 
 async def finished_once(deployment: Deployment, run_id: str) -> None:
     """The run ends done, every ticket tool having had its effect once."""
-    assert (await deployment.client.wait(run_id, timeout_s=30)).status == "done"
+    assert (await deployment.client.settle(run_id, timeout_s=30)).status == "done"
     effects = deployment.effects()
     assert [effects[(tool, run_id)] for tool in TOOLS] == [1, 1, 1], effects
 

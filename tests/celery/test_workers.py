@@ -143,7 +143,7 @@ async def test_a_start_sweep_is_not_queued_behind_a_backlog_of_supersteps(deploy
     assert before <= 3, received()[: before + 1]
     # and every loop finishes, each tool call once
     for run_id in loops:
-        assert (await deployment.client.wait_loop("forecast", run_id, timeout_s=60)).status == "done"
+        assert (await deployment.client.settle(run_id, timeout_s=60)).status == "done"
         assert deployment.effects()[("forecast", run_id)] == 1
 
 
