@@ -29,13 +29,15 @@ QUICK = [
     ("renew-steals", "memory", 2, 30_000),
     ("lease-take-breaks", "memory", 2, 30_000),
     # the ones the raised reach finds (docs/simulation.md, Reach): a rerun judged at its started, a
-    # stall cut short before another worker's write, an echo of a dead worker's message
-    ("record-overwrites", "memory", 2, 20_000),
+    # stall cut short before another worker's write, an echo of a dead worker's message (seeds chosen
+    # again after the verbs moved into the run protocol and the start's recoveries: the schedule moved)
+    ("record-overwrites", "memory", 6, 20_000),
     ("take-back-claimed", "memory", 3, 20_000),
-    ("handoff-past-unread", "memory", 2, 20_000),  # seed 2 since a redelivered message looks for a run at rest
+    ("handoff-past-unread", "memory", 6, 20_000),
     ("doubt-ignored", "memory", 3, 20_000),
-    # seed 7 since a worker's start sent recoveries for runs at rest (issue 51): seeds 1 to 6 found none in 60,000 steps
-    ("claim-trusts-read", "memory", 7, 60_000),
+    # the rarest now: since a worker's start sends recoveries for runs at rest (issue 51), 8 of seeds 1 to
+    # 40 find it within 100,000 steps (seed 29 the fastest); the seeds shift whenever the schedule does
+    ("claim-trusts-read", "memory", 29, 20_000),
 ]
 
 
