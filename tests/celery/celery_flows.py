@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,8 @@ def _stalling(send: Callable[[AgentflowTasks, FollowUp], str]) -> Callable[[Agen
         gate = Path(os.environ["AGENTFLOW_TEST_STALL_NEXT"]) / up.run_id
         if up.cause == "next" and up.run_id.endswith("-stall") and not gate.exists():
             gate.write_text(str(os.getpid()))
-            time.sleep(3600)  # until the test kills this pool process
+            while True:  # blocked until the test kills this pool process (SIGKILL: no handler runs)
+                signal.pause()
         return send(self, up)
 
     return stalled
